@@ -1,0 +1,49 @@
+# Entry points for developers and CI. Needs only python3 (3.11) with pip and venv;
+# uv is installed into .tools/ when it is not already on PATH.
+
+UV ?= uv
+UV_VERSION := 0.13.9
+PYTHON ?= python3
+TOOLS := .tools
+
+# Fall back to a pinned uv in a local venv when none is on PATH.
+ifeq ($(shell command -v $(UV) 2>/dev/null),)
+UV := $(TOOLS)/bin/uv
+endif
+UV_DEP := $(filter $(TOOLS)/bin/uv,$(UV))
+
+MEMBERS := common client replication broker nameserver spark_jobs
+PYPROJECTS := pyproject.toml $(addsuffix /pyproject.toml,$(MEMBERS))
+STAMP := .venv/.setup-stamp
+
+PYTEST_ARGS ?=
+
+.PHONY: setup test lint run bench-store clean
+
+setup: $(STAMP)
+
+$(TOOLS)/bin/uv:
+	$(PYTHON) -m venv $(TOOLS)
+	$(TOOLS)/bin/pip install --quiet uv==$(UV_VERSION)
+
+$(STAMP): uv.lock $(PYPROJECTS) $(UV_DEP)
+	$(UV) sync --frozen --all-packages
+	touch $@
+
+test: setup
+	$(UV) run --frozen pytest $(PYTEST_ARGS)
+
+lint: setup
+	$(UV) run --frozen ruff check .
+	$(UV) run --frozen ruff format --check .
+	$(UV) run --frozen mypy
+
+run: setup
+	$(UV) run --frozen python -m metaq.broker.store.demo
+
+bench-store: setup
+	$(UV) run --frozen python bench/bench_store.py
+
+clean:
+	rm -rf .venv $(TOOLS) .pytest_cache .mypy_cache .ruff_cache .hypothesis run-data
+	find . -name __pycache__ -type d -not -path './.git/*' -prune -exec rm -rf {} +

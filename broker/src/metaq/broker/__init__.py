@@ -1,0 +1,1 @@
+"""The broker: the store and request handling."""

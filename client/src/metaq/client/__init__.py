@@ -1,0 +1,1 @@
+"""Producer, consumer and admin CLI."""

@@ -1,0 +1,1 @@
+"""Wire contract, record codec, config and errors shared by all components."""

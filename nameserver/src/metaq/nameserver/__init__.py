@@ -1,0 +1,1 @@
+"""Broker registry, routes, queue assignment and the failover controller host."""

@@ -1,0 +1,1 @@
+"""Master-to-slave log shipping and failover state machines."""
