@@ -1,0 +1,243 @@
+"""The commitlog record: one self-describing message, as producers build it and the log stores it.
+
+A record is built once by the producer and then travels as bytes: the broker stamps the
+few fields only it knows (commitlog offset, queue offset, store time, store host) and the
+CRC, appends it to the commitlog, and later slices it back out for consumers and slaves
+without decoding it. The byte layout is written down in ``docs/storage-format.md``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import struct
+import zlib
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Final
+
+from metaq.common.errors import InvalidMessage, InvalidRecord
+
+FORMAT_VERSION: Final = 1
+MAGIC: Final = 0x4D510000 | FORMAT_VERSION
+# Fills the unused end of a commitlog segment so that no record spans two segments.
+BLANK_MAGIC: Final = 0x4D51FFFF
+
+HEADER: Final = struct.Struct("<IIIIqqq8siIq16s8sHHHHI")
+HEADER_SIZE: Final = HEADER.size
+# Everything from here to the end of the record is covered by the CRC.
+CRC_START: Final = 12
+# The fields the broker fills in on append, contiguous so one pack_into stamps them all.
+STAMP: Final = struct.Struct("<qqq8s")
+STAMP_AT: Final = 16
+# Enough of the header to walk the log: total size, magic, crc.
+PREFIX: Final = struct.Struct("<III")
+
+MAX_TOPIC_BYTES: Final = 127
+MAX_TAGS_BYTES: Final = 255
+MAX_KEYS_BYTES: Final = 1024
+TOPIC_PATTERN: Final = re.compile(r"[A-Za-z0-9_|%-]{1,127}")
+
+FLAG_COMPRESSED: Final = 0x1
+"""The body is zlib-compressed; consumers inflate it, the broker never looks."""
+
+_KV: Final = "\x01"
+_PAIR: Final = "\x02"
+_KEY_SEPARATOR: Final = " "
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """A decoded record; producers and tools use it, the broker's hot paths do not."""
+
+    topic: str
+    body: bytes
+    queue_id: int = 0
+    tags: str = ""
+    keys: tuple[str, ...] = ()
+    properties: Mapping[str, str] = field(default_factory=dict)
+    flags: int = 0
+    msg_id: bytes = b""
+    born_timestamp_ms: int = 0
+    born_host: bytes = bytes(8)
+    reconsume_times: int = 0
+    commitlog_offset: int = -1
+    queue_offset: int = -1
+    store_timestamp_ms: int = 0
+    store_host: bytes = bytes(8)
+    size: int = 0
+
+    @property
+    def msg_id_hex(self) -> str:
+        return self.msg_id.hex()
+
+
+def check_topic(topic: str) -> None:
+    """Raise InvalidMessage unless ``topic`` is a legal topic name."""
+    if not TOPIC_PATTERN.fullmatch(topic):
+        raise InvalidMessage(
+            f"illegal topic name {topic!r}: use 1-{MAX_TOPIC_BYTES} characters from "
+            "letters, digits, '_', '-', '|' and '%'"
+        )
+
+
+class _MessageIds:
+    """Process-unique 16-byte message ids: a random per-process prefix and a counter."""
+
+    def __init__(self) -> None:
+        self._reseed()
+        os.register_at_fork(after_in_child=self._reseed)
+
+    def _reseed(self) -> None:
+        self._prefix = os.urandom(8)
+        self._counter = itertools.count()
+
+    def next(self) -> bytes:
+        return self._prefix + next(self._counter).to_bytes(8, "big")
+
+
+new_msg_id = _MessageIds().next
+
+
+def encode_properties(properties: Mapping[str, str]) -> bytes:
+    for key, value in properties.items():
+        for text in (key, value):
+            if _KV in text or _PAIR in text:
+                raise InvalidMessage(
+                    f"property {key!r} contains a reserved control character (\\x01 or \\x02)"
+                )
+    return "".join(f"{k}{_KV}{v}{_PAIR}" for k, v in properties.items()).encode()
+
+
+def decode_properties(raw: bytes) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for pair in raw.decode().split(_PAIR):
+        if pair:
+            key, _, value = pair.partition(_KV)
+            out[key] = value
+    return out
+
+
+def encode(
+    topic: str,
+    body: bytes,
+    *,
+    queue_id: int = 0,
+    tags: str = "",
+    keys: Sequence[str] = (),
+    properties: Mapping[str, str] | None = None,
+    flags: int = 0,
+    msg_id: bytes | None = None,
+    born_timestamp_ms: int = 0,
+    born_host: bytes = bytes(8),
+    reconsume_times: int = 0,
+) -> bytearray:
+    """Build a record as a producer sends it: broker-stamped fields zero, CRC unset.
+
+    The broker computes the CRC after stamping (see :func:`seal`), so a record is
+    checked end to end over the exact bytes that reach the disk.
+    """
+    check_topic(topic)
+    topic_b = topic.encode()
+    tags_b = tags.encode()
+    if len(tags_b) > MAX_TAGS_BYTES:
+        raise InvalidMessage(f"tags are {len(tags_b)} bytes; the limit is {MAX_TAGS_BYTES}")
+    for key in keys:
+        if not key or _KEY_SEPARATOR in key:
+            raise InvalidMessage(f"message key {key!r} is empty or contains a space")
+    keys_b = _KEY_SEPARATOR.join(keys).encode()
+    if len(keys_b) > MAX_KEYS_BYTES:
+        raise InvalidMessage(f"keys are {len(keys_b)} bytes; the limit is {MAX_KEYS_BYTES}")
+    props_b = encode_properties(properties) if properties else b""
+    if len(props_b) > 0xFFFF:
+        raise InvalidMessage(f"properties are {len(props_b)} bytes; the limit is 65535")
+    if msg_id is None:
+        msg_id = new_msg_id()
+    elif len(msg_id) != 16:
+        raise InvalidMessage(f"a message id is 16 bytes, not {len(msg_id)}")
+    if len(born_host) != 8:
+        raise InvalidMessage("born_host is 8 bytes: IPv4 address, port, two reserved")
+    total = HEADER_SIZE + len(topic_b) + len(tags_b) + len(keys_b) + len(props_b) + len(body)
+    out = bytearray(total)
+    HEADER.pack_into(
+        out, 0, total, MAGIC, 0, flags, -1, -1, 0, bytes(8), queue_id, reconsume_times,
+        born_timestamp_ms, msg_id, born_host,
+        len(topic_b), len(tags_b), len(keys_b), len(props_b), len(body),
+    )  # fmt: skip
+    pos = HEADER_SIZE
+    for part in (topic_b, tags_b, keys_b, props_b, body):
+        out[pos : pos + len(part)] = part
+        pos += len(part)
+    return out
+
+
+def seal(buf: bytearray | memoryview, at: int, size: int) -> None:
+    """Write the CRC of the record at ``buf[at:at+size]`` into its header."""
+    crc = zlib.crc32(memoryview(buf)[at + CRC_START : at + size])
+    struct.pack_into("<I", buf, at + 8, crc)
+
+
+def crc_ok(buf: bytes | bytearray | memoryview, at: int, size: int, crc: int) -> bool:
+    return zlib.crc32(memoryview(buf)[at + CRC_START : at + size]) == crc
+
+
+def decode(buf: bytes | bytearray | memoryview, at: int = 0, *, verify: bool = True) -> Record:
+    """Decode one record; raise InvalidRecord if it is malformed or its CRC is wrong."""
+    view = memoryview(buf)
+    if len(view) - at < HEADER_SIZE:
+        raise InvalidRecord(f"{len(view) - at} bytes cannot hold a {HEADER_SIZE}-byte header")
+    (
+        total, magic, crc, flags, cl_off, q_off, store_ts, store_host, queue_id, reconsume,
+        born_ts, msg_id, born_host, topic_len, tags_len, keys_len, props_len, body_len,
+    ) = HEADER.unpack_from(view, at)  # fmt: skip
+    if magic != MAGIC:
+        raise InvalidRecord(
+            f"unknown record magic {magic:#010x} (this build reads format {FORMAT_VERSION})"
+        )
+    variable = topic_len + tags_len + keys_len + props_len + body_len
+    if total != HEADER_SIZE + variable or at + total > len(view):
+        raise InvalidRecord(f"record size {total} disagrees with its field lengths")
+    if verify and crc != zlib.crc32(view[at + CRC_START : at + total]):
+        raise InvalidRecord("record CRC mismatch")
+    pos = at + HEADER_SIZE
+    parts: list[bytes] = []
+    for length in (topic_len, tags_len, keys_len, props_len, body_len):
+        parts.append(bytes(view[pos : pos + length]))
+        pos += length
+    topic_b, tags_b, keys_b, props_b, body = parts
+    return Record(
+        topic=topic_b.decode(),
+        body=body,
+        queue_id=queue_id,
+        tags=tags_b.decode(),
+        keys=tuple(keys_b.decode().split(_KEY_SEPARATOR)) if keys_b else (),
+        properties=decode_properties(props_b) if props_b else {},
+        flags=flags,
+        msg_id=msg_id,
+        born_timestamp_ms=born_ts,
+        born_host=born_host,
+        reconsume_times=reconsume,
+        commitlog_offset=cl_off,
+        queue_offset=q_off,
+        store_timestamp_ms=store_ts,
+        store_host=store_host,
+        size=total,
+    )
+
+
+def iter_records(buf: bytes | bytearray | memoryview, *, verify: bool = True) -> Iterator[Record]:
+    """Decode a run of back-to-back records, as a pull or a batch send carries them."""
+    view = memoryview(buf)
+    at = 0
+    while at < len(view):
+        record = decode(view, at, verify=verify)
+        yield record
+        at += record.size
+
+
+def tag_code(tags: bytes | str) -> int:
+    """The tag hash stored in consume-queue entries; equal tags give equal codes."""
+    if isinstance(tags, str):
+        tags = tags.encode()
+    return zlib.crc32(tags) if tags else 0
