@@ -1,0 +1,299 @@
+"""The commitlog: every message of every topic, appended to one segmented log.
+
+Appends are sequential writes into pre-faulted mapped segments; a record never spans two
+segments (the unused end of a segment is marked blank). Queue offsets are assigned here,
+at append time, so the dispatcher that builds consume queues only copies them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+import threading
+import time
+import zlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from metaq.broker.store.config import StoreConfig
+from metaq.broker.store.segment import Disk, Segment, SegmentQueue
+from metaq.common.errors import CorruptLog, InvalidMessage
+from metaq.common.record import (
+    BLANK_MAGIC,
+    CRC_START,
+    HEADER_SIZE,
+    MAGIC,
+    PREFIX,
+    STAMP,
+    STAMP_AT,
+    check_topic,
+)
+
+log = logging.getLogger(__name__)
+
+MAX_QUEUES_PER_TOPIC: Final = 65_536
+# The fields append checks: size, magic, queue id, and the five variable lengths.
+_CHECK: Final = struct.Struct("<II40xi36xHHHHI")
+_CRC: Final = struct.Struct("<I")
+_OFFSET: Final = struct.Struct("<q")
+_BLANK: Final = struct.Struct("<II")
+_MAGIC_BYTES: Final = MAGIC.to_bytes(4, "little")
+
+
+@dataclass(frozen=True, slots=True)
+class Appended:
+    """Where a batch landed: its commitlog span and each record's queue offset."""
+
+    start: int
+    end: int
+    commitlog_offsets: list[int]
+    queue_offsets: list[int]
+    store_timestamp_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveredTail:
+    """Where recovery found the end of the valid log, and what it found there."""
+
+    end: int
+    reason: str
+
+
+class CommitLog:
+    def __init__(self, config: StoreConfig, disk: Disk) -> None:
+        self.config = config
+        self.segments = SegmentQueue(
+            config.commitlog_dir,
+            config.commitlog_segment_bytes,
+            preallocate=config.prefault_segments,
+            keep_fd=True,
+            disk=disk,
+        )
+        self.disk = disk
+        self.write_offset = 0
+        # Next queue offset per (topic, queue id); restored from the consume queues.
+        self.queue_offsets: dict[tuple[bytes, int], int] = {}
+        self._lock = threading.Lock()
+        self._legal_topics: set[bytes] = set()
+
+    @property
+    def min_offset(self) -> int:
+        return self.segments.min_offset
+
+    def load(self) -> None:
+        gaps = self.segments.load()
+        if gaps:
+            raise CorruptLog(
+                str(self.config.commitlog_dir),
+                gaps[0],
+                "a commitlog segment file is missing between two present ones",
+            )
+
+    # --- append -----------------------------------------------------------------------
+
+    def _check(self, record: bytes | bytearray | memoryview) -> tuple[bytes, int, int]:
+        """Validate one record as received; return its topic, queue id and size."""
+        if len(record) < HEADER_SIZE:
+            raise InvalidMessage(
+                f"a record of {len(record)} bytes is shorter than the {HEADER_SIZE}-byte header"
+            )
+        size, magic, queue_id, topic_len, tags_len, keys_len, props_len, body_len = (
+            _CHECK.unpack_from(record)
+        )
+        if magic != MAGIC:
+            raise InvalidMessage(
+                f"record magic {magic:#010x} is not format {MAGIC & 0xFFFF}; upgrade the client"
+            )
+        if size != len(record) or size != (
+            HEADER_SIZE + topic_len + tags_len + keys_len + props_len + body_len
+        ):
+            raise InvalidMessage(f"record size {size} disagrees with its {len(record)} bytes")
+        if body_len > self.config.max_message_bytes:
+            raise InvalidMessage(
+                f"message body is {body_len} bytes; the limit is "
+                f"{self.config.max_message_bytes} (store.max_message_bytes): split or compress it"
+            )
+        if props_len > self.config.max_properties_bytes:
+            raise InvalidMessage(
+                f"message properties are {props_len} bytes; the limit is "
+                f"{self.config.max_properties_bytes}"
+            )
+        if not 0 <= queue_id < MAX_QUEUES_PER_TOPIC:
+            raise InvalidMessage(f"queue id {queue_id} is outside 0..{MAX_QUEUES_PER_TOPIC - 1}")
+        topic = bytes(record[HEADER_SIZE : HEADER_SIZE + topic_len])
+        if topic not in self._legal_topics:
+            try:
+                check_topic(topic.decode())
+            except UnicodeDecodeError:
+                raise InvalidMessage("topic name is not UTF-8") from None
+            self._legal_topics.add(topic)
+        return topic, queue_id, size
+
+    def append(self, records: Sequence[bytes | bytearray | memoryview]) -> Appended:
+        """Append a batch as one unit: all records are checked before any is written.
+
+        Returns once the bytes are in the page cache; durability is the flusher's job.
+        """
+        checked = [self._check(r) for r in records]
+        with self._lock:
+            now_ms = time.time_ns() // 1_000_000
+            start = self.write_offset
+            offset = start
+            host = self.config.store_host
+            offsets = self.queue_offsets
+            cl_offsets: list[int] = []
+            q_offsets: list[int] = []
+            segment = self.segments.segment_for_write(offset)
+            view = segment.view
+            pos = offset - segment.start
+            for record, (topic, queue_id, size) in zip(records, checked, strict=True):
+                if pos + size > segment.size:
+                    self._seal_segment(segment, pos)
+                    offset = segment.end
+                    segment = self.segments.segment_for_write(offset)
+                    view = segment.view
+                    pos = 0
+                key = (topic, queue_id)
+                queue_offset = offsets.get(key, 0)
+                offsets[key] = queue_offset + 1
+                end = pos + size
+                view[pos:end] = record
+                STAMP.pack_into(view, pos + STAMP_AT, offset, queue_offset, now_ms, host)
+                _CRC.pack_into(view, pos + 8, zlib.crc32(view[pos + CRC_START : end]))
+                cl_offsets.append(offset)
+                q_offsets.append(queue_offset)
+                pos = end
+                offset += size
+            segment.written = pos
+            self.write_offset = offset
+        return Appended(start, offset, cl_offsets, q_offsets, now_ms)
+
+    def _seal_segment(self, segment: Segment, pos: int) -> None:
+        """Mark the rest of a full segment blank so readers skip to the next one."""
+        if segment.size - pos >= _BLANK.size:
+            _BLANK.pack_into(segment.view, pos, segment.size - pos, BLANK_MAGIC)
+        segment.written = segment.size
+        # Retention ages a segment by when it stopped taking writes.
+        os.utime(segment.path)
+
+    # --- read -------------------------------------------------------------------------
+
+    def slice(self, offset: int, size: int) -> memoryview | None:
+        """Zero-copy view of stored bytes, or None if that part of the log is gone."""
+        if offset + size > self.write_offset:
+            return None
+        segment = self.segments.find(offset)
+        if segment is None:
+            return None
+        pos = offset - segment.start
+        try:
+            return segment.view[pos : pos + size]
+        except ValueError:  # retired and released between find and slice
+            return None
+
+    def records(self, start: int, end: int) -> Iterator[tuple[int, memoryview]]:
+        """Walk whole records in ``[start, end)``, skipping blank segment ends."""
+        offset = start
+        while offset < end:
+            segment = self.segments.find(offset)
+            if segment is None:
+                return
+            view = segment.view
+            pos = offset - segment.start
+            if segment.size - pos < _BLANK.size:
+                offset = segment.end
+                continue
+            size, magic = _BLANK.unpack_from(view, pos)
+            if magic == BLANK_MAGIC:
+                offset = segment.end
+                continue
+            if size == 0:
+                return
+            yield offset, view[pos : pos + size]
+            offset += size
+
+    # --- recovery ---------------------------------------------------------------------
+
+    def recover(self, start: int, durable: int) -> RecoveredTail:
+        """Validate records from ``start`` to the end of the data and cut a torn tail.
+
+        ``durable`` is where the checkpoint says fsynced data ended. Damage past it is
+        what a crash leaves and is cut. Damage before it is cut only when no intact
+        record follows (the last record); otherwise it is real corruption: raise.
+        """
+        offset = self._first_segment_start(start)
+        while True:
+            segment = self.segments.find(offset)
+            if segment is None:
+                return self._cut(offset, "end of the last segment")
+            pos = offset - segment.start
+            if segment.size - pos < _BLANK.size:
+                offset = segment.end
+                continue
+            view = segment.view
+            size, magic, crc = PREFIX.unpack_from(view, pos)
+            if magic == BLANK_MAGIC and size == segment.size - pos:
+                offset = segment.end
+                continue
+            if size == 0 and magic == 0:
+                return self._cut(offset, "end of data")
+            problem = self._problem(segment, pos, size, magic, crc)
+            if problem is None:
+                offset += size
+                continue
+            if offset < durable and self._intact_record_after(offset + 1):
+                raise CorruptLog(str(segment.path), offset, problem)
+            return self._cut(offset, problem)
+
+    def _first_segment_start(self, start: int) -> int:
+        segment = self.segments.find(start)
+        if segment is None:
+            return self.segments.min_offset
+        return segment.start
+
+    def _problem(self, segment: Segment, pos: int, size: int, magic: int, crc: int) -> str | None:
+        if magic != MAGIC:
+            return f"bad magic {magic:#010x}"
+        if not HEADER_SIZE <= size <= segment.size - pos:
+            return f"impossible record size {size}"
+        _, _, _, tl, tgl, kl, pl, bl = _CHECK.unpack_from(segment.view, pos)
+        if size != HEADER_SIZE + tl + tgl + kl + pl + bl:
+            return "record size disagrees with its field lengths"
+        if zlib.crc32(segment.view[pos + CRC_START : pos + size]) != crc:
+            return "CRC mismatch"
+        if _OFFSET.unpack_from(segment.view, pos + STAMP_AT)[0] != segment.start + pos:
+            return "record is stamped with another commitlog offset (stale bytes)"
+        return None
+
+    def _intact_record_after(self, offset: int) -> bool:
+        """Whether any well-formed record with a good CRC starts after ``offset``."""
+        segment = self.segments.find(offset)
+        while segment is not None:
+            pos = max(offset - segment.start, 0)
+            while True:
+                hit = segment.mm.find(_MAGIC_BYTES, pos + 4)
+                if hit < 0:
+                    break
+                at = hit - 4
+                size, magic, crc = PREFIX.unpack_from(segment.view, at)
+                if self._problem(segment, at, size, magic, crc) is None:
+                    return True
+                pos = at + 1
+            segment = self.segments.find(segment.end)
+            offset = segment.start if segment is not None else offset
+        return False
+
+    def _cut(self, offset: int, reason: str) -> RecoveredTail:
+        # Zero everything after the cut, not just the damaged record: a stale record
+        # further on could otherwise line up with a later append and come back to life.
+        self.segments.truncate(offset)
+        self.set_end(offset)
+        return RecoveredTail(offset, reason)
+
+    def set_end(self, offset: int) -> None:
+        """Adopt ``offset`` as the end of the log on disk (after load or recovery)."""
+        for segment in self.segments.segments:
+            segment.written = segment.synced = max(0, min(segment.size, offset - segment.start))
+        self.write_offset = offset

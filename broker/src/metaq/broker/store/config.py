@@ -1,0 +1,88 @@
+"""Store settings: one frozen dataclass, units in the names, checked at start-up."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from pathlib import Path
+
+from metaq.common.record import HEADER_SIZE
+
+KIB = 1024
+MIB = 1024 * KIB
+GIB = 1024 * MIB
+
+
+class FlushMode(enum.Enum):
+    SYNC = "sync"
+    """An append is answered once its bytes are fsynced (group commit)."""
+    ASYNC = "async"
+    """An append is answered once its bytes are in the page cache; a flusher follows."""
+
+
+@dataclass(frozen=True, slots=True)
+class StoreConfig:
+    data_dir: Path
+    flush_mode: FlushMode = FlushMode.ASYNC
+    commitlog_segment_bytes: int = 1 * GIB
+    consume_queue_segment_entries: int = 300_000
+    index_slots: int = 500_000
+    index_entries: int = 2_000_000
+    max_message_bytes: int = 4 * MIB
+    max_properties_bytes: int = 32 * KIB
+    flush_timeout_ms: int = 5_000
+    flush_interval_ms: int = 500
+    flush_dirty_bytes: int = 64 * MIB
+    checkpoint_interval_ms: int = 1_000
+    prefault_segments: bool = True
+    dispatch_backlog_bytes: int = 256 * MIB
+    dispatch_backlog_wait_ms: int = 1_000
+    retention_hours: float = 72.0
+    delete_hour: int = 4
+    clean_interval_s: float = 10.0
+    disk_clean_ratio: float = 0.75
+    disk_force_clean_ratio: float = 0.85
+    disk_full_ratio: float = 0.90
+    io_error_limit: int = 3
+    store_host: bytes = bytes(8)
+
+    def __post_init__(self) -> None:
+        largest_record = HEADER_SIZE + 2048 + self.max_properties_bytes + self.max_message_bytes
+        problems = []
+        if self.commitlog_segment_bytes < largest_record + HEADER_SIZE:
+            problems.append(
+                f"commitlog_segment_bytes={self.commitlog_segment_bytes} must exceed the "
+                f"largest record ({largest_record} bytes with max_message_bytes="
+                f"{self.max_message_bytes}); lower max_message_bytes or grow the segments"
+            )
+        if self.consume_queue_segment_entries < 1:
+            problems.append("consume_queue_segment_entries must be at least 1")
+        if self.index_slots < 1 or self.index_entries < 1:
+            problems.append("index_slots and index_entries must be at least 1")
+        if not 0 < self.disk_clean_ratio <= self.disk_force_clean_ratio <= self.disk_full_ratio:
+            problems.append(
+                "need 0 < disk_clean_ratio <= disk_force_clean_ratio <= disk_full_ratio <= 1"
+            )
+        if self.disk_full_ratio > 1:
+            problems.append("disk_full_ratio is a fraction of the disk, at most 1")
+        if not 0 <= self.delete_hour <= 23:
+            problems.append("delete_hour is an hour of the day, 0-23")
+        if len(self.store_host) != 8:
+            problems.append("store_host is 8 bytes: IPv4 address, port, two reserved")
+        for name in ("flush_timeout_ms", "flush_interval_ms", "checkpoint_interval_ms"):
+            if getattr(self, name) <= 0:
+                problems.append(f"{name} must be positive")
+        if problems:
+            raise ValueError("invalid store config: " + "; ".join(problems))
+
+    @property
+    def commitlog_dir(self) -> Path:
+        return self.data_dir / "commitlog"
+
+    @property
+    def consume_queue_dir(self) -> Path:
+        return self.data_dir / "consumequeue"
+
+    @property
+    def index_dir(self) -> Path:
+        return self.data_dir / "index"

@@ -1,0 +1,227 @@
+"""Consume queues: per (topic, queue) an array of fixed-width pointers into the commitlog.
+
+Entry ``n`` of a queue sits at byte ``n * 20`` of its log, so a queue offset is found by
+arithmetic and the lag of a consumer is exactly ``max_offset - its offset``. Only the
+dispatcher writes entries, in commitlog order; the files are sparse and rebuilt from the
+commitlog whenever they are lost or behind.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Final
+
+from metaq.broker.store.segment import Disk, Segment, SegmentQueue
+
+ENTRY: Final = struct.Struct("<qIq")
+"""Commitlog offset, record size, tag code."""
+ENTRY_SIZE: Final = ENTRY.size
+
+
+class ConsumeQueue:
+    def __init__(
+        self, directory: Path, topic: str, queue_id: int, entries_per_segment: int, disk: Disk
+    ) -> None:
+        self.topic = topic
+        self.queue_id = queue_id
+        self.segments = SegmentQueue(
+            directory,
+            entries_per_segment * ENTRY_SIZE,
+            preallocate=False,
+            keep_fd=False,
+            disk=disk,
+        )
+        self.min_offset = 0
+        self.max_offset = 0
+        # The commitlog offset just past the last entry's record: how far this queue has
+        # been dispatched, which tells recovery where to start re-dispatching it.
+        self.covered_until = 0
+
+    def load(self) -> bool:
+        """Map the files and find the entry range; return False if files are missing."""
+        gaps = self.segments.load()
+        segments = self.segments.segments
+        if not segments:
+            return True
+        self.min_offset = segments[0].start // ENTRY_SIZE
+        last = segments[-1]
+        used = self._used_entries(last)
+        for segment in segments[:-1]:
+            segment.written = segment.synced = segment.size
+        last.written = last.synced = used * ENTRY_SIZE
+        self.max_offset = last.start // ENTRY_SIZE + used
+        if self.max_offset > self.min_offset:
+            offset, size, _ = self.entry(self.max_offset - 1)
+            self.covered_until = offset + size
+        return not gaps
+
+    @staticmethod
+    def _used_entries(segment: Segment) -> int:
+        """Entries are written front to back, so the first empty one ends the data."""
+        lo, hi = 0, segment.size // ENTRY_SIZE
+        view = segment.view
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if ENTRY.unpack_from(view, mid * ENTRY_SIZE)[1] == 0:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
+    def put(self, queue_offset: int, commitlog_offset: int, size: int, tag_code: int) -> None:
+        at = queue_offset * ENTRY_SIZE
+        last = self.segments.segments[-1] if self.segments.segments else None
+        if last is not None and last.start <= at < last.end:
+            segment = last
+        else:
+            segment = self.segments.segment_for_write(at)
+        pos = at - segment.start
+        ENTRY.pack_into(segment.view, pos, commitlog_offset, size, tag_code)
+        if pos + ENTRY_SIZE > segment.written:
+            segment.written = pos + ENTRY_SIZE
+        if self.max_offset == self.min_offset:
+            # An empty queue's range starts wherever its first entry lands (a queue
+            # rebuilt after retention starts past zero).
+            self.min_offset = queue_offset
+        if queue_offset >= self.max_offset:
+            self.max_offset = queue_offset + 1
+            self.covered_until = commitlog_offset + size
+
+    def entry(self, queue_offset: int) -> tuple[int, int, int]:
+        """(commitlog offset, size, tag code) of one entry; size 0 if there is none."""
+        at = queue_offset * ENTRY_SIZE
+        segment = self.segments.find(at)
+        if segment is None:
+            return (0, 0, 0)
+        offset, size, tag = ENTRY.unpack_from(segment.view, at - segment.start)
+        return offset, size, tag
+
+    def entries(self, start: int, end: int) -> Iterator[tuple[int, int, int, int]]:
+        """(queue offset, commitlog offset, size, tag code) for ``start <= n < end``."""
+        at = start * ENTRY_SIZE
+        stop = end * ENTRY_SIZE
+        while at < stop:
+            segment = self.segments.find(at)
+            if segment is None:
+                return
+            view = segment.view
+            limit = min(stop, segment.end) - segment.start
+            n = at // ENTRY_SIZE
+            for pos in range(at - segment.start, limit, ENTRY_SIZE):
+                offset, size, tag = ENTRY.unpack_from(view, pos)
+                yield n, offset, size, tag
+                n += 1
+            at = segment.end
+
+    def truncate_to_commitlog(self, commitlog_end: int) -> None:
+        """Drop entries whose records lie at or past ``commitlog_end`` (a cut tail)."""
+        n = self.max_offset
+        while n > self.min_offset:
+            offset, size, _ = self.entry(n - 1)
+            if size and offset + size <= commitlog_end:
+                break
+            n -= 1
+        if n < self.max_offset:
+            self.segments.truncate(n * ENTRY_SIZE)
+            self.max_offset = n
+            if n > self.min_offset:
+                offset, size, _ = self.entry(n - 1)
+                self.covered_until = offset + size
+            else:
+                self.covered_until = 0
+
+    def delete_before_commitlog(self, commitlog_min: int) -> None:
+        """Follow the commitlog's retention: drop files wholly below its new minimum."""
+        segments = self.segments.segments
+        while len(segments) > 1:
+            last_entry = (segments[0].end - ENTRY_SIZE) // ENTRY_SIZE
+            offset, size, _ = self.entry(last_entry)
+            if offset + size > commitlog_min:
+                break
+            self.segments.delete_before(segments[0].end)
+            segments = self.segments.segments
+        # Within the first file, skip entries whose records are gone.
+        n = max(self.min_offset, segments[0].start // ENTRY_SIZE if segments else 0)
+        while n < self.max_offset:
+            offset, size, _ = self.entry(n)
+            if size and offset >= commitlog_min:
+                break
+            n += 1
+        self.min_offset = n
+
+    def close(self) -> None:
+        self.segments.close()
+
+
+class QueueTable:
+    """Every consume queue of the store, by (topic, queue id), created on first use."""
+
+    def __init__(self, root: Path, entries_per_segment: int, disk: Disk) -> None:
+        self.root = root
+        self.entries_per_segment = entries_per_segment
+        self.disk = disk
+        self.queues: dict[tuple[bytes, int], ConsumeQueue] = {}
+
+    def load(self) -> bool:
+        """Map every queue on disk; return False if any has a file missing in the middle."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        complete = True
+        for topic_dir in sorted(self.root.iterdir()):
+            if not topic_dir.is_dir():
+                continue
+            for queue_dir in sorted(topic_dir.iterdir()):
+                if queue_dir.name.isdigit():
+                    queue = self._make(topic_dir.name.encode(), int(queue_dir.name))
+                    complete &= queue.load()
+        return complete
+
+    def _make(self, topic: bytes, queue_id: int) -> ConsumeQueue:
+        queue = ConsumeQueue(
+            self.root / topic.decode() / str(queue_id),
+            topic.decode(),
+            queue_id,
+            self.entries_per_segment,
+            self.disk,
+        )
+        self.queues[(topic, queue_id)] = queue
+        return queue
+
+    def get(self, topic: bytes, queue_id: int) -> ConsumeQueue | None:
+        return self.queues.get((topic, queue_id))
+
+    def get_or_create(self, topic: bytes, queue_id: int) -> ConsumeQueue:
+        queue = self.queues.get((topic, queue_id))
+        return queue if queue is not None else self._make(topic, queue_id)
+
+    def entries_below(self, commitlog_offset: int) -> int:
+        """Sum over queues of how many entries point below ``commitlog_offset``.
+
+        Entries are in commitlog order, so each queue answers by binary search; the
+        checkpoint stores this sum so that a queue whose files vanished is noticed.
+        """
+        total = 0
+        for queue in self.queues.values():
+            lo, hi = queue.min_offset, queue.max_offset
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if queue.entry(mid)[0] < commitlog_offset:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            total += lo
+        return total
+
+    def dirty_segments(self) -> list[Segment]:
+        return [
+            segment
+            for queue in self.queues.values()
+            for segment in queue.segments.segments
+            if segment.written > segment.synced
+        ]
+
+    def close(self) -> None:
+        for queue in self.queues.values():
+            queue.close()
+        self.queues = {}

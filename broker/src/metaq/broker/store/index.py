@@ -1,0 +1,158 @@
+"""The message index: find commitlog offsets by message id or by (topic, key).
+
+Each index file is an on-disk hash table in the manner of RocketMQ's IndexFile: a header,
+a slot array holding the newest entry per hash slot, and an entry array where each entry
+links to the previous one in its slot. Files fill in order and are named by the commitlog
+offset of their first entry, so retention drops whole files that point below the log.
+Hashes collide, so a lookup returns candidates that the store checks against the records.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import struct
+import zlib
+from pathlib import Path
+from typing import Final
+
+from metaq.broker.store.segment import Disk, Segment, open_segment, segment_name
+
+_HEADER: Final = struct.Struct("<qqqqii")
+"""begin store time ms, begin commitlog offset, end store time ms, end offset, count, pad."""
+_TAIL_AT: Final = 16
+_TAIL: Final = struct.Struct("<qqi")
+_SLOT: Final = struct.Struct("<I")
+_ENTRY: Final = struct.Struct("<Iqii")
+"""key hash, commitlog offset, seconds since the file's begin time, previous entry."""
+
+MSG_ID_PREFIX: Final = b"\x00"
+
+
+def key_for_id(msg_id: bytes) -> bytes:
+    return MSG_ID_PREFIX + msg_id
+
+
+def key_for_topic_key(topic: bytes, key: bytes) -> bytes:
+    return topic + b"#" + key
+
+
+class IndexFile:
+    def __init__(self, segment: Segment, slots: int, capacity: int) -> None:
+        self.segment = segment
+        self.slots = slots
+        self.capacity = capacity
+        self._entries_at = _HEADER.size + slots * _SLOT.size
+        (self.begin_ms, self.begin_offset, self.end_ms, self.end_offset, self.count, _) = (
+            _HEADER.unpack_from(segment.view, 0)
+        )
+
+    @staticmethod
+    def size_for(slots: int, capacity: int) -> int:
+        return _HEADER.size + slots * _SLOT.size + (capacity + 1) * _ENTRY.size
+
+    @property
+    def full(self) -> bool:
+        return bool(self.count >= self.capacity)
+
+    def put(self, key: bytes, commitlog_offset: int, store_ms: int) -> None:
+        view = self.segment.view
+        if self.count == 0:
+            self.begin_ms, self.begin_offset = store_ms, commitlog_offset
+            _HEADER.pack_into(view, 0, store_ms, commitlog_offset, store_ms, commitlog_offset, 0, 0)
+        key_hash = zlib.crc32(key)
+        slot_at = _HEADER.size + (key_hash % self.slots) * _SLOT.size
+        previous = _SLOT.unpack_from(view, slot_at)[0]
+        # Entry numbers start at 1 so that slot value 0 means an empty slot.
+        self.count += 1
+        number = self.count
+        _ENTRY.pack_into(
+            view,
+            self._entries_at + number * _ENTRY.size,
+            key_hash,
+            commitlog_offset,
+            (store_ms - self.begin_ms) // 1000,
+            previous,
+        )
+        _SLOT.pack_into(view, slot_at, number)
+        self.end_ms, self.end_offset = store_ms, commitlog_offset
+        _TAIL.pack_into(view, _TAIL_AT, store_ms, commitlog_offset, number)
+        self.segment.written = self._entries_at + (number + 1) * _ENTRY.size
+
+    def lookup(self, key: bytes, begin_ms: int, end_ms: int, limit: int) -> list[int]:
+        if self.count == 0 or self.end_ms < begin_ms or self.begin_ms > end_ms:
+            return []
+        view = self.segment.view
+        key_hash = zlib.crc32(key)
+        number = _SLOT.unpack_from(view, _HEADER.size + (key_hash % self.slots) * _SLOT.size)[0]
+        found: list[int] = []
+        while 0 < number <= self.count and len(found) < limit:
+            entry_hash, offset, seconds, previous = _ENTRY.unpack_from(
+                view, self._entries_at + number * _ENTRY.size
+            )
+            stamp = self.begin_ms + seconds * 1000
+            if entry_hash == key_hash and begin_ms - 1000 <= stamp <= end_ms:
+                found.append(offset)
+            if previous >= number:  # an entry torn by a crash; chains only point back
+                break
+            number = previous
+        return found
+
+
+class MessageIndex:
+    def __init__(self, directory: Path, slots: int, capacity: int, disk: Disk) -> None:
+        self.directory = directory
+        self.slots = slots
+        self.capacity = capacity
+        self.disk = disk
+        self.files: list[IndexFile] = []
+
+    def load(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        size = IndexFile.size_for(self.slots, self.capacity)
+        for path in sorted(p for p in self.directory.iterdir() if p.name.isdigit()):
+            segment = open_segment(path, int(path.name), size, preallocate=False, keep_fd=False)
+            index = IndexFile(segment, self.slots, self.capacity)
+            segment.written = segment.synced = IndexFile.size_for(self.slots, index.count)
+            self.files.append(index)
+
+    def put(self, key: bytes, commitlog_offset: int, store_ms: int) -> None:
+        if not self.files or self.files[-1].full:
+            self._roll(commitlog_offset)
+        self.files[-1].put(key, commitlog_offset, store_ms)
+
+    def _roll(self, commitlog_offset: int) -> None:
+        path = self.directory / segment_name(commitlog_offset)
+        if self.files and path == self.files[-1].segment.path:
+            raise RuntimeError(f"index file {path} is full with entries for one offset")
+        size = IndexFile.size_for(self.slots, self.capacity)
+        segment = open_segment(path, commitlog_offset, size, preallocate=False, keep_fd=False)
+        self.files.append(IndexFile(segment, self.slots, self.capacity))
+
+    def lookup(self, key: bytes, limit: int, begin_ms: int = 0, end_ms: int = 2**62) -> list[int]:
+        """Candidate commitlog offsets for ``key``, newest first, without duplicates."""
+        seen: set[int] = set()
+        out: list[int] = []
+        for index in reversed(self.files):
+            for offset in index.lookup(key, begin_ms, end_ms, limit):
+                if offset not in seen:
+                    seen.add(offset)
+                    out.append(offset)
+            if len(out) >= limit:
+                break
+        return out[:limit]
+
+    def segments(self) -> list[Segment]:
+        return [f.segment for f in self.files]
+
+    def delete_before(self, commitlog_min: int) -> None:
+        """Drop files whose every entry points below the commitlog's minimum."""
+        while len(self.files) > 1 and self.files[1].begin_offset <= commitlog_min:
+            doomed = self.files.pop(0)
+            with contextlib.suppress(FileNotFoundError):
+                doomed.segment.path.unlink()
+            doomed.segment.close()
+
+    def close(self) -> None:
+        for index in self.files:
+            index.segment.close()
+        self.files = []

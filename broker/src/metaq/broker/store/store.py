@@ -1,0 +1,357 @@
+"""The message store: commitlog, consume queues, index and the services that keep them.
+
+This is the MetaQ 2.0 store behind one object. Appends go to the commitlog; a dispatcher
+thread builds consume queues and the index from it; a flusher makes the log durable; a
+checkpointer records what recovery may trust; a cleaner enforces retention and watches
+the disk. See ``docs/storage-format.md`` for the files.
+"""
+
+from __future__ import annotations
+
+import enum
+import fcntl
+import logging
+import os
+import time
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+
+from metaq.broker.store.checkpoint import AbortMarker, Checkpoint, read_checkpoint, write_checkpoint
+from metaq.broker.store.commitlog import Appended, CommitLog
+from metaq.broker.store.config import FlushMode, StoreConfig
+from metaq.broker.store.consume_queue import QueueTable
+from metaq.broker.store.dispatch import Dispatcher, DispatchService
+from metaq.broker.store.flush import CommitLogFlusher
+from metaq.broker.store.index import MessageIndex, key_for_id, key_for_topic_key
+from metaq.broker.store.reads import GetResult, read_batch
+from metaq.broker.store.recovery import RecoveryReport, recover
+from metaq.broker.store.retention import CleanService, DiskUsage, Retention, WriteGuard
+from metaq.broker.store.segment import Disk, RealDisk
+from metaq.broker.store.service import Service
+from metaq.common.errors import StoreUnavailable
+from metaq.common.record import Record, decode, encode
+
+log = logging.getLogger(__name__)
+
+
+class PutStatus(enum.Enum):
+    OK = "ok"
+    FLUSH_DISK_TIMEOUT = "flush_disk_timeout"
+    """Stored, but not known durable within flush_timeout_ms (SYNC flush only)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PutResult:
+    status: PutStatus
+    appended: Appended
+
+
+class _Checkpointer(Service):
+    name = "checkpoint"
+
+    def __init__(self, store: MessageStore) -> None:
+        super().__init__(interval_s=store.config.checkpoint_interval_ms / 1e3)
+        self._store = store
+
+    def run_once(self) -> None:
+        self._store.checkpoint()
+
+
+class MessageStore:
+    """Open with :meth:`start` (which recovers), close with :meth:`close`.
+
+    Thread-safety: appends may come from any thread; reads from any thread.
+    """
+
+    def __init__(
+        self,
+        config: StoreConfig,
+        *,
+        disk: Disk | None = None,
+        disk_usage: DiskUsage | None = None,
+    ) -> None:
+        self.config = config
+        self.disk = disk or RealDisk()
+        self.commitlog = CommitLog(config, self.disk)
+        self.queues = QueueTable(
+            config.consume_queue_dir, config.consume_queue_segment_entries, self.disk
+        )
+        self.index = MessageIndex(
+            config.index_dir, config.index_slots, config.index_entries, self.disk
+        )
+        self.dispatcher = Dispatcher(self.commitlog, self.queues, self.index)
+        self.guard = WriteGuard(config, disk_usage) if disk_usage else WriteGuard(config)
+        self.retention = Retention(config)
+        self.flusher = CommitLogFlusher(self.commitlog, config, self.guard)
+        self.dispatch_service = DispatchService(self.dispatcher)
+        self._services: list[Service] = []
+        self._abort = AbortMarker(config.data_dir / "abort")
+        self._checkpoint_path = config.data_dir / "checkpoint"
+        self._lock_fd: int | None = None
+        self.recovery: RecoveryReport | None = None
+        self._open = False
+
+    # --- lifecycle --------------------------------------------------------------------
+
+    def start(self) -> RecoveryReport:
+        self.config.data_dir.mkdir(parents=True, exist_ok=True)
+        self._lock_data_dir()
+        self.commitlog.load()
+        crashed = self._abort.found()
+        if crashed:
+            log.warning("abort marker found: the last run did not shut down cleanly")
+        self.recovery = recover(
+            self.commitlog,
+            self.queues,
+            self.index,
+            self.dispatcher,
+            read_checkpoint(self._checkpoint_path),
+            crashed,
+        )
+        self._abort.create()
+        self.guard.refresh_disk()
+        self.checkpoint()
+        self._services = [
+            self.flusher,
+            self.dispatch_service,
+            _Checkpointer(self),
+            CleanService(lambda: self.clean(), self.config.clean_interval_s),
+        ]
+        for service in self._services:
+            service.start()
+        self._open = True
+        return self.recovery
+
+    def _lock_data_dir(self) -> None:
+        fd = os.open(self.config.data_dir / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise StoreUnavailable(
+                f"data directory {self.config.data_dir} is in use by another process; "
+                "stop it or give this broker its own data_dir"
+            ) from None
+        self._lock_fd = fd
+
+    def close(self) -> None:
+        """Clean shutdown: flush and checkpoint everything, then remove the abort marker."""
+        if not self._open:
+            return
+        self._open = False
+        for service in reversed(self._services):
+            service.stop()
+        self.dispatcher.catch_up()
+        self.flusher.flush()
+        self.checkpoint()
+        self._release()
+        self._abort.remove()
+        self._unlock()
+
+    def halt(self) -> None:
+        """Stop as a crash would: no flush, no checkpoint, abort marker left (for tests)."""
+        self._open = False
+        for service in reversed(self._services):
+            service.stop()
+        self._release()
+        self._unlock()
+
+    def _release(self) -> None:
+        self.commitlog.segments.close()
+        self.queues.close()
+        self.index.close()
+
+    def _unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    # --- writes -----------------------------------------------------------------------
+
+    def append(self, records: Sequence[bytes | bytearray | memoryview]) -> Appended:
+        """Append a batch of producer-built records; returns once they are in memory.
+
+        Raises InvalidMessage (nothing written) or StoreUnavailable (writes refused).
+        Under SYNC flush, wait with :meth:`wait_durable` or AsyncDurability before
+        answering the producer.
+        """
+        self.guard.ensure_writable()
+        if not self._open:
+            raise StoreUnavailable("store is not open (starting or shutting down); retry")
+        if self.dispatcher.backlog_bytes > self.config.dispatch_backlog_bytes:
+            self._wait_for_dispatch()
+        appended = self.commitlog.append(records)
+        self.dispatch_service.wakeup()
+        if self.config.flush_mode is FlushMode.SYNC:
+            self.flusher.request()
+        else:
+            self.flusher.maybe_request()
+        return appended
+
+    def _wait_for_dispatch(self) -> None:
+        room = self.dispatch_service.wait_for_room(
+            self.config.dispatch_backlog_bytes, self.config.dispatch_backlog_wait_ms / 1e3
+        )
+        if not room:
+            raise StoreUnavailable(
+                f"dispatch backlog over {self.config.dispatch_backlog_bytes} bytes for "
+                f"{self.config.dispatch_backlog_wait_ms} ms; the broker is overloaded, retry"
+            )
+
+    def wait_durable(self, offset: int, timeout_s: float | None = None) -> bool:
+        if timeout_s is None:
+            timeout_s = self.config.flush_timeout_ms / 1e3
+        return self.flusher.wait_durable(offset, timeout_s)
+
+    def put(
+        self,
+        topic: str,
+        body: bytes,
+        *,
+        queue_id: int = 0,
+        tags: str = "",
+        keys: Sequence[str] = (),
+        properties: Mapping[str, str] | None = None,
+    ) -> PutResult:
+        """Encode and append one message, waiting for durability under SYNC flush."""
+        record = encode(
+            topic,
+            body,
+            queue_id=queue_id,
+            tags=tags,
+            keys=keys,
+            properties=properties,
+            born_timestamp_ms=time.time_ns() // 1_000_000,
+        )
+        appended = self.append([record])
+        status = PutStatus.OK
+        if self.config.flush_mode is FlushMode.SYNC and not self.wait_durable(appended.end):
+            status = PutStatus.FLUSH_DISK_TIMEOUT
+        return PutResult(status, appended)
+
+    # --- reads ------------------------------------------------------------------------
+
+    def get(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        *,
+        max_messages: int = 32,
+        max_bytes: int = 4 * 1024 * 1024,
+        tag_codes: Collection[int] | None = None,
+    ) -> GetResult:
+        queue = self.queues.get(topic.encode(), queue_id)
+        return read_batch(self.commitlog, queue, offset, max_messages, max_bytes, tag_codes)
+
+    def min_offset(self, topic: str, queue_id: int) -> int:
+        queue = self.queues.get(topic.encode(), queue_id)
+        return queue.min_offset if queue else 0
+
+    def max_offset(self, topic: str, queue_id: int) -> int:
+        """The queue offset the next dispatched message will get; lag = this - consumed."""
+        queue = self.queues.get(topic.encode(), queue_id)
+        return queue.max_offset if queue else 0
+
+    def offset_for_timestamp(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        """The first queue offset whose message was stored at or after ``timestamp_ms``."""
+        queue = self.queues.get(topic.encode(), queue_id)
+        if queue is None:
+            return 0
+        lo, hi = queue.min_offset, queue.max_offset
+        while lo < hi:
+            mid = (lo + hi) // 2
+            offset, size, _ = queue.entry(mid)
+            view = self.commitlog.slice(offset, size)
+            if view is None:  # deleted by retention: older than anything present
+                lo = mid + 1
+                continue
+            if decode(view, verify=False).store_timestamp_ms < timestamp_ms:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    def lookup_id(self, msg_id: bytes) -> Record | None:
+        for offset in self.index.lookup(key_for_id(msg_id), limit=8):
+            record = self._record_at(offset)
+            if record is not None and record.msg_id == msg_id:
+                return record
+        return None
+
+    def lookup_key(
+        self, topic: str, key: str, *, limit: int = 32, begin_ms: int = 0, end_ms: int = 2**62
+    ) -> list[Record]:
+        """Messages of ``topic`` carrying ``key``, newest first."""
+        found = []
+        for offset in self.index.lookup(
+            key_for_topic_key(topic.encode(), key.encode()), limit * 2, begin_ms, end_ms
+        ):
+            record = self._record_at(offset)
+            if record is not None and record.topic == topic and key in record.keys:
+                found.append(record)
+                if len(found) >= limit:
+                    break
+        return found
+
+    def _record_at(self, offset: int) -> Record | None:
+        if offset >= self.commitlog.write_offset:
+            return None
+        view = self.commitlog.slice(offset, 4)
+        if view is None:
+            return None
+        size = int.from_bytes(view, "little")
+        view = self.commitlog.slice(offset, size) if size else None
+        if view is None:
+            return None
+        try:
+            return decode(view)
+        except Exception:  # a stale index entry pointing into a cut tail
+            return None
+
+    # --- background work -------------------------------------------------------------
+
+    def checkpoint(self) -> Checkpoint:
+        """Make queues and index durable and record how far; returns what was written."""
+        with self.dispatcher.lock:
+            dispatched = self.dispatcher.dispatched
+            entries = sum(q.max_offset for q in self.queues.queues.values())
+        durable = self.flusher.durable
+        try:
+            self.disk.sync_all(self.queues.dirty_segments() + self.index.segments())
+            checkpoint = Checkpoint(
+                commitlog_durable=durable,
+                dispatched=dispatched,
+                queue_entries=entries,
+                written_ms=time.time_ns() // 1_000_000,
+            )
+            write_checkpoint(self._checkpoint_path, checkpoint)
+        except OSError as exc:
+            self.guard.record_io_error(exc)
+            raise
+        return checkpoint
+
+    def clean(self, now_s: float | None = None) -> int:
+        """Check the disk and delete what retention allows; return segments deleted."""
+        ratio = self.guard.refresh_disk()
+        segments = self.commitlog.segments.segments
+        safe_end = min(self.dispatcher.dispatched, self.flusher.durable)
+        count = self.retention.doomed(
+            [(s.path, s.end) for s in segments],
+            safe_end,
+            ratio,
+            time.time() if now_s is None else now_s,
+        )
+        if count:
+            deleted = self.commitlog.segments.delete_before(segments[count - 1].end)
+            floor = self.commitlog.min_offset
+            for queue in list(self.queues.queues.values()):
+                queue.delete_before_commitlog(floor)
+            self.index.delete_before(floor)
+            log.info("retention deleted %s", ", ".join(s.path.name for s in deleted))
+        self.commitlog.segments.close_retired()
+        return count
+
+    @property
+    def dispatch_backlog_bytes(self) -> int:
+        return self.dispatcher.backlog_bytes
