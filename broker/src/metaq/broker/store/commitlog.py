@@ -15,7 +15,7 @@ import time
 import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, NamedTuple
 
 from metaq.broker.store.config import StoreConfig
 from metaq.broker.store.segment import Disk, Segment, SegmentQueue
@@ -42,8 +42,7 @@ _BLANK: Final = struct.Struct("<II")
 _MAGIC_BYTES: Final = MAGIC.to_bytes(4, "little")
 
 
-@dataclass(frozen=True, slots=True)
-class Appended:
+class Appended(NamedTuple):
     """Where a batch landed: its commitlog span and each record's queue offset."""
 
     start: int

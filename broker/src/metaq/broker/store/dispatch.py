@@ -56,6 +56,7 @@ class Dispatcher:
                 if segment is None:
                     raise RuntimeError(f"commitlog offset {offset} has no segment to dispatch")
                 view = segment.view
+                mm = segment.mm  # slicing the mmap itself yields bytes in one step
                 pos = offset - segment.start
                 stop = min(end - segment.start, segment.size)
                 while pos < stop:
@@ -68,7 +69,7 @@ class Dispatcher:
                         pos = segment.size
                         break
                     at = pos + HEADER_SIZE
-                    topic = bytes(view[at : at + topic_len])
+                    topic = mm[at : at + topic_len]
                     key = (topic, queue_id)
                     queue = queues.queues.get(key) or queues.get_or_create(topic, queue_id)
                     at += topic_len
@@ -78,7 +79,7 @@ class Dispatcher:
                     index.put(MSG_ID_PREFIX + msg_id, cl_offset, store_ms)
                     if keys_len:
                         at += tags_len
-                        for k in bytes(view[at : at + keys_len]).split(b" "):
+                        for k in mm[at : at + keys_len].split(b" "):
                             index.put(topic + b"#" + k, cl_offset, store_ms)
                     touched.add(key)
                     pos += size

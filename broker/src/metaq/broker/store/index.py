@@ -75,8 +75,15 @@ class IndexFile:
         )
         _SLOT.pack_into(view, slot_at, number)
         self.end_ms, self.end_offset = store_ms, commitlog_offset
-        _TAIL.pack_into(view, _TAIL_AT, store_ms, commitlog_offset, number)
-        self.segment.written = self._entries_at + (number + 1) * _ENTRY.size
+
+    def write_header(self) -> None:
+        """Persist the counters; done before each checkpoint's sync, not per entry.
+
+        After a crash the header may be behind the entries, but the checkpoint never
+        claims more than the header held, and re-dispatch re-adds what it lacks.
+        """
+        _TAIL.pack_into(self.segment.view, _TAIL_AT, self.end_ms, self.end_offset, self.count)
+        self.segment.written = self._entries_at + (self.count + 1) * _ENTRY.size
 
     def lookup(self, key: bytes, begin_ms: int, end_ms: int, limit: int) -> list[int]:
         if self.count == 0 or self.end_ms < begin_ms or self.begin_ms > end_ms:
@@ -121,6 +128,8 @@ class MessageIndex:
         self.files[-1].put(key, commitlog_offset, store_ms)
 
     def _roll(self, commitlog_offset: int) -> None:
+        if self.files:
+            self.files[-1].write_header()
         path = self.directory / segment_name(commitlog_offset)
         if self.files and path == self.files[-1].segment.path:
             raise RuntimeError(f"index file {path} is full with entries for one offset")
@@ -142,6 +151,9 @@ class MessageIndex:
         return out[:limit]
 
     def segments(self) -> list[Segment]:
+        """The files to sync for a checkpoint, with their headers brought up to date."""
+        for index in self.files:
+            index.write_header()
         return [f.segment for f in self.files]
 
     def delete_before(self, commitlog_min: int) -> None:
@@ -154,5 +166,6 @@ class MessageIndex:
 
     def close(self) -> None:
         for index in self.files:
+            index.write_header()
             index.segment.close()
         self.files = []

@@ -44,7 +44,11 @@ def recover(
     began = time.monotonic()
     queues_complete = queues.load()
     index.load()
-    if checkpoint is None:
+    fresh = checkpoint is None and not commitlog.segments.segments
+    if fresh:
+        tail = None
+        crashed = False
+    elif checkpoint is None:
         log.warning("no valid checkpoint: validating the whole commitlog and rebuilding queues")
         # With nothing known durable, damage with intact records after it is corruption.
         tail = commitlog.recover(commitlog.min_offset, durable=2**63 - 1)
@@ -59,7 +63,7 @@ def recover(
     for queue in queues.queues.values():
         queue.truncate_to_commitlog(end)
 
-    full = checkpoint is None or not queues_complete
+    full = (checkpoint is None and not fresh) or not queues_complete
     redispatch_from = commitlog.min_offset
     if not full and checkpoint is not None:
         if checkpoint.dispatched > end:
@@ -84,7 +88,7 @@ def recover(
         crashed=crashed,
         full_rebuild=full,
         commitlog_end=end,
-        tail_reason=tail.reason if tail else "clean shutdown",
+        tail_reason=tail.reason if tail else ("new store" if fresh else "clean shutdown"),
         redispatched_records=redispatched,
         seconds=time.monotonic() - began,
     )

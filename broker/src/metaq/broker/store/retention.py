@@ -69,9 +69,9 @@ class WriteGuard:
         return None
 
     def ensure_writable(self) -> None:
-        reason = self.reason
-        if reason is not None:
-            raise StoreUnavailable(f"store refuses writes: {reason}")
+        if self._io_reason is None and self.disk_ratio < self.config.disk_full_ratio:
+            return
+        raise StoreUnavailable(f"store refuses writes: {self.reason}")
 
 
 class Retention:

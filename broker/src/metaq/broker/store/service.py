@@ -31,10 +31,12 @@ class Service(ABC):
         self._thread.start()
 
     def wakeup(self) -> None:
-        self._wake.set()
+        # Setting an Event takes its lock; checking first keeps hot callers cheap.
+        if not self._wake.is_set():
+            self._wake.set()
 
     def stop(self) -> None:
-        """Stop after the current round; :meth:`run_once` runs one last time first."""
+        """Stop after the current round; the owner does any final work itself."""
         self._stopping.set()
         self._wake.set()
         if self._thread is not None and self._thread is not threading.current_thread():
@@ -50,8 +52,8 @@ class Service(ABC):
             while not self._stopping.is_set():
                 self._wake.wait(self.interval_s)
                 self._wake.clear()
-                self.run_once()
-            self.run_once()
+                if not self._stopping.is_set():
+                    self.run_once()
         except BaseException as exc:
             log.exception("%s died", self.name)
             self.error = exc

@@ -109,6 +109,8 @@ class MessageStore:
             crashed,
         )
         self._abort.create()
+        # Map (and pre-fault) the segment the next append goes to now, not on the hot path.
+        self.commitlog.segments.segment_for_write(self.commitlog.write_offset)
         self.guard.refresh_disk()
         self.checkpoint()
         self._services = [
@@ -316,9 +318,10 @@ class MessageStore:
         with self.dispatcher.lock:
             dispatched = self.dispatcher.dispatched
             entries = sum(q.max_offset for q in self.queues.queues.values())
+            index_files = self.index.segments()
         durable = self.flusher.durable
         try:
-            self.disk.sync_all(self.queues.dirty_segments() + self.index.segments())
+            self.disk.sync_all(self.queues.dirty_segments() + index_files)
             checkpoint = Checkpoint(
                 commitlog_durable=durable,
                 dispatched=dispatched,
