@@ -30,7 +30,8 @@ $(STAMP): uv.lock $(PYPROJECTS) $(UV_DEP)
 	$(UV) sync --frozen --all-packages
 	touch $@
 
-test: setup
+# Everything CI runs: the lint gate, then the whole suite.
+test: lint
 	$(UV) run --frozen pytest $(PYTEST_ARGS)
 
 lint: setup
