@@ -107,7 +107,14 @@ def encode_properties(properties: Mapping[str, str]) -> bytes:
                 raise InvalidMessage(
                     f"property {key!r} contains a reserved control character (\\x01 or \\x02)"
                 )
-    return "".join(f"{k}{_KV}{v}{_PAIR}" for k, v in properties.items()).encode()
+    return _utf8("properties", "".join(f"{k}{_KV}{v}{_PAIR}" for k, v in properties.items()))
+
+
+def _utf8(what: str, text: str) -> bytes:
+    try:
+        return text.encode()
+    except UnicodeEncodeError as exc:
+        raise InvalidMessage(f"{what} cannot be encoded as UTF-8: {exc.reason}") from None
 
 
 def decode_properties(raw: bytes) -> dict[str, str]:
@@ -140,13 +147,13 @@ def encode(
     """
     check_topic(topic)
     topic_b = topic.encode()
-    tags_b = tags.encode()
+    tags_b = _utf8("tags", tags)
     if len(tags_b) > MAX_TAGS_BYTES:
         raise InvalidMessage(f"tags are {len(tags_b)} bytes; the limit is {MAX_TAGS_BYTES}")
     for key in keys:
         if not key or _KEY_SEPARATOR in key:
             raise InvalidMessage(f"message key {key!r} is empty or contains a space")
-    keys_b = _KEY_SEPARATOR.join(keys).encode()
+    keys_b = _utf8("keys", _KEY_SEPARATOR.join(keys))
     if len(keys_b) > MAX_KEYS_BYTES:
         raise InvalidMessage(f"keys are {len(keys_b)} bytes; the limit is {MAX_KEYS_BYTES}")
     props_b = encode_properties(properties) if properties else b""
@@ -206,13 +213,18 @@ def decode(buf: bytes | bytearray | memoryview, at: int = 0, *, verify: bool = T
         parts.append(bytes(view[pos : pos + length]))
         pos += length
     topic_b, tags_b, keys_b, props_b, body = parts
+    try:
+        topic, tags, keys = topic_b.decode(), tags_b.decode(), keys_b.decode()
+        properties = decode_properties(props_b) if props_b else {}
+    except UnicodeDecodeError as exc:
+        raise InvalidRecord(f"a text field of the record is not UTF-8: {exc}") from None
     return Record(
-        topic=topic_b.decode(),
+        topic=topic,
         body=body,
         queue_id=queue_id,
-        tags=tags_b.decode(),
-        keys=tuple(keys_b.decode().split(_KEY_SEPARATOR)) if keys_b else (),
-        properties=decode_properties(props_b) if props_b else {},
+        tags=tags,
+        keys=tuple(keys.split(_KEY_SEPARATOR)) if keys else (),
+        properties=properties,
         flags=flags,
         msg_id=msg_id,
         born_timestamp_ms=born_ts,

@@ -25,7 +25,6 @@ from metaq.common.record import (
     CRC_START,
     HEADER_SIZE,
     MAGIC,
-    PREFIX,
     STAMP,
     STAMP_AT,
     check_topic,
@@ -232,13 +231,14 @@ class CommitLog:
                 offset = segment.end
                 continue
             view = segment.view
-            size, magic, crc = PREFIX.unpack_from(view, pos)
+            # Only size and magic: a blank can be 8 bytes, too short for a record's CRC.
+            size, magic = _BLANK.unpack_from(view, pos)
             if magic == BLANK_MAGIC and size == segment.size - pos:
                 offset = segment.end
                 continue
             if size == 0 and magic == 0:
                 return self._cut(offset, "end of data")
-            problem = self._problem(segment, pos, size, magic, crc)
+            problem = self._problem(segment, pos, size, magic)
             if problem is None:
                 offset += size
                 continue
@@ -252,7 +252,7 @@ class CommitLog:
             return self.segments.min_offset
         return segment.start
 
-    def _problem(self, segment: Segment, pos: int, size: int, magic: int, crc: int) -> str | None:
+    def _problem(self, segment: Segment, pos: int, size: int, magic: int) -> str | None:
         if magic != MAGIC:
             return f"bad magic {magic:#010x}"
         if not HEADER_SIZE <= size <= segment.size - pos:
@@ -260,6 +260,7 @@ class CommitLog:
         _, _, _, tl, tgl, kl, pl, bl = _CHECK.unpack_from(segment.view, pos)
         if size != HEADER_SIZE + tl + tgl + kl + pl + bl:
             return "record size disagrees with its field lengths"
+        crc = _CRC.unpack_from(segment.view, pos + 8)[0]
         if zlib.crc32(segment.view[pos + CRC_START : pos + size]) != crc:
             return "CRC mismatch"
         if _OFFSET.unpack_from(segment.view, pos + STAMP_AT)[0] != segment.start + pos:
@@ -276,8 +277,8 @@ class CommitLog:
                 if hit < 0:
                     break
                 at = hit - 4
-                size, magic, crc = PREFIX.unpack_from(segment.view, at)
-                if self._problem(segment, at, size, magic, crc) is None:
+                size, magic = _BLANK.unpack_from(segment.view, at)
+                if self._problem(segment, at, size, magic) is None:
                     return True
                 pos = at + 1
             segment = self.segments.find(segment.end)

@@ -60,7 +60,8 @@ class Dispatcher:
                 pos = offset - segment.start
                 stop = min(end - segment.start, segment.size)
                 while pos < stop:
-                    if segment.size - pos < 8:
+                    # Too little room for any record: the rest is a blank (or nothing).
+                    if segment.size - pos < HEADER_SIZE:
                         pos = segment.size
                         break
                     (size, magic, q_offset, store_ms, queue_id, msg_id, topic_len, tags_len,

@@ -62,6 +62,8 @@ def recover(
     end = commitlog.write_offset
     for queue in queues.queues.values():
         queue.truncate_to_commitlog(end)
+        # Retention moved the queue's minimum within its first file; the file does not say.
+        queue.delete_before_commitlog(commitlog.min_offset)
 
     full = (checkpoint is None and not fresh) or not queues_complete
     redispatch_from = commitlog.min_offset

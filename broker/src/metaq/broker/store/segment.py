@@ -250,8 +250,9 @@ class SegmentQueue:
         start = offset - offset % self.segment_bytes
         segment = self._take_prepared(start) or self._open(start)
         with self._lock:
-            self.segments.append(segment)
-            self.segments.sort(key=lambda s: s.start)
+            # Build a new list: readers search this one without the lock, and an in-place
+            # sort empties the list while it runs.
+            self.segments = sorted([*self.segments, segment], key=lambda s: s.start)
         if self.preallocate:
             self._prepare(start + self.segment_bytes)
         return segment
