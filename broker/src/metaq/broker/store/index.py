@@ -85,6 +85,29 @@ class IndexFile:
         _TAIL.pack_into(self.segment.view, _TAIL_AT, self.end_ms, self.end_offset, self.count)
         self.segment.written = self._entries_at + (self.count + 1) * _ENTRY.size
 
+    def forget_uncounted(self) -> None:
+        """Point every slot back at the newest entry on its chain that ``count`` covers.
+
+        The header is written at checkpoints and rolls, so after a crash slots can name
+        entries past the count. Re-dispatch reuses those numbers for other keys, so this
+        runs at load, while the old entries still hold their links.
+        """
+        if self.count >= self.capacity:
+            return  # full files got their header at the roll, after their last entry
+        view = self.segment.view
+        slots = _SLOT.iter_unpack(view[_HEADER.size : self._entries_at])
+        for slot, (number,) in enumerate(slots):
+            if number <= self.count:
+                continue
+            while number > self.count:
+                if number > self.capacity:  # garbage: nothing on this chain is usable
+                    number = 0
+                    break
+                at = self._entries_at + number * _ENTRY.size
+                previous = _ENTRY.unpack_from(view, at)[3]
+                number = previous if previous < number else 0
+            _SLOT.pack_into(view, _HEADER.size + slot * _SLOT.size, number)
+
     def lookup(self, key: bytes, begin_ms: int, end_ms: int, limit: int) -> list[int]:
         if self.count == 0 or self.end_ms < begin_ms or self.begin_ms > end_ms:
             return []
@@ -119,6 +142,7 @@ class MessageIndex:
         for path in sorted(p for p in self.directory.iterdir() if p.name.isdigit()):
             segment = open_segment(path, int(path.name), size, preallocate=False, keep_fd=False)
             index = IndexFile(segment, self.slots, self.capacity)
+            index.forget_uncounted()
             segment.written = segment.synced = IndexFile.size_for(self.slots, index.count)
             self.files.append(index)
 
@@ -130,11 +154,12 @@ class MessageIndex:
     def _roll(self, commitlog_offset: int) -> None:
         if self.files:
             self.files[-1].write_header()
-        path = self.directory / segment_name(commitlog_offset)
-        if self.files and path == self.files[-1].segment.path:
-            raise RuntimeError(f"index file {path} is full with entries for one offset")
+        # Named by its first entry's offset, unless one message's keys filled the whole last
+        # file: then just past that file's name (names only order files; headers hold offsets).
+        start = max(commitlog_offset, self.files[-1].segment.start + 1 if self.files else 0)
+        path = self.directory / segment_name(start)
         size = IndexFile.size_for(self.slots, self.capacity)
-        segment = open_segment(path, commitlog_offset, size, preallocate=False, keep_fd=False)
+        segment = open_segment(path, start, size, preallocate=False, keep_fd=False)
         self.files.append(IndexFile(segment, self.slots, self.capacity))
 
     def lookup(self, key: bytes, limit: int, begin_ms: int = 0, end_ms: int = 2**62) -> list[int]:

@@ -13,7 +13,7 @@ import fcntl
 import logging
 import os
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from metaq.broker.store.checkpoint import AbortMarker, Checkpoint, read_checkpoint, write_checkpoint
@@ -96,11 +96,30 @@ class MessageStore:
     def start(self) -> RecoveryReport:
         self.config.data_dir.mkdir(parents=True, exist_ok=True)
         self._lock_data_dir()
+        try:
+            self.recovery = self._recover()
+        except BaseException:
+            # Unmap and unlock, so that the operator can repair the files and start again.
+            self._release()
+            self._unlock()
+            raise
+        self._services = [
+            self.flusher,
+            self.dispatch_service,
+            _Checkpointer(self),
+            CleanService(lambda: self.clean(), self.config.clean_interval_s),
+        ]
+        for service in self._services:
+            service.start()
+        self._open = True
+        return self.recovery
+
+    def _recover(self) -> RecoveryReport:
         self.commitlog.load()
         crashed = self._abort.found()
         if crashed:
             log.warning("abort marker found: the last run did not shut down cleanly")
-        self.recovery = recover(
+        report = recover(
             self.commitlog,
             self.queues,
             self.index,
@@ -112,17 +131,13 @@ class MessageStore:
         # Map (and pre-fault) the segment the next append goes to now, not on the hot path.
         self.commitlog.segments.segment_for_write(self.commitlog.write_offset)
         self.guard.refresh_disk()
+        # The recovered log is the log now: sync it, so the checkpoint below may say it is
+        # durable. Left at 0, a crash before the next checkpoint would make recovery treat
+        # damage anywhere in the log as a torn tail and cut every record after it.
+        self.disk.sync_all(self.commitlog.segments.segments)
+        self.flusher.durable = self.commitlog.write_offset
         self.checkpoint()
-        self._services = [
-            self.flusher,
-            self.dispatch_service,
-            _Checkpointer(self),
-            CleanService(lambda: self.clean(), self.config.clean_interval_s),
-        ]
-        for service in self._services:
-            service.start()
-        self._open = True
-        return self.recovery
+        return report
 
     def _lock_data_dir(self) -> None:
         fd = os.open(self.config.data_dir / "lock", os.O_RDWR | os.O_CREAT, 0o644)
@@ -275,26 +290,47 @@ class MessageStore:
         return lo
 
     def lookup_id(self, msg_id: bytes) -> Record | None:
-        for offset in self.index.lookup(key_for_id(msg_id), limit=8):
-            record = self._record_at(offset)
-            if record is not None and record.msg_id == msg_id:
-                return record
-        return None
+        found = self._lookup(key_for_id(msg_id), 1, 0, 2**62, lambda r: r.msg_id == msg_id)
+        return found[0] if found else None
 
     def lookup_key(
         self, topic: str, key: str, *, limit: int = 32, begin_ms: int = 0, end_ms: int = 2**62
     ) -> list[Record]:
         """Messages of ``topic`` carrying ``key``, newest first."""
-        found = []
-        for offset in self.index.lookup(
-            key_for_topic_key(topic.encode(), key.encode()), limit * 2, begin_ms, end_ms
-        ):
-            record = self._record_at(offset)
-            if record is not None and record.topic == topic and key in record.keys:
-                found.append(record)
-                if len(found) >= limit:
-                    break
-        return found
+        return self._lookup(
+            key_for_topic_key(topic.encode(), key.encode()),
+            limit,
+            begin_ms,
+            end_ms,
+            lambda r: r.topic == topic and key in r.keys,
+        )
+
+    def _lookup(
+        self,
+        index_key: bytes,
+        limit: int,
+        begin_ms: int,
+        end_ms: int,
+        match: Callable[[Record], bool],
+    ) -> list[Record]:
+        """Up to ``limit`` records that ``match``, newest first, from the index's candidates.
+
+        Colliding hashes make candidates that do not match, so ask for more until enough
+        match or the index has no more: newer collisions must not hide a real match.
+        """
+        want = max(limit * 2, 8)
+        while True:
+            offsets = self.index.lookup(index_key, want, begin_ms, end_ms)
+            found = []
+            for offset in offsets:
+                record = self._record_at(offset)
+                if record is not None and match(record):
+                    found.append(record)
+                    if len(found) >= limit:
+                        return found
+            if len(offsets) < want:
+                return found
+            want *= 4
 
     def _record_at(self, offset: int) -> Record | None:
         if offset >= self.commitlog.write_offset:
