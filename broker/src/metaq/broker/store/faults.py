@@ -60,7 +60,7 @@ class LossyDisk:
             self.durable[segment.path] = (inode, mark)
 
     def drop_unsynced(self) -> int:
-        """Simulate a power loss; call after ``store.halt()``. Returns the bytes zeroed."""
+        """Simulate a power loss; call after ``store.halt()``. Returns the bytes overwritten."""
         dropped = 0
         with self._lock:
             for path in self._segment_files():
@@ -72,8 +72,9 @@ class LossyDisk:
                     # Through the file, not a mapping: halt() has closed the mappings, and
                     # pwrite lands in the same page cache any leftover mapping would see.
                     while at < stat.st_size:
-                        at += os.pwrite(fd, _ZEROS[: stat.st_size - at], at)
-                        dropped += min(len(_ZEROS), stat.st_size - at)
+                        written = os.pwrite(fd, _ZEROS[: stat.st_size - at], at)
+                        at += written
+                        dropped += written
                     os.fsync(fd)
                 finally:
                     os.close(fd)
