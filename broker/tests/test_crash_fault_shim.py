@@ -270,13 +270,6 @@ def test_segment_ending_in_a_short_blank_recovers(tmp_path: Path, free: int) -> 
         store.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="store bug: after a power loss the index loses keys it had made durable. Slots "
-    "are rewritten in place after a checkpoint; if a slot's page reaches the disk and the "
-    "newer entry it names does not, the chain to older, checkpointed entries is cut. "
-    "Recovery would have to rebuild the index files touched since the checkpoint.",
-)
 def test_index_finds_checkpointed_keys_after_power_loss(tmp_path: Path) -> None:
     data = tmp_path / "data"
     config = support.small_config(data, FlushMode.SYNC, checkpoint_interval_ms=3_600_000)

@@ -26,8 +26,9 @@ class StoreConfig:
     flush_mode: FlushMode = FlushMode.ASYNC
     commitlog_segment_bytes: int = 1 * GIB
     consume_queue_segment_entries: int = 300_000
-    index_slots: int = 500_000
-    index_entries: int = 2_000_000
+    # Small enough that re-indexing the newest file after a crash stays well under a second.
+    index_slots: int = 100_000
+    index_entries: int = 400_000
     max_message_bytes: int = 4 * MIB
     max_properties_bytes: int = 32 * KIB
     flush_timeout_ms: int = 5_000

@@ -71,6 +71,8 @@ class ConsumeQueue:
         return lo
 
     def put(self, queue_offset: int, commitlog_offset: int, size: int, tag_code: int) -> None:
+        if queue_offset < self.min_offset < self.max_offset:
+            return  # re-dispatch of an entry retention already removed
         at = queue_offset * ENTRY_SIZE
         last = self.segments.segments[-1] if self.segments.segments else None
         if last is not None and last.start <= at < last.end:

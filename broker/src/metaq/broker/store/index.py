@@ -85,29 +85,6 @@ class IndexFile:
         _TAIL.pack_into(self.segment.view, _TAIL_AT, self.end_ms, self.end_offset, self.count)
         self.segment.written = self._entries_at + (self.count + 1) * _ENTRY.size
 
-    def forget_uncounted(self) -> None:
-        """Point every slot back at the newest entry on its chain that ``count`` covers.
-
-        The header is written at checkpoints and rolls, so after a crash slots can name
-        entries past the count. Re-dispatch reuses those numbers for other keys, so this
-        runs at load, while the old entries still hold their links.
-        """
-        if self.count >= self.capacity:
-            return  # full files got their header at the roll, after their last entry
-        view = self.segment.view
-        slots = _SLOT.iter_unpack(view[_HEADER.size : self._entries_at])
-        for slot, (number,) in enumerate(slots):
-            if number <= self.count:
-                continue
-            while number > self.count:
-                if number > self.capacity:  # garbage: nothing on this chain is usable
-                    number = 0
-                    break
-                at = self._entries_at + number * _ENTRY.size
-                previous = _ENTRY.unpack_from(view, at)[3]
-                number = previous if previous < number else 0
-            _SLOT.pack_into(view, _HEADER.size + slot * _SLOT.size, number)
-
     def lookup(self, key: bytes, begin_ms: int, end_ms: int, limit: int) -> list[int]:
         if self.count == 0 or self.end_ms < begin_ms or self.begin_ms > end_ms:
             return []
@@ -142,7 +119,6 @@ class MessageIndex:
         for path in sorted(p for p in self.directory.iterdir() if p.name.isdigit()):
             segment = open_segment(path, int(path.name), size, preallocate=False, keep_fd=False)
             index = IndexFile(segment, self.slots, self.capacity)
-            index.forget_uncounted()
             segment.written = segment.synced = IndexFile.size_for(self.slots, index.count)
             self.files.append(index)
 
@@ -180,6 +156,33 @@ class MessageIndex:
         for index in self.files:
             index.write_header()
         return [f.segment for f in self.files]
+
+    def drop_since_checkpoint(self, dispatched: int) -> int | None:
+        """Delete the files a crash may have left inconsistent; return where to re-index.
+
+        Slots are rewritten in place, so a file still taking entries after the last
+        checkpoint can have slots naming entries that never reached the disk (or that
+        its stale header does not count). That is the newest file begun before
+        ``dispatched`` and every file after it; they are rebuilt from the commitlog.
+        """
+        keep = len(self.files)
+        while keep and (self.files[keep - 1].count == 0 or (
+            self.files[keep - 1].begin_offset >= dispatched
+        )):  # fmt: skip
+            keep -= 1
+        if keep:
+            keep -= 1
+        doomed = self.files[keep:]
+        if not doomed:
+            return None
+        first = doomed[0]
+        restart = first.begin_offset if first.count else dispatched
+        del self.files[keep:]
+        for index in doomed:
+            with contextlib.suppress(FileNotFoundError):
+                index.segment.path.unlink()
+            index.segment.close()
+        return min(restart, dispatched)
 
     def delete_before(self, commitlog_min: int) -> None:
         """Drop files whose every entry points below the commitlog's minimum."""

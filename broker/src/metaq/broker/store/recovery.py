@@ -81,6 +81,11 @@ def recover(
             full = True
         else:
             redispatch_from = checkpoint.dispatched
+            if crashed:
+                reindex_from = index.drop_since_checkpoint(checkpoint.dispatched)
+                if reindex_from is not None:
+                    # Re-putting queue entries below the checkpoint rewrites equal bytes.
+                    redispatch_from = reindex_from
     if full:
         _reset_queues_and_index(queues, index)
     dispatcher.dispatched = redispatch_from
