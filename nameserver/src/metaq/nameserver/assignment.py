@@ -1,0 +1,284 @@
+"""Consumer-group queue assignment: which member of a group consumes which queue.
+
+Every nameserver works the assignment out on its own, with no coordination (no ZooKeeper
+lock, no leader), so each strategy is a deterministic pure function of its inputs: the member
+list, the queue list and, for the sticky strategy, the previous assignment. Inputs are sorted
+first and treated as sets, so the order in which a nameserver happened to learn about members
+or queues never changes the answer, and hashing uses blake2b, never ``hash()``, which Python
+salts per process.
+
+The four strategies follow RocketMQ's rebalance strategies:
+
+``average`` (AllocateMessageQueueAveragely)
+    Queues and members sorted; member *i* takes a contiguous block. Block sizes differ by at
+    most one and the first ``len(queues) % len(members)`` members take the larger blocks.
+
+``round_robin`` (AllocateMessageQueueAveragelyByCircle)
+    Sorted queue *i* goes to sorted member *i* mod *n*. Counts differ by at most one.
+
+``consistent_hash`` (AllocateMessageQueueConsistentHash)
+    A blake2b hash ring with ``VIRTUAL_NODES`` points per member; a queue belongs to the first
+    point at or after its own hash. When one member joins, the only queues that move are the
+    ones it takes; when one leaves, the only queues that move are the ones it held. How many
+    that is depends on the hash: ``q / n`` on average for q queues and n members counting the
+    one that changed; the tests hold it under ``2q/n + 5*sqrt(q/n) + 5``.
+
+``computer_room_first`` (AllocateMachineRoomNearby, made sticky)
+    Queues are split into pools. A computer room that has both queues and members is its own
+    pool, open only to the members in that room. The queues of every room with no member at
+    all form one orphan pool, open to every member. Rooms are compared as plain labels, so
+    ``""`` is a room like any other. Within each pool:
+
+    * Balance (always holds): every eligible member gets ``len(pool) // k`` or that plus one
+      of the pool's queues, ``k`` being the number of eligible members. Only per-pool counts
+      are balanced; a member's total is the sum over its room pool and the orphan pool, so
+      totals in different rooms can differ by much more than one.
+    * Stickiness (within that balance): a queue stays with its previous owner if the owner is
+      still a member and eligible for the queue's pool now, unless the owner holds more than
+      its quota. The ``len(pool) % k`` quotas of one more go to the members that kept the most
+      queues, which keeps as many queues in place as any balanced assignment can: the number
+      of moved queues is the minimum over all assignments that satisfy the balance rule.
+      Balance wins when the two conflict: a member that is over quota (say because the
+      previous assignment came from another strategy) gives up its highest-sorting surplus
+      queues.
+    * Everything else (new queues, queues whose owner left or is no longer eligible, surplus)
+      goes, in sorted order, to the members below quota, in sorted member order.
+
+    Ties among members that kept equally many queues are broken, for the orphan pool, in
+    favour of members with fewer queues from their own room (to even out totals a little) and
+    then by consumer id; for a room pool, by consumer id.
+
+    Consequences when the previous assignment is this strategy's own output for the same
+    queues: with nothing changed, nothing moves. When one member leaves, exactly the queues
+    it held move. When one member joins a room that already had members, or a room with no
+    queues, it takes ``len(pool) // (k + 1)`` queues of each pool it joins and nothing else
+    moves. When a member joins a room whose queues were orphaned, those queues all move to
+    that room (they must), and the orphan pool rebalances with the least movement possible.
+
+Previous ownership is keyed by (broker, queue id), so a broker group relabelled with a new
+room keeps its consumers where the pool rules allow. A queue claimed by several previous
+members counts for the lowest consumer id among them that is eligible now; claims by
+non-members and for queues that no longer exist are ignored.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import itertools
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final, TypeAlias
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class QueueRef:
+    """One queue of a topic: the broker group serving it, its id there, and that group's room."""
+
+    broker: str
+    queue_id: int
+    room: str = ""
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Member:
+    """One consumer of a consumer group and the computer room it runs in."""
+
+    consumer_id: str
+    room: str = ""
+
+
+Assignment: TypeAlias = dict[str, list[QueueRef]]
+Previous: TypeAlias = Mapping[str, Sequence[QueueRef]]
+Strategy: TypeAlias = Callable[[Iterable[Member], Iterable[QueueRef], Previous | None], Assignment]
+
+# RocketMQ defaults to 10 points per member, which leaves shares uneven by tens of percent;
+# with 100 a member's share of the ring is within about 10% of 1/n (one standard deviation).
+VIRTUAL_NODES: Final = 100
+
+_QueueKey: TypeAlias = tuple[str, int]
+
+
+def _prepare(
+    members: Iterable[Member], queues: Iterable[QueueRef]
+) -> tuple[list[Member], list[QueueRef]]:
+    """Sort and de-duplicate; reject a consumer or a broker group placed in two rooms."""
+    member_list = sorted(set(members))
+    queue_list = sorted(set(queues))
+    for first, second in itertools.pairwise(member_list):
+        if first.consumer_id == second.consumer_id:
+            raise ValueError(
+                f"consumer {first.consumer_id!r} is listed in rooms {first.room!r} "
+                f"and {second.room!r}"
+            )
+    rooms: dict[str, str] = {}
+    for queue in queue_list:
+        room = rooms.setdefault(queue.broker, queue.room)
+        if room != queue.room:
+            raise ValueError(
+                f"broker group {queue.broker!r} is listed in rooms {room!r} and {queue.room!r}"
+            )
+    return member_list, queue_list
+
+
+def _empty(members: Sequence[Member]) -> Assignment:
+    # Every member appears, so a consumer told [] knows it was considered and given nothing.
+    return {member.consumer_id: [] for member in members}
+
+
+def average(
+    members: Iterable[Member], queues: Iterable[QueueRef], previous: Previous | None = None
+) -> Assignment:
+    """Contiguous blocks in sorted order, the larger blocks first (RocketMQ averagely)."""
+    member_list, queue_list = _prepare(members, queues)
+    if not member_list:
+        return {}
+    result = _empty(member_list)
+    base, extra = divmod(len(queue_list), len(member_list))
+    start = 0
+    for index, member in enumerate(member_list):
+        size = base + (1 if index < extra else 0)
+        result[member.consumer_id] = queue_list[start : start + size]
+        start += size
+    return result
+
+
+def round_robin(
+    members: Iterable[Member], queues: Iterable[QueueRef], previous: Previous | None = None
+) -> Assignment:
+    """Sorted queue i to sorted member i mod n (RocketMQ averagely by circle)."""
+    member_list, queue_list = _prepare(members, queues)
+    if not member_list:
+        return {}
+    result = _empty(member_list)
+    for index, queue in enumerate(queue_list):
+        result[member_list[index % len(member_list)].consumer_id].append(queue)
+    return result
+
+
+def _ring_hash(key: str) -> int:
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "big")
+
+
+def _queue_ring_key(queue: QueueRef) -> str:
+    # The id goes first: it holds no ':', so no two (broker, id) pairs share a key.
+    return f"{queue.queue_id}:{queue.broker}"
+
+
+def consistent_hash(
+    members: Iterable[Member], queues: Iterable[QueueRef], previous: Previous | None = None
+) -> Assignment:
+    """Each queue to the member owning the next point clockwise on a blake2b hash ring."""
+    member_list, queue_list = _prepare(members, queues)
+    if not member_list:
+        return {}
+    result = _empty(member_list)
+    # The replica number follows the last '#', so "a#1" replica 0 never collides with "a"
+    # replica 10. Ties on the 64-bit hash, however unlikely, are broken by consumer id.
+    ring = sorted(
+        (_ring_hash(f"{member.consumer_id}#{replica}"), member.consumer_id)
+        for member in member_list
+        for replica in range(VIRTUAL_NODES)
+    )
+    points = [point for point, _ in ring]
+    for queue in queue_list:
+        at = bisect.bisect_left(points, _ring_hash(_queue_ring_key(queue)))
+        result[ring[at % len(ring)][1]].append(queue)
+    return result
+
+
+def _previous_owners(previous: Previous | None) -> dict[_QueueKey, list[str]]:
+    """Who claimed each queue last time, lowest consumer id first."""
+    owners: dict[_QueueKey, list[str]] = {}
+    if previous is None:
+        return owners
+    for consumer_id in sorted(previous):
+        for queue in set(previous[consumer_id]):
+            claimants = owners.setdefault((queue.broker, queue.queue_id), [])
+            if consumer_id not in claimants:
+                claimants.append(consumer_id)
+    return owners
+
+
+def _sticky_pool(
+    eligible: Sequence[str],
+    pool: Sequence[QueueRef],
+    owners: Mapping[_QueueKey, Sequence[str]],
+    tiebreak: Mapping[str, int],
+) -> Assignment:
+    """Balance ``pool`` over ``eligible`` (sorted ids), keeping as many queues in place as can."""
+    allowed = set(eligible)
+    held: Assignment = {consumer_id: [] for consumer_id in eligible}
+    loose: list[QueueRef] = []
+    for queue in pool:
+        claimants = owners.get((queue.broker, queue.queue_id), ())
+        owner = next((c for c in claimants if c in allowed), None)
+        if owner is None:
+            loose.append(queue)
+        else:
+            held[owner].append(queue)
+    base, extra = divmod(len(pool), len(eligible))
+    # A quota of base+1 keeps one more queue in place only for a member already holding more
+    # than base, so handing those quotas to the biggest holders maximises what stays put.
+    ranked = sorted(eligible, key=lambda c: (-len(held[c]), tiebreak.get(c, 0), c))
+    quota = {c: base + (1 if rank < extra else 0) for rank, c in enumerate(ranked)}
+    for consumer_id in eligible:
+        kept = held[consumer_id]
+        loose.extend(kept[quota[consumer_id] :])
+        del kept[quota[consumer_id] :]
+    loose.sort()
+    handed = 0
+    for consumer_id in eligible:
+        need = quota[consumer_id] - len(held[consumer_id])
+        held[consumer_id].extend(loose[handed : handed + need])
+        handed += need
+    return held
+
+
+def computer_room_first(
+    members: Iterable[Member], queues: Iterable[QueueRef], previous: Previous | None = None
+) -> Assignment:
+    """Same-room queues to same-room members, orphaned rooms to everyone; sticky and balanced."""
+    member_list, queue_list = _prepare(members, queues)
+    if not member_list:
+        return {}
+    result = _empty(member_list)
+    owners = _previous_owners(previous)
+    staffed = {member.room for member in member_list}
+    orphans = [queue for queue in queue_list if queue.room not in staffed]
+    own_room_load: dict[str, int] = {}
+    for room in sorted({queue.room for queue in queue_list} & staffed):
+        eligible = [member.consumer_id for member in member_list if member.room == room]
+        pool = [queue for queue in queue_list if queue.room == room]
+        for consumer_id, share in _sticky_pool(eligible, pool, owners, {}).items():
+            result[consumer_id].extend(share)
+            own_room_load[consumer_id] = len(share)
+    if orphans:
+        everyone = [member.consumer_id for member in member_list]
+        for consumer_id, share in _sticky_pool(everyone, orphans, owners, own_room_load).items():
+            result[consumer_id].extend(share)
+    for share in result.values():
+        share.sort()
+    return result
+
+
+STRATEGIES: Final[Mapping[str, Strategy]] = {
+    "average": average,
+    "round_robin": round_robin,
+    "consistent_hash": consistent_hash,
+    "computer_room_first": computer_room_first,
+}
+
+
+def assign(
+    strategy_name: str,
+    members: Iterable[Member],
+    queues: Iterable[QueueRef],
+    previous: Previous | None = None,
+) -> Assignment:
+    """Run the strategy registered as ``strategy_name``; ValueError names the known ones."""
+    strategy = STRATEGIES.get(strategy_name)
+    if strategy is None:
+        known = ", ".join(sorted(STRATEGIES))
+        raise ValueError(f"unknown assignment strategy {strategy_name!r}; known: {known}")
+    return strategy(members, queues, previous)
