@@ -351,13 +351,14 @@ class MessageStore:
 
     def checkpoint(self) -> Checkpoint:
         """Make queues and index durable and record how far; returns what was written."""
+        # The dispatcher creates queues under this lock, so the table is stable here.
         with self.dispatcher.lock:
             dispatched = self.dispatcher.dispatched
             entries = sum(q.max_offset for q in self.queues.queues.values())
-            index_files = self.index.segments()
+            dirty = self.queues.dirty_segments() + self.index.segments()
         durable = self.flusher.durable
         try:
-            self.disk.sync_all(self.queues.dirty_segments() + index_files)
+            self.disk.sync_all(dirty)
             checkpoint = Checkpoint(
                 commitlog_durable=durable,
                 dispatched=dispatched,
