@@ -18,7 +18,7 @@ STAMP := .venv/.setup-stamp
 
 PYTEST_ARGS ?=
 
-.PHONY: setup test lint run bench-store clean
+.PHONY: setup test lint generate check-generated run bench-store bench-framing clean
 
 setup: $(STAMP)
 
@@ -34,16 +34,27 @@ $(STAMP): uv.lock $(PYPROJECTS) $(UV_DEP)
 test: lint
 	$(UV) run --frozen pytest $(PYTEST_ARGS)
 
-lint: setup
+# Generated code is checked in; lint fails when it no longer matches common/proto.
+lint: setup check-generated
 	$(UV) run --frozen ruff check .
 	$(UV) run --frozen ruff format --check .
 	$(UV) run --frozen mypy
+
+# Python modules for common/proto/metaq/v1/*.proto into common/src/metaq/common/v1/.
+generate: setup
+	$(UV) run --frozen python common/scripts/generate.py
+
+check-generated: setup
+	$(UV) run --frozen python common/scripts/generate.py --check
 
 run: setup
 	$(UV) run --frozen python -m metaq.broker.store.demo
 
 bench-store: setup
 	$(UV) run --frozen python bench/bench_store.py
+
+bench-framing: setup
+	$(UV) run --frozen python bench/bench_framing.py
 
 clean:
 	rm -rf .venv $(TOOLS) .pytest_cache .mypy_cache .ruff_cache .hypothesis run-data

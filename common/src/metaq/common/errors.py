@@ -2,24 +2,54 @@
 
 from __future__ import annotations
 
+import enum
+
+
+class ErrorCode(enum.IntEnum):
+    """What an ERROR frame reports; mirrors ``metaq.v1.ErrorResponse.Code`` number for number.
+
+    Kept here rather than imported from the generated module so that raising an error never
+    needs protobuf; a test checks the two enums agree.
+    """
+
+    UNSPECIFIED = 0
+    UNSUPPORTED_VERSION = 1
+    MALFORMED_FRAME = 2
+    FRAME_TOO_LARGE = 3
+    UNKNOWN_FRAME_TYPE = 4
+    UNKNOWN_TOPIC = 5
+    INVALID_MESSAGE = 6
+    STORE_UNAVAILABLE = 7
+    NOT_MASTER = 8
+    NO_PERMISSION = 9
+    BUSY = 10
+    INTERNAL = 11
+
 
 class MetaqError(Exception):
     """Base of all metaq errors.
 
     ``retriable`` tells a retry loop whether the same request may succeed later or on
     another broker; it is policy carried by the error, not something callers infer from
-    the type.
+    the type. ``code`` is what a broker puts in the ERROR frame when the error ends a
+    request.
     """
 
     retriable: bool = False
+    code: ErrorCode = ErrorCode.INTERNAL
 
 
 class InvalidMessage(MetaqError):
     """The message itself is unacceptable (size, topic name, properties, queue id)."""
 
+    code = ErrorCode.INVALID_MESSAGE
+
 
 class InvalidRecord(MetaqError):
     """Bytes that do not form a well-made record of a known format version."""
+
+    # Off the wire, a bad record is the sender's bad message.
+    code = ErrorCode.INVALID_MESSAGE
 
 
 class StoreUnavailable(MetaqError):
@@ -29,6 +59,7 @@ class StoreUnavailable(MetaqError):
     """
 
     retriable = True
+    code = ErrorCode.STORE_UNAVAILABLE
 
 
 class CorruptLog(MetaqError):
@@ -43,3 +74,16 @@ class CorruptLog(MetaqError):
         self.path = path
         self.offset = offset
         self.reason = reason
+
+
+class ProtocolError(MetaqError):
+    """The peer's bytes break the data-plane framing (``docs/protocol.md``).
+
+    Framing cannot resynchronise after a bad frame, so the connection is unusable: answer
+    with an ERROR frame carrying ``code`` if possible, then close it. Retrying the same
+    bytes cannot help; a new connection may, once the cause (e.g. versions) is fixed.
+    """
+
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
