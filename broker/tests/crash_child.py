@@ -48,7 +48,9 @@ def _ack(store: MessageStore, spec: tuple[str, str, int, bytes], at: int, size: 
 def main() -> None:
     data_dir, run, seed = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
     # Frequent checkpoints, so kills also land in checkpoint syncs and file replacements.
-    store = open_store(small_config(data_dir, FlushMode.SYNC, checkpoint_interval_ms=20))
+    store = open_store(
+        small_config(data_dir, FlushMode.SYNC, checkpoint_interval_ms=20, queue_sync_interval_ms=60)
+    )
     assert store.recovery is not None
     out = sys.stdout
     reason = store.recovery.tail_reason.replace(" ", "_")

@@ -35,6 +35,7 @@ class StoreConfig:
     flush_interval_ms: int = 500
     flush_dirty_bytes: int = 64 * MIB
     checkpoint_interval_ms: int = 1_000
+    queue_sync_interval_ms: int = 10_000
     prefault_segments: bool = True
     dispatch_backlog_bytes: int = 256 * MIB
     dispatch_backlog_wait_ms: int = 1_000
@@ -70,7 +71,12 @@ class StoreConfig:
             problems.append("delete_hour is an hour of the day, 0-23")
         if len(self.store_host) != 8:
             problems.append("store_host is 8 bytes: IPv4 address, port, two reserved")
-        for name in ("flush_timeout_ms", "flush_interval_ms", "checkpoint_interval_ms"):
+        for name in (
+            "flush_timeout_ms",
+            "flush_interval_ms",
+            "checkpoint_interval_ms",
+            "queue_sync_interval_ms",
+        ):
             if getattr(self, name) <= 0:
                 problems.append(f"{name} must be positive")
         if problems:

@@ -292,7 +292,11 @@ class SegmentQueue:
             preallocate=self.preallocate,
             keep_fd=self.keep_fd,
         )
-        fsync_dir(self.directory)
+        if self.preallocate:
+            # The commitlog's file names must survive a power loss with its data. Sparse
+            # logs (consume queues, index) are rebuilt from the commitlog, and the next
+            # checkpoint's filesystem-wide sync covers their names anyway.
+            fsync_dir(self.directory)
         return segment
 
     def _prepare(self, start: int) -> None:
