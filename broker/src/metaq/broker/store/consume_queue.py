@@ -118,18 +118,24 @@ class ConsumeQueue:
             at = segment.end
 
     def truncate_to_commitlog(self, commitlog_end: int) -> None:
-        """Drop entries whose records lie at or past ``commitlog_end`` (a cut tail)."""
-        n = self.max_offset
-        while n > self.min_offset:
-            offset, size, _ = self.entry(n - 1)
+        """Drop entries whose records lie at or past ``commitlog_end``.
+
+        Entries are in commitlog order, so the cut is found by binary search: walking
+        back entry by entry read every page of a cold queue file after a crash.
+        """
+        lo, hi = self.min_offset, self.max_offset
+        while lo < hi:
+            mid = (lo + hi) // 2
+            offset, size, _ = self.entry(mid)
             if size and offset + size <= commitlog_end:
-                break
-            n -= 1
-        if n < self.max_offset:
-            self.segments.truncate(n * ENTRY_SIZE)
-            self.max_offset = n
-            if n > self.min_offset:
-                offset, size, _ = self.entry(n - 1)
+                lo = mid + 1
+            else:
+                hi = mid
+        if lo < self.max_offset:
+            self.segments.truncate(lo * ENTRY_SIZE)
+            self.max_offset = lo
+            if lo > self.min_offset:
+                offset, size, _ = self.entry(lo - 1)
                 self.covered_until = offset + size
             else:
                 self.covered_until = 0

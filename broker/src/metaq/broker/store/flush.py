@@ -95,14 +95,19 @@ class AsyncDurability:
     """Await commitlog durability from an event loop, one thread hop per fsync.
 
     The flusher thread tells the loop once per flush; the loop then resolves every
-    waiter whose offset is covered, in offset order.
+    waiter whose offset is covered, in offset order. Timeouts are swept by one timer
+    for all waiters: a timer per wait (or asyncio.wait_for, which wraps each wait in a
+    task) cost more of the loop's time than the appends with 64 appenders waiting.
     """
+
+    SWEEP_S = 0.05
 
     def __init__(self, loop: asyncio.AbstractEventLoop, flusher: CommitLogFlusher) -> None:
         self._loop = loop
         self._flusher = flusher
-        self._waiters: list[tuple[int, int, asyncio.Future[bool]]] = []
+        self._waiters: list[tuple[int, int, float, asyncio.Future[bool]]] = []
         self._seq = itertools.count()
+        self._sweeper: asyncio.TimerHandle | None = None
         flusher.listeners.append(self._on_flush)
 
     def _on_flush(self, durable: int) -> None:
@@ -111,31 +116,37 @@ class AsyncDurability:
     def _release(self, durable: int) -> None:
         waiters = self._waiters
         while waiters and (durable < 0 or waiters[0][0] <= durable):
-            _, _, future = heapq.heappop(waiters)
+            future = heapq.heappop(waiters)[3]
             if not future.done():
                 future.set_result(durable >= 0)
+
+    def _sweep(self) -> None:
+        self._sweeper = None
+        now = self._loop.time()
+        for _, _, deadline, future in self._waiters:
+            if deadline <= now and not future.done():
+                future.set_result(False)
+        self._waiters = [w for w in self._waiters if not w[3].done()]
+        heapq.heapify(self._waiters)
+        if self._waiters:
+            self._sweeper = self._loop.call_later(self.SWEEP_S, self._sweep)
 
     async def wait(self, offset: int, timeout_s: float) -> bool:
         """True once ``offset`` is durable; False after ``timeout_s`` or a dead flusher."""
         if self._flusher.durable >= offset:
             return True
         future: asyncio.Future[bool] = self._loop.create_future()
-        heapq.heappush(self._waiters, (offset, next(self._seq), future))
+        deadline = self._loop.time() + timeout_s
+        heapq.heappush(self._waiters, (offset, next(self._seq), deadline, future))
         self._flusher.request()
-        # A timer on the future itself: asyncio.wait_for wraps every wait in a task and
-        # cost half the event loop's time with 64 appenders waiting.
-        timer = self._loop.call_later(timeout_s, _expire, future)
-        try:
-            return await future
-        finally:
-            timer.cancel()
+        if self._sweeper is None:
+            self._sweeper = self._loop.call_later(self.SWEEP_S, self._sweep)
+        return await future
 
     def close(self) -> None:
         if self._on_flush in self._flusher.listeners:
             self._flusher.listeners.remove(self._on_flush)
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
         self._release(-1)
-
-
-def _expire(future: asyncio.Future[bool]) -> None:
-    if not future.done():
-        future.set_result(False)

@@ -88,6 +88,11 @@ def recover(
                     redispatch_from = reindex_from
     if full:
         _reset_queues_and_index(queues, index)
+    else:
+        # Entries past the restart point are rebuilt anyway; cutting them first (holes
+        # punched, nothing read) spares reading cold queue pages only to overwrite them.
+        for queue in queues.queues.values():
+            queue.truncate_to_commitlog(redispatch_from)
     dispatcher.dispatched = redispatch_from
     redispatched = dispatcher.catch_up()
     commitlog.queue_offsets = {key: q.max_offset for key, q in queues.queues.items()}

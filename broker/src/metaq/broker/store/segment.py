@@ -71,9 +71,10 @@ class Segment:
 def open_segment(path: Path, start: int, size: int, *, preallocate: bool, keep_fd: bool) -> Segment:
     """Open or create a segment file of exactly ``size`` bytes and map it.
 
-    ``preallocate`` reserves the blocks and faults the pages in now (worth it for the
-    commitlog, whose pages are all written soon); otherwise the file stays sparse, which
-    is what ten thousand mostly idle consume queues need.
+    ``preallocate`` reserves the blocks and faults the pages in when the file is new
+    (worth it for the commitlog, whose pages are all written soon, and read in order);
+    otherwise the file stays sparse and is mapped for random access, which is what ten
+    thousand mostly idle consume queues need. An existing file is mapped as it is.
     """
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
@@ -239,8 +240,13 @@ class SegmentQueue:
             if self.segments and start != self.segments[-1].end:
                 gaps.append(self.segments[-1].end)
             self.segments.append(
+                # Existing files are never refilled; the flag still picks the access pattern.
                 open_segment(
-                    path, start, self.segment_bytes, preallocate=False, keep_fd=self.keep_fd
+                    path,
+                    start,
+                    self.segment_bytes,
+                    preallocate=self.preallocate,
+                    keep_fd=self.keep_fd,
                 )
             )
         return gaps
