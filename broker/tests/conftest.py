@@ -6,6 +6,8 @@ everything here is reached through fixtures (``wait_until`` is one too).
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -14,6 +16,22 @@ from typing import Any
 import pytest
 
 from metaq.broker.store import MessageStore, StoreConfig
+
+
+def _register_sibling(name: str) -> None:
+    """Make a helper module beside this file importable by name.
+
+    Tests import in importlib mode, so no test folder is on sys.path; the crash tests
+    and their child process share crash_support.py, which is registered here once.
+    """
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+
+
+_register_sibling("crash_support")
 
 # Small enough that rollover, rebuilds and retention happen within a few hundred records.
 SMALL: dict[str, Any] = {

@@ -7,7 +7,6 @@ mid-checkpoint) leaves a store that recovers with every acknowledged message int
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import random
 import select
@@ -20,27 +19,11 @@ import zlib
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 
+import crash_support as support
 import pytest
 
 from metaq.broker.store import FlushMode, MessageStore, PutStatus
-
-
-def _load_support() -> ModuleType:
-    # Tests import in importlib mode, so a sibling helper is loaded by its path.
-    if "crash_support" not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            "crash_support", Path(__file__).with_name("crash_support.py")
-        )
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["crash_support"] = module
-        spec.loader.exec_module(module)
-    return sys.modules["crash_support"]
-
-
-support = _load_support()
 
 CHILD = Path(__file__).with_name("crash_child.py")
 SEED = 0x5EED_2011
