@@ -17,6 +17,7 @@ import argparse
 import difflib
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -174,9 +175,15 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         print(f"generated code is up to date ({len(proto_files())} .proto files)")
         return 0
-    clean(out_dir)
-    for path in generate(out_dir):
-        print(f"wrote {os.path.relpath(path)}")
+    # Generate aside first: a protoc failure must leave the checked-in modules alone.
+    with tempfile.TemporaryDirectory(prefix="metaq-gen-out-") as tmp:
+        fresh = generate(Path(tmp))
+        clean(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for src in fresh:
+            dst = out_dir / src.name
+            shutil.copyfile(src, dst)
+            print(f"wrote {os.path.relpath(dst)}")
     return 0
 
 
