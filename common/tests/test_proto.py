@@ -64,12 +64,13 @@ def test_grpc_module_offers_stub_servicer_and_registration() -> None:
     assert callable(control_pb2_grpc.add_NameServerServicer_to_server)
     methods = set(control_pb2.DESCRIPTOR.services_by_name["NameServer"].methods_by_name)
     assert methods == {
+        "Session",
         "RegisterBroker",
-        "Heartbeat",
         "UnregisterBroker",
         "GetRoute",
         "GetClusterInfo",
         "GetAssignment",
+        "GetAssignmentFor",
     }
     for name in methods:
         assert hasattr(control_pb2_grpc.NameServerServicer, name)
@@ -295,51 +296,60 @@ def test_error_response_round_trips(
 
 def _broker(group: str = "broker-a", broker_id: int = 0) -> control_pb2.BrokerState:
     return control_pb2.BrokerState(
-        identity=control_pb2.BrokerIdentity(
-            cluster="c1", group=group, broker_name=f"{group}-{broker_id}", broker_id=broker_id
-        ),
+        cluster="c1",
+        broker_name=group,
+        broker_id=broker_id,
         role=control_pb2.BROKER_ROLE_MASTER if broker_id == 0 else control_pb2.BROKER_ROLE_SLAVE,
         replication_mode=control_pb2.REPLICATION_MODE_SYNC,
         data_address=f"127.0.0.1:{9100 + broker_id}",
-        idc="hz-1",
+        computer_room="hz-1",
         epoch=4,
-        perm=control_pb2.PERMISSION_READ_WRITE,
+        permission=control_pb2.PERMISSION_READ_WRITE,
     )
 
 
 def test_control_messages_round_trip() -> None:
     register = control_pb2.RegisterBrokerRequest(
         broker=_broker(),
-        topics=[
-            control_pb2.TopicConfig(
-                topic="orders",
-                read_queues=8,
-                write_queues=8,
-                perm=control_pb2.PERMISSION_READ_WRITE,
-                ordered=True,
-            )
-        ],
-        topics_version=12,
+        topic_table=control_pb2.TopicTable(
+            topics=[
+                control_pb2.TopicConfig(
+                    topic="orders",
+                    read_queues=8,
+                    write_queues=8,
+                    permission=control_pb2.PERMISSION_READ_WRITE,
+                    ordered=True,
+                )
+            ]
+        ),
     )
+    # Within a session a heartbeat without a table differs from one with an empty table.
+    bare = control_pb2.BrokerHeartbeat(broker=_broker(broker_id=1))
+    empty = control_pb2.BrokerHeartbeat(broker=_broker(), topic_table=control_pb2.TopicTable())
+    assert not control_pb2.BrokerHeartbeat.FromString(bare.SerializeToString()).HasField(
+        "topic_table"
+    )
+    assert control_pb2.BrokerHeartbeat.FromString(empty.SerializeToString()).HasField("topic_table")
     route = control_pb2.GetRouteResponse(
         route=control_pb2.TopicRoute(
             topic="orders",
             groups=[
                 control_pb2.GroupRoute(
                     cluster="c1",
-                    group="broker-a",
+                    broker_name="broker-a",
                     epoch=4,
+                    computer_room="hz-1",
                     brokers=[
                         control_pb2.BrokerAddress(
                             broker_id=0,
                             role=control_pb2.BROKER_ROLE_MASTER,
                             data_address="127.0.0.1:9100",
-                            idc="hz-1",
+                            computer_room="hz-1",
                         )
                     ],
                     read_queues=8,
                     write_queues=8,
-                    perm=control_pb2.PERMISSION_READ,
+                    permission=control_pb2.PERMISSION_WRITE_WIPE,
                 )
             ],
         )
@@ -347,9 +357,14 @@ def test_control_messages_round_trip() -> None:
     assignment = control_pb2.GetAssignmentRequest(
         consumer_group="cg",
         topic="orders",
-        consumer_id="host@1@2",
-        consumer_idc="hz-1",
-        strategy=control_pb2.ASSIGNMENT_STRATEGY_COMPUTER_ROOM_FIRST,
+        strategy="computer_room_first",
+        members=[control_pb2.AssignmentMember(consumer_id="host@1@2", computer_room="hz-1")],
+        previous=[
+            control_pb2.MemberQueues(
+                consumer_id="host@1@2",
+                queues=[control_pb2.MessageQueue(topic="orders", broker_name="broker-a")],
+            )
+        ],
     )
 
     for message in (register, route, assignment):
@@ -371,7 +386,8 @@ class _NameServer(control_pb2_grpc.NameServerServicer):
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no route for {request.topic}")
         return control_pb2.GetRouteResponse(
             route=control_pb2.TopicRoute(
-                topic="orders", groups=[control_pb2.GroupRoute(group="broker-a", read_queues=4)]
+                topic="orders",
+                groups=[control_pb2.GroupRoute(broker_name="broker-a", read_queues=4)],
             )
         )
 
@@ -401,6 +417,6 @@ def test_the_generated_service_answers_over_grpc_aio() -> None:
 
     found, missing = asyncio.run(scenario())
 
-    assert found.route.groups[0].group == "broker-a"
+    assert found.route.groups[0].broker_name == "broker-a"
     assert found.route.groups[0].read_queues == 4
     assert missing is grpc.StatusCode.NOT_FOUND

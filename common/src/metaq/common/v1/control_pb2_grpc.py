@@ -34,15 +34,15 @@ class NameServerStub:
         Args:
             channel: A grpc.Channel.
         """
+        self.Session = channel.stream_stream(
+                '/metaq.v1.NameServer/Session',
+                request_serializer=metaq_dot_v1_dot_control__pb2.BrokerHeartbeat.SerializeToString,
+                response_deserializer=metaq_dot_v1_dot_control__pb2.SessionEvent.FromString,
+                _registered_method=True)
         self.RegisterBroker = channel.unary_unary(
                 '/metaq.v1.NameServer/RegisterBroker',
                 request_serializer=metaq_dot_v1_dot_control__pb2.RegisterBrokerRequest.SerializeToString,
                 response_deserializer=metaq_dot_v1_dot_control__pb2.RegisterBrokerResponse.FromString,
-                _registered_method=True)
-        self.Heartbeat = channel.unary_unary(
-                '/metaq.v1.NameServer/Heartbeat',
-                request_serializer=metaq_dot_v1_dot_control__pb2.HeartbeatRequest.SerializeToString,
-                response_deserializer=metaq_dot_v1_dot_control__pb2.HeartbeatResponse.FromString,
                 _registered_method=True)
         self.UnregisterBroker = channel.unary_unary(
                 '/metaq.v1.NameServer/UnregisterBroker',
@@ -64,29 +64,40 @@ class NameServerStub:
                 request_serializer=metaq_dot_v1_dot_control__pb2.GetAssignmentRequest.SerializeToString,
                 response_deserializer=metaq_dot_v1_dot_control__pb2.GetAssignmentResponse.FromString,
                 _registered_method=True)
+        self.GetAssignmentFor = channel.unary_unary(
+                '/metaq.v1.NameServer/GetAssignmentFor',
+                request_serializer=metaq_dot_v1_dot_control__pb2.GetAssignmentForRequest.SerializeToString,
+                response_deserializer=metaq_dot_v1_dot_control__pb2.GetAssignmentForResponse.FromString,
+                _registered_method=True)
 
 
 class NameServerServicer:
     """Missing associated documentation comment in .proto file."""
 
-    def RegisterBroker(self, request, context):
-        """A broker announces itself and its full topic configuration; sent at start and again
-        whenever a heartbeat response asks for it.
+    def Session(self, request_iterator, context):
+        """The broker's registration and heartbeat stream; see the file comment. Every
+        `BrokerHeartbeat` registers (idempotently) and is answered by one `SessionEvent`.
+        The first heartbeat must carry the topic table, later ones only when it changed: the
+        nameserver keeps the last table of the session. One session speaks for one broker;
+        a heartbeat naming another broker ends it with INVALID_ARGUMENT. A newer session for
+        the same broker takes over, and the older one ending then removes nothing. When the
+        session ends, for any reason, the broker leaves the routes of this nameserver.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def Heartbeat(self, request, context):
-        """Periodic liveness; a broker that misses heartbeats for the broker timeout is dropped
-        from routes (and, for a master, reported to the failover controller).
+    def RegisterBroker(self, request, context):
+        """The same registration as a unary call, for tools and brokers that cannot hold a
+        stream: idempotent, counts as a heartbeat, always carries the whole topic table. A
+        broker registered only this way leaves by UnregisterBroker or by expiry.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def UnregisterBroker(self, request, context):
-        """A clean shutdown: leave routes now rather than after the timeout.
+        """A clean shutdown: leave routes now. Idempotent; unknown brokers are not an error.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -107,9 +118,18 @@ class NameServerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetAssignment(self, request, context):
-        """The queues of a topic one consumer of a group should pull. The call also counts as
-        the consumer's heartbeat for the group: members that stop asking expire, and the
-        others' assignments change at their next call.
+        """The readable queues of a topic shared out among the members of a consumer group by
+        a strategy. Deterministic: any nameserver given the same members, previous
+        assignment and brokers answers the same. NOT_FOUND for an unknown topic,
+        INVALID_ARGUMENT for an unknown strategy (the message names the known ones).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetAssignmentFor(self, request, context):
+        """GetAssignment narrowed to one member: what a consumer calls for itself.
+        INVALID_ARGUMENT when `consumer_id` is not among the members.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -118,15 +138,15 @@ class NameServerServicer:
 
 def add_NameServerServicer_to_server(servicer, server):
     rpc_method_handlers = {
+            'Session': grpc.stream_stream_rpc_method_handler(
+                    servicer.Session,
+                    request_deserializer=metaq_dot_v1_dot_control__pb2.BrokerHeartbeat.FromString,
+                    response_serializer=metaq_dot_v1_dot_control__pb2.SessionEvent.SerializeToString,
+            ),
             'RegisterBroker': grpc.unary_unary_rpc_method_handler(
                     servicer.RegisterBroker,
                     request_deserializer=metaq_dot_v1_dot_control__pb2.RegisterBrokerRequest.FromString,
                     response_serializer=metaq_dot_v1_dot_control__pb2.RegisterBrokerResponse.SerializeToString,
-            ),
-            'Heartbeat': grpc.unary_unary_rpc_method_handler(
-                    servicer.Heartbeat,
-                    request_deserializer=metaq_dot_v1_dot_control__pb2.HeartbeatRequest.FromString,
-                    response_serializer=metaq_dot_v1_dot_control__pb2.HeartbeatResponse.SerializeToString,
             ),
             'UnregisterBroker': grpc.unary_unary_rpc_method_handler(
                     servicer.UnregisterBroker,
@@ -148,6 +168,11 @@ def add_NameServerServicer_to_server(servicer, server):
                     request_deserializer=metaq_dot_v1_dot_control__pb2.GetAssignmentRequest.FromString,
                     response_serializer=metaq_dot_v1_dot_control__pb2.GetAssignmentResponse.SerializeToString,
             ),
+            'GetAssignmentFor': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetAssignmentFor,
+                    request_deserializer=metaq_dot_v1_dot_control__pb2.GetAssignmentForRequest.FromString,
+                    response_serializer=metaq_dot_v1_dot_control__pb2.GetAssignmentForResponse.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'metaq.v1.NameServer', rpc_method_handlers)
@@ -158,6 +183,33 @@ def add_NameServerServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class NameServer:
     """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def Session(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/metaq.v1.NameServer/Session',
+            metaq_dot_v1_dot_control__pb2.BrokerHeartbeat.SerializeToString,
+            metaq_dot_v1_dot_control__pb2.SessionEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
 
     @staticmethod
     def RegisterBroker(request,
@@ -176,33 +228,6 @@ class NameServer:
             '/metaq.v1.NameServer/RegisterBroker',
             metaq_dot_v1_dot_control__pb2.RegisterBrokerRequest.SerializeToString,
             metaq_dot_v1_dot_control__pb2.RegisterBrokerResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def Heartbeat(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/metaq.v1.NameServer/Heartbeat',
-            metaq_dot_v1_dot_control__pb2.HeartbeatRequest.SerializeToString,
-            metaq_dot_v1_dot_control__pb2.HeartbeatResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -311,6 +336,33 @@ class NameServer:
             '/metaq.v1.NameServer/GetAssignment',
             metaq_dot_v1_dot_control__pb2.GetAssignmentRequest.SerializeToString,
             metaq_dot_v1_dot_control__pb2.GetAssignmentResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetAssignmentFor(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/metaq.v1.NameServer/GetAssignmentFor',
+            metaq_dot_v1_dot_control__pb2.GetAssignmentForRequest.SerializeToString,
+            metaq_dot_v1_dot_control__pb2.GetAssignmentForResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,329 @@
+"""Registration with the nameservers: one heartbeat session per nameserver, each on its own.
+
+A broker registers with every nameserver (they never talk to each other). For each one,
+:class:`NameServerRegistrar` holds a ``NameServer.Session`` stream open and sends a
+heartbeat every ``interval_s``: the broker's state, plus its topic table whenever the
+table changed since the last heartbeat the session acknowledged (and always first). The
+nameserver answers each heartbeat; its answer advertises the broker expiry, and the
+registrar heartbeats at least three times within it whatever ``interval_s`` says.
+
+Because the broker is registered through an open stream, a broker process that dies
+leaves the routes at once: its connections drop and each nameserver ends its session.
+A heartbeat not answered within ``ack_timeout_s`` (a stopped or partitioned nameserver)
+ends the session from this side. A nameserver that fails or cannot be reached is retried
+with exponential back-off and jitter (``tenacity``), each on its own task and channel, so
+one failing nameserver never holds up the others. :meth:`NameServerRegistrar.stop` ends
+the sessions and unregisters from every nameserver that answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+import grpc
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
+from tenacity.wait import wait_random_exponential
+
+from metaq.common.v1 import control_pb2 as pb
+from metaq.common.v1 import control_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+
+class Permission(enum.IntEnum):
+    """What clients may do with a topic (or the whole broker); ``metaq.v1.Permission``."""
+
+    READ_ONLY = pb.PERMISSION_READ_ONLY
+    WRITE_ONLY = pb.PERMISSION_WRITE_ONLY
+    READ_WRITE = pb.PERMISSION_READ_WRITE
+    # An operator wiped the writes (draining the broker): reads go on.
+    WRITE_WIPE = pb.PERMISSION_WRITE_WIPE
+    NONE = pb.PERMISSION_NONE
+
+    @classmethod
+    def of_topic(cls, permission: enum.Enum) -> Permission:
+        """The wire permission of a ``metaq.broker.topics.Permission`` (matched by name)."""
+        return cls[_TOPIC_PERMISSIONS.get(permission.name, permission.name)]
+
+
+# metaq.broker.topics.Permission names that differ from the wire's.
+_TOPIC_PERMISSIONS: Final = {"READ": "READ_ONLY", "WRITE": "WRITE_ONLY"}
+
+
+class Role(enum.IntEnum):
+    MASTER = pb.BROKER_ROLE_MASTER
+    SLAVE = pb.BROKER_ROLE_SLAVE
+
+
+class ReplicationMode(enum.IntEnum):
+    ASYNC = pb.REPLICATION_MODE_ASYNC
+    SYNC = pb.REPLICATION_MODE_SYNC
+
+
+@dataclass(frozen=True, slots=True)
+class TopicDescription:
+    """One topic as this broker serves it."""
+
+    name: str
+    read_queues: int
+    write_queues: int
+    permission: Permission = Permission.READ_WRITE
+    ordered: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerDescription:
+    """What the broker tells the nameservers about itself, asked for at every heartbeat.
+
+    ``broker_name`` is the broker group's name (shared by a master and its slaves);
+    ``broker_id`` tells the group's brokers apart (0 for the master as deployed). Return
+    the same ``topics`` tuple while the table is unchanged: a changed tuple is what makes
+    the registrar send the table again.
+    """
+
+    cluster: str
+    broker_name: str
+    broker_id: int
+    role: Role
+    data_address: str
+    http_address: str = ""
+    computer_room: str = ""
+    epoch: int = 0
+    permission: Permission = Permission.READ_WRITE
+    replication_mode: ReplicationMode = ReplicationMode.ASYNC
+    commitlog_max_offset: int = 0
+    topics: tuple[TopicDescription, ...] = ()
+
+
+def heartbeat(description: BrokerDescription, *, with_topics: bool) -> pb.BrokerHeartbeat:
+    message = pb.BrokerHeartbeat(
+        broker=pb.BrokerState(
+            cluster=description.cluster,
+            broker_name=description.broker_name,
+            broker_id=description.broker_id,
+            role=pb.BrokerRole.ValueType(description.role),
+            data_address=description.data_address,
+            http_address=description.http_address,
+            computer_room=description.computer_room,
+            epoch=description.epoch,
+            permission=pb.Permission.ValueType(description.permission),
+            replication_mode=pb.ReplicationMode.ValueType(description.replication_mode),
+            commitlog_max_offset=description.commitlog_max_offset,
+        )
+    )
+    if with_topics:
+        message.topic_table.SetInParent()  # present even when empty: "no topics"
+        message.topic_table.topics.extend(
+            pb.TopicConfig(
+                topic=topic.name,
+                read_queues=topic.read_queues,
+                write_queues=topic.write_queues,
+                permission=pb.Permission.ValueType(topic.permission),
+                ordered=topic.ordered,
+            )
+            for topic in description.topics
+        )
+    return message
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return f"{exc.code().name}: {exc.details()}"
+    if isinstance(exc, TimeoutError):
+        return "no answer in time"
+    return str(exc) or type(exc).__name__
+
+
+class SessionEnded(Exception):
+    """The nameserver closed the session stream without an error status."""
+
+
+class _Link:
+    """The session with one nameserver: one task, one channel at a time, retried forever."""
+
+    def __init__(self, address: str, registrar: NameServerRegistrar) -> None:
+        self.address = address
+        self.connected = False
+        self._registrar = registrar
+        self._wake = asyncio.Event()
+        self._interval_s = registrar.interval_s
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(
+            self._run(), name=f"nameserver-session {self.address}"
+        )
+        self._task.add_done_callback(self._report_death)
+
+    def _report_death(self, task: asyncio.Task[None]) -> None:
+        # _run only ends by cancellation; anything else is a bug that stop() re-raises.
+        if not task.cancelled() and task.exception() is not None:
+            log.error(
+                "session task for nameserver %s died; this broker no longer registers there",
+                self.address,
+                exc_info=task.exception(),
+            )
+
+    def wakeup(self) -> None:
+        self._wake.set()
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def unregister(self, broker_name: str, broker_id: int, timeout_s: float) -> None:
+        request = pb.UnregisterBrokerRequest(broker_name=broker_name, broker_id=broker_id)
+        try:
+            async with grpc.aio.insecure_channel(self.address) as channel:
+                stub = control_pb2_grpc.NameServerStub(channel)
+                await stub.UnregisterBroker(request, timeout=timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            log.info("could not unregister from nameserver %s: %s", self.address, _reason(exc))
+
+    async def _run(self) -> None:
+        registrar = self._registrar
+        while True:
+            # A fresh back-off after every session that was up, so a nameserver that comes
+            # back is found again within the first steps.
+            retrying = AsyncRetrying(
+                retry=retry_if_exception_type(Exception),
+                # Full jitter: brokers that lost the same nameserver do not come back in step.
+                wait=wait_random_exponential(
+                    multiplier=registrar.initial_backoff_s, max=registrar.max_backoff_s
+                ),
+                before_sleep=self._log_retry,
+            )
+            async for attempt in retrying:
+                with attempt:
+                    await self._session()
+
+    def _log_retry(self, state: RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome else None
+        sleep = state.next_action.sleep if state.next_action else 0.0
+        log.warning(
+            "nameserver %s: %s; retrying in %.2f s",
+            self.address,
+            _reason(exc) if exc else "failed",
+            sleep,
+        )
+
+    async def _session(self) -> None:
+        """One session; raises if it never came up, returns once an established one is lost."""
+        registrar = self._registrar
+        established = False
+        try:
+            async with grpc.aio.insecure_channel(self.address) as channel:
+                call = control_pb2_grpc.NameServerStub(channel).Session()
+                sent: tuple[TopicDescription, ...] | None = None
+                try:
+                    while True:
+                        description = registrar.describe()
+                        topics = description.topics
+                        changed = sent is None or (topics is not sent and topics != sent)
+                        async with asyncio.timeout(registrar.ack_timeout_s):
+                            await call.write(heartbeat(description, with_topics=changed))
+                            event = await call.read()
+                        if not isinstance(event, pb.SessionEvent):  # grpc.aio.EOF
+                            raise SessionEnded(f"nameserver {self.address} ended the session")
+                        sent = topics
+                        if not established:
+                            established = self.connected = True
+                            log.info("registered with nameserver %s", self.address)
+                        self._follow(event.registered)
+                        await self._pause()
+                finally:
+                    self.connected = False
+                    call.cancel()
+        except Exception as exc:
+            if not established:
+                raise
+            log.warning("session with nameserver %s lost (%s)", self.address, _reason(exc))
+
+    def _follow(self, registered: pb.RegisterBrokerResponse) -> None:
+        # Heartbeat at least three times per expiry period, whatever interval_s says.
+        expiry_s = registered.broker_expiry_ms / 1000
+        ceiling = expiry_s / 3 if expiry_s > 0 else self._registrar.interval_s
+        self._interval_s = min(self._registrar.interval_s, ceiling)
+
+    async def _pause(self) -> None:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self._interval_s):
+                await self._wake.wait()
+        self._wake.clear()
+
+
+class NameServerRegistrar:
+    """Keeps this broker registered with every nameserver in ``addresses`` (host:port).
+
+    ``describe`` is called for every heartbeat, on the event loop, so it must be quick and
+    must not block. :meth:`start` returns at once; registration proceeds in the background
+    and ``connected`` tells which nameservers acknowledged it. :meth:`refresh` sends a
+    heartbeat now (e.g. right after a topic was created) instead of at the next interval.
+    """
+
+    def __init__(
+        self,
+        addresses: Sequence[str],
+        describe: Callable[[], BrokerDescription],
+        interval_s: float = 2.0,
+        *,
+        ack_timeout_s: float | None = None,
+        initial_backoff_s: float = 0.1,
+        max_backoff_s: float = 5.0,
+        unregister_timeout_s: float = 1.0,
+    ) -> None:
+        if not addresses:
+            raise ValueError("need at least one nameserver address")
+        if len(set(addresses)) != len(addresses):
+            raise ValueError(f"nameserver addresses listed twice: {list(addresses)}")
+        if interval_s <= 0 or max_backoff_s <= 0 or initial_backoff_s <= 0:
+            raise ValueError("interval_s and the back-off times must be positive")
+        self.addresses = tuple(addresses)
+        self.describe = describe
+        self.interval_s = interval_s
+        self.ack_timeout_s = ack_timeout_s if ack_timeout_s is not None else 3 * interval_s
+        self.initial_backoff_s = initial_backoff_s
+        self.max_backoff_s = max_backoff_s
+        self.unregister_timeout_s = unregister_timeout_s
+        self._links: list[_Link] = []
+
+    @property
+    def connected(self) -> frozenset[str]:
+        """The nameservers whose session acknowledged this broker and is still up."""
+        return frozenset(link.address for link in self._links if link.connected)
+
+    async def start(self) -> None:
+        if self._links:
+            raise RuntimeError("the registrar is already started")
+        self._links = [_Link(address, self) for address in self.addresses]
+        for link in self._links:
+            link.start()
+
+    def refresh(self) -> None:
+        for link in self._links:
+            link.wakeup()
+
+    async def stop(self) -> None:
+        """End every session, then unregister from each nameserver that answers in time."""
+        links, self._links = self._links, []
+        await asyncio.gather(*(link.stop() for link in links))
+        if not links:
+            return
+        description = self.describe()
+        await asyncio.gather(
+            *(
+                link.unregister(
+                    description.broker_name, description.broker_id, self.unregister_timeout_s
+                )
+                for link in links
+            )
+        )

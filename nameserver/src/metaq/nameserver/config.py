@@ -1,0 +1,114 @@
+"""Nameserver settings: a frozen dataclass loaded from a TOML file and command-line flags.
+
+Every field is a top-level key of the TOML file and a flag of the same name with dashes
+(``broker_expiry_s`` / ``--broker-expiry-s``); flags win over the file, the file over the
+defaults. With neither, the nameserver listens on 127.0.0.1:9876.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import tomllib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+DEFAULT_GRPC_PORT: Final = 9876
+LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+@dataclass(frozen=True, slots=True)
+class NameServerConfig:
+    listen_host: str = "127.0.0.1"
+    # 0 picks a free port; the readiness line says which.
+    grpc_port: int = DEFAULT_GRPC_PORT
+    # None: no HTTP endpoint; 0 picks a free port.
+    http_port: int | None = None
+    # A broker silent this long leaves the routes (RocketMQ waits 120 s; a broker whose
+    # process dies leaves at once anyway, when its session stream breaks).
+    broker_expiry_s: float = 10.0
+    # How often silent brokers are swept from memory (queries skip them at once anyway).
+    expiry_scan_interval_s: float = 1.0
+    # How long in-flight calls get to finish on SIGTERM / SIGINT.
+    shutdown_grace_s: float = 1.0
+    log_level: str = "INFO"
+
+    def __post_init__(self) -> None:
+        problems = []
+        for name in ("grpc_port", "http_port"):
+            port = getattr(self, name)
+            if port is not None and not 0 <= port <= 65535:
+                problems.append(f"{name}={port} is not a TCP port (0-65535, 0 for any free one)")
+        if self.broker_expiry_s <= 0:
+            problems.append("broker_expiry_s must be positive")
+        if not 0 < self.expiry_scan_interval_s <= self.broker_expiry_s:
+            problems.append("expiry_scan_interval_s must be positive and at most broker_expiry_s")
+        if self.shutdown_grace_s < 0:
+            problems.append("shutdown_grace_s must not be negative")
+        if self.log_level not in LOG_LEVELS:
+            problems.append(f"log_level must be one of {', '.join(LOG_LEVELS)}")
+        if not self.listen_host:
+            problems.append("listen_host must not be empty")
+        if problems:
+            raise ValueError("invalid nameserver config: " + "; ".join(problems))
+
+
+_FIELDS: Final = {f.name: f for f in dataclasses.fields(NameServerConfig)}
+_FLAG_TYPES: Final[dict[str, type]] = {
+    "listen_host": str,
+    "grpc_port": int,
+    "http_port": int,
+    "broker_expiry_s": float,
+    "expiry_scan_interval_s": float,
+    "shutdown_grace_s": float,
+    "log_level": str,
+}
+
+
+def from_toml(path: Path) -> dict[str, Any]:
+    """The settings in a TOML file; unknown keys are an error naming the known ones."""
+    with path.open("rb") as file:
+        settings = tomllib.load(file)
+    unknown = sorted(set(settings) - set(_FIELDS))
+    if unknown:
+        raise ValueError(
+            f"{path}: unknown nameserver settings {', '.join(unknown)}; "
+            f"known: {', '.join(sorted(_FIELDS))}"
+        )
+    for name, value in settings.items():
+        kind = _FLAG_TYPES[name]
+        accepted = (int, float) if kind is float else (kind,)
+        if isinstance(value, bool) or not isinstance(value, accepted):
+            raise ValueError(f"{path}: {name} must be of type {kind.__name__}, not {value!r}")
+    return settings
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="metaq-nameserver",
+        description="Run a metaq nameserver: broker registry, routes and queue assignment.",
+    )
+    p.add_argument("--config", type=Path, help="TOML file with the settings below")
+    for name, kind in _FLAG_TYPES.items():
+        default = _FIELDS[name].default
+        p.add_argument(
+            "--" + name.replace("_", "-"),
+            dest=name,
+            type=kind,
+            default=None,
+            help=f"(default: {default})",
+        )
+    return p
+
+
+def load_config(argv: Sequence[str] | None = None) -> NameServerConfig:
+    """Defaults, then the ``--config`` file, then flags; validated."""
+    args = parser().parse_args(argv)
+    settings: dict[str, Any] = from_toml(args.config) if args.config else {}
+    for name in _FLAG_TYPES:
+        value = getattr(args, name)
+        if value is not None:
+            settings[name] = value
+    return NameServerConfig(**settings)

@@ -1,0 +1,214 @@
+"""Between the wire (``metaq.v1`` protobuf) and the registry's values, checking requests."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Final
+
+from metaq.common.v1 import control_pb2 as pb
+from metaq.nameserver.assignment import Member, QueueRef
+from metaq.nameserver.model import (
+    BrokerKey,
+    BrokerState,
+    ClusterView,
+    Permission,
+    ReplicationMode,
+    Role,
+    TopicConfig,
+    TopicRoute,
+)
+
+
+class InvalidRequest(ValueError):
+    """A request the nameserver cannot act on as sent (answered INVALID_ARGUMENT)."""
+
+
+_PERMISSIONS: Final[Mapping[pb.Permission.ValueType, Permission]] = {
+    pb.PERMISSION_READ_ONLY: Permission.READ_ONLY,
+    pb.PERMISSION_WRITE_ONLY: Permission.WRITE_ONLY,
+    pb.PERMISSION_READ_WRITE: Permission.READ_WRITE,
+    pb.PERMISSION_WRITE_WIPE: Permission.WRITE_WIPE,
+    pb.PERMISSION_NONE: Permission.NONE,
+}
+_PERMISSIONS_OUT: Final = {model: wire for wire, model in _PERMISSIONS.items()}
+_ROLES: Final[Mapping[pb.BrokerRole.ValueType, Role]] = {
+    pb.BROKER_ROLE_MASTER: Role.MASTER,
+    pb.BROKER_ROLE_SLAVE: Role.SLAVE,
+}
+_ROLES_OUT: Final = {model: wire for wire, model in _ROLES.items()}
+_MODES: Final[Mapping[pb.ReplicationMode.ValueType, ReplicationMode]] = {
+    pb.REPLICATION_MODE_UNSPECIFIED: ReplicationMode.UNSPECIFIED,
+    pb.REPLICATION_MODE_ASYNC: ReplicationMode.ASYNC,
+    pb.REPLICATION_MODE_SYNC: ReplicationMode.SYNC,
+}
+_MODES_OUT: Final = {model: wire for wire, model in _MODES.items()}
+
+
+def _permission(value: pb.Permission.ValueType, where: str) -> Permission:
+    permission = _PERMISSIONS.get(value)
+    if permission is None:
+        known = ", ".join(pb.Permission.Name(v) for v in _PERMISSIONS)
+        raise InvalidRequest(f"{where}: permission {value} is not one of {known}")
+    return permission
+
+
+def check_address(address: str, where: str, *, required: bool = True) -> None:
+    """``host:port`` (``[v6]:port`` for IPv6) with a port in 1-65535."""
+    if not address and not required:
+        return
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise InvalidRequest(f"{where}: {address!r} is not host:port")
+
+
+def broker_key(broker_name: str, broker_id: int) -> BrokerKey:
+    if not broker_name:
+        raise InvalidRequest("broker_name must not be empty")
+    return BrokerKey(broker_name, broker_id)
+
+
+def broker_state(state: pb.BrokerState) -> BrokerState:
+    key = broker_key(state.broker_name, state.broker_id)
+    if not state.cluster:
+        raise InvalidRequest(f"broker {key}: cluster must not be empty")
+    role = _ROLES.get(state.role)
+    if role is None:
+        raise InvalidRequest(f"broker {key}: role must be BROKER_ROLE_MASTER or _SLAVE")
+    check_address(state.data_address, f"broker {key} data_address")
+    check_address(state.http_address, f"broker {key} http_address", required=False)
+    mode = _MODES.get(state.replication_mode)
+    if mode is None:
+        raise InvalidRequest(f"broker {key}: unknown replication_mode {state.replication_mode}")
+    return BrokerState(
+        cluster=state.cluster,
+        key=key,
+        role=role,
+        data_address=state.data_address,
+        http_address=state.http_address,
+        computer_room=state.computer_room,
+        epoch=state.epoch,
+        permission=_permission(state.permission, f"broker {key}"),
+        replication_mode=mode,
+        commitlog_max_offset=state.commitlog_max_offset,
+    )
+
+
+def topic_table(table: pb.TopicTable, key: BrokerKey) -> dict[str, TopicConfig]:
+    topics: dict[str, TopicConfig] = {}
+    for topic in table.topics:
+        where = f"broker {key} topic {topic.topic!r}"
+        if not topic.topic:
+            raise InvalidRequest(f"broker {key}: a topic has an empty name")
+        if topic.topic in topics:
+            raise InvalidRequest(f"{where} is listed twice")
+        topics[topic.topic] = TopicConfig(
+            topic=topic.topic,
+            read_queues=topic.read_queues,
+            write_queues=topic.write_queues,
+            permission=_permission(topic.permission, where),
+            ordered=topic.ordered,
+        )
+    return topics
+
+
+def state_out(state: BrokerState) -> pb.BrokerState:
+    return pb.BrokerState(
+        cluster=state.cluster,
+        broker_name=state.key.broker_name,
+        broker_id=state.key.broker_id,
+        role=_ROLES_OUT[state.role],
+        data_address=state.data_address,
+        http_address=state.http_address,
+        computer_room=state.computer_room,
+        epoch=state.epoch,
+        permission=_PERMISSIONS_OUT[state.permission],
+        replication_mode=_MODES_OUT[state.replication_mode],
+        commitlog_max_offset=state.commitlog_max_offset,
+    )
+
+
+def route_out(route: TopicRoute) -> pb.TopicRoute:
+    return pb.TopicRoute(
+        topic=route.topic,
+        groups=[
+            pb.GroupRoute(
+                cluster=group.cluster,
+                broker_name=group.broker_name,
+                epoch=group.epoch,
+                computer_room=group.computer_room,
+                brokers=[
+                    pb.BrokerAddress(
+                        broker_id=broker.broker_id,
+                        role=_ROLES_OUT[broker.role],
+                        data_address=broker.data_address,
+                        http_address=broker.http_address,
+                        computer_room=broker.computer_room,
+                    )
+                    for broker in group.brokers
+                ],
+                read_queues=group.read_queues,
+                write_queues=group.write_queues,
+                permission=_PERMISSIONS_OUT[group.permission],
+                ordered=group.ordered,
+            )
+            for group in route.groups
+        ],
+    )
+
+
+def clusters_out(clusters: Iterable[ClusterView]) -> list[pb.ClusterInfo]:
+    return [
+        pb.ClusterInfo(
+            cluster=cluster.cluster,
+            groups=[
+                pb.BrokerGroupInfo(
+                    broker_name=group.broker_name,
+                    epoch=group.epoch,
+                    computer_room=group.computer_room,
+                    brokers=[
+                        pb.BrokerInfo(
+                            state=state_out(broker.state),
+                            last_heartbeat_age_ms=round(broker.last_heartbeat_age_s * 1000),
+                            session_open=broker.session_open,
+                            topic_count=broker.topic_count,
+                        )
+                        for broker in group.brokers
+                    ],
+                )
+                for group in cluster.groups
+            ],
+        )
+        for cluster in clusters
+    ]
+
+
+def members(request: pb.GetAssignmentRequest) -> list[Member]:
+    result = []
+    for member in request.members:
+        if not member.consumer_id:
+            raise InvalidRequest("a member of the consumer group has an empty consumer_id")
+        result.append(Member(consumer_id=member.consumer_id, room=member.computer_room))
+    return result
+
+
+def previous(request: pb.GetAssignmentRequest) -> dict[str, list[QueueRef]] | None:
+    """The previous assignment of this topic; None when the request carries none."""
+    if not request.previous:
+        return None
+    result: dict[str, list[QueueRef]] = {}
+    for held in request.previous:
+        result.setdefault(held.consumer_id, []).extend(
+            QueueRef(broker=q.broker_name, queue_id=q.queue_id, room=q.computer_room)
+            for q in held.queues
+            if q.topic == request.topic
+        )
+    return result
+
+
+def queues_out(topic: str, queues: Sequence[QueueRef]) -> list[pb.MessageQueue]:
+    return [
+        pb.MessageQueue(
+            topic=topic, broker_name=q.broker, queue_id=q.queue_id, computer_room=q.room
+        )
+        for q in queues
+    ]

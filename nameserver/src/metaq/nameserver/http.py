@@ -1,0 +1,54 @@
+"""The nameserver's HTTP endpoint for people and scrapers: health, cluster and routes as JSON."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+from typing import Any
+
+from aiohttp import web
+
+from metaq.nameserver.registry import Registry
+
+
+def _json(value: Any) -> Any:
+    if isinstance(value, enum.Enum):
+        return value.value
+    raise TypeError(f"cannot encode {type(value).__name__} as JSON")
+
+
+def _respond(body: Any, status: int = 200) -> web.Response:
+    return web.json_response(body, status=status, dumps=lambda v: json.dumps(v, default=_json))
+
+
+def make_app(registry: Registry) -> web.Application:
+    """``GET /health``, ``GET /cluster``, ``GET /route/{topic}`` (404 for an unknown topic)."""
+
+    async def health(_request: web.Request) -> web.Response:
+        return _respond({"status": "ok", "topics": len(registry.topics())})
+
+    async def cluster(_request: web.Request) -> web.Response:
+        return _respond(
+            {
+                "broker_expiry_s": registry.broker_expiry_s,
+                "clusters": [dataclasses.asdict(c) for c in registry.cluster_info()],
+            }
+        )
+
+    async def route(request: web.Request) -> web.Response:
+        topic = request.match_info["topic"]
+        found = registry.route(topic)
+        if found is None:
+            return _respond({"error": f"topic {topic!r} is not served by any live broker"}, 404)
+        return _respond(dataclasses.asdict(found))
+
+    app = web.Application()
+    app.add_routes(
+        [
+            web.get("/health", health),
+            web.get("/cluster", cluster),
+            web.get("/route/{topic}", route),
+        ]
+    )
+    return app

@@ -1,0 +1,76 @@
+"""The nameserver as a service: gRPC server, optional HTTP endpoint, expiry sweeper."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import grpc
+from aiohttp import web
+
+from metaq.common.v1 import control_pb2_grpc
+from metaq.nameserver.config import NameServerConfig
+from metaq.nameserver.http import make_app
+from metaq.nameserver.registry import Clock, Registry
+from metaq.nameserver.service import NameServerService
+from metaq.nameserver.sweeper import ExpirySweeper
+
+log = logging.getLogger(__name__)
+
+
+def host_port(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class NameServer:
+    """One nameserver: :meth:`start` binds and serves, :meth:`stop` lets calls finish and ends.
+
+    ``grpc_address`` / ``http_address`` carry the bound ports once started (port 0 in the
+    config picks a free one).
+    """
+
+    def __init__(self, config: NameServerConfig, clock: Clock = time.monotonic) -> None:
+        self.config = config
+        self.registry = Registry(config.broker_expiry_s, clock)
+        self._sweeper = ExpirySweeper(self.registry, config.expiry_scan_interval_s)
+        self._server: grpc.aio.Server | None = None
+        self._http: web.AppRunner | None = None
+        self.grpc_address = ""
+        self.http_address = ""
+
+    async def start(self) -> None:
+        config = self.config
+        # No SO_REUSEPORT: a second nameserver on the same port must fail, not share it.
+        server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        control_pb2_grpc.add_NameServerServicer_to_server(NameServerService(self.registry), server)
+        address = host_port(config.listen_host, config.grpc_port)
+        try:
+            port = server.add_insecure_port(address)
+        except RuntimeError as exc:  # grpc says only "Failed to bind"
+            raise OSError(f"cannot listen for gRPC on {address}: {exc}") from exc
+        await server.start()
+        self._server = server
+        self.grpc_address = host_port(config.listen_host, port)
+        try:
+            if config.http_port is not None:
+                runner = web.AppRunner(make_app(self.registry))
+                await runner.setup()
+                self._http = runner
+                site = web.TCPSite(runner, config.listen_host, config.http_port)
+                await site.start()
+                bound = runner.addresses[0]
+                self.http_address = host_port(config.listen_host, bound[1])
+            self._sweeper.start()
+        except BaseException:
+            await self.stop()
+            raise
+        log.info("nameserver serving grpc=%s http=%s", self.grpc_address, self.http_address)
+
+    async def stop(self) -> None:
+        await self._sweeper.stop()
+        if self._http is not None:
+            await self._http.cleanup()
+            self._http = None
+        if self._server is not None:
+            await self._server.stop(self.config.shutdown_grace_s)
+            self._server = None

@@ -1,0 +1,278 @@
+"""The broker table: registrations, liveness by heartbeat age, and the routes that follow.
+
+Pure: no I/O and no awaits. Time comes from an injectable monotonic clock, so tests drive
+expiry with a fake one. A broker counts as live while its last heartbeat is at most
+``broker_expiry_s`` old; every query looks at live brokers only, so a silent broker leaves
+the answers the moment it expires, whether or not :meth:`Registry.expire` has swept it
+from memory yet.
+
+Sessions: a registration may name the session (a nameserver-local number for one open
+``Session`` stream) it arrived on. The newest session to register a broker owns it;
+:meth:`Registry.end_session` removes the broker only for its owner, so a stale stream
+closing late never removes a broker that has reconnected. Unary registrations keep the
+owner they find.
+
+Masters and epochs: at most one live master per group. A master registering a higher
+epoch than a live master of its group fences that master out (it is removed); a master
+registering an epoch no higher than another live master's is refused. Slaves are never
+refused for their epoch: they learn a new one after the fact.
+
+Ordering is deterministic (groups by name, the master then slaves by id), so every
+nameserver told the same things answers the same.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from metaq.nameserver.assignment import QueueRef
+from metaq.nameserver.model import (
+    BrokerAddress,
+    BrokerKey,
+    BrokerState,
+    BrokerView,
+    ClusterView,
+    GroupRoute,
+    GroupView,
+    Registered,
+    Role,
+    TopicConfig,
+    TopicRoute,
+)
+
+Clock = Callable[[], float]
+
+
+class RegistrationRefused(Exception):
+    """The registration contradicts the live brokers of its group (epoch, master, cluster).
+
+    Retrying the same registration fails the same way until the group changes (the other
+    master leaves or the broker learns the new epoch).
+    """
+
+
+# eq=False: entries compare by identity ("is this the master?"), never by their tables.
+@dataclass(slots=True, eq=False)
+class _Entry:
+    state: BrokerState
+    topics: Mapping[str, TopicConfig]
+    last_heartbeat: float
+    session: int | None
+
+
+class Registry:
+    """Brokers by group, with what each serves and when it last spoke."""
+
+    def __init__(self, broker_expiry_s: float, clock: Clock = time.monotonic) -> None:
+        if broker_expiry_s <= 0:
+            raise ValueError("broker_expiry_s must be positive")
+        self.broker_expiry_s = broker_expiry_s
+        self._clock = clock
+        self._groups: dict[str, dict[int, _Entry]] = {}
+
+    # --- changes ----------------------------------------------------------------------
+
+    def register(
+        self,
+        state: BrokerState,
+        topics: Mapping[str, TopicConfig],
+        *,
+        session: int | None = None,
+    ) -> Registered:
+        """Record (or refresh) a broker and its whole topic table; counts as a heartbeat.
+
+        ``topics`` is kept as given (not copied): pass a mapping nobody mutates later.
+        Raises :class:`RegistrationRefused` when the group's live brokers contradict it.
+        """
+        now = self._clock()
+        key = state.key
+        group = self._groups.get(key.broker_name, {})
+        peers = [
+            e
+            for broker_id, e in group.items()
+            if broker_id != key.broker_id and self._alive(e, now)
+        ]
+        for peer in peers:
+            if peer.state.cluster != state.cluster:
+                raise RegistrationRefused(
+                    f"broker {key} registers in cluster {state.cluster!r}, but group "
+                    f"{key.broker_name!r} is in cluster {peer.state.cluster!r} "
+                    f"(broker {peer.state.key}); a group belongs to one cluster"
+                )
+        fenced: list[BrokerKey] = []
+        if state.role is Role.MASTER:
+            for peer in peers:
+                if peer.state.role is not Role.MASTER:
+                    continue
+                if peer.state.epoch >= state.epoch:
+                    raise RegistrationRefused(
+                        f"broker {key} claims master of {key.broker_name!r} at epoch "
+                        f"{state.epoch}, but broker {peer.state.key} is its master at epoch "
+                        f"{peer.state.epoch}; a new master needs a higher epoch, an old one "
+                        "must rejoin as a slave"
+                    )
+                fenced.append(peer.state.key)
+        for fenced_key in fenced:
+            del group[fenced_key.broker_id]
+        existing = group.get(key.broker_id)
+        owner = session if session is not None else (existing.session if existing else None)
+        group[key.broker_id] = _Entry(state, topics, now, owner)
+        self._groups[key.broker_name] = group
+        master = self._master(self._live(group, now))
+        return Registered(
+            master_data_address=master.state.data_address if master else "",
+            epoch=max(e.state.epoch for e in self._live(group, now)),
+            fenced=tuple(fenced),
+        )
+
+    def unregister(self, key: BrokerKey) -> bool:
+        """Remove a broker at once; True if it was registered (live or not yet swept)."""
+        group = self._groups.get(key.broker_name)
+        if group is None or key.broker_id not in group:
+            return False
+        del group[key.broker_id]
+        if not group:
+            del self._groups[key.broker_name]
+        return True
+
+    def end_session(self, key: BrokerKey, session: int) -> bool:
+        """A session stream ended: remove its broker if that session still owns it."""
+        entry = self._groups.get(key.broker_name, {}).get(key.broker_id)
+        if entry is None or entry.session != session:
+            return False
+        return self.unregister(key)
+
+    def expire(self) -> list[BrokerKey]:
+        """Forget brokers silent for longer than the expiry; return them, sorted."""
+        now = self._clock()
+        gone = sorted(
+            entry.state.key
+            for group in self._groups.values()
+            for entry in group.values()
+            if not self._alive(entry, now)
+        )
+        for key in gone:
+            self.unregister(key)
+        return gone
+
+    # --- queries ------------------------------------------------------------------------
+
+    def is_live(self, key: BrokerKey) -> bool:
+        entry = self._groups.get(key.broker_name, {}).get(key.broker_id)
+        return entry is not None and self._alive(entry, self._clock())
+
+    def route(self, topic: str) -> TopicRoute | None:
+        """The live groups serving ``topic``, by name; None when there are none."""
+        now = self._clock()
+        groups: list[GroupRoute] = []
+        for name in sorted(self._groups):
+            live = self._live(self._groups[name], now)
+            holders = [e for e in live if topic in e.topics]
+            if holders:
+                groups.append(self._group_route(name, topic, live, holders))
+        if not groups:
+            return None
+        return TopicRoute(topic=topic, groups=tuple(groups))
+
+    def topics(self) -> list[str]:
+        """Every topic some live broker serves, sorted."""
+        now = self._clock()
+        names: set[str] = set()
+        for group in self._groups.values():
+            for entry in self._live(group, now):
+                names.update(entry.topics)
+        return sorted(names)
+
+    def cluster_info(self, cluster: str = "") -> list[ClusterView]:
+        """Live brokers by cluster, group and id; only ``cluster`` when it is not empty."""
+        now = self._clock()
+        by_cluster: dict[str, list[GroupView]] = {}
+        for name in sorted(self._groups):
+            live = self._live(self._groups[name], now)
+            if not live:
+                continue
+            head = self._head(live)
+            if cluster and head.state.cluster != cluster:
+                continue
+            views = tuple(
+                BrokerView(
+                    state=e.state,
+                    last_heartbeat_age_s=max(0.0, now - e.last_heartbeat),
+                    session_open=e.session is not None,
+                    topic_count=len(e.topics),
+                )
+                for e in live
+            )
+            by_cluster.setdefault(head.state.cluster, []).append(
+                GroupView(
+                    broker_name=name,
+                    epoch=max(e.state.epoch for e in live),
+                    computer_room=head.state.computer_room,
+                    brokers=views,
+                )
+            )
+        return [ClusterView(cluster=c, groups=tuple(by_cluster[c])) for c in sorted(by_cluster)]
+
+    # --- helpers ------------------------------------------------------------------------
+
+    def _alive(self, entry: _Entry, now: float) -> bool:
+        return now - entry.last_heartbeat <= self.broker_expiry_s
+
+    def _live(self, group: Mapping[int, _Entry], now: float) -> list[_Entry]:
+        return [group[i] for i in sorted(group) if self._alive(group[i], now)]
+
+    @staticmethod
+    def _master(live: Iterable[_Entry]) -> _Entry | None:
+        masters = [e for e in live if e.state.role is Role.MASTER]
+        if not masters:
+            return None
+        return min(masters, key=lambda e: (-e.state.epoch, e.state.key.broker_id))
+
+    def _head(self, live: list[_Entry]) -> _Entry:
+        """The broker that speaks for the group: its master, else its lowest id."""
+        return self._master(live) or live[0]
+
+    def _group_route(
+        self, name: str, topic: str, live: list[_Entry], holders: list[_Entry]
+    ) -> GroupRoute:
+        master = self._master(live)
+        writer = master if master is not None and master in holders else None
+        source = writer or holders[0]
+        config = source.topics[topic]
+        permission = config.permission.restrict(source.state.permission)
+        if writer is None:
+            permission = permission.without_writes()
+        ordered = sorted(holders, key=lambda e: (e is not writer, e.state.key.broker_id))
+        head = self._head(live)
+        return GroupRoute(
+            cluster=head.state.cluster,
+            broker_name=name,
+            epoch=max(e.state.epoch for e in live),
+            computer_room=head.state.computer_room,
+            brokers=tuple(
+                BrokerAddress(
+                    broker_id=e.state.key.broker_id,
+                    role=e.state.role,
+                    data_address=e.state.data_address,
+                    http_address=e.state.http_address,
+                    computer_room=e.state.computer_room,
+                )
+                for e in ordered
+            ),
+            read_queues=config.read_queues,
+            write_queues=config.write_queues,
+            permission=permission,
+            ordered=config.ordered,
+        )
+
+
+def readable_queues(route: TopicRoute) -> list[QueueRef]:
+    """The queues consumers share out: every read queue of every readable group, sorted."""
+    return sorted(
+        QueueRef(broker=group.broker_name, queue_id=queue_id, room=group.computer_room)
+        for group in route.groups
+        if group.permission.readable
+        for queue_id in range(group.read_queues)
+    )

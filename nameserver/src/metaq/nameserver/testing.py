@@ -1,0 +1,163 @@
+"""Test support: real ``metaq-nameserver`` processes and deadline-bound waiting.
+
+Tests (this repository's and anyone's built on metaq) start nameservers as processes on
+free ports, wait for the readiness line, and stop them even when the test fails::
+
+    server = start_nameserver(tmp_path, "--broker-expiry-s", "2")
+    try:
+        ...  # talk to server.grpc_address
+    finally:
+        server.stop()
+
+Waiting is always on a condition with a deadline (:func:`wait_until`,
+:func:`wait_until_async`), never on a fixed sleep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+READY: Final = re.compile(r"^metaq-nameserver ready grpc=(\S+)(?: http=(\S+))?$", re.MULTILINE)
+POLL_S: Final = 0.01
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float, message: str) -> None:
+    """Poll ``predicate`` until true; TimeoutError naming ``message`` at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout_s} s waiting until {message}")
+        time.sleep(POLL_S)
+
+
+async def wait_until_async(
+    predicate: Callable[[], Awaitable[bool]], timeout_s: float, message: str
+) -> float:
+    """Await ``predicate`` until true; return the seconds it took. TimeoutError at the deadline."""
+    start = time.monotonic()
+    deadline = start + timeout_s
+    while not await predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout_s} s waiting until {message}")
+        await asyncio.sleep(POLL_S)
+    return time.monotonic() - start
+
+
+def nameserver_command() -> list[str]:
+    """The installed console script next to this interpreter, else ``python -m``."""
+    script = Path(sys.executable).with_name("metaq-nameserver")
+    if script.exists():
+        return [str(script)]
+    return [sys.executable, "-m", "metaq.nameserver"]
+
+
+@dataclass
+class NameServerProcess:
+    """A running ``metaq-nameserver``; its stdout and stderr go to files in ``work_dir``."""
+
+    process: subprocess.Popen[bytes]
+    work_dir: Path
+    grpc_address: str = ""
+    http_address: str = ""
+    args: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def grpc_port(self) -> int:
+        return int(self.grpc_address.rpartition(":")[2])
+
+    @property
+    def stdout_path(self) -> Path:
+        return self.work_dir / "stdout.txt"
+
+    @property
+    def stderr_path(self) -> Path:
+        return self.work_dir / "stderr.txt"
+
+    def output(self) -> str:
+        """Everything the process wrote so far, for failure messages."""
+        parts = []
+        for path in (self.stdout_path, self.stderr_path):
+            if path.exists():
+                parts.append(f"--- {path.name}\n{path.read_text(errors='replace')}")
+        return "\n".join(parts)
+
+    def pause(self) -> None:
+        self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGCONT)
+
+    def kill(self) -> None:
+        """kill -9 and reap."""
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+
+    def stop(self, timeout_s: float = 10.0) -> int:
+        """SIGTERM (after SIGCONT, in case it is paused), then kill -9 past the deadline."""
+        if self.process.poll() is None:
+            self.resume()
+            self.process.terminate()
+            try:
+                return self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+        return self.process.wait()
+
+
+def start_nameserver(
+    work_dir: Path,
+    *args: str,
+    timeout_s: float = 20.0,
+    env: dict[str, str] | None = None,
+) -> NameServerProcess:
+    """Start a nameserver (on a free gRPC port unless ``args`` name one) and wait until ready.
+
+    Raises RuntimeError with the process output if it exits or is not ready in time; the
+    process is stopped in that case.
+    """
+    work_dir.mkdir(parents=True, exist_ok=True)
+    argv = list(args)
+    if "--grpc-port" not in argv:
+        argv = ["--grpc-port", "0", *argv]
+    with (
+        (work_dir / "stdout.txt").open("wb") as stdout,
+        (work_dir / "stderr.txt").open("wb") as stderr,
+    ):
+        process = subprocess.Popen(
+            [*nameserver_command(), *argv],
+            stdout=stdout,
+            stderr=stderr,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, **(env or {})},
+        )
+    server = NameServerProcess(process=process, work_dir=work_dir, args=tuple(argv))
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = READY.search(server.stdout_path.read_text(errors="replace"))
+        if found:
+            server.grpc_address = found.group(1)
+            server.http_address = found.group(2) or ""
+            return server
+        failure = ""
+        if process.poll() is not None:
+            failure = f"metaq-nameserver exited with {process.returncode} before it was ready"
+        elif time.monotonic() > deadline:
+            failure = f"metaq-nameserver was not ready within {timeout_s} s"
+        if failure:
+            with contextlib.suppress(Exception):
+                server.stop()
+            raise RuntimeError(f"{failure}\n{server.output()}")
+        time.sleep(POLL_S)
