@@ -57,7 +57,13 @@ class FrameType(enum.IntEnum):
     """Liveness probe; empty header and payload both ways."""
     SEND = 2
     PULL = 3
-    # 4-15: further client operations; 16-31: replication (master <-> slave).
+    COMMIT_OFFSET = 4
+    """A consumer group stores its consumed offsets."""
+    QUERY_OFFSET = 5
+    """A queue's bounds, a group's committed offset, the offset for a timestamp."""
+    CONSUMER_HEARTBEAT = 6
+    """A consumer announces itself; the answer is its group's members."""
+    # 7-15: further client operations; 16-31: replication (master <-> slave).
 
 
 _OPERATION_FLAGS: Final = (0, FLAG_ONE_WAY, FLAG_RESPONSE, FLAG_RESPONSE | FLAG_ERROR)

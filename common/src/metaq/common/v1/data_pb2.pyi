@@ -12,11 +12,14 @@ decodes nor copies message bodies.
 
 Which header a frame carries follows from its type and flags:
 
-  type       request       response      error response (ERROR flag)
-  HEARTBEAT  (empty)       (empty)       ErrorResponse
-  SEND       SendRequest   SendResponse  ErrorResponse
-  PULL       PullRequest   PullResponse  ErrorResponse
-  CONNECTION -             -             ErrorResponse (request id 0)
+  type                request                    response                   error response
+  HEARTBEAT           (empty)                    (empty)                    ErrorResponse
+  SEND                SendRequest                SendResponse               ErrorResponse
+  PULL                PullRequest                PullResponse               ErrorResponse
+  COMMIT_OFFSET       CommitOffsetRequest        CommitOffsetResponse       ErrorResponse
+  QUERY_OFFSET        QueryOffsetRequest         QueryOffsetResponse        ErrorResponse
+  CONSUMER_HEARTBEAT  ConsumerHeartbeatRequest   ConsumerHeartbeatResponse  ErrorResponse
+  CONNECTION          -                          -                          ErrorResponse (id 0)
 
 Every enum's zero value is UNSPECIFIED, so a header that lost a field is recognisable
 rather than silently read as OK / FOUND.
@@ -312,6 +315,300 @@ class PullResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___PullResponse: _TypeAlias = PullResponse  # noqa: Y015
+
+@_typing.final
+class QueueOffset(_message.Message):
+    """One queue's consumed offset, as a consumer group commits it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    QUEUE_ID_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    queue_id: _builtins.int
+    offset: _builtins.int
+    """The NEXT queue offset the group will consume: one past the last message it has
+    processed (RocketMQ's convention). A consumer restarting reads from exactly here.
+    """
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        queue_id: _builtins.int = ...,
+        offset: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["offset", b"offset", "queue_id", b"queue_id", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___QueueOffset: _TypeAlias = QueueOffset  # noqa: Y015
+
+@_typing.final
+class CommitOffsetRequest(_message.Message):
+    """COMMIT_OFFSET request. No payload. Stores the group's offsets for any number of queues;
+    a later commit for the same queue replaces the earlier one, even if it is lower (a reset).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONSUMER_GROUP_FIELD_NUMBER: _builtins.int
+    OFFSETS_FIELD_NUMBER: _builtins.int
+    consumer_group: _builtins.str
+    @_builtins.property
+    def offsets(self) -> _containers.RepeatedCompositeFieldContainer[Global___QueueOffset]: ...
+    def __init__(
+        self,
+        *,
+        consumer_group: _builtins.str = ...,
+        offsets: _abc.Iterable[Global___QueueOffset] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["consumer_group", b"consumer_group", "offsets", b"offsets"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CommitOffsetRequest: _TypeAlias = CommitOffsetRequest  # noqa: Y015
+
+@_typing.final
+class CommitOffsetResponse(_message.Message):
+    """COMMIT_OFFSET response: the offsets are held in memory and snapshotted to disk on an
+    interval and at clean shutdown, so a crash can lose the last few seconds of commits
+    (consumers then see those messages again: delivery is at least once).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CommitOffsetResponse: _TypeAlias = CommitOffsetResponse  # noqa: Y015
+
+@_typing.final
+class QueryOffsetRequest(_message.Message):
+    """QUERY_OFFSET request. No payload. Asks for a queue's bounds, and optionally a group's
+    committed offset and the offset of the first message stored at or after a time.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONSUMER_GROUP_FIELD_NUMBER: _builtins.int
+    TOPIC_FIELD_NUMBER: _builtins.int
+    QUEUE_ID_FIELD_NUMBER: _builtins.int
+    TIMESTAMP_MS_FIELD_NUMBER: _builtins.int
+    consumer_group: _builtins.str
+    """Empty: do not look up a committed offset."""
+    topic: _builtins.str
+    queue_id: _builtins.int
+    timestamp_ms: _builtins.int
+    """When present, the response carries timestamp_offset."""
+    def __init__(
+        self,
+        *,
+        consumer_group: _builtins.str = ...,
+        topic: _builtins.str = ...,
+        queue_id: _builtins.int = ...,
+        timestamp_ms: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_timestamp_ms", b"_timestamp_ms", "timestamp_ms", b"timestamp_ms"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_timestamp_ms", b"_timestamp_ms", "consumer_group", b"consumer_group", "queue_id", b"queue_id", "timestamp_ms", b"timestamp_ms", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__timestamp_ms: _TypeAlias = _typing.Literal["timestamp_ms"]  # noqa: Y015
+    _WhichOneofArgType__timestamp_ms: _TypeAlias = _typing.Literal["_timestamp_ms", b"_timestamp_ms"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__timestamp_ms) -> _WhichOneofReturnType__timestamp_ms | None: ...
+
+Global___QueryOffsetRequest: _TypeAlias = QueryOffsetRequest  # noqa: Y015
+
+@_typing.final
+class QueryOffsetResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    COMMITTED_OFFSET_FIELD_NUMBER: _builtins.int
+    MIN_OFFSET_FIELD_NUMBER: _builtins.int
+    MAX_OFFSET_FIELD_NUMBER: _builtins.int
+    TIMESTAMP_OFFSET_FIELD_NUMBER: _builtins.int
+    committed_offset: _builtins.int
+    """The group's committed offset for the queue (the next offset to consume); absent when
+    the group never committed one here (start from min, max or a timestamp instead).
+    """
+    min_offset: _builtins.int
+    """The queue's current bounds: [min_offset, max_offset)."""
+    max_offset: _builtins.int
+    timestamp_offset: _builtins.int
+    """The first queue offset whose message was stored at or after timestamp_ms (max_offset
+    when every message is older); present only when timestamp_ms was asked.
+    """
+    def __init__(
+        self,
+        *,
+        committed_offset: _builtins.int | None = ...,
+        min_offset: _builtins.int = ...,
+        max_offset: _builtins.int = ...,
+        timestamp_offset: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_committed_offset", b"_committed_offset", "_timestamp_offset", b"_timestamp_offset", "committed_offset", b"committed_offset", "timestamp_offset", b"timestamp_offset"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_committed_offset", b"_committed_offset", "_timestamp_offset", b"_timestamp_offset", "committed_offset", b"committed_offset", "max_offset", b"max_offset", "min_offset", b"min_offset", "timestamp_offset", b"timestamp_offset"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__committed_offset: _TypeAlias = _typing.Literal["committed_offset"]  # noqa: Y015
+    _WhichOneofArgType__committed_offset: _TypeAlias = _typing.Literal["_committed_offset", b"_committed_offset"]  # noqa: Y015
+    _WhichOneofReturnType__timestamp_offset: _TypeAlias = _typing.Literal["timestamp_offset"]  # noqa: Y015
+    _WhichOneofArgType__timestamp_offset: _TypeAlias = _typing.Literal["_timestamp_offset", b"_timestamp_offset"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__committed_offset) -> _WhichOneofReturnType__committed_offset | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__timestamp_offset) -> _WhichOneofReturnType__timestamp_offset | None: ...
+
+Global___QueryOffsetResponse: _TypeAlias = QueryOffsetResponse  # noqa: Y015
+
+@_typing.final
+class Subscription(_message.Message):
+    """A topic a consumer subscribes to."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    TAG_EXPRESSION_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    tag_expression: _builtins.str
+    """As the user wrote it ("a || b", "*"); shown in admin views."""
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        tag_expression: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["tag_expression", b"tag_expression", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Subscription: _TypeAlias = Subscription  # noqa: Y015
+
+@_typing.final
+class ConsumerHeartbeatRequest(_message.Message):
+    """CONSUMER_HEARTBEAT request. No payload. A consumer announces itself to every broker
+    serving its topics, periodically; the broker keeps the group's membership, which is
+    what consumers rebalance their queues over.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    class _Mode:
+        ValueType = _typing.NewType("ValueType", _builtins.int)
+        V: _TypeAlias = ValueType  # noqa: Y015
+
+    class _ModeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[ConsumerHeartbeatRequest._Mode.ValueType], _builtins.type):
+        DESCRIPTOR: _descriptor.EnumDescriptor
+        MODE_UNSPECIFIED: ConsumerHeartbeatRequest._Mode.ValueType  # 0
+        CLUSTERING: ConsumerHeartbeatRequest._Mode.ValueType  # 1
+        """The group's members share the queues: each message goes to one member."""
+        BROADCASTING: ConsumerHeartbeatRequest._Mode.ValueType  # 2
+        """Every member gets every message."""
+
+    class Mode(_Mode, metaclass=_ModeEnumTypeWrapper): ...
+    MODE_UNSPECIFIED: ConsumerHeartbeatRequest.Mode.ValueType  # 0
+    CLUSTERING: ConsumerHeartbeatRequest.Mode.ValueType  # 1
+    """The group's members share the queues: each message goes to one member."""
+    BROADCASTING: ConsumerHeartbeatRequest.Mode.ValueType  # 2
+    """Every member gets every message."""
+
+    CONSUMER_GROUP_FIELD_NUMBER: _builtins.int
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    COMPUTER_ROOM_FIELD_NUMBER: _builtins.int
+    SUBSCRIPTIONS_FIELD_NUMBER: _builtins.int
+    MODE_FIELD_NUMBER: _builtins.int
+    LEAVING_FIELD_NUMBER: _builtins.int
+    consumer_group: _builtins.str
+    client_id: _builtins.str
+    """Unique per consumer instance (e.g. host@pid); the order members are listed in."""
+    computer_room: _builtins.str
+    """The consumer's computer room (IDC), for computer-room-first assignment."""
+    mode: Global___ConsumerHeartbeatRequest.Mode.ValueType
+    leaving: _builtins.bool
+    """A consumer shutting down cleanly: drop it from the group now, not after the timeout."""
+    @_builtins.property
+    def subscriptions(self) -> _containers.RepeatedCompositeFieldContainer[Global___Subscription]: ...
+    def __init__(
+        self,
+        *,
+        consumer_group: _builtins.str = ...,
+        client_id: _builtins.str = ...,
+        computer_room: _builtins.str = ...,
+        subscriptions: _abc.Iterable[Global___Subscription] | None = ...,
+        mode: Global___ConsumerHeartbeatRequest.Mode.ValueType = ...,
+        leaving: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "computer_room", b"computer_room", "consumer_group", b"consumer_group", "leaving", b"leaving", "mode", b"mode", "subscriptions", b"subscriptions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ConsumerHeartbeatRequest: _TypeAlias = ConsumerHeartbeatRequest  # noqa: Y015
+
+@_typing.final
+class ConsumerMember(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    COMPUTER_ROOM_FIELD_NUMBER: _builtins.int
+    client_id: _builtins.str
+    computer_room: _builtins.str
+    def __init__(
+        self,
+        *,
+        client_id: _builtins.str = ...,
+        computer_room: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "computer_room", b"computer_room"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ConsumerMember: _TypeAlias = ConsumerMember  # noqa: Y015
+
+@_typing.final
+class ConsumerHeartbeatResponse(_message.Message):
+    """CONSUMER_HEARTBEAT response: the group's live members (the sender included unless it
+    is leaving), sorted by client_id, so every member computes the same assignment.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MEMBERS_FIELD_NUMBER: _builtins.int
+    MEMBER_TIMEOUT_MS_FIELD_NUMBER: _builtins.int
+    member_timeout_ms: _builtins.int
+    """A member is dropped after this long without a heartbeat, or at once when the
+    connection it heartbeats on closes; heartbeat well within it.
+    """
+    @_builtins.property
+    def members(self) -> _containers.RepeatedCompositeFieldContainer[Global___ConsumerMember]: ...
+    def __init__(
+        self,
+        *,
+        members: _abc.Iterable[Global___ConsumerMember] | None = ...,
+        member_timeout_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["member_timeout_ms", b"member_timeout_ms", "members", b"members"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ConsumerHeartbeatResponse: _TypeAlias = ConsumerHeartbeatResponse  # noqa: Y015
 
 @_typing.final
 class ErrorResponse(_message.Message):

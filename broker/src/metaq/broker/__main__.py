@@ -1,0 +1,62 @@
+"""``metaq-broker`` / ``python -m metaq.broker``: run one broker until SIGTERM or SIGINT."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Callable, Sequence
+
+from metaq.broker.config import BrokerConfig, ConfigError, load_config
+from metaq.broker.process import Broker
+from metaq.common.errors import MetaqError
+
+log = logging.getLogger("metaq.broker")
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop]:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency; this is a fallback
+        return asyncio.new_event_loop
+    return uvloop.new_event_loop
+
+
+async def run(config: BrokerConfig) -> int:
+    """Start the broker, print the readiness line, serve until a stop signal; exit code."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    broker = Broker(config)
+    try:
+        await broker.start()
+    except (OSError, MetaqError, ValueError) as exc:
+        log.error("metaq-broker failed to start: %s", exc)
+        await broker.stop()
+        return 1
+    print(broker.ready_line, flush=True)
+    await stop.wait()
+    log.info("stop signal received; shutting down")
+    await broker.stop()
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        config = load_config(argv)
+    except ConfigError as exc:
+        print(f"metaq-broker: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=config.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        return runner.run(run(config))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,288 @@
+"""Broker settings: one frozen dataclass, loaded from a TOML file and command-line flags.
+
+Precedence is defaults < file < flags. The file's top-level keys are the fields of
+:class:`BrokerConfig`; its ``[store]`` table holds :class:`StoreConfig` fields (all but
+``data_dir``, ``flush_mode`` and ``store_host``, which follow from the broker's own
+settings). Any key can also be set from the command line with ``--set KEY=VALUE``
+(``--set store.commitlog_segment_bytes=1048576``). With no file and no flags the broker
+runs as the master of a one-broker cluster under ``./run-data/broker``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import enum
+import re
+import tomllib
+import typing
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from metaq.broker.store.config import MIB, FlushMode, StoreConfig
+from metaq.common.framing import MAX_FRAME_BYTES
+from metaq.common.record import HEADER_SIZE
+
+_NAME: Final = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+_ADDRESS: Final = re.compile(r"(?P<host>[^\s:]+|\[[0-9A-Fa-f:.]+\]):(?P<port>\d{1,5})")
+# Set from the broker's own settings, never from the [store] table.
+_STORE_OWNED: Final = frozenset({"data_dir", "flush_mode", "store_host"})
+
+
+class ConfigError(ValueError):
+    """A setting is missing, unknown or out of range; the message names the key and source."""
+
+
+def _default_store() -> StoreConfig:
+    return StoreConfig(data_dir=Path("run-data/broker"))
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerConfig:
+    """Everything one broker process needs; ``store`` always agrees with ``data_dir`` and
+    ``flush_mode`` (they are copied into it)."""
+
+    broker_name: str = "broker-a"
+    cluster_name: str = "DefaultCluster"
+    broker_id: int = 0
+    """0 is the group's master; anything else a slave."""
+    computer_room: str = "default"
+    """The IDC label consumers use to prefer queues in their own room."""
+    data_dir: Path = Path("run-data/broker")
+    listen_host: str = "127.0.0.1"
+    data_port: int = 10911
+    """The data plane (send, pull, offsets); 0 picks a free port."""
+    http_port: int = 10912
+    """/health and /metrics; 0 picks a free port."""
+    nameservers: tuple[str, ...] = ("127.0.0.1:9876",)
+    flush_mode: FlushMode = FlushMode.ASYNC
+    auto_create_topics: bool = False
+    default_queue_count: int = 8
+    """Read and write queues of a topic created on first send."""
+    max_frame_bytes: int = MAX_FRAME_BYTES
+    max_pull_messages: int = 1024
+    max_pull_bytes: int = 16 * MIB
+    long_poll_max_ms: int = 60_000
+    """Longest a PULL may be parked, whatever the consumer asks."""
+    consumer_heartbeat_timeout_s: float = 30.0
+    offset_snapshot_interval_ms: int = 5_000
+    shutdown_grace_ms: int = 5_000
+    """How long a stopping broker waits for requests in flight before closing anyway."""
+    log_level: str = "INFO"
+    store: StoreConfig = field(default_factory=_default_store)
+
+    def __post_init__(self) -> None:
+        problems = self._problems()
+        if problems:
+            raise ConfigError("invalid broker config: " + "; ".join(problems))
+        store = dataclasses.replace(self.store, data_dir=self.data_dir, flush_mode=self.flush_mode)
+        object.__setattr__(self, "store", store)
+
+    def _problems(self) -> list[str]:
+        problems = []
+        for key in ("broker_name", "cluster_name", "computer_room"):
+            if not _NAME.fullmatch(getattr(self, key)):
+                problems.append(f"{key} must be 1-64 characters from letters, digits, '_.-'")
+        if self.broker_id < 0:
+            problems.append("broker_id must be 0 (master) or a positive slave id")
+        for key in ("data_port", "http_port"):
+            if not 0 <= getattr(self, key) <= 65535:
+                problems.append(f"{key} must be a TCP port, 0-65535 (0 picks a free one)")
+        if self.data_port and self.data_port == self.http_port:
+            problems.append("data_port and http_port must differ")
+        for address in self.nameservers:
+            if not _ADDRESS.fullmatch(address) or int(address.rsplit(":", 1)[1]) > 65535:
+                problems.append(f"nameservers: {address!r} is not HOST:PORT")
+        if not 1 <= self.default_queue_count <= 65536:
+            problems.append("default_queue_count must be 1-65536")
+        largest_send = HEADER_SIZE + 2048 + self.store.max_properties_bytes
+        largest_send += self.store.max_message_bytes + 4096
+        if self.max_frame_bytes < largest_send:
+            problems.append(
+                f"max_frame_bytes={self.max_frame_bytes} cannot carry one message of "
+                f"store.max_message_bytes={self.store.max_message_bytes}; raise it to at "
+                f"least {largest_send}"
+            )
+        for key in (
+            "max_pull_messages",
+            "max_pull_bytes",
+            "long_poll_max_ms",
+            "consumer_heartbeat_timeout_s",
+            "offset_snapshot_interval_ms",
+            "shutdown_grace_ms",
+        ):
+            if getattr(self, key) <= 0:
+                problems.append(f"{key} must be positive")
+        if self.max_pull_bytes > self.max_frame_bytes // 2:
+            problems.append("max_pull_bytes must be at most half of max_frame_bytes")
+        if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+            problems.append("log_level must be DEBUG, INFO, WARNING or ERROR")
+        return problems
+
+    @property
+    def is_master(self) -> bool:
+        return self.broker_id == 0
+
+
+# --- loading ----------------------------------------------------------------------------
+
+
+def load_config(argv: Sequence[str] | None = None) -> BrokerConfig:
+    """Parse ``argv`` (flags, ``--config FILE``) into a validated BrokerConfig."""
+    args = build_parser().parse_args(argv)
+    return config_from(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="metaq-broker",
+        description="The metaq broker: store, data plane and HTTP health/metrics.",
+    )
+    parser.add_argument("--config", type=Path, help="TOML file; flags override its keys")
+    add = parser.add_argument
+    add("--broker-name")
+    add("--cluster-name")
+    add("--broker-id")
+    add("--computer-room", help="IDC label")
+    add("--data-dir")
+    add("--listen-host")
+    add("--data-port", help="data-plane port (0: any free port)")
+    add("--http-port", help="health/metrics port (0: any free port)")
+    add("--nameserver", action="append", dest="nameservers", help="HOST:PORT, repeatable")
+    add("--flush-mode", choices=[m.value for m in FlushMode])
+    add("--auto-create-topics", action=argparse.BooleanOptionalAction, default=None)
+    add("--default-queue-count")
+    add("--log-level")
+    add(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="any key, e.g. store.flush_timeout_ms=2000; repeatable",
+    )
+    return parser
+
+
+def config_from(args: argparse.Namespace) -> BrokerConfig:
+    top: dict[str, Any] = {}
+    store: dict[str, Any] = {}
+    if args.config is not None:
+        _read_file(args.config, top, store)
+    for key in _flag_keys():
+        value = getattr(args, key, None)
+        if value is not None:
+            top[key] = (value, f"flag --{key.replace('_', '-')}")
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE")
+        section, dot, name = key.strip().rpartition(".")
+        if dot and section != "store":
+            raise ConfigError(f"--set {item!r}: only the 'store.' prefix is known")
+        (store if dot else top)[name] = (value.strip(), f"flag --set {key.strip()}")
+    return build_config(top, store)
+
+
+def _flag_keys() -> list[str]:
+    return [f.name for f in dataclasses.fields(BrokerConfig) if f.name != "store"]
+
+
+def _read_file(path: Path, top: dict[str, Any], store: dict[str, Any]) -> None:
+    try:
+        with path.open("rb") as f:
+            data = tomllib.load(f)
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    for key, value in data.items():
+        if key == "store":
+            if not isinstance(value, dict):
+                raise ConfigError(f"{path}: 'store' must be a table ([store])")
+            for name, inner in value.items():
+                store[name] = (inner, f"{path}: store.{name}")
+        else:
+            top[key] = (value, f"{path}: {key}")
+
+
+def build_config(
+    top: Mapping[str, tuple[Any, str]], store: Mapping[str, tuple[Any, str]]
+) -> BrokerConfig:
+    """Make a BrokerConfig from ``{key: (raw value, where it came from)}`` maps."""
+    broker_hints = typing.get_type_hints(BrokerConfig)
+    store_hints = typing.get_type_hints(StoreConfig)
+    kwargs: dict[str, Any] = {}
+    for key, (raw, origin) in top.items():
+        if key not in broker_hints or key == "store":
+            known = ", ".join(sorted(k for k in broker_hints if k != "store"))
+            raise ConfigError(f"{origin}: unknown key {key!r} (known: {known}, and [store])")
+        kwargs[key] = _coerce(raw, broker_hints[key], origin)
+    store_kwargs: dict[str, Any] = {}
+    for key, (raw, origin) in store.items():
+        if key not in store_hints or key in _STORE_OWNED:
+            known = ", ".join(sorted(set(store_hints) - _STORE_OWNED))
+            raise ConfigError(f"{origin}: unknown store key {key!r} (known: {known})")
+        store_kwargs[key] = _coerce(raw, store_hints[key], origin)
+    try:
+        store_config = StoreConfig(data_dir=Path("."), **store_kwargs)
+        return BrokerConfig(store=store_config, **kwargs)
+    except ConfigError:
+        raise
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _coerce(raw: Any, hint: Any, origin: str) -> Any:
+    """Turn a TOML value or a flag's string into the field's type, or say why not."""
+    try:
+        if hint is bool:
+            return _to_bool(raw)
+        if hint is int:
+            if isinstance(raw, bool | float):
+                raise ValueError
+            return int(raw.replace("_", "")) if isinstance(raw, str) else int(raw)
+        if hint is float:
+            if isinstance(raw, bool):
+                raise ValueError
+            return float(raw)
+        if hint is str:
+            if not isinstance(raw, str):
+                raise ValueError
+            return raw
+        if hint is Path:
+            if not isinstance(raw, str) or not raw:
+                raise ValueError
+            return Path(raw)
+        if isinstance(hint, type) and issubclass(hint, enum.Enum):
+            return hint(raw)
+        if typing.get_origin(hint) is tuple:
+            items = raw.split(",") if isinstance(raw, str) else raw
+            if not isinstance(items, list | tuple) or not all(isinstance(i, str) for i in items):
+                raise ValueError
+            return tuple(i.strip() for i in items if i.strip())
+    except (TypeError, ValueError):
+        pass
+    else:
+        raise ConfigError(f"{origin}: settings of type {hint} cannot be configured")
+    raise ConfigError(f"{origin}: expected {_describe(hint)}, got {raw!r}")
+
+
+def _to_bool(raw: Any) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    if isinstance(raw, str) and raw.lower() in ("true", "false", "1", "0", "yes", "no"):
+        return raw.lower() in ("true", "1", "yes")
+    raise ValueError
+
+
+def _describe(hint: Any) -> str:
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return "one of " + ", ".join(repr(m.value) for m in hint)
+    names = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+    if hint in names:
+        return names[hint]
+    if hint is Path:
+        return "a path"
+    return "a list of strings"

@@ -1,0 +1,121 @@
+"""Consumer group membership, kept from consumer heartbeats, for rebalancing.
+
+Each consumer heartbeats every broker serving its topics. A member is dropped after
+``timeout_s`` without a heartbeat, at once when the connection it last heartbeat on
+closes, or when it says it is leaving. Members are listed sorted by client id, so every
+member of a group that asks gets the same list and computes the same assignment.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from metaq.broker.offsets import check_group
+from metaq.broker.service import AsyncService
+from metaq.common.errors import InvalidMessage
+
+
+class ConsumeMode(enum.Enum):
+    CLUSTERING = "clustering"
+    """Members share the queues: each message goes to one member of the group."""
+    BROADCASTING = "broadcasting"
+    """Every member gets every message."""
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    client_id: str
+    computer_room: str
+    mode: ConsumeMode
+    subscriptions: tuple[tuple[str, str], ...]
+    """(topic, tag expression) pairs."""
+    connection_id: int
+    last_seen_s: float
+
+
+class ConsumerGroups:
+    """Live members per consumer group; ``clock`` is monotonic seconds (a test can skew it)."""
+
+    def __init__(self, timeout_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.timeout_s = timeout_s
+        self._clock = clock
+        self._groups: dict[str, dict[str, Member]] = {}
+
+    def heartbeat(
+        self,
+        group: str,
+        client_id: str,
+        *,
+        computer_room: str = "",
+        mode: ConsumeMode = ConsumeMode.CLUSTERING,
+        subscriptions: Sequence[tuple[str, str]] = (),
+        connection_id: int = 0,
+        leaving: bool = False,
+    ) -> list[Member]:
+        """Record (or, when ``leaving``, drop) a member; return the group's live members."""
+        if group not in self._groups:
+            check_group(group)
+        if not client_id or len(client_id) > 255:
+            raise InvalidMessage("a consumer heartbeat needs a client id of 1-255 characters")
+        members = self._groups.setdefault(group, {})
+        if leaving:
+            members.pop(client_id, None)
+        else:
+            members[client_id] = Member(
+                client_id,
+                computer_room,
+                mode,
+                tuple(subscriptions),
+                connection_id,
+                self._clock(),
+            )
+        return self.members(group)
+
+    def members(self, group: str) -> list[Member]:
+        """The live members of ``group``, sorted by client id (expired ones dropped)."""
+        members = self._groups.get(group)
+        if not members:
+            self._groups.pop(group, None)
+            return []
+        deadline = self._clock() - self.timeout_s
+        for client_id in [c for c, m in members.items() if m.last_seen_s < deadline]:
+            del members[client_id]
+        return sorted(members.values(), key=lambda m: m.client_id)
+
+    def groups(self) -> dict[str, list[Member]]:
+        """Every group with live members, for admin views and the nameserver registration."""
+        result = {}
+        for group in sorted(self._groups):
+            members = self.members(group)
+            if members:
+                result[group] = members
+        return result
+
+    def drop_connection(self, connection_id: int) -> int:
+        """Forget the members whose last heartbeat came over this (now closed) connection."""
+        dropped = 0
+        for members in self._groups.values():
+            gone = [c for c, m in members.items() if m.connection_id == connection_id]
+            for client_id in gone:
+                del members[client_id]
+            dropped += len(gone)
+        return dropped
+
+    def expire(self) -> None:
+        self.groups()
+
+
+class ConsumerExpiryService(AsyncService):
+    """Drops members that stopped heartbeating, so idle groups do not linger."""
+
+    name = "consumer-expiry"
+
+    def __init__(self, groups: ConsumerGroups) -> None:
+        super().__init__(interval_s=max(groups.timeout_s / 4, 0.05))
+        self.consumer_groups = groups
+
+    async def run_once(self) -> None:
+        self.consumer_groups.expire()

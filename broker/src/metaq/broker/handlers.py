@@ -1,0 +1,138 @@
+"""The small request handlers (heartbeat, offsets, consumer membership) and the table
+that maps every frame type to its handler."""
+
+from __future__ import annotations
+
+from metaq.broker.connection import Handler, Responder
+from metaq.broker.consumers import ConsumeMode, ConsumerGroups
+from metaq.broker.offsets import ConsumerOffsets, check_group
+from metaq.broker.pull import PullHandler
+from metaq.broker.send import SendHandler
+from metaq.broker.store import MessageStore
+from metaq.broker.topics import TopicTable, UnknownTopic
+from metaq.common.errors import InvalidMessage
+from metaq.common.framing import FLAG_RESPONSE, Frame, FrameType, encode_frame
+from metaq.common.record import check_topic
+from metaq.common.v1.data_pb2 import (
+    CommitOffsetRequest,
+    CommitOffsetResponse,
+    ConsumerHeartbeatRequest,
+    ConsumerHeartbeatResponse,
+    ConsumerMember,
+    QueryOffsetRequest,
+    QueryOffsetResponse,
+)
+
+_MODES = {
+    ConsumerHeartbeatRequest.MODE_UNSPECIFIED: ConsumeMode.CLUSTERING,
+    ConsumerHeartbeatRequest.CLUSTERING: ConsumeMode.CLUSTERING,
+    ConsumerHeartbeatRequest.BROADCASTING: ConsumeMode.BROADCASTING,
+}
+_EMPTY_COMMIT_RESPONSE = CommitOffsetResponse().SerializeToString()
+
+
+class Handlers:
+    """Routes frames to handlers; the connection turns their errors into ERROR frames."""
+
+    def __init__(
+        self,
+        store: MessageStore,
+        topics: TopicTable,
+        offsets: ConsumerOffsets,
+        groups: ConsumerGroups,
+        send: SendHandler,
+        pull: PullHandler,
+    ) -> None:
+        self._store = store
+        self._topics = topics
+        self._offsets = offsets
+        self._groups = groups
+        self.send = send
+        self.pull = pull
+
+    def table(self) -> dict[FrameType, Handler]:
+        """A handler for every frame type a client may send (CONNECTION is never a request)."""
+        table: dict[FrameType, Handler] = {
+            FrameType.HEARTBEAT: self.heartbeat,
+            FrameType.SEND: self.send.handle,
+            FrameType.PULL: self.pull.handle,
+            FrameType.COMMIT_OFFSET: self.commit_offset,
+            FrameType.QUERY_OFFSET: self.query_offset,
+            FrameType.CONSUMER_HEARTBEAT: self.consumer_heartbeat,
+        }
+        missing = set(FrameType) - set(table) - {FrameType.CONNECTION}
+        if missing:
+            raise RuntimeError(f"frame types without a handler: {sorted(missing)}")
+        return table
+
+    def heartbeat(self, responder: Responder, frame: Frame) -> None:
+        if not frame.is_one_way:
+            responder.respond(encode_frame(frame.type, frame.request_id, flags=FLAG_RESPONSE))
+
+    def commit_offset(self, responder: Responder, frame: Frame) -> None:
+        """Store a group's offsets, all or none: every entry is checked first."""
+        request = CommitOffsetRequest.FromString(frame.header)
+        check_group(request.consumer_group)
+        for entry in request.offsets:
+            self._known_topic(entry.topic)
+        for entry in request.offsets:
+            self._offsets.commit(request.consumer_group, entry.topic, entry.queue_id, entry.offset)
+        if not frame.is_one_way:
+            responder.respond(
+                encode_frame(
+                    frame.type, frame.request_id, _EMPTY_COMMIT_RESPONSE, flags=FLAG_RESPONSE
+                )
+            )
+
+    def query_offset(self, responder: Responder, frame: Frame) -> None:
+        request = QueryOffsetRequest.FromString(frame.header)
+        self._known_topic(request.topic)
+        store = self._store
+        response = QueryOffsetResponse(
+            min_offset=store.min_offset(request.topic, request.queue_id),
+            max_offset=store.max_offset(request.topic, request.queue_id),
+        )
+        if request.consumer_group:
+            committed = self._offsets.get(request.consumer_group, request.topic, request.queue_id)
+            if committed is not None:
+                response.committed_offset = committed
+        if request.HasField("timestamp_ms"):
+            response.timestamp_offset = store.offset_for_timestamp(
+                request.topic, request.queue_id, request.timestamp_ms
+            )
+        responder.respond(
+            encode_frame(
+                frame.type, frame.request_id, response.SerializeToString(), flags=FLAG_RESPONSE
+            )
+        )
+
+    def consumer_heartbeat(self, responder: Responder, frame: Frame) -> None:
+        request = ConsumerHeartbeatRequest.FromString(frame.header)
+        if request.mode not in _MODES:
+            raise InvalidMessage(f"unknown consume mode {request.mode}")
+        members = self._groups.heartbeat(
+            request.consumer_group,
+            request.client_id,
+            computer_room=request.computer_room,
+            mode=_MODES[request.mode],
+            subscriptions=[(s.topic, s.tag_expression) for s in request.subscriptions],
+            connection_id=responder.connection_id,
+            leaving=request.leaving,
+        )
+        if frame.is_one_way:
+            return
+        response = ConsumerHeartbeatResponse(
+            members=[ConsumerMember(client_id=m.client_id, computer_room=m.computer_room)
+                     for m in members],
+            member_timeout_ms=int(self._groups.timeout_s * 1000),
+        )  # fmt: skip
+        responder.respond(
+            encode_frame(
+                frame.type, frame.request_id, response.SerializeToString(), flags=FLAG_RESPONSE
+            )
+        )
+
+    def _known_topic(self, topic: str) -> None:
+        if self._topics.get(topic) is None:
+            check_topic(topic)
+            raise UnknownTopic(f"topic {topic!r} does not exist on this broker")

@@ -1,0 +1,173 @@
+"""The broker's HTTP side, for people and scrapers: health, metrics and a small admin API.
+
+- ``GET /health`` — 200 ``{"status": "ok", ...}`` while the store takes writes, 503
+  ``{"status": "not-writable", "reason": ...}`` while it refuses them (reads go on).
+- ``GET /metrics`` — Prometheus text format.
+- ``GET /topics``, ``PUT /topics/{name}`` (JSON: read_queues, write_queues, perm,
+  ordered; creates or replaces), ``DELETE /topics/{name}``.
+- ``GET /consumers`` — live members per consumer group; ``GET /offsets`` — committed
+  consumer offsets with their lag.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from metaq.broker.consumers import ConsumerGroups
+from metaq.broker.metrics import BrokerMetrics
+from metaq.broker.offsets import ConsumerOffsets
+from metaq.broker.store import MessageStore
+from metaq.broker.topics import Permission, TopicConfig, TopicTable
+from metaq.common.errors import InvalidMessage
+
+
+@dataclass(frozen=True, slots=True)
+class HttpContext:
+    broker_name: str
+    role: str
+    store: MessageStore
+    topics: TopicTable
+    offsets: ConsumerOffsets
+    groups: ConsumerGroups
+    metrics: BrokerMetrics
+    started_monotonic: float
+    stopping: Callable[[], bool]
+
+
+class HttpServer:
+    """An aiohttp app on its own port; :meth:`start` returns the bound address."""
+
+    def __init__(self, context: HttpContext) -> None:
+        self._context = context
+        app = web.Application()
+        app.add_routes(
+            [
+                web.get("/health", self.health),
+                web.get("/metrics", self.metrics),
+                web.get("/topics", self.list_topics),
+                web.put("/topics/{name}", self.put_topic),
+                web.delete("/topics/{name}", self.delete_topic),
+                web.get("/consumers", self.consumers),
+                web.get("/offsets", self.offsets),
+            ]
+        )
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+
+    async def start(self, host: str, port: int) -> tuple[str, int]:
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port, reuse_address=True)
+        await site.start()
+        bound = self._runner.addresses[0]
+        return str(bound[0]), int(bound[1])
+
+    async def stop(self) -> None:
+        await self._runner.cleanup()
+
+    # --- handlers ---------------------------------------------------------------------
+
+    async def health(self, _request: web.Request) -> web.Response:
+        c = self._context
+        reason = c.store.guard.reason
+        if c.stopping():
+            reason = "the broker is shutting down"
+        body = {
+            "status": "ok" if reason is None else "not-writable",
+            "reason": reason,
+            "broker_name": c.broker_name,
+            "role": c.role,
+            "uptime_s": round(time.monotonic() - c.started_monotonic, 3),
+            "commitlog_write_offset": c.store.commitlog.write_offset,
+            "commitlog_durable_offset": c.store.flusher.durable,
+            "disk_used_ratio": round(c.store.guard.disk_ratio, 4),
+        }
+        return web.json_response(body, status=200 if reason is None else 503)
+
+    async def metrics(self, _request: web.Request) -> web.Response:
+        response = web.Response(body=self._context.metrics.render())
+        response.headers["Content-Type"] = CONTENT_TYPE_LATEST
+        return response
+
+    async def list_topics(self, _request: web.Request) -> web.Response:
+        topics = self._context.topics
+        return web.json_response(
+            {"version": topics.version, "topics": {t.name: t.to_json() for t in topics.all()}}
+        )
+
+    async def put_topic(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        try:
+            body = await request.json() if request.can_read_body else {}
+            if not isinstance(body, dict):
+                raise InvalidMessage("the body must be a JSON object")
+            config = _topic_from_json(name, body, self._context.topics.default_queue_count)
+        except (ValueError, InvalidMessage) as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        self._context.topics.put(config)
+        return web.json_response({name: config.to_json()})
+
+    async def delete_topic(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        if not self._context.topics.delete(name):
+            return web.json_response({"error": f"no topic {name!r}"}, status=404)
+        return web.json_response({"deleted": name})
+
+    async def consumers(self, _request: web.Request) -> web.Response:
+        groups = self._context.groups.groups()
+        return web.json_response(
+            {
+                group: [
+                    {
+                        "client_id": m.client_id,
+                        "computer_room": m.computer_room,
+                        "mode": m.mode.value,
+                        "subscriptions": [list(s) for s in m.subscriptions],
+                    }
+                    for m in members
+                ]
+                for group, members in groups.items()
+            }
+        )
+
+    async def offsets(self, _request: web.Request) -> web.Response:
+        store = self._context.store
+        rows = [
+            {
+                "group": group,
+                "topic": topic,
+                "queue_id": queue_id,
+                "offset": offset,
+                "lag": max(store.max_offset(topic, queue_id) - offset, 0),
+            }
+            for (group, topic, queue_id), offset in self._context.offsets.items()
+        ]
+        return web.json_response(rows)
+
+
+_TOPIC_KEYS = {"read_queues", "write_queues", "perm", "ordered"}
+
+
+def _topic_from_json(name: str, body: dict[str, Any], default_queues: int) -> TopicConfig:
+    unknown = set(body) - _TOPIC_KEYS
+    if unknown:
+        raise InvalidMessage(f"unknown keys {sorted(unknown)}; known: {sorted(_TOPIC_KEYS)}")
+    queues = {}
+    for key in ("read_queues", "write_queues"):
+        value = body.get(key, default_queues)
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise InvalidMessage(f"{key} must be an integer")
+        queues[key] = value
+    ordered = body.get("ordered", False)
+    if not isinstance(ordered, bool):
+        raise InvalidMessage("ordered must be true or false")
+    try:
+        perm = Permission(body.get("perm", Permission.READ_WRITE.value))
+    except ValueError:
+        known = ", ".join(p.value for p in Permission)
+        raise InvalidMessage(f"perm must be one of {known}") from None
+    return TopicConfig(name, queues["read_queues"], queues["write_queues"], perm, ordered)

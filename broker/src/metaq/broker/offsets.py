@@ -1,0 +1,129 @@
+"""Consumer offsets: what each consumer group has consumed, per topic queue.
+
+The stored offset is the **next queue offset the group will consume** — one past the
+last message it processed (RocketMQ's convention). A consumer that (re)starts pulls from
+exactly the stored offset, and lag is ``max_offset - stored``.
+
+Commits land in memory and are snapshotted to ``consumer_offsets.json`` (atomically:
+temp file, fsync, rename, directory fsync) every ``offset_snapshot_interval_ms`` and at a
+clean shutdown. A crash can lose the commits since the last snapshot; consumers then
+re-read those messages, which at-least-once delivery allows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from pathlib import Path
+from typing import Any, Final, TypeAlias
+
+from metaq.broker.files import read_json, write_json_atomically
+from metaq.broker.service import AsyncService
+from metaq.common.errors import InvalidMessage
+
+FILE_NAME: Final = "consumer_offsets.json"
+_FORMAT: Final = 1
+_GROUP: Final = re.compile(r"[A-Za-z0-9_|%.@:-]{1,255}")
+
+OffsetKey: TypeAlias = tuple[str, str, int]
+"""(consumer group, topic, queue id)."""
+
+
+def check_group(group: str) -> None:
+    if not _GROUP.fullmatch(group):
+        raise InvalidMessage(
+            f"illegal consumer group {group!r}: use 1-255 characters from letters, digits "
+            "and '_|%.@:-'"
+        )
+
+
+class ConsumerOffsets:
+    """Committed offsets by (group, topic, queue id), with dirty tracking for snapshots."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.path = data_dir / FILE_NAME
+        self._offsets: dict[OffsetKey, int] = {}
+        self._changes = 0
+        self._saved = 0
+        self._load()
+
+    def _load(self) -> None:
+        data = read_json(self.path)
+        if data is None:
+            return
+        try:
+            if data["format"] != _FORMAT:
+                raise ValueError(f"format {data['format']} is not {_FORMAT}")
+            for group, topics in data["offsets"].items():
+                for topic, queues in topics.items():
+                    for queue_id, offset in queues.items():
+                        self._offsets[(group, topic, int(queue_id))] = int(offset)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ValueError(
+                f"{self.path} is damaged: {exc!r}; move it aside to start with no committed "
+                "offsets (consumers then start from their configured position)"
+            ) from None
+
+    def commit(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        """Store ``offset`` (the next one to consume), replacing any earlier commit."""
+        key = (group, topic, queue_id)
+        if self._offsets.get(key) == offset:
+            return
+        if key not in self._offsets:
+            check_group(group)
+        if offset < 0:
+            raise InvalidMessage(f"a committed offset cannot be negative ({offset})")
+        self._offsets[key] = offset
+        self._changes += 1
+
+    def get(self, group: str, topic: str, queue_id: int) -> int | None:
+        """The next offset ``group`` will consume in the queue, or None if never committed."""
+        return self._offsets.get((group, topic, queue_id))
+
+    def items(self) -> list[tuple[OffsetKey, int]]:
+        return sorted(self._offsets.items())
+
+    def groups(self) -> list[str]:
+        return sorted({group for group, _, _ in self._offsets})
+
+    @property
+    def dirty(self) -> bool:
+        return self._changes != self._saved
+
+    def snapshot(self) -> tuple[int, dict[str, Any]]:
+        """(change count, JSON-ready copy) for :meth:`write`, taken on the owning thread."""
+        nested: dict[str, dict[str, dict[str, int]]] = {}
+        for (group, topic, queue_id), offset in self._offsets.items():
+            nested.setdefault(group, {}).setdefault(topic, {})[str(queue_id)] = offset
+        return self._changes, {"format": _FORMAT, "offsets": nested}
+
+    def write(self, snapshot: tuple[int, dict[str, Any]]) -> None:
+        """Write a snapshot atomically (may run in another thread), then mark it saved."""
+        changes, data = snapshot
+        write_json_atomically(self.path, data)
+        self._saved = max(self._saved, changes)
+
+    def save(self) -> bool:
+        """Write now if anything changed since the last write; return whether it wrote."""
+        if not self.dirty:
+            return False
+        self.write(self.snapshot())
+        return True
+
+
+class OffsetSnapshotService(AsyncService):
+    """Snapshots the offsets on an interval (the file write in a worker thread) and once
+    more when stopped."""
+
+    name = "offset-snapshot"
+
+    def __init__(self, offsets: ConsumerOffsets, interval_s: float) -> None:
+        super().__init__(interval_s)
+        self.offsets = offsets
+
+    async def run_once(self) -> None:
+        if self.offsets.dirty:
+            await asyncio.to_thread(self.offsets.write, self.offsets.snapshot())
+
+    async def on_stop(self) -> None:
+        self.offsets.save()

@@ -1,0 +1,226 @@
+"""The broker process: wires the store, the data plane, HTTP and the services, and starts
+and stops them in order.
+
+Start: topics and offsets from the data directory; bind the data port (so the real port
+is known); open the store (recovery); HTTP; background services; nameserver
+registration; only then accept data-plane connections and print the readiness line::
+
+    metaq-broker ready data=HOST:PORT http=HOST:PORT
+
+Stop (SIGTERM / SIGINT): leave the nameservers, stop accepting, refuse new sends, answer
+parked long polls, wait (bounded by ``shutdown_grace_ms``) for sends still waiting on
+their fsync, close connections after their answers are written, stop HTTP, write the
+last offset snapshot, and close the store (flush, checkpoint, remove the abort marker).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import ipaddress
+import logging
+import struct
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from metaq.broker.config import BrokerConfig
+from metaq.broker.connection import Handler
+from metaq.broker.consumers import ConsumerExpiryService, ConsumerGroups
+from metaq.broker.handlers import Handlers
+from metaq.broker.http import HttpContext, HttpServer
+from metaq.broker.metrics import BrokerMetrics, BrokerState
+from metaq.broker.offsets import ConsumerOffsets, OffsetSnapshotService
+from metaq.broker.pull import PullHandler
+from metaq.broker.send import SendHandler
+from metaq.broker.server import DataServer
+from metaq.broker.service import AsyncService
+from metaq.broker.store import MessageStore
+from metaq.broker.store.flush import AsyncDurability
+from metaq.broker.topics import TopicTable
+from metaq.common.framing import FrameType
+
+log = logging.getLogger(__name__)
+
+READY_PREFIX = "metaq-broker ready"
+
+
+class Registrar(Protocol):
+    """Keeps the broker registered with the nameservers (``metaq.broker.registration``)."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+RegistrarFactory = Callable[["Broker"], Registrar]
+
+
+def store_host(host: str, port: int) -> bytes:
+    """The 8-byte store host stamped into records: IPv4 address, port (u16 LE), reserved."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        address = None
+    packed = address.packed if isinstance(address, ipaddress.IPv4Address) else bytes(4)
+    return packed + struct.pack("<HH", port, 0)
+
+
+class Broker:
+    """One broker: everything a ``metaq-broker`` process runs, minus signals and logging."""
+
+    def __init__(
+        self, config: BrokerConfig, *, registrar_factory: RegistrarFactory | None = None
+    ) -> None:
+        self.config = config
+        self.role = "master" if config.is_master else "slave"
+        self.started_monotonic = time.monotonic()
+        self.data_address = ""
+        self.http_address = ""
+        self.metrics = BrokerMetrics()
+        self.groups = ConsumerGroups(config.consumer_heartbeat_timeout_s)
+        self.topics: TopicTable | None = None
+        self.offsets: ConsumerOffsets | None = None
+        self.store: MessageStore | None = None
+        self.registrar: Registrar | None = None
+        self._registrar_factory = registrar_factory
+        self._handlers: dict[FrameType, Handler] = {}
+        self._data: DataServer | None = None
+        self._http: HttpServer | None = None
+        self._durability: AsyncDurability | None = None
+        self._send: SendHandler | None = None
+        self._pull: PullHandler | None = None
+        self._services: list[AsyncService] = []
+        self._stopping = False
+
+    async def start(self) -> None:
+        config = self.config
+        config.data_dir.mkdir(parents=True, exist_ok=True)
+        self.topics = TopicTable(
+            config.data_dir,
+            auto_create=config.auto_create_topics,
+            default_queue_count=config.default_queue_count,
+        )
+        self.offsets = ConsumerOffsets(config.data_dir)
+        # The handler table is filled in once the store is open; nothing is served before.
+        self._data = DataServer(
+            self._handlers, config.max_frame_bytes, self.metrics, self._connection_lost
+        )
+        host, port = await self._data.bind(config.listen_host, config.data_port)
+        self.data_address = f"{host}:{port}"
+
+        store_config = dataclasses.replace(config.store, store_host=store_host(host, port))
+        self.store = MessageStore(store_config)
+        report = self.store.start()
+        log.info(
+            "store open: crashed=%s end=%d redispatched=%d (%.1f ms, %s)",
+            report.crashed,
+            report.commitlog_end,
+            report.redispatched_records,
+            report.seconds * 1000,
+            report.tail_reason,
+        )
+        loop = asyncio.get_running_loop()
+        self._durability = AsyncDurability(loop, self.store.flusher)
+        self._send = SendHandler(config, self.store, self.topics, self.metrics, self._durability)
+        self._pull = PullHandler(config, self.store, self.topics, self.offsets, self.metrics)
+        self.store.dispatcher.listeners.append(self._pull.long_polls.on_dispatch)
+        handlers = Handlers(
+            self.store, self.topics, self.offsets, self.groups, self._send, self._pull
+        )
+        self._handlers.update(handlers.table())
+        pull = self._pull
+        self.metrics.watch(
+            BrokerState(
+                self.store,
+                self.offsets,
+                self.groups,
+                lambda: pull.long_polls.parked,
+                lambda: pull.long_polls.woken,
+                self.started_monotonic,
+            )
+        )
+
+        self._http = HttpServer(
+            HttpContext(
+                config.broker_name,
+                self.role,
+                self.store,
+                self.topics,
+                self.offsets,
+                self.groups,
+                self.metrics,
+                self.started_monotonic,
+                lambda: self._stopping,
+            )
+        )
+        http_host, http_port = await self._http.start(config.listen_host, config.http_port)
+        self.http_address = f"{http_host}:{http_port}"
+
+        self._services = [
+            OffsetSnapshotService(self.offsets, config.offset_snapshot_interval_ms / 1e3),
+            ConsumerExpiryService(self.groups),
+        ]
+        for service in self._services:
+            service.start()
+
+        # --- nameserver registration ------------------------------------------------
+        # metaq.broker.registration (being written separately) plugs in here: main() passes
+        # a registrar_factory that builds it from this Broker (config, data_address,
+        # topics with .version/.listeners, groups, store.commitlog.write_offset).
+        if self._registrar_factory is not None:
+            self.registrar = self._registrar_factory(self)
+            await self.registrar.start()
+        # -----------------------------------------------------------------------------
+
+        await self._data.serve()
+        log.info("%s data=%s http=%s", READY_PREFIX, self.data_address, self.http_address)
+
+    @property
+    def ready_line(self) -> str:
+        return f"{READY_PREFIX} data={self.data_address} http={self.http_address}"
+
+    def _connection_lost(self, connection_id: int) -> None:
+        self.groups.drop_connection(connection_id)
+        if self._pull is not None:
+            self._pull.long_polls.drop_connection(connection_id)
+
+    async def stop(self) -> None:
+        """Shut down cleanly; safe after a failed or partial start, and idempotent."""
+        if self._stopping:
+            return
+        self._stopping = True
+        grace_s = self.config.shutdown_grace_ms / 1e3
+        if self.registrar is not None:
+            try:
+                await asyncio.wait_for(self.registrar.stop(), grace_s)
+            except Exception:
+                log.exception("leaving the nameservers failed; they will time this broker out")
+        if self._data is not None:
+            self._data.stop_accepting()
+        if self._send is not None:
+            self._send.draining = True
+            if self._send.inflight:
+                _, late = await asyncio.wait(list(self._send.inflight), timeout=grace_s)
+                if late:
+                    log.warning("%d sends still waiting for their fsync at shutdown", len(late))
+                    for task in late:
+                        task.cancel()
+        if self._pull is not None:
+            self._pull.draining = True
+            released = self._pull.long_polls.release_all()
+            if released:
+                log.info("answered %d parked long polls", released)
+        if self._data is not None:
+            await self._data.close_connections(grace_s)
+        if self._http is not None:
+            await self._http.stop()
+        for service in reversed(self._services):
+            await service.stop()
+        if self.store is not None:
+            if self._pull is not None:
+                self.store.dispatcher.listeners.remove(self._pull.long_polls.on_dispatch)
+            if self._durability is not None:
+                self._durability.close()
+            self.store.close()
+        log.info("metaq-broker stopped")

@@ -1,0 +1,130 @@
+"""The PULL handler: consume-queue reads answered with raw commitlog slices, or parked.
+
+A pull that finds records answers with a PullResponse header and, as payload, the
+records exactly as stored: memoryviews of the mapped commitlog handed to
+``writelines``, so no body is decoded or copied in Python. A pull that finds nothing new
+(the queue's end, or an empty queue) and asks for a long poll is parked in
+:class:`LongPolls` until the dispatcher adds entries to that queue or its time is up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Final
+
+from metaq.broker.config import BrokerConfig
+from metaq.broker.connection import Responder
+from metaq.broker.long_poll import LongPolls, PendingPull
+from metaq.broker.metrics import BrokerMetrics
+from metaq.broker.offsets import ConsumerOffsets
+from metaq.broker.store import GetResult, GetStatus, MessageStore
+from metaq.broker.topics import TopicTable
+from metaq.common.framing import FLAG_RESPONSE, Frame, FrameType, encode_frame
+from metaq.common.v1.data_pb2 import PullRequest, PullResponse
+
+DEFAULT_MAX_MESSAGES: Final = 32
+DEFAULT_MAX_BYTES: Final = 4 * 1024 * 1024
+_STATUS: Final = {s: PullResponse.Status.Value(s.name) for s in GetStatus}
+# Nothing to read yet: the states a long poll waits in.
+_WAITING: Final = frozenset({GetStatus.OFFSET_OVERFLOW_ONE, GetStatus.NO_MESSAGE_IN_QUEUE})
+
+
+class PullHandler:
+    def __init__(
+        self,
+        config: BrokerConfig,
+        store: MessageStore,
+        topics: TopicTable,
+        offsets: ConsumerOffsets,
+        metrics: BrokerMetrics,
+    ) -> None:
+        self._config = config
+        self._store = store
+        self._topics = topics
+        self._offsets = offsets
+        self._metrics = metrics
+        self._loop = asyncio.get_running_loop()
+        self.long_polls = LongPolls(self._loop, self._serve)
+        self.draining = False
+        """Set at shutdown: pulls are answered at once, never parked."""
+
+    def handle(self, responder: Responder, frame: Frame) -> None:
+        request = PullRequest.FromString(frame.header)
+        self._topics.resolve_pull(request.topic, request.queue_id)
+        if request.HasField("commit_offset") and request.consumer_group:
+            self._offsets.commit(
+                request.consumer_group, request.topic, request.queue_id, request.commit_offset
+            )
+        if frame.is_one_way:
+            return  # nobody waits for records: at most the piggybacked commit was wanted
+        timeout_ms = min(request.long_poll_timeout_ms, self._config.long_poll_max_ms)
+        pull = PendingPull(
+            responder,
+            frame.request_id,
+            request.topic,
+            request.queue_id,
+            request.offset,
+            min(request.max_messages or DEFAULT_MAX_MESSAGES, self._config.max_pull_messages),
+            min(request.max_bytes or DEFAULT_MAX_BYTES, self._config.max_pull_bytes),
+            frozenset(request.tag_codes) if request.tag_codes else None,
+            self._loop.time() + timeout_ms / 1e3,
+        )
+        self._serve(pull, timeout_ms == 0)
+
+    def _serve(self, pull: PendingPull, final: bool) -> None:
+        result = self._read(pull)
+        if final or self.draining or result.status not in _WAITING:
+            self._answer(pull, result)
+            return
+        if pull.deadline <= self._loop.time():
+            self._answer(pull, result)
+            return
+        self.long_polls.park(pull)
+        # The dispatcher may have added an entry after our read and looked for parked pulls
+        # before we parked: look at the queue's end once more now that we are visible.
+        if self._visible_end(pull) != result.max_offset and self.long_polls.unpark(pull):
+            self._answer(pull, self._read(pull))
+
+    def _visible_end(self, pull: PendingPull) -> int:
+        return self._store.max_offset(pull.topic, pull.queue_id)
+
+    def _read(self, pull: PendingPull) -> GetResult:
+        result = self._store.get(
+            pull.topic,
+            pull.queue_id,
+            pull.offset,
+            max_messages=pull.max_messages,
+            max_bytes=pull.max_bytes,
+            tag_codes=pull.tag_codes,
+        )
+        if result.status is GetStatus.OFFSET_OVERFLOW_BADLY and self._assigned(pull) >= pull.offset:
+            # Appended and acknowledged but not yet dispatched into the consume queue: the
+            # offset is right, the entry is just not visible yet. Nothing new, not an error.
+            result.status = GetStatus.OFFSET_OVERFLOW_ONE
+            result.next_offset = pull.offset
+        return result
+
+    def _assigned(self, pull: PendingPull) -> int:
+        """The next queue offset the commitlog will assign in the pull's queue."""
+        return self._store.commitlog.queue_offsets.get(pull.key, 0)
+
+    def _answer(self, pull: PendingPull, result: GetResult) -> None:
+        records = result.records
+        header = PullResponse(
+            status=_STATUS[result.status],
+            next_offset=result.next_offset,
+            min_offset=result.min_offset,
+            max_offset=result.max_offset,
+            record_count=len(records),
+        ).SerializeToString()
+        self._metrics.pulled(pull.topic, result.status.value, len(records))
+        pull.responder.respond(
+            encode_frame(
+                FrameType.PULL,
+                pull.request_id,
+                header,
+                records,
+                FLAG_RESPONSE,
+                max_frame_bytes=self._config.max_frame_bytes,
+            )
+        )

@@ -1,0 +1,170 @@
+"""The SEND handler: split a batch of producer-built records, append it, answer.
+
+The payload is records back to back; splitting reads only each record's size, queue id
+and topic (which must match the request: permissions are checked on the header's topic
+and queue). The batch is appended as one unit — every record is checked before any is
+written — so a refused send leaves nothing behind, not even an auto-created topic. Under
+SYNC flush the answer waits for the fsync that covers the batch (group commit), with the
+store's flush timeout turning into status FLUSH_DISK_TIMEOUT.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+from typing import Final
+
+from metaq.broker.config import BrokerConfig
+from metaq.broker.connection import Responder
+from metaq.broker.metrics import BrokerMetrics
+from metaq.broker.store import FlushMode, MessageStore
+from metaq.broker.store.commitlog import Appended
+from metaq.broker.store.flush import AsyncDurability
+from metaq.broker.topics import TopicConfig, TopicTable
+from metaq.common.errors import ErrorCode, InvalidMessage, MetaqError, StoreUnavailable
+from metaq.common.framing import FLAG_RESPONSE, Buffer, Frame, FrameType, encode_frame
+from metaq.common.record import HEADER_SIZE
+from metaq.common.v1.data_pb2 import SendRequest, SendResponse
+
+log = logging.getLogger(__name__)
+
+# size (offset 0), queue id (48), topic length (88): all splitting needs of a record.
+_FIELDS: Final = struct.Struct("<I44xi36xH")
+_MSG_ID_AT: Final = 64
+_KNOWN_FLAGS: Final = SendRequest.FLAG_NO_WAIT_STORE
+
+
+class NotMaster(MetaqError):
+    """Writes go to the group's master; this broker is a slave."""
+
+    code = ErrorCode.NOT_MASTER
+    retriable = True
+
+
+def split_records(
+    payload: memoryview, topic: bytes, queue_id: int, expected: int
+) -> list[memoryview]:
+    """Cut a SEND payload into record views; raise InvalidMessage on any disagreement."""
+    records: list[memoryview] = []
+    n = len(payload)
+    pos = 0
+    unpack = _FIELDS.unpack_from
+    topic_len = len(topic)
+    while pos < n:
+        if n - pos < HEADER_SIZE:
+            raise InvalidMessage(
+                f"record {len(records)} of the batch is cut short: {n - pos} bytes left, "
+                f"a record header alone is {HEADER_SIZE}"
+            )
+        size, record_queue, record_topic_len = unpack(payload, pos)
+        if size < HEADER_SIZE or size > n - pos:
+            raise InvalidMessage(
+                f"record {len(records)} of the batch claims {size} bytes but {n - pos} remain"
+            )
+        if record_queue != queue_id:
+            raise InvalidMessage(
+                f"record {len(records)} is for queue {record_queue}, the request for "
+                f"queue {queue_id}; a batch goes to one queue"
+            )
+        start = pos + HEADER_SIZE
+        if record_topic_len != topic_len or payload[start : start + topic_len] != topic:
+            raise InvalidMessage(
+                f"record {len(records)} names another topic than the request's "
+                f"{topic.decode(errors='replace')!r}; a batch goes to one topic"
+            )
+        records.append(payload[pos : pos + size])
+        pos += size
+    if len(records) != expected:
+        raise InvalidMessage(
+            f"the payload holds {len(records)} records but record_count says {expected}"
+        )
+    if not records:
+        raise InvalidMessage("a SEND needs at least one record")
+    return records
+
+
+class SendHandler:
+    def __init__(
+        self,
+        config: BrokerConfig,
+        store: MessageStore,
+        topics: TopicTable,
+        metrics: BrokerMetrics,
+        durability: AsyncDurability,
+    ) -> None:
+        self._config = config
+        self._store = store
+        self._topics = topics
+        self._metrics = metrics
+        self._durability = durability
+        self._sync = config.store.flush_mode is FlushMode.SYNC
+        self._flush_timeout_s = config.store.flush_timeout_ms / 1e3
+        self._loop = asyncio.get_running_loop()
+        self.inflight: set[asyncio.Task[None]] = set()
+        """Sends waiting for durability; shutdown waits for them (bounded)."""
+        self.draining = False
+
+    def handle(self, responder: Responder, frame: Frame) -> None:
+        if not self._config.is_master:
+            raise NotMaster(
+                f"broker {self._config.broker_name} (id {self._config.broker_id}) is a slave; "
+                "send to the master of its group"
+            )
+        if self.draining:
+            raise StoreUnavailable("the broker is shutting down; send to another broker")
+        request = SendRequest.FromString(frame.header)
+        if request.flags & ~_KNOWN_FLAGS:
+            raise InvalidMessage(f"unknown SendRequest flags {request.flags:#x}")
+        topic = self._topics.resolve_send(request.topic, request.queue_id)
+        records = split_records(
+            frame.payload, request.topic.encode(), request.queue_id, request.record_count
+        )
+        appended = self._store.append(records)
+        if self._topics.get(topic.name) is None:
+            self._create_topic(topic)
+        self._metrics.appended(topic.name, len(records), frame.payload.nbytes)
+        if frame.is_one_way:
+            return
+        msg_ids = [bytes(r[_MSG_ID_AT : _MSG_ID_AT + 16]) for r in records]
+        if self._sync and not request.flags & SendRequest.FLAG_NO_WAIT_STORE:
+            task = self._loop.create_task(
+                self._answer_when_durable(responder, frame.request_id, appended, msg_ids)
+            )
+            self.inflight.add(task)
+            task.add_done_callback(self.inflight.discard)
+        else:
+            responder.respond(_response(frame.request_id, SendResponse.OK, appended, msg_ids))
+
+    def _create_topic(self, topic: TopicConfig) -> None:
+        try:
+            self._topics.put(topic)
+        except OSError:
+            # The messages are stored; failing the send now would only make the producer
+            # store them twice. The next send retries the creation.
+            log.exception("auto-creating topic %s failed", topic.name)
+
+    async def _answer_when_durable(
+        self, responder: Responder, request_id: int, appended: Appended, msg_ids: list[bytes]
+    ) -> None:
+        durable = await self._durability.wait(appended.end, self._flush_timeout_s)
+        status = SendResponse.OK if durable else SendResponse.FLUSH_DISK_TIMEOUT
+        if not durable:
+            self._metrics.flush_timeouts.inc()
+        responder.respond(_response(request_id, status, appended, msg_ids))
+
+
+def _response(
+    request_id: int,
+    status: SendResponse.Status.ValueType,
+    appended: Appended,
+    msg_ids: list[bytes],
+) -> list[Buffer]:
+    header = SendResponse(
+        status=status,
+        queue_offsets=appended.queue_offsets,
+        commitlog_offsets=appended.commitlog_offsets,
+        msg_ids=msg_ids,
+        store_timestamp_ms=appended.store_timestamp_ms,
+    ).SerializeToString()
+    return encode_frame(FrameType.SEND, request_id, header, b"", FLAG_RESPONSE)

@@ -1,0 +1,68 @@
+"""The event-loop service base: one named asyncio task with start, stop and wakeup."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from abc import ABC, abstractmethod
+
+log = logging.getLogger(__name__)
+
+
+class AsyncService(ABC):
+    """Runs :meth:`run_once` every ``interval_s`` or sooner on :meth:`wakeup`, until stopped.
+
+    A round that raises is logged and counted in ``failures`` and the service carries on
+    with the next round: the periodic work here (snapshots, expiry) is worth retrying, and
+    a dead task would hide the problem until shutdown. :meth:`stop` ends the task, then
+    runs :meth:`on_stop` for final work (a last snapshot).
+    """
+
+    name = "service"
+
+    def __init__(self, interval_s: float) -> None:
+        self.interval_s = interval_s
+        self.failures = 0
+        self.last_error: BaseException | None = None
+        self._wake = asyncio.Event()
+        self._stopping = False
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self._task is not None:
+            raise RuntimeError(f"service {self.name} already started")
+        self._task = asyncio.get_running_loop().create_task(self._loop(), name=self.name)
+
+    def wakeup(self) -> None:
+        self._wake.set()
+
+    async def stop(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        if self._task is not None:
+            await self._task
+            self._task = None
+        await self.on_stop()
+
+    async def _loop(self) -> None:
+        while not self._stopping:
+            try:
+                async with asyncio.timeout(self.interval_s):
+                    await self._wake.wait()
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            if self._stopping:
+                break
+            try:
+                await self.run_once()
+            except Exception as exc:
+                self.failures += 1
+                self.last_error = exc
+                log.exception("service %s: round failed (will retry)", self.name)
+
+    @abstractmethod
+    async def run_once(self) -> None: ...
+
+    async def on_stop(self) -> None:  # noqa: B027 - optional hook
+        """Final work after the task ended; the default does nothing."""

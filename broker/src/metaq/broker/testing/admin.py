@@ -1,0 +1,47 @@
+"""HTTP helpers for tests: the broker's admin API, health and metrics through aiohttp."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+
+async def http_json(method: str, url: str, body: Any = None) -> tuple[int, Any]:
+    """(status, parsed JSON body) of one request; the session is closed before returning."""
+    async with (
+        aiohttp.ClientSession() as session,
+        session.request(method, url, json=body) as response,
+    ):
+        return response.status, await response.json()
+
+
+async def put_topic(
+    http_url: str,
+    name: str,
+    *,
+    read_queues: int = 4,
+    write_queues: int = 4,
+    perm: str = "read-write",
+) -> None:
+    status, body = await http_json(
+        "PUT",
+        f"{http_url}/topics/{name}",
+        {"read_queues": read_queues, "write_queues": write_queues, "perm": perm},
+    )
+    if status != 200:
+        raise AssertionError(f"creating topic {name} failed: {status} {body}")
+
+
+async def scrape(http_url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of /metrics as {(name, sorted labels): value}."""
+    async with aiohttp.ClientSession() as session, session.get(f"{http_url}/metrics") as response:
+        if response.status != 200:
+            raise AssertionError(f"/metrics answered {response.status}")
+        text = await response.text()
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return samples

@@ -1,0 +1,191 @@
+"""A real ``metaq-broker`` process for tests: ephemeral ports, readiness from its output,
+teardown that always happens.
+
+    with BrokerProcess.start(tmp_path / "broker") as broker:
+        ... broker.data_port, broker.http_url ...
+
+``start`` waits for the readiness line (``metaq-broker ready data=H:P http=H:P``) with a
+deadline and fails with the process's output if it does not come. Leaving the ``with``
+block kills a broker still running; :meth:`terminate` is the clean stop (SIGTERM).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Coroutine, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Final, TypeVar
+
+T = TypeVar("T")
+
+_READY: Final = re.compile(r"metaq-broker ready data=(\S+):(\d+) http=(\S+):(\d+)")
+# Small files everywhere: start-up stays fast and nothing preallocates a gigabyte.
+SMALL_STORE: Final = (
+    "store.commitlog_segment_bytes=4194304",
+    "store.max_message_bytes=262144",
+    "store.consume_queue_segment_entries=4096",
+    "store.index_slots=1024",
+    "store.index_entries=8192",
+)
+
+
+def broker_command() -> list[str]:
+    """The installed ``metaq-broker`` script beside this interpreter, else ``-m``."""
+    script = Path(sys.executable).with_name("metaq-broker")
+    if script.exists():
+        return [str(script)]
+    return [sys.executable, "-m", "metaq.broker"]
+
+
+class BrokerProcess:
+    """A started broker; ``output`` holds everything it printed (stdout and stderr)."""
+
+    def __init__(self, data_dir: Path, args: Sequence[str]) -> None:
+        self.data_dir = data_dir
+        self.args = list(args)
+        self.lines: list[str] = []
+        self._cond = threading.Condition()
+        self._eof = False
+        self.proc = subprocess.Popen(
+            [*broker_command(), "--data-dir", str(data_dir), *self.args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            bufsize=1,
+        )
+        self._reader = threading.Thread(target=self._read, name="broker-output", daemon=True)
+        self._reader.start()
+        self.data_host = self.http_host = ""
+        self.data_port = self.http_port = 0
+
+    @classmethod
+    def start(
+        cls,
+        data_dir: Path,
+        *args: str,
+        small_store: bool = True,
+        ready_timeout_s: float = 30.0,
+    ) -> BrokerProcess:
+        argv = ["--listen-host", "127.0.0.1", "--data-port", "0", "--http-port", "0"]
+        if small_store:
+            for setting in SMALL_STORE:
+                argv += ["--set", setting]
+        broker = cls(data_dir, [*argv, *args])
+        try:
+            broker.wait_ready(ready_timeout_s)
+        except BaseException:
+            broker.kill()
+            raise
+        return broker
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            with self._cond:
+                self.lines.append(line.rstrip("\n"))
+                self._cond.notify_all()
+        with self._cond:
+            self._eof = True
+            self._cond.notify_all()
+
+    @property
+    def output(self) -> str:
+        with self._cond:
+            return "\n".join(self.lines)
+
+    def wait_for_line(self, pattern: str | re.Pattern[str], timeout_s: float) -> re.Match[str]:
+        """The first output line matching ``pattern``; AssertionError at the deadline."""
+        regex = re.compile(pattern)
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            seen = 0
+            while True:
+                for line in self.lines[seen:]:
+                    match = regex.search(line)
+                    if match:
+                        return match
+                seen = len(self.lines)
+                remaining = deadline - time.monotonic()
+                if self._eof or remaining <= 0:
+                    why = "the broker exited" if self._eof else f"{timeout_s} s passed"
+                    raise AssertionError(
+                        f"no line matching {regex.pattern!r} ({why}); output:\n"
+                        + "\n".join(self.lines)
+                    )
+                self._cond.wait(remaining)
+
+    def wait_ready(self, timeout_s: float) -> None:
+        match = self.wait_for_line(_READY, timeout_s)
+        self.data_host, self.data_port = match.group(1), int(match.group(2))
+        self.http_host, self.http_port = match.group(3), int(match.group(4))
+
+    @property
+    def http_url(self) -> str:
+        return f"http://{self.http_host}:{self.http_port}"
+
+    @property
+    def abort_marker(self) -> Path:
+        return self.data_dir / "abort"
+
+    def terminate(self, timeout_s: float = 30.0) -> int:
+        """SIGTERM and wait; the exit code."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.wait(timeout_s)
+
+    def kill(self) -> int:
+        """SIGKILL (as a crash would) and wait; the exit code."""
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+        return self.wait(30.0)
+
+    def wait(self, timeout_s: float) -> int:
+        code = self.proc.wait(timeout_s)
+        self._reader.join(timeout_s)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        return code
+
+    def __enter__(self) -> BrokerProcess:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.kill()
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float, message: str) -> None:
+    """Poll ``predicate`` until it holds; AssertionError naming ``message`` at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting until {message}")
+        time.sleep(0.002)
+
+
+def run_async(coro: Coroutine[Any, Any, T], timeout_s: float = 30.0) -> T:
+    """Run ``coro`` on a fresh loop; fail if the loop saw an unhandled exception."""
+    problems: list[dict[str, Any]] = []
+
+    async def guarded() -> T:
+        asyncio.get_running_loop().set_exception_handler(lambda _loop, ctx: problems.append(ctx))
+        async with asyncio.timeout(timeout_s):
+            return await coro
+
+    result = asyncio.run(guarded())
+    if problems:
+        raise AssertionError(f"unhandled exceptions in the event loop: {problems}")
+    return result

@@ -1,0 +1,278 @@
+"""The topic table: which topics this broker serves, with queue counts and permissions.
+
+Persisted as ``topics.json`` in the data directory, rewritten atomically on every change
+(changes are rare: admin calls and the first send to an auto-created topic). ``version``
+grows with every change, so the nameserver registration can tell when to re-register.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Final
+
+from metaq.broker.files import read_json, write_json_atomically
+from metaq.broker.store.commitlog import MAX_QUEUES_PER_TOPIC
+from metaq.common.errors import ErrorCode, InvalidMessage, MetaqError
+from metaq.common.record import check_topic
+
+log = logging.getLogger(__name__)
+
+FILE_NAME: Final = "topics.json"
+_FORMAT: Final = 1
+
+
+class Permission(enum.Enum):
+    """What a topic allows on this broker."""
+
+    READ = "read"
+    WRITE = "write"
+    READ_WRITE = "read-write"
+    WRITE_WIPE = "write-wipe"
+    """Writes refused, reads allowed: the topic is being drained off this broker (for
+    maintenance); producers should go to another broker, consumers finish what is here."""
+
+    @property
+    def readable(self) -> bool:
+        return self is not Permission.WRITE
+
+    @property
+    def writable(self) -> bool:
+        return self in (Permission.WRITE, Permission.READ_WRITE)
+
+    @property
+    def bits(self) -> int:
+        """The ``metaq.v1.Permission`` bits (READ = 1, WRITE = 2) the nameserver routes by."""
+        return (1 if self.readable else 0) | (2 if self.writable else 0)
+
+
+class UnknownTopic(MetaqError):
+    """The topic does not exist on this broker (and is not auto-created)."""
+
+    code = ErrorCode.UNKNOWN_TOPIC
+
+
+class NoPermission(MetaqError):
+    """The topic exists but does not allow the operation; retriable when another broker may."""
+
+    code = ErrorCode.NO_PERMISSION
+
+    def __init__(self, message: str, *, retriable: bool) -> None:
+        super().__init__(message)
+        self.retriable = retriable
+
+
+@dataclass(frozen=True, slots=True)
+class TopicConfig:
+    name: str
+    read_queues: int
+    """Consumers read queues [0, read_queues)."""
+    write_queues: int
+    """Producers write queues [0, write_queues)."""
+    perm: Permission = Permission.READ_WRITE
+    ordered: bool = False
+
+    def __post_init__(self) -> None:
+        check_topic(self.name)
+        for key in ("read_queues", "write_queues"):
+            value = getattr(self, key)
+            if not 1 <= value <= MAX_QUEUES_PER_TOPIC:
+                raise InvalidMessage(
+                    f"topic {self.name!r}: {key} must be 1-{MAX_QUEUES_PER_TOPIC}, not {value}"
+                )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "read_queues": self.read_queues,
+            "write_queues": self.write_queues,
+            "perm": self.perm.value,
+            "ordered": self.ordered,
+        }
+
+
+class TopicTable:
+    """Topics by name; every change is on disk before the call returns."""
+
+    def __init__(
+        self, data_dir: Path, *, auto_create: bool = False, default_queue_count: int = 8
+    ) -> None:
+        self.path = data_dir / FILE_NAME
+        self.auto_create = auto_create
+        self.default_queue_count = default_queue_count
+        self.version = 0
+        self.listeners: list[Callable[[], None]] = []
+        """Called after every change (the registrar re-registers)."""
+        self._topics: dict[str, TopicConfig] = {}
+        self._load()
+
+    def _load(self) -> None:
+        data = read_json(self.path)
+        if data is None:
+            return
+        try:
+            if data["format"] != _FORMAT:
+                raise ValueError(f"format {data['format']} is not {_FORMAT}")
+            self.version = int(data["version"])
+            for name, entry in data["topics"].items():
+                self._topics[name] = TopicConfig(
+                    name=name,
+                    read_queues=int(entry["read_queues"]),
+                    write_queues=int(entry["write_queues"]),
+                    perm=Permission(entry["perm"]),
+                    ordered=bool(entry.get("ordered", False)),
+                )
+        except (KeyError, TypeError, ValueError, InvalidMessage) as exc:
+            raise ValueError(f"{self.path} is damaged: {exc!r}; restore it from a backup") from None
+
+    def _save(self) -> None:
+        self.version += 1
+        write_json_atomically(
+            self.path,
+            {
+                "format": _FORMAT,
+                "version": self.version,
+                "topics": {name: t.to_json() for name, t in sorted(self._topics.items())},
+            },
+        )
+        for listener in self.listeners:
+            listener()
+
+    # --- admin ------------------------------------------------------------------------
+
+    def get(self, name: str) -> TopicConfig | None:
+        return self._topics.get(name)
+
+    def all(self) -> list[TopicConfig]:
+        return sorted(self._topics.values(), key=lambda t: t.name)
+
+    def create(
+        self,
+        name: str,
+        *,
+        read_queues: int | None = None,
+        write_queues: int | None = None,
+        perm: Permission = Permission.READ_WRITE,
+        ordered: bool = False,
+    ) -> TopicConfig:
+        """Create a topic, or replace its settings when it exists (RocketMQ's
+        updateAndCreateTopic); queue counts default to ``default_queue_count``."""
+        config = TopicConfig(
+            name,
+            read_queues or self.default_queue_count,
+            write_queues or self.default_queue_count,
+            perm,
+            ordered,
+        )
+        return self.put(config)
+
+    def update(
+        self,
+        name: str,
+        *,
+        read_queues: int | None = None,
+        write_queues: int | None = None,
+        perm: Permission | None = None,
+        ordered: bool | None = None,
+    ) -> TopicConfig:
+        """Change some settings of an existing topic; raises UnknownTopic if there is none."""
+        current = self._require(name)
+        changes: dict[str, Any] = {
+            "read_queues": read_queues,
+            "write_queues": write_queues,
+            "perm": perm,
+            "ordered": ordered,
+        }
+        return self.put(replace(current, **{k: v for k, v in changes.items() if v is not None}))
+
+    def put(self, config: TopicConfig) -> TopicConfig:
+        if self._topics.get(config.name) != config:
+            previous = self._topics.get(config.name)
+            self._topics[config.name] = config
+            try:
+                self._save()
+            except BaseException:
+                self._restore(config.name, previous)
+                raise
+            log.info("topic %s: %s", config.name, config.to_json())
+        return config
+
+    def delete(self, name: str) -> bool:
+        """Forget a topic; its messages stay in the log until retention removes them."""
+        previous = self._topics.pop(name, None)
+        if previous is None:
+            return False
+        try:
+            self._save()
+        except BaseException:
+            self._restore(name, previous)
+            raise
+        log.info("topic %s deleted", name)
+        return True
+
+    def _restore(self, name: str, previous: TopicConfig | None) -> None:
+        self.version -= 1
+        if previous is None:
+            self._topics.pop(name, None)
+        else:
+            self._topics[name] = previous
+
+    # --- data plane -------------------------------------------------------------------
+
+    def resolve_send(self, name: str, queue_id: int) -> TopicConfig:
+        """The topic a send may go to, or the error to answer with.
+
+        An unknown topic with auto-create on yields a config not yet in the table: call
+        :meth:`put` once the messages are stored, so a refused send creates nothing.
+        """
+        config = self._topics.get(name)
+        if config is None:
+            check_topic(name)
+            if not self.auto_create:
+                raise UnknownTopic(
+                    f"topic {name!r} does not exist on this broker and auto_create_topics "
+                    "is off: create it first (admin API) or check the name"
+                )
+            config = TopicConfig(name, self.default_queue_count, self.default_queue_count)
+        if not config.perm.writable:
+            raise _refusal(config, "write")
+        if queue_id >= config.write_queues:
+            raise InvalidMessage(
+                f"queue id {queue_id} is out of range: topic {name!r} has "
+                f"{config.write_queues} write queues (0-{config.write_queues - 1}); "
+                "refresh the route"
+            )
+        return config
+
+    def resolve_pull(self, name: str, queue_id: int) -> TopicConfig:
+        config = self._require(name)
+        if not config.perm.readable:
+            raise _refusal(config, "read")
+        if queue_id >= config.read_queues:
+            raise InvalidMessage(
+                f"queue id {queue_id} is out of range: topic {name!r} has "
+                f"{config.read_queues} read queues (0-{config.read_queues - 1})"
+            )
+        return config
+
+    def _require(self, name: str) -> TopicConfig:
+        config = self._topics.get(name)
+        if config is None:
+            check_topic(name)
+            raise UnknownTopic(f"topic {name!r} does not exist on this broker")
+        return config
+
+
+def _refusal(config: TopicConfig, operation: str) -> NoPermission:
+    if config.perm is Permission.WRITE_WIPE:
+        return NoPermission(
+            f"topic {config.name!r} is write-wiped on this broker (being drained for "
+            "maintenance): send to another broker of the topic",
+            retriable=True,
+        )
+    return NoPermission(
+        f"topic {config.name!r} does not allow {operation}s (permission {config.perm.value})",
+        retriable=False,
+    )

@@ -1,0 +1,76 @@
+"""Consumer group membership: sorted members, expiry, dropped connections, leaving."""
+
+from __future__ import annotations
+
+import pytest
+
+from metaq.broker.consumers import ConsumeMode, ConsumerGroups
+from metaq.common.errors import InvalidMessage
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def ids(groups: ConsumerGroups, group: str) -> list[str]:
+    return [m.client_id for m in groups.members(group)]
+
+
+def test_members_are_sorted_by_client_id_whoever_heartbeats_first() -> None:
+    groups = ConsumerGroups(timeout_s=30)
+    groups.heartbeat("g", "c-3", connection_id=1)
+    groups.heartbeat("g", "c-1", connection_id=2, computer_room="hz", mode=ConsumeMode.CLUSTERING)
+
+    members = groups.heartbeat("g", "c-2", connection_id=3, subscriptions=[("t", "*")])
+
+    assert [m.client_id for m in members] == ["c-1", "c-2", "c-3"]
+    assert members[0].computer_room == "hz"
+    assert members[1].subscriptions == (("t", "*"),)
+
+
+def test_a_member_silent_past_the_timeout_is_dropped() -> None:
+    clock = FakeClock()
+    groups = ConsumerGroups(timeout_s=30, clock=clock)
+    groups.heartbeat("g", "quiet")
+    groups.heartbeat("g", "chatty")
+
+    clock.now += 20
+    groups.heartbeat("g", "chatty")
+    clock.now += 15
+
+    assert ids(groups, "g") == ["chatty"]
+    clock.now += 31
+    groups.expire()
+    assert groups.groups() == {}
+
+
+def test_members_leave_with_their_connection_or_when_they_say_so() -> None:
+    groups = ConsumerGroups(timeout_s=30)
+    groups.heartbeat("g", "a", connection_id=1)
+    groups.heartbeat("g", "b", connection_id=2)
+    groups.heartbeat("h", "b", connection_id=2)
+
+    assert groups.drop_connection(2) == 2
+    assert ids(groups, "g") == ["a"]
+    assert ids(groups, "h") == []
+    assert groups.heartbeat("g", "a", leaving=True) == []
+
+
+def test_a_member_that_moved_to_another_connection_stays_when_the_old_one_closes() -> None:
+    groups = ConsumerGroups(timeout_s=30)
+    groups.heartbeat("g", "a", connection_id=1)
+    groups.heartbeat("g", "a", connection_id=2)
+
+    groups.drop_connection(1)
+
+    assert ids(groups, "g") == ["a"]
+
+
+@pytest.mark.parametrize(("group", "client"), [("bad group", "c"), ("g", ""), ("g", "x" * 256)])
+def test_bad_names_are_refused(group: str, client: str) -> None:
+    with pytest.raises(InvalidMessage):
+        ConsumerGroups(timeout_s=30).heartbeat(group, client)

@@ -1,0 +1,81 @@
+"""Consumer offsets: what is stored, snapshots, reload."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from metaq.broker.offsets import ConsumerOffsets, OffsetSnapshotService
+from metaq.common.errors import InvalidMessage
+
+
+def test_the_stored_offset_is_the_next_to_consume_and_replaces_the_last(tmp_path: Path) -> None:
+    offsets = ConsumerOffsets(tmp_path)
+
+    offsets.commit("readers", "orders", 0, 10)
+    offsets.commit("readers", "orders", 0, 7)  # a reset backwards is honoured
+
+    assert offsets.get("readers", "orders", 0) == 7
+    assert offsets.get("readers", "orders", 1) is None
+    assert offsets.get("others", "orders", 0) is None
+
+
+def test_save_writes_only_when_something_changed(tmp_path: Path) -> None:
+    offsets = ConsumerOffsets(tmp_path)
+    assert not offsets.save()
+
+    offsets.commit("g", "t", 3, 42)
+    assert offsets.dirty
+    assert offsets.save()
+    assert not offsets.dirty
+    assert not offsets.save()
+
+    reloaded = ConsumerOffsets(tmp_path)
+    assert reloaded.items() == [(("g", "t", 3), 42)]
+    assert not (tmp_path / "consumer_offsets.json.tmp").exists()
+
+
+def test_a_snapshot_taken_before_more_commits_leaves_them_dirty(tmp_path: Path) -> None:
+    offsets = ConsumerOffsets(tmp_path)
+    offsets.commit("g", "t", 0, 1)
+    snapshot = offsets.snapshot()
+    offsets.commit("g", "t", 0, 2)
+
+    offsets.write(snapshot)
+
+    assert offsets.dirty
+    assert ConsumerOffsets(tmp_path).get("g", "t", 0) == 1
+
+
+def test_the_snapshot_service_writes_on_its_interval_and_at_stop(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        offsets = ConsumerOffsets(tmp_path)
+        service = OffsetSnapshotService(offsets, interval_s=0.01)
+        service.start()
+        offsets.commit("g", "t", 0, 5)
+        deadline = asyncio.get_running_loop().time() + 5
+        while offsets.dirty:
+            assert asyncio.get_running_loop().time() < deadline, "no snapshot on the interval"
+            await asyncio.sleep(0.005)
+        assert ConsumerOffsets(tmp_path).get("g", "t", 0) == 5
+        offsets.commit("g", "t", 0, 6)
+        service.interval_s = 3600
+        await service.stop()
+        assert ConsumerOffsets(tmp_path).get("g", "t", 0) == 6
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("group", ["", "has space", "x" * 256])
+def test_illegal_group_names_are_refused(tmp_path: Path, group: str) -> None:
+    with pytest.raises(InvalidMessage, match="illegal consumer group"):
+        ConsumerOffsets(tmp_path).commit(group, "t", 0, 1)
+
+
+def test_a_damaged_file_names_itself(tmp_path: Path) -> None:
+    (tmp_path / "consumer_offsets.json").write_text('{"format": 1, "offsets": {"g": 3}}')
+
+    with pytest.raises(ValueError, match=r"consumer_offsets\.json is damaged"):
+        ConsumerOffsets(tmp_path)

@@ -1,0 +1,40 @@
+"""Splitting a SEND payload into records: sizes, topic and queue checked, nothing decoded."""
+
+from __future__ import annotations
+
+import pytest
+
+from metaq.broker.send import split_records
+from metaq.common.errors import InvalidMessage
+from metaq.common.record import encode
+
+
+def payload(*records: bytes | bytearray) -> memoryview:
+    return memoryview(b"".join(records))
+
+
+def test_back_to_back_records_are_cut_as_views() -> None:
+    records = [encode("t", b"x" * n, queue_id=2) for n in (0, 1, 500)]
+
+    views = split_records(payload(*records), b"t", 2, 3)
+
+    assert [bytes(v) for v in views] == [bytes(r) for r in records]
+    assert all(isinstance(v, memoryview) for v in views)
+
+
+@pytest.mark.parametrize(
+    ("data", "count", "words"),
+    [
+        (payload(), 0, "at least one record"),
+        (payload(encode("t", b"x")), 2, "record_count says 2"),
+        (payload(encode("t", b"x"))[:50], 1, "cut short"),
+        (payload(encode("t", b"x" * 40))[:-1], 1, "claims"),
+        (payload(encode("t", b"x", queue_id=1)), 1, "a batch goes to one queue"),
+        (payload(encode("u", b"x")), 1, "a batch goes to one topic"),
+        (payload(encode("tt", b"x")), 1, "a batch goes to one topic"),
+        (payload(bytes(200)), 1, "claims 0 bytes"),
+    ],
+)
+def test_disagreements_are_invalid_messages(data: memoryview, count: int, words: str) -> None:
+    with pytest.raises(InvalidMessage, match=words):
+        split_records(data, b"t", 0, count)
