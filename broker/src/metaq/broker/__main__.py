@@ -8,6 +8,7 @@ import signal
 import sys
 from collections.abc import Callable, Sequence
 
+from metaq.broker.announce import nameserver_registrar
 from metaq.broker.config import BrokerConfig, ConfigError, load_config
 from metaq.broker.process import Broker
 from metaq.common.errors import MetaqError
@@ -29,7 +30,7 @@ async def run(config: BrokerConfig) -> int:
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    broker = Broker(config)
+    broker = Broker(config, registrar_factory=nameserver_registrar if config.nameservers else None)
     try:
         await broker.start()
     except (OSError, MetaqError, ValueError) as exc:

@@ -164,14 +164,11 @@ class Broker:
         for service in self._services:
             service.start()
 
-        # --- nameserver registration ------------------------------------------------
-        # metaq.broker.registration (being written separately) plugs in here: main() passes
-        # a registrar_factory that builds it from this Broker (config, data_address,
-        # topics with .version/.listeners, groups, store.commitlog.write_offset).
+        # Registered before accepting: the listening socket is bound, so a client routed
+        # here early waits in the backlog rather than being refused.
         if self._registrar_factory is not None:
             self.registrar = self._registrar_factory(self)
             await self.registrar.start()
-        # -----------------------------------------------------------------------------
 
         await self._data.serve()
         log.info("%s data=%s http=%s", READY_PREFIX, self.data_address, self.http_address)

@@ -1,0 +1,71 @@
+"""What a running broker tells the nameservers about itself, and the registrar that does it."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from metaq.broker.registration import (
+    BrokerDescription,
+    NameServerRegistrar,
+    Permission,
+    Role,
+    TopicDescription,
+)
+
+if TYPE_CHECKING:
+    from metaq.broker.process import Broker
+    from metaq.broker.topics import TopicTable
+
+
+class _TopicSnapshot:
+    """The topic table as nameservers see it, rebuilt only when the table's version moves.
+
+    The registrar describes the broker on every heartbeat and sends the topics again only
+    when they differ from the last ones acknowledged, so the same table must give the
+    same tuple.
+    """
+
+    def __init__(self, topics: TopicTable) -> None:
+        self._topics = topics
+        self._version = -1
+        self._snapshot: tuple[TopicDescription, ...] = ()
+
+    def get(self) -> tuple[TopicDescription, ...]:
+        if self._version != self._topics.version:
+            self._version = self._topics.version
+            self._snapshot = tuple(
+                TopicDescription(
+                    name=topic.name,
+                    read_queues=topic.read_queues,
+                    write_queues=topic.write_queues,
+                    permission=Permission.of_topic(topic.perm),
+                    ordered=topic.ordered,
+                )
+                for topic in sorted(self._topics.all(), key=lambda t: t.name)
+            )
+        return self._snapshot
+
+
+def nameserver_registrar(broker: Broker) -> NameServerRegistrar:
+    """A registrar for ``broker`` that re-announces at once whenever a topic changes."""
+    config = broker.config
+    assert broker.topics is not None and broker.store is not None
+    topics = _TopicSnapshot(broker.topics)
+    store = broker.store
+
+    def describe() -> BrokerDescription:
+        return BrokerDescription(
+            cluster=config.cluster_name,
+            broker_name=config.broker_name,
+            broker_id=config.broker_id,
+            role=Role.MASTER if config.is_master else Role.SLAVE,
+            data_address=broker.data_address,
+            http_address=broker.http_address,
+            computer_room=config.computer_room,
+            commitlog_max_offset=store.commitlog.write_offset,
+            topics=topics.get(),
+        )
+
+    registrar = NameServerRegistrar(list(config.nameservers), describe)
+    broker.topics.listeners.append(registrar.refresh)
+    return registrar

@@ -1,0 +1,96 @@
+"""A real broker announces itself and its topics to real nameservers, and leaves them."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from metaq.broker.testing import BrokerProcess, run_async
+from metaq.broker.testing.admin import put_topic
+from metaq.common.v1 import control_pb2 as pb
+from metaq.common.v1.control_pb2_grpc import NameServerStub
+from metaq.nameserver.testing import NameServerProcess, start_nameserver
+
+
+@pytest.fixture
+def nameserver(tmp_path: Path) -> Iterator[NameServerProcess]:
+    server = start_nameserver(tmp_path / "ns", "--broker-expiry-s", "30")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _route(address: str, topic: str) -> pb.TopicRoute | None:
+    with grpc.insecure_channel(address) as channel:
+        try:
+            reply = NameServerStub(channel).GetRoute(pb.GetRouteRequest(topic=topic), timeout=5)
+        except grpc.RpcError as exc:
+            if exc.code() is grpc.StatusCode.NOT_FOUND:
+                return None
+            raise
+        return reply.route
+
+
+def _wait_for_route(address: str, topic: str, present: bool, timeout_s: float) -> float:
+    """Poll the route until the topic is (or is no longer) routed; return seconds taken."""
+    began = time.monotonic()
+    while (_route(address, topic) is not None) != present:
+        if time.monotonic() - began > timeout_s:
+            state = "appear" if present else "disappear"
+            pytest.fail(f"route of {topic!r} did not {state} within {timeout_s} s")
+        time.sleep(0.02)  # poll interval of a deadline-bounded wait
+    return time.monotonic() - began
+
+
+def test_a_topic_created_on_a_broker_is_routed_by_the_nameserver(
+    nameserver: NameServerProcess, tmp_path: Path
+) -> None:
+    args = ("--nameserver", nameserver.grpc_address, "--broker-name", "broker-a")
+    with BrokerProcess.start(tmp_path / "broker", *args) as broker:
+        run_async(put_topic(broker.http_url, "orders", read_queues=4, write_queues=4))
+
+        _wait_for_route(nameserver.grpc_address, "orders", present=True, timeout_s=10)
+        route = _route(nameserver.grpc_address, "orders")
+
+        assert route is not None
+        assert route.SerializeToString()  # a real, non-empty answer
+        text = str(route)
+        assert "broker-a" in text and f"{broker.data_host}:{broker.data_port}" in text
+
+
+def test_a_killed_broker_leaves_the_routes_at_once(
+    nameserver: NameServerProcess, tmp_path: Path
+) -> None:
+    args = ("--nameserver", nameserver.grpc_address, "--broker-name", "broker-k")
+    broker = BrokerProcess.start(tmp_path / "broker", *args)
+    try:
+        run_async(put_topic(broker.http_url, "payments"))
+        _wait_for_route(nameserver.grpc_address, "payments", present=True, timeout_s=10)
+
+        broker.kill()
+
+        # Expiry is 30 s; the dropped session must take it out long before that.
+        assert _wait_for_route(nameserver.grpc_address, "payments", False, timeout_s=5) < 5
+    finally:
+        broker.kill()
+
+
+def test_a_broker_that_stops_cleanly_unregisters(
+    nameserver: NameServerProcess, tmp_path: Path
+) -> None:
+    args = ("--nameserver", nameserver.grpc_address, "--broker-name", "broker-s")
+    broker = BrokerProcess.start(tmp_path / "broker", *args)
+    try:
+        run_async(put_topic(broker.http_url, "audit"))
+        _wait_for_route(nameserver.grpc_address, "audit", present=True, timeout_s=10)
+
+        assert broker.terminate() == 0
+
+        _wait_for_route(nameserver.grpc_address, "audit", present=False, timeout_s=5)
+    finally:
+        broker.kill()
