@@ -18,7 +18,7 @@ STAMP := .venv/.setup-stamp
 
 PYTEST_ARGS ?=
 
-.PHONY: setup test lint generate check-generated run bench-store bench-framing clean
+.PHONY: setup test lint generate check-generated run store-demo bench-store bench-framing clean
 
 setup: $(STAMP)
 
@@ -47,7 +47,12 @@ generate: setup
 check-generated: setup
 	$(UV) run --frozen python common/scripts/generate.py --check
 
+# The main job: a local cluster (one nameserver, two brokers) in the foreground.
 run: setup
+	$(UV) run --frozen python scripts/local_cluster.py
+
+# The storage engine on its own: append, read back, restart cleanly and after a crash.
+store-demo: setup
 	$(UV) run --frozen python -m metaq.broker.store.demo
 
 bench-store: setup

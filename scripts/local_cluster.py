@@ -1,0 +1,152 @@
+"""``make run``: a local cluster in the foreground — one nameserver and two brokers.
+
+Each process is a real ``metaq-nameserver`` / ``metaq-broker`` on fixed ports with its data
+under ``run-data/cluster/``; their logs are interleaved here with a name in front. Ctrl-C
+(or SIGTERM) stops the brokers first, then the nameserver, each with SIGTERM so they flush
+and leave cleanly; a process that does not stop within the grace period is killed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+NAMESERVER_PORT: Final = 9876
+GRACE_S: Final = 30.0
+READY_TIMEOUT_S: Final = 60.0
+BANNER: Final = """
+local cluster up: nameserver 127.0.0.1:9876; brokers broker-a (data 10911, HTTP 10912)
+and broker-b (data 11011, HTTP 11012).
+  health:   curl 127.0.0.1:10912/health
+  metrics:  curl 127.0.0.1:10912/metrics
+Ctrl-C stops it; data stays in {data_dir}
+"""
+
+
+@dataclass
+class Node:
+    name: str
+    argv: list[str]
+    process: subprocess.Popen[str] | None = None
+    ready: threading.Event = field(default_factory=threading.Event)
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            self.argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            bufsize=1,
+            # Own process group: a Ctrl-C in the terminal reaches only this launcher,
+            # which then stops the nodes in order.
+            start_new_session=True,
+        )
+        threading.Thread(target=self._relay, name=f"{self.name}-log", daemon=True).start()
+
+    def _relay(self) -> None:
+        assert self.process is not None and self.process.stdout is not None
+        for line in self.process.stdout:
+            if " ready " in line and line.startswith("metaq-"):
+                self.ready.set()
+            sys.stdout.write(f"[{self.name:<10}] {line}")
+            sys.stdout.flush()
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self) -> int | None:
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(GRACE_S)
+            except subprocess.TimeoutExpired:
+                print(f"[{self.name:<10}] did not stop within {GRACE_S:.0f} s; killing it")
+                self.process.kill()
+        return self.process.wait()
+
+
+def _tool(name: str) -> str:
+    """The console script beside this interpreter (the project's venv), else on PATH."""
+    beside = Path(sys.executable).parent / name
+    found = str(beside) if beside.exists() else shutil.which(name)
+    if found is None:
+        sys.exit(f"{name} not found: run `make setup` first")
+    return found
+
+
+def _nodes(data_root: Path, flush: str) -> list[Node]:
+    nameserver = f"127.0.0.1:{NAMESERVER_PORT}"
+    nodes = [Node("nameserver", [_tool("metaq-nameserver"), "--grpc-port", str(NAMESERVER_PORT)])]
+    for index, (name, room) in enumerate((("broker-a", "room-1"), ("broker-b", "room-2"))):
+        data_port = 10911 + 100 * index
+        flags = {
+            "--broker-name": name,
+            "--computer-room": room,
+            "--data-dir": str(data_root / name),
+            "--listen-host": "127.0.0.1",
+            "--data-port": str(data_port),
+            "--http-port": str(data_port + 1),
+            "--nameserver": nameserver,
+            "--flush-mode": flush,
+            # 256 MiB segments keep the disk a playground reserves small.
+            "--set": "store.commitlog_segment_bytes=268435456",
+        }
+        argv = [_tool("metaq-broker"), *(part for pair in flags.items() for part in pair)]
+        # A playground: the first send to a new topic creates it.
+        nodes.append(Node(name, [*argv, "--auto-create-topics"]))
+    return nodes
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--data-dir", type=Path, default=Path("run-data/cluster"))
+    parser.add_argument("--flush", choices=("async", "sync"), default="async")
+    args = parser.parse_args()
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+
+    nodes = _nodes(args.data_dir, args.flush)
+    started: list[Node] = []
+    code = 0
+    try:
+        for node in nodes:
+            node.start()
+            started.append(node)
+            deadline = time.monotonic() + READY_TIMEOUT_S
+            while not node.ready.wait(0.1):
+                if stop.is_set() or not node.alive() or time.monotonic() > deadline:
+                    raise RuntimeError(f"{node.name} did not become ready")
+        print(BANNER.format(data_dir=args.data_dir), flush=True)
+        while not stop.is_set():
+            dead = [n.name for n in started if not n.alive()]
+            if dead:
+                raise RuntimeError(f"{', '.join(dead)} exited unexpectedly")
+            stop.wait(0.5)
+    except RuntimeError as exc:
+        print(f"local cluster: {exc}", file=sys.stderr)
+        code = 1
+    finally:
+        for node in reversed(started):
+            status = node.stop()
+            if status not in (0, None, -signal.SIGTERM) and code == 0:
+                code = 1
+            print(f"[{node.name:<10}] stopped (exit {status})", flush=True)
+    return code
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())
