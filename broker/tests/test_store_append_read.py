@@ -376,3 +376,19 @@ def test_every_segment_stays_findable_at_every_step_of_a_rollover(open_store: Op
     assert [s.start for s in queue.segments.segments] == sorted(
         s.start for s in queue.segments.segments
     )
+
+
+def test_an_offset_appended_but_not_yet_dispatched_reads_as_nothing_new_not_as_wrong(
+    open_store: OpenStore,
+) -> None:
+    store = open_store()
+    store.dispatch_service.stop()  # entries stay invisible until dispatched by hand
+    store.append([encode("T", b"first", queue_id=0), encode("T", b"second", queue_id=0)])
+
+    pending = store.get("T", 0, 1)
+    beyond = store.get("T", 0, 3)
+
+    assert (pending.status, pending.next_offset) == (GetStatus.OFFSET_OVERFLOW_ONE, 1)
+    assert beyond.status is GetStatus.OFFSET_OVERFLOW_BADLY
+    store.dispatcher.catch_up()
+    assert store.get("T", 0, 1).status is GetStatus.FOUND

@@ -89,7 +89,7 @@ class PullHandler:
         return self._store.max_offset(pull.topic, pull.queue_id)
 
     def _read(self, pull: PendingPull) -> GetResult:
-        result = self._store.get(
+        return self._store.get(
             pull.topic,
             pull.queue_id,
             pull.offset,
@@ -97,16 +97,6 @@ class PullHandler:
             max_bytes=pull.max_bytes,
             tag_codes=pull.tag_codes,
         )
-        if result.status is GetStatus.OFFSET_OVERFLOW_BADLY and self._assigned(pull) >= pull.offset:
-            # Appended and acknowledged but not yet dispatched into the consume queue: the
-            # offset is right, the entry is just not visible yet. Nothing new, not an error.
-            result.status = GetStatus.OFFSET_OVERFLOW_ONE
-            result.next_offset = pull.offset
-        return result
-
-    def _assigned(self, pull: PendingPull) -> int:
-        """The next queue offset the commitlog will assign in the pull's queue."""
-        return self._store.commitlog.queue_offsets.get(pull.key, 0)
 
     def _answer(self, pull: PendingPull, result: GetResult) -> None:
         records = result.records

@@ -23,7 +23,7 @@ from metaq.broker.store.consume_queue import QueueTable
 from metaq.broker.store.dispatch import Dispatcher, DispatchService
 from metaq.broker.store.flush import CommitLogFlusher
 from metaq.broker.store.index import MessageIndex, key_for_id, key_for_topic_key
-from metaq.broker.store.reads import GetResult, read_batch
+from metaq.broker.store.reads import GetResult, GetStatus, read_batch
 from metaq.broker.store.recovery import RecoveryReport, recover
 from metaq.broker.store.retention import CleanService, DiskUsage, Retention, WriteGuard
 from metaq.broker.store.segment import Disk, RealDisk
@@ -265,8 +265,18 @@ class MessageStore:
         max_bytes: int = 4 * 1024 * 1024,
         tag_codes: Collection[int] | None = None,
     ) -> GetResult:
-        queue = self.queues.get(topic.encode(), queue_id)
-        return read_batch(self.commitlog, queue, offset, max_messages, max_bytes, tag_codes)
+        key = (topic.encode(), queue_id)
+        queue = self.queues.get(*key)
+        result = read_batch(self.commitlog, queue, offset, max_messages, max_bytes, tag_codes)
+        if (
+            result.status is GetStatus.OFFSET_OVERFLOW_BADLY
+            and offset <= self.commitlog.queue_offsets.get(key, 0)
+        ):
+            # Appended (and maybe acknowledged) but not dispatched yet: the offset is right,
+            # its entry is just not visible. Nothing new yet, not a wrong offset.
+            result.status = GetStatus.OFFSET_OVERFLOW_ONE
+            result.next_offset = offset
+        return result
 
     def min_offset(self, topic: str, queue_id: int) -> int:
         queue = self.queues.get(topic.encode(), queue_id)
