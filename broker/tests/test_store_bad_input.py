@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import struct
 from collections.abc import Callable
+from typing import NoReturn
 
 import pytest
 
@@ -191,3 +193,29 @@ def test_append_to_a_closed_store_is_refused_as_retriable(open_store: OpenStore)
     with pytest.raises(StoreUnavailable, match="not open") as info:
         store.put("orders", b"x")
     assert info.value.retriable
+
+
+def test_a_batch_that_cannot_get_a_new_segment_is_refused_whole_and_takes_no_offsets(
+    open_store: Callable[..., MessageStore],
+) -> None:
+    store = open_store(commitlog_segment_bytes=64 * 1024, max_message_bytes=8 * 1024)
+    body = b"x" * 6000
+    while store.commitlog.write_offset % (64 * 1024) < 64 * 1024 - 7000:
+        store.append([encode("T", body, queue_id=1)])
+    end_before = store.commitlog.write_offset
+    offsets_before = dict(store.commitlog.queue_offsets)
+    segments = store.commitlog.segments
+
+    def no_space(start: int) -> NoReturn:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    real_open, segments._open = segments._open, no_space  # type: ignore[method-assign]
+    segments._next = None  # no file prepared in the background either
+    with pytest.raises(StoreUnavailable, match="No space left"):
+        store.append([encode("T", body, queue_id=1), encode("T", body, queue_id=2)])
+
+    assert store.commitlog.write_offset == end_before
+    assert store.commitlog.queue_offsets == offsets_before
+    segments._open = real_open  # type: ignore[method-assign]
+    appended = store.append([encode("T", body, queue_id=1)])
+    assert appended.queue_offsets == [offsets_before[(b"T", 1)]]

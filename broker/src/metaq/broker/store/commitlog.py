@@ -150,7 +150,11 @@ class CommitLog:
                 if pos + size > segment.size:
                     self._seal_segment(segment, pos)
                     offset = segment.end
-                    segment = self.segments.segment_for_write(offset)
+                    try:
+                        segment = self.segments.segment_for_write(offset)
+                    except OSError:
+                        self._give_back(checked, q_offsets)
+                        raise
                     view = segment.view
                     pos = 0
                 key = (topic, queue_id)
@@ -167,6 +171,12 @@ class CommitLog:
             segment.written = pos
             self.write_offset = offset
         return Appended(start, offset, cl_offsets, q_offsets, now_ms)
+
+    def _give_back(self, checked: list[tuple[bytes, int, int]], taken: list[int]) -> None:
+        """Undo the queue offsets a failed batch took; the log's end never moved."""
+        placed = zip(checked[: len(taken)], taken, strict=True)
+        for (topic, queue_id, _), queue_offset in reversed(list(placed)):
+            self.queue_offsets[(topic, queue_id)] = queue_offset
 
     def _seal_segment(self, segment: Segment, pos: int) -> None:
         """Mark the rest of a full segment blank so readers skip to the next one."""

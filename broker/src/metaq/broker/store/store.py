@@ -204,7 +204,11 @@ class MessageStore:
             raise StoreUnavailable("store is not open (starting or shutting down); retry")
         if self.dispatcher.backlog_bytes > self.config.dispatch_backlog_bytes:
             self._wait_for_dispatch()
-        appended = self.commitlog.append(records)
+        try:
+            appended = self.commitlog.append(records)
+        except OSError as exc:
+            self.guard.record_io_error(exc)
+            raise StoreUnavailable(f"writing the commitlog failed: {exc}; retry") from exc
         self.dispatch_service.wakeup()
         if self.config.flush_mode is FlushMode.SYNC:
             self.flusher.request()
