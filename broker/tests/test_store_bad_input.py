@@ -200,8 +200,15 @@ def test_a_batch_that_cannot_get_a_new_segment_is_refused_whole_and_takes_no_off
 ) -> None:
     store = open_store(commitlog_segment_bytes=64 * 1024, max_message_bytes=8 * 1024)
     body = b"x" * 6000
-    while store.commitlog.write_offset % (64 * 1024) < 64 * 1024 - 7000:
+
+    def room() -> int:
+        return 64 * 1024 - store.commitlog.write_offset % (64 * 1024)
+
+    while room() > 10_000:
         store.append([encode("T", body, queue_id=1)])
+    # Leave exactly 3,000 bytes: the batch's small first record fits, its second does not.
+    store.append([encode("T", b"f" * (room() - 3000 - HEADER_SIZE - 1), queue_id=3)])
+    assert room() == 3000
     end_before = store.commitlog.write_offset
     offsets_before = dict(store.commitlog.queue_offsets)
     segments = store.commitlog.segments
@@ -212,7 +219,7 @@ def test_a_batch_that_cannot_get_a_new_segment_is_refused_whole_and_takes_no_off
     real_open, segments._open = segments._open, no_space  # type: ignore[method-assign]
     segments._next = None  # no file prepared in the background either
     with pytest.raises(StoreUnavailable, match="No space left"):
-        store.append([encode("T", body, queue_id=1), encode("T", body, queue_id=2)])
+        store.append([encode("T", b"small", queue_id=1), encode("T", body, queue_id=2)])
 
     assert store.commitlog.write_offset == end_before
     assert store.commitlog.queue_offsets == offsets_before
