@@ -30,9 +30,10 @@ from metaq.broker.registration import (
     Role,
     TopicDescription,
 )
+from metaq.common.testing import wait_until_async
 from metaq.common.v1 import control_pb2 as pb
 from metaq.common.v1 import control_pb2_grpc
-from metaq.nameserver.testing import NameServerProcess, start_nameserver, wait_until_async
+from metaq.nameserver.testing import NameServerProcess, start_nameserver
 
 if TYPE_CHECKING:
     from metaq.common.v1.control_pb2_grpc import NameServerAsyncStub
@@ -109,7 +110,14 @@ async def wait_for_route(address: str, topic: str, present: bool, timeout_s: flo
     async with client(address) as stub:
 
         async def holds() -> bool:
-            return (await route_of(stub, topic) is not None) == present
+            try:
+                return (await route_of(stub, topic) is not None) == present
+            except grpc.aio.AioRpcError as exc:
+                # A restarted server on the same port: gRPC shares the old connection's
+                # back-off between channels, so "unavailable" means "not yet".
+                if exc.code() is grpc.StatusCode.UNAVAILABLE:
+                    return False
+                raise
 
         state = "appears" if present else "disappears"
         return await wait_until_async(holds, timeout_s, f"{topic} {state} at {address}")

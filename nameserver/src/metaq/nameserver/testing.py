@@ -9,13 +9,12 @@ free ports, wait for the readiness line, and stop them even when the test fails:
     finally:
         server.stop()
 
-Waiting is always on a condition with a deadline (:func:`wait_until`,
-:func:`wait_until_async`), never on a fixed sleep.
+Waiting is always on a condition with a deadline (``metaq.common.testing``), never on a
+fixed sleep.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import re
@@ -23,35 +22,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
 READY: Final = re.compile(r"^metaq-nameserver ready grpc=(\S+)(?: http=(\S+))?$", re.MULTILINE)
 POLL_S: Final = 0.01
-
-
-def wait_until(predicate: Callable[[], bool], timeout_s: float, message: str) -> None:
-    """Poll ``predicate`` until true; TimeoutError naming ``message`` at the deadline."""
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout_s} s waiting until {message}")
-        time.sleep(POLL_S)
-
-
-async def wait_until_async(
-    predicate: Callable[[], Awaitable[bool]], timeout_s: float, message: str
-) -> float:
-    """Await ``predicate`` until true; return the seconds it took. TimeoutError at the deadline."""
-    start = time.monotonic()
-    deadline = start + timeout_s
-    while not await predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout_s} s waiting until {message}")
-        await asyncio.sleep(POLL_S)
-    return time.monotonic() - start
 
 
 def nameserver_command() -> list[str]:

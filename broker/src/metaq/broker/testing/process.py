@@ -19,7 +19,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, TypeVar
@@ -165,15 +165,6 @@ class BrokerProcess:
         tb: TracebackType | None,
     ) -> None:
         self.kill()
-
-
-def wait_until(predicate: Callable[[], bool], timeout_s: float, message: str) -> None:
-    """Poll ``predicate`` until it holds; AssertionError naming ``message`` at the deadline."""
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting until {message}")
-        time.sleep(0.002)
 
 
 def run_async(coro: Coroutine[Any, Any, T], timeout_s: float = 30.0) -> T:
