@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from typing import Any
 import pytest
 
 from metaq.broker.store import MessageStore, StoreConfig
+from metaq.common.testing import wait_until
 
 
 def _register_sibling(name: str) -> None:
@@ -46,15 +46,6 @@ SMALL: dict[str, Any] = {
     "checkpoint_interval_ms": 3_600_000,
     "clean_interval_s": 3_600.0,
 }
-
-
-def wait_until(predicate: Callable[[], bool], timeout_s: float, message: str) -> None:
-    """Poll ``predicate`` until it holds; fail the test with ``message`` at the deadline."""
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s} s waiting until {message}")
-        time.sleep(0.001)
 
 
 @pytest.fixture(name="wait_until")
