@@ -1,1 +1,1 @@
-"""Producer, consumer and admin CLI."""
+"""metaq's client: producer, consumer, route cache and the ``metaq`` admin CLI."""

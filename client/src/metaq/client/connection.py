@@ -1,0 +1,416 @@
+"""The client's data-plane connections: one pipelined TCP connection per broker.
+
+Requests are written without waiting for earlier answers; answers come back in any order
+and are paired with their requests by request id (``docs/protocol.md``). Everything
+requested during one loop turn goes out in one ``writelines``. Timeouts cost no timer per
+request: one timer per connection fires at the earliest deadline still pending.
+
+Failures, as the caller sees them:
+
+- an ERROR frame for the request → :class:`~metaq.client.errors.BrokerError` with the
+  broker's code, message, ``retriable`` flag and (NOT_MASTER) master address;
+- the connection drops, or could not be opened → :class:`ConnectionLost` (retriable; a
+  send in flight may still have been stored);
+- no answer in time → :class:`RequestTimeout`, a ``TimeoutError`` (retriable).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from collections.abc import Callable, Sequence
+from typing import Final, cast
+
+from metaq.client.errors import BrokerError, ConnectionLost, RequestTimeout
+from metaq.common.errors import ErrorCode, ProtocolError
+from metaq.common.framing import (
+    FLAG_ONE_WAY,
+    Buffer,
+    Frame,
+    FrameDecoder,
+    FrameType,
+    encode_frame,
+)
+from metaq.common.v1.data_pb2 import ErrorResponse
+
+log = logging.getLogger(__name__)
+
+_U32_MAX: Final = 0xFFFFFFFF
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """``host:port`` → (host, port); ValueError naming the address otherwise."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"broker address {address!r} is not HOST:PORT")
+    return host.strip("[]"), int(port)
+
+
+class BrokerConnection(asyncio.Protocol):
+    """One TCP connection to one broker, pipelined and multiplexed by request id.
+
+    Open with :meth:`open`. :meth:`request` awaits one answer; :meth:`request_future`
+    is the same without a coroutine, for callers that keep many requests in flight
+    (the producer's sender). Payload buffers are handed to the transport without a copy:
+    the caller must not change them until the request is answered.
+    """
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self._loop = asyncio.get_running_loop()
+        self._decoder = FrameDecoder()
+        self._transport: asyncio.Transport | None = None
+        # Request id -> (future or callback, deadline).
+        self._pending: dict[int, tuple[_Waiter, float]] = {}
+        self._next_id = 1
+        self._out: list[Buffer] = []
+        self._flush_scheduled = False
+        self._closed = False
+        self._lost: asyncio.Future[None] = self._loop.create_future()
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
+        self._can_write = asyncio.Event()
+        self._can_write.set()
+        self.connection_error: BrokerError | None = None
+        """The CONNECTION error the broker sent before closing, if it sent one."""
+
+    @classmethod
+    async def open(cls, address: str, *, connect_timeout_s: float = 3.0) -> BrokerConnection:
+        """Connect to a broker's data port; ConnectionLost if that fails or takes too long."""
+        host, port = split_address(address)
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(connect_timeout_s):
+                _, protocol = await loop.create_connection(lambda: cls(address), host, port)
+        except TimeoutError:
+            why = f"connect timed out after {connect_timeout_s} s"
+            raise ConnectionLost(address, why) from None
+        except OSError as exc:
+            raise ConnectionLost(address, f"cannot connect: {exc.strerror or exc}") from None
+        return protocol
+
+    # --- asyncio.Protocol -------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports implement asyncio.Transport without subclassing it.
+        self._transport = cast(asyncio.Transport, transport)
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            # Requests are coalesced already: Nagle would only hold them back.
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            frames = self._decoder.feed(data)
+        except ProtocolError as exc:
+            log.warning("broker %s broke the framing: %s; closing", self.address, exc)
+            self._fail_all(ConnectionLost(self.address, f"protocol error: {exc}"))
+            if self._transport is not None:
+                self._transport.abort()
+            return
+        pending = self._pending
+        for frame in frames:
+            entry = pending.pop(frame.request_id, None)
+            if entry is None:
+                if frame.type is FrameType.CONNECTION:
+                    self._connection_failed(frame)
+                else:
+                    log.warning(
+                        "broker %s answered request %d, which is not in flight; dropped",
+                        self.address,
+                        frame.request_id,
+                    )
+                continue
+            waiter = entry[0]
+            if isinstance(waiter, asyncio.Future):
+                if waiter.done():
+                    continue
+                if frame.flags & 0x4:  # FLAG_ERROR
+                    waiter.set_exception(self._broker_error(frame))
+                else:
+                    waiter.set_result(frame)
+            elif frame.flags & 0x4:
+                _call(waiter, None, self._broker_error(frame))
+            else:
+                _call(waiter, frame, None)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closed = True
+        self._transport = None
+        self._out = []
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self.connection_error is not None:
+            reason = f"the broker closed it: {self.connection_error}"
+        elif exc is not None:
+            reason = str(exc) or type(exc).__name__
+        else:
+            reason = "closed"
+        self._fail_all(ConnectionLost(self.address, reason))
+        self._can_write.set()
+        if not self._lost.done():
+            self._lost.set_result(None)
+
+    def pause_writing(self) -> None:
+        self._can_write.clear()
+
+    def resume_writing(self) -> None:
+        self._can_write.set()
+
+    # --- requests ---------------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending)
+
+    def request_future(
+        self,
+        frame_type: FrameType,
+        header: bytes,
+        payload: Sequence[Buffer] = (),
+        *,
+        timeout_s: float,
+    ) -> asyncio.Future[Frame]:
+        """Queue a request; the future resolves with the response frame or fails.
+
+        Raises at once (rather than through the future) only for a request that cannot be
+        built: ProtocolError(FRAME_TOO_LARGE) for a frame over the limit.
+        """
+        future: asyncio.Future[Frame] = self._loop.create_future()
+        if self._closed:
+            future.set_exception(ConnectionLost(self.address, "the connection is closed"))
+            return future
+        request_id = self._next_id
+        self._next_id = request_id + 1 if request_id < _U32_MAX else 1
+        self._out += encode_frame(frame_type, request_id, header, payload)
+        deadline = self._loop.time() + timeout_s
+        self._pending[request_id] = (future, deadline)
+        if self._timer is None or deadline < self._timer_at:
+            self._arm(deadline)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self.flush)
+        return future
+
+    def request_callback(
+        self,
+        frame_type: FrameType,
+        header: bytes,
+        payload: Sequence[Buffer],
+        callback: Callable[[Frame | None, BaseException | None], None],
+        *,
+        timeout_s: float,
+    ) -> None:
+        """Queue a request; ``callback(frame, None)`` or ``callback(None, error)`` runs once
+        with the outcome, straight from the socket's read (no future, no extra loop turn).
+
+        The callback must not raise. Raises at once only for a request that cannot be
+        built (ProtocolError FRAME_TOO_LARGE); the callback is then never called.
+        """
+        if self._closed:
+            callback(None, ConnectionLost(self.address, "the connection is closed"))
+            return
+        request_id = self._next_id
+        self._next_id = request_id + 1 if request_id < _U32_MAX else 1
+        self._out += encode_frame(frame_type, request_id, header, payload)
+        deadline = self._loop.time() + timeout_s
+        self._pending[request_id] = (callback, deadline)
+        if self._timer is None or deadline < self._timer_at:
+            self._arm(deadline)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self.flush)
+
+    async def request(
+        self,
+        frame_type: FrameType,
+        header: bytes,
+        payload: Sequence[Buffer] = (),
+        *,
+        timeout_s: float,
+    ) -> Frame:
+        """Send one request and return its response frame.
+
+        The frame's payload is a view of the socket's chunk: take ``bytes()`` of it to
+        keep it. Raises BrokerError, ConnectionLost or RequestTimeout (a TimeoutError).
+        """
+        return await self.request_future(frame_type, header, payload, timeout_s=timeout_s)
+
+    def send_oneway(
+        self, frame_type: FrameType, header: bytes, payload: Sequence[Buffer] = ()
+    ) -> None:
+        """Write a ONE_WAY request: never answered, not even with an error.
+
+        Raises ConnectionLost when the connection is already closed.
+        """
+        if self._closed:
+            raise ConnectionLost(self.address, "the connection is closed")
+        # Id 0 is reserved for connection errors, so one-way requests take ids too.
+        request_id = self._next_id
+        self._next_id = request_id + 1 if request_id < _U32_MAX else 1
+        self._out += encode_frame(frame_type, request_id, header, payload, FLAG_ONE_WAY)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self.flush)
+
+    async def drain(self) -> None:
+        """Wait while the socket's send buffer is over its high-water mark."""
+        await self._can_write.wait()
+
+    async def close(self) -> None:
+        """Write what is queued, close, and fail requests still in flight (ConnectionLost)."""
+        if not self._closed:
+            self.flush()
+            self._closed = True
+            self._fail_all(ConnectionLost(self.address, "closed by the client"))
+            if self._transport is not None:
+                self._transport.close()
+            else:
+                self._lost.set_result(None)
+        await self._lost
+
+    # --- internals --------------------------------------------------------------------
+
+    def flush(self) -> None:
+        """Write what was requested so far now rather than at the end of the loop turn."""
+        self._flush_scheduled = False
+        if self._out and self._transport is not None:
+            out, self._out = self._out, []
+            self._transport.writelines(out)
+
+    def _arm(self, deadline: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = deadline
+        self._timer = self._loop.call_at(deadline, self._expire)
+
+    def _expire(self) -> None:
+        """Fail requests past their deadline; re-arm for the earliest one left."""
+        self._timer = None
+        now = self._loop.time()
+        earliest = 0.0
+        expired: list[int] = []
+        for request_id, (_, deadline) in self._pending.items():
+            if deadline <= now:
+                expired.append(request_id)
+            elif not earliest or deadline < earliest:
+                earliest = deadline
+        for request_id in expired:
+            waiter, _ = self._pending.pop(request_id)
+            _fail(waiter, RequestTimeout(f"broker {self.address} did not answer in time"))
+        if earliest:
+            self._arm(earliest)
+
+    def _broker_error(self, frame: Frame) -> BrokerError:
+        error = ErrorResponse.FromString(frame.header)
+        try:
+            code = ErrorCode(error.code)
+        except ValueError:
+            code = ErrorCode.INTERNAL
+        return BrokerError(
+            code,
+            error.message,
+            retriable=error.retriable,
+            master_address=error.master_address,
+            broker=self.address,
+        )
+
+    def _connection_failed(self, frame: Frame) -> None:
+        self.connection_error = self._broker_error(frame)
+        log.warning("broker %s closes the connection: %s", self.address, self.connection_error)
+
+    def _fail_all(self, exc: Exception) -> None:
+        pending, self._pending = self._pending, {}
+        for waiter, _ in pending.values():
+            _fail(waiter, exc)
+
+
+_Waiter = asyncio.Future[Frame] | Callable[[Frame | None, BaseException | None], None]
+
+
+def _call(
+    callback: Callable[[Frame | None, BaseException | None], None],
+    frame: Frame | None,
+    exc: BaseException | None,
+) -> None:
+    try:
+        callback(frame, exc)
+    except Exception:  # a bug in the caller must not break the connection for others
+        log.exception("request callback failed")
+
+
+def _fail(waiter: _Waiter, exc: BaseException) -> None:
+    if isinstance(waiter, asyncio.Future):
+        if not waiter.done():
+            waiter.set_exception(exc)
+    else:
+        _call(waiter, None, exc)
+
+
+class ConnectionPool:
+    """One live connection per broker address, opened on first use and reopened after
+    it closed. Concurrent ``get`` calls for an address share one connect attempt."""
+
+    def __init__(self, *, connect_timeout_s: float = 3.0) -> None:
+        self.connect_timeout_s = connect_timeout_s
+        self._connections: dict[str, BrokerConnection] = {}
+        self._opening: dict[str, asyncio.Future[BrokerConnection]] = {}
+        self._closed = False
+
+    def peek(self, address: str) -> BrokerConnection | None:
+        """The open connection to ``address``, if there is one, without connecting."""
+        connection = self._connections.get(address)
+        return connection if connection is not None and not connection.closed else None
+
+    async def get(self, address: str) -> BrokerConnection:
+        """The open connection to ``address``; ConnectionLost if it cannot be opened."""
+        connection = self._connections.get(address)
+        if connection is not None and not connection.closed:
+            return connection
+        if self._closed:
+            raise ConnectionLost(address, "the connection pool is closed")
+        opening = self._opening.get(address)
+        if opening is None:
+            opening = asyncio.get_running_loop().create_future()
+            self._opening[address] = opening
+            try:
+                connection = await BrokerConnection.open(
+                    address, connect_timeout_s=self.connect_timeout_s
+                )
+            except BaseException as exc:
+                del self._opening[address]
+                shared = exc if isinstance(exc, Exception) else ConnectionLost(address, "cancelled")
+                opening.set_exception(shared)
+                opening.exception()  # retrieved: the waiters (if any) re-raise it
+                raise
+            del self._opening[address]
+            if self._closed:
+                await connection.close()
+                opening.set_exception(ConnectionLost(address, "the connection pool is closed"))
+                opening.exception()
+                raise ConnectionLost(address, "the connection pool is closed")
+            self._connections[address] = connection
+            opening.set_result(connection)
+            return connection
+        return await asyncio.shield(opening)
+
+    async def discard(self, address: str) -> None:
+        """Close the connection to ``address`` (say, after it timed out); the next ``get``
+        opens a new one."""
+        connection = self._connections.pop(address, None)
+        if connection is not None:
+            await connection.close()
+
+    async def close(self) -> None:
+        self._closed = True
+        connections, self._connections = list(self._connections.values()), {}
+        for connection in connections:
+            await connection.close()

@@ -1,0 +1,115 @@
+"""Messages as applications see them, and the decoding of the records brokers return.
+
+A pull (or a lookup) returns commitlog records exactly as stored. :func:`decode_message`
+checks one record's CRC, inflates a body the producer compressed (``FLAG_COMPRESSED``)
+and returns a :class:`Message`; :func:`iter_messages` does the same for a run of
+records back to back, as a PULL response's payload holds them.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+
+from metaq.common import record
+from metaq.common.errors import InvalidRecord
+
+__all__ = ["Message", "OutgoingMessage", "decode_message", "host_text", "iter_messages"]
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One stored message, body inflated.
+
+    ``msg_id`` is the 16-byte message id in hex (what ``SendResult.msg_id`` and
+    ``metaq query id`` use). ``queue_offset`` is the message's position in its consume
+    queue; commit ``queue_offset + 1`` once it is processed.
+    """
+
+    topic: str
+    body: bytes
+    tags: str = ""
+    keys: tuple[str, ...] = ()
+    properties: Mapping[str, str] = field(default_factory=dict)
+    msg_id: str = ""
+    queue_id: int = 0
+    queue_offset: int = -1
+    commitlog_offset: int = -1
+    born_timestamp_ms: int = 0
+    store_timestamp_ms: int = 0
+    born_host: str = ""
+    store_host: str = ""
+    reconsume_times: int = 0
+    flags: int = 0
+    """The record's flags as stored (``FLAG_COMPRESSED`` says the body came compressed)."""
+    size: int = 0
+    """Bytes the record takes in the commitlog."""
+
+    @property
+    def text(self) -> str:
+        """The body as UTF-8 text (replacement characters where it is not)."""
+        return self.body.decode(errors="replace")
+
+
+def host_text(host: bytes) -> str:
+    """The 8-byte born/store host of a record (IPv4, port u16 LE, reserved) as ``a.b.c.d:p``."""
+    if len(host) != 8 or host == bytes(8):
+        return ""
+    port = int.from_bytes(host[4:6], "little")
+    return f"{host[0]}.{host[1]}.{host[2]}.{host[3]}:{port}"
+
+
+def _message(rec: record.Record) -> Message:
+    body = rec.body
+    if rec.flags & record.FLAG_COMPRESSED:
+        try:
+            body = zlib.decompress(body)
+        except zlib.error as exc:
+            raise InvalidRecord(
+                f"message {rec.msg_id.hex()} is flagged compressed but does not inflate: {exc}"
+            ) from None
+    return Message(
+        topic=rec.topic,
+        body=body,
+        tags=rec.tags,
+        keys=rec.keys,
+        properties=rec.properties,
+        msg_id=rec.msg_id.hex(),
+        queue_id=rec.queue_id,
+        queue_offset=rec.queue_offset,
+        commitlog_offset=rec.commitlog_offset,
+        born_timestamp_ms=rec.born_timestamp_ms,
+        store_timestamp_ms=rec.store_timestamp_ms,
+        born_host=host_text(rec.born_host),
+        store_host=host_text(rec.store_host),
+        reconsume_times=rec.reconsume_times,
+        flags=rec.flags,
+        size=rec.size,
+    )
+
+
+def decode_message(
+    record_bytes: bytes | bytearray | memoryview, at: int = 0, *, verify: bool = True
+) -> Message:
+    """Decode the record at ``record_bytes[at:]``: check its CRC (unless ``verify`` is
+    off), inflate a compressed body. InvalidRecord when it is damaged."""
+    return _message(record.decode(record_bytes, at, verify=verify))
+
+
+def iter_messages(
+    payload: bytes | bytearray | memoryview, *, verify: bool = True
+) -> Iterator[Message]:
+    """Decode records back to back (a PULL response's payload), in order."""
+    for rec in record.iter_records(payload, verify=verify):
+        yield _message(rec)
+
+
+@dataclass(frozen=True, slots=True)
+class OutgoingMessage:
+    """One message of :meth:`Producer.send_batch <metaq.client.producer.Producer.send_batch>`."""
+
+    body: bytes
+    tags: str = ""
+    keys: tuple[str, ...] = ()
+    properties: Mapping[str, str] | None = None

@@ -1,0 +1,504 @@
+"""The producer: sends messages to a topic's queues, discovered through the nameservers.
+
+Guarantees first. A send that returns a :class:`~metaq.client.results.SendResult` was
+stored by the master of the broker group it names, at the queue offset it names; its
+``status`` says how durable it is (OK, or stored but FLUSH_DISK_TIMEOUT /
+FLUSH_SLAVE_TIMEOUT / SLAVE_NOT_AVAILABLE). A send that raises may or may not have been
+stored: a connection that drops or a request that times out after the broker took the
+batch leaves that unknown, and the retry that follows can store the message twice.
+Delivery is therefore at least once; the message id lets consumers deduplicate.
+
+Three parts, as in aiokafka:
+
+- :class:`Producer` (this module) encodes records, picks queues, and owns the retry
+  policy;
+- :class:`~metaq.client.accumulator.Accumulator` coalesces concurrent sends to the same
+  queue into one SEND frame — a lone send goes at once, sends that pile up while a batch
+  is in flight wait at most ``linger_ms``;
+- :class:`~metaq.client.sender.Sender` owns the connections (one per broker, pipelined)
+  and resolves one future per batch.
+
+Queue selection: round robin over the topic's writable queues, passing over broker
+groups that failed or answered slowly a moment ago; or, with ``sharding_key``, a stable
+hash of the key, so every message with that key lands in one queue, in send order.
+
+Retries: a retriable failure (connection lost, timeout, NOT_MASTER, STORE_UNAVAILABLE,
+BUSY, …) is retried up to ``retries`` times with jittered exponential back-off
+(``tenacity``); the first retry goes at once, to another broker group, after refreshing
+the route. Errors that are not retriable (unknown topic, invalid message, …) surface at
+once with the broker's message. **A sharded send is never moved to another queue** —
+that would break the order of its key — it is retried on the same queue only, and fails
+if that queue's broker stays down. Retrying may reorder messages of one key relative to
+sends made meanwhile; callers that need strict order send one message of a key at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
+from tenacity.wait import wait_random_exponential
+
+from metaq.client.accumulator import Accumulator, Batch
+from metaq.client.connection import ConnectionPool
+from metaq.client.encoding import RecordEncoder, with_queue_id
+from metaq.client.errors import ProducerClosed
+from metaq.client.message import OutgoingMessage
+from metaq.client.results import SendResult
+from metaq.client.routes import QueueRoute, RouteCache, TopicRoute
+from metaq.client.selection import BrokerHealth, QueueSelector, RoundRobinSelector, shard_queue
+from metaq.client.sender import Sender
+from metaq.common import record
+from metaq.common.errors import MetaqError
+from metaq.common.framing import Buffer
+
+log = logging.getLogger(__name__)
+
+MIB: Final = 1024 * 1024
+_ROUTE_REFRESH_SHARE_S: Final = 0.05
+"""Failures within this long of a route fetch share it rather than fetch again."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerConfig:
+    """Producer settings; units in the names."""
+
+    group: str = "DEFAULT_PRODUCER"
+    compress_over_bytes: int = 4096
+    """Bodies larger than this are zlib-compressed (FLAG_COMPRESSED) when that shrinks them."""
+    compress_level: int = 5
+    linger_ms: float = 2.0
+    max_batch_records: int = 256
+    max_batch_bytes: int = MIB
+    max_in_flight_per_queue: int = 5
+    max_message_bytes: int = 4 * MIB
+    """Largest body (after compression) accepted; the broker's own limit may be lower."""
+    send_timeout_s: float = 3.0
+    retries: int = 2
+    retry_backoff_s: float = 0.01
+    retry_backoff_max_s: float = 1.0
+    failure_isolation_s: float = 10.0
+    route_refresh_interval_s: float = 30.0
+    connect_timeout_s: float = 3.0
+    close_timeout_s: float = 10.0
+    wait_store: bool = True
+    """False: the broker answers once appended, without waiting for a sync flush."""
+
+    def validate(self) -> None:
+        problems = []
+        for name in ("max_batch_records", "max_batch_bytes", "max_in_flight_per_queue"):
+            if getattr(self, name) < 1:
+                problems.append(f"{name} must be at least 1")
+        for name in ("linger_ms", "compress_over_bytes", "retries", "retry_backoff_s"):
+            if getattr(self, name) < 0:
+                problems.append(f"{name} must not be negative")
+        for name in ("send_timeout_s", "connect_timeout_s", "route_refresh_interval_s"):
+            if getattr(self, name) <= 0:
+                problems.append(f"{name} must be positive")
+        if not 0 <= self.compress_level <= 9:
+            problems.append("compress_level must be 0-9")
+        if problems:
+            raise ValueError("invalid producer settings: " + "; ".join(problems))
+
+
+def _retriable(exc: BaseException) -> bool:
+    return isinstance(exc, MetaqError) and exc.retriable
+
+
+class Producer:
+    """Sends messages; see the module docstring for guarantees, batching and retries.
+
+    ::
+
+        async with Producer(["127.0.0.1:9876"]) as producer:
+            result = await producer.send("orders", b"...", keys=("order-17",))
+
+    Not thread-safe: use it from the event loop it was started on.
+    """
+
+    def __init__(
+        self,
+        nameservers: Sequence[str] | str,
+        *,
+        group: str = "DEFAULT_PRODUCER",
+        compress_over_bytes: int = 4096,
+        linger_ms: float = 2.0,
+        max_batch_records: int = 256,
+        max_batch_bytes: int = MIB,
+        send_timeout_s: float = 3.0,
+        retries: int = 2,
+        queue_selector: QueueSelector | None = None,
+        config: ProducerConfig | None = None,
+        routes: RouteCache | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        if config is None:
+            config = ProducerConfig(
+                group=group,
+                compress_over_bytes=compress_over_bytes,
+                linger_ms=linger_ms,
+                max_batch_records=max_batch_records,
+                max_batch_bytes=max_batch_bytes,
+                send_timeout_s=send_timeout_s,
+                retries=retries,
+            )
+        config.validate()
+        self.config = config
+        self._owns_routes = routes is None
+        self.routes = routes or RouteCache(
+            [nameservers] if isinstance(nameservers, str) else nameservers,
+            refresh_interval_s=config.route_refresh_interval_s,
+        )
+        self.selector: QueueSelector = queue_selector or RoundRobinSelector()
+        self.health = BrokerHealth(failure_isolation_s=config.failure_isolation_s, clock=clock)
+        self._sleep = sleep
+        self._encoder = RecordEncoder(
+            compress_over_bytes=config.compress_over_bytes,
+            compress_level=config.compress_level,
+            max_message_bytes=config.max_message_bytes,
+        )
+        self._sender: Sender | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closed = False
+
+    # --- lifecycle --------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start the route refresh and the sender. Routes are fetched on first use."""
+        if self._sender is not None:
+            return
+        if self._closed:
+            raise ProducerClosed("a closed producer cannot be started again")
+        c = self.config
+        accumulator = Accumulator(
+            max_records=c.max_batch_records,
+            max_bytes=c.max_batch_bytes,
+            linger_s=c.linger_ms / 1000,
+            max_in_flight=c.max_in_flight_per_queue,
+        )
+        self._sender = Sender(
+            accumulator,
+            ConnectionPool(connect_timeout_s=c.connect_timeout_s),
+            self.health,
+            producer_group=c.group,
+            timeout_s=c.send_timeout_s,
+            wait_store=c.wait_store,
+        )
+        if self._owns_routes:
+            await self.routes.start()
+
+    async def flush(self) -> None:
+        """Send what is held back by the linger now and wait for every answer."""
+        if self._sender is not None:
+            await self._sender.flush()
+
+    async def close(self) -> None:
+        """Send what is pending (for at most ``close_timeout_s``), then close everything.
+
+        Sends still unanswered after that fail with ProducerClosed.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        if self._tasks:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.config.close_timeout_s):
+                    await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._sender is not None:
+            await self._sender.close(self.config.close_timeout_s)
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._owns_routes:
+            await self.routes.stop()
+
+    async def __aenter__(self) -> Producer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        await self.close()
+
+    @property
+    def sender(self) -> Sender:
+        if self._sender is None or self._closed:
+            raise ProducerClosed(
+                "the producer is closed" if self._closed else "call start() before sending"
+            )
+        return self._sender
+
+    # --- sending ----------------------------------------------------------------------
+
+    async def send(
+        self,
+        topic: str,
+        body: bytes,
+        *,
+        tags: str = "",
+        keys: Sequence[str] = (),
+        properties: Mapping[str, str] | None = None,
+        sharding_key: str | bytes | None = None,
+    ) -> SendResult:
+        """Send one message and wait for the broker's answer (retrying as configured).
+
+        Raises InvalidMessage for a message that cannot be sent as it is, UnknownTopic,
+        and after the retries the last retriable error (BrokerError, ConnectionLost,
+        RequestTimeout, NoNameServer, NoWritableQueue).
+        """
+        sender = self.sender
+        route = self.routes.cached(topic) or await self._route(topic)
+        queue = self._choose(route, sharding_key)
+        rec = self._encode(topic, body, queue.queue_id, tags, keys, properties)
+        waiter = sender.append(topic, queue, rec)
+        assert waiter is not None
+        try:
+            return await waiter
+        except MetaqError as exc:
+            if not exc.retriable or not self.config.retries:
+                raise
+            error = exc
+        results = await self._retry(topic, [rec], queue, sharding_key is not None, error)
+        return results[0]
+
+    def send_async(
+        self,
+        topic: str,
+        body: bytes,
+        *,
+        tags: str = "",
+        keys: Sequence[str] = (),
+        properties: Mapping[str, str] | None = None,
+        sharding_key: str | bytes | None = None,
+    ) -> asyncio.Future[SendResult]:
+        """Queue one message; the future resolves as :meth:`send` would return or raise.
+
+        The common case (route cached, no failure) costs one callback per message and no
+        task; a retry runs as a task the producer owns and awaits on close.
+        """
+        loop = asyncio.get_running_loop()
+        out: asyncio.Future[SendResult] = loop.create_future()
+        try:
+            sender = self.sender
+            route = self.routes.cached(topic)
+            if route is None:
+                coro = self.send(
+                    topic,
+                    body,
+                    tags=tags,
+                    keys=keys,
+                    properties=properties,
+                    sharding_key=sharding_key,
+                )
+                self._spawn(self._into(out, coro))
+                return out
+            queue = self._choose(route, sharding_key)
+            rec = self._encode(topic, body, queue.queue_id, tags, keys, properties)
+            waiter = sender.append(topic, queue, rec)
+        except MetaqError as exc:
+            out.set_exception(exc)
+            return out
+        assert waiter is not None
+        sharded = sharding_key is not None
+
+        def answered(done: asyncio.Future[SendResult]) -> None:
+            if out.done():
+                return
+            exc = done.exception()
+            if exc is None:
+                out.set_result(done.result())
+            elif not _retriable(exc) or not self.config.retries or self._closed:
+                out.set_exception(exc)
+            else:
+                retry = self._retry(topic, [rec], queue, sharded, exc)
+                self._spawn(self._into(out, self._first(retry)))
+
+        waiter.add_done_callback(answered)
+        return out
+
+    async def send_oneway(
+        self,
+        topic: str,
+        body: bytes,
+        *,
+        tags: str = "",
+        keys: Sequence[str] = (),
+        properties: Mapping[str, str] | None = None,
+        sharding_key: str | bytes | None = None,
+    ) -> None:
+        """Queue one message without asking for an answer (not even an error).
+
+        Returns once the message is queued; it may be lost without a trace (broker down,
+        refused). No retries. For logs and metrics, where losing a few is acceptable.
+        """
+        sender = self.sender
+        route = self.routes.cached(topic) or await self._route(topic)
+        queue = self._choose(route, sharding_key)
+        rec = self._encode(topic, body, queue.queue_id, tags, keys, properties)
+        sender.append(topic, queue, rec, one_way=True)
+
+    async def send_batch(
+        self,
+        topic: str,
+        messages: Sequence[OutgoingMessage | bytes],
+        *,
+        sharding_key: str | bytes | None = None,
+    ) -> list[SendResult]:
+        """Send many messages to one queue, as few SEND frames as the batch limits allow.
+
+        The results are in the order of ``messages``. A retriable failure of one frame
+        retries that frame on another queue (on the same queue with ``sharding_key``); if
+        it still fails, the error is raised and earlier frames may have been stored.
+        """
+        sender = self.sender
+        if not messages:
+            return []
+        route = self.routes.cached(topic) or await self._route(topic)
+        queue = self._choose(route, sharding_key)
+        c = self.config
+        now = asyncio.get_running_loop().time()
+        batches: list[Batch] = []
+        for buf, count, first_id in self._encoder.encode_batch(
+            topic,
+            messages,
+            queue.queue_id,
+            max_records=c.max_batch_records,
+            max_bytes=c.max_batch_bytes,
+        ):
+            batch = Batch(topic, queue, now, coalesced=False)
+            batch.records.append(buf)
+            batch.count = count
+            batch.first_id = first_id
+            batch.nbytes = len(buf)
+            batches.append(batch)
+        futures = [sender.submit(batch) for batch in batches]
+        results: list[SendResult] = []
+        try:
+            for batch, future in zip(batches, futures, strict=True):
+                try:
+                    results += await future
+                except MetaqError as exc:
+                    if not exc.retriable or not c.retries:
+                        raise
+                    results += await self._retry(
+                        topic,
+                        batch.records,
+                        queue,
+                        sharding_key is not None,
+                        exc,
+                        count=batch.count,
+                    )
+        except BaseException:
+            for future in futures:  # the caller hears of the first failure only
+                future.add_done_callback(_retrieve)
+            raise
+        return results
+
+    # --- internals --------------------------------------------------------------------
+
+    async def _route(self, topic: str) -> TopicRoute:
+        record.check_topic(topic)
+        return await self.routes.route(topic)
+
+    def _choose(self, route: TopicRoute, sharding_key: str | bytes | None) -> QueueRoute:
+        if sharding_key is not None:
+            return shard_queue(route, sharding_key)
+        return self.selector.select(route, self.health.isolated())
+
+    def _encode(
+        self,
+        topic: str,
+        body: bytes,
+        queue_id: int,
+        tags: str,
+        keys: Sequence[str],
+        properties: Mapping[str, str] | None,
+    ) -> bytes:
+        return self._encoder.encode(topic, body, queue_id, tags, keys, properties)
+
+    async def _retry(
+        self,
+        topic: str,
+        records: Sequence[Buffer],
+        failed: QueueRoute,
+        sharded: bool,
+        first_error: BaseException,
+        *,
+        count: int = 1,
+    ) -> list[SendResult]:
+        """Retry a failed send: at once on another broker group (a sharded send: on the
+        same queue), then with jittered exponential back-off, refreshing the route."""
+        c = self.config
+        log.info("send to %s %s failed, retrying: %s", topic, failed, first_error)
+        previous = failed
+        policy = AsyncRetrying(
+            stop=stop_after_attempt(c.retries),
+            wait=wait_random_exponential(multiplier=c.retry_backoff_s, max=c.retry_backoff_max_s),
+            retry=retry_if_exception(_retriable),
+            sleep=self._sleep,
+            reraise=True,
+        )
+        async for attempt in policy:
+            with attempt:
+                route = await self.routes.route(topic, max_age_s=_ROUTE_REFRESH_SHARE_S)
+                if sharded:
+                    queue = _same_queue(route, failed)
+                else:
+                    avoid = self.health.isolated() | {previous.broker_name}
+                    queue = self.selector.select(route, avoid)
+                previous = queue
+                # Copies: the failed request may still sit in a transport buffer.
+                fresh = [with_queue_id(r, queue.queue_id) for r in records]
+                if count == 1:
+                    waiter = self.sender.append(topic, queue, fresh[0])
+                    assert waiter is not None
+                    return [await waiter]
+                batch = Batch(topic, queue, asyncio.get_running_loop().time(), coalesced=False)
+                batch.records.extend(fresh)
+                batch.count = count
+                batch.nbytes = sum(map(len, fresh))
+                return await self.sender.submit(batch)
+        raise AssertionError("unreachable: tenacity re-raises the last error")
+
+    async def _first(self, retry: Awaitable[list[SendResult]]) -> SendResult:
+        return (await retry)[0]
+
+    async def _into(self, out: asyncio.Future[SendResult], coro: Awaitable[SendResult]) -> None:
+        try:
+            result = await coro
+        except BaseException as exc:
+            if not out.done():
+                if isinstance(exc, asyncio.CancelledError):
+                    out.set_exception(ProducerClosed("the producer closed during the send"))
+                else:
+                    out.set_exception(exc)
+            if not isinstance(exc, Exception):
+                raise
+        else:
+            if not out.done():
+                out.set_result(result)
+
+    def _spawn(self, coro: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
+def _same_queue(route: TopicRoute, queue: QueueRoute) -> QueueRoute:
+    """The queue of ``route`` with the same broker group and id (its master may have
+    moved); the old one when the route no longer has it writable."""
+    for candidate in route.write_queues:
+        if candidate.broker_name == queue.broker_name and candidate.queue_id == queue.queue_id:
+            return candidate
+    return queue

@@ -1,0 +1,543 @@
+"""Where a topic's queues are: the route cache, fed by the nameservers over gRPC.
+
+Nameservers are stateless peers that answer alike (``docs/nameserver.md``), so any one
+will do: :class:`RouteCache` asks the one that answered last and, when it fails or does
+not answer within ``rpc_timeout_s``, the others in turn. Only when none answers does a
+call fail, with :class:`~metaq.client.errors.NoNameServer` listing what was tried. A
+topic no live broker serves is :class:`~metaq.client.errors.UnknownTopic` (not
+retriable) — the first nameserver that answers is believed.
+
+Routes are cached per topic and refreshed in the background every ``refresh_interval_s``
+for every topic in use, and at once when a caller asks (``refresh=True``, after a send
+failed). A refresh that fails keeps the last route: a stale route is better than none
+while the nameservers are away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Final, TypeVar
+
+import grpc
+
+if TYPE_CHECKING:
+    from metaq.common.v1.control_pb2_grpc import NameServerAsyncStub
+
+from metaq.client.errors import NoNameServer, UnknownTopic
+from metaq.client.service import PeriodicService
+from metaq.common.errors import ErrorCode, MetaqError
+from metaq.common.v1 import control_pb2 as pb
+from metaq.common.v1.control_pb2_grpc import NameServerStub
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+_WRITABLE: Final = frozenset({pb.PERMISSION_WRITE_ONLY, pb.PERMISSION_READ_WRITE})
+_READABLE: Final = frozenset(
+    {pb.PERMISSION_READ_ONLY, pb.PERMISSION_READ_WRITE, pb.PERMISSION_WRITE_WIPE}
+)
+# Not worth asking another nameserver: the request itself is wrong.
+_FINAL_STATUSES: Final = frozenset(
+    {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION}
+)
+
+PERMISSION_NAMES: Final[dict[int, str]] = {
+    pb.PERMISSION_UNSPECIFIED: "unspecified",
+    pb.PERMISSION_READ_ONLY: "read-only",
+    pb.PERMISSION_WRITE_ONLY: "write-only",
+    pb.PERMISSION_READ_WRITE: "read-write",
+    pb.PERMISSION_WRITE_WIPE: "write-wipe",
+    pb.PERMISSION_NONE: "none",
+}
+ROLE_NAMES: Final[dict[int, str]] = {
+    pb.BROKER_ROLE_UNSPECIFIED: "unspecified",
+    pb.BROKER_ROLE_MASTER: "master",
+    pb.BROKER_ROLE_SLAVE: "slave",
+}
+
+
+class NameServerError(MetaqError):
+    """A nameserver refused the request as sent (gRPC INVALID_ARGUMENT and the like)."""
+
+    retriable = False
+    code = ErrorCode.INVALID_MESSAGE
+
+    def __init__(self, address: str, status: str, detail: str) -> None:
+        super().__init__(f"nameserver {address} refused the request ({status}): {detail}")
+        self.address = address
+        self.status = status
+        self.detail = detail
+
+
+# --- routes ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class QueueRoute:
+    """One queue of a topic: which broker group holds it and where to reach that group."""
+
+    broker_name: str
+    address: str
+    queue_id: int
+    computer_room: str
+
+    def __str__(self) -> str:
+        return f"{self.broker_name}:{self.queue_id}"
+
+
+@dataclass(frozen=True)
+class GroupRoute:
+    """A topic on one broker group, as the nameserver routes it."""
+
+    broker_name: str
+    cluster: str
+    epoch: int
+    computer_room: str
+    master_address: str
+    """Data-plane address of the group's master; empty while the group has none."""
+    addresses: tuple[str, ...]
+    """Every broker serving the topic in the group, master first, then slaves by id."""
+    http_addresses: tuple[str, ...]
+    read_queues: int
+    write_queues: int
+    permission: int
+    ordered: bool
+
+    @property
+    def writable(self) -> bool:
+        return bool(self.master_address) and self.permission in _WRITABLE
+
+    @property
+    def readable(self) -> bool:
+        return bool(self.addresses) and self.permission in _READABLE
+
+    @property
+    def permission_name(self) -> str:
+        return PERMISSION_NAMES.get(self.permission, str(self.permission))
+
+
+@dataclass(frozen=True)
+class TopicRoute:
+    """A topic's queues.
+
+    ``write_queues`` come from masters only (a group without a live master takes no
+    writes); ``read_queues`` are read from the master, or from a slave while the group has
+    no master. Both are sorted by (broker name, queue id).
+    """
+
+    topic: str
+    write_queues: tuple[QueueRoute, ...]
+    read_queues: tuple[QueueRoute, ...]
+    groups: tuple[GroupRoute, ...] = field(default=(), compare=False)
+
+    @property
+    def ordered(self) -> bool:
+        return any(group.ordered for group in self.groups)
+
+    def group(self, broker_name: str) -> GroupRoute | None:
+        for group in self.groups:
+            if group.broker_name == broker_name:
+                return group
+        return None
+
+
+def topic_route_from_proto(route: pb.TopicRoute) -> TopicRoute:
+    """The client's view of a ``GetRoute`` answer."""
+    groups: list[GroupRoute] = []
+    writes: list[QueueRoute] = []
+    reads: list[QueueRoute] = []
+    for g in sorted(route.groups, key=lambda g: g.broker_name):
+        master = next((b for b in g.brokers if b.role == pb.BROKER_ROLE_MASTER), None)
+        group = GroupRoute(
+            broker_name=g.broker_name,
+            cluster=g.cluster,
+            epoch=g.epoch,
+            computer_room=g.computer_room,
+            master_address=master.data_address if master is not None else "",
+            addresses=tuple(b.data_address for b in g.brokers),
+            http_addresses=tuple(b.http_address for b in g.brokers),
+            read_queues=g.read_queues,
+            write_queues=g.write_queues,
+            permission=g.permission,
+            ordered=g.ordered,
+        )
+        groups.append(group)
+        if group.writable:
+            writes += (
+                QueueRoute(g.broker_name, group.master_address, q, g.computer_room)
+                for q in range(g.write_queues)
+            )
+        if group.readable:
+            reader = group.master_address or group.addresses[0]
+            reads += (
+                QueueRoute(g.broker_name, reader, q, g.computer_room) for q in range(g.read_queues)
+            )
+    return TopicRoute(route.topic, tuple(writes), tuple(reads), tuple(groups))
+
+
+# --- cluster info ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BrokerInfo:
+    """One broker as a nameserver knows it (``GetClusterInfo``)."""
+
+    cluster: str
+    broker_name: str
+    broker_id: int
+    role: str
+    data_address: str
+    http_address: str
+    computer_room: str
+    epoch: int
+    permission: str
+    replication_mode: str
+    commitlog_max_offset: int
+    last_heartbeat_age_ms: int
+    session_open: bool
+    topic_count: int
+
+    @property
+    def is_master(self) -> bool:
+        return self.role == "master"
+
+
+@dataclass(frozen=True)
+class BrokerGroupInfo:
+    broker_name: str
+    epoch: int
+    computer_room: str
+    brokers: tuple[BrokerInfo, ...]
+
+    @property
+    def master(self) -> BrokerInfo | None:
+        return next((b for b in self.brokers if b.is_master), None)
+
+
+@dataclass(frozen=True)
+class ClusterInfo:
+    name: str
+    groups: tuple[BrokerGroupInfo, ...]
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    """Every cluster, broker group and broker a nameserver knows."""
+
+    clusters: tuple[ClusterInfo, ...]
+    broker_expiry_ms: int
+    nameserver: str
+    """The nameserver that answered."""
+
+    def brokers(self, cluster: str | None = None) -> list[BrokerInfo]:
+        return [
+            broker
+            for c in self.clusters
+            if cluster is None or c.name == cluster
+            for group in c.groups
+            for broker in group.brokers
+        ]
+
+    def masters(self, cluster: str | None = None) -> list[BrokerInfo]:
+        return [b for b in self.brokers(cluster) if b.is_master]
+
+
+def _cluster_view(reply: pb.GetClusterInfoResponse, nameserver: str) -> ClusterView:
+    modes: dict[int, str] = {
+        pb.REPLICATION_MODE_ASYNC: "async",
+        pb.REPLICATION_MODE_SYNC: "sync",
+    }
+    clusters = []
+    for c in reply.clusters:
+        groups = []
+        for g in c.groups:
+            brokers = tuple(
+                BrokerInfo(
+                    cluster=c.cluster,
+                    broker_name=g.broker_name,
+                    broker_id=b.state.broker_id,
+                    role=ROLE_NAMES.get(b.state.role, str(b.state.role)),
+                    data_address=b.state.data_address,
+                    http_address=b.state.http_address,
+                    computer_room=b.state.computer_room,
+                    epoch=b.state.epoch,
+                    permission=PERMISSION_NAMES.get(b.state.permission) or "read-write",
+                    replication_mode=modes.get(b.state.replication_mode, "-"),
+                    commitlog_max_offset=b.state.commitlog_max_offset,
+                    last_heartbeat_age_ms=b.last_heartbeat_age_ms,
+                    session_open=b.session_open,
+                    topic_count=b.topic_count,
+                )
+                for b in g.brokers
+            )
+            groups.append(BrokerGroupInfo(g.broker_name, g.epoch, g.computer_room, brokers))
+        clusters.append(ClusterInfo(c.cluster, tuple(groups)))
+    return ClusterView(tuple(clusters), reply.broker_expiry_ms, nameserver)
+
+
+# --- the cache ------------------------------------------------------------------------
+
+RouteListener = Callable[[str, TopicRoute], None]
+"""Called with (topic, new route) whenever a fetched route differs from the cached one."""
+
+
+class _Refresher(PeriodicService):
+    name = "metaq-route-refresh"
+
+    def __init__(self, cache: RouteCache, interval_s: float) -> None:
+        super().__init__(interval_s)
+        self._cache = cache
+
+    async def run_once(self) -> None:
+        await self._cache.refresh_all()
+
+
+class RouteCache:
+    """Topic routes from the nameservers, cached and refreshed; also cluster info and
+    consumer-group assignment, which come from the same nameservers.
+
+    Use inside one event loop: :meth:`start` before, :meth:`stop` after. ``route`` works
+    without ``start`` too (no background refresh then), which is what one-shot tools do.
+    """
+
+    def __init__(
+        self,
+        nameservers: Sequence[str],
+        *,
+        refresh_interval_s: float = 30.0,
+        rpc_timeout_s: float = 3.0,
+    ) -> None:
+        if isinstance(nameservers, str):
+            nameservers = [nameservers]
+        self.nameservers: tuple[str, ...] = tuple(dict.fromkeys(nameservers))
+        if not self.nameservers:
+            raise ValueError("at least one nameserver address is needed")
+        self.rpc_timeout_s = rpc_timeout_s
+        self._routes: dict[str, TopicRoute] = {}
+        self._fetched_at: dict[str, float] = {}
+        self._fetching: dict[str, asyncio.Future[TopicRoute]] = {}
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._preferred = 0
+        self._listeners: list[RouteListener] = []
+        self._refresher = _Refresher(self, refresh_interval_s)
+
+    # --- lifecycle --------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start refreshing the routes of every topic in use in the background."""
+        if not self._refresher.running:
+            self._refresher.start()
+
+    async def stop(self) -> None:
+        """Stop refreshing and close the gRPC channels."""
+        await self._refresher.stop()
+        channels, self._channels = list(self._channels.values()), {}
+        for channel in channels:
+            await channel.close()
+
+    async def __aenter__(self) -> RouteCache:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        await self.stop()
+
+    # --- routes -----------------------------------------------------------------------
+
+    def add_listener(self, listener: RouteListener) -> None:
+        self._listeners.append(listener)
+
+    def cached(self, topic: str) -> TopicRoute | None:
+        return self._routes.get(topic)
+
+    @property
+    def topics(self) -> list[str]:
+        """Topics with a cached route: the ones the background refresh keeps current."""
+        return list(self._routes)
+
+    async def route(
+        self, topic: str, *, refresh: bool = False, max_age_s: float | None = None
+    ) -> TopicRoute:
+        """The topic's route, from the cache unless ``refresh`` or not cached yet.
+
+        ``max_age_s`` refreshes only a route fetched longer ago than that (so many callers
+        reacting to one failure cause one fetch). Concurrent fetches of one topic share a
+        single nameserver call. Raises UnknownTopic (not retriable) or NoNameServer
+        (retriable).
+        """
+        if max_age_s is not None:
+            fetched = self._fetched_at.get(topic)
+            refresh = fetched is None or time.monotonic() - fetched > max_age_s
+        if not refresh:
+            cached = self._routes.get(topic)
+            if cached is not None:
+                return cached
+        fetching = self._fetching.get(topic)
+        if fetching is None:
+            fetching = asyncio.get_running_loop().create_future()
+            self._fetching[topic] = fetching
+            try:
+                route = await self._fetch(topic)
+            except BaseException as exc:
+                shared = exc if isinstance(exc, Exception) else NoNameServer([])
+                fetching.set_exception(shared)
+                fetching.exception()  # retrieved: waiters, if any, re-raise it
+                raise
+            finally:
+                del self._fetching[topic]
+            fetching.set_result(route)
+            return route
+        return await asyncio.shield(fetching)
+
+    def invalidate(self, topic: str) -> None:
+        """Forget the topic's route: the next ``route`` call fetches it again."""
+        self._routes.pop(topic, None)
+        self._fetched_at.pop(topic, None)
+
+    async def refresh_all(self) -> None:
+        """Fetch every cached topic again (the background refresh calls this)."""
+        for topic in list(self._routes):
+            try:
+                await self.route(topic, refresh=True)
+            except UnknownTopic:
+                log.info("topic %s is no longer routed; dropped from the cache", topic)
+            except NoNameServer as exc:
+                log.warning("route refresh of %s failed, keeping the last route: %s", topic, exc)
+
+    async def _fetch(self, topic: str) -> TopicRoute:
+        try:
+            reply = await self._call(
+                lambda stub: stub.GetRoute(
+                    pb.GetRouteRequest(topic=topic), timeout=self.rpc_timeout_s
+                ),
+                not_found=lambda detail: UnknownTopic(topic, detail),
+            )
+        except UnknownTopic:
+            self._routes.pop(topic, None)
+            self._fetched_at.pop(topic, None)
+            raise
+        route = topic_route_from_proto(reply.route)
+        old = self._routes.get(topic)
+        self._routes[topic] = route
+        self._fetched_at[topic] = time.monotonic()
+        if old != route:
+            for listener in self._listeners:
+                try:
+                    listener(topic, route)
+                except Exception:
+                    log.exception("route listener failed for topic %s", topic)
+        return route
+
+    # --- cluster and assignment -------------------------------------------------------
+
+    async def cluster(self, name: str = "") -> ClusterView:
+        """Every cluster (or just ``name``), its broker groups and brokers."""
+        address_box: list[str] = []
+
+        async def call(stub: NameServerAsyncStub) -> pb.GetClusterInfoResponse:
+            return await stub.GetClusterInfo(
+                pb.GetClusterInfoRequest(cluster=name), timeout=self.rpc_timeout_s
+            )
+
+        reply = await self._call(call, answered=address_box)
+        return _cluster_view(reply, address_box[0] if address_box else "")
+
+    async def assignment(
+        self,
+        group: str,
+        topic: str,
+        strategy: str,
+        members: Sequence[tuple[str, str]],
+        previous: Mapping[str, Sequence[QueueRoute]] | None = None,
+    ) -> dict[str, list[QueueRoute]]:
+        """The topic's readable queues shared out among ``members`` ((consumer id,
+        computer room) pairs) by ``strategy``; sticky to ``previous`` when given.
+
+        Every member is a key of the answer, possibly with no queues. NameServerError for
+        an unknown strategy, UnknownTopic, NoNameServer.
+        """
+        request = pb.GetAssignmentRequest(
+            consumer_group=group,
+            topic=topic,
+            strategy=strategy,
+            members=[pb.AssignmentMember(consumer_id=c, computer_room=r) for c, r in members],
+        )
+        for consumer_id, queues in (previous or {}).items():
+            request.previous.add(
+                consumer_id=consumer_id,
+                queues=[
+                    pb.MessageQueue(
+                        topic=topic,
+                        broker_name=q.broker_name,
+                        queue_id=q.queue_id,
+                        computer_room=q.computer_room,
+                    )
+                    for q in queues
+                ],
+            )
+        reply = await self._call(
+            lambda stub: stub.GetAssignment(request, timeout=self.rpc_timeout_s),
+            not_found=lambda detail: UnknownTopic(topic, detail),
+        )
+        route = await self.route(topic)
+        known = {(q.broker_name, q.queue_id): q for q in route.read_queues}
+        wanted = {(q.broker_name, q.queue_id) for m in reply.assignment for q in m.queues}
+        if not wanted <= known.keys():
+            route = await self.route(topic, refresh=True)
+            known = {(q.broker_name, q.queue_id): q for q in route.read_queues}
+        out: dict[str, list[QueueRoute]] = {}
+        for member in reply.assignment:
+            out[member.consumer_id] = [
+                known.get(
+                    (q.broker_name, q.queue_id),
+                    QueueRoute(q.broker_name, "", q.queue_id, q.computer_room),
+                )
+                for q in member.queues
+            ]
+        return out
+
+    # --- calling the nameservers ------------------------------------------------------
+
+    def _channel(self, address: str) -> grpc.aio.Channel:
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = grpc.aio.insecure_channel(address)
+            self._channels[address] = channel
+        return channel
+
+    async def _call(
+        self,
+        call: Callable[[NameServerAsyncStub], Awaitable[T]],
+        *,
+        not_found: Callable[[str], MetaqError] | None = None,
+        answered: list[str] | None = None,
+    ) -> T:
+        """Run ``call`` against the preferred nameserver, then the others in turn."""
+        tried: list[tuple[str, str]] = []
+        count = len(self.nameservers)
+        for step in range(count):
+            index = (self._preferred + step) % count
+            address = self.nameservers[index]
+            try:
+                result = await call(NameServerStub(self._channel(address)))
+            except grpc.aio.AioRpcError as exc:
+                status = exc.code()
+                detail = exc.details() or status.name
+                if status is grpc.StatusCode.NOT_FOUND and not_found is not None:
+                    self._preferred = index
+                    raise not_found(detail) from None
+                if status in _FINAL_STATUSES:
+                    self._preferred = index
+                    raise NameServerError(address, status.name, detail) from None
+                tried.append((address, f"{status.name}: {detail}"))
+                continue
+            self._preferred = index
+            if answered is not None:
+                answered.append(address)
+            return result
+        raise NoNameServer(tried)

@@ -1,0 +1,70 @@
+"""The client's background-service base: one named asyncio task with start, stop and wakeup."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from abc import ABC, abstractmethod
+
+log = logging.getLogger(__name__)
+
+
+class PeriodicService(ABC):
+    """Runs :meth:`run_once` every ``interval_s``, or sooner on :meth:`wakeup`, until stopped.
+
+    A round that raises is logged and counted in ``failures``; the next round comes as
+    usual, since everything periodic in the client (route refresh, heartbeats) is worth
+    retrying and a dead task would hide the problem.
+    """
+
+    name = "service"
+
+    def __init__(self, interval_s: float) -> None:
+        if interval_s <= 0:
+            raise ValueError(f"{self.name}: interval_s must be positive, not {interval_s}")
+        self.interval_s = interval_s
+        self.failures = 0
+        self.last_error: BaseException | None = None
+        self._wake = asyncio.Event()
+        self._stopping = False
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None
+
+    def start(self) -> None:
+        if self._task is not None:
+            raise RuntimeError(f"service {self.name} already started")
+        self._stopping = False
+        self._task = asyncio.get_running_loop().create_task(self._loop(), name=self.name)
+
+    def wakeup(self) -> None:
+        self._wake.set()
+
+    async def stop(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        task, self._task = self._task, None
+        if task is not None:
+            await task
+
+    async def _loop(self) -> None:
+        while not self._stopping:
+            try:
+                async with asyncio.timeout(self.interval_s):
+                    await self._wake.wait()
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            if self._stopping:
+                break
+            try:
+                await self.run_once()
+            except Exception as exc:
+                self.failures += 1
+                self.last_error = exc
+                log.warning("service %s: round failed (will retry): %s", self.name, exc)
+
+    @abstractmethod
+    async def run_once(self) -> None: ...
