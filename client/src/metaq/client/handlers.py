@@ -1,0 +1,155 @@
+"""Running a push consumer's handlers: bounded concurrency, bounded retries, offsets finished.
+
+Each message (or batch, for ``subscribe_batch``) a pull loop hands over becomes one task
+that waits for one of ``concurrency`` slots, calls the handler, and on an exception
+calls it again after a back-off (the slot is given back while it waits, so a failing
+message never holds up the others) up to ``max_attempts`` calls in all. Then — success
+or not — the messages are marked finished in their queue, which lets the committed
+offset move past them.
+
+What a message whose handler keeps failing gets today: ``max_attempts`` calls, an ERROR
+log line naming its topic, queue, offset and message id, and then it is skipped (its
+offset is committed like any other). Sending it to a retry topic and, in the end, to a
+dead-letter queue is the design's next step (DESIGN §7) and will replace the skip.
+
+A handler task cancelled at close (it outlived ``close_timeout_s``) does **not** mark its
+messages finished, so the offset stops below them and they are delivered again later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from metaq.client.message import Message
+from metaq.client.process_queue import ProcessQueue
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ConsumeStats:
+    """Counters of one push consumer, for tests, tools and metrics."""
+
+    pulled: int = 0
+    """Messages pulled and handed to handlers (after the client's tag check)."""
+    handled: int = 0
+    """Messages whose handler returned normally."""
+    failed_attempts: int = 0
+    """Handler calls that raised (each retried call counts)."""
+    skipped: int = 0
+    """Messages given up on after ``max_attempts`` failed calls."""
+    offset_corrections: int = 0
+    """Pulls answered with a wrong-offset status the consumer corrected itself from."""
+    rebalances: int = 0
+    """Rebalances that changed this consumer's queues."""
+
+
+class HandlerPool:
+    """Runs handler calls as tasks, at most ``concurrency`` at a time."""
+
+    def __init__(
+        self,
+        concurrency: int,
+        max_attempts: int,
+        retry_backoff_s: float,
+        stats: ConsumeStats,
+    ) -> None:
+        self._slots = asyncio.Semaphore(concurrency)
+        self._max_attempts = max_attempts
+        self._retry_backoff_s = retry_backoff_s
+        self._stats = stats
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    @property
+    def running(self) -> int:
+        """Handler tasks not finished yet (running, waiting for a slot or backing off)."""
+        return len(self._tasks)
+
+    def submit(
+        self,
+        queue: ProcessQueue[Any],
+        messages: Sequence[Message],
+        call: Callable[[], Awaitable[None]],
+    ) -> None:
+        """Run ``call`` for ``messages`` of ``queue``, which are already in its in-flight set."""
+        task = asyncio.get_running_loop().create_task(self._run(queue, messages, call))
+        self._tasks.add(task)
+        self._idle.clear()
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not self._tasks:
+            self._idle.set()
+
+    async def _run(
+        self,
+        queue: ProcessQueue[Any],
+        messages: Sequence[Message],
+        call: Callable[[], Awaitable[None]],
+    ) -> None:
+        # Cancellation (close after its timeout) skips the finishing below on purpose.
+        for attempt in range(1, self._max_attempts + 1):
+            async with self._slots:
+                try:
+                    await call()
+                except Exception as exc:
+                    self._stats.failed_attempts += 1
+                    failure: Exception = exc
+                else:
+                    self._stats.handled += len(messages)
+                    break
+            if attempt < self._max_attempts:
+                log.warning(
+                    "handler failed for %s (attempt %d of %d), retrying: %r",
+                    _describe(queue, messages),
+                    attempt,
+                    self._max_attempts,
+                    failure,
+                )
+                await asyncio.sleep(self._retry_backoff_s * 2 ** (attempt - 1))
+        else:
+            self._stats.skipped += len(messages)
+            log.error(
+                "handler failed %d times for %s; skipping it: %r",
+                self._max_attempts,
+                _describe(queue, messages),
+                failure,
+            )
+        for message in messages:
+            queue.finish(message.queue_offset)
+
+    async def drain(self, timeout_s: float) -> int:
+        """Wait for every handler task; cancel those still running after ``timeout_s``.
+
+        Returns how many were cancelled (their messages stay uncommitted).
+        """
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._idle.wait()
+            return 0
+        except TimeoutError:
+            pass
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if tasks:
+            log.warning(
+                "%d message handlers outlived the close timeout and were cancelled", len(tasks)
+            )
+        return len(tasks)
+
+
+def _describe(queue: ProcessQueue[Any], messages: Sequence[Message]) -> str:
+    first = messages[0]
+    where = f"topic {queue.topic} queue {queue.route} offset {first.queue_offset}"
+    if len(messages) == 1:
+        return f"message {first.msg_id} ({where})"
+    return f"a batch of {len(messages)} messages from {where}"

@@ -1,0 +1,135 @@
+"""A push consumer's heartbeats, and the group membership it learns from their answers.
+
+Brokers keep consumer-group membership (``docs/protocol.md``, CONSUMER_HEARTBEAT): a
+consumer announces itself to every broker serving its topics, periodically, and each
+answer lists the group's live members sorted by client id. The union of the answers
+(:func:`~metaq.client.rebalance.merge_members`) is the member list the consumer
+rebalances over; when it differs from the last one, ``on_change`` is called so the
+consumer rebalances at once instead of at its next periodic round.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+
+from metaq.client.connection import ConnectionPool
+from metaq.client.consume_options import ConsumeMode
+from metaq.client.errors import UnknownTopic
+from metaq.client.rebalance import Member, merge_members
+from metaq.client.routes import RouteCache
+from metaq.client.service import PeriodicService
+from metaq.client.tags import TagFilter
+from metaq.common.framing import FrameType
+from metaq.common.v1.data_pb2 import ConsumerHeartbeatRequest, ConsumerHeartbeatResponse
+
+log = logging.getLogger(__name__)
+
+_MODES = {
+    ConsumeMode.CLUSTERING: ConsumerHeartbeatRequest.CLUSTERING,
+    ConsumeMode.BROADCASTING: ConsumerHeartbeatRequest.BROADCASTING,
+}
+
+
+class GroupMembership(PeriodicService):
+    """Heartbeats every ``interval_s`` to every broker of the subscribed topics."""
+
+    name = "metaq-consumer-heartbeat"
+
+    def __init__(
+        self,
+        *,
+        group: str,
+        client_id: str,
+        computer_room: str,
+        mode: ConsumeMode,
+        routes: RouteCache,
+        connections: ConnectionPool,
+        interval_s: float,
+        request_timeout_s: float,
+        on_change: Callable[[], None],
+    ) -> None:
+        super().__init__(interval_s)
+        self.group = group
+        self.client_id = client_id
+        self.computer_room = computer_room
+        self.mode = mode
+        self._routes = routes
+        self._connections = connections
+        self._request_timeout_s = request_timeout_s
+        self._on_change = on_change
+        self.subscriptions: dict[str, TagFilter] = {}
+        self.members: tuple[Member, ...] = ()
+        """The group's members as last learnt; empty until a broker answered."""
+
+    async def run_once(self) -> None:
+        await self.heartbeat()
+
+    async def _addresses(self) -> list[str]:
+        """Every broker (masters and slaves) serving any subscribed topic."""
+        addresses: dict[str, None] = {}
+        for topic in self.subscriptions:
+            try:
+                route = await self._routes.route(topic)
+            except UnknownTopic:
+                continue  # not created yet: nobody to tell
+            for group in route.groups:
+                addresses.update(dict.fromkeys(group.addresses))
+        return sorted(addresses)
+
+    def _request(self, leaving: bool) -> bytes:
+        request = ConsumerHeartbeatRequest(
+            consumer_group=self.group,
+            client_id=self.client_id,
+            computer_room=self.computer_room,
+            mode=_MODES[self.mode],
+            leaving=leaving,
+        )
+        for topic, tags in sorted(self.subscriptions.items()):
+            request.subscriptions.add(topic=topic, tag_expression=tags.expression)
+        return request.SerializeToString()
+
+    async def _send(self, addresses: Sequence[str], leaving: bool) -> list[Sequence[Member]]:
+        header = self._request(leaving)
+
+        async def one(address: str) -> Sequence[Member]:
+            connection = await self._connections.get(address)
+            frame = await connection.request(
+                FrameType.CONSUMER_HEARTBEAT, header, timeout_s=self._request_timeout_s
+            )
+            answer = ConsumerHeartbeatResponse.FromString(frame.header)
+            return [Member(m.client_id, m.computer_room) for m in answer.members]
+
+        results = await asyncio.gather(*(one(a) for a in addresses), return_exceptions=True)
+        answers: list[Sequence[Member]] = []
+        for address, result in zip(addresses, results, strict=True):
+            if isinstance(result, BaseException):
+                if not isinstance(result, Exception):
+                    raise result
+                log.warning("consumer heartbeat to broker %s failed: %s", address, result)
+            else:
+                answers.append(result)
+        return answers
+
+    async def heartbeat(self) -> tuple[Member, ...]:
+        """Heartbeat every broker now; return the members (the last known if none answered)."""
+        addresses = await self._addresses()
+        answers = await self._send(addresses, leaving=False)
+        if not answers:
+            return self.members
+        members = merge_members(answers)
+        if members != self.members:
+            log.info(
+                "consumer group %s members now: %s",
+                self.group,
+                ", ".join(f"{m.client_id} ({m.computer_room})" for m in members),
+            )
+            self.members = members
+            self._on_change()
+        return members
+
+    async def leave(self) -> None:
+        """Tell every broker this consumer leaves, so the others rebalance at once."""
+        addresses = await self._addresses()
+        await self._send(addresses, leaving=True)

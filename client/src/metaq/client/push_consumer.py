@@ -1,0 +1,622 @@
+"""The push consumer: long-polling pull loops that call the application's handlers.
+
+Guarantees first:
+
+- **At least once.** A message's offset is committed only after its handler finished (or
+  was given up on, below): the committed offset of a queue is the lowest offset whose
+  handler has not finished, or the pull position when none is running
+  (:mod:`metaq.client.inflight`). A crash, a close that had to cancel handlers, or a
+  rebalance moving a queue while its handlers run makes the next owner repeat those
+  messages; nothing is skipped. Offsets are committed every ``commit_interval_s``,
+  piggybacked on pulls, when a queue is given away, and at close.
+- **Exactly once in a steady group** (clustering): while membership and routes stay the
+  same, every queue is consumed by exactly one member.
+- **No order** across the messages of a queue: up to ``concurrency`` handlers run at once.
+- **A failing handler** is called up to ``max_handler_attempts`` times with a doubling
+  back-off, then the message is logged at ERROR and skipped (see
+  :mod:`metaq.client.handlers`; a retry topic and a dead-letter queue will take over from
+  the skip). It never stalls other queues, nor other messages of its own queue.
+- **Back-pressure:** a queue is not pulled while ``max_inflight_messages`` of its
+  messages, or ``max_inflight_bytes`` of their records, are pulled but unfinished.
+
+Clustering: the consumer heartbeats every broker of its topics; the brokers' answers are
+the group's members, and the nameserver's ``GetAssignment`` over those members says which
+queues are this member's (every member asks with the same inputs, so their shares are
+disjoint and cover the topic; see ``_target`` for why no previous assignment is sent). It
+rebalances every ``rebalance_interval_s``, and at once when the member list or a route
+changes. A queue given away stops its loop, waits up to ``drop_grace_s`` for its
+handlers and commits; a queue taken starts from the group's committed offset, or from
+``consume_from`` when the group has none (and commits that start at once, so a later
+owner continues from the same place).
+
+Broadcasting: every member consumes every readable queue; offsets live in a local file
+(:mod:`metaq.client.offset_store`), never on the broker.
+
+Wrong offsets correct themselves: OFFSET_TOO_SMALL and OFFSET_MOVED jump to the
+broker's ``next_offset``, OFFSET_OVERFLOW_BADLY resets to the queue's end; each is
+logged and counted in ``stats.offset_corrections``. Errors back off (full-jitter
+exponential, up to 5 s) and refresh the topic's route before the next try.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import socket
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, TypeAlias
+
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception_type,
+    wait_random_exponential,
+)
+
+from metaq.client.connection import ConnectionPool
+from metaq.client.consume_options import (
+    ConsumeFrom,
+    ConsumeMode,
+    PushConsumerConfig,
+)
+from metaq.client.errors import ConnectionLost, UnknownTopic
+from metaq.client.handlers import ConsumeStats, HandlerPool
+from metaq.client.membership import GroupMembership
+from metaq.client.message import Message
+from metaq.client.offset_store import LocalOffsetStore
+from metaq.client.process_queue import ProcessQueue
+from metaq.client.pull_consumer import PullConsumer, PullResult, PullStatus
+from metaq.client.rebalance import plan_rebalance
+from metaq.client.routes import QueueRoute, RouteCache, TopicRoute
+from metaq.client.service import PeriodicService
+from metaq.client.tags import TagFilter
+
+log = logging.getLogger(__name__)
+
+MessageHandler: TypeAlias = Callable[[Message], Awaitable[None]]
+BatchHandler: TypeAlias = Callable[[list[Message]], Awaitable[None]]
+QueueKey: TypeAlias = tuple[str, str, int]
+"""(topic, broker group, queue id)."""
+
+_RETRY_MAX_S = 5.0
+_client_ids = itertools.count()
+
+
+def new_client_id() -> str:
+    """host@pid@random: unique per consumer instance, readable in admin views."""
+    return f"{socket.gethostname()}@{os.getpid()}@{uuid.uuid4().hex[:8]}{next(_client_ids)}"
+
+
+@dataclass(frozen=True, slots=True)
+class _Subscription:
+    topic: str
+    tags: TagFilter
+    handler: MessageHandler | None
+    batch_handler: BatchHandler | None
+
+
+@dataclass(slots=True)
+class _Running:
+    queue: ProcessQueue[QueueRoute]
+    subscription: _Subscription
+    task: asyncio.Task[None]
+
+
+class _Periodic(PeriodicService):
+    def __init__(self, name: str, interval_s: float, work: Callable[[], Awaitable[None]]) -> None:
+        self.name = name
+        super().__init__(interval_s)
+        self._work = work
+
+    async def run_once(self) -> None:
+        await self._work()
+
+
+class PushConsumer:
+    """Consume topics for consumer group ``group`` by calling handlers; see the module doc.
+
+    ``subscribe`` (one message per call) or ``subscribe_batch`` (a list) before
+    :meth:`start`; :meth:`close` stops pulling, lets running handlers finish (at most
+    ``close_timeout_s``), commits and leaves the group. Keyword arguments are the fields
+    of :class:`~metaq.client.consume_options.PushConsumerConfig`.
+    """
+
+    def __init__(
+        self,
+        nameservers: Sequence[str],
+        group: str,
+        *,
+        routes: RouteCache | None = None,
+        connections: ConnectionPool | None = None,
+        **options: Any,
+    ) -> None:
+        self.config = PushConsumerConfig(group=group, **options)
+        if not self.config.client_id:
+            self.config = replace(self.config, client_id=new_client_id())
+        self.client_id = self.config.client_id
+        self.stats = ConsumeStats()
+        self._puller = PullConsumer(
+            nameservers,
+            group,
+            routes=routes,
+            connections=connections,
+            request_timeout_s=self.config.request_timeout_s,
+        )
+        self._routes = self._puller.routes
+        self._subscriptions: dict[str, _Subscription] = {}
+        self._running: dict[QueueKey, _Running] = {}
+        self._assignments: dict[str, dict[str, list[QueueRoute]]] = {}
+        """Per topic, the whole group's assignment as this member last computed it."""
+        self._local: LocalOffsetStore | None = None
+        self._handlers = HandlerPool(
+            self.config.concurrency,
+            self.config.max_handler_attempts,
+            self.config.handler_retry_backoff_ms / 1000,
+            self.stats,
+        )
+        self._membership: GroupMembership | None = None
+        self._rebalancer: _Periodic | None = None
+        self._committer: _Periodic | None = None
+        self._rebalance_lock = asyncio.Lock()
+        self._started = False
+        self._closed = False
+
+    # --- subscriptions ----------------------------------------------------------------
+
+    def subscribe(
+        self, topic: str, handler: MessageHandler, *, tags: str | Sequence[str] | None = None
+    ) -> None:
+        """Call ``await handler(message)`` for each message of ``topic`` (with one of
+        ``tags``, when given: ``"a || b"`` or a list; ``"*"`` for all)."""
+        self._add(_Subscription(topic, TagFilter.parse(tags), handler, None))
+
+    def subscribe_batch(
+        self, topic: str, handler: BatchHandler, *, tags: str | Sequence[str] | None = None
+    ) -> None:
+        """Call ``await handler(messages)`` with up to ``consume_batch_size`` messages of
+        one queue at a time; a failure repeats the whole batch."""
+        self._add(_Subscription(topic, TagFilter.parse(tags), None, handler))
+
+    def _add(self, subscription: _Subscription) -> None:
+        if self._started:
+            raise RuntimeError("subscribe before start()")
+        if subscription.topic in self._subscriptions:
+            raise ValueError(f"topic {subscription.topic!r} is already subscribed")
+        self._subscriptions[subscription.topic] = subscription
+
+    # --- lifecycle --------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Join the group, take this member's queues and start consuming them.
+
+        Returns after the first heartbeat and rebalance; when brokers or nameservers
+        cannot be reached yet, that is logged and retried in the background.
+        """
+        if self._started:
+            raise RuntimeError("the consumer is already started")
+        if not self._subscriptions:
+            raise RuntimeError("subscribe to at least one topic before start()")
+        self._started = True
+        config = self.config
+        if config.mode is ConsumeMode.BROADCASTING:
+            self._local = LocalOffsetStore(config.local_offset_path())
+        await self._puller.start()
+        self._rebalancer = _Periodic(
+            "metaq-consumer-rebalance", config.rebalance_interval_s, self._rebalance
+        )
+        self._membership = GroupMembership(
+            group=config.group,
+            client_id=self.client_id,
+            computer_room=config.computer_room,
+            mode=config.mode,
+            routes=self._routes,
+            connections=self._puller.connections,
+            interval_s=config.heartbeat_interval_s,
+            request_timeout_s=config.request_timeout_s,
+            on_change=self._rebalancer.wakeup,
+        )
+        self._membership.subscriptions = {t: s.tags for t, s in self._subscriptions.items()}
+        self._committer = _Periodic("metaq-consumer-commit", config.commit_interval_s, self.commit)
+        self._routes.add_listener(self._route_changed)
+        try:
+            await self._membership.heartbeat()
+        except Exception as exc:
+            log.warning("first consumer heartbeat failed, will retry: %s", exc)
+        try:
+            await self._rebalance()
+        except Exception as exc:
+            log.warning("first rebalance failed, will retry: %s", exc)
+        self._membership.start()
+        self._rebalancer.start()
+        self._committer.start()
+
+    async def close(self) -> None:
+        """Stop pulling, let handlers finish, commit, leave the group, close connections."""
+        if self._closed:
+            return
+        self._closed = True
+        for service in (self._rebalancer, self._membership):
+            if service is not None:
+                await service.stop()
+        running = list(self._running.values())
+        for run in running:
+            run.queue.dropped = True
+            run.task.cancel()
+        await asyncio.gather(*(r.task for r in running), return_exceptions=True)
+        await self._handlers.drain(self.config.close_timeout_s)
+        if self._committer is not None:
+            await self._committer.stop()
+        try:
+            await self._commit_queues([r.queue for r in running])
+        except Exception as exc:
+            log.warning("final offset commit failed (the messages since will repeat): %s", exc)
+        self._running.clear()
+        if self._membership is not None:
+            try:
+                await self._membership.leave()
+            except Exception as exc:
+                log.warning("could not tell the brokers this consumer leaves: %s", exc)
+        await self._puller.close()
+
+    async def __aenter__(self) -> PushConsumer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        await self.close()
+
+    # --- views ------------------------------------------------------------------------
+
+    @property
+    def assigned_queues(self) -> list[QueueKey]:
+        """(topic, broker group, queue id) of every queue this consumer runs, sorted."""
+        return sorted(self._running)
+
+    @property
+    def members(self) -> list[str]:
+        """Client ids of the group's members as this consumer last learnt them."""
+        return [m.client_id for m in self._membership.members] if self._membership else []
+
+    def queue_state(self, key: QueueKey) -> ProcessQueue[QueueRoute] | None:
+        run = self._running.get(key)
+        return run.queue if run is not None else None
+
+    # --- rebalancing ------------------------------------------------------------------
+
+    def _route_changed(self, topic: str, _route: TopicRoute) -> None:
+        if topic in self._subscriptions and self._rebalancer is not None:
+            self._rebalancer.wakeup()
+
+    async def _rebalance(self) -> None:
+        async with self._rebalance_lock:
+            if self._closed:
+                return
+            failures = []
+            for topic in self._subscriptions:
+                try:
+                    await self._rebalance_topic(topic)
+                except Exception as exc:  # one topic's trouble must not hold up the others
+                    failures.append(exc)
+                    log.warning("rebalance of %s failed, keeping its queues: %s", topic, exc)
+            if failures:
+                raise failures[0]
+
+    async def _target(self, topic: str) -> dict[QueueKey, QueueRoute] | None:
+        """The queues this member should run for ``topic``; None: keep what runs."""
+        try:
+            route = await self._routes.route(topic)
+        except UnknownTopic:
+            return {}
+        if self.config.mode is ConsumeMode.BROADCASTING:
+            return {(topic, q.broker_name, q.queue_id): q for q in route.read_queues}
+        assert self._membership is not None
+        members = self._membership.members
+        if not any(m.client_id == self.client_id for m in members):
+            return None  # no broker has confirmed this member yet
+        # No ``previous``: each member asks on its own, and members only agree (disjoint
+        # queues covering the topic) when they pass identical inputs. A member's own
+        # last answer is not the group's (a newcomer has none, and one that missed a
+        # membership change holds another), and the sticky strategy fed two different
+        # ones hands one queue to two members and another to none. Without a record of
+        # the running assignment that every member can read, the assignment is computed
+        # from the members and queues alone.
+        assignment = await self._routes.assignment(
+            self.config.group,
+            topic,
+            self.config.strategy,
+            [(m.client_id, m.computer_room) for m in members],
+        )
+        self._assignments[topic] = assignment
+        return {
+            (topic, q.broker_name, q.queue_id): q
+            for q in assignment.get(self.client_id, [])
+            if q.address  # routed by the nameserver but not in our route yet: next round
+        }
+
+    async def _rebalance_topic(self, topic: str) -> None:
+        target = await self._target(topic)
+        if target is None:
+            return
+        current = {k: r.queue.route for k, r in self._running.items() if k[0] == topic}
+        plan = plan_rebalance(current, target)
+        if plan.unchanged:
+            return
+        self.stats.rebalances += 1
+        log.info(
+            "consumer %s rebalanced %s: +%s -%s",
+            self.client_id,
+            topic,
+            sorted(f"{b}:{q}" for _, b, q in plan.added) or "[]",
+            sorted(f"{b}:{q}" for _, b, q in plan.removed) or "[]",
+        )
+        for key, route in plan.rerouted.items():
+            self._running[key].queue.route = route
+        await asyncio.gather(*(self._drop(key) for key in plan.removed))
+        for key, route in plan.added.items():
+            self._begin(key, route)
+
+    def _begin(self, key: QueueKey, route: QueueRoute) -> None:
+        subscription = self._subscriptions[key[0]]
+        # The start offset is resolved inside the loop (it takes a round trip); until
+        # then the queue sits at offset 0 with nothing in flight and is not committed.
+        queue = ProcessQueue(
+            key[0],
+            route,
+            0,
+            max_messages=self.config.max_inflight_messages,
+            max_bytes=self.config.max_inflight_bytes,
+        )
+        task = asyncio.get_running_loop().create_task(
+            self._run_queue(queue, subscription), name=f"metaq-pull-{key[0]}-{route}"
+        )
+        self._running[key] = _Running(queue, subscription, task)
+
+    async def _drop(self, key: QueueKey) -> None:
+        run = self._running.pop(key)
+        run.queue.dropped = True
+        run.task.cancel()
+        await asyncio.gather(run.task, return_exceptions=True)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.config.drop_grace_s):
+                await run.queue.wait_idle()
+        try:
+            await self._commit_queues([run.queue])
+        except Exception as exc:
+            log.warning("commit of %s/%s on giving it away failed: %s", key[0], key[1:], exc)
+
+    # --- offsets ----------------------------------------------------------------------
+
+    async def commit(self) -> None:
+        """Commit every running queue's offset that moved since its last commit."""
+        await self._commit_queues([r.queue for r in self._running.values()])
+
+    async def _commit_queues(self, queues: Sequence[ProcessQueue[QueueRoute]]) -> None:
+        due = [(q, offset) for q in queues if q.started and (offset := q.commit_due()) is not None]
+        if not due:
+            return
+        if self._local is not None:
+            for queue, offset in due:
+                route = queue.route
+                self._local.update(queue.topic, route.broker_name, route.queue_id, offset)
+                queue.committed = offset
+            self._local.save()
+            return
+        by_broker: dict[str, list[tuple[ProcessQueue[QueueRoute], int]]] = {}
+        for queue, offset in due:
+            by_broker.setdefault(queue.route.address, []).append((queue, offset))
+        results = await asyncio.gather(
+            *(self._commit_to(address, entries) for address, entries in by_broker.items()),
+            return_exceptions=True,
+        )
+        failures = [r for r in results if isinstance(r, Exception)]
+        if failures:
+            raise failures[0]
+
+    async def _commit_to(
+        self, address: str, entries: Sequence[tuple[ProcessQueue[QueueRoute], int]]
+    ) -> None:
+        await self._puller.commit_many(
+            address, [(q.topic, q.route.queue_id, offset) for q, offset in entries]
+        )
+        for queue, offset in entries:
+            queue.committed = offset
+
+    async def _start_offset(self, queue: ProcessQueue[QueueRoute]) -> int:
+        """The group's committed offset, else the one ``consume_from`` says."""
+        route = queue.route
+        local = self._local
+        stored = local.get(queue.topic, route.broker_name, route.queue_id) if local else None
+        if stored is not None:
+            queue.committed = stored
+            return stored
+        answer = await self._puller.query(
+            queue.topic,
+            route,
+            timestamp_ms=_timestamp(self.config.consume_from),
+            with_committed=local is None,
+        )
+        if answer.committed is not None:
+            queue.committed = answer.committed
+            return answer.committed
+        where = self.config.consume_from
+        if where.kind == "first":
+            offset = answer.min_offset
+        elif where.kind == "last":
+            offset = answer.max_offset
+        else:
+            assert answer.timestamp_offset is not None
+            offset = answer.timestamp_offset
+        log.info(
+            "group %s has no offset for %s queue %s; starting from %s: offset %d",
+            self.config.group,
+            queue.topic,
+            route,
+            where,
+            offset,
+        )
+        return offset
+
+    # --- the pull loop of one queue ---------------------------------------------------
+
+    async def _run_queue(self, queue: ProcessQueue[QueueRoute], sub: _Subscription) -> None:
+        start = await self._retrying(queue, lambda: self._start_offset(queue))
+        queue.reposition(start)
+        queue.started = True
+        if queue.committed is None:
+            # Fix the group's position now, so whoever runs the queue next starts here.
+            await self._retrying(queue, lambda: self._commit_queues([queue]))
+        long_poll_s = self.config.long_poll_timeout_ms / 1000
+        while not queue.dropped:
+            await queue.wait_for_room()
+            result = await self._retrying(queue, lambda: self._pull(queue, sub, long_poll_s))
+            self._apply(queue, sub, result)
+
+    async def _pull(
+        self, queue: ProcessQueue[QueueRoute], sub: _Subscription, long_poll_s: float
+    ) -> PullResult:
+        commit = queue.commit_due() if self._local is None else None
+        result = await self._puller.pull(
+            queue.topic,
+            queue.route,
+            queue.offsets.position,
+            self.config.pull_batch_size,
+            long_poll_s,
+            tags=sub.tags,
+            commit_offset=commit,
+        )
+        if commit is not None:
+            queue.committed = commit
+        return result
+
+    def _apply(
+        self, queue: ProcessQueue[QueueRoute], sub: _Subscription, result: PullResult
+    ) -> None:
+        status = result.status
+        if status is PullStatus.FOUND or status is PullStatus.NO_MATCHED_MESSAGE:
+            messages = result.messages
+            queue.deliver([(m.queue_offset, m.size) for m in messages], result.next_offset)
+            self.stats.pulled += len(messages)
+            if messages:
+                self._dispatch(queue, sub, messages)
+        elif status in (PullStatus.OFFSET_TOO_SMALL, PullStatus.OFFSET_MOVED):
+            self._correct(queue, result, "is no longer stored")
+        elif status is PullStatus.OFFSET_OVERFLOW_BADLY:
+            self._correct(queue, result, "is past the queue's end")
+        # NO_MESSAGE_IN_QUEUE, OFFSET_OVERFLOW_ONE: the long poll ended with nothing new.
+
+    def _correct(self, queue: ProcessQueue[QueueRoute], result: PullResult, why: str) -> None:
+        log.warning(
+            "offset %d of %s queue %s %s (%s; queue holds [%d, %d)); continuing at %d",
+            queue.offsets.position,
+            queue.topic,
+            queue.route,
+            why,
+            result.status.name,
+            result.min_offset,
+            result.max_offset,
+            result.next_offset,
+        )
+        self.stats.offset_corrections += 1
+        queue.reposition(result.next_offset)
+
+    def _dispatch(
+        self, queue: ProcessQueue[QueueRoute], sub: _Subscription, messages: list[Message]
+    ) -> None:
+        if sub.handler is not None:
+            handler = sub.handler
+            for message in messages:
+                self._handlers.submit(queue, (message,), _bind(handler, message))
+            return
+        assert sub.batch_handler is not None
+        size = self.config.consume_batch_size
+        for at in range(0, len(messages), size):
+            batch = messages[at : at + size]
+            self._handlers.submit(queue, batch, _bind(sub.batch_handler, batch))
+
+    async def _retrying(
+        self, queue: ProcessQueue[QueueRoute], call: Callable[[], Awaitable[Any]]
+    ) -> Any:
+        """Run ``call`` until it succeeds, backing off and refreshing routes between tries.
+
+        The first try runs bare: building a retrying state per pull costs more than the
+        pull's own Python work. After a failure the route is refreshed and the call tried
+        again at once, then with full-jitter exponential back-off (tenacity).
+        """
+        try:
+            return await call()
+        except Exception as exc:
+            self._log_failure(queue, exc, 1)
+            if isinstance(exc, ConnectionLost) and self._membership is not None:
+                # A broker forgets the members whose connection closed: announce this
+                # one again now rather than at the next heartbeat round.
+                self._membership.wakeup()
+        await self._reroute(queue)
+
+        async def before_sleep(state: RetryCallState) -> None:
+            exc = state.outcome.exception() if state.outcome is not None else None
+            self._log_failure(queue, exc, state.attempt_number + 1)
+            await self._reroute(queue)
+
+        async for attempt in AsyncRetrying(
+            retry=retry_if_exception_type(Exception),
+            wait=wait_random_exponential(multiplier=0.05, max=_RETRY_MAX_S),
+            before_sleep=before_sleep,
+            reraise=True,
+        ):
+            with attempt:
+                return await call()
+        raise AssertionError("tenacity stopped retrying without stop condition")
+
+    def _log_failure(
+        self, queue: ProcessQueue[QueueRoute], exc: BaseException | None, attempt: int
+    ) -> None:
+        retriable = getattr(exc, "retriable", True)
+        level = logging.WARNING if attempt in (1, 10) else logging.DEBUG
+        if not retriable:
+            level = logging.ERROR
+        log.log(
+            level,
+            "%s queue %s: %s (attempt %d, retriable=%s); retrying",
+            queue.topic,
+            queue.route,
+            exc,
+            attempt,
+            retriable,
+        )
+
+    async def _reroute(self, queue: ProcessQueue[QueueRoute]) -> None:
+        """Refresh the topic's route and follow the queue if its broker moved."""
+        try:
+            route = await self._routes.route(queue.topic, refresh=True)
+        except Exception as exc:
+            log.debug("route refresh of %s failed: %s", queue.topic, exc)
+            return
+        moved = _find(route.read_queues, queue.route)
+        if moved is not None and moved != queue.route:
+            log.info("queue %s of %s moved to %s", queue.route, queue.topic, moved.address)
+            queue.route = moved
+
+
+def _bind(
+    handler: Callable[[Any], Awaitable[None]], argument: Any
+) -> Callable[[], Awaitable[None]]:
+    return lambda: handler(argument)
+
+
+def _timestamp(where: ConsumeFrom) -> int | None:
+    return where.timestamp_ms if where.kind == "timestamp" else None
+
+
+def _find(queues: Sequence[QueueRoute], wanted: QueueRoute) -> QueueRoute | None:
+    for queue in queues:
+        if queue.broker_name == wanted.broker_name and queue.queue_id == wanted.queue_id:
+            return queue
+    return None
+
+
+__all__ = ["BatchHandler", "MessageHandler", "PushConsumer", "QueueKey", "new_client_id"]

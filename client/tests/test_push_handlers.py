@@ -1,0 +1,168 @@
+"""Handler execution: bounded concurrency, bounded retries, offsets finished or not."""
+
+from __future__ import annotations
+
+import asyncio
+
+from metaq.client.handlers import ConsumeStats, HandlerPool
+from metaq.client.message import Message
+from metaq.client.process_queue import ProcessQueue
+
+
+def _queue(max_messages: int = 100, max_bytes: int = 1 << 20) -> ProcessQueue[str]:
+    queue: ProcessQueue[str] = ProcessQueue(
+        "t", "a:0", 0, max_messages=max_messages, max_bytes=max_bytes
+    )
+    queue.started = True
+    return queue
+
+
+def _messages(queue: ProcessQueue[str], count: int, size: int = 10) -> list[Message]:
+    start = queue.offsets.position
+    messages = [
+        Message("t", b"x", queue_offset=start + n, msg_id=f"m{start + n}", size=size)
+        for n in range(count)
+    ]
+    queue.deliver([(m.queue_offset, m.size) for m in messages], start + count)
+    return messages
+
+
+def test_a_failing_handler_is_retried_then_skipped_and_the_offset_moves_on() -> None:
+    async def scenario() -> None:
+        stats = ConsumeStats()
+        pool = HandlerPool(4, max_attempts=3, retry_backoff_s=0.001, stats=stats)
+        queue = _queue()
+        (message,) = _messages(queue, 1)
+        calls = 0
+
+        async def always_fails() -> None:
+            nonlocal calls
+            calls += 1
+            raise RuntimeError("boom")
+
+        pool.submit(queue, [message], always_fails)
+        assert await pool.drain(5) == 0
+        assert calls == 3
+        assert (stats.failed_attempts, stats.skipped, stats.handled) == (3, 1, 0)
+        assert queue.commit_due() == 1
+
+    asyncio.run(scenario())
+
+
+def test_a_handler_that_recovers_is_counted_as_handled_once() -> None:
+    async def scenario() -> None:
+        stats = ConsumeStats()
+        pool = HandlerPool(4, max_attempts=3, retry_backoff_s=0.001, stats=stats)
+        queue = _queue()
+        (message,) = _messages(queue, 1)
+        outcomes = [RuntimeError("first"), None]
+
+        async def flaky() -> None:
+            outcome = outcomes.pop(0)
+            if outcome is not None:
+                raise outcome
+
+        pool.submit(queue, [message], flaky)
+        await pool.drain(5)
+        assert (stats.failed_attempts, stats.handled, stats.skipped) == (1, 1, 0)
+        assert queue.offsets.commit_offset == 1
+
+    asyncio.run(scenario())
+
+
+def test_no_more_handlers_run_at_once_than_the_concurrency() -> None:
+    async def scenario() -> None:
+        pool = HandlerPool(3, max_attempts=1, retry_backoff_s=0, stats=ConsumeStats())
+        queue = _queue()
+        running = peak = 0
+        release = asyncio.Event()
+
+        async def handler() -> None:
+            nonlocal running, peak
+            running += 1
+            peak = max(peak, running)
+            await release.wait()
+            running -= 1
+
+        for message in _messages(queue, 10):
+            pool.submit(queue, [message], handler)
+        while running < 3:
+            await asyncio.sleep(0)
+        for _ in range(10):
+            await asyncio.sleep(0)  # let any task that could start do so
+        assert (running, peak) == (3, 3)
+        release.set()
+        await pool.drain(5)
+        assert peak == 3
+        assert queue.offsets.commit_offset == 10
+
+    asyncio.run(scenario())
+
+
+def test_a_slow_message_holds_the_commit_while_later_ones_finish() -> None:
+    async def scenario() -> None:
+        pool = HandlerPool(8, max_attempts=1, retry_backoff_s=0, stats=ConsumeStats())
+        queue = _queue()
+        slow = asyncio.Event()
+        messages = _messages(queue, 5)
+
+        async def wait_for_slow() -> None:
+            await slow.wait()
+
+        async def quick() -> None:
+            return None
+
+        pool.submit(queue, messages[:1], wait_for_slow)
+        for message in messages[1:]:
+            pool.submit(queue, [message], quick)
+        while queue.offsets.count > 1:
+            await asyncio.sleep(0)
+        assert queue.commit_due() == 0, "message 0 still runs: nothing may be committed"
+        slow.set()
+        await pool.drain(5)
+        assert queue.commit_due() == 5
+
+    asyncio.run(scenario())
+
+
+def test_handlers_cancelled_at_close_leave_their_messages_uncommitted() -> None:
+    async def scenario() -> None:
+        pool = HandlerPool(2, max_attempts=1, retry_backoff_s=0, stats=ConsumeStats())
+        queue = _queue()
+        never = asyncio.Event()
+        messages = _messages(queue, 2)
+
+        async def hangs() -> None:
+            await never.wait()
+
+        async def quick() -> None:
+            return None
+
+        pool.submit(queue, messages[:1], hangs)
+        pool.submit(queue, messages[1:], quick)
+        assert await pool.drain(0.05) == 1
+        assert queue.offsets.commit_offset == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_full_queue_blocks_pulling_until_a_message_finishes() -> None:
+    async def scenario() -> None:
+        queue = _queue(max_messages=2)
+        first, _ = _messages(queue, 2)
+        assert queue.full
+        waiter = asyncio.ensure_future(queue.wait_for_room())
+        await asyncio.sleep(0)
+        assert not waiter.done()
+        queue.finish(first.queue_offset)
+        await asyncio.wait_for(waiter, 1)
+
+    asyncio.run(scenario())
+
+
+def test_the_byte_budget_blocks_pulling_too() -> None:
+    queue = _queue(max_messages=100, max_bytes=25)
+    _messages(queue, 2, size=10)
+    assert not queue.full
+    _messages(queue, 1, size=10)
+    assert queue.full

@@ -1,0 +1,415 @@
+"""Push consumers against a real nameserver and real brokers: groups, rebalancing,
+broadcasting, long polling, computer rooms, wrong offsets and start positions."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import consumer_cluster as cc
+import pytest
+
+from metaq.broker.testing import run_async
+from metaq.broker.testing.admin import scrape
+from metaq.client import cli
+from metaq.client.consumer import (
+    BROADCASTING,
+    LAST,
+    TIMESTAMP,
+    PullConsumer,
+    PullStatus,
+    PushConsumer,
+)
+from metaq.client.message import Message
+from metaq.client.offset_store import LocalOffsetStore
+
+# Fast heartbeats so membership changes are seen within a fraction of a second.
+FAST = {"heartbeat_interval_s": 0.2, "commit_interval_s": 0.2, "close_timeout_s": 5.0}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[cc.Cluster]:
+    started = cc.start_cluster(tmp_path_factory.mktemp("consumer-cluster"))
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
+def _queues(brokers: list[str], count: int = 4) -> list[tuple[str, int]]:
+    return [(b, q) for b in brokers for q in range(count)]
+
+
+def _partitioned(consumers: list[PushConsumer], total: int) -> bool:
+    """Every consumer knows every member, and their queues are disjoint and complete."""
+    ids = sorted(c.client_id for c in consumers)
+    if any(c.members != ids for c in consumers):
+        return False
+    owned = [key for c in consumers for key in c.assigned_queues]
+    return len(owned) == total == len(set(owned))
+
+
+def test_a_group_consumes_each_message_once_and_loses_none_when_members_change(
+    cluster: cc.Cluster,
+) -> None:
+    topic, group = "GroupOrders", "group-orders"
+
+    async def scenario() -> dict[str, int]:
+        await cc.create_topic(cluster, topic, ["broker-a", "broker-b"])
+        deliveries = cc.Deliveries()
+        sender = cc.Sender(cluster)
+        consumers: list[PushConsumer] = []
+
+        async def join(name: str) -> PushConsumer:
+            consumer = PushConsumer(cluster.nameservers, group, **FAST)
+            consumer.subscribe(topic, deliveries.handler(name))
+            await consumer.start()
+            consumers.append(consumer)
+            return consumer
+
+        try:
+            for n in range(3):
+                await join(f"c{n}")
+            await cc.wait_for(lambda: _partitioned(consumers, 8), 15, "3 members split 8 queues")
+            steady = await sender.send(topic, _queues(["broker-a", "broker-b"]), 10_000)
+            await cc.wait_for(
+                lambda: deliveries.received_all(steady), 60, "all 10,000 messages arrived"
+            )
+            steady_report = deliveries.report(steady)
+            assert steady_report["lost"] == 0
+            assert steady_report["duplicated"] == 0, f"steady state duplicates: {steady_report}"
+            assert len({next(iter(c)) for c in deliveries.consumers.values()}) == 3
+
+            # A fourth member joins and one of the first three leaves while messages flow.
+            during = asyncio.ensure_future(
+                sender.send(topic, _queues(["broker-a", "broker-b"]), 2_000, batch=10)
+            )
+            await join("c3")
+            leaving = consumers.pop(0)
+            await leaving.close()
+            moved = await during
+            await cc.wait_for(lambda: _partitioned(consumers, 8), 15, "3 members split again")
+            after = await sender.send(topic, _queues(["broker-a", "broker-b"]), 1_000)
+            everything = steady + moved + after
+            await cc.wait_for(
+                lambda: deliveries.received_all(everything), 30, "every message arrived"
+            )
+            report = deliveries.report(everything)
+            assert report["lost"] == 0
+            assert report["unexpected"] == 0
+            # Duplicates are allowed only around the rebalance, never in steady state.
+            assert all(deliveries.by_id[i] == 1 for i in after), "duplicates after rebalance"
+            return report
+        finally:
+            for consumer in consumers:
+                await consumer.close()
+            await sender.close()
+
+    report = run_async(scenario(), timeout_s=90)
+    print(f"rebalance checker: {report}")
+
+
+def test_broadcasting_delivers_every_message_to_every_member(
+    cluster: cc.Cluster, tmp_path: Path
+) -> None:
+    topic, group = "Broadcast", "group-broadcast"
+
+    async def scenario() -> None:
+        await cc.create_topic(cluster, topic, ["broker-a", "broker-b"], queues=2)
+        deliveries = [cc.Deliveries(), cc.Deliveries()]
+        sender = cc.Sender(cluster)
+        consumers = []
+        try:
+            for n, seen in enumerate(deliveries):
+                consumer = PushConsumer(
+                    cluster.nameservers,
+                    group,
+                    mode=BROADCASTING,
+                    offset_store_path=tmp_path / f"member{n}.json",
+                    **FAST,
+                )
+                consumer.subscribe(topic, seen.handler(f"b{n}"))
+                await consumer.start()
+                consumers.append(consumer)
+            assert all(len(c.assigned_queues) == 4 for c in consumers)
+            sent = await sender.send(topic, _queues(["broker-a", "broker-b"], 2), 500)
+            for seen in deliveries:
+                await cc.wait_for(lambda s=seen: s.received_all(sent), 20, "all 500 arrived")  # type: ignore[misc]
+                assert seen.report(sent)["duplicated"] == 0
+        finally:
+            for consumer in consumers:
+                await consumer.close()
+            await sender.close()
+        # Broadcasting offsets live in each member's own file, one past the last message.
+        for n in range(2):
+            store = LocalOffsetStore(tmp_path / f"member{n}.json")
+            assert [store.get(topic, b, q) for b, q in _queues(["broker-a", "broker-b"], 2)] == [
+                125
+            ] * 4
+
+    run_async(scenario(), timeout_s=60)
+
+
+def test_a_long_poll_delivers_a_new_message_well_before_the_poll_times_out(
+    cluster: cc.Cluster,
+) -> None:
+    topic, group = "LongPoll", "group-long-poll"
+
+    async def scenario() -> float:
+        await cc.create_topic(cluster, topic, ["broker-a"], queues=1)
+        arrived = asyncio.Event()
+        received_at: list[float] = []
+
+        async def handle(message: Message) -> None:
+            received_at.append(time.monotonic())
+            arrived.set()
+
+        consumer = PushConsumer(cluster.nameservers, group, long_poll_timeout_ms=15_000, **FAST)
+        consumer.subscribe(topic, handle)
+        sender = cc.Sender(cluster)
+        try:
+            await consumer.start()
+            http = cluster.brokers["broker-a"].http_url
+
+            async def parked() -> bool:
+                samples = await scrape(http)
+                return samples.get(("metaq_long_polls_parked", ()), 0) >= 1
+
+            deadline = time.monotonic() + 10
+            while not await parked():
+                assert time.monotonic() < deadline, "the consumer's pull was never parked"
+                await asyncio.sleep(0.02)
+            sent_at = time.monotonic()
+            await sender.send(topic, [("broker-a", 0)], 1)
+            async with asyncio.timeout(5):
+                await arrived.wait()
+            return received_at[0] - sent_at
+        finally:
+            await consumer.close()
+            await sender.close()
+
+    latency = run_async(scenario(), timeout_s=60)
+    assert latency < 1.0, f"long-polled message took {latency:.3f} s"
+
+
+def test_computer_room_first_keeps_consumers_in_their_room_and_shares_orphaned_rooms(
+    cluster: cc.Cluster,
+) -> None:
+    topic, group = "Rooms", "group-rooms"
+
+    async def scenario() -> None:
+        await cc.create_topic(cluster, topic, ["broker-a", "broker-b", "broker-c"], queues=2)
+        deliveries = cc.Deliveries()
+        sender = cc.Sender(cluster)
+        consumers: dict[str, PushConsumer] = {}
+        try:
+            for room in ("r1", "r2"):
+                consumer = PushConsumer(
+                    cluster.nameservers,
+                    group,
+                    strategy="computer_room_first",
+                    computer_room=room,
+                    **FAST,
+                )
+                consumer.subscribe(topic, deliveries.handler(room))
+                await consumer.start()
+                consumers[room] = consumer
+            await cc.wait_for(lambda: _partitioned(list(consumers.values()), 6), 15, "split")
+
+            def brokers(room: str) -> list[str]:
+                return [b for _, b, _ in consumers[room].assigned_queues]
+
+            # Each room keeps its own broker; r3 has no consumer, so its queues are shared.
+            assert sorted(brokers("r1")) == ["broker-a", "broker-a", "broker-c"]
+            assert sorted(brokers("r2")) == ["broker-b", "broker-b", "broker-c"]
+            sent = await sender.send(topic, _queues(["broker-a", "broker-b"], 2), 40)
+            await cc.wait_for(lambda: deliveries.received_all(sent), 20, "40 arrived")
+            for msg_id, message in deliveries.messages.items():
+                broker = cluster.broker_of(message.store_host)
+                assert deliveries.consumers[msg_id] == {cc.ROOMS[broker]}
+
+            # r2's consumer leaves: r2 has no consumer now, so r1 takes its queues.
+            await consumers.pop("r2").close()
+            await cc.wait_for(lambda: _partitioned(list(consumers.values()), 6), 15, "r1 all")
+            more = await sender.send(topic, _queues(["broker-b"], 2), 10)
+            await cc.wait_for(lambda: deliveries.received_all(more), 20, "r1 consumes r2's")
+            assert all(deliveries.consumers[i] == {"r1"} for i in more)
+        finally:
+            for consumer in consumers.values():
+                await consumer.close()
+            await sender.close()
+
+    run_async(scenario(), timeout_s=60)
+
+
+def test_a_wrong_offset_is_an_explicit_status_and_the_consumer_corrects_itself(
+    cluster: cc.Cluster,
+) -> None:
+    topic, group = "WrongOffsets", "group-wrong-offsets"
+
+    async def scenario() -> None:
+        await cc.create_topic(cluster, topic, ["broker-a"], queues=1)
+        sender = cc.Sender(cluster)
+        deliveries = cc.Deliveries()
+        consumer: PushConsumer | None = None
+        try:
+            await sender.send(topic, [("broker-a", 0)], 10)
+            async with PullConsumer(cluster.nameservers, group) as puller:
+                (queue,) = await puller.queues(topic)
+                result = await puller.pull(topic, queue, 500)
+                assert result.status is PullStatus.OFFSET_OVERFLOW_BADLY
+                assert (result.next_offset, result.max_offset, result.messages) == (10, 10, [])
+                # The group's stored position is past the end too (say, a reset gone wrong).
+                await puller.commit(topic, queue, 500)
+                assert await puller.committed(topic, queue) == 500
+
+                consumer = PushConsumer(cluster.nameservers, group, **FAST)
+                consumer.subscribe(topic, deliveries.handler("c"))
+                await consumer.start()
+                await cc.wait_for(
+                    lambda: consumer is not None and consumer.stats.offset_corrections >= 1,
+                    10,
+                    "the consumer corrected its offset",
+                )
+                sent = await sender.send(topic, [("broker-a", 0)], 5)
+                await cc.wait_for(lambda: deliveries.received_all(sent), 10, "new ones arrive")
+                assert set(deliveries.by_id) == set(sent), "reset to the end, not the start"
+                await consumer.close()
+                assert await puller.committed(topic, queue) == 15
+        finally:
+            if consumer is not None:
+                await consumer.close()
+            await sender.close()
+
+    run_async(scenario(), timeout_s=60)
+
+
+def test_a_new_group_starts_from_last_or_from_a_timestamp(cluster: cc.Cluster) -> None:
+    topic = "StartPositions"
+
+    async def scenario() -> None:
+        await cc.create_topic(cluster, topic, ["broker-a"], queues=2)
+        sender = cc.Sender(cluster)
+        consumers: list[PushConsumer] = []
+        try:
+            old = await sender.send(topic, _queues(["broker-a"], 2), 20, prefix="old")
+            async with PullConsumer(cluster.nameservers, "group-probe") as puller:
+                newest = 0
+                for queue in await puller.queues(topic):
+                    result = await puller.pull(topic, queue, 0, max_messages=100)
+                    newest = max([newest, *(m.store_timestamp_ms for m in result.messages)])
+            # The next messages must be stored in a later millisecond than the old ones.
+            await cc.wait_for(lambda: time.time() * 1000 > newest + 1, 5, "the clock moved on")
+
+            from_last, from_time = cc.Deliveries(), cc.Deliveries()
+            last = PushConsumer(cluster.nameservers, "group-from-last", consume_from=LAST, **FAST)
+            last.subscribe(topic, from_last.handler("last"))
+            await last.start()
+            consumers.append(last)
+            await cc.wait_for(
+                lambda: (
+                    all(
+                        (q := last.queue_state(k)) is not None and q.committed is not None
+                        for k in last.assigned_queues
+                    )
+                    and len(last.assigned_queues) == 2
+                ),
+                10,
+                "the from-last consumer fixed its start",
+            )
+            new = await sender.send(topic, _queues(["broker-a"], 2), 20, prefix="new")
+            await cc.wait_for(lambda: from_last.received_all(new), 10, "new ones arrive")
+            assert set(from_last.by_id) == set(new)
+
+            stamped = PushConsumer(
+                cluster.nameservers,
+                "group-from-time",
+                consume_from=TIMESTAMP(newest + 1),
+                **FAST,
+            )
+            stamped.subscribe(topic, from_time.handler("time"))
+            await stamped.start()
+            consumers.append(stamped)
+            await cc.wait_for(lambda: from_time.received_all(new), 10, "new ones arrive")
+            assert not set(from_time.by_id) & set(old)
+        finally:
+            for consumer in consumers:
+                await consumer.close()
+            await sender.close()
+
+    run_async(scenario(), timeout_s=60)
+
+
+def test_tag_filtered_subscriptions_get_only_their_tags(cluster: cc.Cluster) -> None:
+    topic, group = "Tagged", "group-tagged"
+
+    async def scenario() -> None:
+        await cc.create_topic(cluster, topic, ["broker-b"], queues=1)
+        sender = cc.Sender(cluster)
+        deliveries = cc.Deliveries()
+        consumer = PushConsumer(cluster.nameservers, group, **FAST)
+        consumer.subscribe(topic, deliveries.handler("c"), tags="paid || shipped")
+        try:
+            await consumer.start()
+            wanted = await sender.send(topic, [("broker-b", 0)], 10, tags="paid")
+            await sender.send(topic, [("broker-b", 0)], 10, tags="created")
+            wanted += await sender.send(topic, [("broker-b", 0)], 10, tags="shipped")
+            await cc.wait_for(lambda: deliveries.received_all(wanted), 10, "tagged ones arrive")
+            await cc.wait_for(
+                lambda: (
+                    (q := consumer.queue_state((topic, "broker-b", 0))) is not None
+                    and q.committed == 30
+                ),
+                10,
+                "the offset passes the filtered messages too",
+            )
+            assert set(deliveries.by_id) == set(wanted)
+        finally:
+            await consumer.close()
+            await sender.close()
+
+    run_async(scenario(), timeout_s=60)
+
+
+def test_the_cli_tails_a_topic_shows_the_group_progress_and_resets_it(
+    cluster: cc.Cluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    topic, group = "CliTail", "group-cli"
+    ns = ["--nameserver", cluster.nameserver.grpc_address]
+
+    async def setup() -> list[str]:
+        await cc.create_topic(cluster, topic, ["broker-c"], queues=2)
+        sender = cc.Sender(cluster)
+        try:
+            return await sender.send(topic, _queues(["broker-c"], 2), 10, tags="t")
+        finally:
+            await sender.close()
+
+    sent = run_async(setup())
+    capsys.readouterr()
+
+    assert (
+        cli.main(["consume", topic, "--group", group, "--count", "4", "--timeout", "20", *ns]) == 0
+    )
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 4
+    assert all(any(f"id={i}" in line for i in sent) for line in lines)
+    assert all(" tags=t " in line for line in lines)
+
+    assert cli.main(["progress", "--group", group, "--topic", topic, "--json", *ns]) == 0
+    progress = json.loads(capsys.readouterr().out)
+    # Only what was printed is committed: messages pulled past the count are not.
+    assert sum(q["committed"] for q in progress["queues"]) == 4
+    assert progress["total_lag"] == 6
+
+    assert (
+        cli.main(["reset-offsets", "--group", group, "--topic", topic, "--to-time", "0", *ns]) == 0
+    )
+    assert "AFTER" in capsys.readouterr().out
+    assert cli.main(["progress", "--group", group, "--topic", topic, *ns]) == 0
+    table = capsys.readouterr().out
+    assert "total lag: 10" in table
+    assert table.splitlines()[0].split() == ["BROKER", "QUEUE", "COMMITTED", "MAX", "OFFSET", "LAG"]
