@@ -7,11 +7,16 @@
   ordered; creates or replaces), ``DELETE /topics/{name}``.
 - ``GET /consumers`` — live members per consumer group; ``GET /offsets`` — committed
   consumer offsets with their lag.
+- ``GET /messages/{msg_id}`` (32 hex digits) — one stored message, 404 if this broker
+  has none; ``GET /messages?topic=T&key=K[&limit=N]`` — messages carrying a key, newest
+  first. Bodies come inflated, as text when they are UTF-8, else base64.
 """
 
 from __future__ import annotations
 
+import base64
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +30,7 @@ from metaq.broker.offsets import ConsumerOffsets
 from metaq.broker.store import MessageStore
 from metaq.broker.topics import Permission, TopicConfig, TopicTable
 from metaq.common.errors import InvalidMessage
+from metaq.common.record import FLAG_COMPRESSED, Record
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +61,8 @@ class HttpServer:
                 web.delete("/topics/{name}", self.delete_topic),
                 web.get("/consumers", self.consumers),
                 web.get("/offsets", self.offsets),
+                web.get("/messages/{msg_id}", self.message_by_id),
+                web.get("/messages", self.messages_by_key),
             ]
         )
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
@@ -147,6 +155,71 @@ class HttpServer:
             for (group, topic, queue_id), offset in self._context.offsets.items()
         ]
         return web.json_response(rows)
+
+    async def message_by_id(self, request: web.Request) -> web.Response:
+        raw = request.match_info["msg_id"]
+        try:
+            msg_id = bytes.fromhex(raw)
+        except ValueError:
+            msg_id = b""
+        if len(msg_id) != 16:
+            return web.json_response(
+                {"error": f"a message id is 32 hex digits, not {raw!r}"}, status=400
+            )
+        found = self._context.store.lookup_id(msg_id)
+        if found is None:
+            return web.json_response(
+                {"error": f"no message {raw} on broker {self._context.broker_name}"}, status=404
+            )
+        return web.json_response(_message_json(found, self._context.broker_name))
+
+    async def messages_by_key(self, request: web.Request) -> web.Response:
+        topic = request.query.get("topic", "")
+        key = request.query.get("key", "")
+        try:
+            limit = int(request.query.get("limit", "32"))
+        except ValueError:
+            limit = 0
+        if not topic or not key or not 0 < limit <= 1000:
+            return web.json_response(
+                {"error": "give topic, key and optionally limit (1-1000)"}, status=400
+            )
+        found = self._context.store.lookup_key(topic, key, limit=limit)
+        name = self._context.broker_name
+        return web.json_response({"messages": [_message_json(r, name) for r in found]})
+
+
+def _message_json(found: Record, broker_name: str) -> dict[str, Any]:
+    """A stored message for people: body inflated, as text if it is UTF-8, else base64."""
+    body = found.body
+    compressed = bool(found.flags & FLAG_COMPRESSED)
+    if compressed:
+        try:
+            body = zlib.decompress(body)
+        except zlib.error:
+            compressed = False  # shown as stored
+    try:
+        text, encoding = body.decode(), "text"
+    except UnicodeDecodeError:
+        text, encoding = base64.b64encode(body).decode(), "base64"
+    return {
+        "broker_name": broker_name,
+        "topic": found.topic,
+        "queue_id": found.queue_id,
+        "queue_offset": found.queue_offset,
+        "commitlog_offset": found.commitlog_offset,
+        "msg_id": found.msg_id.hex(),
+        "born_timestamp_ms": found.born_timestamp_ms,
+        "store_timestamp_ms": found.store_timestamp_ms,
+        "tags": found.tags,
+        "keys": list(found.keys),
+        "properties": dict(found.properties),
+        "flags": found.flags,
+        "compressed": compressed,
+        "size": found.size,
+        "body": text,
+        "body_encoding": encoding,
+    }
 
 
 _TOPIC_KEYS = {"read_queues", "write_queues", "perm", "ordered"}

@@ -1,0 +1,79 @@
+"""The ``metaq`` command line: cluster and topic administration, sending, lookups.
+
+Each module of this package is one command group and has ``register(subparsers)``, which
+adds its commands; :data:`COMMAND_MODULES` lists them, so a new group is one line there.
+Every command takes ``--nameserver`` (repeatable; default ``$METAQ_NAMESERVERS`` or
+127.0.0.1:9876), ``--timeout`` and ``--json``. Exit codes: 0 success, 1 the operation
+failed (one line on stderr says why), 2 bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+from typing import Final
+
+from metaq.client.cli.support import CliError
+from metaq.common.errors import MetaqError
+
+COMMAND_MODULES: Final = (
+    "cluster",
+    "topic",
+    "send",
+    "query",
+    "consume",
+    "progress",
+    "reset_offsets",
+)
+"""Modules of ``metaq.client.cli`` whose ``register(subparsers)`` adds commands, in help
+order."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="metaq",
+        description="Administer a metaq cluster, send messages and look them up.",
+        epilog="Run 'metaq COMMAND --help' for the options of a command.",
+    )
+    parser.add_argument(
+        "-v", "--verbose", action="count", default=0, help="log more (repeat for debug)"
+    )
+    subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        module = importlib.import_module(f"{__name__}.{name}")
+        module.register(subparsers)
+    parser.set_defaults(handler=None, group_parser=parser)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    late = getattr(args, "late_positional", None)
+    if late and len(extra) == 1 and not extra[0].startswith("-") and getattr(args, late) is None:
+        setattr(args, late, extra.pop())
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    logging.basicConfig(
+        level=[logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)],
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    if args.handler is None:
+        args.group_parser.print_help(sys.stderr)
+        return 2
+    try:
+        code: int = asyncio.run(args.handler(args))
+    except CliError as exc:
+        print(f"metaq: error: {exc}", file=sys.stderr)
+        return exc.code
+    except MetaqError as exc:
+        print(f"metaq: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return code

@@ -1,0 +1,166 @@
+"""``metaq query id`` and ``metaq query key``: find stored messages through the brokers'
+admin API (their message-id and key indexes)."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+from typing import Any
+from urllib.parse import urlencode
+
+from metaq.client.cli.support import (
+    CliError,
+    add_command,
+    add_group,
+    http_json,
+    http_session,
+    key_values,
+    print_json,
+    route_cache,
+    table,
+)
+from metaq.client.routes import BrokerInfo
+
+_PREVIEW = 40
+
+
+def register(subparsers: Any) -> None:
+    group = add_group(subparsers, "query", help="look stored messages up by id or key")
+    by_id = add_command(
+        group,
+        "id",
+        query_id,
+        help="find a message by its id",
+        description="Find a message by the id a send printed (32 hex digits), asking "
+        "every broker of the cluster, and print it with its body.",
+    )
+    by_id.add_argument("msg_id", metavar="MSG_ID", help="message id, 32 hex digits")
+    by_key = add_command(
+        group,
+        "key",
+        query_key,
+        help="find a topic's messages by key",
+        description="Find the messages of a topic that carry a key (newest first), asking "
+        "every broker group that serves the topic.",
+    )
+    by_key.add_argument("topic", help="topic name")
+    by_key.add_argument("key", help="message key")
+    by_key.add_argument(
+        "--limit", type=int, default=32, help="at most this many per broker (default: 32)"
+    )
+
+
+def _time(ms: int) -> str:
+    if not ms:
+        return "-"
+    moment = datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.UTC)
+    return moment.isoformat(timespec="milliseconds")
+
+
+async def query_id(args: argparse.Namespace) -> int:
+    try:
+        raw = bytes.fromhex(args.msg_id)
+    except ValueError:
+        raw = b""
+    if len(raw) != 16:
+        raise CliError(f"a message id is 32 hex digits, not {args.msg_id!r}", code=2)
+    async with route_cache(args) as routes:
+        view = await routes.cluster()
+    brokers = [b for b in view.brokers() if b.http_address]
+    if not brokers:
+        raise CliError("no broker with an admin address is registered")
+    unreachable = []
+    async with http_session(args) as session:
+        for broker in brokers:
+            try:
+                status, body = await http_json(
+                    session, "GET", f"http://{broker.http_address}/messages/{raw.hex()}"
+                )
+            except CliError as exc:
+                unreachable.append(f"{broker.broker_name}: {exc}")
+                continue
+            if status == 200:
+                _print_message(args, body)
+                return 0
+            if status != 404:
+                unreachable.append(f"{broker.broker_name}: HTTP {status} {body}")
+    where = f"; could not ask {'; '.join(unreachable)}" if unreachable else ""
+    raise CliError(f"no broker holds message {raw.hex()}{where}")
+
+
+def _print_message(args: argparse.Namespace, message: dict[str, Any]) -> None:
+    if args.json:
+        print_json(message)
+        return
+    properties = message.get("properties") or {}
+    key_values(
+        [
+            ("msg id", message["msg_id"]),
+            ("topic", message["topic"]),
+            ("broker group", message.get("broker_name", "-")),
+            ("queue", message["queue_id"]),
+            ("queue offset", message["queue_offset"]),
+            ("commitlog offset", message["commitlog_offset"]),
+            ("born", _time(message["born_timestamp_ms"])),
+            ("stored", _time(message["store_timestamp_ms"])),
+            ("tags", message["tags"] or "-"),
+            ("keys", " ".join(message["keys"]) or "-"),
+            ("properties", ", ".join(f"{k}={v}" for k, v in properties.items()) or "-"),
+            ("size", f"{message['size']} B" + (" (compressed)" if message["compressed"] else "")),
+            ("body", f"({message['body_encoding']})"),
+        ]
+    )
+    print(message["body"])
+
+
+async def query_key(args: argparse.Namespace) -> int:
+    if not 1 <= args.limit <= 1000:
+        raise CliError("--limit must be between 1 and 1000", code=2)
+    async with route_cache(args) as routes:
+        route = await routes.route(args.topic)
+        view = await routes.cluster()
+    groups = {g.broker_name for g in route.groups}
+    brokers: dict[str, BrokerInfo] = {}
+    for broker in view.brokers():
+        # One broker per group: the master when it is alive, else a slave.
+        wanted = broker.broker_name in groups and broker.http_address
+        if wanted and (broker.broker_name not in brokers or broker.is_master):
+            brokers[broker.broker_name] = broker
+    query = urlencode({"topic": args.topic, "key": args.key, "limit": args.limit})
+    found: list[dict[str, Any]] = []
+    async with http_session(args) as session:
+        for name in sorted(brokers):
+            url = f"http://{brokers[name].http_address}/messages?{query}"
+            status, body = await http_json(session, "GET", url)
+            if status != 200:
+                raise CliError(f"broker {name} answered HTTP {status}: {body}")
+            found += body["messages"]
+    found.sort(key=lambda m: m["store_timestamp_ms"], reverse=True)
+    if args.json:
+        print_json(found)
+        return 0
+    if not found:
+        raise CliError(f"no message of topic {args.topic} has key {args.key!r}")
+    table(
+        ["msg id", "group", "queue", "offset", "stored", "tags", "body"],
+        [
+            [
+                m["msg_id"],
+                m.get("broker_name", "-"),
+                m["queue_id"],
+                m["queue_offset"],
+                _time(m["store_timestamp_ms"]),
+                m["tags"] or "-",
+                _preview(m),
+            ]
+            for m in found
+        ],
+    )
+    return 0
+
+
+def _preview(message: dict[str, Any]) -> str:
+    if message["body_encoding"] != "text":
+        return f"<{message['size']} B binary>"
+    text = " ".join(str(message["body"]).split())
+    return text if len(text) <= _PREVIEW else text[: _PREVIEW - 1] + "…"

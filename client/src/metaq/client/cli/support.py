@@ -1,0 +1,224 @@
+"""What every ``metaq`` subcommand shares: common options, tables, HTTP calls, errors."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import textwrap
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Final, TextIO
+
+from metaq.client.routes import BrokerInfo, ClusterView, RouteCache
+
+if TYPE_CHECKING:
+    import aiohttp
+
+DEFAULT_NAMESERVER: Final = "127.0.0.1:9876"
+NAMESERVERS_ENV: Final = "METAQ_NAMESERVERS"
+
+Handler = Callable[[argparse.Namespace], Awaitable[int]]
+"""A subcommand: does its work, prints, returns the exit code."""
+SubParsers = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+
+class CliError(Exception):
+    """A failure to report as one line on stderr, with exit code ``code``."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def common_options() -> argparse.ArgumentParser:
+    """Options every leaf command takes (after its name): nameservers, timeout, JSON."""
+    parent = argparse.ArgumentParser(add_help=False)
+    group = parent.add_argument_group("connection and output")
+    group.add_argument(
+        "-n",
+        "--nameserver",
+        action="append",
+        dest="nameservers",
+        metavar="HOST:PORT",
+        help=f"a nameserver to ask; repeatable (default: ${NAMESERVERS_ENV}, comma-separated, "
+        f"else {DEFAULT_NAMESERVER})",
+    )
+    group.add_argument(
+        "--timeout",
+        type=float,
+        default=5.0,
+        metavar="S",
+        help="seconds to wait for any one answer (default: 5)",
+    )
+    group.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    return parent
+
+
+def add_command(
+    subparsers: Any,
+    name: str,
+    handler: Handler,
+    *,
+    help: str,
+    description: str | None = None,
+    epilog: str | None = None,
+) -> argparse.ArgumentParser:
+    """A leaf command with the common options; ``handler`` runs it.
+
+    A command may redefine a common option (``consume`` gives ``--timeout`` its own
+    meaning): the later definition wins.
+    """
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        name,
+        help=help,
+        description=_wrap(description or help),
+        epilog=epilog,
+        parents=[common_options()],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        conflict_handler="resolve",
+    )
+    parser.set_defaults(handler=handler)
+    return parser
+
+
+def _wrap(text: str) -> str:
+    """Wrap each paragraph (the raw formatter keeps epilog examples as written)."""
+    if "\n" in text.strip():
+        return text
+    return textwrap.fill(text, width=min(shutil.get_terminal_size().columns, 88) - 2)
+
+
+def add_group(subparsers: Any, name: str, *, help: str, description: str | None = None) -> Any:
+    """A command group (``metaq topic ...``); returns the subparsers to add leaves to."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        name, help=help, description=description or help
+    )
+    parser.set_defaults(handler=None, group_parser=parser)
+    return parser.add_subparsers(title="commands", metavar="COMMAND")
+
+
+def nameservers(args: argparse.Namespace) -> list[str]:
+    given: list[str] | None = args.nameservers
+    if given:
+        out = [a.strip() for value in given for a in value.split(",") if a.strip()]
+    else:
+        env = os.environ.get(NAMESERVERS_ENV, "")
+        out = [a.strip() for a in env.split(",") if a.strip()] or [DEFAULT_NAMESERVER]
+    for address in out:
+        host, sep, port = address.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise CliError(f"nameserver address {address!r} is not HOST:PORT", code=2)
+    return out
+
+
+def route_cache(args: argparse.Namespace) -> RouteCache:
+    return RouteCache(nameservers(args), rpc_timeout_s=args.timeout)
+
+
+def choose_masters(view: ClusterView, brokers: Sequence[str] | None) -> list[BrokerInfo]:
+    """The master of each broker group named in ``brokers`` (all groups when None)."""
+    masters = {b.broker_name: b for b in view.masters()}
+    if not brokers:
+        if not masters:
+            raise CliError("the nameserver knows no live master broker")
+        return [masters[name] for name in sorted(masters)]
+    missing = [name for name in brokers if name not in masters]
+    if missing:
+        known = ", ".join(sorted(masters)) or "none"
+        raise CliError(f"no live master for broker group(s) {', '.join(missing)} (known: {known})")
+    return [masters[name] for name in brokers]
+
+
+def split_names(values: Sequence[str] | None) -> list[str]:
+    """Repeatable and comma-separated values, flattened, duplicates dropped."""
+    if not values:
+        return []
+    return list(dict.fromkeys(v.strip() for value in values for v in value.split(",") if v.strip()))
+
+
+# --- HTTP -----------------------------------------------------------------------------
+
+
+async def http_json(
+    session: aiohttp.ClientSession, method: str, url: str, body: Any = None
+) -> tuple[int, Any]:
+    """(status, JSON body) of one admin call; CliError when the broker cannot be reached."""
+    import aiohttp  # only commands that call HTTP pay for the import
+
+    try:
+        async with session.request(method, url, json=body) as response:
+            try:
+                payload = await response.json(content_type=None)
+            except (json.JSONDecodeError, aiohttp.ContentTypeError):
+                payload = {"error": (await response.text())[:200]}
+            return response.status, payload
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        why = str(exc) or type(exc).__name__
+        raise CliError(f"cannot reach broker admin API at {url}: {why}") from None
+
+
+def http_session(args: argparse.Namespace) -> aiohttp.ClientSession:
+    import aiohttp
+
+    return aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=args.timeout))
+
+
+def http_url(broker: BrokerInfo) -> str:
+    if not broker.http_address:
+        raise CliError(
+            f"broker {broker.broker_name} ({broker.data_address}) has no HTTP admin address"
+        )
+    return f"http://{broker.http_address}"
+
+
+# --- output ---------------------------------------------------------------------------
+
+
+def table(
+    headers: Sequence[str], rows: Sequence[Sequence[object]], out: TextIO | None = None
+) -> None:
+    """Print rows as aligned columns: numbers right-aligned, text left-aligned."""
+    out = out or sys.stdout
+    cells = [[_cell(v) for v in row] for row in rows]
+    numeric = [
+        any(_is_number(row[i]) for row in rows)
+        and all(row[i] is None or _is_number(row[i]) for row in rows)
+        for i in range(len(headers))
+    ]
+    widths = [max([len(h), *(len(row[i]) for row in cells)]) for i, h in enumerate(headers)]
+
+    def line(values: Sequence[str]) -> str:
+        parts = [
+            v.rjust(w) if numeric[i] else v.ljust(w)
+            for i, (v, w) in enumerate(zip(values, widths, strict=True))
+        ]
+        return "  ".join(parts).rstrip()
+
+    print(line([h.upper() for h in headers]), file=out)
+    for row in cells:
+        print(line(row), file=out)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _cell(value: object) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return str(value)
+
+
+def print_json(value: Any) -> None:
+    print(json.dumps(value, indent=2, sort_keys=False, default=str))
+
+
+def key_values(pairs: Sequence[tuple[str, object]]) -> None:
+    """Print ``key: value`` lines with the values aligned."""
+    width = max((len(k) for k, _ in pairs), default=0)
+    for key, value in pairs:
+        print(f"{key + ':':<{width + 1}} {_cell(value)}")

@@ -1,0 +1,137 @@
+"""The ``metaq`` command run as a process against a real cluster: output and exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from producer_cluster import Cluster, start_cluster
+
+
+def _metaq_command() -> list[str]:
+    script = Path(sys.executable).with_name("metaq")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "metaq.client.cli"]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    started = start_cluster(tmp_path_factory.mktemp("cli-cluster"))
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
+def _env(cluster: Cluster) -> dict[str, str]:
+    return {**os.environ, "METAQ_NAMESERVERS": ",".join(cluster.nameserver_addresses)}
+
+
+def metaq(cluster: Cluster, *args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*_metaq_command(), *args],
+        capture_output=True,
+        text=True,
+        env=_env(cluster),
+        input=stdin,
+        timeout=30,
+        check=False,
+    )
+
+
+def test_cluster_list_shows_both_brokers_with_their_addresses(cluster: Cluster) -> None:
+    done = metaq(cluster, "cluster", "list")
+
+    assert done.returncode == 0, done.stderr
+    header, *rows = done.stdout.splitlines()
+    assert header.split()[:4] == ["CLUSTER", "GROUP", "ID", "ROLE"]
+    assert [row.split()[1] for row in rows] == ["broker-a", "broker-b"]
+    assert all(cluster.data_address(name) in done.stdout for name in cluster.brokers)
+
+
+def test_create_send_and_find_a_message_by_id_and_key(cluster: Cluster) -> None:
+    created = metaq(cluster, "topic", "create", "cli-orders", "--queues", "2")
+    assert created.returncode == 0, created.stderr
+    assert "created on 2 broker(s)" in created.stdout
+
+    sent = metaq(
+        cluster, "send", "cli-orders", "--tags", "new", "-k", "order-17", "hello from the cli"
+    )
+    assert sent.returncode == 0, sent.stderr
+    header, row = sent.stdout.splitlines()
+    status, msg_id, group, queue, offset = row.split()
+    assert header.split()[0] == "STATUS" and status == "OK" and len(msg_id) == 32
+
+    found = metaq(cluster, "query", "id", msg_id, "--json")
+    assert found.returncode == 0, found.stderr
+    message = json.loads(found.stdout)
+    assert message["body"] == "hello from the cli" and message["tags"] == "new"
+    assert (message["broker_name"], message["queue_id"], message["queue_offset"]) == (
+        group,
+        int(queue),
+        int(offset),
+    )
+
+    by_key = metaq(cluster, "query", "key", "cli-orders", "order-17")
+    assert by_key.returncode == 0, by_key.stderr
+    assert msg_id in by_key.stdout and "hello from the cli" in by_key.stdout
+
+    stats = metaq(cluster, "topic", "stats", "cli-orders", "--json")
+    assert sum(q["messages"] for q in json.loads(stats.stdout)) == 1
+
+
+def test_send_reads_the_body_from_stdin_and_sends_copies(cluster: Cluster) -> None:
+    assert metaq(cluster, "topic", "create", "cli-copies", "-q", "1").returncode == 0
+
+    done = metaq(cluster, "send", "cli-copies", "--count", "30", stdin="piped body")
+
+    assert done.returncode == 0, done.stderr
+    assert "statuses: OK 30" in done.stdout
+
+
+def test_failures_exit_non_zero_with_one_line_on_stderr(cluster: Cluster) -> None:
+    assert metaq(cluster, "topic", "create", "cli-twice", "-q", "1").returncode == 0
+
+    cases = {
+        ("send", "cli-no-such-topic", "x"): (1, "unknown topic 'cli-no-such-topic'"),
+        ("topic", "create", "cli-twice"): (1, "already exists"),
+        ("topic", "create", "bad topic name"): (2, "illegal topic name"),
+        ("query", "id", "00" * 16): (1, "no broker holds message"),
+        ("query", "id", "xyz"): (2, "32 hex digits"),
+        ("topic", "route", "cli-no-such-topic"): (1, "unknown topic"),
+        ("topic", "create", "x", "--brokers", "broker-z"): (1, "no live master"),
+    }
+    running = {
+        args: subprocess.Popen(
+            [*_metaq_command(), *args],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=_env(cluster),
+        )
+        for args in cases
+    }
+    for args, (code, text) in cases.items():
+        stdout, stderr = running[args].communicate(timeout=30)
+        assert running[args].returncode == code, (args, stdout, stderr)
+        lines = stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("metaq: error: "), (args, stderr)
+        assert text in lines[0], (args, lines[0])
+
+
+def test_an_unreachable_nameserver_is_a_clear_error() -> None:
+    done = subprocess.run(
+        [*_metaq_command(), "cluster", "list", "-n", "127.0.0.1:1", "--timeout", "2"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert done.returncode == 1
+    assert done.stderr.startswith("metaq: error: no nameserver answered")
+    assert "127.0.0.1:1" in done.stderr
