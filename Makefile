@@ -18,7 +18,7 @@ STAMP := .venv/.setup-stamp
 
 PYTEST_ARGS ?=
 
-.PHONY: setup test lint generate check-generated run store-demo bench-store bench-framing clean
+.PHONY: setup test lint generate check-generated run store-demo bench-store bench-framing bench-e2e clean
 
 setup: $(STAMP)
 
@@ -60,6 +60,10 @@ bench-store: setup
 
 bench-framing: setup
 	$(UV) run --frozen python bench/bench_framing.py
+
+# Producer throughput and send latency against a real nameserver + broker (ASYNC flush).
+bench-e2e: setup
+	$(UV) run --frozen python bench/bench_e2e.py
 
 clean:
 	rm -rf .venv $(TOOLS) .pytest_cache .mypy_cache .ruff_cache .hypothesis run-data
