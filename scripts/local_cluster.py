@@ -25,9 +25,12 @@ GRACE_S: Final = 30.0
 READY_TIMEOUT_S: Final = 60.0
 BANNER: Final = """
 local cluster up: nameserver 127.0.0.1:9876; brokers broker-a (data 10911, HTTP 10912)
-and broker-b (data 11011, HTTP 11012).
-  health:   curl 127.0.0.1:10912/health
-  metrics:  curl 127.0.0.1:10912/metrics
+and broker-b (data 11011, HTTP 11012). In another terminal:
+  uv run metaq cluster list
+  uv run metaq topic create demo
+  uv run metaq send demo 'hello'
+  uv run metaq consume demo --group demo-group --from first --count 1
+  uv run python examples/quickstart.py
 Ctrl-C stops it; data stays in {data_dir}
 """
 
@@ -104,8 +107,7 @@ def _nodes(data_root: Path, flush: str) -> list[Node]:
             "--set": "store.commitlog_segment_bytes=268435456",
         }
         argv = [_tool("metaq-broker"), *(part for pair in flags.items() for part in pair)]
-        # A playground: the first send to a new topic creates it.
-        nodes.append(Node(name, [*argv, "--auto-create-topics"]))
+        nodes.append(Node(name, argv))
     return nodes
 
 
