@@ -105,7 +105,7 @@ async def create_topic(
                     raise AssertionError(f"topic {topic} was not routed: {exc}") from exc
             if time.monotonic() > deadline:
                 raise AssertionError(f"topic {topic} is not routed on all of {brokers}")
-            await asyncio.sleep(0.02)
+            await asyncio.sleep(0.02)  # poll interval of the deadline-bound wait above
     finally:
         await routes.stop()
 

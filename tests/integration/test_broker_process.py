@@ -15,6 +15,7 @@ from metaq.broker.testing.admin import http_json, put_topic, scrape
 from metaq.common.errors import ErrorCode
 from metaq.common.framing import PREFIX, FrameDecoder, FrameType, encode_frame
 from metaq.common.record import HEADER_SIZE, STAMP_AT, decode, encode
+from metaq.common.testing import wait_until_async
 from metaq.common.v1.data_pb2 import ErrorResponse, PullResponse, SendRequest, SendResponse
 
 # ------------------------------------------------------------------------------------------
@@ -27,12 +28,7 @@ async def connect(broker: BrokerProcess) -> DataClient:
 
 async def eventually(check: Callable[[], Awaitable[bool]], timeout_s: float, message: str) -> None:
     """Re-check an async condition until it holds; fail naming ``message`` at the deadline."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not await check():
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting until {message}")
-        await asyncio.sleep(0.005)
+    await wait_until_async(check, timeout_s, message)
 
 
 def split(payload: bytes) -> list[bytes]:

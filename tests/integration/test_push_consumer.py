@@ -25,6 +25,7 @@ from metaq.client.consumer import (
 )
 from metaq.client.message import Message
 from metaq.client.offset_store import LocalOffsetStore
+from metaq.common.testing import wait_until_async
 
 # Fast heartbeats so membership changes are seen within a fraction of a second.
 FAST = {"heartbeat_interval_s": 0.2, "commit_interval_s": 0.2, "close_timeout_s": 5.0}
@@ -178,10 +179,7 @@ def test_a_long_poll_delivers_a_new_message_well_before_the_poll_times_out(
                 samples = await scrape(http)
                 return samples.get(("metaq_long_polls_parked", ()), 0) >= 1
 
-            deadline = time.monotonic() + 10
-            while not await parked():
-                assert time.monotonic() < deadline, "the consumer's pull was never parked"
-                await asyncio.sleep(0.02)
+            await wait_until_async(parked, 10, "the consumer's pull is parked")
             sent_at = time.monotonic()
             await sender.send(topic, [("broker-a", 0)], 1)
             async with asyncio.timeout(5):
