@@ -14,8 +14,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from metaq.broker.offsets import check_group
-from metaq.broker.service import AsyncService
 from metaq.common.errors import InvalidMessage
+from metaq.common.service import PeriodicService
 
 
 class ConsumeMode(enum.Enum):
@@ -108,7 +108,7 @@ class ConsumerGroups:
         self.groups()
 
 
-class ConsumerExpiryService(AsyncService):
+class ConsumerExpiryService(PeriodicService):
     """Drops members that stopped heartbeating, so idle groups do not linger."""
 
     name = "consumer-expiry"

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any, Final, TypeAlias
 
 from metaq.broker.files import read_json, write_json_atomically
-from metaq.broker.service import AsyncService
 from metaq.common.errors import InvalidMessage
+from metaq.common.service import PeriodicService
 
 FILE_NAME: Final = "consumer_offsets.json"
 _FORMAT: Final = 1
@@ -111,7 +111,7 @@ class ConsumerOffsets:
         return True
 
 
-class OffsetSnapshotService(AsyncService):
+class OffsetSnapshotService(PeriodicService):
     """Snapshots the offsets on an interval (the file write in a worker thread) and once
     more when stopped."""
 

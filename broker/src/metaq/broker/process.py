@@ -34,11 +34,11 @@ from metaq.broker.offsets import ConsumerOffsets, OffsetSnapshotService
 from metaq.broker.pull import PullHandler
 from metaq.broker.send import SendHandler
 from metaq.broker.server import DataServer
-from metaq.broker.service import AsyncService
 from metaq.broker.store import MessageStore
 from metaq.broker.store.flush import AsyncDurability
 from metaq.broker.topics import TopicTable
 from metaq.common.framing import FrameType
+from metaq.common.service import PeriodicService
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ class Broker:
         self._durability: AsyncDurability | None = None
         self._send: SendHandler | None = None
         self._pull: PullHandler | None = None
-        self._services: list[AsyncService] = []
+        self._services: list[PeriodicService] = []
         self._stopping = False
 
     async def start(self) -> None:

@@ -19,9 +19,9 @@ from metaq.client.consume_options import ConsumeMode
 from metaq.client.errors import UnknownTopic
 from metaq.client.rebalance import Member, merge_members
 from metaq.client.routes import RouteCache
-from metaq.client.service import PeriodicService
 from metaq.client.tags import TagFilter
 from metaq.common.framing import FrameType
+from metaq.common.service import PeriodicService
 from metaq.common.v1.data_pb2 import ConsumerHeartbeatRequest, ConsumerHeartbeatResponse
 
 log = logging.getLogger(__name__)

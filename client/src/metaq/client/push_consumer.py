@@ -73,8 +73,8 @@ from metaq.client.process_queue import ProcessQueue
 from metaq.client.pull_consumer import PullConsumer, PullResult, PullStatus
 from metaq.client.rebalance import plan_rebalance
 from metaq.client.routes import QueueRoute, RouteCache, TopicRoute
-from metaq.client.service import PeriodicService
 from metaq.client.tags import TagFilter
+from metaq.common.service import PeriodicService
 
 log = logging.getLogger(__name__)
 

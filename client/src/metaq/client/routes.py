@@ -28,8 +28,8 @@ if TYPE_CHECKING:
     from metaq.common.v1.control_pb2_grpc import NameServerAsyncStub
 
 from metaq.client.errors import NoNameServer, UnknownTopic
-from metaq.client.service import PeriodicService
 from metaq.common.errors import ErrorCode, MetaqError
+from metaq.common.service import PeriodicService
 from metaq.common.v1 import control_pb2 as pb
 from metaq.common.v1.control_pb2_grpc import NameServerStub
 

@@ -1,4 +1,4 @@
-"""The client's background-service base: one named asyncio task with start, stop and wakeup."""
+"""The event-loop service base: one named asyncio task with start, stop and wakeup."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ class PeriodicService(ABC):
     """Runs :meth:`run_once` every ``interval_s``, or sooner on :meth:`wakeup`, until stopped.
 
     A round that raises is logged and counted in ``failures``; the next round comes as
-    usual, since everything periodic in the client (route refresh, heartbeats) is worth
-    retrying and a dead task would hide the problem.
+    usual, since the periodic work done this way (route refresh, heartbeats, offset
+    snapshots, member expiry) is worth retrying and a dead task would hide the problem.
+    :meth:`stop` ends the task, then runs :meth:`on_stop` for final work.
     """
 
     name = "service"
@@ -48,6 +49,7 @@ class PeriodicService(ABC):
         task, self._task = self._task, None
         if task is not None:
             await task
+        await self.on_stop()
 
     async def _loop(self) -> None:
         while not self._stopping:
@@ -68,3 +70,6 @@ class PeriodicService(ABC):
 
     @abstractmethod
     async def run_once(self) -> None: ...
+
+    async def on_stop(self) -> None:  # noqa: B027 - optional hook
+        """Final work after the task ended; the default does nothing."""
