@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import gc
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -299,6 +300,7 @@ def main(argv: list[str]) -> None:
                     rows.append(_row(f"2 processes, {name}", size, rate, None))
     finally:
         nameserver.stop()
+        shutil.rmtree(work, ignore_errors=True)  # gigabytes of preallocated segments
     latency = e2e_latency()
     for name in ("p50", "p99", "p999"):
         figures[f"e2e_{name}_ms_at_5k"] = latency[f"e2e_{name}_ms"]
