@@ -8,10 +8,11 @@ import pytest
 
 from metaq.client.connection import BrokerConnection, ConnectionPool
 from metaq.client.errors import BrokerError, ConnectionLost, RequestTimeout
-from metaq.client.fakes import Drop, Fail, FakeBroker, SendSeen, Silence, run_checked
+from metaq.client.fakes import Drop, Fail, FakeBroker, SendSeen, Silence
 from metaq.common import record
 from metaq.common.errors import ErrorCode
 from metaq.common.framing import FrameType
+from metaq.common.testing import run_async
 from metaq.common.v1.data_pb2 import SendRequest, SendResponse
 
 
@@ -44,7 +45,7 @@ def test_pipelined_requests_are_each_answered_with_their_own_response() -> None:
             await connection.close()
             await broker.stop()
 
-    run_checked(scenario())
+    run_async(scenario())
 
 
 def test_an_error_frame_raises_broker_error_with_the_brokers_fields() -> None:
@@ -66,7 +67,7 @@ def test_an_error_frame_raises_broker_error_with_the_brokers_fields() -> None:
             await connection.close()
             await broker.stop()
 
-    run_checked(scenario())
+    run_async(scenario())
 
 
 def test_an_unanswered_request_times_out() -> None:
@@ -84,7 +85,7 @@ def test_an_unanswered_request_times_out() -> None:
             await connection.close()
             await broker.stop()
 
-    run_checked(scenario())
+    run_async(scenario())
 
 
 def test_a_dropped_connection_fails_every_request_in_flight_as_retriable() -> None:
@@ -105,7 +106,7 @@ def test_a_dropped_connection_fails_every_request_in_flight_as_retriable() -> No
             await connection.close()
             await broker.stop()
 
-    run_checked(scenario())
+    run_async(scenario())
 
 
 def test_the_pool_reopens_a_closed_connection_and_reports_refused_connects() -> None:
@@ -128,4 +129,4 @@ def test_the_pool_reopens_a_closed_connection_and_reports_refused_connects() -> 
             await pool.close()
             await broker.stop()
 
-    run_checked(scenario())
+    run_async(scenario())

@@ -12,12 +12,13 @@ from typing import cast
 import pytest
 
 from metaq.client.errors import BrokerError, ConnectionLost
-from metaq.client.fakes import Drop, Fail, FakeBroker, SendSeen, StaticRoutes, run_checked
+from metaq.client.fakes import Drop, Fail, FakeBroker, SendSeen, StaticRoutes
 from metaq.client.producer import Producer
 from metaq.client.results import SendStatus
 from metaq.client.routes import QueueRoute, RouteCache, TopicRoute
 from metaq.client.selection import RoundRobinSelector
 from metaq.common.errors import ErrorCode
+from metaq.common.testing import run_async
 
 
 class FakeClock:
@@ -80,7 +81,7 @@ def test_a_retriable_failure_is_retried_at_once_on_another_broker_group() -> Non
         assert len(b.sends) == 1 and b.records()[0].body == b"hello"
         assert sleeps.seen == []  # the first retry does not back off
 
-    run_checked(_with_producer([a, b], 2, body))
+    run_async(_with_producer([a, b], 2, body))
 
 
 def test_a_broker_that_failed_recently_is_skipped_until_its_isolation_ends() -> None:
@@ -100,7 +101,7 @@ def test_a_broker_that_failed_recently_is_skipped_until_its_isolation_ends() -> 
             await producer.send("t", b"later")
         assert len(a.sends) == 2  # tried again (and isolated again)
 
-    run_checked(_with_producer([a, b], 2, body))
+    run_async(_with_producer([a, b], 2, body))
 
 
 def test_retries_back_off_and_end_with_the_last_error() -> None:
@@ -116,7 +117,7 @@ def test_retries_back_off_and_end_with_the_last_error() -> None:
         assert len(sleeps.seen) == 2  # between retries, not before the first
         assert all(0 <= s <= producer.config.retry_backoff_max_s for s in sleeps.seen)
 
-    run_checked(_with_producer([a, b], 1, body, retries=3))
+    run_async(_with_producer([a, b], 1, body, retries=3))
 
 
 def test_an_error_that_is_not_retriable_surfaces_at_once_with_the_brokers_message() -> None:
@@ -130,7 +131,7 @@ def test_an_error_that_is_not_retriable_surfaces_at_once_with_the_brokers_messag
         assert not caught.value.retriable
         assert len(a.sends) == 1 and not b.sends
 
-    run_checked(_with_producer([a, b], 1, body))
+    run_async(_with_producer([a, b], 1, body))
 
 
 def test_a_sharded_send_is_retried_on_its_own_queue_only() -> None:
@@ -144,7 +145,7 @@ def test_a_sharded_send_is_retried_on_its_own_queue_only() -> None:
 
         assert len(a.sends) == 3 and not b.sends  # the send and two retries, all on a
 
-    run_checked(_with_producer([a, b], 1, body))
+    run_async(_with_producer([a, b], 1, body))
 
 
 def producer_queue(producer: Producer, key: str) -> str:
@@ -165,7 +166,7 @@ def test_concurrent_sends_to_one_queue_travel_in_one_frame() -> None:
         assert [r.queue_offset for r in results] == list(range(50))
         assert [rec.body for rec in a.records()] == [b"%d" % n for n in range(50)]
 
-    run_checked(_with_producer([a], 1, body))
+    run_async(_with_producer([a], 1, body))
 
 
 def test_one_refused_message_in_a_coalesced_batch_fails_alone() -> None:
@@ -185,7 +186,7 @@ def test_one_refused_message_in_a_coalesced_batch_fails_alone() -> None:
         assert [type(o).__name__ for o in outcomes] == ["SendResult", "BrokerError", "SendResult"]
         assert len(a.sends[0].records) == 3  # coalesced first, then split
 
-    run_checked(_with_producer([a], 1, body))
+    run_async(_with_producer([a], 1, body))
 
 
 def test_send_async_and_send_batch_report_every_result() -> None:
@@ -202,7 +203,7 @@ def test_send_async_and_send_batch_report_every_result() -> None:
         offsets = [r.queue_offset for r in batch]
         assert offsets == sorted(offsets) and len(set(offsets)) == 600
 
-    run_checked(_with_producer([a, b], 1, body, max_batch_records=256))
+    run_async(_with_producer([a, b], 1, body, max_batch_records=256))
 
 
 class FirstQueueThenRoundRobin(RoundRobinSelector):
@@ -234,4 +235,4 @@ def test_a_failed_send_batch_frame_is_resent_whole_to_another_broker() -> None:
         assert {r.queue_id for r in stored} == {0}  # every record re-aimed at the new queue
 
     selector = FirstQueueThenRoundRobin(("broker-a", 1))
-    run_checked(_with_producer([a, b], 2, body, queue_selector=selector))
+    run_async(_with_producer([a, b], 2, body, queue_selector=selector))

@@ -12,9 +12,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import defaultdict
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, cast
+from typing import cast
 
 from metaq.client.errors import UnknownTopic
 from metaq.client.routes import GroupRoute, QueueRoute, TopicRoute
@@ -23,8 +23,6 @@ from metaq.common.errors import ErrorCode
 from metaq.common.framing import Frame, FrameDecoder, FrameType, encode_error, encode_frame
 from metaq.common.v1 import control_pb2 as pb
 from metaq.common.v1.data_pb2 import SendRequest, SendResponse
-
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -209,18 +207,3 @@ async def stop_all(brokers: Sequence[FakeBroker]) -> None:
     for broker in brokers:
         with contextlib.suppress(Exception):
             await broker.stop()
-
-
-def run_checked(coro: Coroutine[Any, Any, T], timeout_s: float = 20.0) -> T:
-    """Run ``coro`` on a fresh loop; fail if the loop saw an unhandled exception."""
-    problems: list[dict[str, Any]] = []
-
-    async def guarded() -> T:
-        asyncio.get_running_loop().set_exception_handler(lambda _loop, ctx: problems.append(ctx))
-        async with asyncio.timeout(timeout_s):
-            return await coro
-
-    result = asyncio.run(guarded())
-    if problems:
-        raise AssertionError(f"unhandled exceptions in the event loop: {problems}")
-    return result

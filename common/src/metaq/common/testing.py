@@ -1,13 +1,16 @@
-"""Waiting on conditions with a deadline: what every test waits with, never a bare sleep."""
+"""Test helpers for every component: waiting on conditions with a deadline (never a bare
+sleep) and running a coroutine on a loop that fails on unhandled exceptions."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
-from typing import Final
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, Final, TypeVar
 
 POLL_S: Final = 0.002
+
+T = TypeVar("T")
 
 
 def wait_until(predicate: Callable[[], bool], timeout_s: float, message: str) -> float:
@@ -36,3 +39,18 @@ async def wait_until_async(
             raise AssertionError(f"timed out after {timeout_s} s waiting until {message}")
         await asyncio.sleep(POLL_S)
     return time.monotonic() - start
+
+
+def run_async(coro: Coroutine[Any, Any, T], timeout_s: float = 30.0) -> T:
+    """Run ``coro`` on a fresh loop; fail if the loop saw an unhandled exception."""
+    problems: list[dict[str, Any]] = []
+
+    async def guarded() -> T:
+        asyncio.get_running_loop().set_exception_handler(lambda _loop, ctx: problems.append(ctx))
+        async with asyncio.timeout(timeout_s):
+            return await coro
+
+    result = asyncio.run(guarded())
+    if problems:
+        raise AssertionError(f"unhandled exceptions in the event loop: {problems}")
+    return result

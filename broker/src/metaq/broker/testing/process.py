@@ -11,7 +11,6 @@ block kills a broker still running; :meth:`terminate` is the clean stop (SIGTERM
 
 from __future__ import annotations
 
-import asyncio
 import os
 import re
 import signal
@@ -19,12 +18,10 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Final, TypeVar
-
-T = TypeVar("T")
+from typing import Final
 
 _READY: Final = re.compile(r"metaq-broker ready data=(\S+):(\d+) http=(\S+):(\d+)")
 # Small files everywhere: start-up stays fast and nothing preallocates a gigabyte.
@@ -165,18 +162,3 @@ class BrokerProcess:
         tb: TracebackType | None,
     ) -> None:
         self.kill()
-
-
-def run_async(coro: Coroutine[Any, Any, T], timeout_s: float = 30.0) -> T:
-    """Run ``coro`` on a fresh loop; fail if the loop saw an unhandled exception."""
-    problems: list[dict[str, Any]] = []
-
-    async def guarded() -> T:
-        asyncio.get_running_loop().set_exception_handler(lambda _loop, ctx: problems.append(ctx))
-        async with asyncio.timeout(timeout_s):
-            return await coro
-
-    result = asyncio.run(guarded())
-    if problems:
-        raise AssertionError(f"unhandled exceptions in the event loop: {problems}")
-    return result
