@@ -31,8 +31,6 @@ CRC_START: Final = 12
 # The fields the broker fills in on append, contiguous so one pack_into stamps them all.
 STAMP: Final = struct.Struct("<qqq8s")
 STAMP_AT: Final = 16
-# Enough of the header to walk the log: total size, magic, crc.
-PREFIX: Final = struct.Struct("<III")
 
 MAX_TOPIC_BYTES: Final = 127
 MAX_TAGS_BYTES: Final = 255

@@ -68,13 +68,14 @@ def recover(
     full = (checkpoint is None and not fresh) or not queues_complete
     redispatch_from = commitlog.min_offset
     if not full and checkpoint is not None:
-        if checkpoint.dispatched > end:
+        found = -1 if checkpoint.dispatched > end else queues.entries_below(checkpoint.dispatched)
+        if found < 0:
             full = True  # the cut went below what the queues were built from
-        elif queues.entries_below(checkpoint.dispatched) != checkpoint.queue_entries:
+        elif found != checkpoint.queue_entries:
             log.warning(
                 "consume queues hold %d entries below offset %d where the checkpoint "
                 "recorded %d: queue files are missing; rebuilding them from the commitlog",
-                queues.entries_below(checkpoint.dispatched),
+                found,
                 checkpoint.dispatched,
                 checkpoint.queue_entries,
             )
