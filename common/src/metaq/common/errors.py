@@ -24,6 +24,8 @@ class ErrorCode(enum.IntEnum):
     NO_PERMISSION = 9
     BUSY = 10
     INTERNAL = 11
+    NOT_ENOUGH_REPLICAS = 12
+    EPOCH_MISMATCH = 13
 
 
 class MetaqError(Exception):
@@ -60,6 +62,34 @@ class StoreUnavailable(MetaqError):
 
     retriable = True
     code = ErrorCode.STORE_UNAVAILABLE
+
+
+class NotMaster(MetaqError):
+    """This broker does not take writes now: it is a slave, or a master that was replaced
+    or lost contact with the failover controller. ``master_address`` names the group's
+    master when known; clients refresh their routes and retry there."""
+
+    retriable = True
+    code = ErrorCode.NOT_MASTER
+
+    def __init__(self, message: str, master_address: str = "") -> None:
+        super().__init__(message)
+        self.master_address = master_address
+
+
+class NotEnoughReplicas(MetaqError):
+    """Sync replication needs more in-sync copies than the group holds now; nothing was
+    stored. Retry once a slave has caught up."""
+
+    retriable = True
+    code = ErrorCode.NOT_ENOUGH_REPLICAS
+
+
+class EpochMismatch(MetaqError):
+    """A replication peer is in another epoch than this side."""
+
+    retriable = True
+    code = ErrorCode.EPOCH_MISMATCH
 
 
 class CorruptLog(MetaqError):

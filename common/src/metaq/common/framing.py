@@ -64,6 +64,9 @@ class FrameType(enum.IntEnum):
     CONSUMER_HEARTBEAT = 6
     """A consumer announces itself; the answer is its group's members."""
     # 7-15: further client operations; 16-31: replication (master <-> slave).
+    REPLICA_FETCH = 16
+    """A slave asks its master for the log from where its own ends, reporting how far it
+    holds it."""
 
 
 _OPERATION_FLAGS: Final = (0, FLAG_ONE_WAY, FLAG_RESPONSE, FLAG_RESPONSE | FLAG_ERROR)

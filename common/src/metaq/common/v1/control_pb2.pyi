@@ -183,6 +183,9 @@ class BrokerState(_message.Message):
     PERMISSION_FIELD_NUMBER: _builtins.int
     REPLICATION_MODE_FIELD_NUMBER: _builtins.int
     COMMITLOG_MAX_OFFSET_FIELD_NUMBER: _builtins.int
+    CONTROLLED_FIELD_NUMBER: _builtins.int
+    CONFIGURED_MASTER_FIELD_NUMBER: _builtins.int
+    IN_SYNC_IDS_FIELD_NUMBER: _builtins.int
     cluster: _builtins.str
     broker_name: _builtins.str
     """The broker group's name (RocketMQ's brokerName): a master and its slaves share it,
@@ -208,7 +211,22 @@ class BrokerState(_message.Message):
     """Broker-wide permission, applied on top of every topic's (READ_WRITE for none)."""
     replication_mode: Global___ReplicationMode.ValueType
     commitlog_max_offset: _builtins.int
-    """The end of this broker's commitlog, for admin views (and later the controller)."""
+    """The end of this broker's commitlog, for admin views and replica lag."""
+    controlled: _builtins.bool
+    """Whether the failover controller decides this broker's role. A controlled broker
+    reports SLAVE until a GroupControl names it master, and acts on every GroupControl.
+    """
+    configured_master: _builtins.bool
+    """Deployed as its group's master (role = "master" in its configuration): the
+    controller's first choice when it first meets the group.
+    """
+    @_builtins.property
+    def in_sync_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Master only: the brokers of its group (itself included) whose copy of its log is up
+        to date, as it sees them now. The controller commits changes to this set; only
+        members of the committed set can be elected.
+        """
+
     def __init__(
         self,
         *,
@@ -223,14 +241,56 @@ class BrokerState(_message.Message):
         permission: Global___Permission.ValueType = ...,
         replication_mode: Global___ReplicationMode.ValueType = ...,
         commitlog_max_offset: _builtins.int = ...,
+        controlled: _builtins.bool = ...,
+        configured_master: _builtins.bool = ...,
+        in_sync_ids: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_id", b"broker_id", "broker_name", b"broker_name", "cluster", b"cluster", "commitlog_max_offset", b"commitlog_max_offset", "computer_room", b"computer_room", "data_address", b"data_address", "epoch", b"epoch", "http_address", b"http_address", "permission", b"permission", "replication_mode", b"replication_mode", "role", b"role"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_id", b"broker_id", "broker_name", b"broker_name", "cluster", b"cluster", "commitlog_max_offset", b"commitlog_max_offset", "computer_room", b"computer_room", "configured_master", b"configured_master", "controlled", b"controlled", "data_address", b"data_address", "epoch", b"epoch", "http_address", b"http_address", "in_sync_ids", b"in_sync_ids", "permission", b"permission", "replication_mode", b"replication_mode", "role", b"role"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___BrokerState: _TypeAlias = BrokerState  # noqa: Y015
+
+@_typing.final
+class GroupControl(_message.Message):
+    """The failover controller's decision for one broker group, agreed by the nameservers
+    through Raft. Epochs only grow; each election bumps the epoch by one.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BROKER_NAME_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    MASTER_ID_FIELD_NUMBER: _builtins.int
+    IN_SYNC_IDS_FIELD_NUMBER: _builtins.int
+    MASTER_DATA_ADDRESS_FIELD_NUMBER: _builtins.int
+    broker_name: _builtins.str
+    epoch: _builtins.int
+    master_id: _builtins.int
+    master_data_address: _builtins.str
+    """host:port of the master's data plane, if this nameserver has it registered."""
+    @_builtins.property
+    def in_sync_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Ascending; the master is always a member."""
+
+    def __init__(
+        self,
+        *,
+        broker_name: _builtins.str = ...,
+        epoch: _builtins.int = ...,
+        master_id: _builtins.int = ...,
+        in_sync_ids: _abc.Iterable[_builtins.int] | None = ...,
+        master_data_address: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_name", b"broker_name", "epoch", b"epoch", "in_sync_ids", b"in_sync_ids", "master_data_address", b"master_data_address", "master_id", b"master_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GroupControl: _TypeAlias = GroupControl  # noqa: Y015
 
 @_typing.final
 class BrokerHeartbeat(_message.Message):
@@ -265,7 +325,10 @@ class SessionEvent(_message.Message):
     REGISTERED_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def registered(self) -> Global___RegisterBrokerResponse:
-        """The answer to one heartbeat."""
+        """The answer to one heartbeat, or (unasked) news: the nameserver also sends an event
+        whenever the controller's state of the broker's group changes, so a promoted slave
+        or a replaced master learns it at once rather than at its next heartbeat.
+        """
 
     def __init__(
         self,
@@ -313,22 +376,30 @@ class RegisterBrokerResponse(_message.Message):
     MASTER_DATA_ADDRESS_FIELD_NUMBER: _builtins.int
     EPOCH_FIELD_NUMBER: _builtins.int
     BROKER_EXPIRY_MS_FIELD_NUMBER: _builtins.int
+    CONTROL_FIELD_NUMBER: _builtins.int
     master_data_address: _builtins.str
     """The group's master in the routes (empty if none), so a slave knows whom to follow."""
     epoch: _builtins.int
     """The highest epoch among the group's live brokers."""
     broker_expiry_ms: _builtins.int
     """A broker silent for this long leaves the routes; heartbeat well inside it."""
+    @_builtins.property
+    def control(self) -> Global___GroupControl:
+        """The controller's committed state of the broker's group; absent while the controller
+        has made no decision for it (or the broker is not controlled).
+        """
+
     def __init__(
         self,
         *,
         master_data_address: _builtins.str = ...,
         epoch: _builtins.int = ...,
         broker_expiry_ms: _builtins.int = ...,
+        control: Global___GroupControl | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["control", b"control"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_expiry_ms", b"broker_expiry_ms", "epoch", b"epoch", "master_data_address", b"master_data_address"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_expiry_ms", b"broker_expiry_ms", "control", b"control", "epoch", b"epoch", "master_data_address", b"master_data_address"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -583,12 +654,17 @@ class BrokerGroupInfo(_message.Message):
     EPOCH_FIELD_NUMBER: _builtins.int
     COMPUTER_ROOM_FIELD_NUMBER: _builtins.int
     BROKERS_FIELD_NUMBER: _builtins.int
+    CONTROL_FIELD_NUMBER: _builtins.int
     broker_name: _builtins.str
     epoch: _builtins.int
     computer_room: _builtins.str
     @_builtins.property
     def brokers(self) -> _containers.RepeatedCompositeFieldContainer[Global___BrokerInfo]:
         """By broker id."""
+
+    @_builtins.property
+    def control(self) -> Global___GroupControl:
+        """The controller's state of the group, when it manages it."""
 
     def __init__(
         self,
@@ -597,10 +673,11 @@ class BrokerGroupInfo(_message.Message):
         epoch: _builtins.int = ...,
         computer_room: _builtins.str = ...,
         brokers: _abc.Iterable[Global___BrokerInfo] | None = ...,
+        control: Global___GroupControl | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["control", b"control"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_name", b"broker_name", "brokers", b"brokers", "computer_room", b"computer_room", "epoch", b"epoch"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_name", b"broker_name", "brokers", b"brokers", "computer_room", b"computer_room", "control", b"control", "epoch", b"epoch"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -841,3 +918,95 @@ class GetAssignmentForResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetAssignmentForResponse: _TypeAlias = GetAssignmentForResponse  # noqa: Y015
+
+@_typing.final
+class GetControllerStateRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetControllerStateRequest: _TypeAlias = GetControllerStateRequest  # noqa: Y015
+
+@_typing.final
+class GetControllerStateResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUPS_FIELD_NUMBER: _builtins.int
+    LEADER_FIELD_NUMBER: _builtins.int
+    IS_LEADER_FIELD_NUMBER: _builtins.int
+    leader: _builtins.str
+    """host:port (Raft address) of the controller's leader, empty when there is none."""
+    is_leader: _builtins.bool
+    """Whether this nameserver's controller is the leader."""
+    @_builtins.property
+    def groups(self) -> _containers.RepeatedCompositeFieldContainer[Global___GroupControl]:
+        """By broker_name."""
+
+    def __init__(
+        self,
+        *,
+        groups: _abc.Iterable[Global___GroupControl] | None = ...,
+        leader: _builtins.str = ...,
+        is_leader: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["groups", b"groups", "is_leader", b"is_leader", "leader", b"leader"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetControllerStateResponse: _TypeAlias = GetControllerStateResponse  # noqa: Y015
+
+@_typing.final
+class SwitchoverRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BROKER_NAME_FIELD_NUMBER: _builtins.int
+    BROKER_ID_FIELD_NUMBER: _builtins.int
+    EXPECTED_EPOCH_FIELD_NUMBER: _builtins.int
+    broker_name: _builtins.str
+    broker_id: _builtins.int
+    """The broker to make master."""
+    expected_epoch: _builtins.int
+    """The group's epoch the caller saw; a different current epoch refuses the switch."""
+    def __init__(
+        self,
+        *,
+        broker_name: _builtins.str = ...,
+        broker_id: _builtins.int = ...,
+        expected_epoch: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_id", b"broker_id", "broker_name", b"broker_name", "expected_epoch", b"expected_epoch"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SwitchoverRequest: _TypeAlias = SwitchoverRequest  # noqa: Y015
+
+@_typing.final
+class SwitchoverResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONTROL_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def control(self) -> Global___GroupControl: ...
+    def __init__(
+        self,
+        *,
+        control: Global___GroupControl | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["control", b"control"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["control", b"control"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SwitchoverResponse: _TypeAlias = SwitchoverResponse  # noqa: Y015

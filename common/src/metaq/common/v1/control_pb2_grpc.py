@@ -69,6 +69,16 @@ class NameServerStub:
                 request_serializer=metaq_dot_v1_dot_control__pb2.GetAssignmentForRequest.SerializeToString,
                 response_deserializer=metaq_dot_v1_dot_control__pb2.GetAssignmentForResponse.FromString,
                 _registered_method=True)
+        self.GetControllerState = channel.unary_unary(
+                '/metaq.v1.NameServer/GetControllerState',
+                request_serializer=metaq_dot_v1_dot_control__pb2.GetControllerStateRequest.SerializeToString,
+                response_deserializer=metaq_dot_v1_dot_control__pb2.GetControllerStateResponse.FromString,
+                _registered_method=True)
+        self.Switchover = channel.unary_unary(
+                '/metaq.v1.NameServer/Switchover',
+                request_serializer=metaq_dot_v1_dot_control__pb2.SwitchoverRequest.SerializeToString,
+                response_deserializer=metaq_dot_v1_dot_control__pb2.SwitchoverResponse.FromString,
+                _registered_method=True)
 
 
 class NameServerServicer:
@@ -135,6 +145,24 @@ class NameServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetControllerState(self, request, context):
+        """The failover controller's state of every broker group it manages (see GroupControl).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Switchover(self, request, context):
+        """A planned change of master: make `broker_id` the master of `broker_name` at the next
+        epoch. Refused (FAILED_PRECONDITION) unless the target is live and in the group's
+        in-sync set and `expected_epoch` is the group's epoch; UNAVAILABLE while the
+        controller has no Raft majority. The caller drains the old master first (see
+        docs/replication.md), so the move loses nothing even under async replication.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_NameServerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -172,6 +200,16 @@ def add_NameServerServicer_to_server(servicer, server):
                     servicer.GetAssignmentFor,
                     request_deserializer=metaq_dot_v1_dot_control__pb2.GetAssignmentForRequest.FromString,
                     response_serializer=metaq_dot_v1_dot_control__pb2.GetAssignmentForResponse.SerializeToString,
+            ),
+            'GetControllerState': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetControllerState,
+                    request_deserializer=metaq_dot_v1_dot_control__pb2.GetControllerStateRequest.FromString,
+                    response_serializer=metaq_dot_v1_dot_control__pb2.GetControllerStateResponse.SerializeToString,
+            ),
+            'Switchover': grpc.unary_unary_rpc_method_handler(
+                    servicer.Switchover,
+                    request_deserializer=metaq_dot_v1_dot_control__pb2.SwitchoverRequest.FromString,
+                    response_serializer=metaq_dot_v1_dot_control__pb2.SwitchoverResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -363,6 +401,60 @@ class NameServer:
             '/metaq.v1.NameServer/GetAssignmentFor',
             metaq_dot_v1_dot_control__pb2.GetAssignmentForRequest.SerializeToString,
             metaq_dot_v1_dot_control__pb2.GetAssignmentForResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetControllerState(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/metaq.v1.NameServer/GetControllerState',
+            metaq_dot_v1_dot_control__pb2.GetControllerStateRequest.SerializeToString,
+            metaq_dot_v1_dot_control__pb2.GetControllerStateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Switchover(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/metaq.v1.NameServer/Switchover',
+            metaq_dot_v1_dot_control__pb2.SwitchoverRequest.SerializeToString,
+            metaq_dot_v1_dot_control__pb2.SwitchoverResponse.FromString,
             options,
             channel_credentials,
             insecure,

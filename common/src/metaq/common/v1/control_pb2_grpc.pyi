@@ -75,6 +75,15 @@ class NameServerStub:
     """GetAssignment narrowed to one member: what a consumer calls for itself.
     INVALID_ARGUMENT when `consumer_id` is not among the members.
     """
+    GetControllerState: _grpc.UnaryUnaryMultiCallable[_control_pb2.GetControllerStateRequest, _control_pb2.GetControllerStateResponse]
+    """The failover controller's state of every broker group it manages (see GroupControl)."""
+    Switchover: _grpc.UnaryUnaryMultiCallable[_control_pb2.SwitchoverRequest, _control_pb2.SwitchoverResponse]
+    """A planned change of master: make `broker_id` the master of `broker_name` at the next
+    epoch. Refused (FAILED_PRECONDITION) unless the target is live and in the group's
+    in-sync set and `expected_epoch` is the group's epoch; UNAVAILABLE while the
+    controller has no Raft majority. The caller drains the old master first (see
+    docs/replication.md), so the move loses nothing even under async replication.
+    """
 
 @_typing.type_check_only
 class NameServerAsyncStub(NameServerStub):
@@ -108,6 +117,15 @@ class NameServerAsyncStub(NameServerStub):
     GetAssignmentFor: _aio.UnaryUnaryMultiCallable[_control_pb2.GetAssignmentForRequest, _control_pb2.GetAssignmentForResponse]  # type: ignore[assignment]
     """GetAssignment narrowed to one member: what a consumer calls for itself.
     INVALID_ARGUMENT when `consumer_id` is not among the members.
+    """
+    GetControllerState: _aio.UnaryUnaryMultiCallable[_control_pb2.GetControllerStateRequest, _control_pb2.GetControllerStateResponse]  # type: ignore[assignment]
+    """The failover controller's state of every broker group it manages (see GroupControl)."""
+    Switchover: _aio.UnaryUnaryMultiCallable[_control_pb2.SwitchoverRequest, _control_pb2.SwitchoverResponse]  # type: ignore[assignment]
+    """A planned change of master: make `broker_id` the master of `broker_name` at the next
+    epoch. Refused (FAILED_PRECONDITION) unless the target is live and in the group's
+    in-sync set and `expected_epoch` is the group's epoch; UNAVAILABLE while the
+    controller has no Raft majority. The caller drains the old master first (see
+    docs/replication.md), so the move loses nothing even under async replication.
     """
 
 class NameServerServicer(metaclass=_abc_1.ABCMeta):
@@ -181,6 +199,27 @@ class NameServerServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_control_pb2.GetAssignmentForResponse, _abc.Awaitable[_control_pb2.GetAssignmentForResponse]]:
         """GetAssignment narrowed to one member: what a consumer calls for itself.
         INVALID_ARGUMENT when `consumer_id` is not among the members.
+        """
+
+    @_abc_1.abstractmethod
+    def GetControllerState(
+        self,
+        request: _control_pb2.GetControllerStateRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_control_pb2.GetControllerStateResponse, _abc.Awaitable[_control_pb2.GetControllerStateResponse]]:
+        """The failover controller's state of every broker group it manages (see GroupControl)."""
+
+    @_abc_1.abstractmethod
+    def Switchover(
+        self,
+        request: _control_pb2.SwitchoverRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_control_pb2.SwitchoverResponse, _abc.Awaitable[_control_pb2.SwitchoverResponse]]:
+        """A planned change of master: make `broker_id` the master of `broker_name` at the next
+        epoch. Refused (FAILED_PRECONDITION) unless the target is live and in the group's
+        in-sync set and `expected_epoch` is the group's epoch; UNAVAILABLE while the
+        controller has no Raft majority. The caller drains the old master first (see
+        docs/replication.md), so the move loses nothing even under async replication.
         """
 
 def add_NameServerServicer_to_server(servicer: NameServerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

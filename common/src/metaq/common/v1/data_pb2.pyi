@@ -19,6 +19,7 @@ Which header a frame carries follows from its type and flags:
   COMMIT_OFFSET       CommitOffsetRequest        CommitOffsetResponse       ErrorResponse
   QUERY_OFFSET        QueryOffsetRequest         QueryOffsetResponse        ErrorResponse
   CONSUMER_HEARTBEAT  ConsumerHeartbeatRequest   ConsumerHeartbeatResponse  ErrorResponse
+  REPLICA_FETCH       ReplicaFetchRequest        ReplicaFetchResponse       ErrorResponse
   CONNECTION          -                          -                          ErrorResponse (id 0)
 
 Every enum's zero value is UNSPECIFIED, so a header that lost a field is recognisable
@@ -645,6 +646,14 @@ class ErrorResponse(_message.Message):
         BUSY: ErrorResponse._Code.ValueType  # 10
         """The broker is overloaded and sheds the request; back off and retry."""
         INTERNAL: ErrorResponse._Code.ValueType  # 11
+        NOT_ENOUGH_REPLICAS: ErrorResponse._Code.ValueType  # 12
+        """Sync replication is configured but fewer brokers than min_in_sync_replicas hold
+        the log up to date: nothing was stored; retry once a slave has caught up.
+        """
+        EPOCH_MISMATCH: ErrorResponse._Code.ValueType  # 13
+        """A replication peer is in another epoch than this side (a stale master, or a slave
+        that knows a newer one); the slave re-reads the group's state and reconnects.
+        """
 
     class Code(_Code, metaclass=_CodeEnumTypeWrapper):
         """metaq.common.errors.ErrorCode mirrors these numbers; a test keeps the two in step."""
@@ -670,6 +679,14 @@ class ErrorResponse(_message.Message):
     BUSY: ErrorResponse.Code.ValueType  # 10
     """The broker is overloaded and sheds the request; back off and retry."""
     INTERNAL: ErrorResponse.Code.ValueType  # 11
+    NOT_ENOUGH_REPLICAS: ErrorResponse.Code.ValueType  # 12
+    """Sync replication is configured but fewer brokers than min_in_sync_replicas hold
+    the log up to date: nothing was stored; retry once a slave has caught up.
+    """
+    EPOCH_MISMATCH: ErrorResponse.Code.ValueType  # 13
+    """A replication peer is in another epoch than this side (a stale master, or a slave
+    that knows a newer one); the slave re-reads the group's state and reconnects.
+    """
 
     CODE_FIELD_NUMBER: _builtins.int
     MESSAGE_FIELD_NUMBER: _builtins.int
@@ -697,3 +714,140 @@ class ErrorResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ErrorResponse: _TypeAlias = ErrorResponse  # noqa: Y015
+
+@_typing.final
+class EpochEntry(_message.Message):
+    """One entry of a broker group's epoch history: the epoch's first commitlog offset. The
+    history of a log says which master wrote which part of it.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EPOCH_FIELD_NUMBER: _builtins.int
+    START_OFFSET_FIELD_NUMBER: _builtins.int
+    epoch: _builtins.int
+    start_offset: _builtins.int
+    def __init__(
+        self,
+        *,
+        epoch: _builtins.int = ...,
+        start_offset: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "start_offset", b"start_offset"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EpochEntry: _TypeAlias = EpochEntry  # noqa: Y015
+
+@_typing.final
+class ReplicaFetchRequest(_message.Message):
+    """REPLICA_FETCH request, slave to master. No payload. A slave keeps one fetch in flight:
+    it asks for the log from where its own ends, and each fetch also reports how far it
+    holds the log, which is what sync replication waits for. The master holds a fetch
+    with nothing to send for up to wait_ms (a long poll).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BROKER_NAME_FIELD_NUMBER: _builtins.int
+    BROKER_ID_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
+    ACKED_OFFSET_FIELD_NUMBER: _builtins.int
+    LAST_LOG_EPOCH_FIELD_NUMBER: _builtins.int
+    MAX_BYTES_FIELD_NUMBER: _builtins.int
+    WAIT_MS_FIELD_NUMBER: _builtins.int
+    SEGMENT_BYTES_FIELD_NUMBER: _builtins.int
+    broker_name: _builtins.str
+    broker_id: _builtins.int
+    epoch: _builtins.int
+    """The group's epoch as the slave knows it; a master in a lower epoch refuses the fetch
+    (EPOCH_MISMATCH): it has been replaced.
+    """
+    offset: _builtins.int
+    """Where the slave's log ends: the master sends bytes from here."""
+    acked_offset: _builtins.int
+    """How far the slave holds the log as its flush mode counts holding (durably under
+    SYNC flush, written under ASYNC): the offset sync replication waits for.
+    """
+    last_log_epoch: _builtins.int
+    """The epoch of the slave's last entry in its epoch history (0 for an empty log)."""
+    max_bytes: _builtins.int
+    wait_ms: _builtins.int
+    segment_bytes: _builtins.int
+    """The slave's commitlog segment size; must equal the master's, or the logs could not
+    be byte-identical (refused with INVALID_MESSAGE).
+    """
+    def __init__(
+        self,
+        *,
+        broker_name: _builtins.str = ...,
+        broker_id: _builtins.int = ...,
+        epoch: _builtins.int = ...,
+        offset: _builtins.int = ...,
+        acked_offset: _builtins.int = ...,
+        last_log_epoch: _builtins.int = ...,
+        max_bytes: _builtins.int = ...,
+        wait_ms: _builtins.int = ...,
+        segment_bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked_offset", b"acked_offset", "broker_id", b"broker_id", "broker_name", b"broker_name", "epoch", b"epoch", "last_log_epoch", b"last_log_epoch", "max_bytes", b"max_bytes", "offset", b"offset", "segment_bytes", b"segment_bytes", "wait_ms", b"wait_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReplicaFetchRequest: _TypeAlias = ReplicaFetchRequest  # noqa: Y015
+
+@_typing.final
+class ReplicaFetchResponse(_message.Message):
+    """REPLICA_FETCH response. Payload: the master's log bytes from `offset`, verbatim, whole
+    records only, never crossing a segment end (empty when there is nothing new or when
+    truncate_to is set).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EPOCH_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
+    MASTER_END_FIELD_NUMBER: _builtins.int
+    TRUNCATE_TO_FIELD_NUMBER: _builtins.int
+    EPOCHS_FIELD_NUMBER: _builtins.int
+    MIN_OFFSET_FIELD_NUMBER: _builtins.int
+    epoch: _builtins.int
+    """The master's epoch."""
+    offset: _builtins.int
+    """Where the payload starts: the request's offset."""
+    master_end: _builtins.int
+    """The master's log end, for the slave's lag."""
+    truncate_to: _builtins.int
+    """When present, the slave's log diverged from the master's (it holds records of an
+    epoch the master never had): cut it to this offset, then fetch again.
+    """
+    min_offset: _builtins.int
+    """The master's oldest retained offset: an empty slave starts there."""
+    @_builtins.property
+    def epochs(self) -> _containers.RepeatedCompositeFieldContainer[Global___EpochEntry]:
+        """The master's whole epoch history, oldest first."""
+
+    def __init__(
+        self,
+        *,
+        epoch: _builtins.int = ...,
+        offset: _builtins.int = ...,
+        master_end: _builtins.int = ...,
+        truncate_to: _builtins.int | None = ...,
+        epochs: _abc.Iterable[Global___EpochEntry] | None = ...,
+        min_offset: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_truncate_to", b"_truncate_to", "truncate_to", b"truncate_to"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_truncate_to", b"_truncate_to", "epoch", b"epoch", "epochs", b"epochs", "master_end", b"master_end", "min_offset", b"min_offset", "offset", b"offset", "truncate_to", b"truncate_to"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__truncate_to: _TypeAlias = _typing.Literal["truncate_to"]  # noqa: Y015
+    _WhichOneofArgType__truncate_to: _TypeAlias = _typing.Literal["_truncate_to", b"_truncate_to"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__truncate_to) -> _WhichOneofReturnType__truncate_to | None: ...
+
+Global___ReplicaFetchResponse: _TypeAlias = ReplicaFetchResponse  # noqa: Y015
