@@ -71,6 +71,8 @@ def test_grpc_module_offers_stub_servicer_and_registration() -> None:
         "GetClusterInfo",
         "GetAssignment",
         "GetAssignmentFor",
+        "GetControllerState",
+        "Switchover",
     }
     for name in methods:
         assert hasattr(control_pb2_grpc.NameServerServicer, name)
