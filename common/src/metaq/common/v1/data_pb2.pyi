@@ -756,10 +756,10 @@ class ReplicaFetchRequest(_message.Message):
     EPOCH_FIELD_NUMBER: _builtins.int
     OFFSET_FIELD_NUMBER: _builtins.int
     ACKED_OFFSET_FIELD_NUMBER: _builtins.int
-    LAST_LOG_EPOCH_FIELD_NUMBER: _builtins.int
     MAX_BYTES_FIELD_NUMBER: _builtins.int
     WAIT_MS_FIELD_NUMBER: _builtins.int
     SEGMENT_BYTES_FIELD_NUMBER: _builtins.int
+    EPOCHS_FIELD_NUMBER: _builtins.int
     broker_name: _builtins.str
     broker_id: _builtins.int
     epoch: _builtins.int
@@ -772,14 +772,19 @@ class ReplicaFetchRequest(_message.Message):
     """How far the slave holds the log as its flush mode counts holding (durably under
     SYNC flush, written under ASYNC): the offset sync replication waits for.
     """
-    last_log_epoch: _builtins.int
-    """The epoch of the slave's last entry in its epoch history (0 for an empty log)."""
     max_bytes: _builtins.int
     wait_ms: _builtins.int
     segment_bytes: _builtins.int
     """The slave's commitlog segment size; must equal the master's, or the logs could not
     be byte-identical (refused with INVALID_MESSAGE).
     """
+    @_builtins.property
+    def epochs(self) -> _containers.RepeatedCompositeFieldContainer[Global___EpochEntry]:
+        """The slave's epoch history. Until it agrees with the master's up to `offset`, the
+        master counts nothing the slave reports (a rejoining old master may hold records
+        the group never acknowledged) and sends no bytes, only its own history.
+        """
+
     def __init__(
         self,
         *,
@@ -788,14 +793,14 @@ class ReplicaFetchRequest(_message.Message):
         epoch: _builtins.int = ...,
         offset: _builtins.int = ...,
         acked_offset: _builtins.int = ...,
-        last_log_epoch: _builtins.int = ...,
         max_bytes: _builtins.int = ...,
         wait_ms: _builtins.int = ...,
         segment_bytes: _builtins.int = ...,
+        epochs: _abc.Iterable[Global___EpochEntry] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked_offset", b"acked_offset", "broker_id", b"broker_id", "broker_name", b"broker_name", "epoch", b"epoch", "last_log_epoch", b"last_log_epoch", "max_bytes", b"max_bytes", "offset", b"offset", "segment_bytes", b"segment_bytes", "wait_ms", b"wait_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked_offset", b"acked_offset", "broker_id", b"broker_id", "broker_name", b"broker_name", "epoch", b"epoch", "epochs", b"epochs", "max_bytes", b"max_bytes", "offset", b"offset", "segment_bytes", b"segment_bytes", "wait_ms", b"wait_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -804,8 +809,11 @@ Global___ReplicaFetchRequest: _TypeAlias = ReplicaFetchRequest  # noqa: Y015
 @_typing.final
 class ReplicaFetchResponse(_message.Message):
     """REPLICA_FETCH response. Payload: the master's log bytes from `offset`, verbatim, whole
-    records only, never crossing a segment end (empty when there is nothing new or when
-    truncate_to is set).
+    records only, never crossing a segment end (empty when there is nothing new).
+
+    Before writing, the slave compares the master's epoch history with its own: where the
+    two last agree on who wrote the log is where the logs agree; a slave holding more than
+    that (records of an epoch the master never had) cuts its log there and fetches again.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -813,19 +821,14 @@ class ReplicaFetchResponse(_message.Message):
     EPOCH_FIELD_NUMBER: _builtins.int
     OFFSET_FIELD_NUMBER: _builtins.int
     MASTER_END_FIELD_NUMBER: _builtins.int
-    TRUNCATE_TO_FIELD_NUMBER: _builtins.int
     EPOCHS_FIELD_NUMBER: _builtins.int
     MIN_OFFSET_FIELD_NUMBER: _builtins.int
     epoch: _builtins.int
-    """The master's epoch."""
+    """The master's epoch; a slave never takes data from an epoch below the one it knows."""
     offset: _builtins.int
     """Where the payload starts: the request's offset."""
     master_end: _builtins.int
     """The master's log end, for the slave's lag."""
-    truncate_to: _builtins.int
-    """When present, the slave's log diverged from the master's (it holds records of an
-    epoch the master never had): cut it to this offset, then fetch again.
-    """
     min_offset: _builtins.int
     """The master's oldest retained offset: an empty slave starts there."""
     @_builtins.property
@@ -838,16 +841,13 @@ class ReplicaFetchResponse(_message.Message):
         epoch: _builtins.int = ...,
         offset: _builtins.int = ...,
         master_end: _builtins.int = ...,
-        truncate_to: _builtins.int | None = ...,
         epochs: _abc.Iterable[Global___EpochEntry] | None = ...,
         min_offset: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_truncate_to", b"_truncate_to", "truncate_to", b"truncate_to"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_truncate_to", b"_truncate_to", "epoch", b"epoch", "epochs", b"epochs", "master_end", b"master_end", "min_offset", b"min_offset", "offset", b"offset", "truncate_to", b"truncate_to"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "epochs", b"epochs", "master_end", b"master_end", "min_offset", b"min_offset", "offset", b"offset"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType__truncate_to: _TypeAlias = _typing.Literal["truncate_to"]  # noqa: Y015
-    _WhichOneofArgType__truncate_to: _TypeAlias = _typing.Literal["_truncate_to", b"_truncate_to"]  # noqa: Y015
-    def WhichOneof(self, oneof_group: _WhichOneofArgType__truncate_to) -> _WhichOneofReturnType__truncate_to | None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ReplicaFetchResponse: _TypeAlias = ReplicaFetchResponse  # noqa: Y015

@@ -1,0 +1,197 @@
+"""The slave's side of replication: copy the master's log verbatim, from where ours ends.
+
+A :class:`Follower` keeps one fetch in flight. Each answer is checked before it is
+written: a master in an epoch below the one this slave knows is stale and refused; when
+the epoch histories say our log parted from the master's (we hold an old master's
+unacknowledged tail), the log is cut back first. Then the bytes are written as they are,
+so master and slave logs are byte-identical, and the next fetch reports how far we hold
+them once the log says they are held (durable, under SYNC flush).
+
+The transport is a :class:`FetchChannel`: the data plane for real, a direct call into a
+:class:`~metaq.replication.master.ReplicaSet` in tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+from metaq.common.errors import EpochMismatch, MetaqError
+from metaq.common.framing import Buffer
+from metaq.common.v1.data_pb2 import EpochEntry, ReplicaFetchRequest, ReplicaFetchResponse
+from metaq.replication.epochs import Epoch, EpochHistory, divergence
+from metaq.replication.log import ReplicaLog
+
+log = logging.getLogger(__name__)
+
+
+class FetchChannel(Protocol):
+    async def fetch(self, request: ReplicaFetchRequest) -> tuple[ReplicaFetchResponse, Buffer]: ...
+
+    async def close(self) -> None: ...
+
+
+Connect = Callable[[str], Awaitable[FetchChannel]]
+
+
+class Follower:
+    """Follows the master at ``master_address`` until stopped or pointed elsewhere."""
+
+    def __init__(
+        self,
+        replica_log: ReplicaLog,
+        history: EpochHistory,
+        connect: Connect,
+        *,
+        broker_name: str,
+        broker_id: int,
+        epoch: int,
+        max_bytes: int = 4 << 20,
+        wait_ms: int = 1000,
+        retry_s: float = 0.2,
+    ) -> None:
+        self.log = replica_log
+        self.history = history
+        self._connect = connect
+        self.broker_name = broker_name
+        self.broker_id = broker_id
+        self.epoch = epoch
+        """The group's epoch as this slave knows it; masters below it are refused."""
+        self.max_bytes = max_bytes
+        self.wait_ms = wait_ms
+        self.retry_s = retry_s
+        self.master_address = ""
+        self.master_end = 0
+        self.last_contact = 0.0
+        """Monotonic time of the last answer from the master."""
+        self.connected = False
+        self._changed = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def lag_bytes(self) -> int:
+        return max(0, self.master_end - self.log.end_offset)
+
+    def follow(self, master_address: str, epoch: int) -> None:
+        """Follow ``master_address`` in ``epoch`` (reconnecting if either changed)."""
+        if epoch < self.epoch:
+            return
+        if master_address != self.master_address or epoch != self.epoch:
+            self.master_address = master_address
+            self.epoch = epoch
+            self._changed.set()
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="follower")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self.connected = False
+
+    async def _run(self) -> None:
+        while True:
+            self._changed.clear()
+            address = self.master_address
+            if not address:
+                await self._changed.wait()
+                continue
+            try:
+                await self._session(address)
+            except (OSError, MetaqError, TimeoutError, ConnectionError) as exc:
+                log.warning("replication from %s: %s; retrying", address, exc)
+            except Exception:
+                log.exception("replication from %s failed", address)
+            self.connected = False
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.retry_s):
+                    await self._changed.wait()
+
+    async def _session(self, address: str) -> None:
+        channel = await self._connect(address)
+        try:
+            while not self._changed.is_set():
+                request = self.request()
+                changed = asyncio.ensure_future(self._changed.wait())
+                fetched = asyncio.ensure_future(channel.fetch(request))
+                try:
+                    await asyncio.wait({changed, fetched}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    changed.cancel()
+                if not fetched.done():
+                    fetched.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await fetched
+                    return
+                response, payload = fetched.result()
+                if not self.connected:
+                    self.connected = True
+                    log.info("replicating from %s (epoch %d) at offset %d",
+                             address, response.epoch, request.offset)  # fmt: skip
+                self.apply(response, payload)
+                await self.log.hold(self.log.end_offset)
+        finally:
+            await channel.close()
+
+    def request(self) -> ReplicaFetchRequest:
+        return ReplicaFetchRequest(
+            broker_name=self.broker_name,
+            broker_id=self.broker_id,
+            epoch=self.epoch,
+            offset=self.log.end_offset,
+            acked_offset=self.log.held_offset,
+            max_bytes=self.max_bytes,
+            wait_ms=self.wait_ms,
+            segment_bytes=self.log.segment_bytes,
+            epochs=[EpochEntry(epoch=e.epoch, start_offset=e.start_offset)
+                    for e in self.history.entries],
+        )  # fmt: skip
+
+    def apply(self, response: ReplicaFetchResponse, payload: Buffer) -> None:
+        """Check one answer and write its bytes; the state machine of a slave."""
+        if response.epoch < self.epoch:
+            raise EpochMismatch(
+                f"{self.master_address} answers as master of epoch {response.epoch}, but "
+                f"the group is at epoch {self.epoch}: it was replaced; not taking its data"
+            )
+        self.epoch = response.epoch
+        self.master_end = response.master_end
+        self.last_contact = time.monotonic()
+        master = [Epoch(e.epoch, e.start_offset) for e in response.epochs]
+        end = self.log.end_offset
+        cut = divergence(self.history.entries, end, master, response.master_end)
+        if cut < end:
+            log.warning(
+                "log diverged from the master's at offset %d (epochs here %s, master %s): "
+                "cutting %d bytes no acknowledged write needs",
+                cut,
+                self.history.entries,
+                master,
+                end - cut,
+            )
+            self.log.truncate(cut)
+            self.history.truncate(cut)
+            return
+        if end < response.min_offset:
+            if end == self.log.min_offset:  # empty: start where the master's data starts
+                self.log.reset(response.min_offset)
+                # The epochs that wrote the skipped data are ours too, as far as it went.
+                self.history.adopt(master, response.min_offset + 1)
+                return
+            raise MetaqError(
+                f"this slave's log ends at {end}, below the master's oldest data "
+                f"({response.min_offset}): it fell behind retention; stop it, delete its "
+                "data directory and start it again to copy the master from scratch"
+            )
+        if response.offset != end:
+            return  # an answer to a fetch from before a cut
+        if payload:
+            self.log.write(end, payload)
+            self.history.adopt(master, self.log.end_offset)

@@ -1,0 +1,235 @@
+"""The master's side of replication: serving slaves' fetches and waiting for their copies.
+
+Slaves pull (as Kafka followers do): each keeps one REPLICA_FETCH in flight asking for the
+log from where its own ends, and that offset, with the ``acked_offset`` it reports, is all
+the master learns of a slave, and only once the slave's epoch history agrees with the
+master's up to that offset: before that it may hold an old master's tail. A fetch
+finding nothing new is parked until the next append or its ``wait_ms``, so a slave gets
+new bytes one hop after they are written.
+
+In-sync set: a slave is in sync while it has been caught up (asked for the log from the
+end the master had when it last answered it) within ``max_lag_s``. The group's electable
+set is the controller's committed copy of this set; the master reports its own and the
+controller commits changes.
+
+Sync replication: a send is answered once every slave that is in sync, here or in the
+committed set, holds it. Counting the committed members too means a slave the master
+dropped keeps being waited for until the controller has agreed to drop it, so the
+controller never elects a slave lacking an acknowledged message. With fewer than
+``min_in_sync`` copies in sync, writes are refused up front.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import logging
+import time
+from collections.abc import Callable, Collection, Iterable
+from dataclasses import dataclass, field
+
+from metaq.common.errors import EpochMismatch, InvalidMessage, NotEnoughReplicas
+from metaq.common.framing import Buffer
+from metaq.common.v1.data_pb2 import EpochEntry, ReplicaFetchRequest, ReplicaFetchResponse
+from metaq.replication.epochs import Epoch, EpochHistory, divergence
+from metaq.replication.log import ReplicaLog
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], float]
+
+
+@dataclass(slots=True)
+class SlaveState:
+    broker_id: int
+    offset: int = 0
+    """Where its log ends, as of its last fetch."""
+    acked: int = 0
+    """How far it holds the log, as of its last fetch."""
+    last_fetch: float = 0.0
+    caught_up: float = -1e18
+    """When it last held everything the master had (monotonic seconds)."""
+    answered_end: int = 0
+    answered_at: float = 0.0
+    waiter: asyncio.Future[None] | None = field(default=None, repr=False)
+
+
+class ReplicaSet:
+    """The slaves of one master, in one epoch: a new ReplicaSet per term as master."""
+
+    def __init__(
+        self,
+        replica_log: ReplicaLog,
+        history: EpochHistory,
+        *,
+        self_id: int,
+        epoch: int,
+        min_in_sync: int = 1,
+        max_lag_s: float = 3.0,
+        max_fetch_bytes: int = 4 << 20,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        self.log = replica_log
+        self.history = history
+        self.self_id = self_id
+        self.epoch = epoch
+        self.min_in_sync = min_in_sync
+        self.max_lag_s = max_lag_s
+        self.max_fetch_bytes = max_fetch_bytes
+        self._clock = clock
+        self.slaves: dict[int, SlaveState] = {}
+        self.committed: frozenset[int] = frozenset({self_id})
+        """The controller's in-sync set (everyone local when there is no controller)."""
+        self._waits: list[tuple[int, int, asyncio.Future[bool]]] = []
+        self._order = itertools.count()
+        self.closed = False
+
+    # --- fetches ------------------------------------------------------------------------
+
+    async def fetch(self, request: ReplicaFetchRequest) -> tuple[ReplicaFetchResponse, Buffer]:
+        """Answer one fetch: bytes from the slave's end, parked a while if there are none."""
+        if self.closed:
+            raise EpochMismatch(
+                f"broker {self.self_id} no longer serves epoch {self.epoch} as master"
+            )
+        if request.epoch > self.epoch:
+            raise EpochMismatch(
+                f"this master is at epoch {self.epoch} but the slave knows epoch "
+                f"{request.epoch}: this broker was replaced; follow the new master"
+            )
+        if request.segment_bytes != self.log.segment_bytes:
+            raise InvalidMessage(
+                f"slave {request.broker_id} uses {request.segment_bytes}-byte commitlog "
+                f"segments, this master {self.log.segment_bytes}: set "
+                "store.commitlog_segment_bytes alike on every broker of the group"
+            )
+        if request.broker_id == self.self_id:
+            raise InvalidMessage(f"slave reports broker id {request.broker_id}, the master's own")
+        now = self._clock()
+        slave = self.slaves.get(request.broker_id)
+        if slave is None:
+            slave = self.slaves[request.broker_id] = SlaveState(request.broker_id)
+            log.info("slave %d fetches from offset %d", request.broker_id, request.offset)
+        end = self.log.end_offset
+        theirs = [Epoch(e.epoch, e.start_offset) for e in request.epochs]
+        agreed = divergence(theirs, request.offset, self.history.entries, end) == request.offset
+        if agreed:
+            self._note(slave, request, now)
+            if request.offset == end and request.wait_ms and not self.closed:
+                await self._park(slave, request.wait_ms / 1e3)
+                end = self.log.end_offset
+        payload: Buffer = b""
+        if agreed and self.log.min_offset <= request.offset < end:
+            payload = self.log.read(request.offset, min(request.max_bytes, self.max_fetch_bytes))
+        slave.answered_end = self.log.end_offset
+        slave.answered_at = self._clock()
+        response = ReplicaFetchResponse(
+            epoch=self.epoch,
+            offset=request.offset,
+            master_end=self.log.end_offset,
+            epochs=[EpochEntry(epoch=e.epoch, start_offset=e.start_offset)
+                    for e in self.history.entries],
+            min_offset=self.log.min_offset,
+        )  # fmt: skip
+        return response, payload
+
+    def _note(self, slave: SlaveState, request: ReplicaFetchRequest, now: float) -> None:
+        slave.offset = request.offset
+        slave.acked = min(request.acked_offset, request.offset)
+        slave.last_fetch = now
+        if request.offset >= self.log.end_offset:
+            slave.caught_up = now
+        elif slave.answered_end and request.offset >= slave.answered_end:
+            # It holds all the master had when last answered: caught up as of then.
+            slave.caught_up = max(slave.caught_up, slave.answered_at)
+        self._settle()
+
+    async def _park(self, slave: SlaveState, timeout_s: float) -> None:
+        waiter = asyncio.get_running_loop().create_future()
+        slave.waiter = waiter
+        try:
+            async with asyncio.timeout(timeout_s):
+                await waiter
+        except TimeoutError:
+            pass
+        finally:
+            slave.waiter = None
+
+    def appended(self) -> None:
+        """New bytes are in the log: wake the parked fetches."""
+        for slave in self.slaves.values():
+            if slave.waiter is not None and not slave.waiter.done():
+                slave.waiter.set_result(None)
+
+    # --- in-sync set --------------------------------------------------------------------
+
+    def in_sync(self) -> frozenset[int]:
+        """This master's view of its in-sync set, itself included."""
+        now = self._clock()
+        ids = {s.broker_id for s in self.slaves.values() if now - s.caught_up <= self.max_lag_s}
+        return frozenset(ids | {self.self_id})
+
+    def commit(self, in_sync: Iterable[int]) -> None:
+        """The controller committed this in-sync set."""
+        self.committed = frozenset(in_sync) | {self.self_id}
+        self._settle()
+
+    def check_writable(self) -> None:
+        """Refuse a sync-replicated write that cannot reach ``min_in_sync`` copies."""
+        copies = len(self.in_sync())
+        if copies < self.min_in_sync:
+            raise NotEnoughReplicas(
+                f"sync replication needs {self.min_in_sync} in-sync copies but only "
+                f"{copies} of group broker {self.self_id}'s log are in sync; nothing was "
+                "stored. Retry once a slave has caught up (min_in_sync_replicas sets this)"
+            )
+
+    # --- sync replication ---------------------------------------------------------------
+
+    def _required(self) -> Collection[int]:
+        return (self.in_sync() | self.committed) - {self.self_id}
+
+    def replicated(self, offset: int) -> bool:
+        """Whether every slave that must hold ``offset`` does."""
+        for broker_id in self._required():
+            slave = self.slaves.get(broker_id)
+            if slave is None or slave.acked < offset:
+                return False
+        return True
+
+    async def wait_replicated(self, offset: int, timeout_s: float) -> bool:
+        """True once every required slave holds the log up to ``offset``; False on timeout."""
+        if self.replicated(offset):
+            return True
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._waits, (offset, next(self._order), future))
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await future
+        except TimeoutError:
+            return False
+
+    def _settle(self) -> None:
+        waits = self._waits
+        while waits:
+            offset, _, future = waits[0]
+            if not future.done() and not self.replicated(offset):
+                break
+            heapq.heappop(waits)
+            if not future.done():
+                future.set_result(True)
+
+    def close(self) -> None:
+        """No longer master: wake everyone; pending waits fail."""
+        self.closed = True
+        self.appended()
+        for _, _, future in self._waits:
+            if not future.done():
+                future.set_result(False)
+        self._waits.clear()
+
+    def lag(self) -> dict[int, int]:
+        """Bytes each slave is behind this master's log end."""
+        end = self.log.end_offset
+        return {i: max(0, end - s.offset) for i, s in sorted(self.slaves.items())}

@@ -1,0 +1,211 @@
+"""The master's and slave's state machines against in-memory logs, wired directly."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import pytest
+
+from metaq.common.errors import EpochMismatch, InvalidMessage, NotEnoughReplicas
+from metaq.common.framing import Buffer
+from metaq.common.testing import run_async, wait_until_async
+from metaq.common.v1.data_pb2 import ReplicaFetchRequest, ReplicaFetchResponse
+from metaq.replication.epochs import Epoch, EpochHistory
+from metaq.replication.fake import MemoryLog
+from metaq.replication.follower import FetchChannel, Follower
+from metaq.replication.master import ReplicaSet
+
+
+async def until(condition: Callable[[], bool], what: str = "the condition holds") -> None:
+    async def check() -> bool:
+        return condition()
+
+    await wait_until_async(check, 5.0, what)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Direct:
+    """A channel straight into a ReplicaSet: what the data plane does, minus sockets."""
+
+    def __init__(self, master: ReplicaSet) -> None:
+        self.master = master
+
+    async def fetch(self, request: ReplicaFetchRequest) -> tuple[ReplicaFetchResponse, Buffer]:
+        request = ReplicaFetchRequest.FromString(request.SerializeToString())
+        return await self.master.fetch(request)
+
+    async def close(self) -> None:
+        pass
+
+
+def pair(
+    master_log: MemoryLog, slave_log: MemoryLog, *, epoch: int = 1, clock: Clock | None = None
+) -> tuple[ReplicaSet, Follower]:
+    history = EpochHistory(entries=[Epoch(epoch, 0)])
+    master = ReplicaSet(
+        master_log, history, self_id=0, epoch=epoch, min_in_sync=2, clock=clock or Clock()
+    )
+
+    async def connect(address: str) -> FetchChannel:
+        return Direct(master)
+
+    follower = Follower(
+        slave_log, EpochHistory(), connect, broker_name="g", broker_id=1, epoch=epoch,
+        max_bytes=64, wait_ms=200,
+    )  # fmt: skip
+    follower.follow("master", epoch)
+    return master, follower
+
+
+def test_a_slave_copies_the_log_byte_for_byte_across_segments() -> None:
+    async def scenario() -> None:
+        master_log, slave_log = MemoryLog(segment_bytes=100), MemoryLog(segment_bytes=100)
+        for i in range(30):
+            master_log.append(b"message-%02d" % i)
+        master, follower = pair(master_log, slave_log)
+        follower.start()
+        try:
+            await until(lambda: slave_log.end_offset == master_log.end_offset)
+            assert bytes(slave_log.data) == bytes(master_log.data)
+            # Live appends reach a parked fetch too.
+            master_log.append(b"late")
+            master.appended()
+            await until(lambda: slave_log.end_offset == master_log.end_offset)
+            assert bytes(slave_log.data) == bytes(master_log.data)
+            assert follower.history.entries == [Epoch(1, 0)]
+        finally:
+            await follower.stop()
+
+    run_async(scenario())
+
+
+def test_sync_waits_for_the_slaves_copy_and_refuses_without_enough_replicas() -> None:
+    async def scenario() -> None:
+        clock = Clock()
+        master_log, slave_log = MemoryLog(), MemoryLog()
+        master, follower = pair(master_log, slave_log, clock=clock)
+        with pytest.raises(NotEnoughReplicas, match="needs 2 in-sync copies"):
+            master.check_writable()
+        follower.start()
+        try:
+            await until(lambda: master.in_sync() == {0, 1})
+            master.check_writable()
+            master_log.append(b"x" * 10)
+            master.appended()
+            assert await master.wait_replicated(master_log.end_offset, 5.0)
+            assert slave_log.held_offset == master_log.end_offset
+        finally:
+            await follower.stop()
+        # The slave is gone: it falls out of sync once its lag passes the limit.
+        master_log.append(b"y")
+        clock.now += master.max_lag_s + 1
+        assert master.in_sync() == {0}
+        with pytest.raises(NotEnoughReplicas):
+            master.check_writable()
+
+    run_async(scenario())
+
+
+def test_a_dropped_slave_is_waited_for_until_the_controller_agrees() -> None:
+    async def scenario() -> None:
+        clock = Clock()
+        master_log = MemoryLog()
+        master = ReplicaSet(master_log, EpochHistory(), self_id=0, epoch=1, clock=clock)
+        master.commit({0, 1})  # the controller still counts slave 1 as electable
+        master_log.append(b"acked only if slave 1 has it")
+
+        assert not await master.wait_replicated(master_log.end_offset, 0.05)
+        waiting = asyncio.ensure_future(master.wait_replicated(master_log.end_offset, 5.0))
+        await asyncio.sleep(0)
+        master.commit({0})
+        assert await waiting
+
+    run_async(scenario())
+
+
+def test_a_slave_holding_an_old_masters_tail_truncates_then_follows() -> None:
+    async def scenario() -> None:
+        # The old master (now our slave) wrote 3 records in epoch 1; only the first two
+        # reached the new master, which took over in epoch 2 and wrote one more.
+        old = MemoryLog()
+        new = MemoryLog()
+        for payload in (b"one", b"two"):
+            old.append(payload)
+            new.append(payload)
+        old.append(b"never acknowledged")
+        takeover = new.end_offset
+        new.append(b"three")
+        history = EpochHistory(entries=[Epoch(1, 0), Epoch(2, takeover)])
+        master = ReplicaSet(new, history, self_id=1, epoch=2)
+
+        async def connect(address: str) -> FetchChannel:
+            return Direct(master)
+
+        follower = Follower(
+            old, EpochHistory(entries=[Epoch(1, 0)]), connect, broker_name="g", broker_id=0,
+            epoch=2, wait_ms=100,
+        )  # fmt: skip
+        follower.follow("new", 2)
+        follower.start()
+        try:
+            await until(lambda: bytes(old.data) == bytes(new.data))
+            assert follower.history.entries == [Epoch(1, 0), Epoch(2, takeover)]
+        finally:
+            await follower.stop()
+
+    run_async(scenario())
+
+
+def test_a_replaced_master_is_refused_both_ways() -> None:
+    async def scenario() -> None:
+        master_log = MemoryLog()
+        master = ReplicaSet(master_log, EpochHistory(), self_id=0, epoch=1)
+        newer = ReplicaFetchRequest(broker_id=1, epoch=2, segment_bytes=master_log.segment_bytes)
+        with pytest.raises(EpochMismatch, match="was replaced"):
+            await master.fetch(newer)
+        # And a slave that knows epoch 2 takes nothing from an epoch-1 answer.
+        follower = Follower(
+            MemoryLog(), EpochHistory(), Direct(master).fetch,  # type: ignore[arg-type]
+            broker_name="g", broker_id=1, epoch=2,
+        )  # fmt: skip
+        stale = ReplicaFetchResponse(epoch=1, offset=0, master_end=10)
+        with pytest.raises(EpochMismatch, match="not taking its data"):
+            follower.apply(stale, b"\x0a\x00\x00\x00garbage!")
+        assert follower.log.end_offset == 0
+
+    run_async(scenario())
+
+
+def test_mismatched_segment_sizes_are_refused_with_advice() -> None:
+    async def scenario() -> None:
+        master = ReplicaSet(MemoryLog(segment_bytes=1000), EpochHistory(), self_id=0, epoch=1)
+        with pytest.raises(InvalidMessage, match="commitlog_segment_bytes alike"):
+            await master.fetch(ReplicaFetchRequest(broker_id=1, epoch=1, segment_bytes=2000))
+
+    run_async(scenario())
+
+
+def test_a_new_slave_starts_at_the_masters_oldest_data() -> None:
+    async def scenario() -> None:
+        master_log = MemoryLog(segment_bytes=100)
+        master_log.min_offset = 500  # retention removed the first five segments
+        master_log.append(b"kept")
+        slave_log = MemoryLog(segment_bytes=100)
+        _, follower = pair(master_log, slave_log)
+        follower.start()
+        try:
+            await until(lambda: slave_log.end_offset == master_log.end_offset)
+            assert slave_log.min_offset == 500
+            assert bytes(slave_log.data) == bytes(master_log.data)
+        finally:
+            await follower.stop()
+
+    run_async(scenario())
