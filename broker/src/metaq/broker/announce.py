@@ -8,6 +8,7 @@ from metaq.broker.registration import (
     BrokerDescription,
     NameServerRegistrar,
     Permission,
+    ReplicationMode,
     Role,
     TopicDescription,
 )
@@ -50,22 +51,36 @@ def nameserver_registrar(broker: Broker) -> NameServerRegistrar:
     """A registrar for ``broker`` that re-announces at once whenever a topic changes."""
     config = broker.config
     assert broker.topics is not None and broker.store is not None
+    assert broker.group_role is not None
     topics = _TopicSnapshot(broker.topics)
     store = broker.store
+    group = broker.group_role
+    mode = ReplicationMode.SYNC if group.sync else ReplicationMode.ASYNC
 
     def describe() -> BrokerDescription:
         return BrokerDescription(
             cluster=config.cluster_name,
             broker_name=config.broker_name,
             broker_id=config.broker_id,
-            role=Role.MASTER if config.is_master else Role.SLAVE,
+            role=Role.MASTER if group.replicas is not None else Role.SLAVE,
             data_address=broker.data_address,
             http_address=broker.http_address,
             computer_room=config.computer_room,
+            epoch=group.epoch,
+            replication_mode=mode,
             commitlog_max_offset=store.commitlog.write_offset,
             topics=topics.get(),
+            controlled=group.controlled,
+            configured_master=config.is_master,
+            in_sync_ids=group.in_sync_ids(),
         )
 
-    registrar = NameServerRegistrar(list(config.nameservers), describe)
+    registrar = NameServerRegistrar(
+        list(config.nameservers),
+        describe,
+        config.heartbeat_interval_ms / 1e3,
+        on_answer=group.on_answer,
+    )
     broker.topics.listeners.append(registrar.refresh)
+    group.on_change = registrar.refresh
     return registrar

@@ -31,6 +31,13 @@ _ADDRESS: Final = re.compile(r"(?P<host>[^\s:]+|\[[0-9A-Fa-f:.]+\]):(?P<port>\d{
 _STORE_OWNED: Final = frozenset({"data_dir", "flush_mode", "store_host"})
 
 
+class ReplicationMode(enum.Enum):
+    ASYNC = "async"
+    """A send is answered once the master holds it; slaves copy it soon after."""
+    SYNC = "sync"
+    """A send is answered once ``min_in_sync_replicas`` copies hold it (double write)."""
+
+
 class ConfigError(ValueError):
     """A setting is missing, unknown or out of range; the message names the key and source."""
 
@@ -47,7 +54,8 @@ class BrokerConfig:
     broker_name: str = "broker-a"
     cluster_name: str = "DefaultCluster"
     broker_id: int = 0
-    """0 is the group's master; anything else a slave."""
+    """Unique within the group. 0 is deployed as the master, others as slaves; with
+    failover on, the controller decides who is master after that."""
     computer_room: str = "default"
     """The IDC label consumers use to prefer queues in their own room."""
     data_dir: Path = Path("run-data/broker")
@@ -71,6 +79,18 @@ class BrokerConfig:
     shutdown_grace_ms: int = 5_000
     """How long a stopping broker waits for requests in flight before closing anyway."""
     log_level: str = "INFO"
+    replication_mode: ReplicationMode = ReplicationMode.ASYNC
+    min_in_sync_replicas: int = 2
+    """Under sync replication: copies (the master's included) a send needs."""
+    replication_timeout_ms: int = 3_000
+    """Under sync replication: past this, a send is answered FLUSH_SLAVE_TIMEOUT."""
+    replica_lag_max_ms: int = 5_000
+    """A slave not caught up with the master for this long leaves the in-sync set."""
+    failover: bool = True
+    """Let the nameservers' controller pick the group's master (needs nameservers)."""
+    heartbeat_interval_ms: int = 500
+    """Heartbeats to each nameserver; the controller notices a silent master after
+    its master_detection_ms (3 s by default)."""
     store: StoreConfig = field(default_factory=_default_store)
 
     def __post_init__(self) -> None:
@@ -112,6 +132,10 @@ class BrokerConfig:
             "consumer_heartbeat_timeout_s",
             "offset_snapshot_interval_ms",
             "shutdown_grace_ms",
+            "min_in_sync_replicas",
+            "replication_timeout_ms",
+            "replica_lag_max_ms",
+            "heartbeat_interval_ms",
         ):
             if getattr(self, key) <= 0:
                 problems.append(f"{key} must be positive")
@@ -123,7 +147,12 @@ class BrokerConfig:
 
     @property
     def is_master(self) -> bool:
+        """Deployed as the master; with failover the controller has the last word."""
         return self.broker_id == 0
+
+    @property
+    def controlled(self) -> bool:
+        return self.failover and bool(self.nameservers)
 
 
 # --- loading ----------------------------------------------------------------------------

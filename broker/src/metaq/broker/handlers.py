@@ -7,6 +7,7 @@ from metaq.broker.connection import Handler, Responder
 from metaq.broker.consumers import ConsumeMode, ConsumerGroups
 from metaq.broker.offsets import ConsumerOffsets, check_group
 from metaq.broker.pull import PullHandler
+from metaq.broker.role import GroupRole
 from metaq.broker.send import SendHandler
 from metaq.broker.store import MessageStore
 from metaq.broker.topics import TopicTable, UnknownTopic
@@ -42,6 +43,7 @@ class Handlers:
         groups: ConsumerGroups,
         send: SendHandler,
         pull: PullHandler,
+        role: GroupRole,
     ) -> None:
         self._store = store
         self._topics = topics
@@ -49,6 +51,7 @@ class Handlers:
         self._groups = groups
         self.send = send
         self.pull = pull
+        self.role = role
 
     def table(self) -> dict[FrameType, Handler]:
         """A handler for every frame type a client may send (CONNECTION is never a request)."""
@@ -59,6 +62,7 @@ class Handlers:
             FrameType.COMMIT_OFFSET: self.commit_offset,
             FrameType.QUERY_OFFSET: self.query_offset,
             FrameType.CONSUMER_HEARTBEAT: self.consumer_heartbeat,
+            FrameType.REPLICA_FETCH: self.role.handle_fetch,
         }
         missing = set(FrameType) - set(table) - {FrameType.CONNECTION}
         if missing:

@@ -27,6 +27,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from metaq.broker.consumers import ConsumerGroups
 from metaq.broker.metrics import BrokerMetrics
 from metaq.broker.offsets import ConsumerOffsets
+from metaq.broker.role import GroupRole
 from metaq.broker.store import MessageStore
 from metaq.broker.topics import Permission, TopicConfig, TopicTable
 from metaq.common.errors import InvalidMessage
@@ -36,7 +37,7 @@ from metaq.common.record import FLAG_COMPRESSED, Record
 @dataclass(frozen=True, slots=True)
 class HttpContext:
     broker_name: str
-    role: str
+    role: GroupRole
     store: MessageStore
     topics: TopicTable
     offsets: ConsumerOffsets
@@ -88,7 +89,11 @@ class HttpServer:
             "status": "ok" if reason is None else "not-writable",
             "reason": reason,
             "broker_name": c.broker_name,
-            "role": c.role,
+            "role": c.role.role.value,
+            "epoch": c.role.epoch,
+            "master_address": c.role.master_address,
+            "in_sync_ids": list(c.role.in_sync_ids()),
+            "replica_lag_bytes": {str(k): v for k, v in c.role.lag_bytes().items()},
             "uptime_s": round(time.monotonic() - c.started_monotonic, 3),
             "commitlog_write_offset": c.store.commitlog.write_offset,
             "commitlog_durable_offset": c.store.flusher.durable,

@@ -18,6 +18,7 @@ from prometheus_client.metrics_core import Metric
 
 from metaq.broker.consumers import ConsumerGroups
 from metaq.broker.offsets import ConsumerOffsets
+from metaq.broker.role import GroupRole
 from metaq.broker.store import MessageStore
 
 
@@ -39,6 +40,11 @@ class BrokerMetrics:
         )
         self.flush_timeouts = Counter(
             "metaq_flush_disk_timeouts", "SYNC sends answered FLUSH_DISK_TIMEOUT", registry=r
+        )
+        self.replication_timeouts = Counter(
+            "metaq_flush_slave_timeouts",
+            "Sync-replicated sends answered FLUSH_SLAVE_TIMEOUT",
+            registry=r,
         )
         self.connections = Gauge("metaq_connections", "Open data-plane connections", registry=r)
         self._appended_children: dict[str, tuple[Counter, Counter]] = {}
@@ -79,6 +85,7 @@ class BrokerState:
     long_polls_parked: Callable[[], int]
     long_polls_woken: Callable[[], int]
     started_monotonic: float
+    role: GroupRole
 
 
 class _StateCollector:
@@ -122,6 +129,20 @@ class _StateCollector:
             "Used fraction of the data directory's disk",
             store.guard.disk_ratio,
         )
+        role = state.role
+        yield _gauge("metaq_epoch", "The broker group's epoch as this broker knows it", role.epoch)
+        yield _gauge(
+            "metaq_is_master", "1 while this broker takes writes as its group's master",
+            1 if role.replicas is not None else 0,
+        )  # fmt: skip
+        lag = GaugeMetricFamily(
+            "metaq_replica_lag_bytes",
+            "Commitlog bytes a slave is behind its master (on the master: per slave)",
+            labels=["broker_id"],
+        )
+        for broker_id, behind in role.lag_bytes().items():
+            lag.add_metric([str(broker_id)], behind)
+        yield lag
         writable = 0 if store.guard.reason else 1
         yield _gauge("metaq_writable", "1 if the store accepts writes", writable)
         queues = GaugeMetricFamily(

@@ -32,6 +32,7 @@ from metaq.broker.http import HttpContext, HttpServer
 from metaq.broker.metrics import BrokerMetrics, BrokerState
 from metaq.broker.offsets import ConsumerOffsets, OffsetSnapshotService
 from metaq.broker.pull import PullHandler
+from metaq.broker.role import GroupRole
 from metaq.broker.send import SendHandler
 from metaq.broker.server import DataServer
 from metaq.broker.store import MessageStore
@@ -73,7 +74,6 @@ class Broker:
         self, config: BrokerConfig, *, registrar_factory: RegistrarFactory | None = None
     ) -> None:
         self.config = config
-        self.role = "master" if config.is_master else "slave"
         self.started_monotonic = time.monotonic()
         self.data_address = ""
         self.http_address = ""
@@ -82,6 +82,7 @@ class Broker:
         self.topics: TopicTable | None = None
         self.offsets: ConsumerOffsets | None = None
         self.store: MessageStore | None = None
+        self.group_role: GroupRole | None = None
         self.registrar: Registrar | None = None
         self._registrar_factory = registrar_factory
         self._handlers: dict[FrameType, Handler] = {}
@@ -122,12 +123,16 @@ class Broker:
         )
         loop = asyncio.get_running_loop()
         self._durability = AsyncDurability(loop, self.store.flusher)
-        self._send = SendHandler(config, self.store, self.topics, self.metrics, self._durability)
+        self.group_role = GroupRole(config, self.store, self._durability)
+        self._send = SendHandler(
+            config, self.store, self.topics, self.metrics, self._durability, self.group_role
+        )
         self._pull = PullHandler(config, self.store, self.topics, self.offsets, self.metrics)
         self.store.dispatcher.listeners.append(self._pull.long_polls.on_dispatch)
         handlers = Handlers(
-            self.store, self.topics, self.offsets, self.groups, self._send, self._pull
-        )
+            self.store, self.topics, self.offsets, self.groups, self._send, self._pull,
+            self.group_role,
+        )  # fmt: skip
         self._handlers.update(handlers.table())
         pull = self._pull
         self.metrics.watch(
@@ -138,13 +143,14 @@ class Broker:
                 lambda: pull.long_polls.parked,
                 lambda: pull.long_polls.woken,
                 self.started_monotonic,
+                self.group_role,
             )
         )
 
         self._http = HttpServer(
             HttpContext(
                 config.broker_name,
-                self.role,
+                self.group_role,
                 self.store,
                 self.topics,
                 self.offsets,
@@ -164,6 +170,7 @@ class Broker:
         for service in self._services:
             service.start()
 
+        await self.group_role.start()
         # Registered before accepting: the listening socket is bound, so a client routed
         # here early waits in the backlog rather than being refused.
         if self._registrar_factory is not None:
@@ -203,6 +210,8 @@ class Broker:
                     log.warning("%d sends still waiting for their fsync at shutdown", len(late))
                     for task in late:
                         task.cancel()
+        if self.group_role is not None:
+            await self.group_role.stop()
         if self._pull is not None:
             self._pull.draining = True
             released = self._pull.long_polls.release_all()

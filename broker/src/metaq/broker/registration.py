@@ -22,9 +22,9 @@ import asyncio
 import contextlib
 import enum
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 import grpc
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
@@ -99,6 +99,9 @@ class BrokerDescription:
     replication_mode: ReplicationMode = ReplicationMode.ASYNC
     commitlog_max_offset: int = 0
     topics: tuple[TopicDescription, ...] = ()
+    controlled: bool = False
+    configured_master: bool = False
+    in_sync_ids: tuple[int, ...] = ()
 
 
 def heartbeat(description: BrokerDescription, *, with_topics: bool) -> pb.BrokerHeartbeat:
@@ -115,6 +118,9 @@ def heartbeat(description: BrokerDescription, *, with_topics: bool) -> pb.Broker
             permission=pb.Permission.ValueType(description.permission),
             replication_mode=pb.ReplicationMode.ValueType(description.replication_mode),
             commitlog_max_offset=description.commitlog_max_offset,
+            controlled=description.controlled,
+            configured_master=description.configured_master,
+            in_sync_ids=description.in_sync_ids,
         )
     )
     if with_topics:
@@ -217,31 +223,49 @@ class _Link:
         )
 
     async def _session(self) -> None:
-        """One session; raises if it never came up, returns once an established one is lost."""
+        """One session; raises if it never came up, returns once an established one is lost.
+
+        Events are read by a task of their own: besides the answer to each heartbeat, the
+        nameserver sends news unasked (the controller moved the group's master), and
+        those must reach the broker at once, not at its next heartbeat.
+        """
         registrar = self._registrar
         established = False
+        answered = asyncio.Event()
         try:
             async with grpc.aio.insecure_channel(self.address) as channel:
                 call = control_pb2_grpc.NameServerStub(channel).Session()
+
+                async def read_events() -> None:
+                    while True:
+                        event = await call.read()
+                        if not isinstance(event, pb.SessionEvent):  # grpc.aio.EOF
+                            raise SessionEnded(f"nameserver {self.address} ended the session")
+                        answered.set()
+                        self._follow(event.registered)
+                        registrar.on_answer(event.registered)
+
+                reader = asyncio.get_running_loop().create_task(read_events())
                 sent: tuple[TopicDescription, ...] | None = None
                 try:
                     while True:
                         description = registrar.describe()
                         topics = description.topics
                         changed = sent is None or (topics is not sent and topics != sent)
+                        answered.clear()
                         async with asyncio.timeout(registrar.ack_timeout_s):
                             await call.write(heartbeat(description, with_topics=changed))
-                            event = await call.read()
-                        if not isinstance(event, pb.SessionEvent):  # grpc.aio.EOF
-                            raise SessionEnded(f"nameserver {self.address} ended the session")
+                            await _first(answered.wait(), reader)
                         sent = topics
                         if not established:
                             established = self.connected = True
                             log.info("registered with nameserver %s", self.address)
-                        self._follow(event.registered)
-                        await self._pause()
+                        await self._pause(reader)
                 finally:
                     self.connected = False
+                    reader.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await reader
                     call.cancel()
         except Exception as exc:
             if not established:
@@ -254,20 +278,34 @@ class _Link:
         ceiling = expiry_s / 3 if expiry_s > 0 else self._registrar.interval_s
         self._interval_s = min(self._registrar.interval_s, ceiling)
 
-    async def _pause(self) -> None:
+    async def _pause(self, reader: asyncio.Task[None]) -> None:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self._interval_s):
-                await self._wake.wait()
+                await _first(self._wake.wait(), reader)
         self._wake.clear()
+
+
+async def _first(wait: Coroutine[Any, Any, object], reader: asyncio.Task[None]) -> None:
+    """Await ``wait``, but raise at once if the event reader failed (the session broke)."""
+    waiter = asyncio.ensure_future(wait)
+    try:
+        await asyncio.wait({waiter, reader}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+    if reader.done():
+        reader.result()
+        raise SessionEnded("the session's event stream ended")
 
 
 class NameServerRegistrar:
     """Keeps this broker registered with every nameserver in ``addresses`` (host:port).
 
     ``describe`` is called for every heartbeat, on the event loop, so it must be quick and
-    must not block. :meth:`start` returns at once; registration proceeds in the background
-    and ``connected`` tells which nameservers acknowledged it. :meth:`refresh` sends a
-    heartbeat now (e.g. right after a topic was created) instead of at the next interval.
+    must not block; ``on_answer`` gets every event each nameserver sends (answers and
+    news), on the event loop too. :meth:`start` returns at once; registration proceeds in
+    the background and ``connected`` tells which nameservers acknowledged it.
+    :meth:`refresh` sends a heartbeat now (e.g. right after a topic was created) instead
+    of at the next interval.
     """
 
     def __init__(
@@ -276,6 +314,7 @@ class NameServerRegistrar:
         describe: Callable[[], BrokerDescription],
         interval_s: float = 2.0,
         *,
+        on_answer: Callable[[pb.RegisterBrokerResponse], None] | None = None,
         ack_timeout_s: float | None = None,
         initial_backoff_s: float = 0.1,
         max_backoff_s: float = 5.0,
@@ -289,6 +328,7 @@ class NameServerRegistrar:
             raise ValueError("interval_s and the back-off times must be positive")
         self.addresses = tuple(addresses)
         self.describe = describe
+        self.on_answer = on_answer or (lambda _registered: None)
         self.interval_s = interval_s
         self.ack_timeout_s = ack_timeout_s if ack_timeout_s is not None else 3 * interval_s
         self.initial_backoff_s = initial_backoff_s

@@ -18,11 +18,12 @@ from typing import Final
 from metaq.broker.config import BrokerConfig
 from metaq.broker.connection import Responder
 from metaq.broker.metrics import BrokerMetrics
+from metaq.broker.role import GroupRole
 from metaq.broker.store import FlushMode, MessageStore
 from metaq.broker.store.commitlog import Appended
 from metaq.broker.store.flush import AsyncDurability
 from metaq.broker.topics import TopicConfig, TopicTable
-from metaq.common.errors import ErrorCode, InvalidMessage, MetaqError, StoreUnavailable
+from metaq.common.errors import InvalidMessage, StoreUnavailable
 from metaq.common.framing import FLAG_RESPONSE, Buffer, Frame, FrameType, encode_frame
 from metaq.common.record import HEADER_SIZE
 from metaq.common.v1.data_pb2 import SendRequest, SendResponse
@@ -33,13 +34,6 @@ log = logging.getLogger(__name__)
 _FIELDS: Final = struct.Struct("<I44xi36xH")
 _MSG_ID_AT: Final = 64
 _KNOWN_FLAGS: Final = SendRequest.FLAG_NO_WAIT_STORE
-
-
-class NotMaster(MetaqError):
-    """Writes go to the group's master; this broker is a slave."""
-
-    code = ErrorCode.NOT_MASTER
-    retriable = True
 
 
 def split_records(
@@ -92,8 +86,10 @@ class SendHandler:
         topics: TopicTable,
         metrics: BrokerMetrics,
         durability: AsyncDurability,
+        role: GroupRole,
     ) -> None:
         self._config = config
+        self._role = role
         self._store = store
         self._topics = topics
         self._metrics = metrics
@@ -106,11 +102,7 @@ class SendHandler:
         self.draining = False
 
     def handle(self, responder: Responder, frame: Frame) -> None:
-        if not self._config.is_master:
-            raise NotMaster(
-                f"broker {self._config.broker_name} (id {self._config.broker_id}) is a slave; "
-                "send to the master of its group"
-            )
+        self._role.check_writable()
         if self.draining:
             raise StoreUnavailable("the broker is shutting down; send to another broker")
         request = SendRequest.FromString(frame.header)
@@ -121,15 +113,16 @@ class SendHandler:
             frame.payload, request.topic.encode(), request.queue_id, request.record_count
         )
         appended = self._store.append(records)
+        self._role.appended()
         if self._topics.get(topic.name) is None:
             self._create_topic(topic)
         self._metrics.appended(topic.name, len(records), frame.payload.nbytes)
         if frame.is_one_way:
             return
         msg_ids = [bytes(r[_MSG_ID_AT : _MSG_ID_AT + 16]) for r in records]
-        if self._sync and not request.flags & SendRequest.FLAG_NO_WAIT_STORE:
+        if (self._sync or self._role.sync) and not request.flags & SendRequest.FLAG_NO_WAIT_STORE:
             task = self._loop.create_task(
-                self._answer_when_durable(responder, frame.request_id, appended, msg_ids)
+                self._answer_when_stored(responder, frame.request_id, appended, msg_ids)
             )
             self.inflight.add(task)
             task.add_done_callback(self.inflight.discard)
@@ -144,13 +137,17 @@ class SendHandler:
             # store them twice. The next send retries the creation.
             log.exception("auto-creating topic %s failed", topic.name)
 
-    async def _answer_when_durable(
+    async def _answer_when_stored(
         self, responder: Responder, request_id: int, appended: Appended, msg_ids: list[bytes]
     ) -> None:
-        durable = await self._durability.wait(appended.end, self._flush_timeout_s)
-        status = SendResponse.OK if durable else SendResponse.FLUSH_DISK_TIMEOUT
-        if not durable:
+        """Answer once the flush mode and the replication mode are both satisfied."""
+        status = SendResponse.OK
+        if self._sync and not await self._durability.wait(appended.end, self._flush_timeout_s):
             self._metrics.flush_timeouts.inc()
+            status = SendResponse.FLUSH_DISK_TIMEOUT
+        if self._role.sync and not await self._role.wait_replicated(appended.end):
+            self._metrics.replication_timeouts.inc()
+            status = SendResponse.FLUSH_SLAVE_TIMEOUT
         responder.respond(_response(request_id, status, appended, msg_ids))
 
 

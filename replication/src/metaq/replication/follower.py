@@ -125,7 +125,8 @@ class Follower:
                     await asyncio.wait({changed, fetched}, return_when=asyncio.FIRST_COMPLETED)
                 finally:
                     changed.cancel()
-                if not fetched.done():
+                if self._changed.is_set():
+                    # Pointed elsewhere (or promoted): not one more byte from this master.
                     fetched.cancel()
                     with contextlib.suppress(asyncio.CancelledError, Exception):
                         await fetched

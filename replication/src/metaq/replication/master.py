@@ -177,12 +177,14 @@ class ReplicaSet:
 
     def check_writable(self) -> None:
         """Refuse a sync-replicated write that cannot reach ``min_in_sync`` copies."""
-        copies = len(self.in_sync())
-        if copies < self.min_in_sync:
+        in_sync = self.in_sync()
+        if len(in_sync) < self.min_in_sync:
+            slaves = sorted(in_sync - {self.self_id})
             raise NotEnoughReplicas(
-                f"sync replication needs {self.min_in_sync} in-sync copies but only "
-                f"{copies} of group broker {self.self_id}'s log are in sync; nothing was "
-                "stored. Retry once a slave has caught up (min_in_sync_replicas sets this)"
+                f"sync replication needs {self.min_in_sync} in-sync copies of the log but "
+                f"{len(in_sync)} are in sync (the master's, and slaves {slaves}); nothing "
+                "was stored. Retry once a slave has caught up (min_in_sync_replicas sets "
+                "how many copies a send needs)"
             )
 
     # --- sync replication ---------------------------------------------------------------

@@ -186,6 +186,65 @@ class CommitLog:
         # Retention ages a segment by when it stopped taking writes.
         os.utime(segment.path)
 
+    # --- replication ------------------------------------------------------------------
+
+    def read_chunk(self, offset: int, max_bytes: int) -> memoryview:
+        """Log bytes from ``offset`` for a slave: whole records (and a segment's blank end),
+        never past the segment's end, at most ``max_bytes`` unless the first record alone
+        is larger. Empty at the end of the log or below the oldest segment."""
+        segment = self.segments.find(offset)
+        if segment is None:
+            return memoryview(b"")
+        view = segment.view
+        pos = offset - segment.start
+        stop = min(self.write_offset, segment.end) - segment.start
+        if stop - pos <= max_bytes:
+            return view[pos:stop]
+        at = pos
+        while at < stop:
+            if segment.size - at < _BLANK.size:
+                step = segment.size - at
+            else:
+                size, magic = _BLANK.unpack_from(view, at)
+                step = segment.size - at if magic == BLANK_MAGIC else size
+            if at + step - pos > max_bytes and at > pos:
+                break
+            at += step
+        return view[pos:at]
+
+    def write_raw(self, offset: int, data: bytes | bytearray | memoryview) -> None:
+        """Write bytes a master read, verbatim, at the end of this (slave's) log."""
+        with self._lock:
+            if offset != self.write_offset:
+                raise ValueError(f"raw write at {offset}, but the log ends at {self.write_offset}")
+            segment = self.segments.segment_for_write(offset)
+            pos = offset - segment.start
+            end = pos + len(data)
+            if end > segment.size:
+                raise InvalidMessage(
+                    f"{len(data)} replicated bytes at {offset} cross the end of segment "
+                    f"{segment.path.name}; master and slave segment sizes must agree"
+                )
+            segment.view[pos:end] = data
+            segment.written = end
+            self.write_offset = offset + len(data)
+
+    def reset(self, offset: int) -> None:
+        """Make an empty log start at ``offset`` (a segment boundary)."""
+        with self._lock:
+            if self.segments.segments or self.write_offset:
+                raise ValueError("only an empty commitlog can be moved to another start")
+            if offset % self.segments.segment_bytes:
+                raise ValueError(f"offset {offset} is not a segment boundary")
+            self.write_offset = offset
+            self.segments.segment_for_write(offset)
+
+    def truncate(self, offset: int) -> None:
+        """Cut the log at ``offset`` (a record boundary): a slave's diverged tail."""
+        with self._lock:
+            self.segments.truncate(offset)
+            self.set_end(offset)
+
     # --- read -------------------------------------------------------------------------
 
     def slice(self, offset: int, size: int) -> memoryview | None:

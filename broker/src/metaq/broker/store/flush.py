@@ -34,6 +34,9 @@ class CommitLogFlusher(Service):
         self.listeners: list[FlushListener] = []
         self._guard = guard
         self._cond = threading.Condition()
+        # Held for a whole flush, so a truncation never lands between choosing the target
+        # and declaring it durable.
+        self.lock = threading.Lock()
 
     def start(self) -> None:
         self.durable = self.commitlog.write_offset
@@ -52,6 +55,14 @@ class CommitLogFlusher(Service):
 
     def flush(self) -> int:
         """fsync everything written so far; return the new durable offset."""
+        with self.lock:
+            return self._flush()
+
+    def cut(self, offset: int) -> None:
+        """The log was truncated at ``offset``; call with ``lock`` held."""
+        self.durable = min(self.durable, offset)
+
+    def _flush(self) -> int:
         target = self.commitlog.write_offset
         if target <= self.durable:
             return self.durable

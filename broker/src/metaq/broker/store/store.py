@@ -257,6 +257,51 @@ class MessageStore:
             status = PutStatus.FLUSH_DISK_TIMEOUT
         return PutResult(status, appended)
 
+    # --- replication ------------------------------------------------------------------
+
+    def append_replicated(self, offset: int, data: bytes | bytearray | memoryview) -> None:
+        """A slave writes bytes its master read (``CommitLog.read_chunk``), verbatim."""
+        self.guard.ensure_writable()
+        try:
+            self.commitlog.write_raw(offset, data)
+        except OSError as exc:
+            self.guard.record_io_error(exc)
+            raise StoreUnavailable(f"writing the commitlog failed: {exc}; retry") from exc
+        self.dispatch_service.wakeup()
+        if self.config.flush_mode is FlushMode.SYNC:
+            self.flusher.request()
+        else:
+            self.flusher.maybe_request()
+
+    def truncate(self, offset: int) -> None:
+        """Cut the log, queues and dispatch state at ``offset`` (a slave's diverged tail).
+
+        Index entries past the cut stay: every lookup checks the record it finds.
+        """
+        with self.dispatcher.lock, self.flusher.lock:
+            self.commitlog.truncate(offset)
+            self.flusher.cut(offset)
+            for queue in self.queues.queues.values():
+                queue.truncate_to_commitlog(offset)
+            self.dispatcher.dispatched = min(self.dispatcher.dispatched, offset)
+            self.commitlog.queue_offsets = {k: q.max_offset for k, q in self.queues.queues.items()}
+        # The cut queues are what recovery must trust from now on.
+        self.checkpoint()
+
+    def reset(self, offset: int) -> None:
+        """Start an empty log at ``offset`` (a new slave of a master past retention)."""
+        with self.dispatcher.lock, self.flusher.lock:
+            self.commitlog.reset(offset)
+            self.dispatcher.dispatched = offset
+            self.flusher.durable = offset
+
+    def become_writer(self) -> None:
+        """Before a slave's first own append: its queue offsets continue the dispatched
+        queues, so every record it copied must be dispatched first."""
+        self.dispatcher.catch_up()
+        with self.dispatcher.lock:
+            self.commitlog.queue_offsets = {k: q.max_offset for k, q in self.queues.queues.items()}
+
     # --- reads ------------------------------------------------------------------------
 
     def get(

@@ -73,6 +73,9 @@ class BrokerProcess:
         ready_timeout_s: float = 30.0,
     ) -> BrokerProcess:
         argv = ["--listen-host", "127.0.0.1", "--data-port", "0", "--http-port", "0"]
+        if "--nameserver" not in args:
+            # No nameserver to host a controller: the broker keeps its deployed role.
+            argv += ["--set", "failover=false"]
         if small_store:
             for setting in SMALL_STORE:
                 argv += ["--set", setting]

@@ -1,0 +1,255 @@
+"""The broker's place in its group: master or slave, in which epoch, and the switch.
+
+A master serves its slaves' fetches through a :class:`ReplicaSet` and, under sync
+replication, answers sends once they are replicated. A slave runs a :class:`Follower`
+copying its master's log. Without failover the role is the deployed one (broker id 0 is
+the master) for good. With failover the nameservers' controller decides: the broker
+starts as a slave that takes no writes, and every GroupControl it hears (the answer to a
+heartbeat, or news pushed at once when the controller moves the master) may promote it,
+or demote it and point it at another master. Changes are applied one at a time.
+
+Promotion stops the copying first, dispatches everything copied (so its queue offsets
+continue the old master's), starts a new epoch at its log's end, and only then takes
+writes. Demotion refuses writes at once and fails the sends still waiting for slaves
+(they were never acknowledged), then follows the new master, cutting whatever tail the
+new master never had.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+from collections.abc import Callable
+
+from metaq.broker.config import BrokerConfig, ReplicationMode
+from metaq.broker.connection import Responder
+from metaq.broker.replica_log import StoreLog
+from metaq.broker.store import MessageStore
+from metaq.broker.store.flush import AsyncDurability
+from metaq.common.errors import MetaqError, NotMaster
+from metaq.common.framing import FLAG_RESPONSE, Frame, FrameType, encode_error, encode_frame
+from metaq.common.v1 import control_pb2 as pb
+from metaq.common.v1.data_pb2 import ReplicaFetchRequest
+from metaq.replication.channel import DataPlaneChannel
+from metaq.replication.epochs import EpochHistory
+from metaq.replication.follower import FetchChannel, Follower
+from metaq.replication.master import ReplicaSet
+
+log = logging.getLogger(__name__)
+
+
+class Role(enum.Enum):
+    MASTER = "master"
+    SLAVE = "slave"
+
+
+async def _connect(address: str) -> FetchChannel:
+    return await DataPlaneChannel.open(address)
+
+
+class GroupRole:
+    def __init__(
+        self, config: BrokerConfig, store: MessageStore, durability: AsyncDurability
+    ) -> None:
+        self.config = config
+        self._store = store
+        self.log = StoreLog(store, durability)
+        self.history = EpochHistory(config.data_dir / "epochs.json")
+        self.history.trim_to(store.commitlog.write_offset)
+        self.epoch = self.history.last_epoch
+        self.controlled = config.controlled
+        self.sync = config.replication_mode is ReplicationMode.SYNC
+        self.role = Role.MASTER if config.is_master and not self.controlled else Role.SLAVE
+        self.replicas: ReplicaSet | None = None
+        self.master_address = ""
+        self.follower = Follower(
+            self.log,
+            self.history,
+            _connect,
+            broker_name=config.broker_name,
+            broker_id=config.broker_id,
+            epoch=self.epoch,
+        )
+        self.on_change: Callable[[], None] = lambda: None
+        """Called after every change of role or epoch (the registrar re-announces)."""
+        self._changes: asyncio.Queue[pb.GroupControl] = asyncio.Queue()
+        self._worker: asyncio.Task[None] | None = None
+        self._fetches: set[asyncio.Task[None]] = set()
+
+    # --- lifecycle ----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self.follower.start()
+        if self.role is Role.MASTER:
+            await self._become_master(self.epoch)
+        self._worker = asyncio.get_running_loop().create_task(self._apply_changes())
+
+    async def stop(self) -> None:
+        if self._worker is not None:
+            self._worker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._worker
+        await self.follower.stop()
+        if self.replicas is not None:
+            self.replicas.close()
+        for task in list(self._fetches):
+            task.cancel()
+
+    # --- writes -------------------------------------------------------------------------
+
+    def check_writable(self) -> None:
+        """Raise unless this broker may take a write now."""
+        replicas = self.replicas
+        if self.role is not Role.MASTER or replicas is None:
+            where = f"; its master is {self.master_address}" if self.master_address else ""
+            raise NotMaster(
+                f"broker {self.config.broker_name} (id {self.config.broker_id}) is not the "
+                f"master of its group (epoch {self.epoch}){where}; send to the master",
+                self.master_address,
+            )
+        if self.sync:
+            replicas.check_writable()
+
+    def appended(self) -> None:
+        if self.replicas is not None:
+            self.replicas.appended()
+
+    async def wait_replicated(self, offset: int) -> bool:
+        replicas = self.replicas
+        if replicas is None:
+            return False
+        return await replicas.wait_replicated(offset, self.config.replication_timeout_ms / 1e3)
+
+    # --- slaves' fetches ----------------------------------------------------------------
+
+    def handle_fetch(self, responder: Responder, frame: Frame) -> None:
+        request = ReplicaFetchRequest.FromString(frame.header)
+        if self.replicas is None:
+            self.check_writable()  # raises NotMaster, naming the master if known
+            return
+        task = asyncio.get_running_loop().create_task(
+            self._answer_fetch(self.replicas, responder, frame.request_id, request)
+        )
+        self._fetches.add(task)
+        task.add_done_callback(self._fetches.discard)
+
+    async def _answer_fetch(
+        self,
+        replicas: ReplicaSet,
+        responder: Responder,
+        request_id: int,
+        request: ReplicaFetchRequest,
+    ) -> None:
+        try:
+            response, payload = await replicas.fetch(request)
+        except MetaqError as exc:
+            responder.respond(
+                encode_error(
+                    exc.code,
+                    str(exc),
+                    request_id=request_id,
+                    frame_type=FrameType.REPLICA_FETCH,
+                    retriable=exc.retriable,
+                )
+            )
+            return
+        responder.respond(
+            encode_frame(
+                FrameType.REPLICA_FETCH,
+                request_id,
+                response.SerializeToString(),
+                payload,
+                FLAG_RESPONSE,
+            )
+        )
+
+    # --- what the nameservers say -------------------------------------------------------
+
+    def on_answer(self, registered: pb.RegisterBrokerResponse) -> None:
+        """Every event from every nameserver comes here (answers and pushed news)."""
+        if self.controlled:
+            if registered.HasField("control"):
+                self._changes.put_nowait(registered.control)
+        elif self.role is Role.SLAVE and registered.master_data_address:
+            self.master_address = registered.master_data_address
+            self.follower.follow(registered.master_data_address, self.follower.epoch)
+
+    async def _apply_changes(self) -> None:
+        while True:
+            control = await self._changes.get()
+            try:
+                await self._apply(control)
+            except Exception:
+                log.exception("applying the controller's decision %s failed", control)
+
+    async def _apply(self, control: pb.GroupControl) -> None:
+        if control.epoch < self.epoch:
+            return  # a nameserver that has not heard of the latest election yet
+        me = self.config.broker_id
+        if control.master_id == me:
+            if self.role is not Role.MASTER or control.epoch != self.epoch:
+                await self._become_master(control.epoch)
+            if self.replicas is not None:
+                self.replicas.commit(control.in_sync_ids)
+            return
+        address = control.master_data_address
+        if (
+            self.role is Role.MASTER
+            or control.epoch != self.epoch
+            or (address and address != self.master_address)
+        ):
+            self._become_slave(control.epoch, address or self.master_address)
+
+    async def _become_master(self, epoch: int) -> None:
+        self.follower.follow("", epoch)  # no more copying: our log is the log now
+        await asyncio.to_thread(self._store.become_writer)
+        end = self._store.commitlog.write_offset
+        if epoch:
+            self.history.begin(epoch, end)
+        self.epoch = epoch
+        config = self.config
+        self.replicas = ReplicaSet(
+            self.log,
+            self.history,
+            self_id=config.broker_id,
+            epoch=epoch,
+            min_in_sync=config.min_in_sync_replicas if self.sync else 1,
+            max_lag_s=config.replica_lag_max_ms / 1e3,
+        )
+        self.master_address = ""
+        self.role = Role.MASTER
+        log.info("master of %s in epoch %d from offset %d", config.broker_name, epoch, end)
+        self.on_change()
+
+    def _become_slave(self, epoch: int, master_address: str) -> None:
+        was_master = self.role is Role.MASTER
+        self.role = Role.SLAVE
+        if self.replicas is not None:
+            self.replicas.close()
+            self.replicas = None
+        self.epoch = epoch
+        self.master_address = master_address
+        self.follower.follow(master_address, epoch)
+        log.info(
+            "%s of %s in epoch %d, following %s",
+            "demoted to slave" if was_master else "slave",
+            self.config.broker_name,
+            epoch,
+            master_address or "(master not known yet)",
+        )
+        self.on_change()
+
+    # --- views --------------------------------------------------------------------------
+
+    def in_sync_ids(self) -> tuple[int, ...]:
+        if self.replicas is None:
+            return ()
+        return tuple(sorted(self.replicas.in_sync()))
+
+    def lag_bytes(self) -> dict[int, int]:
+        """Master: bytes each slave is behind. Slave: {own id: bytes behind the master}."""
+        if self.replicas is not None:
+            return self.replicas.lag()
+        return {self.config.broker_id: self.follower.lag_bytes}
