@@ -88,6 +88,8 @@ class BrokerConfig:
     """A slave not caught up with the master for this long leaves the in-sync set."""
     failover: bool = True
     """Let the nameservers' controller pick the group's master (needs nameservers)."""
+    journal_interval_ms: int = 100
+    """How often a master journals the offsets consumers committed with their pulls."""
     heartbeat_interval_ms: int = 500
     """Heartbeats to each nameserver; the controller notices a silent master after
     its master_detection_ms (3 s by default)."""
@@ -136,6 +138,7 @@ class BrokerConfig:
             "replication_timeout_ms",
             "replica_lag_max_ms",
             "heartbeat_interval_ms",
+            "journal_interval_ms",
         ):
             if getattr(self, key) <= 0:
                 problems.append(f"{key} must be positive")

@@ -3,8 +3,11 @@ that maps every frame type to its handler."""
 
 from __future__ import annotations
 
+import asyncio
+
 from metaq.broker.connection import Handler, Responder
 from metaq.broker.consumers import ConsumeMode, ConsumerGroups
+from metaq.broker.journal import Journal
 from metaq.broker.offsets import ConsumerOffsets, check_group
 from metaq.broker.pull import PullHandler
 from metaq.broker.role import GroupRole
@@ -12,7 +15,7 @@ from metaq.broker.send import SendHandler
 from metaq.broker.store import MessageStore
 from metaq.broker.topics import TopicTable, UnknownTopic
 from metaq.common.errors import InvalidMessage
-from metaq.common.framing import FLAG_RESPONSE, Frame, FrameType, encode_frame
+from metaq.common.framing import FLAG_RESPONSE, Buffer, Frame, FrameType, encode_frame
 from metaq.common.record import check_topic
 from metaq.common.v1.data_pb2 import (
     CommitOffsetRequest,
@@ -44,6 +47,7 @@ class Handlers:
         send: SendHandler,
         pull: PullHandler,
         role: GroupRole,
+        journal: Journal,
     ) -> None:
         self._store = store
         self._topics = topics
@@ -52,6 +56,8 @@ class Handlers:
         self.send = send
         self.pull = pull
         self.role = role
+        self._journal = journal
+        self._tasks: set[asyncio.Task[None]] = set()
 
     def table(self) -> dict[FrameType, Handler]:
         """A handler for every frame type a client may send (CONNECTION is never a request)."""
@@ -81,12 +87,27 @@ class Handlers:
             self._known_topic(entry.topic)
         for entry in request.offsets:
             self._offsets.commit(request.consumer_group, entry.topic, entry.queue_id, entry.offset)
-        if not frame.is_one_way:
-            responder.respond(
-                encode_frame(
-                    frame.type, frame.request_id, _EMPTY_COMMIT_RESPONSE, flags=FLAG_RESPONSE
-                )
-            )
+        journaled = self._journal.write_offsets()
+        if frame.is_one_way:
+            return
+        answer = encode_frame(
+            frame.type, frame.request_id, _EMPTY_COMMIT_RESPONSE, flags=FLAG_RESPONSE
+        )
+        if journaled is None or not self.role.sync:
+            responder.respond(answer)
+            return
+        # Under sync replication a commit is answered once a promoted slave would have it.
+        task = asyncio.get_running_loop().create_task(
+            self._answer_replicated(responder, answer, journaled.end)
+        )
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _answer_replicated(
+        self, responder: Responder, answer: list[Buffer], offset: int
+    ) -> None:
+        await self.role.wait_replicated(offset)
+        responder.respond(answer)
 
     def query_offset(self, responder: Responder, frame: Frame) -> None:
         request = QueryOffsetRequest.FromString(frame.header)

@@ -121,14 +121,34 @@ class HttpServer:
             config = _topic_from_json(name, body, self._context.topics.default_queue_count)
         except (ValueError, InvalidMessage) as exc:
             return web.json_response({"error": str(exc)}, status=400)
+        refused = self._refuse_on_slave()
+        if refused is not None:
+            return refused
         self._context.topics.put(config)
         return web.json_response({name: config.to_json()})
 
     async def delete_topic(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
+        refused = self._refuse_on_slave()
+        if refused is not None:
+            return refused
         if not self._context.topics.delete(name):
             return web.json_response({"error": f"no topic {name!r}"}, status=404)
         return web.json_response({"deleted": name})
+
+    def _refuse_on_slave(self) -> web.Response | None:
+        """Topics reach slaves through the master's journal; a change here would be lost."""
+        role = self._context.role
+        if role.replicas is not None:
+            return None
+        master = f" ({role.master_address})" if role.master_address else ""
+        return web.json_response(
+            {
+                "error": f"broker is not its group's master; change topics on the master"
+                f"{master}: slaves take them from it"
+            },
+            status=409,
+        )
 
     async def consumers(self, _request: web.Request) -> web.Response:
         groups = self._context.groups.groups()

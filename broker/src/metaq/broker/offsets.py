@@ -43,6 +43,9 @@ class ConsumerOffsets:
     def __init__(self, data_dir: Path) -> None:
         self.path = data_dir / FILE_NAME
         self._offsets: dict[OffsetKey, int] = {}
+        self._unjournaled: dict[OffsetKey, int] = {}
+        self.journal_offset = 0
+        """The next offsets-journal record to apply (see metaq.broker.journal)."""
         self._changes = 0
         self._saved = 0
         self._load()
@@ -54,6 +57,7 @@ class ConsumerOffsets:
         try:
             if data["format"] != _FORMAT:
                 raise ValueError(f"format {data['format']} is not {_FORMAT}")
+            self.journal_offset = int(data.get("journal_offset", 0))
             for group, topics in data["offsets"].items():
                 for topic, queues in topics.items():
                     for queue_id, offset in queues.items():
@@ -64,8 +68,14 @@ class ConsumerOffsets:
                 "offsets (consumers then start from their configured position)"
             ) from None
 
-    def commit(self, group: str, topic: str, queue_id: int, offset: int) -> None:
-        """Store ``offset`` (the next one to consume), replacing any earlier commit."""
+    def commit(
+        self, group: str, topic: str, queue_id: int, offset: int, *, journaled: bool = False
+    ) -> None:
+        """Store ``offset`` (the next one to consume), replacing any earlier commit.
+
+        ``journaled``: the commit comes from the master's journal, not from a consumer,
+        so it is not journaled again.
+        """
         key = (group, topic, queue_id)
         if self._offsets.get(key) == offset:
             return
@@ -74,7 +84,16 @@ class ConsumerOffsets:
         if offset < 0:
             raise InvalidMessage(f"a committed offset cannot be negative ({offset})")
         self._offsets[key] = offset
+        if not journaled:
+            self._unjournaled[key] = offset
         self._changes += 1
+
+    def take_changes(self, *, full: bool = False) -> list[tuple[OffsetKey, int]]:
+        """The commits not journaled yet (every offset with ``full``), now counted as
+        journaled."""
+        changes = self.items() if full else sorted(self._unjournaled.items())
+        self._unjournaled = {}
+        return changes
 
     def get(self, group: str, topic: str, queue_id: int) -> int | None:
         """The next offset ``group`` will consume in the queue, or None if never committed."""
@@ -95,7 +114,8 @@ class ConsumerOffsets:
         nested: dict[str, dict[str, dict[str, int]]] = {}
         for (group, topic, queue_id), offset in self._offsets.items():
             nested.setdefault(group, {}).setdefault(topic, {})[str(queue_id)] = offset
-        return self._changes, {"format": _FORMAT, "offsets": nested}
+        data = {"format": _FORMAT, "journal_offset": self.journal_offset, "offsets": nested}
+        return self._changes, data
 
     def write(self, snapshot: tuple[int, dict[str, Any]]) -> None:
         """Write a snapshot atomically (may run in another thread), then mark it saved."""

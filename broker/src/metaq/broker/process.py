@@ -29,6 +29,7 @@ from metaq.broker.connection import Handler
 from metaq.broker.consumers import ConsumerExpiryService, ConsumerGroups
 from metaq.broker.handlers import Handlers
 from metaq.broker.http import HttpContext, HttpServer
+from metaq.broker.journal import Journal, JournalService
 from metaq.broker.metrics import BrokerMetrics, BrokerState
 from metaq.broker.offsets import ConsumerOffsets, OffsetSnapshotService
 from metaq.broker.pull import PullHandler
@@ -124,6 +125,11 @@ class Broker:
         loop = asyncio.get_running_loop()
         self._durability = AsyncDurability(loop, self.store.flusher)
         self.group_role = GroupRole(config, self.store, self._durability)
+        role = self.group_role
+        journal = Journal(self.store, self.topics, self.offsets, lambda: role.replicas is not None)
+        journal.apply()  # commits journaled after the last offsets snapshot
+        role.journal = journal
+        self.topics.listeners.append(journal.write_topics)
         self._send = SendHandler(
             config, self.store, self.topics, self.metrics, self._durability, self.group_role
         )
@@ -131,7 +137,7 @@ class Broker:
         self.store.dispatcher.listeners.append(self._pull.long_polls.on_dispatch)
         handlers = Handlers(
             self.store, self.topics, self.offsets, self.groups, self._send, self._pull,
-            self.group_role,
+            self.group_role, journal,
         )  # fmt: skip
         self._handlers.update(handlers.table())
         pull = self._pull
@@ -166,6 +172,7 @@ class Broker:
         self._services = [
             OffsetSnapshotService(self.offsets, config.offset_snapshot_interval_ms / 1e3),
             ConsumerExpiryService(self.groups),
+            JournalService(journal, config.journal_interval_ms / 1e3),
         ]
         for service in self._services:
             service.start()

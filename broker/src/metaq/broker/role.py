@@ -25,6 +25,7 @@ from collections.abc import Callable
 
 from metaq.broker.config import BrokerConfig, ReplicationMode
 from metaq.broker.connection import Responder
+from metaq.broker.journal import Journal
 from metaq.broker.replica_log import StoreLog
 from metaq.broker.store import MessageStore
 from metaq.broker.store.flush import AsyncDurability
@@ -74,6 +75,8 @@ class GroupRole:
         )
         self.on_change: Callable[[], None] = lambda: None
         """Called after every change of role or epoch (the registrar re-announces)."""
+        self.journal: Journal | None = None
+        """Applied to the end before a promotion; written in full after it."""
         self._changes: asyncio.Queue[pb.GroupControl] = asyncio.Queue()
         self._worker: asyncio.Task[None] | None = None
         self._fetches: set[asyncio.Task[None]] = set()
@@ -205,6 +208,8 @@ class GroupRole:
     async def _become_master(self, epoch: int) -> None:
         self.follower.follow("", epoch)  # no more copying: our log is the log now
         await asyncio.to_thread(self._store.become_writer)
+        if self.journal is not None:
+            self.journal.apply()
         end = self._store.commitlog.write_offset
         if epoch:
             self.history.begin(epoch, end)
@@ -221,6 +226,10 @@ class GroupRole:
         self.master_address = ""
         self.role = Role.MASTER
         log.info("master of %s in epoch %d from offset %d", config.broker_name, epoch, end)
+        if self.journal is not None:
+            # Each term starts with the whole state, for slaves that start from here.
+            self.journal.write_topics()
+            self.journal.write_offsets(full=True)
         self.on_change()
 
     def _become_slave(self, epoch: int, master_address: str) -> None:

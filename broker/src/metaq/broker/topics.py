@@ -23,6 +23,8 @@ log = logging.getLogger(__name__)
 
 FILE_NAME: Final = "topics.json"
 _FORMAT: Final = 1
+SYSTEM_PREFIX: Final = "%SYS%"
+"""Topics the broker keeps for itself (the replicated journals); clients cannot use them."""
 
 
 class Permission(enum.Enum):
@@ -77,6 +79,11 @@ class TopicConfig:
 
     def __post_init__(self) -> None:
         check_topic(self.name)
+        if self.name.startswith(SYSTEM_PREFIX):
+            raise InvalidMessage(
+                f"topic names starting with {SYSTEM_PREFIX!r} are the broker's own; "
+                f"choose another name than {self.name!r}"
+            )
         for key in ("read_queues", "write_queues"):
             value = getattr(self, key)
             if not 1 <= value <= MAX_QUEUES_PER_TOPIC:
@@ -103,7 +110,9 @@ class TopicTable:
         self.auto_create = auto_create
         self.default_queue_count = default_queue_count
         self.version = 0
-        self.listeners: list[Callable[[], None]] = []
+        self.journal_offset = -1
+        """The journal record this table is as of (see metaq.broker.journal)."""
+        self.listeners: list[Callable[[], object]] = []
         """Called after every change (the registrar re-registers)."""
         self._topics: dict[str, TopicConfig] = {}
         self._load()
@@ -116,6 +125,7 @@ class TopicTable:
             if data["format"] != _FORMAT:
                 raise ValueError(f"format {data['format']} is not {_FORMAT}")
             self.version = int(data["version"])
+            self.journal_offset = int(data.get("journal_offset", -1))
             for name, entry in data["topics"].items():
                 self._topics[name] = TopicConfig(
                     name=name,
@@ -129,16 +139,20 @@ class TopicTable:
 
     def _save(self) -> None:
         self.version += 1
+        self._write()
+        for listener in self.listeners:
+            listener()
+
+    def _write(self) -> None:
         write_json_atomically(
             self.path,
             {
                 "format": _FORMAT,
                 "version": self.version,
+                "journal_offset": self.journal_offset,
                 "topics": {name: t.to_json() for name, t in sorted(self._topics.items())},
             },
         )
-        for listener in self.listeners:
-            listener()
 
     # --- admin ------------------------------------------------------------------------
 
@@ -212,6 +226,22 @@ class TopicTable:
         log.info("topic %s deleted", name)
         return True
 
+    def replace_all(self, configs: list[TopicConfig], journal_offset: int) -> None:
+        """Adopt a whole table from the master's journal."""
+        table = {c.name: c for c in configs}
+        if table == self._topics:
+            self.journal_offset = journal_offset
+            return
+        self._topics = table
+        self.journal_offset = journal_offset
+        self._save()
+        log.info("topic table from the master's journal: %s", sorted(table))
+
+    def journaled(self, journal_offset: int) -> None:
+        """The master journaled this table as record ``journal_offset``."""
+        self.journal_offset = journal_offset
+        self._write()
+
     def _restore(self, name: str, previous: TopicConfig | None) -> None:
         self.version -= 1
         if previous is None:
@@ -230,6 +260,8 @@ class TopicTable:
         config = self._topics.get(name)
         if config is None:
             check_topic(name)
+            if name.startswith(SYSTEM_PREFIX):
+                raise UnknownTopic(f"topic {name!r} is the broker's own; clients cannot send to it")
             if not self.auto_create:
                 raise UnknownTopic(
                     f"topic {name!r} does not exist on this broker and auto_create_topics "

@@ -1,0 +1,162 @@
+"""Topic configuration and consumer offsets, carried to slaves by the replicated log.
+
+A master writes every change of its topic table (the whole table, it is small) and the
+consumer offsets committed since its last tick into two system topics of its own
+commitlog. Slaves receive those records like any others and apply them, so a promoted
+slave has every topic and every offset that reached it: there is no separate, periodic
+copy to fall behind (RocketMQ's slaves pull offsets every 10 s, and a failover rolls the
+offsets back by that much, which consumers see as a burst of re-deliveries).
+
+Offsets committed with COMMIT_OFFSET are journaled before they are answered, and under
+sync replication answered once replicated; commits piggybacked on pulls are journaled on
+the next tick (``journal_interval_ms``). At restart every broker replays the offsets
+journal past its last snapshot, so a crash no longer loses the commits of the last
+snapshot interval either. Each tick that finds nothing new may write nothing; every
+``journal_full_interval_s`` the master writes the whole table again, so that a slave
+starting from the oldest retained data still finds a complete state.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, Final
+
+from metaq.broker.offsets import ConsumerOffsets
+from metaq.broker.store import GetStatus, MessageStore
+from metaq.broker.store.commitlog import Appended
+from metaq.broker.topics import Permission, TopicConfig, TopicTable
+from metaq.common.record import decode, encode
+from metaq.common.service import PeriodicService
+
+log = logging.getLogger(__name__)
+
+TOPICS_JOURNAL: Final = "%SYS%TOPICS"
+OFFSETS_JOURNAL: Final = "%SYS%OFFSETS"
+SYSTEM_PREFIX: Final = "%SYS%"
+_BATCH: Final = 256
+
+
+class Journal:
+    """``is_master`` says which side this broker is on right now (it changes)."""
+
+    def __init__(
+        self,
+        store: MessageStore,
+        topics: TopicTable,
+        offsets: ConsumerOffsets,
+        is_master: Callable[[], bool],
+        full_interval_s: float = 600.0,
+    ) -> None:
+        self._store = store
+        self._topics = topics
+        self._offsets = offsets
+        self._is_master = is_master
+        self._full_interval_s = full_interval_s
+        self._last_full = 0.0
+
+    # --- master ---------------------------------------------------------------------------
+
+    def write_topics(self) -> Appended | None:
+        """Journal the whole topic table (after a change, and on becoming master)."""
+        if not self._is_master():
+            return None
+        body = {"topics": {t.name: t.to_json() for t in self._topics.all()}}
+        appended = self._append(TOPICS_JOURNAL, body)
+        self._topics.journaled(appended.queue_offsets[0])
+        return appended
+
+    def write_offsets(self, *, full: bool = False) -> Appended | None:
+        """Journal the offsets committed since the last call (all of them with ``full``)."""
+        if not self._is_master():
+            return None
+        changed = self._offsets.take_changes(full=full)
+        if not changed:
+            return None
+        rows = [[group, topic, queue_id, offset] for (group, topic, queue_id), offset in changed]
+        appended = self._append(OFFSETS_JOURNAL, {"offsets": rows, "full": full})
+        # A snapshot taken from now on includes this record: a restart replays after it.
+        self._offsets.journal_offset = appended.queue_offsets[0] + 1
+        return appended
+
+    def tick(self) -> None:
+        if self._is_master():
+            now = time.monotonic()
+            if now - self._last_full >= self._full_interval_s:
+                self._last_full = now
+                self.write_topics()
+                self.write_offsets(full=True)
+            else:
+                self.write_offsets()
+        else:
+            self.apply()
+
+    def _append(self, topic: str, body: dict[str, Any]) -> Appended:
+        record = encode(topic, json.dumps(body, separators=(",", ":")).encode())
+        return self._store.append([record])
+
+    # --- slave (and every broker at start) ---------------------------------------------
+
+    def apply(self) -> int:
+        """Apply journal records dispatched since the last call; return how many."""
+        return self._apply_topics() + self._apply_offsets()
+
+    def _apply_topics(self) -> int:
+        # Each record is the whole table: only the newest matters.
+        newest = self._store.max_offset(TOPICS_JOURNAL, 0) - 1
+        if newest <= self._topics.journal_offset:
+            return 0
+        result = self._store.get(TOPICS_JOURNAL, 0, newest, max_messages=1)
+        if result.status is not GetStatus.FOUND:
+            return 0
+        body = json.loads(decode(result.records[0]).body)
+        result.release()
+        self._topics.replace_all(
+            [
+                TopicConfig(
+                    name,
+                    int(entry["read_queues"]),
+                    int(entry["write_queues"]),
+                    Permission(entry["perm"]),
+                    bool(entry.get("ordered", False)),
+                )
+                for name, entry in body["topics"].items()
+            ],
+            newest,
+        )
+        return 1
+
+    def _apply_offsets(self) -> int:
+        applied = 0
+        while True:
+            start = self._offsets.journal_offset
+            result = self._store.get(OFFSETS_JOURNAL, 0, start, max_messages=_BATCH)
+            if result.status in (GetStatus.OFFSET_TOO_SMALL, GetStatus.OFFSET_OVERFLOW_BADLY):
+                # Retention passed it, or a cut log (a demoted master's own tail) ends
+                # before it: go on from where the journal is now.
+                self._offsets.journal_offset = result.next_offset
+                if result.status is GetStatus.OFFSET_OVERFLOW_BADLY:
+                    return applied
+                continue
+            if result.status is not GetStatus.FOUND:
+                return applied
+            for record in result.records:
+                body = json.loads(decode(record).body)
+                for group, topic, queue_id, offset in body["offsets"]:
+                    self._offsets.commit(group, topic, int(queue_id), int(offset), journaled=True)
+                applied += 1
+            self._offsets.journal_offset = result.next_offset
+            result.release()
+
+
+class JournalService(PeriodicService):
+    name = "journal"
+
+    def __init__(self, journal: Journal, interval_s: float) -> None:
+        super().__init__(interval_s)
+        self.journal = journal
+
+    async def run_once(self) -> None:
+        self.journal.tick()
