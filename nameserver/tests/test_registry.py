@@ -10,7 +10,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from metaq.nameserver.assignment import QueueRef
-from metaq.nameserver.model import BrokerKey, BrokerState, Permission, Role, TopicConfig
+from metaq.nameserver.model import (
+    BrokerKey,
+    BrokerState,
+    GroupControl,
+    Permission,
+    Role,
+    TopicConfig,
+)
 from metaq.nameserver.registry import RegistrationRefused, Registry, readable_queues
 
 EXPIRY_S = 10.0
@@ -354,6 +361,62 @@ def test_a_group_belongs_to_one_cluster(registry: Registry) -> None:
 
     with pytest.raises(RegistrationRefused, match="a group belongs to one cluster"):
         registry.register(broker("broker-a", 1, cluster="c2"), table(topic()))
+
+
+def controlled(broker_id: int, role: Role, epoch: int) -> BrokerState:
+    return replace(broker("broker-a", broker_id, role=role, epoch=epoch), controlled=True)
+
+
+def test_in_a_controlled_group_only_the_controllers_master_at_its_epoch_takes_writes(
+    registry: Registry,
+) -> None:
+    # The old master has not heard yet that broker 1 replaced it at epoch 6.
+    registry.register(controlled(0, Role.MASTER, 5), table(topic()))
+    registry.register(controlled(1, Role.SLAVE, 5), table(topic()))
+    registry.set_control(GroupControl("broker-a", 6, 1, (1,)))
+
+    waiting = registry.route("orders")
+    registered = registry.register(controlled(1, Role.MASTER, 6), table(topic()))
+    moved = registry.route("orders")
+
+    assert waiting is not None and moved is not None
+    (group,) = waiting.groups
+    assert [(b.broker_id, b.role) for b in group.brokers] == [(0, Role.SLAVE), (1, Role.SLAVE)]
+    assert group.permission is Permission.READ_ONLY
+    (group,) = moved.groups
+    assert [(b.broker_id, b.role) for b in group.brokers] == [(1, Role.MASTER), (0, Role.SLAVE)]
+    assert group.permission is Permission.READ_WRITE
+    assert registered.fenced == ()
+    assert registered.master_data_address == "127.0.0.1:9001"
+    assert registry.control("broker-a") == GroupControl("broker-a", 6, 1, (1,))
+
+
+def test_controlled_masters_are_neither_refused_nor_fenced_for_their_epoch(
+    registry: Registry,
+) -> None:
+    registry.register(controlled(1, Role.MASTER, 6), table(topic()))
+
+    registered = registry.register(controlled(0, Role.MASTER, 5), table(topic()))
+
+    assert registered.fenced == ()
+    assert [b.state.key.broker_id for b in registry.members("broker-a")] == [0, 1]
+
+
+def test_members_and_addresses_are_of_live_brokers_only(
+    registry: Registry, clock: FakeClock
+) -> None:
+    registry.register(broker("broker-a", 0), table(topic()))
+    clock.advance(EXPIRY_S / 2)
+    registry.register(broker("broker-a", 1), table(topic()))
+
+    assert [m.last_heartbeat_age_s for m in registry.members("broker-a")] == [EXPIRY_S / 2, 0]
+    clock.advance(EXPIRY_S / 2 + 1)
+
+    assert [m.state.key.broker_id for m in registry.members("broker-a")] == [1]
+    assert registry.data_address(BrokerKey("broker-a", 0)) == ""
+    assert registry.data_address(BrokerKey("broker-a", 1)) == "127.0.0.1:9001"
+    assert registry.group_names() == ["broker-a"]
+    assert registry.members("broker-b") == []
 
 
 def test_cluster_info_lists_live_brokers_by_cluster_group_and_id(

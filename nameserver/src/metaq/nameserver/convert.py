@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Final
 
 from metaq.common.v1 import control_pb2 as pb
@@ -11,6 +11,7 @@ from metaq.nameserver.model import (
     BrokerKey,
     BrokerState,
     ClusterView,
+    GroupControl,
     Permission,
     ReplicationMode,
     Role,
@@ -90,6 +91,9 @@ def broker_state(state: pb.BrokerState) -> BrokerState:
         permission=_permission(state.permission, f"broker {key}"),
         replication_mode=mode,
         commitlog_max_offset=state.commitlog_max_offset,
+        controlled=state.controlled,
+        configured_master=state.configured_master,
+        in_sync_ids=tuple(sorted(set(state.in_sync_ids))),
     )
 
 
@@ -124,6 +128,19 @@ def state_out(state: BrokerState) -> pb.BrokerState:
         permission=_PERMISSIONS_OUT[state.permission],
         replication_mode=_MODES_OUT[state.replication_mode],
         commitlog_max_offset=state.commitlog_max_offset,
+        controlled=state.controlled,
+        configured_master=state.configured_master,
+        in_sync_ids=state.in_sync_ids,
+    )
+
+
+def control_out(control: GroupControl, master_data_address: str = "") -> pb.GroupControl:
+    return pb.GroupControl(
+        broker_name=control.broker_name,
+        epoch=control.epoch,
+        master_id=control.master_id,
+        in_sync_ids=control.in_sync_ids,
+        master_data_address=master_data_address,
     )
 
 
@@ -156,7 +173,11 @@ def route_out(route: TopicRoute) -> pb.TopicRoute:
     )
 
 
-def clusters_out(clusters: Iterable[ClusterView]) -> list[pb.ClusterInfo]:
+def clusters_out(
+    clusters: Iterable[ClusterView],
+    control: Callable[[str], pb.GroupControl | None] = lambda _name: None,
+) -> list[pb.ClusterInfo]:
+    """``control`` gives the controller's state of a group by name, None when unmanaged."""
     return [
         pb.ClusterInfo(
             cluster=cluster.cluster,
@@ -174,6 +195,7 @@ def clusters_out(clusters: Iterable[ClusterView]) -> list[pb.ClusterInfo]:
                         )
                         for broker in group.brokers
                     ],
+                    control=control(group.broker_name),
                 )
                 for group in cluster.groups
             ],

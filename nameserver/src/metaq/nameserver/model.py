@@ -106,6 +106,28 @@ class BrokerState:
     permission: Permission = Permission.READ_WRITE
     replication_mode: ReplicationMode = ReplicationMode.UNSPECIFIED
     commitlog_max_offset: int = 0
+    # The failover controller decides this broker's role (see GroupControl).
+    controlled: bool = False
+    # Deployed as its group's master: the controller's first choice for a new group.
+    configured_master: bool = False
+    # Master only: the ids it sees in sync with its log (itself included), ascending.
+    in_sync_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class GroupControl:
+    """The failover controller's committed decision for one broker group.
+
+    Agreed by the nameservers through Raft. ``epoch`` only grows (each election adds one);
+    ``in_sync_ids`` is ascending and always holds ``master_id``. ``reason`` says why the
+    last change was made, for logs and admin views; it is not on the wire.
+    """
+
+    broker_name: str
+    epoch: int
+    master_id: int
+    in_sync_ids: tuple[int, ...]
+    reason: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,14 @@ epoch than a live master of its group fences that master out (it is removed); a 
 registering an epoch no higher than another live master's is refused. Slaves are never
 refused for their epoch: they learn a new one after the fact.
 
+Controlled groups: once the failover controller has committed a :class:`GroupControl` for
+a group (:meth:`Registry.set_control`), it alone says who the master is. A controlled
+broker reporting MASTER counts as master in routes only if it is the controller's master
+at the controller's epoch; any other is shown as a slave, so a stale or isolated old
+master never gets producers through routes. Controlled brokers are neither refused nor
+fenced for their role or epoch: an old master must stay registered to hear, in the answer
+to its heartbeat, that it was replaced.
+
 Ordering is deterministic (groups by name, the master then slaves by id), so every
 nameserver told the same things answers the same.
 """
@@ -34,6 +42,7 @@ from metaq.nameserver.model import (
     BrokerState,
     BrokerView,
     ClusterView,
+    GroupControl,
     GroupRoute,
     GroupView,
     Registered,
@@ -71,6 +80,7 @@ class Registry:
         self.broker_expiry_s = broker_expiry_s
         self._clock = clock
         self._groups: dict[str, dict[int, _Entry]] = {}
+        self._controls: dict[str, GroupControl] = {}
 
     # --- changes ----------------------------------------------------------------------
 
@@ -102,7 +112,7 @@ class Registry:
                     f"(broker {peer.state.key}); a group belongs to one cluster"
                 )
         fenced: list[BrokerKey] = []
-        if state.role is Role.MASTER:
+        if state.role is Role.MASTER and not state.controlled:
             for peer in peers:
                 if peer.state.role is not Role.MASTER:
                     continue
@@ -120,7 +130,7 @@ class Registry:
         owner = session if session is not None else (existing.session if existing else None)
         group[key.broker_id] = _Entry(state, topics, now, owner)
         self._groups[key.broker_name] = group
-        master = self._master(self._live(group, now))
+        master = self._master(key.broker_name, self._live(group, now))
         return Registered(
             master_data_address=master.state.data_address if master else "",
             epoch=max(e.state.epoch for e in self._live(group, now)),
@@ -136,6 +146,10 @@ class Registry:
         if not group:
             del self._groups[key.broker_name]
         return True
+
+    def set_control(self, control: GroupControl) -> None:
+        """The controller committed ``control`` for its group: routes follow it from now on."""
+        self._controls[control.broker_name] = control
 
     def end_session(self, key: BrokerKey, session: int) -> bool:
         """A session stream ended: remove its broker if that session still owns it."""
@@ -162,6 +176,26 @@ class Registry:
     def is_live(self, key: BrokerKey) -> bool:
         entry = self._groups.get(key.broker_name, {}).get(key.broker_id)
         return entry is not None and self._alive(entry, self._clock())
+
+    def control(self, broker_name: str) -> GroupControl | None:
+        """The controller's last committed state of the group, if it manages it."""
+        return self._controls.get(broker_name)
+
+    def data_address(self, key: BrokerKey) -> str:
+        """The broker's data address while it is live, else empty."""
+        entry = self._groups.get(key.broker_name, {}).get(key.broker_id)
+        if entry is None or not self._alive(entry, self._clock()):
+            return ""
+        return entry.state.data_address
+
+    def group_names(self) -> list[str]:
+        """Every group with a registered broker (live or not yet swept), sorted."""
+        return sorted(self._groups)
+
+    def members(self, broker_name: str) -> list[BrokerView]:
+        """The group's live brokers by id, with how long ago each was heard from."""
+        now = self._clock()
+        return [self._view(e, now) for e in self._live(self._groups.get(broker_name, {}), now)]
 
     def route(self, topic: str) -> TopicRoute | None:
         """The live groups serving ``topic``, by name; None when there are none."""
@@ -193,18 +227,10 @@ class Registry:
             live = self._live(self._groups[name], now)
             if not live:
                 continue
-            head = self._head(live)
+            head = self._head(name, live)
             if cluster and head.state.cluster != cluster:
                 continue
-            views = tuple(
-                BrokerView(
-                    state=e.state,
-                    last_heartbeat_age_s=max(0.0, now - e.last_heartbeat),
-                    session_open=e.session is not None,
-                    topic_count=len(e.topics),
-                )
-                for e in live
-            )
+            views = tuple(self._view(e, now) for e in live)
             by_cluster.setdefault(head.state.cluster, []).append(
                 GroupView(
                     broker_name=name,
@@ -224,20 +250,38 @@ class Registry:
         return [group[i] for i in sorted(group) if self._alive(group[i], now)]
 
     @staticmethod
-    def _master(live: Iterable[_Entry]) -> _Entry | None:
-        masters = [e for e in live if e.state.role is Role.MASTER]
+    def _view(entry: _Entry, now: float) -> BrokerView:
+        return BrokerView(
+            state=entry.state,
+            last_heartbeat_age_s=max(0.0, now - entry.last_heartbeat),
+            session_open=entry.session is not None,
+            topic_count=len(entry.topics),
+        )
+
+    def _master(self, name: str, live: Iterable[_Entry]) -> _Entry | None:
+        control = self._controls.get(name)
+        masters = [
+            e
+            for e in live
+            if e.state.role is Role.MASTER
+            and (
+                control is None
+                or not e.state.controlled
+                or (e.state.key.broker_id, e.state.epoch) == (control.master_id, control.epoch)
+            )
+        ]
         if not masters:
             return None
         return min(masters, key=lambda e: (-e.state.epoch, e.state.key.broker_id))
 
-    def _head(self, live: list[_Entry]) -> _Entry:
+    def _head(self, name: str, live: list[_Entry]) -> _Entry:
         """The broker that speaks for the group: its master, else its lowest id."""
-        return self._master(live) or live[0]
+        return self._master(name, live) or live[0]
 
     def _group_route(
         self, name: str, topic: str, live: list[_Entry], holders: list[_Entry]
     ) -> GroupRoute:
-        master = self._master(live)
+        master = self._master(name, live)
         writer = master if master is not None and master in holders else None
         source = writer or holders[0]
         config = source.topics[topic]
@@ -245,7 +289,7 @@ class Registry:
         if writer is None:
             permission = permission.without_writes()
         ordered = sorted(holders, key=lambda e: (e is not writer, e.state.key.broker_id))
-        head = self._head(live)
+        head = self._head(name, live)
         return GroupRoute(
             cluster=head.state.cluster,
             broker_name=name,
@@ -254,7 +298,9 @@ class Registry:
             brokers=tuple(
                 BrokerAddress(
                     broker_id=e.state.key.broker_id,
-                    role=e.state.role,
+                    # A master the routes do not take (see the module docstring) is shown
+                    # as what it is to clients: a copy to read from, not to write to.
+                    role=Role.MASTER if e is master else Role.SLAVE,
                     data_address=e.state.data_address,
                     http_address=e.state.http_address,
                     computer_room=e.state.computer_room,
