@@ -1,0 +1,258 @@
+"""What the controller's leader proposes, from its own registry view: pure, clock injected.
+
+The leader calls :meth:`Decider.decide` every round with the committed state of every
+group and the live controlled brokers it has registered; it gets back the proposals to
+commit through Raft. Nothing here does I/O or waits, so tests drive it with a fake clock.
+
+Rules, per group (see docs/nameserver.md, "The failover controller"):
+
+- **Bootstrap** (no state yet): a live broker that already reports MASTER at the group's
+  highest reported epoch (a controller state lost and rebuilt: keep the reigning master),
+  else the live ``configured_master``, else — once ``bootstrap_grace_s`` has passed since
+  the group was first seen — the live broker with the highest (epoch, commitlog offset),
+  ties to the lowest id. Epoch: the highest reported plus one; in sync: the master alone.
+- **Failover**: the master is down when its last heartbeat is older than
+  ``master_detection_s``, or when it is gone from the registry (its session ended, it
+  unregistered or expired) after this leader saw it live. A master this leader never saw
+  counts as down only after ``bootstrap_grace_s`` of leadership, so a freshly started
+  nameserver does not depose a master whose heartbeat has simply not reached it yet. The
+  successor is a live in-sync replica (highest commitlog offset, then lowest id); with none
+  the group waits for its master.
+- **ISR**: the live master at the current epoch, reporting MASTER at that epoch, reports an
+  in-sync set holding itself that differs from the committed one: commit it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from metaq.nameserver.control import Refused, in_sync_set
+from metaq.nameserver.model import BrokerKey, BrokerView, GroupControl, Role
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], float]
+
+
+@dataclass(frozen=True, slots=True)
+class Proposal:
+    """One transition to commit (see :mod:`metaq.nameserver.control`).
+
+    ``epoch`` is the new epoch for a bootstrap and the expected (current) epoch for an
+    election or an in-sync change; ``master_id`` the new master, or the current one for an
+    in-sync change.
+    """
+
+    kind: Literal["bootstrap", "elect", "set_isr"]
+    broker_name: str
+    epoch: int
+    master_id: int
+    in_sync_ids: tuple[int, ...]
+    reason: str
+
+
+def _id(view: BrokerView) -> int:
+    return view.state.key.broker_id
+
+
+def _most_advanced(view: BrokerView) -> tuple[int, int, int]:
+    return (view.state.epoch, view.state.commitlog_max_offset, -_id(view))
+
+
+class Decider:
+    """The leader's memory between rounds: when groups and masters were seen, what was said.
+
+    None of it is replicated: a new leader starts afresh (:meth:`reset`), which is why a
+    master it never saw gets the bootstrap grace before it counts as down.
+    """
+
+    def __init__(
+        self, master_detection_s: float, bootstrap_grace_s: float, clock: Clock = time.monotonic
+    ) -> None:
+        self.master_detection_s = master_detection_s
+        self.bootstrap_grace_s = bootstrap_grace_s
+        self._clock = clock
+        self._since: float | None = None
+        self._first_seen: dict[str, float] = {}
+        self._master_seen: dict[str, tuple[int, int]] = {}
+        self._waiting: set[str] = set()
+
+    def reset(self) -> None:
+        """Leadership was lost: forget everything observed as leader."""
+        self._since = None
+        self._first_seen.clear()
+        self._master_seen.clear()
+        self._waiting.clear()
+
+    def decide(
+        self,
+        controls: Mapping[str, GroupControl],
+        members: Mapping[str, Sequence[BrokerView]],
+    ) -> list[Proposal]:
+        """The proposals for this round, by group name.
+
+        ``members`` holds the live controlled brokers of each group this nameserver knows
+        (groups with state but no live broker may be left out).
+        """
+        now = self._clock()
+        if self._since is None:
+            self._since = now
+        proposals = []
+        for name in sorted(set(controls) | set(members)):
+            brokers = [b for b in members.get(name, ()) if b.state.controlled]
+            control = controls.get(name)
+            if control is None:
+                proposal = self._bootstrap(name, brokers, now)
+            else:
+                proposal = self._watch(control, brokers, now)
+            if proposal is not None:
+                proposals.append(proposal)
+        return proposals
+
+    def _fresh(self, brokers: Sequence[BrokerView]) -> list[BrokerView]:
+        return [b for b in brokers if b.last_heartbeat_age_s <= self.master_detection_s]
+
+    def _bootstrap(self, name: str, brokers: list[BrokerView], now: float) -> Proposal | None:
+        fresh = self._fresh(brokers)
+        if not fresh:
+            self._first_seen.pop(name, None)
+            return None
+        first = self._first_seen.setdefault(name, now)
+        top_epoch = max(b.state.epoch for b in fresh)
+        reigning = [b for b in fresh if b.state.role is Role.MASTER and b.state.epoch == top_epoch]
+        configured = [b for b in fresh if b.state.configured_master]
+        if reigning:
+            master = reigning[0]
+            why = f"it already reports master at epoch {top_epoch}"
+        elif configured:
+            master = configured[0]
+            why = "it is the configured master"
+        elif now - first >= self.bootstrap_grace_s:
+            master = max(
+                fresh, key=lambda b: (b.state.epoch, b.state.commitlog_max_offset, -_id(b))
+            )
+            state = master.state
+            why = (
+                f"no configured master came within {self.bootstrap_grace_s:g} s and it has the "
+                f"highest (epoch, offset) ({state.epoch}, {state.commitlog_max_offset})"
+            )
+        else:
+            return None
+        return Proposal(
+            "bootstrap",
+            name,
+            top_epoch + 1,
+            _id(master),
+            (_id(master),),
+            f"bootstrap: broker {master.state.key} is master because {why}",
+        )
+
+    def _watch(
+        self, control: GroupControl, brokers: list[BrokerView], now: float
+    ) -> Proposal | None:
+        name = control.broker_name
+        by_id = {_id(b): b for b in brokers}
+        master = by_id.get(control.master_id)
+        key = BrokerKey(name, control.master_id)
+        if master is not None and master.last_heartbeat_age_s <= self.master_detection_s:
+            self._master_seen[name] = (control.master_id, control.epoch)
+            self._waiting.discard(name)
+            return self._isr(control, master)
+        if master is not None:
+            down = (
+                f"master {key} silent for {master.last_heartbeat_age_s:.1f} s "
+                f"(detection {self.master_detection_s:g} s)"
+            )
+        elif self._master_seen.get(name) == (control.master_id, control.epoch):
+            down = f"master {key} left (session ended, unregistered or expired)"
+        elif self._since is not None and now - self._since >= self.bootstrap_grace_s:
+            down = f"master {key} has not registered in {now - self._since:.1f} s of leadership"
+        else:
+            return None
+        candidates = [
+            b
+            for b in self._fresh(brokers)
+            if _id(b) in control.in_sync_ids and _id(b) != control.master_id
+        ]
+        if not candidates:
+            if name not in self._waiting:
+                self._waiting.add(name)
+                log.warning(
+                    "group %s waits for its master: %s, and no other in-sync replica of %s is live",
+                    name,
+                    down,
+                    list(control.in_sync_ids),
+                )
+            return None
+        self._waiting.discard(name)
+        best = max(candidates, key=lambda b: (b.state.commitlog_max_offset, -_id(b)))
+        return Proposal(
+            "elect",
+            name,
+            control.epoch,
+            _id(best),
+            (_id(best),),
+            f"failover: {down}; broker {best.state.key} is in sync with offset "
+            f"{best.state.commitlog_max_offset}",
+        )
+
+    @staticmethod
+    def _isr(control: GroupControl, master: BrokerView) -> Proposal | None:
+        state = master.state
+        if state.role is not Role.MASTER or state.epoch != control.epoch:
+            return None  # not taken over yet: its report is not about this epoch
+        reported = in_sync_set(state.in_sync_ids)
+        if control.master_id not in reported or reported == control.in_sync_ids:
+            return None
+        return Proposal(
+            "set_isr",
+            control.broker_name,
+            control.epoch,
+            control.master_id,
+            reported,
+            f"in-sync set: master {state.key} reports {list(reported)} "
+            f"(was {list(control.in_sync_ids)})",
+        )
+
+
+def switchover(
+    broker_name: str,
+    control: GroupControl | None,
+    members: Sequence[BrokerView],
+    broker_id: int,
+    expected_epoch: int,
+    master_detection_s: float,
+) -> Proposal | Refused:
+    """The election a planned switchover asks for, or why it is refused."""
+    key = BrokerKey(broker_name, broker_id)
+    if control is None:
+        return Refused(f"group {broker_name!r} is not managed by the failover controller")
+    if control.epoch != expected_epoch:
+        return Refused(
+            f"group {broker_name!r} is at epoch {control.epoch}, not the expected {expected_epoch}"
+        )
+    if broker_id == control.master_id:
+        return Refused(f"broker {key} is already the master at epoch {control.epoch}")
+    if broker_id not in control.in_sync_ids:
+        return Refused(
+            f"broker {key} is not in the in-sync set {list(control.in_sync_ids)}; "
+            "only an in-sync replica can take over"
+        )
+    live = [
+        b for b in members if _id(b) == broker_id and b.last_heartbeat_age_s <= master_detection_s
+    ]
+    if not live:
+        return Refused(f"broker {key} is not live on this nameserver")
+    return Proposal(
+        "elect",
+        broker_name,
+        control.epoch,
+        broker_id,
+        (broker_id,),
+        f"switchover requested: broker {key} takes over from master "
+        f"{BrokerKey(broker_name, control.master_id)}",
+    )
