@@ -61,3 +61,54 @@ def test_invalid_settings_are_refused_at_start_up(
 ) -> None:
     with pytest.raises(ValueError, match=problem):
         NameServerConfig(**settings)  # type: ignore[arg-type]
+
+
+def test_the_controller_is_of_one_by_default_and_takes_peers_from_file_or_flag(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "nameserver.toml"
+    path.write_text(
+        'controller_address = "10.0.0.1:9880"\n'
+        'controller_peers = ["10.0.0.1:9880", "10.0.0.2:9880", "10.0.0.3:9880"]\n'
+        'controller_dir = "/var/lib/metaq/controller"\n'
+        "master_detection_ms = 1500\n"
+    )
+
+    default = load_config([])
+    from_file = load_config(["--config", str(path)])
+    from_flag = load_config(
+        ["--config", str(path), "--controller-peers", "10.0.0.1:9880, 10.0.0.4:9880"]
+    )
+
+    assert (default.controller_address, default.controller_peers) == ("", ())
+    assert (default.master_detection_ms, default.bootstrap_grace_ms) == (3000, 5000)
+    assert from_file.controller_peers == ("10.0.0.1:9880", "10.0.0.2:9880", "10.0.0.3:9880")
+    assert from_file.controller_dir == "/var/lib/metaq/controller"
+    assert from_file.master_detection_ms == 1500
+    assert from_flag.controller_peers == ("10.0.0.1:9880", "10.0.0.4:9880")
+
+
+def test_controller_peers_in_the_file_must_be_a_list_of_strings(tmp_path: Path) -> None:
+    path = tmp_path / "nameserver.toml"
+    path.write_text('controller_peers = "10.0.0.2:9880"\n')
+
+    with pytest.raises(ValueError, match="controller_peers must be a list of strings"):
+        load_config(["--config", str(path)])
+
+
+@pytest.mark.parametrize(
+    ("settings", "problem"),
+    [
+        ({"controller_address": "nowhere"}, "controller address 'nowhere' is not host:port"),
+        ({"controller_peers": ("h:1",)}, "controller_peers needs controller_address"),
+        (
+            {"controller_address": "h:1", "controller_peers": ("h:2", "h:2")},
+            "lists an address twice",
+        ),
+        ({"master_detection_ms": 0}, "master_detection_ms must be positive"),
+        ({"bootstrap_grace_ms": -1}, "bootstrap_grace_ms must not be negative"),
+    ],
+)
+def test_invalid_controller_settings_are_refused(settings: dict[str, object], problem: str) -> None:
+    with pytest.raises(ValueError, match=problem):
+        NameServerConfig(**settings)  # type: ignore[arg-type]

@@ -2,7 +2,9 @@
 
 Every field is a top-level key of the TOML file and a flag of the same name with dashes
 (``broker_expiry_s`` / ``--broker-expiry-s``); flags win over the file, the file over the
-defaults. With neither, the nameserver listens on 127.0.0.1:9876.
+defaults. With neither, the nameserver listens on 127.0.0.1:9876 and hosts a failover
+controller of one (in-process Raft, no port). ``controller_peers`` is a TOML list of
+strings, and a comma-separated flag.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import tomllib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -34,6 +36,18 @@ class NameServerConfig:
     # How long in-flight calls get to finish on SIGTERM / SIGINT.
     shutdown_grace_s: float = 1.0
     log_level: str = "INFO"
+    # The failover controller (docs/nameserver.md). This nameserver's Raft address
+    # (host:port) and the other nameservers' Raft addresses. With no peers the controller
+    # is a Raft group of one inside the process and opens no port.
+    controller_address: str = ""
+    controller_peers: tuple[str, ...] = ()
+    # Where the Raft journal and dump live; empty keeps them in memory.
+    controller_dir: str = ""
+    # A master whose last heartbeat is older than this is replaced by an in-sync slave.
+    master_detection_ms: int = 3000
+    # How long a new group waits for its configured master before the controller picks
+    # the most advanced broker; also how long a new leader waits for masters it never saw.
+    bootstrap_grace_ms: int = 5000
 
     def __post_init__(self) -> None:
         problems = []
@@ -51,12 +65,33 @@ class NameServerConfig:
             problems.append(f"log_level must be one of {', '.join(LOG_LEVELS)}")
         if not self.listen_host:
             problems.append("listen_host must not be empty")
+        for address in (self.controller_address, *self.controller_peers):
+            if address and not _is_host_port(address):
+                problems.append(f"controller address {address!r} is not host:port")
+        if self.controller_peers and not self.controller_address:
+            problems.append("controller_peers needs controller_address (this nameserver's own)")
+        if len(set(self.controller_peers)) != len(self.controller_peers):
+            problems.append("controller_peers lists an address twice")
+        if self.master_detection_ms <= 0:
+            problems.append("master_detection_ms must be positive")
+        if self.bootstrap_grace_ms < 0:
+            problems.append("bootstrap_grace_ms must not be negative")
         if problems:
             raise ValueError("invalid nameserver config: " + "; ".join(problems))
 
 
+def _is_host_port(address: str) -> bool:
+    host, _, port = address.rpartition(":")
+    return bool(host) and port.isdigit() and 0 < int(port) < 65536
+
+
+def addresses(value: str) -> tuple[str, ...]:
+    """A comma-separated list of host:port, as the ``--controller-peers`` flag takes it."""
+    return tuple(part.strip() for part in value.split(",") if part.strip())
+
+
 _FIELDS: Final = {f.name: f for f in dataclasses.fields(NameServerConfig)}
-_FLAG_TYPES: Final[dict[str, type]] = {
+_FLAG_TYPES: Final[dict[str, Callable[[str], Any]]] = {
     "listen_host": str,
     "grpc_port": int,
     "http_port": int,
@@ -64,6 +99,11 @@ _FLAG_TYPES: Final[dict[str, type]] = {
     "expiry_scan_interval_s": float,
     "shutdown_grace_s": float,
     "log_level": str,
+    "controller_address": str,
+    "controller_peers": addresses,
+    "controller_dir": str,
+    "master_detection_ms": int,
+    "bootstrap_grace_ms": int,
 }
 
 
@@ -78,7 +118,13 @@ def from_toml(path: Path) -> dict[str, Any]:
             f"known: {', '.join(sorted(_FIELDS))}"
         )
     for name, value in settings.items():
+        if name == "controller_peers":
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise ValueError(f"{path}: {name} must be a list of strings, not {value!r}")
+            settings[name] = tuple(value)
+            continue
         kind = _FLAG_TYPES[name]
+        assert isinstance(kind, type)
         accepted = (int, float) if kind is float else (kind,)
         if isinstance(value, bool) or not isinstance(value, accepted):
             raise ValueError(f"{path}: {name} must be of type {kind.__name__}, not {value!r}")

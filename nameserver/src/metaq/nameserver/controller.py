@@ -1,0 +1,230 @@
+"""The failover controller hosted by the nameservers: who is master of each broker group.
+
+State per group (:class:`GroupControl`: epoch, master, in-sync set) is agreed by the
+nameservers through Raft (:mod:`metaq.nameserver.raft`). Only the Raft leader decides:
+every round (and at once on :meth:`Controller.wakeup`, e.g. when a broker's session ends)
+it runs :class:`Decider` over its own registry and commits what it proposes. Every
+nameserver, leader or not, mirrors the committed state on its event loop, hands it to the
+registry (routes follow it) and tells its listeners (the gRPC service pushes it to the
+group's brokers).
+
+Guarantees: epochs only grow; every transition names the state it was decided on, so a
+stale proposal is a no-op; only a member of the committed in-sync set is ever elected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from metaq.common.service import PeriodicService
+from metaq.nameserver import decisions
+from metaq.nameserver.config import NameServerConfig
+from metaq.nameserver.control import Refused
+from metaq.nameserver.decisions import Decider, Proposal
+from metaq.nameserver.model import BrokerKey, BrokerView, GroupControl
+from metaq.nameserver.raft import ControllerUnavailable, ControlRaft, Snapshot
+from metaq.nameserver.registry import Clock, Registry
+
+log = logging.getLogger(__name__)
+
+DECISION_INTERVAL_S: Final = 0.1
+# How long a proposal (the controller's own, or a switchover) may wait for a majority.
+COMMIT_TIMEOUT_S: Final = 3.0
+
+Listener = Callable[[GroupControl], None]
+
+
+__all__ = ["Controller", "ControllerSettings", "ControllerUnavailable", "SwitchoverRefused"]
+
+
+class SwitchoverRefused(Exception):
+    """The switchover's preconditions do not hold (answered FAILED_PRECONDITION)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerSettings:
+    address: str = ""
+    peers: tuple[str, ...] = ()
+    directory: Path | None = None
+    master_detection_s: float = 3.0
+    bootstrap_grace_s: float = 5.0
+
+    @classmethod
+    def of(cls, config: NameServerConfig) -> ControllerSettings:
+        return cls(
+            address=config.controller_address,
+            peers=config.controller_peers,
+            directory=Path(config.controller_dir) if config.controller_dir else None,
+            master_detection_s=config.master_detection_ms / 1000,
+            bootstrap_grace_s=config.bootstrap_grace_ms / 1000,
+        )
+
+
+class Controller(PeriodicService):
+    """One nameserver's part of the failover controller. Use on one event loop.
+
+    :meth:`start` joins the Raft group and starts deciding (when leader); :meth:`stop`
+    leaves it. ``controls`` is the committed state as this nameserver knows it.
+    """
+
+    name = "failover-controller"
+
+    def __init__(
+        self, registry: Registry, settings: ControllerSettings, clock: Clock = time.monotonic
+    ) -> None:
+        super().__init__(DECISION_INTERVAL_S)
+        self.settings = settings
+        self._registry = registry
+        self._raft = ControlRaft(settings.address, settings.peers, settings.directory)
+        self._decider = Decider(settings.master_detection_s, settings.bootstrap_grace_s, clock)
+        self._committed: Snapshot = {}
+        self._listeners: list[Listener] = []
+        self._event_loop: asyncio.AbstractEventLoop | None = None
+
+    # --- life ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Join the Raft group (OSError if its address cannot be bound), then decide."""
+        self._event_loop = asyncio.get_running_loop()
+        self._raft.start(self._committed_on_raft_thread)
+        super().start()
+
+    async def on_stop(self) -> None:
+        await self._raft.stop()
+
+    # --- what others read ---------------------------------------------------------------
+
+    @property
+    def address(self) -> str:
+        """This member's Raft address (``local`` for a controller with no peers)."""
+        return self._raft.address
+
+    @property
+    def networked(self) -> bool:
+        return self._raft.networked
+
+    @property
+    def is_leader(self) -> bool:
+        return self._raft.is_leader
+
+    @property
+    def leader(self) -> str:
+        return self._raft.leader
+
+    @property
+    def controls(self) -> Snapshot:
+        """The committed state of every managed group, by name (never mutated: replaced)."""
+        return self._committed
+
+    def control(self, broker_name: str) -> GroupControl | None:
+        return self._committed.get(broker_name)
+
+    def add_listener(self, listener: Listener) -> None:
+        """Call ``listener(control)`` on the event loop whenever a group's state changes."""
+        self._listeners.append(listener)
+
+    # --- decisions ----------------------------------------------------------------------
+
+    async def run_once(self) -> None:
+        if not self._raft.is_leader:
+            self._decider.reset()
+            return
+        proposals = self._decider.decide(self._committed, self._members())
+        if proposals:
+            await asyncio.gather(*(self._commit(p) for p in proposals))
+
+    async def switchover(
+        self, broker_name: str, broker_id: int, expected_epoch: int
+    ) -> GroupControl:
+        """Make ``broker_id`` master at the next epoch, as the Switchover rpc describes.
+
+        Raises SwitchoverRefused (preconditions, checked here and again in the Raft log)
+        or ControllerUnavailable (no leader or majority in time).
+        """
+        checked = decisions.switchover(
+            broker_name,
+            self.control(broker_name),
+            self._registry.members(broker_name),
+            broker_id,
+            expected_epoch,
+            self.settings.master_detection_s,
+        )
+        if isinstance(checked, Refused):
+            raise SwitchoverRefused(checked.why)
+        outcome = await self._raft.propose(checked, COMMIT_TIMEOUT_S)
+        if isinstance(outcome, Refused):
+            raise SwitchoverRefused(outcome.why)
+        log.info("switchover of %s/%d committed at epoch %d", broker_name, broker_id, outcome.epoch)
+        return outcome
+
+    def _members(self) -> dict[str, list[BrokerView]]:
+        registry = self._registry
+        return {
+            name: [b for b in registry.members(name) if b.state.controlled]
+            for name in sorted(set(registry.group_names()) | set(self._committed))
+        }
+
+    async def _commit(self, proposal: Proposal) -> None:
+        try:
+            outcome = await self._raft.propose(proposal, COMMIT_TIMEOUT_S)
+        except ControllerUnavailable as exc:
+            log.warning("group %s: %s not committed: %s", proposal.broker_name, proposal.kind, exc)
+            return
+        if isinstance(outcome, Refused):
+            # Someone else's decision got there first; the next round decides afresh.
+            log.info(
+                "group %s: %s was a no-op: %s", proposal.broker_name, proposal.kind, outcome.why
+            )
+
+    # --- the committed state, from pysyncobj's thread to the loop -------------------------
+
+    def _committed_on_raft_thread(self, snapshot: Snapshot) -> None:
+        loop = self._event_loop
+        if loop is None:
+            return
+        # A loop closed while the Raft thread still ticks has nobody left to tell.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(self._take, snapshot)
+
+    def _take(self, snapshot: Snapshot) -> None:
+        previous, self._committed = self._committed, snapshot
+        for name in sorted(snapshot):
+            new = snapshot[name]
+            old = previous.get(name)
+            if new == old:
+                continue
+            self._registry.set_control(new)
+            _log_change(old, new)
+            for listener in self._listeners:
+                listener(new)
+
+
+def _log_change(old: GroupControl | None, new: GroupControl) -> None:
+    master = BrokerKey(new.broker_name, new.master_id)
+    if old is None or old.master_id != new.master_id:
+        log.info(
+            "group %s: master %s -> %s at epoch %d, in sync %s (%s)",
+            new.broker_name,
+            "none" if old is None else BrokerKey(old.broker_name, old.master_id),
+            master,
+            new.epoch,
+            list(new.in_sync_ids),
+            new.reason,
+        )
+    else:
+        log.info(
+            "group %s: in sync %s -> %s under master %s at epoch %d (%s)",
+            new.broker_name,
+            list(old.in_sync_ids),
+            list(new.in_sync_ids),
+            master,
+            new.epoch,
+            new.reason,
+        )
