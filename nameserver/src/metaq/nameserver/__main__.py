@@ -2,9 +2,9 @@
 
 Once serving it prints one line to stdout, which scripts and tests wait for::
 
-    metaq-nameserver ready grpc=HOST:PORT [http=HOST:PORT]
+    metaq-nameserver ready grpc=HOST:PORT [http=HOST:PORT] [raft=HOST:PORT]
 
-with the ports actually bound. Logs go to stderr.
+with the ports actually bound (``raft`` when the controller has peers). Logs go to stderr.
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ def readiness_line(server: NameServer) -> str:
     line = f"metaq-nameserver ready grpc={server.grpc_address}"
     if server.http_address:
         line += f" http={server.http_address}"
+    if server.controller.networked:
+        line += f" raft={server.controller.address}"
     return line
 
 

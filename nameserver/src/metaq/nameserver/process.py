@@ -1,4 +1,4 @@
-"""The nameserver as a service: gRPC server, optional HTTP endpoint, expiry sweeper."""
+"""The nameserver as a service: gRPC server, failover controller, HTTP endpoint, sweeper."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from aiohttp import web
 
 from metaq.common.v1 import control_pb2_grpc
 from metaq.nameserver.config import NameServerConfig
+from metaq.nameserver.controller import Controller, ControllerSettings
 from metaq.nameserver.http import make_app
 from metaq.nameserver.registry import Clock, Registry
 from metaq.nameserver.service import NameServerService
@@ -26,13 +27,15 @@ class NameServer:
     """One nameserver: :meth:`start` binds and serves, :meth:`stop` lets calls finish and ends.
 
     ``grpc_address`` / ``http_address`` carry the bound ports once started (port 0 in the
-    config picks a free one).
+    config picks a free one); ``controller`` is this nameserver's part of the failover
+    controller.
     """
 
     def __init__(self, config: NameServerConfig, clock: Clock = time.monotonic) -> None:
         self.config = config
         self.registry = Registry(config.broker_expiry_s, clock)
         self._sweeper = ExpirySweeper(self.registry, config.expiry_scan_interval_s)
+        self.controller = Controller(self.registry, ControllerSettings.of(config), clock)
         self._server: grpc.aio.Server | None = None
         self._http: web.AppRunner | None = None
         self.grpc_address = ""
@@ -42,13 +45,19 @@ class NameServer:
         config = self.config
         # No SO_REUSEPORT: a second nameserver on the same port must fail, not share it.
         server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
-        control_pb2_grpc.add_NameServerServicer_to_server(NameServerService(self.registry), server)
+        service = NameServerService(self.registry, self.controller)
+        control_pb2_grpc.add_NameServerServicer_to_server(service, server)
         address = host_port(config.listen_host, config.grpc_port)
         try:
             port = server.add_insecure_port(address)
         except RuntimeError as exc:  # grpc says only "Failed to bind"
             raise OSError(f"cannot listen for gRPC on {address}: {exc}") from exc
-        await server.start()
+        self.controller.start()
+        try:
+            await server.start()
+        except BaseException:
+            await self.controller.stop()
+            raise
         self._server = server
         self.grpc_address = host_port(config.listen_host, port)
         try:
@@ -64,7 +73,12 @@ class NameServer:
         except BaseException:
             await self.stop()
             raise
-        log.info("nameserver serving grpc=%s http=%s", self.grpc_address, self.http_address)
+        log.info(
+            "nameserver serving grpc=%s http=%s controller=%s",
+            self.grpc_address,
+            self.http_address,
+            self.controller.address,
+        )
 
     async def stop(self) -> None:
         await self._sweeper.stop()
@@ -74,3 +88,5 @@ class NameServer:
         if self._server is not None:
             await self._server.stop(self.config.shutdown_grace_s)
             self._server = None
+        if self.controller.running:
+            await self.controller.stop()

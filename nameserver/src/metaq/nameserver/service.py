@@ -3,14 +3,24 @@
 Status codes: INVALID_ARGUMENT for a request that cannot be acted on as sent (unknown
 strategy, missing fields, bad addresses), NOT_FOUND for a topic no live broker serves,
 FAILED_PRECONDITION for a registration the group's live brokers contradict (epochs,
-masters, clusters). Messages say what was wrong and, where it helps, what is accepted.
+masters, clusters) and for a switchover whose preconditions do not hold, UNAVAILABLE when
+the failover controller has no Raft majority. Messages say what was wrong and, where it
+helps, what is accepted.
+
+Sessions: each ``Session`` stream has a queue of events, fed by the answers to its
+heartbeats (read by a task of the session's own) and by unasked pushes whenever the
+controller's state of the broker's group changes, so the broker reads news independently
+of its writes.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import itertools
 import logging
 from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
 from typing import TypeAlias
 
 import grpc
@@ -19,8 +29,16 @@ from metaq.common.v1 import control_pb2 as pb
 from metaq.common.v1 import control_pb2_grpc
 from metaq.nameserver import convert
 from metaq.nameserver.assignment import STRATEGIES, Assignment, assign
+from metaq.nameserver.controller import Controller, ControllerUnavailable, SwitchoverRefused
 from metaq.nameserver.convert import InvalidRequest
-from metaq.nameserver.model import BrokerKey, Registered, TopicConfig, TopicRoute
+from metaq.nameserver.model import (
+    BrokerKey,
+    BrokerState,
+    GroupControl,
+    Registered,
+    TopicConfig,
+    TopicRoute,
+)
 from metaq.nameserver.registry import RegistrationRefused, Registry, readable_queues
 
 log = logging.getLogger(__name__)
@@ -28,13 +46,39 @@ log = logging.getLogger(__name__)
 Context: TypeAlias = grpc.aio.ServicerContext[object, object]
 
 
-class NameServerService(control_pb2_grpc.NameServerServicer):
-    """Answers brokers and clients from one :class:`Registry`; holds no other state."""
+@dataclass(frozen=True, slots=True)
+class _Abort:
+    code: grpc.StatusCode
+    details: str
 
-    def __init__(self, registry: Registry) -> None:
+
+# What a session's queue carries: an event to send, an error to end with, or None for
+# "the broker closed its side".
+_Item: TypeAlias = pb.SessionEvent | _Abort | None
+
+
+@dataclass(eq=False, slots=True)
+class _Stream:
+    """One open Session stream: whom it speaks for, and what to send it next."""
+
+    session: int
+    queue: asyncio.Queue[_Item] = field(default_factory=asyncio.Queue)
+    key: BrokerKey | None = None
+    controlled: bool = False
+    topics: Mapping[str, TopicConfig] | None = None
+
+
+class NameServerService(control_pb2_grpc.NameServerServicer):
+    """Answers brokers and clients from one :class:`Registry` and the failover controller."""
+
+    def __init__(self, registry: Registry, controller: Controller) -> None:
         self._registry = registry
+        self._controller = controller
         self._sessions = itertools.count(1)
         self._expiry_ms = round(registry.broker_expiry_s * 1000)
+        # Open streams by group, then session: whom to tell when a group's control changes.
+        self._streams: dict[str, dict[int, _Stream]] = {}
+        controller.add_listener(self._push)
 
     # --- brokers ------------------------------------------------------------------------
 
@@ -43,46 +87,110 @@ class NameServerService(control_pb2_grpc.NameServerServicer):
         request_iterator: AsyncIterator[pb.BrokerHeartbeat],
         context: Context,
     ) -> AsyncIterator[pb.SessionEvent]:
-        session = next(self._sessions)
-        key: BrokerKey | None = None
-        topics: Mapping[str, TopicConfig] | None = None
+        stream = _Stream(next(self._sessions))
+        reader = asyncio.get_running_loop().create_task(
+            self._read(request_iterator, stream), name=f"session-{stream.session}"
+        )
+        try:
+            while True:
+                item = await stream.queue.get()
+                if item is None:
+                    return
+                if isinstance(item, _Abort):
+                    await context.abort(item.code, item.details)
+                yield item
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+            self._end(stream)
+
+    async def _read(
+        self, request_iterator: AsyncIterator[pb.BrokerHeartbeat], stream: _Stream
+    ) -> None:
+        """The session's reader: answer each heartbeat into the queue, in order.
+
+        Whatever ends it, it leaves an end marker behind, so the session never waits on a
+        reader that is gone.
+        """
         try:
             async for heartbeat in request_iterator:
                 try:
-                    state = convert.broker_state(heartbeat.broker)
-                    if key is not None and state.key != key:
-                        raise InvalidRequest(
-                            f"this session speaks for broker {key}, not {state.key}; "
-                            "open one session per broker"
-                        )
-                    if heartbeat.HasField("topic_table"):
-                        topics = convert.topic_table(heartbeat.topic_table, state.key)
-                    elif topics is None:
-                        raise InvalidRequest(
-                            f"broker {state.key}: the first heartbeat of a session must "
-                            "carry the topic table"
-                        )
-                    fresh = key is None or not self._registry.is_live(state.key)
-                    registered = self._registry.register(state, topics, session=session)
-                except InvalidRequest as exc:
-                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-                except RegistrationRefused as exc:
-                    await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
-                if fresh:
-                    log.info(
-                        "broker %s registered (%s, %s, %d topics, session %d)",
-                        state.key,
-                        state.role.value,
-                        state.data_address,
-                        len(topics),
-                        session,
-                    )
-                key = state.key
-                self._log_fenced(registered)
-                yield pb.SessionEvent(registered=self._registered(registered))
+                    item = self._heartbeat(heartbeat, stream)
+                except Exception:
+                    log.exception("session %d: a heartbeat could not be handled", stream.session)
+                    item = _Abort(grpc.StatusCode.INTERNAL, "the nameserver failed a heartbeat")
+                stream.queue.put_nowait(item)
+                if isinstance(item, _Abort):
+                    return
+        except Exception as exc:  # the stream broke under us: the session ends either way
+            log.debug("session %d: reading stopped: %s", stream.session, exc)
         finally:
-            if key is not None and self._registry.end_session(key, session):
-                log.info("broker %s left the routes: its session %d ended", key, session)
+            stream.queue.put_nowait(None)
+
+    def _heartbeat(self, heartbeat: pb.BrokerHeartbeat, stream: _Stream) -> _Item:
+        try:
+            state = convert.broker_state(heartbeat.broker)
+            if stream.key is not None and state.key != stream.key:
+                raise InvalidRequest(
+                    f"this session speaks for broker {stream.key}, not {state.key}; "
+                    "open one session per broker"
+                )
+            if heartbeat.HasField("topic_table"):
+                stream.topics = convert.topic_table(heartbeat.topic_table, state.key)
+            elif stream.topics is None:
+                raise InvalidRequest(
+                    f"broker {state.key}: the first heartbeat of a session must "
+                    "carry the topic table"
+                )
+            fresh = stream.key is None or not self._registry.is_live(state.key)
+            registered = self._registry.register(state, stream.topics, session=stream.session)
+        except InvalidRequest as exc:
+            return _Abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except RegistrationRefused as exc:
+            return _Abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        if fresh:
+            log.info(
+                "broker %s registered (%s, %s, %d topics, session %d)",
+                state.key,
+                state.role.value,
+                state.data_address,
+                len(stream.topics),
+                stream.session,
+            )
+        if stream.key is None:
+            self._streams.setdefault(state.key.broker_name, {})[stream.session] = stream
+        stream.key = state.key
+        stream.controlled = state.controlled
+        self._log_fenced(registered)
+        return pb.SessionEvent(registered=self._registered(state, registered))
+
+    def _end(self, stream: _Stream) -> None:
+        key = stream.key
+        if key is None:
+            return
+        streams = self._streams.get(key.broker_name, {})
+        streams.pop(stream.session, None)
+        if not streams:
+            self._streams.pop(key.broker_name, None)
+        if self._registry.end_session(key, stream.session):
+            log.info("broker %s left the routes: its session %d ended", key, stream.session)
+            if stream.controlled:
+                self._controller.wakeup()  # it may have been a master: decide now
+
+    def _push(self, control: GroupControl) -> None:
+        """The controller's state of a group changed: tell its brokers' open sessions."""
+        streams = [s for s in self._streams.get(control.broker_name, {}).values() if s.controlled]
+        if not streams:
+            return
+        live = self._registry.members(control.broker_name)
+        response = pb.RegisterBrokerResponse(
+            epoch=max((b.state.epoch for b in live), default=0),
+            broker_expiry_ms=self._expiry_ms,
+        )
+        self._add_control(response, control)
+        for stream in streams:
+            stream.queue.put_nowait(pb.SessionEvent(registered=response))
 
     async def RegisterBroker(
         self, request: pb.RegisterBrokerRequest, context: Context
@@ -98,7 +206,7 @@ class NameServerService(control_pb2_grpc.NameServerServicer):
         except RegistrationRefused as exc:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         self._log_fenced(registered)
-        return self._registered(registered)
+        return self._registered(state, registered)
 
     async def UnregisterBroker(
         self, request: pb.UnregisterBrokerRequest, context: Context
@@ -110,6 +218,7 @@ class NameServerService(control_pb2_grpc.NameServerServicer):
         removed = self._registry.unregister(key)
         if removed:
             log.info("broker %s unregistered", key)
+            self._controller.wakeup()
         return pb.UnregisterBrokerResponse(removed=removed)
 
     # --- clients ------------------------------------------------------------------------
@@ -122,7 +231,9 @@ class NameServerService(control_pb2_grpc.NameServerServicer):
         self, request: pb.GetClusterInfoRequest, context: Context
     ) -> pb.GetClusterInfoResponse:
         return pb.GetClusterInfoResponse(
-            clusters=convert.clusters_out(self._registry.cluster_info(request.cluster)),
+            clusters=convert.clusters_out(
+                self._registry.cluster_info(request.cluster), self._group_control
+            ),
             broker_expiry_ms=self._expiry_ms,
         )
 
@@ -153,6 +264,34 @@ class NameServerService(control_pb2_grpc.NameServerServicer):
         return pb.GetAssignmentForResponse(
             queues=convert.queues_out(request.request.topic, assignment[request.consumer_id])
         )
+
+    # --- the failover controller ----------------------------------------------------------
+
+    async def GetControllerState(
+        self, request: pb.GetControllerStateRequest, context: Context
+    ) -> pb.GetControllerStateResponse:
+        controller = self._controller
+        controls = controller.controls
+        return pb.GetControllerStateResponse(
+            groups=[self._control_out(controls[name]) for name in sorted(controls)],
+            leader=controller.leader,
+            is_leader=controller.is_leader,
+        )
+
+    async def Switchover(
+        self, request: pb.SwitchoverRequest, context: Context
+    ) -> pb.SwitchoverResponse:
+        if not request.broker_name:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "broker_name must not be empty")
+        try:
+            control = await self._controller.switchover(
+                request.broker_name, request.broker_id, request.expected_epoch
+            )
+        except SwitchoverRefused as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        except ControllerUnavailable as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+        return pb.SwitchoverResponse(control=self._control_out(control))
 
     # --- helpers ------------------------------------------------------------------------
 
@@ -187,12 +326,29 @@ class NameServerService(control_pb2_grpc.NameServerServicer):
                 f"consumer group {request.consumer_group!r}: {exc}",
             )
 
-    def _registered(self, registered: Registered) -> pb.RegisterBrokerResponse:
-        return pb.RegisterBrokerResponse(
+    def _registered(self, state: BrokerState, registered: Registered) -> pb.RegisterBrokerResponse:
+        response = pb.RegisterBrokerResponse(
             master_data_address=registered.master_data_address,
             epoch=registered.epoch,
             broker_expiry_ms=self._expiry_ms,
         )
+        control = self._controller.control(state.key.broker_name)
+        if state.controlled and control is not None:
+            self._add_control(response, control)
+        return response
+
+    def _add_control(self, response: pb.RegisterBrokerResponse, control: GroupControl) -> None:
+        """The controller's state, and its master as the one to follow (not the routes')."""
+        response.control.CopyFrom(self._control_out(control))
+        response.master_data_address = response.control.master_data_address
+
+    def _control_out(self, control: GroupControl) -> pb.GroupControl:
+        master = BrokerKey(control.broker_name, control.master_id)
+        return convert.control_out(control, self._registry.data_address(master))
+
+    def _group_control(self, broker_name: str) -> pb.GroupControl | None:
+        control = self._controller.control(broker_name)
+        return None if control is None else self._control_out(control)
 
     @staticmethod
     def _log_fenced(registered: Registered) -> None:

@@ -9,6 +9,9 @@ free ports, wait for the readiness line, and stop them even when the test fails:
     finally:
         server.stop()
 
+:func:`start_controller_group` starts several whose controllers form one Raft group on
+loopback ports; :mod:`metaq.nameserver.fake_broker` stands in for brokers.
+
 Waiting is always on a condition with a deadline (``metaq.common.testing``), never on a
 fixed sleep.
 """
@@ -19,6 +22,7 @@ import contextlib
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -26,7 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-READY: Final = re.compile(r"^metaq-nameserver ready grpc=(\S+)(?: http=(\S+))?$", re.MULTILINE)
+READY: Final = re.compile(
+    r"^metaq-nameserver ready grpc=(\S+)(?: http=(\S+))?(?: raft=(\S+))?$", re.MULTILINE
+)
 POLL_S: Final = 0.01
 
 
@@ -46,6 +52,8 @@ class NameServerProcess:
     work_dir: Path
     grpc_address: str = ""
     http_address: str = ""
+    # The controller's Raft address, when it was started with peers.
+    raft_address: str = ""
     args: tuple[str, ...] = field(default_factory=tuple)
 
     @property
@@ -126,6 +134,7 @@ def start_nameserver(
         if found:
             server.grpc_address = found.group(1)
             server.http_address = found.group(2) or ""
+            server.raft_address = found.group(3) or ""
             return server
         failure = ""
         if process.poll() is not None:
@@ -137,3 +146,48 @@ def start_nameserver(
                 server.stop()
             raise RuntimeError(f"{failure}\n{server.output()}")
         time.sleep(POLL_S)
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` distinct ports free on ``host`` now (another process may take one later)."""
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sockets.append(sock)
+            sock.bind((host, 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def start_controller_group(
+    work_dir: Path, count: int, *args: str, timeout_s: float = 20.0
+) -> list[NameServerProcess]:
+    """``count`` nameservers whose controllers are one Raft group on loopback ports.
+
+    Each lives in ``work_dir/ns<i>``; ``args`` go to every one. If one fails to start, the
+    others are stopped and the error raised.
+    """
+    addresses = [f"127.0.0.1:{port}" for port in free_ports(count)]
+    peers = ",".join(addresses)
+    started: list[NameServerProcess] = []
+    try:
+        for index, address in enumerate(addresses):
+            started.append(
+                start_nameserver(
+                    work_dir / f"ns{index}",
+                    "--controller-address",
+                    address,
+                    "--controller-peers",
+                    peers,
+                    *args,
+                    timeout_s=timeout_s,
+                )
+            )
+    except BaseException:
+        for server in started:
+            server.stop()
+        raise
+    return started
