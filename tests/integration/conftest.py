@@ -24,6 +24,7 @@ def _register_sibling(name: str) -> None:
 
 _register_sibling("consumer_cluster")
 _register_sibling("producer_cluster")
+_register_sibling("replica_group")
 
 # Small enough frames that the too-large path is cheap to reach; pulls must fit in half.
 SHARED_BROKER_ARGS = (

@@ -254,6 +254,9 @@ class Producer:
         """
         sender = self.sender
         route = self.routes.cached(topic) or await self._route(topic)
+        if not route.write_queues:
+            # Cached while its group had no master (a failover): the new one may be routed.
+            route = await self.routes.route(topic, max_age_s=_ROUTE_REFRESH_SHARE_S)
         queue = self._choose(route, sharding_key)
         rec = self._encode(topic, body, queue.queue_id, tags, keys, properties)
         waiter = sender.append(topic, queue, rec)
@@ -287,7 +290,7 @@ class Producer:
         try:
             sender = self.sender
             route = self.routes.cached(topic)
-            if route is None:
+            if route is None or not route.write_queues:
                 coro = self.send(
                     topic,
                     body,
@@ -339,6 +342,9 @@ class Producer:
         """
         sender = self.sender
         route = self.routes.cached(topic) or await self._route(topic)
+        if not route.write_queues:
+            # Cached while its group had no master (a failover): the new one may be routed.
+            route = await self.routes.route(topic, max_age_s=_ROUTE_REFRESH_SHARE_S)
         queue = self._choose(route, sharding_key)
         rec = self._encode(topic, body, queue.queue_id, tags, keys, properties)
         sender.append(topic, queue, rec, one_way=True)

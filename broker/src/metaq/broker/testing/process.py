@@ -142,6 +142,14 @@ class BrokerProcess:
             self.proc.send_signal(signal.SIGTERM)
         return self.wait(timeout_s)
 
+    def pause(self) -> None:
+        """SIGSTOP: the process hangs with its connections open (a GC pause, a VM freeze)."""
+        os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGCONT)
+
     def kill(self) -> int:
         """SIGKILL (as a crash would) and wait; the exit code."""
         if self.proc.poll() is None:

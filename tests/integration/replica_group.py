@@ -1,0 +1,230 @@
+"""One broker group (a master and its slaves) with nameservers hosting the controller, as
+real processes, plus a steady producer and a full read-back for the failover tests.
+
+Brokers run with failover on; the controller picks the master. Every broker of the group
+keeps its data directory across restarts, as a machine that reboots would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from metaq.broker.testing import BrokerProcess, DataClient
+from metaq.broker.testing.admin import put_topic
+from metaq.client.producer import Producer
+from metaq.client.results import SendStatus
+from metaq.common.record import iter_records
+from metaq.common.testing import wait_until
+from metaq.common.v1 import control_pb2 as pb
+from metaq.common.v1 import control_pb2_grpc
+from metaq.common.v1.data_pb2 import PullResponse
+from metaq.nameserver.testing import NameServerProcess, start_controller_group, start_nameserver
+
+GROUP = "broker-g"
+TOPIC = "orders"
+QUEUES = 4
+
+
+async def controller_state(address: str) -> pb.GetControllerStateResponse:
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = control_pb2_grpc.NameServerStub(channel)
+        response: pb.GetControllerStateResponse = await stub.GetControllerState(
+            pb.GetControllerStateRequest(), timeout=5
+        )
+        return response
+
+
+def health(broker: BrokerProcess) -> dict[str, Any]:
+    with urllib.request.urlopen(f"{broker.http_url}/health", timeout=5) as response:
+        body: dict[str, Any] = json.load(response)
+        return body
+
+
+def _try_health(broker: BrokerProcess) -> dict[str, Any] | None:
+    if broker.proc.poll() is not None:
+        return None
+    try:
+        return health(broker)
+    except OSError:
+        return None
+
+
+@dataclass
+class ReplicaGroup:
+    work_dir: Path
+    nameservers: list[NameServerProcess]
+    broker_args: list[str]
+    brokers: dict[int, BrokerProcess] = field(default_factory=dict)
+
+    @property
+    def nameserver_addresses(self) -> list[str]:
+        return [ns.grpc_address for ns in self.nameservers]
+
+    def start_broker(self, broker_id: int, *extra: str) -> BrokerProcess:
+        broker = BrokerProcess.start(
+            self.work_dir / f"broker-{broker_id}",
+            "--broker-name", GROUP, "--broker-id", str(broker_id), *self.broker_args, *extra,
+        )  # fmt: skip
+        self.brokers[broker_id] = broker
+        return broker
+
+    def master(self, timeout_s: float = 15.0, *, other_than: int | None = None) -> int:
+        """The id of the broker that takes writes (waiting for one)."""
+        found: list[int] = []
+
+        def one_master() -> bool:
+            found.clear()
+            for broker_id, broker in self.brokers.items():
+                state = _try_health(broker)
+                if state and state["role"] == "master" and broker_id != other_than:
+                    found.append(broker_id)
+            return len(found) == 1
+
+        wait_until(one_master, timeout_s, f"one broker of {GROUP} is master")
+        return found[0]
+
+    def wait_in_sync(self, ids: Sequence[int], timeout_s: float = 20.0) -> None:
+        def in_sync() -> bool:
+            state = _try_health(self.brokers[self.master()])
+            return state is not None and sorted(state["in_sync_ids"]) == sorted(ids)
+
+        wait_until(in_sync, timeout_s, f"the master has {sorted(ids)} in sync")
+
+    def controller(self) -> pb.GetControllerStateResponse:
+        return asyncio.run(controller_state(self.nameserver_addresses[0]))
+
+    def wait_committed_in_sync(self, ids: Sequence[int], timeout_s: float = 20.0) -> None:
+        """Until the controller agrees that ``ids`` are in sync (so any may be elected)."""
+
+        def committed() -> bool:
+            groups = self.controller().groups
+            return any(g.broker_name == GROUP and sorted(g.in_sync_ids) == sorted(ids)
+                       for g in groups)  # fmt: skip
+
+        wait_until(committed, timeout_s, f"the controller has {sorted(ids)} in sync")
+
+    def wait_caught_up(self, broker_id: int, timeout_s: float = 20.0) -> None:
+        def caught_up() -> bool:
+            master = _try_health(self.brokers[self.master()])
+            slave = _try_health(self.brokers[broker_id])
+            return (
+                master is not None
+                and slave is not None
+                and slave["commitlog_write_offset"] == master["commitlog_write_offset"]
+            )
+
+        wait_until(caught_up, timeout_s, f"broker {broker_id} caught up with the master")
+
+    def stop(self) -> None:
+        for broker in self.brokers.values():
+            broker.resume()
+            broker.kill()
+        for nameserver in self.nameservers:
+            nameserver.resume()
+            nameserver.stop()
+
+
+def start_group(
+    work_dir: Path,
+    *,
+    brokers: int = 2,
+    nameservers: int = 1,
+    mode: str = "sync",
+    min_in_sync: int = 2,
+    extra: Sequence[str] = (),
+) -> ReplicaGroup:
+    if nameservers == 1:
+        servers = [start_nameserver(work_dir / "ns0")]
+    else:
+        servers = start_controller_group(work_dir, nameservers)
+    args = [f for ns in servers for f in ("--nameserver", ns.grpc_address)]
+    args += ["--set", f"replication_mode={mode}", "--set", f"min_in_sync_replicas={min_in_sync}"]
+    group = ReplicaGroup(work_dir, servers, [*args, *extra])
+    try:
+        for broker_id in range(brokers):
+            group.start_broker(broker_id)
+        master = group.brokers[group.master()]
+        asyncio.run(put_topic(master.http_url, TOPIC, read_queues=QUEUES, write_queues=QUEUES))
+        group.wait_in_sync(list(range(brokers)))
+        group.wait_committed_in_sync(list(range(brokers)))
+    except BaseException:
+        group.stop()
+        raise
+    return group
+
+
+@dataclass
+class History:
+    """What a producer did: every body it tried, and which the group acknowledged."""
+
+    attempted: list[bytes] = field(default_factory=list)
+    acked: list[bytes] = field(default_factory=list)
+    other_status: list[tuple[bytes, str]] = field(default_factory=list)
+    failures: list[tuple[float, str]] = field(default_factory=list)
+    ack_times: list[float] = field(default_factory=list)
+
+
+async def produce(
+    nameservers: Sequence[str], history: History, stop: asyncio.Event, *, rate_hz: float = 200
+) -> None:
+    """Send one message at a time, each body unique, until ``stop`` is set."""
+    async with Producer(nameservers, send_timeout_s=2.0, retries=1) as producer:
+        n = 0
+        while not stop.is_set():
+            body = b"message-%08d" % n
+            n += 1
+            history.attempted.append(body)
+            try:
+                result = await producer.send(TOPIC, body)
+            except Exception as exc:
+                history.failures.append((time.monotonic(), f"{type(exc).__name__}: {exc}"))
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(0.05):
+                        await stop.wait()
+                continue
+            if result.status is SendStatus.OK:
+                history.acked.append(body)
+                history.ack_times.append(time.monotonic())
+            else:
+                history.other_status.append((body, result.status.value))
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(1 / rate_hz):
+                    await stop.wait()
+
+
+async def read_all(broker: BrokerProcess, queues: int = QUEUES) -> list[bytes]:
+    """Every message body in the topic on ``broker``, queue by queue."""
+    bodies: list[bytes] = []
+    client = await DataClient.connect(broker.data_host, broker.data_port)
+    try:
+        for queue_id in range(queues):
+            offset = 0
+            while True:
+                response, payload = await client.pull(TOPIC, queue_id, offset, max_messages=256)
+                if response.status != PullResponse.FOUND:
+                    break
+                bodies += [r.body for r in iter_records(payload)]
+                offset = response.next_offset
+    finally:
+        await client.close()
+    return bodies
+
+
+def commitlog_bytes(broker: BrokerProcess, end: int) -> bytes:
+    """The first ``end`` bytes of a broker's commitlog, read from its segment files."""
+    out = bytearray()
+    for path in sorted((broker.data_dir / "commitlog").iterdir()):
+        out += path.read_bytes()
+        if len(out) >= end:
+            break
+    return bytes(out[:end])
