@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -270,3 +273,40 @@ def test_failover_still_happens_after_the_controller_leader_is_killed(tmp_path: 
 
 def _controller(address: str) -> pb.GetControllerStateResponse:
     return run_async(controller_state(address))
+
+
+def test_a_planned_switchover_moves_the_master_and_loses_nothing(tmp_path: Path) -> None:
+    group = start_group(tmp_path, brokers=2, mode="async", min_in_sync=1, extra=FAST)
+    try:
+        old = group.master()
+        target = 1 - old
+        history = History()
+
+        async def switch() -> subprocess.CompletedProcess[str]:
+            await acked_count_reaches(history, 100)
+            done = await asyncio.to_thread(
+                subprocess.run,
+                [sys.executable, "-m", "metaq.client.cli", "cluster", "switchover",
+                 "--group", "broker-g", "--to", str(target), "--json"],
+                capture_output=True, text=True, timeout=60, check=False,
+                env={**os.environ, "METAQ_NAMESERVERS": ",".join(group.nameserver_addresses)},
+            )  # fmt: skip
+            await acked_count_reaches(history, len(history.acked) + 100)
+            return done
+
+        done = run_async(with_producer(group, history, switch), timeout_s=60)
+
+        assert done.returncode == 0, done.stderr
+        answer = json.loads(done.stdout)
+        assert answer["master_id"] == target
+        assert group.master() == target
+        assert lost(group, target, history) == []
+        listing = subprocess.run(
+            [sys.executable, "-m", "metaq.client.cli", "cluster", "list"],
+            capture_output=True, text=True, timeout=30, check=True,
+            env={**os.environ, "METAQ_NAMESERVERS": ",".join(group.nameserver_addresses)},
+        )  # fmt: skip
+        assert "IN SYNC" in listing.stdout
+        print(f"switchover took {answer['elapsed_ms']} ms")
+    finally:
+        group.stop()

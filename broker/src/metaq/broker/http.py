@@ -30,7 +30,7 @@ from metaq.broker.offsets import ConsumerOffsets
 from metaq.broker.role import GroupRole
 from metaq.broker.store import MessageStore
 from metaq.broker.topics import Permission, TopicConfig, TopicTable
-from metaq.common.errors import InvalidMessage
+from metaq.common.errors import InvalidMessage, MetaqError
 from metaq.common.record import FLAG_COMPRESSED, Record
 
 
@@ -64,6 +64,8 @@ class HttpServer:
                 web.get("/offsets", self.offsets),
                 web.get("/messages/{msg_id}", self.message_by_id),
                 web.get("/messages", self.messages_by_key),
+                web.post("/replication/handover", self.handover),
+                web.post("/replication/resume", self.resume_writes),
             ]
         )
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
@@ -135,6 +137,29 @@ class HttpServer:
         if not self._context.topics.delete(name):
             return web.json_response({"error": f"no topic {name!r}"}, status=404)
         return web.json_response({"deleted": name})
+
+    async def handover(self, request: web.Request) -> web.Response:
+        """Planned switchover, step one (``metaq cluster switchover`` drives it): stop
+        taking writes until slave ``to`` holds the whole log. Body: ``{"to": id,
+        "timeout_ms": n, "fence_ms": n}``; writes resume by themselves after fence_ms."""
+        try:
+            body = await request.json()
+            target = int(body["to"])
+            timeout_s = int(body.get("timeout_ms", 5000)) / 1e3
+            fence_s = int(body.get("fence_ms", 10000)) / 1e3
+        except (ValueError, KeyError, TypeError) as exc:
+            return web.json_response(
+                {"error": f'expected {{"to": broker id, "timeout_ms": n}}: {exc!r}'}, status=400
+            )
+        try:
+            end = await self._context.role.handover(target, timeout_s, fence_s)
+        except MetaqError as exc:
+            return web.json_response({"error": str(exc)}, status=409)
+        return web.json_response({"end": end, "to": target})
+
+    async def resume_writes(self, _request: web.Request) -> web.Response:
+        self._context.role.resume()
+        return web.json_response({"resumed": True})
 
     def _refuse_on_slave(self) -> web.Response | None:
         """Topics reach slaves through the master's journal; a change here would be lost."""

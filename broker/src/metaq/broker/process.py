@@ -126,7 +126,7 @@ class Broker:
         self._durability = AsyncDurability(loop, self.store.flusher)
         self.group_role = GroupRole(config, self.store, self._durability)
         role = self.group_role
-        journal = Journal(self.store, self.topics, self.offsets, lambda: role.replicas is not None)
+        journal = Journal(self.store, self.topics, self.offsets, lambda: role.takes_writes)
         journal.apply()  # commits journaled after the last offsets snapshot
         role.journal = journal
         self.topics.listeners.append(journal.write_topics)

@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import enum
 import logging
+import time
 from collections.abc import Callable
 
 from metaq.broker.config import BrokerConfig, ReplicationMode
@@ -29,7 +30,7 @@ from metaq.broker.journal import Journal
 from metaq.broker.replica_log import StoreLog
 from metaq.broker.store import MessageStore
 from metaq.broker.store.flush import AsyncDurability
-from metaq.common.errors import MetaqError, NotMaster
+from metaq.common.errors import MetaqError, NotEnoughReplicas, NotMaster
 from metaq.common.framing import FLAG_RESPONSE, Frame, FrameType, encode_error, encode_frame
 from metaq.common.v1 import control_pb2 as pb
 from metaq.common.v1.data_pb2 import ReplicaFetchRequest
@@ -77,6 +78,8 @@ class GroupRole:
         """Called after every change of role or epoch (the registrar re-announces)."""
         self.journal: Journal | None = None
         """Applied to the end before a promotion; written in full after it."""
+        self._fenced_until = 0.0
+        self._handover_to = -1
         self._changes: asyncio.Queue[pb.GroupControl] = asyncio.Queue()
         self._worker: asyncio.Task[None] | None = None
         self._fetches: set[asyncio.Task[None]] = set()
@@ -102,6 +105,10 @@ class GroupRole:
 
     # --- writes -------------------------------------------------------------------------
 
+    @property
+    def takes_writes(self) -> bool:
+        return self.replicas is not None and time.monotonic() >= self._fenced_until
+
     def check_writable(self) -> None:
         """Raise unless this broker may take a write now."""
         replicas = self.replicas
@@ -112,8 +119,47 @@ class GroupRole:
                 f"master of its group (epoch {self.epoch}){where}; send to the master",
                 self.master_address,
             )
+        if time.monotonic() < self._fenced_until:
+            raise NotMaster(
+                f"broker {self.config.broker_name} is handing its master role to broker "
+                f"{self._handover_to}; retry in a moment"
+            )
         if self.sync:
             replicas.check_writable()
+
+    async def handover(self, target: int, timeout_s: float, fence_s: float) -> int:
+        """A planned switchover's first step: stop taking writes and wait until slave
+        ``target`` holds the whole log; return the log's end.
+
+        Writes resume by themselves after ``fence_s`` (or :meth:`resume`) unless the
+        controller moved the master meanwhile, so a switchover abandoned half-way does
+        not leave the group without a writer.
+        """
+        replicas = self.replicas
+        if replicas is None:
+            self.check_writable()
+            raise AssertionError("check_writable raises for a slave")
+        if target not in replicas.slaves:
+            raise NotEnoughReplicas(
+                f"broker {target} is not replicating from this master; it cannot take over"
+            )
+        self._handover_to = target
+        self._fenced_until = time.monotonic() + fence_s
+        end = self._store.commitlog.write_offset
+        try:
+            async with asyncio.timeout(timeout_s):
+                while replicas.slaves[target].acked < end:
+                    await asyncio.sleep(0.002)
+        except TimeoutError:
+            self.resume()
+            raise NotEnoughReplicas(
+                f"broker {target} did not catch up to offset {end} within {timeout_s} s "
+                f"(it holds {replicas.slaves[target].acked}); writes resumed here"
+            ) from None
+        return end
+
+    def resume(self) -> None:
+        self._fenced_until = 0.0
 
     def appended(self) -> None:
         if self.replicas is not None:
@@ -215,6 +261,7 @@ class GroupRole:
             self.history.begin(epoch, end)
         self.epoch = epoch
         config = self.config
+        self._fenced_until = 0.0
         self.replicas = ReplicaSet(
             self.log,
             self.history,

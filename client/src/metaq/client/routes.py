@@ -201,6 +201,10 @@ class BrokerInfo:
     last_heartbeat_age_ms: int
     session_open: bool
     topic_count: int
+    in_sync: bool | None = None
+    """In the controller's in-sync set (electable); None when no controller manages it."""
+    lag_bytes: int = 0
+    """How far its commitlog is behind its group's master's (0 for the master)."""
 
     @property
     def is_master(self) -> bool:
@@ -213,6 +217,8 @@ class BrokerGroupInfo:
     epoch: int
     computer_room: str
     brokers: tuple[BrokerInfo, ...]
+    in_sync_ids: tuple[int, ...] | None = None
+    """The controller's in-sync set; None when no controller manages the group."""
 
     @property
     def master(self) -> BrokerInfo | None:
@@ -256,6 +262,12 @@ def _cluster_view(reply: pb.GetClusterInfoResponse, nameserver: str) -> ClusterV
     for c in reply.clusters:
         groups = []
         for g in c.groups:
+            in_sync = set(g.control.in_sync_ids) if g.HasField("control") else None
+            master_end = max(
+                (b.state.commitlog_max_offset for b in g.brokers
+                 if b.state.role == pb.BROKER_ROLE_MASTER),
+                default=0,
+            )  # fmt: skip
             brokers = tuple(
                 BrokerInfo(
                     cluster=c.cluster,
@@ -272,10 +284,20 @@ def _cluster_view(reply: pb.GetClusterInfoResponse, nameserver: str) -> ClusterV
                     last_heartbeat_age_ms=b.last_heartbeat_age_ms,
                     session_open=b.session_open,
                     topic_count=b.topic_count,
+                    in_sync=None if in_sync is None else b.state.broker_id in in_sync,
+                    lag_bytes=max(0, master_end - b.state.commitlog_max_offset),
                 )
                 for b in g.brokers
             )
-            groups.append(BrokerGroupInfo(g.broker_name, g.epoch, g.computer_room, brokers))
+            groups.append(
+                BrokerGroupInfo(
+                    g.broker_name,
+                    g.epoch,
+                    g.computer_room,
+                    brokers,
+                    None if in_sync is None else tuple(sorted(in_sync)),
+                )
+            )
         clusters.append(ClusterInfo(c.cluster, tuple(groups)))
     return ClusterView(tuple(clusters), reply.broker_expiry_ms, nameserver)
 
@@ -446,6 +468,22 @@ class RouteCache:
 
         reply = await self._call(call, answered=address_box)
         return _cluster_view(reply, address_box[0] if address_box else "")
+
+    async def switchover(
+        self, broker_name: str, broker_id: int, expected_epoch: int
+    ) -> pb.GroupControl:
+        """Ask the controller to make ``broker_id`` the master of ``broker_name`` now."""
+
+        async def call(stub: NameServerAsyncStub) -> pb.SwitchoverResponse:
+            return await stub.Switchover(
+                pb.SwitchoverRequest(
+                    broker_name=broker_name, broker_id=broker_id, expected_epoch=expected_epoch
+                ),
+                timeout=self.rpc_timeout_s,
+            )
+
+        reply = await self._call(call)
+        return reply.control
 
     async def assignment(
         self,
