@@ -8,6 +8,7 @@ condition against a deadline.
 from __future__ import annotations
 
 import contextlib
+import socket
 import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
@@ -327,3 +328,19 @@ def test_switchover_through_a_follower_and_its_refusals(
             assert lonely.code() is grpc.StatusCode.UNAVAILABLE, lonely.details()
 
     run_async(scenario(), SCENARIO_S)
+
+
+def test_a_taken_raft_address_fails_start_up_with_the_reason(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        address = f"127.0.0.1:{taken.getsockname()[1]}"
+
+        with pytest.raises(RuntimeError, match=f"cannot listen for Raft on {address}"):
+            start_nameserver(
+                tmp_path / "ns",
+                "--controller-address",
+                address,
+                "--controller-peers",
+                "127.0.0.1:1",
+            )

@@ -52,10 +52,11 @@ class NameServer:
             port = server.add_insecure_port(address)
         except RuntimeError as exc:  # grpc says only "Failed to bind"
             raise OSError(f"cannot listen for gRPC on {address}: {exc}") from exc
-        self.controller.start()
         try:
+            self.controller.start()  # OSError when its Raft address is taken
             await server.start()
         except BaseException:
+            await server.stop(None)
             await self.controller.stop()
             raise
         self._server = server
@@ -81,6 +82,11 @@ class NameServer:
         )
 
     async def stop(self) -> None:
+        # The controller goes first: stopping the gRPC server ends every broker's session,
+        # one by one, and a leader still deciding would take a master whose session
+        # happened to end first for dead.
+        if self.controller.running:
+            await self.controller.stop()
         await self._sweeper.stop()
         if self._http is not None:
             await self._http.cleanup()
@@ -88,5 +94,3 @@ class NameServer:
         if self._server is not None:
             await self._server.stop(self.config.shutdown_grace_s)
             self._server = None
-        if self.controller.running:
-            await self.controller.stop()
