@@ -91,6 +91,49 @@ def test_the_journal_in_the_controller_dir_survives_a_restart(tmp_path: Path) ->
     assert (tmp_path / "controller" / "raft-journal.bin").exists()
 
 
+def test_a_restart_from_a_dump_publishes_the_state_it_holds(tmp_path: Path) -> None:
+    directory = tmp_path / "controller"
+    dump = directory / "raft-dump.bin"
+
+    async def write_and_dump() -> None:
+        raft = ControlRaft(directory=directory)
+        await started(raft, [])
+        try:
+            for epoch in (1, 2):
+                group = Proposal("bootstrap", f"g{epoch}", epoch, 0, (0,), "test")
+                assert isinstance(await raft.propose(group, TIMEOUT_S), GroupControl)
+            raft.compact()
+
+            async def dumped() -> bool:
+                return dump.exists()
+
+            await wait_until_async(dumped, TIMEOUT_S, "the dump is written")
+        finally:
+            await raft.stop()
+
+    async def restart() -> Snapshot:
+        raft = ControlRaft(directory=directory)
+        seen: list[Snapshot] = [{}]
+        await started(raft, seen)
+        try:
+
+            async def restored() -> bool:
+                return len(seen[-1]) == 2
+
+            await wait_until_async(restored, TIMEOUT_S, "the dumped state is published")
+            return seen[-1]
+        finally:
+            await raft.stop()
+
+    run_async(write_and_dump())
+    # Only the dump is left: the state can come from nowhere else.
+    for journal in directory.glob("raft-journal.bin*"):
+        journal.unlink()
+    restored = run_async(restart())
+
+    assert {name: c.epoch for name, c in restored.items()} == {"g1": 1, "g2": 2}
+
+
 def test_a_proposal_to_a_stopped_controller_is_unavailable() -> None:
     async def scenario() -> None:
         with pytest.raises(ControllerUnavailable, match="not running"):

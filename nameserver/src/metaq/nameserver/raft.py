@@ -186,6 +186,12 @@ class ControlRaft:
             # The tick thread ends at its next tick; wait for it off the loop.
             await asyncio.to_thread(_destroy, raft)
 
+    def compact(self) -> None:
+        """Dump the state and cut the journal now (pysyncobj does so every 5000 entries or
+        300 s); for tests of recovery from a dump."""
+        if self._log is not None:
+            self._log.forceLogCompaction()
+
     @property
     def is_leader(self) -> bool:
         return self._log is not None and bool(self._log._isLeader())
