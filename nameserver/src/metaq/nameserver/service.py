@@ -158,6 +158,8 @@ class NameServerService(control_pb2_grpc.NameServerServicer):
                 len(stream.topics),
                 stream.session,
             )
+            if state.controlled and self._controller.control(state.key.broker_name) is None:
+                self._controller.wakeup()  # a new group: bootstrap now, not next round
         if stream.key is None:
             self._streams.setdefault(state.key.broker_name, {})[stream.session] = stream
         stream.key = state.key
