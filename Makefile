@@ -18,7 +18,7 @@ STAMP := .venv/.setup-stamp
 
 PYTEST_ARGS ?=
 
-.PHONY: setup test lint generate check-generated run store-demo bench-store bench-framing bench-e2e clean
+.PHONY: setup test lint generate check-generated run store-demo bench-store bench-framing bench-e2e bench-failover clean
 
 setup: $(STAMP)
 
@@ -64,6 +64,9 @@ bench-framing: setup
 # Producer throughput and send latency against a real nameserver + broker (ASYNC flush).
 bench-e2e: setup
 	$(UV) run --frozen python bench/bench_e2e.py
+
+bench-failover: setup
+	$(UV) run --frozen python bench/bench_failover.py
 
 clean:
 	rm -rf .venv $(TOOLS) .pytest_cache .mypy_cache .ruff_cache .hypothesis run-data

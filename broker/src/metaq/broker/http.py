@@ -95,6 +95,7 @@ class HttpServer:
             "epoch": c.role.epoch,
             "master_address": c.role.master_address,
             "in_sync_ids": list(c.role.in_sync_ids()),
+            "electable_ids": list(c.role.electable_ids()),
             "replica_lag_bytes": {str(k): v for k, v in c.role.lag_bytes().items()},
             "uptime_s": round(time.monotonic() - c.started_monotonic, 3),
             "commitlog_write_offset": c.store.commitlog.write_offset,

@@ -300,9 +300,16 @@ class GroupRole:
     # --- views --------------------------------------------------------------------------
 
     def in_sync_ids(self) -> tuple[int, ...]:
+        """Master: its own view of the in-sync set."""
         if self.replicas is None:
             return ()
         return tuple(sorted(self.replicas.in_sync()))
+
+    def electable_ids(self) -> tuple[int, ...]:
+        """Master: the in-sync set the controller committed (who could be elected)."""
+        if self.replicas is None:
+            return ()
+        return tuple(sorted(self.replicas.committed))
 
     def lag_bytes(self) -> dict[int, int]:
         """Master: bytes each slave is behind. Slave: {own id: bytes behind the master}."""

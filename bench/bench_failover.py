@@ -1,0 +1,281 @@
+"""Replication and failover, measured with real processes on loopback.
+
+- **replication throughput** — a master alone takes ``--fill-mib`` of 1 KiB messages;
+  then an empty slave starts and copies it all; MB/s from the slave's first byte to its
+  last (``replication_mb_s``);
+- **sync vs async** — the same broker group (a master and one slave) under sync and then
+  async replication: send_batch throughput (4 callers × 1,024 × 1 KiB) and one-at-a-time
+  send latency p50 / p99 / p99.9, with the ratio sync / async in the same run
+  (``sync_vs_async_batch_ratio``, target ≥ 0.5);
+- **failover** — a producer sends one message at a time to a sync group of two; the
+  master is killed with kill -9, the controller promotes the slave, and the time from
+  the kill to the first send acknowledged by the new master is taken; the old master is
+  restarted (it rejoins as a slave), and this is repeated ``--failovers`` times
+  (``failover_p50_s``, ``failover_max_s``; targets 5 s and 10 s).
+
+The last line of the output is one JSON object with every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Final
+
+from bench_e2e import TOPIC, batched, one_at_a_time
+
+from metaq.broker.testing import BrokerProcess
+from metaq.broker.testing.admin import put_topic
+from metaq.client.producer import Producer
+from metaq.client.results import SendStatus
+from metaq.common.testing import wait_until
+from metaq.nameserver.testing import NameServerProcess, start_nameserver
+
+GROUP: Final = "bench-g"
+QUEUES: Final = 8
+BODY: Final = b"x" * 1024
+SEGMENT: Final = ("--set", "store.commitlog_segment_bytes=268435456")
+
+
+def health(broker: BrokerProcess) -> dict[str, Any]:
+    with urllib.request.urlopen(f"{broker.http_url}/health", timeout=5) as response:
+        body: dict[str, Any] = json.load(response)
+        return body
+
+
+def _role(broker: BrokerProcess) -> str:
+    if broker.proc.poll() is not None:
+        return "dead"
+    try:
+        return str(health(broker)["role"])
+    except OSError:
+        return "unreachable"
+
+
+class Group:
+    def __init__(self, work: Path, nameserver: NameServerProcess, mode: str) -> None:
+        self.work = work
+        self.args = [
+            "--nameserver", nameserver.grpc_address, "--broker-name", f"{GROUP}-{work.name}",
+            "--set", f"replication_mode={mode}", "--set", "min_in_sync_replicas=1", *SEGMENT,
+        ]  # fmt: skip
+        self.brokers: dict[int, BrokerProcess] = {}
+        self.nameserver = nameserver.grpc_address
+
+    def start(self, broker_id: int) -> BrokerProcess:
+        self.brokers[broker_id] = BrokerProcess.start(
+            self.work / f"broker-{broker_id}",
+            "--broker-id", str(broker_id), *self.args,
+            small_store=False, ready_timeout_s=60,
+        )  # fmt: skip
+        return self.brokers[broker_id]
+
+    def master(self, timeout_s: float = 30.0) -> int:
+        found: list[int] = []
+
+        def one() -> bool:
+            found[:] = [i for i, b in self.brokers.items() if _role(b) == "master"]
+            return len(found) == 1
+
+        wait_until(one, timeout_s, "the group has one master")
+        return found[0]
+
+    def wait_in_sync(self, count: int, timeout_s: float = 60.0) -> None:
+        """Until ``count`` brokers are in sync and the controller agrees (electable)."""
+        wait_until(
+            lambda: len(health(self.brokers[self.master()])["electable_ids"]) == count,
+            timeout_s,
+            f"{count} brokers in sync",
+        )
+
+    def stop(self) -> None:
+        for broker in self.brokers.values():
+            broker.kill()
+
+
+async def _ready_producer(nameserver: str) -> Producer:
+    producer = Producer([nameserver])
+    await producer.start()
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            await producer.send(TOPIC, b"warm-up")
+            return producer
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.05)
+
+
+def _pct(ordered: Sequence[float], fraction: float) -> float:
+    return ordered[min(len(ordered) - 1, int(len(ordered) * fraction))] * 1000
+
+
+async def _fill(nameserver: str, mib: int) -> None:
+    producer = await _ready_producer(nameserver)
+    try:
+        batch = [BODY] * 1024
+        for _ in range(mib):
+            await producer.send_batch(TOPIC, batch)
+    finally:
+        await producer.close()
+
+
+def replication_throughput(root: Path, nameserver: NameServerProcess, mib: int) -> float:
+    group = Group(root / "replication", nameserver, "async")
+    try:
+        master = group.start(0)
+        group.master()
+        asyncio.run(put_topic(master.http_url, TOPIC, read_queues=QUEUES, write_queues=QUEUES))
+        asyncio.run(_fill(nameserver.grpc_address, mib))
+        end = int(health(master)["commitlog_write_offset"])
+        slave = group.start(1)
+        began = time.perf_counter()
+        seen = [0]
+
+        def copied() -> bool:
+            seen[0] = int(health(slave)["commitlog_write_offset"])
+            return seen[0] >= end
+
+        wait_until(copied, 600, "the slave copied the master's log")
+        seconds = time.perf_counter() - began
+        return end / seconds / 1e6
+    finally:
+        group.stop()
+
+
+async def _modes_cell(nameserver: str, seconds: float) -> dict[str, float]:
+    producer = await _ready_producer(nameserver)
+    try:
+        rate, latencies = await one_at_a_time(producer, BODY, seconds)
+        batch_rate = await batched(producer, BODY, seconds)
+    finally:
+        await producer.close()
+    return {
+        "batch_msgs_s": batch_rate,
+        "one_at_a_time_msgs_s": rate,
+        "p50_ms": _pct(latencies, 0.5),
+        "p99_ms": _pct(latencies, 0.99),
+        "p999_ms": _pct(latencies, 0.999),
+    }
+
+
+def sync_vs_async(root: Path, nameserver: NameServerProcess, seconds: float) -> dict[str, Any]:
+    cells: dict[str, dict[str, float]] = {}
+    for mode in ("sync", "async"):
+        group = Group(root / mode, nameserver, mode)
+        try:
+            group.start(0)
+            group.start(1)
+            master = group.brokers[group.master()]
+            asyncio.run(put_topic(master.http_url, TOPIC, read_queues=QUEUES, write_queues=QUEUES))
+            group.wait_in_sync(2)
+            cells[mode] = asyncio.run(_modes_cell(nameserver.grpc_address, seconds))
+        finally:
+            group.stop()
+    return cells
+
+
+async def _until_acked_after(producer: Producer, after: float, limit_s: float) -> float:
+    """Send one at a time until a send made after ``after`` is acknowledged OK."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        try:
+            result = await producer.send(TOPIC, BODY)
+        except Exception:
+            await asyncio.sleep(0.01)
+            continue
+        if result.status is SendStatus.OK and time.monotonic() > after:
+            return time.monotonic()
+    raise TimeoutError(f"no send acknowledged within {limit_s} s of the kill")
+
+
+def failovers(root: Path, nameserver: NameServerProcess, runs: int) -> list[float]:
+    group = Group(root / "failover", nameserver, "sync")
+    times: list[float] = []
+    try:
+        group.start(0)
+        group.start(1)
+        master = group.brokers[group.master()]
+        asyncio.run(put_topic(master.http_url, TOPIC, read_queues=QUEUES, write_queues=QUEUES))
+        group.wait_in_sync(2)
+
+        async def run_all() -> None:
+            producer = await _ready_producer(nameserver.grpc_address)
+            try:
+                for _ in range(runs):
+                    old = await asyncio.to_thread(group.master)
+                    await asyncio.to_thread(group.wait_in_sync, 2)
+                    group.brokers[old].kill()
+                    killed = time.monotonic()
+                    acked = await _until_acked_after(producer, killed, 60)
+                    times.append(acked - killed)
+                    print(f"  failover {len(times)}: {acked - killed:.3f} s", flush=True)
+                    await asyncio.to_thread(group.start, old)
+            finally:
+                await producer.close()
+
+        asyncio.run(run_all())
+    finally:
+        group.stop()
+    return times
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--seconds", type=float, default=3.0, help="seconds per cell")
+    parser.add_argument("--fill-mib", type=int, default=512, help="MiB the slave copies")
+    parser.add_argument("--failovers", type=int, default=5, help="kill -9 runs (≥ 5)")
+    args = parser.parse_args(argv)
+
+    root = Path(tempfile.mkdtemp(prefix="bench-failover-"))
+    nameserver = start_nameserver(root / "ns")
+    try:
+        mb_s = replication_throughput(root, nameserver, args.fill_mib)
+        print(f"replication: {mb_s:,.0f} MB/s master -> slave ({args.fill_mib} MiB)", flush=True)
+        cells = sync_vs_async(root, nameserver, args.seconds)
+        times = failovers(root, nameserver, args.failovers)
+    finally:
+        nameserver.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+    ratio = cells["sync"]["batch_msgs_s"] / cells["async"]["batch_msgs_s"]
+    print()
+    print("| mode  | send_batch msgs/s | one-at-a-time msgs/s | p50 ms | p99 ms | p99.9 ms |")
+    print("|-------|------------------:|---------------------:|-------:|-------:|---------:|")
+    for mode in ("sync", "async"):
+        c = cells[mode]
+        print(
+            f"| {mode:<5} | {c['batch_msgs_s']:>17,.0f} | {c['one_at_a_time_msgs_s']:>20,.0f} "
+            f"| {c['p50_ms']:>6.2f} | {c['p99_ms']:>6.2f} | {c['p999_ms']:>8.2f} |"
+        )
+    p50 = statistics.median(times)
+    print(f"\nsync / async send_batch: {ratio:.2f} (target ≥ 0.50)")
+    print(
+        f"failover, kill -9 to first acknowledged send: p50 {p50:.2f} s, max {max(times):.2f} s "
+        f"over {len(times)} runs (targets 5 s / 10 s)"
+    )
+    figures = {
+        "replication_mb_s": round(mb_s, 1),
+        "sync_vs_async_batch_ratio": round(ratio, 3),
+        "failover_p50_s": round(p50, 3),
+        "failover_max_s": round(max(times), 3),
+        "failover_runs_s": [round(t, 3) for t in times],
+        **{f"{mode}_{key}": round(v, 2) for mode, c in cells.items() for key, v in c.items()},
+    }
+    print(json.dumps(figures, sort_keys=True))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
