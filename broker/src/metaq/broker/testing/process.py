@@ -11,6 +11,7 @@ block kills a broker still running; :meth:`terminate` is the clean stop (SIGTERM
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -18,10 +19,13 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Final
+
+from metaq.common.testing import wait_until
 
 _READY: Final = re.compile(r"metaq-broker ready data=(\S+):(\d+) http=(\S+):(\d+)")
 # Small files everywhere: start-up stays fast and nothing preallocates a gigabyte.
@@ -71,7 +75,16 @@ class BrokerProcess:
         *args: str,
         small_store: bool = True,
         ready_timeout_s: float = 30.0,
+        wait_for_master: bool | None = None,
     ) -> BrokerProcess:
+        """Start a broker and wait for its readiness line.
+
+        A broker with nameservers is controlled: it takes writes (and topic changes) only
+        once the controller names it master. ``wait_for_master`` (by default: with
+        nameservers and no ``--broker-id``, i.e. a deployed master) also waits for that.
+        """
+        if wait_for_master is None:
+            wait_for_master = "--nameserver" in args and "--broker-id" not in args
         argv = ["--listen-host", "127.0.0.1", "--data-port", "0", "--http-port", "0"]
         if "--nameserver" not in args:
             # No nameserver to host a controller: the broker keeps its deployed role.
@@ -82,6 +95,8 @@ class BrokerProcess:
         broker = cls(data_dir, [*argv, *args])
         try:
             broker.wait_ready(ready_timeout_s)
+            if wait_for_master:
+                broker.wait_master(ready_timeout_s)
         except BaseException:
             broker.kill()
             raise
@@ -127,6 +142,20 @@ class BrokerProcess:
         match = self.wait_for_line(_READY, timeout_s)
         self.data_host, self.data_port = match.group(1), int(match.group(2))
         self.http_host, self.http_port = match.group(3), int(match.group(4))
+
+    def wait_master(self, timeout_s: float) -> None:
+        """Until the broker says it is its group's master (``/health``)."""
+
+        def is_master() -> bool:
+            if self.proc.poll() is not None:
+                raise AssertionError("the broker exited; output:\n" + "\n".join(self.lines))
+            try:
+                with urllib.request.urlopen(f"{self.http_url}/health", timeout=5) as response:
+                    return bool(json.load(response)["role"] == "master")
+            except OSError:
+                return False
+
+        wait_until(is_master, timeout_s, "the broker is its group's master")
 
     @property
     def http_url(self) -> str:
