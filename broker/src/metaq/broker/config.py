@@ -90,6 +90,11 @@ class BrokerConfig:
     """Let the nameservers' controller pick the group's master (needs nameservers)."""
     journal_interval_ms: int = 100
     """How often a master journals the offsets consumers committed with their pulls."""
+    master_lease_ms: int = 2_000
+    """A controlled master that has not heard the controller confirm it for this long
+    (counted from when the confirmed heartbeat was sent) stops taking writes, while
+    another broker is in sync: the controller may have promoted it. Keep it below the
+    nameservers' master_detection_ms."""
     heartbeat_interval_ms: int = 500
     """Heartbeats to each nameserver; the controller notices a silent master after
     its master_detection_ms (3 s by default)."""
@@ -139,6 +144,7 @@ class BrokerConfig:
             "replica_lag_max_ms",
             "heartbeat_interval_ms",
             "journal_interval_ms",
+            "master_lease_ms",
         ):
             if getattr(self, key) <= 0:
                 problems.append(f"{key} must be positive")

@@ -21,7 +21,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import itertools
 import logging
+import time
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -160,6 +162,10 @@ class _Link:
         self._wake = asyncio.Event()
         self._interval_s = registrar.interval_s
         self._task: asyncio.Task[None] | None = None
+        self._sequences = itertools.count(1)
+
+    def _sequence(self) -> int:
+        return next(self._sequences)
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(
@@ -236,6 +242,9 @@ class _Link:
             async with grpc.aio.insecure_channel(self.address) as channel:
                 call = control_pb2_grpc.NameServerStub(channel).Session()
 
+                # When each unanswered heartbeat was sent (monotonic), by sequence.
+                sent_at: dict[int, float] = {}
+
                 async def read_events() -> None:
                     while True:
                         event = await call.read()
@@ -243,7 +252,8 @@ class _Link:
                             raise SessionEnded(f"nameserver {self.address} ended the session")
                         answered.set()
                         self._follow(event.registered)
-                        registrar.on_answer(event.registered)
+                        asked = sent_at.pop(event.answers, None) if event.answers else None
+                        registrar.on_answer(event.registered, asked)
 
                 reader = asyncio.get_running_loop().create_task(read_events())
                 sent: tuple[TopicDescription, ...] | None = None
@@ -253,8 +263,11 @@ class _Link:
                         topics = description.topics
                         changed = sent is None or (topics is not sent and topics != sent)
                         answered.clear()
+                        message = heartbeat(description, with_topics=changed)
+                        message.sequence = sequence = self._sequence()
+                        sent_at[sequence] = time.monotonic()
                         async with asyncio.timeout(registrar.ack_timeout_s):
-                            await call.write(heartbeat(description, with_topics=changed))
+                            await call.write(message)
                             await _first(answered.wait(), reader)
                         sent = topics
                         if not established:
@@ -301,8 +314,9 @@ class NameServerRegistrar:
     """Keeps this broker registered with every nameserver in ``addresses`` (host:port).
 
     ``describe`` is called for every heartbeat, on the event loop, so it must be quick and
-    must not block; ``on_answer`` gets every event each nameserver sends (answers and
-    news), on the event loop too. :meth:`start` returns at once; registration proceeds in
+    must not block; ``on_answer`` gets every event each nameserver sends, on the event
+    loop too, with the monotonic time the heartbeat it answers was sent (None for news
+    sent unasked). :meth:`start` returns at once; registration proceeds in
     the background and ``connected`` tells which nameservers acknowledged it.
     :meth:`refresh` sends a heartbeat now (e.g. right after a topic was created) instead
     of at the next interval.
@@ -314,7 +328,7 @@ class NameServerRegistrar:
         describe: Callable[[], BrokerDescription],
         interval_s: float = 2.0,
         *,
-        on_answer: Callable[[pb.RegisterBrokerResponse], None] | None = None,
+        on_answer: Callable[[pb.RegisterBrokerResponse, float | None], None] | None = None,
         ack_timeout_s: float | None = None,
         initial_backoff_s: float = 0.1,
         max_backoff_s: float = 5.0,
@@ -328,7 +342,7 @@ class NameServerRegistrar:
             raise ValueError("interval_s and the back-off times must be positive")
         self.addresses = tuple(addresses)
         self.describe = describe
-        self.on_answer = on_answer or (lambda _registered: None)
+        self.on_answer = on_answer or (lambda _registered, _sent_at: None)
         self.interval_s = interval_s
         self.ack_timeout_s = ack_timeout_s if ack_timeout_s is not None else 3 * interval_s
         self.initial_backoff_s = initial_backoff_s

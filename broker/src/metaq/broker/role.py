@@ -80,6 +80,8 @@ class GroupRole:
         """Applied to the end before a promotion; written in full after it."""
         self._fenced_until = 0.0
         self._handover_to = -1
+        self._lease_s = config.master_lease_ms / 1e3
+        self._lease_until = 0.0
         self._changes: asyncio.Queue[pb.GroupControl] = asyncio.Queue()
         self._worker: asyncio.Task[None] | None = None
         self._fetches: set[asyncio.Task[None]] = set()
@@ -107,10 +109,20 @@ class GroupRole:
 
     @property
     def takes_writes(self) -> bool:
-        return self.replicas is not None and time.monotonic() >= self._fenced_until
+        """Master now (not fenced, lease held); sync replication's copies aside."""
+        try:
+            self._check_master()
+        except MetaqError:
+            return False
+        return True
 
     def check_writable(self) -> None:
-        """Raise unless this broker may take a write now."""
+        """Raise unless this broker may take a client's write now."""
+        replicas = self._check_master()
+        if self.sync:
+            replicas.check_writable()
+
+    def _check_master(self) -> ReplicaSet:
         replicas = self.replicas
         if self.role is not Role.MASTER or replicas is None:
             where = f"; its master is {self.master_address}" if self.master_address else ""
@@ -119,13 +131,25 @@ class GroupRole:
                 f"master of its group (epoch {self.epoch}){where}; send to the master",
                 self.master_address,
             )
-        if time.monotonic() < self._fenced_until:
+        now = time.monotonic()
+        if self.controlled and now > self._lease_until and self._needs_lease(replicas):
+            raise NotMaster(
+                f"broker {self.config.broker_name} has not heard the controller confirm it "
+                f"as master for {self.config.master_lease_ms} ms (nameservers unreachable, "
+                "or this process was paused); not taking writes until it does, as a slave "
+                "may have been promoted meanwhile"
+            )
+        if now < self._fenced_until:
             raise NotMaster(
                 f"broker {self.config.broker_name} is handing its master role to broker "
                 f"{self._handover_to}; retry in a moment"
             )
-        if self.sync:
-            replicas.check_writable()
+        return replicas
+
+    def _needs_lease(self, replicas: ReplicaSet) -> bool:
+        """Only a master someone else could replace must stop when cut off: with no
+        other broker in sync, by its view or the controller's, none can be elected."""
+        return len(replicas.in_sync() | replicas.committed) > 1
 
     async def handover(self, target: int, timeout_s: float, fence_s: float) -> int:
         """A planned switchover's first step: stop taking writes and wait until slave
@@ -135,10 +159,7 @@ class GroupRole:
         controller moved the master meanwhile, so a switchover abandoned half-way does
         not leave the group without a writer.
         """
-        replicas = self.replicas
-        if replicas is None:
-            self.check_writable()
-            raise AssertionError("check_writable raises for a slave")
+        replicas = self._check_master()
         if target not in replicas.slaves:
             raise NotEnoughReplicas(
                 f"broker {target} is not replicating from this master; it cannot take over"
@@ -176,7 +197,7 @@ class GroupRole:
     def handle_fetch(self, responder: Responder, frame: Frame) -> None:
         request = ReplicaFetchRequest.FromString(frame.header)
         if self.replicas is None:
-            self.check_writable()  # raises NotMaster, naming the master if known
+            self._check_master()  # raises NotMaster, naming the master if known
             return
         task = asyncio.get_running_loop().create_task(
             self._answer_fetch(self.replicas, responder, frame.request_id, request)
@@ -216,11 +237,20 @@ class GroupRole:
 
     # --- what the nameservers say -------------------------------------------------------
 
-    def on_answer(self, registered: pb.RegisterBrokerResponse) -> None:
-        """Every event from every nameserver comes here (answers and pushed news)."""
+    def on_answer(self, registered: pb.RegisterBrokerResponse, sent_at: float | None) -> None:
+        """Every event from every nameserver comes here (answers and pushed news);
+        ``sent_at`` is when the heartbeat it answers was sent (None for news)."""
         if self.controlled:
             if registered.HasField("control"):
-                self._changes.put_nowait(registered.control)
+                control = registered.control
+                if (
+                    sent_at is not None
+                    and control.master_id == self.config.broker_id
+                    and control.epoch >= self.epoch
+                ):
+                    # The controller still had us as master when that heartbeat left.
+                    self._lease_until = max(self._lease_until, sent_at + self._lease_s)
+                self._changes.put_nowait(control)
         elif self.role is Role.SLAVE and registered.master_data_address:
             self.master_address = registered.master_data_address
             self.follower.follow(registered.master_data_address, self.follower.epoch)

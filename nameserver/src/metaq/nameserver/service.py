@@ -165,7 +165,9 @@ class NameServerService(control_pb2_grpc.NameServerServicer):
         stream.key = state.key
         stream.controlled = state.controlled
         self._log_fenced(registered)
-        return pb.SessionEvent(registered=self._registered(state, registered))
+        return pb.SessionEvent(
+            registered=self._registered(state, registered), answers=heartbeat.sequence
+        )
 
     def _end(self, stream: _Stream) -> None:
         key = stream.key

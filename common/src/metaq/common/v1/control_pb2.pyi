@@ -298,6 +298,9 @@ class BrokerHeartbeat(_message.Message):
 
     BROKER_FIELD_NUMBER: _builtins.int
     TOPIC_TABLE_FIELD_NUMBER: _builtins.int
+    SEQUENCE_FIELD_NUMBER: _builtins.int
+    sequence: _builtins.int
+    """Grows with each heartbeat of a session; the answer echoes it (SessionEvent.answers)."""
     @_builtins.property
     def broker(self) -> Global___BrokerState: ...
     @_builtins.property
@@ -309,10 +312,11 @@ class BrokerHeartbeat(_message.Message):
         *,
         broker: Global___BrokerState | None = ...,
         topic_table: Global___TopicTable | None = ...,
+        sequence: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["broker", b"broker", "topic_table", b"topic_table"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker", b"broker", "topic_table", b"topic_table"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker", b"broker", "sequence", b"sequence", "topic_table", b"topic_table"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -323,6 +327,12 @@ class SessionEvent(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     REGISTERED_FIELD_NUMBER: _builtins.int
+    ANSWERS_FIELD_NUMBER: _builtins.int
+    answers: _builtins.int
+    """The `sequence` of the heartbeat this event answers; 0 for unasked news. A master
+    counts the controller's confirmation as of when it sent that heartbeat (its lease),
+    so news that waited in a buffer while it was paused never extends its lease.
+    """
     @_builtins.property
     def registered(self) -> Global___RegisterBrokerResponse:
         """The answer to one heartbeat, or (unasked) news: the nameserver also sends an event
@@ -334,10 +344,11 @@ class SessionEvent(_message.Message):
         self,
         *,
         registered: Global___RegisterBrokerResponse | None = ...,
+        answers: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["registered", b"registered"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["registered", b"registered"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["answers", b"answers", "registered", b"registered"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
