@@ -52,7 +52,8 @@ class Follower:
         epoch: int,
         max_bytes: int = 4 << 20,
         wait_ms: int = 1000,
-        retry_s: float = 0.2,
+        retry_s: float = 0.1,
+        max_retry_s: float = 2.0,
     ) -> None:
         self.log = replica_log
         self.history = history
@@ -64,6 +65,7 @@ class Follower:
         self.max_bytes = max_bytes
         self.wait_ms = wait_ms
         self.retry_s = retry_s
+        self.max_retry_s = max_retry_s
         self.master_address = ""
         self.master_end = 0
         self.last_contact = 0.0
@@ -97,6 +99,9 @@ class Follower:
         self.connected = False
 
     async def _run(self) -> None:
+        # Back off while the master stays unreachable (it may be dead and the controller
+        # deciding, or gone for good with no one to promote), without missing a new one.
+        delay = self.retry_s
         while True:
             self._changed.clear()
             address = self.master_address
@@ -106,12 +111,14 @@ class Follower:
             try:
                 await self._session(address)
             except (OSError, MetaqError, TimeoutError, ConnectionError) as exc:
-                log.warning("replication from %s: %s; retrying", address, exc)
+                level = logging.WARNING if delay == self.retry_s else logging.DEBUG
+                log.log(level, "replication from %s: %s; retrying", address, exc)
             except Exception:
                 log.exception("replication from %s failed", address)
+            delay = self.retry_s if self.connected else min(delay * 2, self.max_retry_s)
             self.connected = False
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.retry_s):
+                async with asyncio.timeout(delay):
                     await self._changed.wait()
 
     async def _session(self, address: str) -> None:

@@ -47,7 +47,6 @@ class SlaveState:
     """Where its log ends, as of its last fetch."""
     acked: int = 0
     """How far it holds the log, as of its last fetch."""
-    last_fetch: float = 0.0
     caught_up: float = -1e18
     """When it last held everything the master had (monotonic seconds)."""
     answered_end: int = 0
@@ -137,7 +136,6 @@ class ReplicaSet:
     def _note(self, slave: SlaveState, request: ReplicaFetchRequest, now: float) -> None:
         slave.offset = request.offset
         slave.acked = min(request.acked_offset, request.offset)
-        slave.last_fetch = now
         if request.offset >= self.log.end_offset:
             slave.caught_up = now
         elif slave.answered_end and request.offset >= slave.answered_end:
