@@ -209,3 +209,25 @@ def test_a_new_slave_starts_at_the_masters_oldest_data() -> None:
             await follower.stop()
 
     run_async(scenario())
+
+
+def test_a_slave_back_on_a_new_connection_is_out_of_sync_until_it_caught_up() -> None:
+    async def scenario() -> None:
+        clock = Clock()
+        master_log = MemoryLog()
+        master = ReplicaSet(master_log, EpochHistory(), self_id=0, epoch=1, clock=clock)
+        master_log.append(b"one")
+        request = ReplicaFetchRequest(
+            broker_id=1, epoch=1, offset=master_log.end_offset,
+            acked_offset=master_log.end_offset, segment_bytes=master_log.segment_bytes,
+        )  # fmt: skip
+        await master.fetch(request, connection=7)
+        assert master.in_sync() == {0, 1}
+
+        master_log.append(b"two, written while slave 1 restarted")
+        request.offset = request.acked_offset = 0  # it lost what it had not flushed
+        await master.fetch(request, connection=8)
+
+        assert master.in_sync() == {0}
+
+    run_async(scenario())

@@ -213,7 +213,7 @@ class GroupRole:
         request: ReplicaFetchRequest,
     ) -> None:
         try:
-            response, payload = await replicas.fetch(request)
+            response, payload = await replicas.fetch(request, responder.connection_id)
         except MetaqError as exc:
             responder.respond(
                 encode_error(

@@ -51,6 +51,7 @@ class SlaveState:
     """When it last held everything the master had (monotonic seconds)."""
     answered_end: int = 0
     answered_at: float = 0.0
+    connection: int = -1
     waiter: asyncio.Future[None] | None = field(default=None, repr=False)
 
 
@@ -86,8 +87,15 @@ class ReplicaSet:
 
     # --- fetches ------------------------------------------------------------------------
 
-    async def fetch(self, request: ReplicaFetchRequest) -> tuple[ReplicaFetchResponse, Buffer]:
-        """Answer one fetch: bytes from the slave's end, parked a while if there are none."""
+    async def fetch(
+        self, request: ReplicaFetchRequest, connection: int = 0
+    ) -> tuple[ReplicaFetchResponse, Buffer]:
+        """Answer one fetch: bytes from the slave's end, parked a while if there are none.
+
+        ``connection`` tells the slave's connections apart: a slave that comes back on a
+        new one (it restarted, or lost its link) is out of sync until it has caught up
+        again, whatever it was before.
+        """
         if self.closed:
             raise EpochMismatch(
                 f"broker {self.self_id} no longer serves epoch {self.epoch} as master"
@@ -107,8 +115,11 @@ class ReplicaSet:
             raise InvalidMessage(f"slave reports broker id {request.broker_id}, the master's own")
         now = self._clock()
         slave = self.slaves.get(request.broker_id)
-        if slave is None:
-            slave = self.slaves[request.broker_id] = SlaveState(request.broker_id)
+        if slave is None or slave.connection != connection:
+            if slave is None:
+                slave = self.slaves[request.broker_id] = SlaveState(request.broker_id)
+            slave.connection = connection
+            slave.caught_up = -1e18
             log.info("slave %d fetches from offset %d", request.broker_id, request.offset)
         end = self.log.end_offset
         theirs = [Epoch(e.epoch, e.start_offset) for e in request.epochs]
