@@ -6,7 +6,7 @@ import pytest
 
 from metaq.broker.send import split_records
 from metaq.common.errors import InvalidMessage
-from metaq.common.record import encode
+from metaq.common.record import FLAG_DELAYED, encode
 
 
 def payload(*records: bytes | bytearray) -> memoryview:
@@ -16,10 +16,22 @@ def payload(*records: bytes | bytearray) -> memoryview:
 def test_back_to_back_records_are_cut_as_views() -> None:
     records = [encode("t", b"x" * n, queue_id=2) for n in (0, 1, 500)]
 
-    views = split_records(payload(*records), b"t", 2, 3)
+    views, delayed = split_records(payload(*records), b"t", 2, 3)
 
     assert [bytes(v) for v in views] == [bytes(r) for r in records]
     assert all(isinstance(v, memoryview) for v in views)
+    assert not delayed
+
+
+def test_a_batch_with_a_delayed_record_says_so() -> None:
+    records = [
+        encode("t", b"now"),
+        encode("t", b"later", properties={"DELAY": "1"}, flags=FLAG_DELAYED),
+    ]
+
+    _, delayed = split_records(payload(*records), b"t", 0, 2)
+
+    assert delayed
 
 
 @pytest.mark.parametrize(

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+from metaq.broker.delay import DEFAULT_LEVELS, parse_levels
 from metaq.broker.store.config import MIB, FlushMode, StoreConfig
 from metaq.common.framing import MAX_FRAME_BYTES
 from metaq.common.record import HEADER_SIZE
@@ -88,6 +89,10 @@ class BrokerConfig:
     """A slave not caught up with the master for this long leaves the in-sync set."""
     failover: bool = True
     """Let the nameservers' controller pick the group's master (needs nameservers)."""
+    delay_levels: str = DEFAULT_LEVELS
+    """Delayed delivery's levels (property DELAY = 1 for the first), as in RocketMQ."""
+    max_delay_ms: int = 7 * 86_400_000
+    """The furthest ahead a DELIVER_AT time may be."""
     journal_interval_ms: int = 100
     """How often a master journals the offsets consumers committed with their pulls."""
     master_lease_ms: int = 2_000
@@ -145,11 +150,16 @@ class BrokerConfig:
             "heartbeat_interval_ms",
             "journal_interval_ms",
             "master_lease_ms",
+            "max_delay_ms",
         ):
             if getattr(self, key) <= 0:
                 problems.append(f"{key} must be positive")
         if self.max_pull_bytes > self.max_frame_bytes // 2:
             problems.append("max_pull_bytes must be at most half of max_frame_bytes")
+        try:
+            parse_levels(self.delay_levels)
+        except ValueError as exc:
+            problems.append(f"delay_levels: {exc}")
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
             problems.append("log_level must be DEBUG, INFO, WARNING or ERROR")
         return problems

@@ -17,6 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from metaq.broker.consumers import ConsumerGroups
+from metaq.broker.delay import DelayScheduler
 from metaq.broker.offsets import ConsumerOffsets
 from metaq.broker.role import GroupRole
 from metaq.broker.store import MessageStore
@@ -86,6 +87,7 @@ class BrokerState:
     long_polls_woken: Callable[[], int]
     started_monotonic: float
     role: GroupRole
+    delays: DelayScheduler
 
 
 class _StateCollector:
@@ -143,6 +145,18 @@ class _StateCollector:
         for broker_id, behind in role.lag_bytes().items():
             lag.add_metric([str(broker_id)], behind)
         yield lag
+        delays = state.delays
+        yield _gauge("metaq_delayed_pending", "Delayed messages not delivered yet (master)",
+                     delays.pending())  # fmt: skip
+        next_due = delays.next_due_ms()
+        yield _gauge(
+            "metaq_delayed_next_due_seconds",
+            "Seconds until the next delayed message moves or is delivered (-1: none)",
+            -1 if next_due is None else max(0.0, next_due / 1e3 - time.time()),
+        )
+        delivered = CounterMetricFamily("metaq_delayed_delivered", "Delayed messages delivered")
+        delivered.add_metric([], delays.delivered)
+        yield delivered
         writable = 0 if store.guard.reason else 1
         yield _gauge("metaq_writable", "1 if the store accepts writes", writable)
         queues = GaugeMetricFamily(

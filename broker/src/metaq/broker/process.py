@@ -27,6 +27,7 @@ from typing import Protocol
 from metaq.broker.config import BrokerConfig
 from metaq.broker.connection import Handler
 from metaq.broker.consumers import ConsumerExpiryService, ConsumerGroups
+from metaq.broker.delay import DelayScheduler, DelayService
 from metaq.broker.handlers import Handlers
 from metaq.broker.http import HttpContext, HttpServer
 from metaq.broker.journal import Journal, JournalService
@@ -84,6 +85,7 @@ class Broker:
         self.offsets: ConsumerOffsets | None = None
         self.store: MessageStore | None = None
         self.group_role: GroupRole | None = None
+        self.delays: DelayScheduler | None = None
         self.registrar: Registrar | None = None
         self._registrar_factory = registrar_factory
         self._handlers: dict[FrameType, Handler] = {}
@@ -129,6 +131,7 @@ class Broker:
         journal = Journal(self.store, self.topics, self.offsets, lambda: role.takes_writes)
         journal.apply()  # commits journaled after the last offsets snapshot
         role.journal = journal
+        self.delays = DelayScheduler(self.store, lambda: role.takes_writes)
         self.topics.listeners.append(journal.write_topics)
         self._send = SendHandler(
             config, self.store, self.topics, self.metrics, self._durability, self.group_role
@@ -150,6 +153,7 @@ class Broker:
                 lambda: pull.long_polls.woken,
                 self.started_monotonic,
                 self.group_role,
+                self.delays,
             )
         )
 
@@ -173,6 +177,7 @@ class Broker:
             OffsetSnapshotService(self.offsets, config.offset_snapshot_interval_ms / 1e3),
             ConsumerExpiryService(self.groups),
             JournalService(journal, config.journal_interval_ms / 1e3),
+            DelayService(self.delays),
         ]
         for service in self._services:
             service.start()

@@ -13,10 +13,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
+from collections.abc import Sequence
 from typing import Final
 
 from metaq.broker.config import BrokerConfig
 from metaq.broker.connection import Responder
+from metaq.broker.delay import DelayPolicy, divert, parse_levels
 from metaq.broker.metrics import BrokerMetrics
 from metaq.broker.role import GroupRole
 from metaq.broker.store import FlushMode, MessageStore
@@ -25,22 +27,24 @@ from metaq.broker.store.flush import AsyncDurability
 from metaq.broker.topics import TopicConfig, TopicTable
 from metaq.common.errors import InvalidMessage, StoreUnavailable
 from metaq.common.framing import FLAG_RESPONSE, Buffer, Frame, FrameType, encode_frame
-from metaq.common.record import HEADER_SIZE
+from metaq.common.record import FLAG_DELAYED, HEADER_SIZE
 from metaq.common.v1.data_pb2 import SendRequest, SendResponse
 
 log = logging.getLogger(__name__)
 
-# size (offset 0), queue id (48), topic length (88): all splitting needs of a record.
-_FIELDS: Final = struct.Struct("<I44xi36xH")
+# size (0), flags (12), queue id (48), topic length (88): all splitting needs of a record.
+_FIELDS: Final = struct.Struct("<I8xI32xi36xH")
 _MSG_ID_AT: Final = 64
 _KNOWN_FLAGS: Final = SendRequest.FLAG_NO_WAIT_STORE
 
 
 def split_records(
     payload: memoryview, topic: bytes, queue_id: int, expected: int
-) -> list[memoryview]:
-    """Cut a SEND payload into record views; raise InvalidMessage on any disagreement."""
+) -> tuple[list[memoryview], bool]:
+    """Cut a SEND payload into record views, and say whether any asks for delayed
+    delivery; raise InvalidMessage on any disagreement."""
     records: list[memoryview] = []
+    flags_seen = 0
     n = len(payload)
     pos = 0
     unpack = _FIELDS.unpack_from
@@ -51,7 +55,8 @@ def split_records(
                 f"record {len(records)} of the batch is cut short: {n - pos} bytes left, "
                 f"a record header alone is {HEADER_SIZE}"
             )
-        size, record_queue, record_topic_len = unpack(payload, pos)
+        size, flags, record_queue, record_topic_len = unpack(payload, pos)
+        flags_seen |= flags
         if size < HEADER_SIZE or size > n - pos:
             raise InvalidMessage(
                 f"record {len(records)} of the batch claims {size} bytes but {n - pos} remain"
@@ -75,7 +80,7 @@ def split_records(
         )
     if not records:
         raise InvalidMessage("a SEND needs at least one record")
-    return records
+    return records, bool(flags_seen & FLAG_DELAYED)
 
 
 class SendHandler:
@@ -90,6 +95,7 @@ class SendHandler:
     ) -> None:
         self._config = config
         self._role = role
+        self._delay_policy = DelayPolicy(parse_levels(config.delay_levels), config.max_delay_ms)
         self._store = store
         self._topics = topics
         self._metrics = metrics
@@ -109,9 +115,12 @@ class SendHandler:
         if request.flags & ~_KNOWN_FLAGS:
             raise InvalidMessage(f"unknown SendRequest flags {request.flags:#x}")
         topic = self._topics.resolve_send(request.topic, request.queue_id)
-        records = split_records(
+        records: Sequence[Buffer]
+        records, delayed = split_records(
             frame.payload, request.topic.encode(), request.queue_id, request.record_count
         )
+        if delayed:
+            records = divert(records, self._delay_policy)
         appended = self._store.append(records)
         self._role.appended()
         if self._topics.get(topic.name) is None:

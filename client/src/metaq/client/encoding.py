@@ -72,6 +72,7 @@ class RecordEncoder:
             )
         if tags or keys or properties:
             tags_b, keys_b, props_b = _extras(tags, keys, properties)
+            flags |= _delay_flag(properties)
         else:
             tags_b = keys_b = props_b = b""
         header = _HEADER.pack(
@@ -109,18 +110,18 @@ class RecordEncoder:
         for index, message in enumerate(messages):
             if type(message) is bytes or isinstance(message, _BUFFERS):
                 body, extras = message, b""
-                tags_len = keys_len = props_len = 0
+                tags_len = keys_len = props_len = flags = 0
             else:
                 body = message.body
                 tags_b, keys_b, props_b = _extras(message.tags, message.keys, message.properties)
                 extras = tags_b + keys_b + props_b
                 tags_len, keys_len, props_len = len(tags_b), len(keys_b), len(props_b)
-            flags = 0
+                flags = _delay_flag(message.properties)
             size = len(body)
             if size > threshold:
                 packed = zlib.compress(body, self.compress_level)
                 if len(packed) < size:
-                    body, flags, size = packed, record.FLAG_COMPRESSED, len(packed)
+                    body, flags, size = packed, flags | record.FLAG_COMPRESSED, len(packed)
             if size > limit:
                 raise InvalidMessage(
                     f"message {index} of the batch has a body of {size} bytes; the "
@@ -148,6 +149,14 @@ class RecordEncoder:
         if count:
             batches.append((b"".join(parts), count, number - count))
         return batches
+
+
+def _delay_flag(properties: Mapping[str, str] | None) -> int:
+    if properties and (
+        record.PROP_DELAY_LEVEL in properties or record.PROP_DELIVER_AT in properties
+    ):
+        return record.FLAG_DELAYED
+    return 0
 
 
 class _MessageIds:

@@ -55,7 +55,7 @@ from metaq.client.routes import QueueRoute, RouteCache, TopicRoute
 from metaq.client.selection import BrokerHealth, QueueSelector, RoundRobinSelector, shard_queue
 from metaq.client.sender import Sender
 from metaq.common import record
-from metaq.common.errors import MetaqError
+from metaq.common.errors import InvalidMessage, MetaqError
 from metaq.common.framing import Buffer
 
 log = logging.getLogger(__name__)
@@ -105,6 +105,20 @@ class ProducerConfig:
             problems.append("compress_level must be 0-9")
         if problems:
             raise ValueError("invalid producer settings: " + "; ".join(problems))
+
+
+def with_delay(
+    properties: Mapping[str, str] | None, delay_level: int | None, deliver_at_ms: int | None
+) -> dict[str, str]:
+    """The properties that ask the broker for delayed delivery."""
+    if delay_level is not None and deliver_at_ms is not None:
+        raise InvalidMessage("give delay_level or deliver_at_ms, not both")
+    out = dict(properties or {})
+    if delay_level is not None:
+        out[record.PROP_DELAY_LEVEL] = str(delay_level)
+    else:
+        out[record.PROP_DELIVER_AT] = str(deliver_at_ms)
+    return out
 
 
 def _retriable(exc: BaseException) -> bool:
@@ -245,13 +259,22 @@ class Producer:
         keys: Sequence[str] = (),
         properties: Mapping[str, str] | None = None,
         sharding_key: str | bytes | None = None,
+        delay_level: int | None = None,
+        deliver_at_ms: int | None = None,
     ) -> SendResult:
         """Send one message and wait for the broker's answer (retrying as configured).
+
+        ``delay_level`` (1 for the broker's first delay level, "1s" by default) or
+        ``deliver_at_ms`` (ms since the Unix epoch, at most 7 days ahead by default)
+        holds the message back until then; the result then names its place in the
+        broker's delay topic, not yet in ``topic``.
 
         Raises InvalidMessage for a message that cannot be sent as it is, UnknownTopic,
         and after the retries the last retriable error (BrokerError, ConnectionLost,
         RequestTimeout, NoNameServer, NoWritableQueue).
         """
+        if delay_level is not None or deliver_at_ms is not None:
+            properties = with_delay(properties, delay_level, deliver_at_ms)
         sender = self.sender
         route = self.routes.cached(topic) or await self._route(topic)
         if not route.write_queues:

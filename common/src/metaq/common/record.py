@@ -39,6 +39,12 @@ TOPIC_PATTERN: Final = re.compile(r"[A-Za-z0-9_|%-]{1,127}")
 
 FLAG_COMPRESSED: Final = 0x1
 """The body is zlib-compressed; consumers inflate it, the broker never looks."""
+FLAG_DELAYED: Final = 0x2
+"""Deliver later: the properties say when (``DELAY``: a delay level, 1-based, or
+``DELIVER_AT``: ms since the Unix epoch). The flag spares the broker reading the
+properties of every other record."""
+PROP_DELAY_LEVEL: Final = "DELAY"
+PROP_DELIVER_AT: Final = "DELIVER_AT"
 
 _KV: Final = "\x01"
 _PAIR: Final = "\x02"

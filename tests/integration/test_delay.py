@@ -1,0 +1,112 @@
+"""Delayed delivery with real processes: on time, across a crash, across a failover."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+from replica_group import TOPIC, ReplicaGroup, start_group
+
+from metaq.broker.testing import BrokerProcess, DataClient
+from metaq.broker.testing.admin import put_topic
+from metaq.client.producer import Producer
+from metaq.common.record import Record, iter_records
+from metaq.common.testing import run_async, wait_until
+from metaq.common.v1.data_pb2 import PullResponse
+from metaq.nameserver.testing import start_nameserver
+
+
+async def read_topic(broker: BrokerProcess, topic: str, queues: int) -> list[Record]:
+    client = await DataClient.connect(broker.data_host, broker.data_port)
+    found: list[Record] = []
+    try:
+        for queue_id in range(queues):
+            offset = 0
+            while True:
+                response, payload = await client.pull(topic, queue_id, offset, max_messages=256)
+                if response.status != PullResponse.FOUND:
+                    break
+                found += iter_records(payload)
+                offset = response.next_offset
+    finally:
+        await client.close()
+    return found
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def wait_for_bodies(broker: BrokerProcess, topic: str, queues: int, count: int) -> list[Record]:
+    found: list[Record] = []
+
+    def enough() -> bool:
+        found[:] = run_async(read_topic(broker, topic, queues))
+        return len(found) >= count
+
+    wait_until(enough, 20.0, f"{count} messages are in {topic}")
+    return found
+
+
+def test_delayed_messages_arrive_when_due_and_survive_a_crash(tmp_path: Path) -> None:
+    nameserver = start_nameserver(tmp_path / "ns")
+    broker = BrokerProcess.start(tmp_path / "broker", "--nameserver", nameserver.grpc_address)
+    try:
+        run_async(put_topic(broker.http_url, "later", read_queues=2, write_queues=2))
+        due: dict[bytes, int] = {}
+
+        async def send() -> None:
+            async with Producer([nameserver.grpc_address]) as producer:
+                await producer.send("later", b"now")
+                due[b"now"] = now_ms()
+                await producer.send("later", b"level 1", delay_level=1)
+                due[b"level 1"] = now_ms() + 1000
+                at = now_ms() + 2500
+                await producer.send("later", b"at +2.5s", deliver_at_ms=at)
+                due[b"at +2.5s"] = at
+                at = now_ms() + 4000
+                await producer.send("later", b"after a crash", deliver_at_ms=at)
+                due[b"after a crash"] = at
+
+        run_async(send())
+        early = run_async(read_topic(broker, "later", 2))
+        assert [r.body for r in early] == [b"now"]
+
+        found = wait_for_bodies(broker, "later", 2, 3)
+        # The broker crashes with one message still pending, and comes back.
+        broker.kill()
+        broker = BrokerProcess.start(tmp_path / "broker", "--nameserver", nameserver.grpc_address)
+        found = wait_for_bodies(broker, "later", 2, 4)
+
+        assert sorted(r.body for r in found) == sorted(due)  # each exactly once
+        for record in found:
+            late_ms = record.store_timestamp_ms - due[record.body]
+            assert -50 <= late_ms <= 1000, (record.body, late_ms)
+    finally:
+        broker.kill()
+        nameserver.stop()
+
+
+def test_a_new_master_delivers_what_the_old_one_held_back_exactly_once(tmp_path: Path) -> None:
+    group: ReplicaGroup = start_group(tmp_path, brokers=2, mode="sync", min_in_sync=1)
+    try:
+        bodies = [b"delayed-%d" % i for i in range(20)]
+        at = now_ms() + 3000
+
+        async def send() -> None:
+            async with Producer(group.nameserver_addresses) as producer:
+                await asyncio.gather(
+                    *(producer.send(TOPIC, body, deliver_at_ms=at) for body in bodies)
+                )
+
+        run_async(send())
+        old = group.master()
+        group.brokers[old].kill()
+        new = group.master(15.0, other_than=old)
+        found = wait_for_bodies(group.brokers[new], TOPIC, 4, len(bodies))
+
+        assert sorted(r.body for r in found) == sorted(bodies)
+        assert all(r.store_timestamp_ms >= at - 50 for r in found)
+    finally:
+        group.stop()
