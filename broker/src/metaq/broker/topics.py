@@ -24,6 +24,8 @@ log = logging.getLogger(__name__)
 FILE_NAME: Final = "topics.json"
 _FORMAT: Final = 1
 SYSTEM_PREFIX: Final = "%SYS%"
+GROUP_PREFIXES: Final = ("%RETRY%", "%DLQ%")
+"""Topics a consumer group's failures create on this broker (one queue each)."""
 """Topics the broker keeps for itself (the replicated journals); clients cannot use them."""
 
 
@@ -262,6 +264,9 @@ class TopicTable:
             check_topic(name)
             if name.startswith(SYSTEM_PREFIX):
                 raise UnknownTopic(f"topic {name!r} is the broker's own; clients cannot send to it")
+            if name.startswith(GROUP_PREFIXES):
+                # A consumer group's retry or dead-letter topic, made on first use.
+                return TopicConfig(name, 1, 1)
             if not self.auto_create:
                 raise UnknownTopic(
                     f"topic {name!r} does not exist on this broker and auto_create_topics "

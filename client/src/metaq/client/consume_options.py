@@ -79,7 +79,16 @@ class PushConsumerConfig:
     consume_batch_size: int = 32
     """At most this many messages per call of a batch handler."""
     max_handler_attempts: int = 3
-    """Calls of a handler for one message (or batch) before it is logged and skipped."""
+    """Broadcasting only: calls of a handler for one message (or batch) before it is
+    logged and skipped. Clustering sends a failed message back for a retry instead."""
+    max_reconsume_times: int = 16
+    """Clustering: retries through the group's retry topic before the dead-letter queue."""
+    first_retry_level: int = 3
+    """Clustering: the broker's delay level of the first retry (3: 10 s by default); each
+    further retry takes the next level."""
+    delay_levels: int = 18
+    """How many delay levels the brokers have (their ``delay_levels``); later retries
+    stay at the last one."""
     handler_retry_backoff_ms: int = 100
     """Wait before the second call; doubles for each further one."""
     heartbeat_interval_s: float = 5.0
@@ -113,6 +122,8 @@ class PushConsumerConfig:
             "pull_batch_size": self.pull_batch_size,
             "consume_batch_size": self.consume_batch_size,
             "max_handler_attempts": self.max_handler_attempts,
+            "first_retry_level": self.first_retry_level,
+            "delay_levels": self.delay_levels,
             "heartbeat_interval_s": self.heartbeat_interval_s,
             "rebalance_interval_s": self.rebalance_interval_s,
             "commit_interval_s": self.commit_interval_s,
@@ -124,6 +135,7 @@ class PushConsumerConfig:
         for name, value in {
             "long_poll_timeout_ms": self.long_poll_timeout_ms,
             "handler_retry_backoff_ms": self.handler_retry_backoff_ms,
+            "max_reconsume_times": self.max_reconsume_times,
             "drop_grace_s": self.drop_grace_s,
             "close_timeout_s": self.close_timeout_s,
         }.items():

@@ -7,10 +7,11 @@ message never holds up the others) up to ``max_attempts`` calls in all. Then —
 or not — the messages are marked finished in their queue, which lets the committed
 offset move past them.
 
-What a message whose handler keeps failing gets today: ``max_attempts`` calls, an ERROR
-log line naming its topic, queue, offset and message id, and then it is skipped (its
-offset is committed like any other). Sending it to a retry topic and, in the end, to a
-dead-letter queue is the design's next step (DESIGN §7) and will replace the skip.
+A message whose handler fails is, with a ``send_back`` hook (clustering), sent back for
+a retry through the group's retry topic (:mod:`metaq.client.retry`) and then counts as
+finished; when it cannot be sent back it is retried here after a back-off until it
+can. Without the hook (broadcasting) it gets ``max_attempts`` calls, an ERROR log line
+naming its topic, queue, offset and message id, and is then skipped.
 
 A handler task cancelled at close (it outlived ``close_timeout_s``) does **not** mark its
 messages finished, so the offset stops below them and they are delivered again later.
@@ -29,6 +30,9 @@ from metaq.client.process_queue import ProcessQueue
 
 log = logging.getLogger(__name__)
 
+SendBackHook = Callable[[ProcessQueue[Any], Message, Exception], Awaitable[bool]]
+"""Sends a failed message back for a later retry; True once the copy is stored."""
+
 
 @dataclass
 class ConsumeStats:
@@ -41,7 +45,9 @@ class ConsumeStats:
     failed_attempts: int = 0
     """Handler calls that raised (each retried call counts)."""
     skipped: int = 0
-    """Messages given up on after ``max_attempts`` failed calls."""
+    """Broadcasting: messages given up on after ``max_attempts`` failed calls."""
+    sent_back: int = 0
+    """Clustering: messages whose handler failed, sent back for a retry (or to the DLQ)."""
     offset_corrections: int = 0
     """Pulls answered with a wrong-offset status the consumer corrected itself from."""
     rebalances: int = 0
@@ -57,7 +63,9 @@ class HandlerPool:
         max_attempts: int,
         retry_backoff_s: float,
         stats: ConsumeStats,
+        send_back: SendBackHook | None = None,
     ) -> None:
+        self._send_back = send_back
         self._slots = asyncio.Semaphore(concurrency)
         self._max_attempts = max_attempts
         self._retry_backoff_s = retry_backoff_s
@@ -95,7 +103,10 @@ class HandlerPool:
         call: Callable[[], Awaitable[None]],
     ) -> None:
         # Cancellation (close after its timeout) skips the finishing below on purpose.
-        for attempt in range(1, self._max_attempts + 1):
+        sent: set[int] = set()
+        attempt = 0
+        while True:
+            attempt += 1
             async with self._slots:
                 try:
                     await call()
@@ -105,23 +116,30 @@ class HandlerPool:
                 else:
                     self._stats.handled += len(messages)
                     break
-            if attempt < self._max_attempts:
-                log.warning(
-                    "handler failed for %s (attempt %d of %d), retrying: %r",
-                    _describe(queue, messages),
-                    attempt,
+            if self._send_back is not None:
+                # Sent back, a message counts as consumed: its retry comes later.
+                for index, message in enumerate(messages):
+                    if index not in sent and await self._send_back(queue, message, failure):
+                        sent.add(index)
+                if len(sent) == len(messages):
+                    self._stats.sent_back += len(messages)
+                    break
+            elif attempt >= self._max_attempts:
+                self._stats.skipped += len(messages)
+                log.error(
+                    "handler failed %d times for %s; skipping it: %r",
                     self._max_attempts,
+                    _describe(queue, messages),
                     failure,
                 )
-                await asyncio.sleep(self._retry_backoff_s * 2 ** (attempt - 1))
-        else:
-            self._stats.skipped += len(messages)
-            log.error(
-                "handler failed %d times for %s; skipping it: %r",
-                self._max_attempts,
+                break
+            log.warning(
+                "handler failed for %s (attempt %d), retrying here: %r",
                 _describe(queue, messages),
+                attempt,
                 failure,
             )
+            await asyncio.sleep(min(self._retry_backoff_s * 2 ** (attempt - 1), 5.0))
         for message in messages:
             queue.finish(message.queue_offset)
 

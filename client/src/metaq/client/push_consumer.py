@@ -72,6 +72,7 @@ from metaq.client.offset_store import LocalOffsetStore
 from metaq.client.process_queue import ProcessQueue
 from metaq.client.pull_consumer import PullConsumer, PullResult, PullStatus
 from metaq.client.rebalance import plan_rebalance
+from metaq.client.retry import SendBack, as_original, retry_topic
 from metaq.client.routes import QueueRoute, RouteCache, TopicRoute
 from metaq.client.tags import TagFilter
 from metaq.common.service import PeriodicService
@@ -153,11 +154,23 @@ class PushConsumer:
         self._assignments: dict[str, dict[str, list[QueueRoute]]] = {}
         """Per topic, the whole group's assignment as this member last computed it."""
         self._local: LocalOffsetStore | None = None
+        self._send_back: SendBack | None = None
+        if self.config.mode is ConsumeMode.CLUSTERING:
+            self._send_back = SendBack(
+                self._routes,
+                self._puller.connections,
+                group,
+                max_reconsume_times=self.config.max_reconsume_times,
+                first_retry_level=self.config.first_retry_level,
+                delay_levels=self.config.delay_levels,
+                timeout_s=self.config.request_timeout_s,
+            )
         self._handlers = HandlerPool(
             self.config.concurrency,
             self.config.max_handler_attempts,
             self.config.handler_retry_backoff_ms / 1000,
             self.stats,
+            self._send_failed_back if self._send_back is not None else None,
         )
         self._membership: GroupMembership | None = None
         self._rebalancer: _Periodic | None = None
@@ -205,6 +218,13 @@ class PushConsumer:
         config = self.config
         if config.mode is ConsumeMode.BROADCASTING:
             self._local = LocalOffsetStore(config.local_offset_path())
+        else:
+            # The group's retries come back through its retry topic, to the handler of
+            # the topic each message was first sent to.
+            topic = retry_topic(config.group)
+            self._subscriptions[topic] = _Subscription(
+                topic, TagFilter.parse(None), self._handle_retry, None
+            )
         await self._puller.start()
         self._rebalancer = _Periodic(
             "metaq-consumer-rebalance", config.rebalance_interval_s, self._rebalance
@@ -285,6 +305,32 @@ class PushConsumer:
     def queue_state(self, key: QueueKey) -> ProcessQueue[QueueRoute] | None:
         run = self._running.get(key)
         return run.queue if run is not None else None
+
+    # --- retries ----------------------------------------------------------------------
+
+    async def _handle_retry(self, message: Message) -> None:
+        original = as_original(message)
+        sub = self._subscriptions.get(original.topic)
+        if sub is None:
+            raise LookupError(f"no subscription for {original.topic!r} takes its retries")
+        if sub.handler is not None:
+            await sub.handler(original)
+        else:
+            assert sub.batch_handler is not None
+            await sub.batch_handler([original])
+
+    async def _send_failed_back(
+        self, queue: ProcessQueue[Any], message: Message, failure: Exception
+    ) -> bool:
+        assert self._send_back is not None
+        route: QueueRoute = queue.route
+        first = self._send_back.sent_back + self._send_back.dead_lettered == 0
+        stored = await self._send_back(queue.topic, route.broker_name, message, failure)
+        if stored and first and self._rebalancer is not None:
+            # The retry topic may have just been created: route it well before its
+            # first delay is up rather than at the next periodic rebalance.
+            asyncio.get_running_loop().call_later(1.0, self._rebalancer.wakeup)
+        return stored
 
     # --- rebalancing ------------------------------------------------------------------
 

@@ -1,0 +1,89 @@
+"""Consumption failures with real processes: retries on the delay schedule, then the
+dead-letter queue; other groups untouched; the failing group's offsets move on."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import defaultdict
+from pathlib import Path
+
+from metaq.broker.testing import BrokerProcess
+from metaq.broker.testing.admin import put_topic
+from metaq.client.consumer import FIRST, PushConsumer
+from metaq.client.message import Message
+from metaq.client.producer import Producer
+from metaq.client.pull_consumer import PullConsumer
+from metaq.client.retry import PROP_RETRY_TOPIC, dlq_topic
+from metaq.common.testing import run_async
+from metaq.nameserver.testing import start_nameserver
+
+TOPIC = "jobs"
+
+
+def test_a_failing_message_is_retried_on_schedule_then_dead_lettered(tmp_path: Path) -> None:
+    nameserver = start_nameserver(tmp_path / "ns")
+    broker = BrokerProcess.start(tmp_path / "broker", "--nameserver", nameserver.grpc_address)
+    nameservers = [nameserver.grpc_address]
+    try:
+        run_async(put_topic(broker.http_url, TOPIC, read_queues=2, write_queues=2))
+        bodies = [b"ok-%d" % i for i in range(20)] + [b"poison"]
+        calls: dict[str, dict[bytes, list[float]]] = {"failing": defaultdict(list),
+                                                       "healthy": defaultdict(list)}  # fmt: skip
+        seen_topics: set[str] = set()
+
+        async def scenario() -> None:
+            async def failing(message: Message) -> None:
+                calls["failing"][message.body].append(time.monotonic())
+                seen_topics.add(message.topic)
+                if message.body == b"poison":
+                    raise ValueError("cannot handle poison")
+
+            async def healthy(message: Message) -> None:
+                calls["healthy"][message.body].append(time.monotonic())
+
+            # Retries at the broker's levels 1 and 2 (1 s, 5 s), then the DLQ.
+            bad = PushConsumer(nameservers, "failing", consume_from=FIRST,
+                               first_retry_level=1, max_reconsume_times=2)  # fmt: skip
+            bad.subscribe(TOPIC, failing)
+            good = PushConsumer(nameservers, "healthy", consume_from=FIRST)
+            good.subscribe(TOPIC, healthy)
+            async with bad, good:
+                async with Producer(nameservers) as producer:
+                    for body in bodies:
+                        await producer.send(TOPIC, body)
+                async with asyncio.timeout(30):
+                    while len(calls["failing"][b"poison"]) < 3 or bad.stats.sent_back < 3:
+                        await asyncio.sleep(0.05)
+                    while len(calls["healthy"]) < len(bodies):
+                        await asyncio.sleep(0.05)
+                dead = await read_dlq(nameservers)
+                assert [m.body for m in dead] == [b"poison"]
+                assert dead[0].properties[PROP_RETRY_TOPIC] == TOPIC
+                assert dead[0].reconsume_times == 3
+
+        run_async(scenario(), timeout_s=60)
+
+        attempts = calls["failing"][b"poison"]
+        assert len(attempts) == 3, "the first delivery and two retries"
+        assert attempts[1] - attempts[0] >= 0.9  # level 1: 1 s
+        assert attempts[2] - attempts[1] >= 4.9  # level 2: 5 s
+        assert seen_topics == {TOPIC}, "retries reach the handler under the original topic"
+        assert all(len(times) == 1 for body, times in calls["failing"].items() if body != b"poison")
+        # The other group saw every message once and no retry.
+        assert sorted(calls["healthy"]) == sorted(bodies)
+        assert all(len(times) == 1 for times in calls["healthy"].values())
+    finally:
+        broker.kill()
+        nameserver.stop()
+
+
+async def read_dlq(nameservers: list[str]) -> list[Message]:
+    """The group's dead letters, read by a pull consumer."""
+    async with PullConsumer(nameservers, "dlq-reader") as reader:
+        route = await reader.routes.route(dlq_topic("failing"))
+        found: list[Message] = []
+        for queue in route.read_queues:
+            result = await reader.pull(dlq_topic("failing"), queue, 0, 32, 0)
+            found += result.messages
+        return found
