@@ -4,6 +4,9 @@ dead-letter queue; other groups untouched; the failing group's offsets move on."
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -70,6 +73,21 @@ def test_a_failing_message_is_retried_on_schedule_then_dead_lettered(tmp_path: P
         assert attempts[2] - attempts[1] >= 4.9  # level 2: 5 s
         assert seen_topics == {TOPIC}, "retries reach the handler under the original topic"
         assert all(len(times) == 1 for body, times in calls["failing"].items() if body != b"poison")
+        listed = subprocess.run(
+            [sys.executable, "-m", "metaq.client.cli", "dlq", "list", "--group", "failing",
+             "-n", nameserver.grpc_address, "--json"],
+            capture_output=True, text=True, timeout=30, check=True,
+        )  # fmt: skip
+        rows = json.loads(listed.stdout)
+        assert [(r["topic"], r["tries"], r["body"]) for r in rows] == [(TOPIC, 3, "poison")]
+        assert "cannot handle poison" in rows[0]["failure"]
+        resent = subprocess.run(
+            [sys.executable, "-m", "metaq.client.cli", "dlq", "resend", "--group", "failing",
+             "-n", nameserver.grpc_address, "--msg-id", rows[0]["msg_id"]],
+            capture_output=True, text=True, timeout=30, check=False,
+        )  # fmt: skip
+        assert resent.returncode == 0, resent.stderr
+        assert f"to {TOPIC}" in resent.stdout
         # The other group saw every message once and no retry.
         assert sorted(calls["healthy"]) == sorted(bodies)
         assert all(len(times) == 1 for times in calls["healthy"].values())

@@ -28,6 +28,7 @@ COMMAND_MODULES: Final = (
     "consume",
     "progress",
     "reset_offsets",
+    "dlq",
 )
 """Modules of ``metaq.client.cli`` whose ``register(subparsers)`` adds commands, in help
 order."""

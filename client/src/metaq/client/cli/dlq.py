@@ -1,0 +1,117 @@
+"""``metaq dlq list|resend``: a consumer group's dead letters.
+
+    metaq dlq list --group G [--json]
+    metaq dlq resend --group G (--msg-id ID ... | --all)
+
+A message lands in ``%DLQ%<group>`` after the group's handler failed on it
+``max_reconsume_times`` times (see ``metaq.client.retry``). ``list`` shows each one: its
+message id, the topic it was first sent to, how often it was tried, the last failure
+and the start of its body. ``resend`` sends the chosen ones to their original topic
+again as new messages (same body, tags, keys and user properties), for every group
+subscribed to it; the dead letters themselves stay until retention removes them.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from metaq.client.cli.support import (
+    CliError,
+    add_command,
+    add_group,
+    nameservers,
+    print_json,
+    table,
+)
+from metaq.client.message import Message
+from metaq.client.producer import Producer
+from metaq.client.pull_consumer import PullConsumer
+from metaq.client.retry import PROP_FAILURE, PROP_ORIGIN_MSG_ID, PROP_RETRY_TOPIC, dlq_topic
+from metaq.common.errors import MetaqError
+
+_RETRY_PROPS = frozenset({PROP_FAILURE, PROP_ORIGIN_MSG_ID, PROP_RETRY_TOPIC})
+
+
+def register(subparsers: Any) -> None:
+    group = add_group(subparsers, "dlq", help="a consumer group's dead letters")
+    parser = add_command(
+        group, "list", list_dead, help="list a group's dead letters", description=__doc__
+    )
+    parser.add_argument("-g", "--group", required=True, help="the consumer group")
+    parser = add_command(
+        group,
+        "resend",
+        resend,
+        help="send dead letters to their original topic again",
+        description=__doc__,
+    )
+    parser.add_argument("-g", "--group", required=True, help="the consumer group")
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--msg-id", action="append", default=[], help="repeatable")
+    which.add_argument("--all", action="store_true", help="every dead letter of the group")
+
+
+async def dead_letters(args: argparse.Namespace) -> list[Message]:
+    topic = dlq_topic(args.group)
+    found: list[Message] = []
+    async with PullConsumer(nameservers(args), f"{args.group}-dlq-tool") as reader:
+        try:
+            route = await reader.routes.route(topic)
+        except MetaqError as exc:
+            raise CliError(f"group {args.group!r} has no dead letters ({exc})") from None
+        for queue in route.read_queues:
+            offset = 0
+            while True:
+                result = await reader.pull(topic, queue, offset, 256, 0)
+                if not result.messages:
+                    break
+                found += result.messages
+                offset = result.next_offset
+    return found
+
+
+async def list_dead(args: argparse.Namespace) -> int:
+    letters = await dead_letters(args)
+    rows: list[dict[str, Any]] = [
+        {
+            "msg_id": m.properties.get(PROP_ORIGIN_MSG_ID, m.msg_id),
+            "topic": m.properties.get(PROP_RETRY_TOPIC, "?"),
+            "tries": m.reconsume_times,
+            "stored": m.store_timestamp_ms,
+            "failure": m.properties.get(PROP_FAILURE, ""),
+            "body": m.body[:60].decode(errors="replace"),
+        }
+        for m in letters
+    ]
+    if args.json:
+        print_json(rows)
+    elif not rows:
+        print(f"no dead letters for group {args.group}")
+    else:
+        table(["msg id", "topic", "tries", "last failure", "body"],
+              [[r["msg_id"], r["topic"], r["tries"], r["failure"][:60], r["body"]]
+               for r in rows])  # fmt: skip
+    return 0
+
+
+async def resend(args: argparse.Namespace) -> int:
+    letters = await dead_letters(args)
+    wanted = set(args.msg_id)
+    chosen = [
+        m for m in letters
+        if args.all or m.properties.get(PROP_ORIGIN_MSG_ID, m.msg_id) in wanted
+    ]  # fmt: skip
+    missing = wanted - {m.properties.get(PROP_ORIGIN_MSG_ID, m.msg_id) for m in chosen}
+    if missing:
+        raise CliError(f"no dead letter of group {args.group!r} has id {sorted(missing)}")
+    async with Producer(nameservers(args)) as producer:
+        for message in chosen:
+            topic = message.properties[PROP_RETRY_TOPIC]
+            properties = {k: v for k, v in message.properties.items() if k not in _RETRY_PROPS}
+            sent = await producer.send(
+                topic, message.body, tags=message.tags, keys=message.keys, properties=properties
+            )
+            print(f"resent {message.properties.get(PROP_ORIGIN_MSG_ID, message.msg_id)} to "
+                  f"{topic} as {sent.msg_id}")  # fmt: skip
+    return 0
