@@ -93,6 +93,9 @@ class BrokerConfig:
     """Delayed delivery's levels (property DELAY = 1 for the first), as in RocketMQ."""
     max_delay_ms: int = 7 * 86_400_000
     """The furthest ahead a DELIVER_AT time may be."""
+    dedup_window_ms: int = 3_600_000
+    """A retried send (SendRequest FLAG_RETRY) is not stored again if its message id was
+    stored within this long."""
     journal_interval_ms: int = 100
     """How often a master journals the offsets consumers committed with their pulls."""
     master_lease_ms: int = 2_000
@@ -151,6 +154,7 @@ class BrokerConfig:
             "journal_interval_ms",
             "master_lease_ms",
             "max_delay_ms",
+            "dedup_window_ms",
         ):
             if getattr(self, key) <= 0:
                 problems.append(f"{key} must be positive")

@@ -42,6 +42,11 @@ class BrokerMetrics:
         self.flush_timeouts = Counter(
             "metaq_flush_disk_timeouts", "SYNC sends answered FLUSH_DISK_TIMEOUT", registry=r
         )
+        self.deduplicated = Counter(
+            "metaq_sends_deduplicated",
+            "Records of retried sends answered from the log instead of stored again",
+            registry=r,
+        )
         self.replication_timeouts = Counter(
             "metaq_flush_slave_timeouts",
             "Sync-replicated sends answered FLUSH_SLAVE_TIMEOUT",

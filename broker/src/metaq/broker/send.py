@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
+import time
 from collections.abc import Sequence
 from typing import Final
 
@@ -27,7 +28,7 @@ from metaq.broker.store.flush import AsyncDurability
 from metaq.broker.topics import TopicConfig, TopicTable
 from metaq.common.errors import InvalidMessage, StoreUnavailable
 from metaq.common.framing import FLAG_RESPONSE, Buffer, Frame, FrameType, encode_frame
-from metaq.common.record import FLAG_DELAYED, HEADER_SIZE
+from metaq.common.record import FLAG_DELAYED, HEADER_SIZE, Record
 from metaq.common.v1.data_pb2 import SendRequest, SendResponse
 
 log = logging.getLogger(__name__)
@@ -35,7 +36,7 @@ log = logging.getLogger(__name__)
 # size (0), flags (12), queue id (48), topic length (88): all splitting needs of a record.
 _FIELDS: Final = struct.Struct("<I8xI32xi36xH")
 _MSG_ID_AT: Final = 64
-_KNOWN_FLAGS: Final = SendRequest.FLAG_NO_WAIT_STORE
+_KNOWN_FLAGS: Final = SendRequest.FLAG_NO_WAIT_STORE | SendRequest.FLAG_RETRY
 
 
 def split_records(
@@ -121,7 +122,10 @@ class SendHandler:
         )
         if delayed:
             records = divert(records, self._delay_policy)
-        appended = self._store.append(records)
+        if request.flags & SendRequest.FLAG_RETRY:
+            appended = self._append_missing(records)
+        else:
+            appended = self._store.append(records)
         self._role.appended()
         if self._topics.get(topic.name) is None:
             self._create_topic(topic)
@@ -137,6 +141,42 @@ class SendHandler:
             task.add_done_callback(self.inflight.discard)
         else:
             responder.respond(_response(frame.request_id, SendResponse.OK, appended, msg_ids))
+
+    def _append_missing(self, records: Sequence[Buffer]) -> Appended:
+        """A retried batch: append only the records not stored already; the answer lists
+        every record where it is (the stored ones where they were put the first time).
+
+        The message-id index is built by the dispatcher, so it is caught up first; the
+        retry this serves is rare, the wait short. Records stored longer ago than
+        ``dedup_window_ms`` count as not stored.
+        """
+        store = self._store
+        store.dispatcher.catch_up()
+        oldest = time.time_ns() // 1_000_000 - self._config.dedup_window_ms
+        found: list[Record | None] = []
+        for raw in records:
+            stored = store.lookup_id(bytes(raw[_MSG_ID_AT : _MSG_ID_AT + 16]))
+            found.append(stored if stored and stored.store_timestamp_ms >= oldest else None)
+        missing = [raw for raw, stored in zip(records, found, strict=True) if stored is None]
+        fresh = store.append(missing) if missing else None
+        if fresh is not None and len(missing) == len(records):
+            return fresh
+        self._metrics.deduplicated.inc(len(records) - len(missing))
+        cl_offsets: list[int] = []
+        q_offsets: list[int] = []
+        end = fresh.end if fresh is not None else 0
+        placed = zip(fresh.commitlog_offsets, fresh.queue_offsets, strict=True) if fresh else ()
+        new = iter(placed)
+        for stored in found:
+            if stored is None:
+                cl, q = next(new)
+            else:
+                cl, q = stored.commitlog_offset, stored.queue_offset
+                end = max(end, cl + stored.size)
+            cl_offsets.append(cl)
+            q_offsets.append(q)
+        timestamp = fresh.store_timestamp_ms if fresh is not None else time.time_ns() // 1_000_000
+        return Appended(cl_offsets[0], end, cl_offsets, q_offsets, timestamp)
 
     def _create_topic(self, topic: TopicConfig) -> None:
         try:

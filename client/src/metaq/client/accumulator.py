@@ -51,6 +51,7 @@ class Batch:
         "one_way",
         "queue",
         "records",
+        "retry",
         "sent_s",
         "topic",
         "waiters",
@@ -78,6 +79,8 @@ class Batch:
         self.created_s = created_s
         self.sent_s = 0.0
         self.one_way = one_way
+        self.retry = False
+        """Sent before with an unknown outcome: the broker stores only what it lacks."""
         self.coalesced = coalesced
         self.attempt = 0
         self.future: asyncio.Future[Any] | None = None

@@ -48,7 +48,7 @@ from tenacity.wait import wait_random_exponential
 from metaq.client.accumulator import Accumulator, Batch
 from metaq.client.connection import ConnectionPool
 from metaq.client.encoding import RecordEncoder, with_queue_id
-from metaq.client.errors import ProducerClosed
+from metaq.client.errors import ConnectionLost, ProducerClosed, RequestTimeout
 from metaq.client.message import OutgoingMessage
 from metaq.client.results import SendResult
 from metaq.client.routes import QueueRoute, RouteCache, TopicRoute
@@ -461,9 +461,16 @@ class Producer:
         *,
         count: int = 1,
     ) -> list[SendResult]:
-        """Retry a failed send: at once on another broker group (a sharded send: on the
-        same queue), then with jittered exponential back-off, refreshing the route."""
+        """Retry a failed send: at once on another broker group, then with jittered
+        exponential back-off, refreshing the route.
+
+        A sharded send stays on its queue. So does one whose first try may have been
+        stored (a timeout, a lost connection): it goes again to the same broker group
+        flagged as a retry, and the group answers for the records it already has rather
+        than storing them twice (de-duplication by message id).
+        """
         c = self.config
+        unknown = isinstance(first_error, RequestTimeout | ConnectionLost)
         log.info("send to %s %s failed, retrying: %s", topic, failed, first_error)
         previous = failed
         policy = AsyncRetrying(
@@ -476,7 +483,7 @@ class Producer:
         async for attempt in policy:
             with attempt:
                 route = await self.routes.route(topic, max_age_s=_ROUTE_REFRESH_SHARE_S)
-                if sharded:
+                if sharded or unknown:
                     queue = _same_queue(route, failed)
                 else:
                     avoid = self.health.isolated() | {previous.broker_name}
@@ -484,12 +491,13 @@ class Producer:
                 previous = queue
                 # Copies: the failed request may still sit in a transport buffer.
                 fresh = [with_queue_id(r, queue.queue_id) for r in records]
-                if count == 1:
+                if count == 1 and not unknown:
                     waiter = self.sender.append(topic, queue, fresh[0])
                     assert waiter is not None
                     return [await waiter]
                 batch = Batch(topic, queue, asyncio.get_running_loop().time(), coalesced=False)
                 batch.records.extend(fresh)
+                batch.retry = unknown
                 batch.count = count
                 batch.nbytes = sum(map(len, fresh))
                 return await self.sender.submit(batch)

@@ -194,7 +194,7 @@ class Sender:
             topic=batch.topic,
             queue_id=batch.queue.queue_id,
             producer_group=self.producer_group,
-            flags=self.flags,
+            flags=self.flags | SendRequest.FLAG_RETRY if batch.retry else self.flags,
             record_count=batch.count,
         ).SerializeToString()
         self.batches_sent += 1

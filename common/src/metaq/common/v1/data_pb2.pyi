@@ -62,6 +62,11 @@ class SendRequest(_message.Message):
         sync replication; the status is then OK even if durability later fails. For producers
         that prefer latency over the guarantee (RocketMQ's waitStoreMsgOK = false).
         """
+        FLAG_RETRY: SendRequest._Flag.ValueType  # 2
+        """The batch was sent before and its outcome is unknown (a timeout, a lost
+        connection): records whose message id this broker group already stored (within
+        the broker's dedup_window_ms) are answered with where they are, not stored again.
+        """
 
     class Flag(_Flag, metaclass=_FlagEnumTypeWrapper):
         """Bits of SendRequest.flags."""
@@ -71,6 +76,11 @@ class SendRequest(_message.Message):
     """Answer once the records are appended, without waiting for the broker's sync flush or
     sync replication; the status is then OK even if durability later fails. For producers
     that prefer latency over the guarantee (RocketMQ's waitStoreMsgOK = false).
+    """
+    FLAG_RETRY: SendRequest.Flag.ValueType  # 2
+    """The batch was sent before and its outcome is unknown (a timeout, a lost
+    connection): records whose message id this broker group already stored (within
+    the broker's dedup_window_ms) are answered with where they are, not stored again.
     """
 
     TOPIC_FIELD_NUMBER: _builtins.int

@@ -1,0 +1,88 @@
+"""De-duplication of retried sends, with a real broker: a retry of something already
+stored is answered from the log, and a producer whose reply was lost stores once."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from metaq.broker.testing import BrokerProcess, DataClient
+from metaq.broker.testing.admin import put_topic
+from metaq.client.producer import Producer
+from metaq.common.record import decode, encode
+from metaq.common.testing import run_async
+from metaq.common.v1.data_pb2 import PullResponse, SendRequest
+from metaq.nameserver.testing import start_nameserver
+
+TOPIC = "payments"
+
+
+async def stored_bodies(broker: BrokerProcess, queue_id: int = 0) -> list[bytes]:
+    client = await DataClient.connect(broker.data_host, broker.data_port)
+    try:
+        response, payload = await client.pull(TOPIC, queue_id, 0, max_messages=256)
+    finally:
+        await client.close()
+    if response.status != PullResponse.FOUND:
+        return []
+    out, pos = [], 0
+    while pos < len(payload):
+        record = decode(payload, pos)
+        out.append(record.body)
+        pos += record.size
+    return out
+
+
+def test_a_retried_batch_stores_only_what_the_broker_lacks(tmp_path: Path) -> None:
+    broker = BrokerProcess.start(tmp_path / "broker")
+    try:
+        run_async(put_topic(broker.http_url, TOPIC, read_queues=1, write_queues=1))
+        first = encode(TOPIC, b"first")
+        second = encode(TOPIC, b"second")
+
+        async def scenario() -> None:
+            client = await DataClient.connect(broker.data_host, broker.data_port)
+            try:
+                original = await client.send(TOPIC, 0, [first])
+                again = await client.send(TOPIC, 0, [first, second], flags=SendRequest.FLAG_RETRY)
+                assert again.queue_offsets[0] == original.queue_offsets[0]
+                assert again.commitlog_offsets[0] == original.commitlog_offsets[0]
+                assert again.queue_offsets[1] == original.queue_offsets[0] + 1
+            finally:
+                await client.close()
+
+        run_async(scenario())
+        assert run_async(stored_bodies(broker)) == [b"first", b"second"]
+    finally:
+        broker.kill()
+
+
+def test_a_send_whose_reply_was_lost_is_stored_once(tmp_path: Path) -> None:
+    nameserver = start_nameserver(tmp_path / "ns")
+    broker = BrokerProcess.start(tmp_path / "broker", "--nameserver", nameserver.grpc_address)
+    try:
+        run_async(put_topic(broker.http_url, TOPIC, read_queues=1, write_queues=1))
+
+        async def scenario() -> None:
+            async with Producer(
+                [nameserver.grpc_address], send_timeout_s=0.5, retries=4
+            ) as producer:
+                await producer.send(TOPIC, b"warm-up")
+                # The broker hangs: the send and its retries wait unanswered in its socket,
+                # and the producer's first tries time out.
+                broker.pause()
+                sending = asyncio.ensure_future(producer.send(TOPIC, b"pay 10 EUR"))
+                # The warm-up, the send, and at least one retry after its timeout.
+                async with asyncio.timeout(10):
+                    while producer.sender.batches_sent < 3:
+                        await asyncio.sleep(0.05)
+                broker.resume()
+                result = await sending
+                assert result.status.value == "OK"
+
+        run_async(scenario(), timeout_s=60)
+        assert run_async(stored_bodies(broker)) == [b"warm-up", b"pay 10 EUR"]
+    finally:
+        broker.resume()
+        broker.kill()
+        nameserver.stop()
