@@ -10,7 +10,7 @@ from metaq.broker.testing import BrokerProcess, DataClient
 from metaq.broker.testing.admin import put_topic
 from metaq.client.producer import Producer
 from metaq.common.record import decode, encode
-from metaq.common.testing import run_async
+from metaq.common.testing import run_async, wait_until
 from metaq.common.v1.data_pb2 import PullResponse, SendRequest
 from metaq.nameserver.testing import start_nameserver
 
@@ -33,6 +33,18 @@ async def stored_bodies(broker: BrokerProcess, queue_id: int = 0) -> list[bytes]
     return out
 
 
+def dispatched(broker: BrokerProcess, count: int) -> list[bytes]:
+    """The queue's bodies once at least ``count`` are readable (dispatch is asynchronous)."""
+    found: list[bytes] = []
+
+    def enough() -> bool:
+        found[:] = run_async(stored_bodies(broker))
+        return len(found) >= count
+
+    wait_until(enough, 10.0, f"{count} messages are readable")
+    return found
+
+
 def test_a_retried_batch_stores_only_what_the_broker_lacks(tmp_path: Path) -> None:
     broker = BrokerProcess.start(tmp_path / "broker")
     try:
@@ -52,7 +64,7 @@ def test_a_retried_batch_stores_only_what_the_broker_lacks(tmp_path: Path) -> No
                 await client.close()
 
         run_async(scenario())
-        assert run_async(stored_bodies(broker)) == [b"first", b"second"]
+        assert dispatched(broker, 2) == [b"first", b"second"]
     finally:
         broker.kill()
 
@@ -81,7 +93,7 @@ def test_a_send_whose_reply_was_lost_is_stored_once(tmp_path: Path) -> None:
                 assert result.status.value == "OK"
 
         run_async(scenario(), timeout_s=60)
-        assert run_async(stored_bodies(broker)) == [b"warm-up", b"pay 10 EUR"]
+        assert dispatched(broker, 2) == [b"warm-up", b"pay 10 EUR"]
     finally:
         broker.resume()
         broker.kill()

@@ -70,9 +70,6 @@ def test_delayed_messages_arrive_when_due_and_survive_a_crash(tmp_path: Path) ->
                 due[b"after a crash"] = at
 
         run_async(send())
-        early = run_async(read_topic(broker, "later", 2))
-        assert [r.body for r in early] == [b"now"]
-
         found = wait_for_bodies(broker, "later", 2, 3)
         # The broker crashes with one message still pending, and comes back.
         broker.kill()
@@ -80,7 +77,7 @@ def test_delayed_messages_arrive_when_due_and_survive_a_crash(tmp_path: Path) ->
         found = wait_for_bodies(broker, "later", 2, 4)
 
         assert sorted(r.body for r in found) == sorted(due)  # each exactly once
-        for record in found:
+        for record in found:  # neither early nor more than a second late
             late_ms = record.store_timestamp_ms - due[record.body]
             assert -50 <= late_ms <= 1000, (record.body, late_ms)
     finally:
