@@ -131,6 +131,28 @@ def test_a_dropped_slave_is_waited_for_until_the_controller_agrees() -> None:
     run_async(scenario())
 
 
+def test_a_waiting_send_is_not_confirmed_by_its_only_slave_dropping_out() -> None:
+    async def scenario() -> None:
+        clock = Clock()
+        master_log, slave_log = MemoryLog(), MemoryLog()
+        master, follower = pair(master_log, slave_log, clock=clock)  # min_in_sync=2
+        follower.start()
+        await until(lambda: master.in_sync() == {0, 1})
+        master.commit({0, 1})
+        master.check_writable()  # admitted while the slave is in sync...
+        await follower.stop()  # ...which then dies before copying it
+        master_log.append(b"admitted with two copies in sync")
+        waiting = asyncio.ensure_future(master.wait_replicated(master_log.end_offset, 0.3))
+        await asyncio.sleep(0)
+        # Both views drop the slave: nobody left to wait for, but only one copy exists.
+        clock.now += master.max_lag_s + 1
+        master.commit({0})
+        assert master.in_sync() == {0}
+        assert not await waiting
+
+    run_async(scenario())
+
+
 def test_a_slave_holding_an_old_masters_tail_truncates_then_follows() -> None:
     async def scenario() -> None:
         # The old master (now our slave) wrote 3 records in epoch 1; only the first two

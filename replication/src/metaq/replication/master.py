@@ -16,7 +16,8 @@ Sync replication: a send is answered once every slave that is in sync, here or i
 committed set, holds it. Counting the committed members too means a slave the master
 dropped keeps being waited for until the controller has agreed to drop it, so the
 controller never elects a slave lacking an acknowledged message. With fewer than
-``min_in_sync`` copies in sync, writes are refused up front.
+``min_in_sync`` copies in sync, writes are refused up front, and a write already waiting
+is never confirmed with fewer copies than that.
 """
 
 from __future__ import annotations
@@ -202,8 +203,14 @@ class ReplicaSet:
         return (self.in_sync() | self.committed) - {self.self_id}
 
     def replicated(self, offset: int) -> bool:
-        """Whether every slave that must hold ``offset`` does."""
-        for broker_id in self._required():
+        """Whether every slave that must hold ``offset`` does, and they and the master
+        make at least ``min_in_sync`` copies. A send admitted while a slave was in sync
+        is not confirmed by that slave dropping out of both views: it then has fewer
+        copies than it was promised (it times out as FLUSH_SLAVE_TIMEOUT instead)."""
+        required = self._required()
+        if 1 + len(required) < self.min_in_sync:
+            return False
+        for broker_id in required:
             slave = self.slaves.get(broker_id)
             if slave is None or slave.acked < offset:
                 return False
