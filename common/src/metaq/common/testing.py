@@ -13,18 +13,21 @@ POLL_S: Final = 0.002
 T = TypeVar("T")
 
 
-def wait_until(predicate: Callable[[], bool], timeout_s: float, message: str) -> float:
-    """Poll ``predicate`` until it holds and return the seconds it took.
+def wait_until(
+    predicate: Callable[[], bool], timeout_s: float, message: str, *, poll_s: float = POLL_S
+) -> float:
+    """Poll ``predicate`` every ``poll_s`` until it holds and return the seconds it took.
 
     Raises AssertionError naming ``message`` at the deadline, so a test fails saying
-    what it was waiting for.
+    what it was waiting for. Predicates that ask a server (HTTP, gRPC) should poll less
+    often than the default, so the waiting does not load what it waits for.
     """
     start = time.monotonic()
     deadline = start + timeout_s
     while not predicate():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s} s waiting until {message}")
-        time.sleep(POLL_S)
+        time.sleep(poll_s)
     return time.monotonic() - start
 
 

@@ -106,8 +106,12 @@ def start_nameserver(
     *args: str,
     timeout_s: float = 20.0,
     env: dict[str, str] | None = None,
+    command: list[str] | None = None,
 ) -> NameServerProcess:
     """Start a nameserver (on a free gRPC port unless ``args`` name one) and wait until ready.
+
+    ``command`` replaces :func:`nameserver_command` (say, to run it inside a network
+    namespace with ``ip netns exec``); it must exec the nameserver, so signals reach it.
 
     Raises RuntimeError with the process output if it exits or is not ready in time; the
     process is stopped in that case.
@@ -121,7 +125,7 @@ def start_nameserver(
         (work_dir / "stderr.txt").open("wb") as stderr,
     ):
         process = subprocess.Popen(
-            [*nameserver_command(), *argv],
+            [*(command or nameserver_command()), *argv],
             stdout=stdout,
             stderr=stderr,
             stdin=subprocess.DEVNULL,

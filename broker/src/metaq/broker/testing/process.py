@@ -49,14 +49,17 @@ def broker_command() -> list[str]:
 class BrokerProcess:
     """A started broker; ``output`` holds everything it printed (stdout and stderr)."""
 
-    def __init__(self, data_dir: Path, args: Sequence[str]) -> None:
+    def __init__(
+        self, data_dir: Path, args: Sequence[str], command: Sequence[str] | None = None
+    ) -> None:
         self.data_dir = data_dir
         self.args = list(args)
+        self.command = list(command) if command is not None else broker_command()
         self.lines: list[str] = []
         self._cond = threading.Condition()
         self._eof = False
         self.proc = subprocess.Popen(
-            [*broker_command(), "--data-dir", str(data_dir), *self.args],
+            [*self.command, "--data-dir", str(data_dir), *self.args],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -76,8 +79,13 @@ class BrokerProcess:
         small_store: bool = True,
         ready_timeout_s: float = 30.0,
         wait_for_master: bool | None = None,
+        command: Sequence[str] | None = None,
     ) -> BrokerProcess:
         """Start a broker and wait for its readiness line.
+
+        ``command`` replaces :func:`broker_command` (say, to run it inside a network
+        namespace with ``ip netns exec``); it must exec the broker so that signals sent to
+        the process reach it. Flags in ``args`` win over the defaults set here.
 
         A broker with nameservers is controlled: it takes writes (and topic changes) only
         once the controller names it master. ``wait_for_master`` (by default: with
@@ -92,7 +100,7 @@ class BrokerProcess:
         if small_store:
             for setting in SMALL_STORE:
                 argv += ["--set", setting]
-        broker = cls(data_dir, [*argv, *args])
+        broker = cls(data_dir, [*argv, *args], command)
         try:
             broker.wait_ready(ready_timeout_s)
             if wait_for_master:
