@@ -96,6 +96,8 @@ class BrokerConfig:
     dedup_window_ms: int = 3_600_000
     """A retried send (SendRequest FLAG_RETRY) is not stored again if its message id was
     stored within this long."""
+    queue_lock_ttl_ms: int = 30_000
+    """An ordered consumer's queue lock lapses this long after its last renewal."""
     journal_interval_ms: int = 100
     """How often a master journals the offsets consumers committed with their pulls."""
     master_lease_ms: int = 2_000
@@ -155,6 +157,7 @@ class BrokerConfig:
             "master_lease_ms",
             "max_delay_ms",
             "dedup_window_ms",
+            "queue_lock_ttl_ms",
         ):
             if getattr(self, key) <= 0:
                 problems.append(f"{key} must be positive")

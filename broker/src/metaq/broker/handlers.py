@@ -23,8 +23,11 @@ from metaq.common.v1.data_pb2 import (
     ConsumerHeartbeatRequest,
     ConsumerHeartbeatResponse,
     ConsumerMember,
+    LockQueuesRequest,
+    LockQueuesResponse,
     QueryOffsetRequest,
     QueryOffsetResponse,
+    QueueRef,
 )
 
 _MODES = {
@@ -69,6 +72,7 @@ class Handlers:
             FrameType.QUERY_OFFSET: self.query_offset,
             FrameType.CONSUMER_HEARTBEAT: self.consumer_heartbeat,
             FrameType.REPLICA_FETCH: self.role.handle_fetch,
+            FrameType.LOCK_QUEUES: self.lock_queues,
         }
         missing = set(FrameType) - set(table) - {FrameType.CONNECTION}
         if missing:
@@ -108,6 +112,30 @@ class Handlers:
     ) -> None:
         await self.role.wait_replicated(offset)
         responder.respond(answer)
+
+    def lock_queues(self, responder: Responder, frame: Frame) -> None:
+        request = LockQueuesRequest.FromString(frame.header)
+        check_group(request.consumer_group)
+        if not request.client_id:
+            raise InvalidMessage("a queue lock needs the consumer's client_id")
+        if not request.unlock:
+            self.role.check_writable()  # only the master hands out locks
+        queues = [(q.topic, q.queue_id) for q in request.queues]
+        for topic, _ in queues:
+            self._known_topic(topic)
+        locks = self.role.queue_locks
+        response = LockQueuesResponse(lock_ttl_ms=round(locks.ttl_s * 1000))
+        if request.unlock:
+            locks.unlock(request.consumer_group, request.client_id, queues)
+        else:
+            granted = locks.lock(request.consumer_group, request.client_id, queues)
+            response.locked.extend(QueueRef(topic=t, queue_id=q) for t, q in granted)
+        if not frame.is_one_way:
+            responder.respond(
+                encode_frame(
+                    frame.type, frame.request_id, response.SerializeToString(), flags=FLAG_RESPONSE
+                )
+            )
 
     def query_offset(self, responder: Responder, frame: Frame) -> None:
         request = QueryOffsetRequest.FromString(frame.header)

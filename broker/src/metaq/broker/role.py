@@ -27,6 +27,7 @@ from collections.abc import Callable
 from metaq.broker.config import BrokerConfig, ReplicationMode
 from metaq.broker.connection import Responder
 from metaq.broker.journal import Journal
+from metaq.broker.queue_locks import QueueLocks
 from metaq.broker.replica_log import StoreLog
 from metaq.broker.store import MessageStore
 from metaq.broker.store.flush import AsyncDurability
@@ -78,6 +79,9 @@ class GroupRole:
         """Called after every change of role or epoch (the registrar re-announces)."""
         self.journal: Journal | None = None
         """Applied to the end before a promotion; written in full after it."""
+        self.queue_locks = QueueLocks(config.queue_lock_ttl_ms / 1e3)
+        self._followed = False
+        """Ordered consumers' locks; granted by the master only."""
         self._fenced_until = 0.0
         self._handover_to = -1
         self._lease_s = config.master_lease_ms / 1e3
@@ -253,6 +257,7 @@ class GroupRole:
                 self._changes.put_nowait(control)
         elif self.role is Role.SLAVE and registered.master_data_address:
             self.master_address = registered.master_data_address
+            self._followed = True
             self.follower.follow(registered.master_data_address, self.follower.epoch)
 
     async def _apply_changes(self) -> None:
@@ -301,6 +306,11 @@ class GroupRole:
             max_lag_s=config.replica_lag_max_ms / 1e3,
         )
         self.master_address = ""
+        recovery = self._store.recovery
+        if self._followed or (recovery is not None and recovery.crashed):
+            # Another master, or this one before its crash, may have granted queue locks
+            # whose holders still process; let those lapse first.
+            self.queue_locks.hold_off()
         self.role = Role.MASTER
         log.info("master of %s in epoch %d from offset %d", config.broker_name, epoch, end)
         if self.journal is not None:
@@ -317,6 +327,7 @@ class GroupRole:
             self.replicas = None
         self.epoch = epoch
         self.master_address = master_address
+        self._followed = self._followed or bool(master_address)
         self.follower.follow(master_address, epoch)
         log.info(
             "%s of %s in epoch %d, following %s",

@@ -91,6 +91,10 @@ class PushConsumerConfig:
     stay at the last one."""
     handler_retry_backoff_ms: int = 100
     """Wait before the second call; doubles for each further one."""
+    lock_renew_fraction: float = 1 / 3
+    """Ordered queues: renew a queue's lock once this much of its time to live passed."""
+    lock_retry_ms: int = 1000
+    """Ordered queues: wait before asking again for a lock another member holds."""
     heartbeat_interval_s: float = 5.0
     rebalance_interval_s: float = 20.0
     commit_interval_s: float = 1.0

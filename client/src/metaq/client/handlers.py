@@ -46,6 +46,8 @@ class ConsumeStats:
     """Handler calls that raised (each retried call counts)."""
     skipped: int = 0
     """Broadcasting: messages given up on after ``max_attempts`` failed calls."""
+    parked: int = 0
+    """Ordered: messages moved to the dead-letter topic after failing in place."""
     sent_back: int = 0
     """Clustering: messages whose handler failed, sent back for a retry (or to the DLQ)."""
     offset_corrections: int = 0

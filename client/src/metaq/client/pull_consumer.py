@@ -24,11 +24,14 @@ from metaq.common.errors import ErrorCode, MetaqError
 from metaq.common.framing import FrameType
 from metaq.common.v1.data_pb2 import (
     CommitOffsetRequest,
+    LockQueuesRequest,
+    LockQueuesResponse,
     PullRequest,
     PullResponse,
     QueryOffsetRequest,
     QueryOffsetResponse,
     QueueOffset,
+    QueueRef,
 )
 
 
@@ -209,6 +212,29 @@ class PullConsumer:
         await connection.request(
             FrameType.COMMIT_OFFSET, request.SerializeToString(), timeout_s=self.request_timeout_s
         )
+
+    async def lock(
+        self,
+        address: str,
+        client_id: str,
+        queues: Iterable[tuple[str, int]],
+        *,
+        unlock: bool = False,
+    ) -> tuple[set[tuple[str, int]], float]:
+        """Lock (or renew, or release) queues of the broker at ``address`` for ordered
+        consumption; returns the (topic, queue id) pairs held and the lock's time to live."""
+        request = LockQueuesRequest(
+            consumer_group=self.group,
+            client_id=client_id,
+            queues=[QueueRef(topic=t, queue_id=q) for t, q in queues],
+            unlock=unlock,
+        )
+        connection = await self.connections.get(address)
+        reply = await connection.request(
+            FrameType.LOCK_QUEUES, request.SerializeToString(), timeout_s=self.request_timeout_s
+        )
+        answer = LockQueuesResponse.FromString(reply.header)
+        return {(q.topic, q.queue_id) for q in answer.locked}, answer.lock_ttl_ms / 1000
 
     async def query(
         self,

@@ -46,10 +46,11 @@ import itertools
 import logging
 import os
 import socket
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, TypeAlias
+from typing import Any, Final, TypeAlias
 
 from tenacity import (
     AsyncRetrying,
@@ -99,6 +100,7 @@ class _Subscription:
     tags: TagFilter
     handler: MessageHandler | None
     batch_handler: BatchHandler | None
+    ordered: bool = False
 
 
 @dataclass(slots=True)
@@ -194,6 +196,19 @@ class PushConsumer:
         """Call ``await handler(messages)`` with up to ``consume_batch_size`` messages of
         one queue at a time; a failure repeats the whole batch."""
         self._add(_Subscription(topic, TagFilter.parse(tags), None, handler))
+
+    def subscribe_ordered(
+        self, topic: str, handler: MessageHandler, *, tags: str | Sequence[str] | None = None
+    ) -> None:
+        """Call ``await handler(message)`` for each message of ``topic`` strictly in the
+        order of its queue, one at a time per queue, holding the queue's lock on its
+        broker so that no other member of the group processes it meanwhile (see
+        ``_run_ordered``). Messages of one sharding key share a queue, so they are
+        handled in send order."""
+        if self.config.mode is ConsumeMode.BROADCASTING:
+            raise ValueError("ordered consumption is for clustering groups (broadcasting "
+                             "members each consume every queue anyway)")  # fmt: skip
+        self._add(_Subscription(topic, TagFilter.parse(tags), handler, None, ordered=True))
 
     def _add(self, subscription: _Subscription) -> None:
         if self._started:
@@ -434,6 +449,12 @@ class PushConsumer:
             await self._commit_queues([run.queue])
         except Exception as exc:
             log.warning("commit of %s/%s on giving it away failed: %s", key[0], key[1:], exc)
+        if run.subscription.ordered:
+            # Committed first: the next holder starts where this one stopped.
+            with contextlib.suppress(Exception):
+                await self._puller.lock(
+                    run.queue.route.address, self.client_id, [(key[0], key[2])], unlock=True
+                )
 
     # --- offsets ----------------------------------------------------------------------
 
@@ -510,6 +531,9 @@ class PushConsumer:
     # --- the pull loop of one queue ---------------------------------------------------
 
     async def _run_queue(self, queue: ProcessQueue[QueueRoute], sub: _Subscription) -> None:
+        if sub.ordered:
+            await self._run_ordered(queue, sub)
+            return
         start = await self._retrying(queue, lambda: self._start_offset(queue))
         queue.reposition(start)
         queue.started = True
@@ -521,6 +545,95 @@ class PushConsumer:
             await queue.wait_for_room()
             result = await self._retrying(queue, lambda: self._pull(queue, sub, long_poll_s))
             self._apply(queue, sub, result)
+
+    # --- ordered queues ---------------------------------------------------------------
+
+    async def _run_ordered(self, queue: ProcessQueue[QueueRoute], sub: _Subscription) -> None:
+        """One queue, strictly in order, only while this member holds its lock.
+
+        The lock is taken on the queue's master before anything else, then renewed every
+        third of its time to live; a member processes only within the time to live of
+        its last granted request (counted from when it sent it, less a margin), so when
+        renewals fail it stops before the broker could hand the queue to anyone else.
+        The start offset is read after the lock is granted: the previous holder commits
+        before it lets go.
+        """
+        assert sub.handler is not None
+        lease = _Lease()
+        while not queue.dropped:
+            if not await self._renew(queue, lease):
+                await asyncio.sleep(self.config.lock_retry_ms / 1000)
+                continue
+            if not queue.started:
+                queue.reposition(await self._retrying(queue, lambda: self._start_offset(queue)))
+                queue.started = True
+            long_poll_s = min(self.config.long_poll_timeout_ms / 1000, lease.left() / 2)
+            try:
+                result = await self._pull(queue, sub, max(long_poll_s, 0.0))
+            except Exception as exc:
+                log.warning("ordered pull of %s %s failed: %s", queue.topic, queue.route, exc)
+                await asyncio.sleep(self.config.lock_retry_ms / 1000)
+                continue
+            status = result.status
+            if status is not PullStatus.FOUND and status is not PullStatus.NO_MATCHED_MESSAGE:
+                self._apply(queue, sub, result)
+                continue
+            queue.deliver([(m.queue_offset, m.size) for m in result.messages], result.next_offset)
+            self.stats.pulled += len(result.messages)
+            for message in result.messages:
+                if not lease.valid() and not await self._renew(queue, lease):
+                    # The lock may be someone else's by now: hand the rest back.
+                    queue.reposition(message.queue_offset)
+                    break
+                await self._consume_in_order(queue, sub.handler, message)
+                queue.finish(message.queue_offset)
+
+    async def _renew(self, queue: ProcessQueue[QueueRoute], lease: _Lease) -> bool:
+        if lease.fresh(self.config.lock_renew_fraction):
+            return True
+        sent = time.monotonic()
+        key = (queue.topic, queue.route.queue_id)
+        try:
+            held, ttl_s = await self._puller.lock(queue.route.address, self.client_id, [key])
+        except Exception as exc:
+            log.info("locking %s %s failed: %s", queue.topic, queue.route, exc)
+            return lease.valid()
+        if key in held:
+            lease.granted(sent, ttl_s)
+            return True
+        lease.lost()
+        return False
+
+    async def _consume_in_order(
+        self, queue: ProcessQueue[QueueRoute], handler: MessageHandler, message: Message
+    ) -> None:
+        """Call the handler until it succeeds, at most ``max_reconsume_times`` + 1 times,
+        in place (the queue waits); then park the message in the dead-letter topic and
+        go on: one bad message must not block its queue for good."""
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                await handler(message)
+                self.stats.handled += 1
+                return
+            except Exception as exc:
+                self.stats.failed_attempts += 1
+                failure = exc
+            if attempt > self.config.max_reconsume_times:
+                break
+            await asyncio.sleep(min(0.1 * 2 ** (attempt - 1), 1.0))
+        assert self._send_back is not None
+        while not await self._send_back(
+            queue.topic, queue.route.broker_name, message, failure, dead=True
+        ):
+            await asyncio.sleep(self.config.lock_retry_ms / 1000)
+        self.stats.parked += 1
+        log.error(
+            "ordered message %s (%s %s offset %d) failed %d times; parked in the dead-letter "
+            "topic, the queue goes on: %r",
+            message.msg_id, queue.topic, queue.route, message.queue_offset, attempt, failure,
+        )  # fmt: skip
 
     async def _pull(
         self, queue: ProcessQueue[QueueRoute], sub: _Subscription, long_poll_s: float
@@ -646,6 +759,33 @@ class PushConsumer:
         if moved is not None and moved != queue.route:
             log.info("queue %s of %s moved to %s", queue.route, queue.topic, moved.address)
             queue.route = moved
+
+
+class _Lease:
+    """How long this member may process an ordered queue: the lock's time to live,
+    counted from when the granted request was sent, less a margin."""
+
+    _MARGIN: Final = 0.8
+
+    def __init__(self) -> None:
+        self._sent = 0.0
+        self._ttl_s = 0.0
+
+    def granted(self, sent: float, ttl_s: float) -> None:
+        self._sent, self._ttl_s = sent, ttl_s
+
+    def lost(self) -> None:
+        self._ttl_s = 0.0
+
+    def left(self) -> float:
+        return self._sent + self._ttl_s * self._MARGIN - time.monotonic()
+
+    def valid(self) -> bool:
+        return self.left() > 0
+
+    def fresh(self, fraction: float) -> bool:
+        """Granted less than ``fraction`` of the time to live ago: no renewal needed."""
+        return time.monotonic() - self._sent < self._ttl_s * fraction
 
 
 def _bind(

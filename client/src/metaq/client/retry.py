@@ -64,15 +64,17 @@ def retry_record(
     max_reconsume_times: int,
     first_retry_level: int,
     delay_levels: int,
+    dead: bool = False,
 ) -> tuple[str, bytearray]:
-    """The copy to send back for ``message``: (topic, record)."""
+    """The copy to send back for ``message``: (topic, record); with ``dead``, straight
+    to the dead-letter topic."""
     times = message.reconsume_times + 1
     props: dict[str, str] = {k: v for k, v in message.properties.items() if k not in _DELAY_PROPS}
     props.setdefault(PROP_RETRY_TOPIC, message.topic)
     props.setdefault(PROP_ORIGIN_MSG_ID, message.msg_id)
     props[PROP_FAILURE] = repr(failure)[:200]
     flags = message.flags & ~(record.FLAG_COMPRESSED | record.FLAG_DELAYED)
-    if times > max_reconsume_times:
+    if dead or times > max_reconsume_times:
         topic = dlq_topic(group)
     else:
         topic = retry_topic(group)
@@ -116,7 +118,13 @@ class SendBack:
         self.dead_lettered = 0
 
     async def __call__(
-        self, topic: str, broker_name: str, message: Message, failure: BaseException
+        self,
+        topic: str,
+        broker_name: str,
+        message: Message,
+        failure: BaseException,
+        *,
+        dead: bool = False,
     ) -> bool:
         """True once the copy is stored (the original may then count as consumed)."""
         try:
@@ -127,7 +135,7 @@ class SendBack:
                 return False  # no master right now: retry locally and try again later
             target, raw = retry_record(
                 message, self._group, failure, max_reconsume_times=self._max,
-                first_retry_level=self._first, delay_levels=self._levels,
+                first_retry_level=self._first, delay_levels=self._levels, dead=dead,
             )  # fmt: skip
             connection = await self._connections.get(address)
             header = SendRequest(topic=target, queue_id=0, record_count=1).SerializeToString()

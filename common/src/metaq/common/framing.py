@@ -63,7 +63,9 @@ class FrameType(enum.IntEnum):
     """A queue's bounds, a group's committed offset, the offset for a timestamp."""
     CONSUMER_HEARTBEAT = 6
     """A consumer announces itself; the answer is its group's members."""
-    # 7-15: further client operations; 16-31: replication (master <-> slave).
+    LOCK_QUEUES = 7
+    """An ordered consumer locks, renews or releases the queues it processes."""
+    # 8-15: further client operations; 16-31: replication (master <-> slave).
     REPLICA_FETCH = 16
     """A slave asks its master for the log from where its own ends, reporting how far it
     holds it."""

@@ -19,6 +19,7 @@ Which header a frame carries follows from its type and flags:
   COMMIT_OFFSET       CommitOffsetRequest        CommitOffsetResponse       ErrorResponse
   QUERY_OFFSET        QueryOffsetRequest         QueryOffsetResponse        ErrorResponse
   CONSUMER_HEARTBEAT  ConsumerHeartbeatRequest   ConsumerHeartbeatResponse  ErrorResponse
+  LOCK_QUEUES         LockQueuesRequest          LockQueuesResponse         ErrorResponse
   REPLICA_FETCH       ReplicaFetchRequest        ReplicaFetchResponse       ErrorResponse
   CONNECTION          -                          -                          ErrorResponse (id 0)
 
@@ -861,3 +862,89 @@ class ReplicaFetchResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ReplicaFetchResponse: _TypeAlias = ReplicaFetchResponse  # noqa: Y015
+
+@_typing.final
+class QueueRef(_message.Message):
+    """A queue of a topic, for queue locks."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    QUEUE_ID_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    queue_id: _builtins.int
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        queue_id: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["queue_id", b"queue_id", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___QueueRef: _TypeAlias = QueueRef  # noqa: Y015
+
+@_typing.final
+class LockQueuesRequest(_message.Message):
+    """LOCK_QUEUES request. No payload. An ordered consumer locks (or renews, or with
+    `unlock` releases) the queues it processes, on the master of their broker group, so
+    that no two members of its group process one queue at once, even mid-rebalance. A lock
+    lapses after lock_ttl_ms unless renewed. Locks live in the master's memory: a master
+    that just started or was just promoted grants none for one lock_ttl_ms, so a lock
+    granted by a previous master has lapsed before anyone gets another.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONSUMER_GROUP_FIELD_NUMBER: _builtins.int
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    QUEUES_FIELD_NUMBER: _builtins.int
+    UNLOCK_FIELD_NUMBER: _builtins.int
+    consumer_group: _builtins.str
+    client_id: _builtins.str
+    unlock: _builtins.bool
+    @_builtins.property
+    def queues(self) -> _containers.RepeatedCompositeFieldContainer[Global___QueueRef]: ...
+    def __init__(
+        self,
+        *,
+        consumer_group: _builtins.str = ...,
+        client_id: _builtins.str = ...,
+        queues: _abc.Iterable[Global___QueueRef] | None = ...,
+        unlock: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "consumer_group", b"consumer_group", "queues", b"queues", "unlock", b"unlock"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LockQueuesRequest: _TypeAlias = LockQueuesRequest  # noqa: Y015
+
+@_typing.final
+class LockQueuesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LOCKED_FIELD_NUMBER: _builtins.int
+    LOCK_TTL_MS_FIELD_NUMBER: _builtins.int
+    lock_ttl_ms: _builtins.int
+    @_builtins.property
+    def locked(self) -> _containers.RepeatedCompositeFieldContainer[Global___QueueRef]:
+        """The requested queues this client holds now (empty for an unlock)."""
+
+    def __init__(
+        self,
+        *,
+        locked: _abc.Iterable[Global___QueueRef] | None = ...,
+        lock_ttl_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lock_ttl_ms", b"lock_ttl_ms", "locked", b"locked"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LockQueuesResponse: _TypeAlias = LockQueuesResponse  # noqa: Y015
