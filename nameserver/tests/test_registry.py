@@ -391,6 +391,23 @@ def test_in_a_controlled_group_only_the_controllers_master_at_its_epoch_takes_wr
     assert registry.control("broker-a") == GroupControl("broker-a", 6, 1, (1,))
 
 
+def test_a_master_elected_at_an_epoch_this_nameserver_has_not_heard_of_is_routed(
+    registry: Registry,
+) -> None:
+    # This nameserver's controller is cut off from the Raft majority: it still has broker
+    # 0 as master at epoch 5, while the majority elected broker 1 at epoch 6.
+    registry.set_control(GroupControl("broker-a", 5, 0, (0, 1)))
+    registry.register(controlled(0, Role.SLAVE, 5), table(topic()))
+    registry.register(controlled(1, Role.MASTER, 6), table(topic()))
+
+    route = registry.route("orders")
+
+    assert route is not None
+    (group,) = route.groups
+    assert [(b.broker_id, b.role) for b in group.brokers] == [(1, Role.MASTER), (0, Role.SLAVE)]
+    assert group.permission is Permission.READ_WRITE
+
+
 def test_controlled_masters_are_neither_refused_nor_fenced_for_their_epoch(
     registry: Registry,
 ) -> None:

@@ -20,8 +20,10 @@ refused for their epoch: they learn a new one after the fact.
 Controlled groups: once the failover controller has committed a :class:`GroupControl` for
 a group (:meth:`Registry.set_control`), it alone says who the master is. A controlled
 broker reporting MASTER counts as master in routes only if it is the controller's master
-at the controller's epoch; any other is shown as a slave, so a stale or isolated old
-master never gets producers through routes. Controlled brokers are neither refused nor
+at the controller's epoch, or reports a higher epoch than this nameserver's controller
+knows (only the controller makes masters, so this nameserver is the one behind: cut off
+from the Raft majority that elected it); any other is shown as a slave, so a stale or
+isolated old master never gets producers through routes. Controlled brokers are neither refused nor
 fenced for their role or epoch: an old master must stay registered to hear, in the answer
 to its heartbeat, that it was replaced.
 
@@ -268,6 +270,10 @@ class Registry:
                 control is None
                 or not e.state.controlled
                 or (e.state.key.broker_id, e.state.epoch) == (control.master_id, control.epoch)
+                # Only the controller makes masters: one at a higher epoch than this
+                # nameserver knows was elected by a majority it has not heard from (it
+                # is cut off from the Raft leader, or behind).
+                or e.state.epoch > control.epoch
             )
         ]
         if not masters:
