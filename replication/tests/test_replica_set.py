@@ -153,6 +153,23 @@ def test_a_waiting_send_is_not_confirmed_by_its_only_slave_dropping_out() -> Non
     run_async(scenario())
 
 
+def test_the_master_is_followed_while_every_electable_slave_fetches() -> None:
+    async def scenario() -> None:
+        clock = Clock()
+        master_log, slave_log = MemoryLog(), MemoryLog()
+        master, follower = pair(master_log, slave_log, clock=clock)
+        assert not master.followed_within(2.0)  # nobody could replace it: nothing to say
+        follower.start()
+        await until(lambda: master.in_sync() == {0, 1})
+        master.commit({0, 1})
+        assert master.followed_within(2.0)
+        await follower.stop()  # promoted elsewhere, say: it stops copying at once
+        clock.now += 2.5
+        assert not master.followed_within(2.0)
+
+    run_async(scenario())
+
+
 def test_a_slave_holding_an_old_masters_tail_truncates_then_follows() -> None:
     async def scenario() -> None:
         # The old master (now our slave) wrote 3 records in epoch 1; only the first two

@@ -136,7 +136,12 @@ class GroupRole:
                 self.master_address,
             )
         now = time.monotonic()
-        if self.controlled and now > self._lease_until and self._needs_lease(replicas):
+        if (
+            self.controlled
+            and now > self._lease_until
+            and self._needs_lease(replicas)
+            and not (self.sync and replicas.followed_within(self._lease_s))
+        ):
             raise NotMaster(
                 f"broker {self.config.broker_name} has not heard the controller confirm it "
                 f"as master for {self.config.master_lease_ms} ms (nameservers unreachable, "
@@ -152,7 +157,13 @@ class GroupRole:
 
     def _needs_lease(self, replicas: ReplicaSet) -> bool:
         """Only a master someone else could replace must stop when cut off: with no
-        other broker in sync, by its view or the controller's, none can be elected."""
+        other broker in sync, by its view or the controller's, none can be elected.
+
+        Under sync replication the slaves' fetches stand in for the controller: a send is
+        acknowledged only once every slave that could be elected holds it, and one that
+        is still copying from this master has not been promoted, so while all of them
+        fetched within the lease this master goes on taking writes even with every
+        nameserver down (see :meth:`_check_master`)."""
         return len(replicas.in_sync() | replicas.committed) > 1
 
     async def handover(self, target: int, timeout_s: float, fence_s: float) -> int:

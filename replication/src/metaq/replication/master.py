@@ -52,6 +52,8 @@ class SlaveState:
     """When it last held everything the master had (monotonic seconds)."""
     answered_end: int = 0
     answered_at: float = 0.0
+    fetched_at: float = -1e18
+    """When it last asked this master for the log (monotonic seconds)."""
     connection: int = -1
     waiter: asyncio.Future[None] | None = field(default=None, repr=False)
 
@@ -126,6 +128,7 @@ class ReplicaSet:
         theirs = [Epoch(e.epoch, e.start_offset) for e in request.epochs]
         agreed = divergence(theirs, request.offset, self.history.entries, end) == request.offset
         if agreed:
+            slave.fetched_at = now
             self._note(slave, request, now)
             if request.offset == end and request.wait_ms and not self.closed:
                 await self._park(slave, request.wait_ms / 1e3)
@@ -196,6 +199,16 @@ class ReplicaSet:
                 "was stored. Retry once a slave has caught up (min_in_sync_replicas sets "
                 "how many copies a send needs)"
             )
+
+    def followed_within(self, seconds: float) -> bool:
+        """Whether every slave that could be elected (in sync by either view) asked this
+        master for the log within ``seconds``: none of them has been promoted, since a
+        promoted slave stops copying at once."""
+        now = self._clock()
+        required = self._required()
+        return bool(required) and all(
+            i in self.slaves and now - self.slaves[i].fetched_at <= seconds for i in required
+        )
 
     # --- sync replication ---------------------------------------------------------------
 
