@@ -86,9 +86,11 @@ class BrokerConnection(asyncio.Protocol):
                 _, protocol = await loop.create_connection(lambda: cls(address), host, port)
         except TimeoutError:
             why = f"connect timed out after {connect_timeout_s} s"
-            raise ConnectionLost(address, why) from None
+            raise ConnectionLost(address, why, never_sent=True) from None
         except OSError as exc:
-            raise ConnectionLost(address, f"cannot connect: {exc.strerror or exc}") from None
+            raise ConnectionLost(
+                address, f"cannot connect: {exc.strerror or exc}", never_sent=True
+            ) from None
         return protocol
 
     # --- asyncio.Protocol -------------------------------------------------------------

@@ -42,10 +42,12 @@ class ConnectionLost(MetaqError):
     retriable = True
     code = ErrorCode.INTERNAL
 
-    def __init__(self, address: str, reason: str) -> None:
+    def __init__(self, address: str, reason: str, *, never_sent: bool = False) -> None:
         super().__init__(f"connection to broker {address} lost: {reason}")
         self.address = address
         self.reason = reason
+        self.never_sent = never_sent
+        """The connection could not even be opened: the request surely took no effect."""
 
 
 class RequestTimeout(MetaqError, TimeoutError):

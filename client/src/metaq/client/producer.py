@@ -464,13 +464,17 @@ class Producer:
         """Retry a failed send: at once on another broker group, then with jittered
         exponential back-off, refreshing the route.
 
-        A sharded send stays on its queue. So does one whose first try may have been
-        stored (a timeout, a lost connection): it goes again to the same broker group
-        flagged as a retry, and the group answers for the records it already has rather
-        than storing them twice (de-duplication by message id).
+        A sharded send stays on its queue. A send whose first try may have been stored
+        (a timeout, a lost connection) goes again flagged as a retry, so the broker
+        answers for records it already has rather than storing them twice
+        (de-duplication by message id); it stays on its broker group when that group is
+        replicated (a failover brings it back, with the records its slaves copied), and
+        moves on when the group is a lone broker (then a duplicate is possible).
         """
         c = self.config
-        unknown = isinstance(first_error, RequestTimeout | ConnectionLost)
+        unknown = isinstance(first_error, RequestTimeout) or (
+            isinstance(first_error, ConnectionLost) and not first_error.never_sent
+        )
         log.info("send to %s %s failed, retrying: %s", topic, failed, first_error)
         previous = failed
         policy = AsyncRetrying(
@@ -483,7 +487,12 @@ class Producer:
         async for attempt in policy:
             with attempt:
                 route = await self.routes.route(topic, max_age_s=_ROUTE_REFRESH_SHARE_S)
-                if sharded or unknown:
+                group = route.group(failed.broker_name)
+                # Only a replicated group can take the retry after losing its master.
+                stay = unknown and group is not None and len(group.addresses) > 1
+                if sharded or stay:
+                    # A group that is still routed (a slave, say, while a new master is
+                    # elected) gets the retry; one that is gone entirely does not.
                     queue = _same_queue(route, failed)
                 else:
                     avoid = self.health.isolated() | {previous.broker_name}
