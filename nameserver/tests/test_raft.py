@@ -75,10 +75,12 @@ def test_the_journal_in_the_controller_dir_survives_a_restart(tmp_path: Path) ->
             for proposal in proposals:
                 assert isinstance(await raft.propose(proposal, TIMEOUT_S), GroupControl)
 
+            # The journal is replayed entry by entry: wait for the last one.
             async def replayed() -> bool:
-                return "broker-a" in seen[-1]
+                control = seen[-1].get("broker-a")
+                return control is not None and control.epoch == 2
 
-            await wait_until_async(replayed, TIMEOUT_S, "the state is published")
+            await wait_until_async(replayed, TIMEOUT_S, "the whole state is published")
             return seen[-1]
         finally:
             await raft.stop()
