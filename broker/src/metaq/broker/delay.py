@@ -27,6 +27,7 @@ the master delivers; a slave's log receives the master's copies.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
@@ -178,6 +179,8 @@ class DelayScheduler:
         self._cursors: list[int] | None = None
         self._redo: list[tuple[int, int]] = []
         self.delivered = 0
+        self.last_round = 0
+        """Copies the last round made (moves and deliveries)."""
 
     # --- state ----------------------------------------------------------------------------
 
@@ -258,16 +261,22 @@ class DelayScheduler:
                 delivered += self._handle(record, tier, offset, now, copies, sources, force=True)
         self._redo = []
         for tier in range(TIERS):
-            while len(copies) < _BATCH:
-                offset = cursors[tier]
-                record = self._read(tier, offset)
-                if record is None:
+            waiting = False
+            while len(copies) < _BATCH and not waiting:
+                result = self._store.get(
+                    DELAY_TOPIC, tier, cursors[tier], max_messages=_BATCH - len(copies)
+                )
+                if result.status is not GetStatus.FOUND:
                     break
-                handled = self._handle(record, tier, offset, now, copies, sources)
-                if handled < 0:
-                    break  # the head is not due: nothing behind it is either
-                delivered += handled
-                cursors[tier] = offset + 1
+                for raw in result.records:
+                    record = decode(raw, verify=False)
+                    handled = self._handle(record, tier, cursors[tier], now, copies, sources)
+                    if handled < 0:
+                        waiting = True  # the head is not due: nothing behind it is either
+                        break
+                    delivered += handled
+                    cursors[tier] += 1
+                result.release()
         if sources:
             marker = encode(
                 CURSOR_TOPIC,
@@ -275,7 +284,15 @@ class DelayScheduler:
             )
             self._store.append([marker, *copies])
             self.delivered += delivered
+        self.last_round = len(sources)
         return delivered
+
+    def run(self, budget_s: float) -> None:
+        """Rounds until one finds less than a full batch due, or ``budget_s`` is spent."""
+        deadline = time.monotonic() + budget_s
+        self.tick()
+        while self.last_round >= _BATCH and time.monotonic() < deadline:
+            self.tick()
 
     def _read(self, tier: int, offset: int) -> Record | None:
         result = self._store.get(DELAY_TOPIC, tier, offset, max_messages=1)
@@ -325,4 +342,6 @@ class DelayService(PeriodicService):
         self.scheduler = scheduler
 
     async def run_once(self) -> None:
-        self.scheduler.tick()
+        # In a thread: a backlog of due messages takes rounds, and the event loop must
+        # go on answering sends and pulls meanwhile (appends are thread-safe).
+        await asyncio.to_thread(self.scheduler.run, 0.5)
