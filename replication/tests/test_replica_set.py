@@ -170,6 +170,33 @@ def test_the_master_is_followed_while_every_electable_slave_fetches() -> None:
     run_async(scenario())
 
 
+def test_consumers_may_read_only_what_every_electable_slave_holds() -> None:
+    async def scenario() -> None:
+        clock = Clock()
+        master_log, slave_log = MemoryLog(), MemoryLog()
+        confirmed: list[int] = []
+        master, follower = pair(master_log, slave_log, clock=clock)
+        master._on_confirmed = lambda: confirmed.append(master.confirmed_offset())
+        master_log.append(b"alone")
+        assert master.confirmed_offset() == master_log.end_offset  # nobody to wait for
+        follower.start()
+        try:
+            await until(lambda: master.in_sync() == {0, 1})
+            master.commit({0, 1})
+            held = master_log.end_offset
+            await follower.stop()
+            master_log.append(b"not copied yet")
+            master.appended()
+            assert master.confirmed_offset() == held
+            follower.start()
+            await until(lambda: master.confirmed_offset() == master_log.end_offset)
+            assert confirmed[-1] == master_log.end_offset
+        finally:
+            await follower.stop()
+
+    run_async(scenario())
+
+
 def test_a_slave_holding_an_old_masters_tail_truncates_then_follows() -> None:
     async def scenario() -> None:
         # The old master (now our slave) wrote 3 records in epoch 1; only the first two

@@ -103,6 +103,10 @@ class LongPolls:
 
     # --- on the loop ------------------------------------------------------------------
 
+    def wake(self, touched: set[QueueKey]) -> None:
+        """Read the pulls parked on ``touched`` queues again (more became readable)."""
+        self._on_new_entries(touched)
+
     def _on_new_entries(self, touched: set[QueueKey]) -> None:
         for key in touched:
             pulls = self._parked.pop(key, None)

@@ -40,6 +40,7 @@ from metaq.broker.server import DataServer
 from metaq.broker.store import MessageStore
 from metaq.broker.store.flush import AsyncDurability
 from metaq.broker.topics import TopicTable
+from metaq.broker.transactions import Transactions, TransactionService
 from metaq.common.framing import FrameType
 from metaq.common.service import PeriodicService
 
@@ -86,6 +87,7 @@ class Broker:
         self.store: MessageStore | None = None
         self.group_role: GroupRole | None = None
         self.delays: DelayScheduler | None = None
+        self.transactions: Transactions | None = None
         self.registrar: Registrar | None = None
         self._registrar_factory = registrar_factory
         self._handlers: dict[FrameType, Handler] = {}
@@ -132,15 +134,25 @@ class Broker:
         journal.apply()  # commits journaled after the last offsets snapshot
         role.journal = journal
         self.delays = DelayScheduler(self.store, lambda: role.takes_writes)
+        self.transactions = Transactions(
+            self.store,
+            lambda: role.takes_writes,
+            check_after_ms=config.txn_check_after_ms,
+            check_interval_ms=config.txn_check_interval_ms,
+            max_checks=config.txn_max_checks,
+        )
         self.topics.listeners.append(journal.write_topics)
         self._send = SendHandler(
-            config, self.store, self.topics, self.metrics, self._durability, self.group_role
+            config, self.store, self.topics, self.metrics, self._durability, self.group_role,
+            self.transactions,
+        )  # fmt: skip
+        self._pull = PullHandler(
+            config, self.store, self.topics, self.offsets, self.metrics, self.group_role
         )
-        self._pull = PullHandler(config, self.store, self.topics, self.offsets, self.metrics)
         self.store.dispatcher.listeners.append(self._pull.long_polls.on_dispatch)
         handlers = Handlers(
             self.store, self.topics, self.offsets, self.groups, self._send, self._pull,
-            self.group_role, journal,
+            self.group_role, journal, self.transactions,
         )  # fmt: skip
         self._handlers.update(handlers.table())
         pull = self._pull
@@ -178,6 +190,7 @@ class Broker:
             ConsumerExpiryService(self.groups),
             JournalService(journal, config.journal_interval_ms / 1e3),
             DelayService(self.delays),
+            TransactionService(self.transactions),
         ]
         for service in self._services:
             service.start()
@@ -198,6 +211,8 @@ class Broker:
 
     def _connection_lost(self, connection_id: int) -> None:
         self.groups.drop_connection(connection_id)
+        if self.transactions is not None:
+            self.transactions.connection_lost(connection_id)
         if self._pull is not None:
             self._pull.long_polls.drop_connection(connection_id)
 

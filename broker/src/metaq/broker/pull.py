@@ -5,18 +5,26 @@ records exactly as stored: memoryviews of the mapped commitlog handed to
 ``writelines``, so no body is decoded or copied in Python. A pull that finds nothing new
 (the queue's end, or an empty queue) and asks for a long poll is parked in
 :class:`LongPolls` until the dispatcher adds entries to that queue or its time is up.
+
+A master serves records only up to what every slave that could be elected holds
+(:meth:`GroupRole.readable_end`): a record past that may be cut by a failover and its
+queue offset reused by another message, which a consumer that had read the first would
+never see. Pulls held back by that are parked too, and read again when the slaves'
+copies move on.
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 from typing import Final
 
 from metaq.broker.config import BrokerConfig
 from metaq.broker.connection import Responder
-from metaq.broker.long_poll import LongPolls, PendingPull
+from metaq.broker.long_poll import LongPolls, PendingPull, QueueKey
 from metaq.broker.metrics import BrokerMetrics
 from metaq.broker.offsets import ConsumerOffsets
+from metaq.broker.role import GroupRole
 from metaq.broker.store import GetResult, GetStatus, MessageStore
 from metaq.broker.topics import TopicTable
 from metaq.common.framing import FLAG_RESPONSE, Frame, FrameType, encode_frame
@@ -27,6 +35,8 @@ DEFAULT_MAX_BYTES: Final = 4 * 1024 * 1024
 _STATUS: Final = {s: PullResponse.Status.Value(s.name) for s in GetStatus}
 # Nothing to read yet: the states a long poll waits in.
 _WAITING: Final = frozenset({GetStatus.OFFSET_OVERFLOW_ONE, GetStatus.NO_MESSAGE_IN_QUEUE})
+# Entries were read (and maybe skipped by tag): what the confirmed offset may cut.
+_READ: Final = frozenset({GetStatus.FOUND, GetStatus.NO_MATCHED_MESSAGE})
 
 
 class PullHandler:
@@ -37,14 +47,20 @@ class PullHandler:
         topics: TopicTable,
         offsets: ConsumerOffsets,
         metrics: BrokerMetrics,
+        role: GroupRole | None = None,
     ) -> None:
         self._config = config
         self._store = store
         self._topics = topics
         self._offsets = offsets
         self._metrics = metrics
+        self._role = role
         self._loop = asyncio.get_running_loop()
         self.long_polls = LongPolls(self._loop, self._serve)
+        self._held: set[QueueKey] = set()
+        """Queues with pulls parked because their records were not confirmed yet."""
+        if role is not None:
+            role.on_confirmed = self._confirmed
         self.draining = False
         """Set at shutdown: pulls are answered at once, never parked."""
 
@@ -72,7 +88,8 @@ class PullHandler:
         self._serve(pull, timeout_ms == 0)
 
     def _serve(self, pull: PendingPull, final: bool) -> None:
-        result = self._read(pull)
+        limit = self._limit()
+        result = self._read(pull, limit)
         if final or self.draining or result.status not in _WAITING:
             self._answer(pull, result)
             return
@@ -80,16 +97,35 @@ class PullHandler:
             self._answer(pull, result)
             return
         self.long_polls.park(pull)
-        # The dispatcher may have added an entry after our read and looked for parked pulls
-        # before we parked: look at the queue's end once more now that we are visible.
-        if self._visible_end(pull) != result.max_offset and self.long_polls.unpark(pull):
-            self._answer(pull, self._read(pull))
+        if limit is not None:
+            self._held.add(pull.key)
+        # The dispatcher may have added an entry (or the slaves confirmed more) after our
+        # read and looked for parked pulls before we parked: look once more now that we
+        # are visible.
+        moved = self._visible_end(pull) != result.max_offset or self._limit() != limit
+        if moved and self.long_polls.unpark(pull):
+            self._answer(pull, self._read(pull, self._limit()))
 
     def _visible_end(self, pull: PendingPull) -> int:
         return self._store.max_offset(pull.topic, pull.queue_id)
 
-    def _read(self, pull: PendingPull) -> GetResult:
-        return self._store.get(
+    def _limit(self) -> int | None:
+        """The commitlog offset reads stop at, or None when everything written may be read."""
+        if self._role is None:
+            return None
+        limit = self._role.readable_end()
+        if limit is None or limit >= self._store.commitlog.write_offset:
+            return None
+        return limit
+
+    def _confirmed(self) -> None:
+        """The slaves' copies moved on: read the held-back pulls again."""
+        if self._held:
+            held, self._held = self._held, set()
+            self.long_polls.wake(held)
+
+    def _read(self, pull: PendingPull, limit: int | None) -> GetResult:
+        result = self._store.get(
             pull.topic,
             pull.queue_id,
             pull.offset,
@@ -97,6 +133,41 @@ class PullHandler:
             max_bytes=pull.max_bytes,
             tag_codes=pull.tag_codes,
         )
+        if limit is not None and result.status in _READ:
+            self._hold_back(pull, result, limit)
+        return result
+
+    def _hold_back(self, pull: PendingPull, result: GetResult, limit: int) -> None:
+        """Serve nothing of ``result`` from the first entry (read, or skipped by tag)
+        whose record ends past commitlog offset ``limit``."""
+        queue = self._store.queues.get(*pull.key)
+        if queue is None:
+            return
+        # Within a queue, commitlog offsets grow with queue offsets: bisect the entries
+        # this read covered for the first one past the limit.
+        lo, hi = pull.offset, result.next_offset
+        while lo < hi:
+            mid = (lo + hi) // 2
+            start, size, _ = queue.entry(mid)
+            if start + size > limit:
+                hi = mid
+            else:
+                lo = mid + 1
+        if lo >= result.next_offset:
+            return
+        kept = bisect.bisect_left(result.queue_offsets, lo)
+        for view in result.records[kept:]:
+            view.release()
+        del result.records[kept:]
+        del result.queue_offsets[kept:]
+        result.next_offset = lo
+        if not result.records:
+            # Entries skipped by tag below the limit still move the consumer on; with
+            # none, it waits for the slaves' copies like a pull at the queue's end.
+            moved_on = lo > pull.offset
+            result.status = (
+                GetStatus.NO_MATCHED_MESSAGE if moved_on else GetStatus.OFFSET_OVERFLOW_ONE
+            )
 
     def _answer(self, pull: PendingPull, result: GetResult) -> None:
         records = result.records

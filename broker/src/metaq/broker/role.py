@@ -77,6 +77,8 @@ class GroupRole:
         )
         self.on_change: Callable[[], None] = lambda: None
         """Called after every change of role or epoch (the registrar re-announces)."""
+        self.on_confirmed: Callable[[], None] = lambda: None
+        """Called when the slaves' copies let consumers read further (parked pulls)."""
         self.journal: Journal | None = None
         """Applied to the end before a promotion; written in full after it."""
         self.queue_locks = QueueLocks(config.queue_lock_ttl_ms / 1e3)
@@ -315,6 +317,7 @@ class GroupRole:
             epoch=epoch,
             min_in_sync=config.min_in_sync_replicas if self.sync else 1,
             max_lag_s=config.replica_lag_max_ms / 1e3,
+            on_confirmed=lambda: self.on_confirmed(),
         )
         self.master_address = ""
         recovery = self._store.recovery
@@ -350,6 +353,12 @@ class GroupRole:
         self.on_change()
 
     # --- views --------------------------------------------------------------------------
+
+    def readable_end(self) -> int | None:
+        """Master: the commitlog offset consumers may read up to (what every slave that
+        could be elected holds); None (no limit) on a slave."""
+        replicas = self.replicas
+        return None if replicas is None else replicas.confirmed_offset()
 
     def in_sync_ids(self) -> tuple[int, ...]:
         """Master: its own view of the in-sync set."""

@@ -72,6 +72,7 @@ class ReplicaSet:
         max_lag_s: float = 3.0,
         max_fetch_bytes: int = 4 << 20,
         clock: Clock = time.monotonic,
+        on_confirmed: Callable[[], None] | None = None,
     ) -> None:
         self.log = replica_log
         self.history = history
@@ -84,6 +85,8 @@ class ReplicaSet:
         self.slaves: dict[int, SlaveState] = {}
         self.committed: frozenset[int] = frozenset({self_id})
         """The controller's in-sync set (everyone local when there is no controller)."""
+        self._on_confirmed = on_confirmed
+        self._confirmed = 0
         self._waits: list[tuple[int, int, asyncio.Future[bool]]] = []
         self._order = itertools.count()
         self.closed = False
@@ -157,6 +160,7 @@ class ReplicaSet:
             # It holds all the master had when last answered: caught up as of then.
             slave.caught_up = max(slave.caught_up, slave.answered_at)
         self._settle()
+        self._confirm()
 
     async def _park(self, slave: SlaveState, timeout_s: float) -> None:
         waiter = asyncio.get_running_loop().create_future()
@@ -187,6 +191,7 @@ class ReplicaSet:
         """The controller committed this in-sync set."""
         self.committed = frozenset(in_sync) | {self.self_id}
         self._settle()
+        self._confirm()
 
     def check_writable(self) -> None:
         """Refuse a sync-replicated write that cannot reach ``min_in_sync`` copies."""
@@ -209,6 +214,26 @@ class ReplicaSet:
         return bool(required) and all(
             i in self.slaves and now - self.slaves[i].fetched_at <= seconds for i in required
         )
+
+    # --- what consumers may read ---------------------------------------------------------
+
+    def confirmed_offset(self) -> int:
+        """How far every slave that could be elected (in sync by either view) holds the
+        log; all of it with no such slave. Consumers read no further (Kafka's high
+        watermark): a record past it may be cut by a failover and its queue offset reused
+        by another message, which a consumer that had read the first would skip."""
+        offset = self.log.end_offset
+        for broker_id in self._required():
+            slave = self.slaves.get(broker_id)
+            offset = min(offset, slave.acked if slave is not None else 0)
+        return offset
+
+    def _confirm(self) -> None:
+        confirmed = self.confirmed_offset()
+        if confirmed > self._confirmed:
+            self._confirmed = confirmed
+            if self._on_confirmed is not None:
+                self._on_confirmed()
 
     # --- sync replication ---------------------------------------------------------------
 
