@@ -96,6 +96,12 @@ class BrokerConfig:
     dedup_window_ms: int = 3_600_000
     """A retried send (SendRequest FLAG_RETRY) is not stored again if its message id was
     stored within this long."""
+    txn_check_after_ms: int = 6_000
+    """A half message not ended this long after it was stored is checked back."""
+    txn_check_interval_ms: int = 6_000
+    """Between two checks of one half message."""
+    txn_max_checks: int = 15
+    """Checks before an unended half message is discarded."""
     queue_lock_ttl_ms: int = 30_000
     """An ordered consumer's queue lock lapses this long after its last renewal."""
     journal_interval_ms: int = 100
@@ -158,6 +164,9 @@ class BrokerConfig:
             "max_delay_ms",
             "dedup_window_ms",
             "queue_lock_ttl_ms",
+            "txn_check_after_ms",
+            "txn_check_interval_ms",
+            "txn_max_checks",
         ):
             if getattr(self, key) <= 0:
                 problems.append(f"{key} must be positive")

@@ -38,6 +38,7 @@ from typing import Final
 
 from metaq.broker.store import GetStatus, MessageStore
 from metaq.common.errors import InvalidMessage
+from metaq.common.framing import Buffer
 from metaq.common.record import (
     FLAG_DELAYED,
     PROP_DELAY_LEVEL,
@@ -147,13 +148,13 @@ def to_delay_tier(record: Record, due_ms: int, now_ms: int) -> bytearray:
     return _copy(record, DELAY_TOPIC, tier_for(due_ms - now_ms), props)
 
 
-def divert(records: Sequence[memoryview], policy: DelayPolicy) -> list[memoryview | bytearray]:
+def divert(records: Sequence[Buffer], policy: DelayPolicy) -> list[Buffer]:
     """The records of a send with every delayed one moved to its tier (others as they are).
 
     Called only for a send with a FLAG_DELAYED record in it: the flag is read while the
     batch is split, so other sends pay nothing here."""
     now_ms = time.time_ns() // 1_000_000
-    out: list[memoryview | bytearray] = []
+    out: list[Buffer] = []
     for raw in records:
         if not int.from_bytes(raw[12:16], "little") & FLAG_DELAYED:
             out.append(raw)

@@ -14,6 +14,7 @@ from metaq.broker.role import GroupRole
 from metaq.broker.send import SendHandler
 from metaq.broker.store import MessageStore
 from metaq.broker.topics import TopicTable, UnknownTopic
+from metaq.broker.transactions import Transactions
 from metaq.common.errors import InvalidMessage
 from metaq.common.framing import FLAG_RESPONSE, Buffer, Frame, FrameType, encode_frame
 from metaq.common.record import check_topic
@@ -23,6 +24,8 @@ from metaq.common.v1.data_pb2 import (
     ConsumerHeartbeatRequest,
     ConsumerHeartbeatResponse,
     ConsumerMember,
+    EndTransactionRequest,
+    EndTransactionResponse,
     LockQueuesRequest,
     LockQueuesResponse,
     QueryOffsetRequest,
@@ -51,6 +54,7 @@ class Handlers:
         pull: PullHandler,
         role: GroupRole,
         journal: Journal,
+        transactions: Transactions,
     ) -> None:
         self._store = store
         self._topics = topics
@@ -60,6 +64,7 @@ class Handlers:
         self.pull = pull
         self.role = role
         self._journal = journal
+        self._transactions = transactions
         self._tasks: set[asyncio.Task[None]] = set()
 
     def table(self) -> dict[FrameType, Handler]:
@@ -73,8 +78,10 @@ class Handlers:
             FrameType.CONSUMER_HEARTBEAT: self.consumer_heartbeat,
             FrameType.REPLICA_FETCH: self.role.handle_fetch,
             FrameType.LOCK_QUEUES: self.lock_queues,
+            FrameType.END_TRANSACTION: self.end_transaction,
         }
-        missing = set(FrameType) - set(table) - {FrameType.CONNECTION}
+        # CONNECTION is never a request; CHECK_TRANSACTION goes from brokers to clients.
+        missing = set(FrameType) - set(table) - {FrameType.CONNECTION, FrameType.CHECK_TRANSACTION}
         if missing:
             raise RuntimeError(f"frame types without a handler: {sorted(missing)}")
         return table
@@ -112,6 +119,19 @@ class Handlers:
     ) -> None:
         await self.role.wait_replicated(offset)
         responder.respond(answer)
+
+    def end_transaction(self, responder: Responder, frame: Frame) -> None:
+        request = EndTransactionRequest.FromString(frame.header)
+        self.role.check_writable()
+        self._transactions.producer_seen(request.producer_group, responder)
+        action = self._transactions.end(request)
+        if not frame.is_one_way:
+            response = EndTransactionResponse(action=EndTransactionRequest.Action.ValueType(action))
+            responder.respond(
+                encode_frame(
+                    frame.type, frame.request_id, response.SerializeToString(), flags=FLAG_RESPONSE
+                )
+            )
 
     def lock_queues(self, responder: Responder, frame: Frame) -> None:
         request = LockQueuesRequest.FromString(frame.header)

@@ -26,9 +26,10 @@ from metaq.broker.store import FlushMode, MessageStore
 from metaq.broker.store.commitlog import Appended
 from metaq.broker.store.flush import AsyncDurability
 from metaq.broker.topics import TopicConfig, TopicTable
+from metaq.broker.transactions import Transactions, to_half
 from metaq.common.errors import InvalidMessage, StoreUnavailable
 from metaq.common.framing import FLAG_RESPONSE, Buffer, Frame, FrameType, encode_frame
-from metaq.common.record import FLAG_DELAYED, HEADER_SIZE, Record
+from metaq.common.record import FLAG_DELAYED, FLAG_TRANSACTION, HEADER_SIZE, Record
 from metaq.common.v1.data_pb2 import SendRequest, SendResponse
 
 log = logging.getLogger(__name__)
@@ -41,9 +42,9 @@ _KNOWN_FLAGS: Final = SendRequest.FLAG_NO_WAIT_STORE | SendRequest.FLAG_RETRY
 
 def split_records(
     payload: memoryview, topic: bytes, queue_id: int, expected: int
-) -> tuple[list[memoryview], bool]:
-    """Cut a SEND payload into record views, and say whether any asks for delayed
-    delivery; raise InvalidMessage on any disagreement."""
+) -> tuple[list[memoryview], int]:
+    """Cut a SEND payload into record views, and OR their flags (does any ask for
+    delayed delivery, or is a half message?); raise InvalidMessage on any disagreement."""
     records: list[memoryview] = []
     flags_seen = 0
     n = len(payload)
@@ -81,7 +82,7 @@ def split_records(
         )
     if not records:
         raise InvalidMessage("a SEND needs at least one record")
-    return records, bool(flags_seen & FLAG_DELAYED)
+    return records, flags_seen
 
 
 class SendHandler:
@@ -93,9 +94,11 @@ class SendHandler:
         metrics: BrokerMetrics,
         durability: AsyncDurability,
         role: GroupRole,
+        transactions: Transactions,
     ) -> None:
         self._config = config
         self._role = role
+        self._transactions = transactions
         self._delay_policy = DelayPolicy(parse_levels(config.delay_levels), config.max_delay_ms)
         self._store = store
         self._topics = topics
@@ -117,10 +120,14 @@ class SendHandler:
             raise InvalidMessage(f"unknown SendRequest flags {request.flags:#x}")
         topic = self._topics.resolve_send(request.topic, request.queue_id)
         records: Sequence[Buffer]
-        records, delayed = split_records(
+        records, flags = split_records(
             frame.payload, request.topic.encode(), request.queue_id, request.record_count
         )
-        if delayed:
+        # Any process of a producer group may be asked how a half message of it ended.
+        self._transactions.producer_seen(request.producer_group, responder)
+        if flags & FLAG_TRANSACTION:
+            records = to_half(records, request.producer_group)
+        if flags & FLAG_DELAYED:
             records = divert(records, self._delay_policy)
         if request.flags & SendRequest.FLAG_RETRY:
             appended = self._append_missing(records)

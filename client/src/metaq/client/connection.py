@@ -70,6 +70,8 @@ class BrokerConnection(asyncio.Protocol):
         self._closed = False
         self._lost: asyncio.Future[None] = self._loop.create_future()
         self._timer: asyncio.TimerHandle | None = None
+        self.on_request: RequestHook | None = None
+        """Called with requests the broker sends this client (see ConnectionPool)."""
         self._timer_at = 0.0
         self._can_write = asyncio.Event()
         self._can_write.set()
@@ -115,6 +117,14 @@ class BrokerConnection(asyncio.Protocol):
             return
         pending = self._pending
         for frame in frames:
+            if not frame.is_response:
+                # A request from the broker (CHECK_TRANSACTION): one-way, never answered.
+                if self.on_request is not None:
+                    self.on_request(self, frame)
+                else:
+                    log.info("broker %s sent a %s request no one here takes; dropped",
+                             self.address, frame.type.name)  # fmt: skip
+                continue
             entry = pending.pop(frame.request_id, None)
             if entry is None:
                 if frame.type is FrameType.CONNECTION:
@@ -357,12 +367,17 @@ def _fail(waiter: _Waiter, exc: BaseException) -> None:
         _call(waiter, None, exc)
 
 
+RequestHook = Callable[["BrokerConnection", Frame], None]
+
+
 class ConnectionPool:
     """One live connection per broker address, opened on first use and reopened after
     it closed. Concurrent ``get`` calls for an address share one connect attempt."""
 
     def __init__(self, *, connect_timeout_s: float = 3.0) -> None:
         self.connect_timeout_s = connect_timeout_s
+        self.on_request: RequestHook | None = None
+        """Given to every connection: what to do with requests brokers send."""
         self._connections: dict[str, BrokerConnection] = {}
         self._opening: dict[str, asyncio.Future[BrokerConnection]] = {}
         self._closed = False
@@ -394,6 +409,7 @@ class ConnectionPool:
                 opening.exception()  # retrieved: the waiters (if any) re-raise it
                 raise
             del self._opening[address]
+            connection.on_request = self.on_request
             if self._closed:
                 await connection.close()
                 opening.set_exception(ConnectionLost(address, "the connection pool is closed"))

@@ -72,7 +72,7 @@ class RecordEncoder:
             )
         if tags or keys or properties:
             tags_b, keys_b, props_b = _extras(tags, keys, properties)
-            flags |= _delay_flag(properties)
+            flags |= _property_flags(properties)
         else:
             tags_b = keys_b = props_b = b""
         header = _HEADER.pack(
@@ -116,7 +116,7 @@ class RecordEncoder:
                 tags_b, keys_b, props_b = _extras(message.tags, message.keys, message.properties)
                 extras = tags_b + keys_b + props_b
                 tags_len, keys_len, props_len = len(tags_b), len(keys_b), len(props_b)
-                flags = _delay_flag(message.properties)
+                flags = _property_flags(message.properties)
             size = len(body)
             if size > threshold:
                 packed = zlib.compress(body, self.compress_level)
@@ -151,12 +151,16 @@ class RecordEncoder:
         return batches
 
 
-def _delay_flag(properties: Mapping[str, str] | None) -> int:
-    if properties and (
-        record.PROP_DELAY_LEVEL in properties or record.PROP_DELIVER_AT in properties
-    ):
-        return record.FLAG_DELAYED
-    return 0
+def _property_flags(properties: Mapping[str, str] | None) -> int:
+    """The flags the broker must see without reading properties: delayed, half message."""
+    if not properties:
+        return 0
+    flags = 0
+    if record.PROP_DELAY_LEVEL in properties or record.PROP_DELIVER_AT in properties:
+        flags |= record.FLAG_DELAYED
+    if record.PROP_TRANSACTION in properties:
+        flags |= record.FLAG_TRANSACTION
+    return flags
 
 
 class _MessageIds:

@@ -65,7 +65,11 @@ class FrameType(enum.IntEnum):
     """A consumer announces itself; the answer is its group's members."""
     LOCK_QUEUES = 7
     """An ordered consumer locks, renews or releases the queues it processes."""
-    # 8-15: further client operations; 16-31: replication (master <-> slave).
+    END_TRANSACTION = 8
+    """A transactional producer commits or rolls back a half message."""
+    CHECK_TRANSACTION = 9
+    """The broker asks a producer (one-way) how a half message's transaction ended."""
+    # 10-15: further client operations; 16-31: replication (master <-> slave).
     REPLICA_FETCH = 16
     """A slave asks its master for the log from where its own ends, reporting how far it
     holds it."""

@@ -43,6 +43,10 @@ FLAG_DELAYED: Final = 0x2
 """Deliver later: the properties say when (``DELAY``: a delay level, 1-based, or
 ``DELIVER_AT``: ms since the Unix epoch). The flag spares the broker reading the
 properties of every other record."""
+FLAG_TRANSACTION: Final = 0x4
+"""A half message: stored, but delivered only once its producer commits it."""
+PROP_TRANSACTION: Final = "TRAN_MSG"
+"""Set by a transactional producer; the encoder turns it into FLAG_TRANSACTION."""
 PROP_DELAY_LEVEL: Final = "DELAY"
 PROP_DELIVER_AT: Final = "DELIVER_AT"
 

@@ -20,6 +20,8 @@ Which header a frame carries follows from its type and flags:
   QUERY_OFFSET        QueryOffsetRequest         QueryOffsetResponse        ErrorResponse
   CONSUMER_HEARTBEAT  ConsumerHeartbeatRequest   ConsumerHeartbeatResponse  ErrorResponse
   LOCK_QUEUES         LockQueuesRequest          LockQueuesResponse         ErrorResponse
+  END_TRANSACTION     EndTransactionRequest      EndTransactionResponse     ErrorResponse
+  CHECK_TRANSACTION   CheckTransactionRequest    (none: one-way, broker to producer)
   REPLICA_FETCH       ReplicaFetchRequest        ReplicaFetchResponse       ErrorResponse
   CONNECTION          -                          -                          ErrorResponse (id 0)
 
@@ -948,3 +950,112 @@ class LockQueuesResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___LockQueuesResponse: _TypeAlias = LockQueuesResponse  # noqa: Y015
+
+@_typing.final
+class EndTransactionRequest(_message.Message):
+    """END_TRANSACTION request. No payload. A transactional producer ends a half message
+    (one stored with FLAG_TRANSACTION, invisible to consumers) by committing it (it is
+    then delivered to its topic) or rolling it back. Idempotent: ending a half message
+    that is already ended answers with how it ended.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    class _Action:
+        ValueType = _typing.NewType("ValueType", _builtins.int)
+        V: _TypeAlias = ValueType  # noqa: Y015
+
+    class _ActionEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[EndTransactionRequest._Action.ValueType], _builtins.type):
+        DESCRIPTOR: _descriptor.EnumDescriptor
+        ACTION_UNSPECIFIED: EndTransactionRequest._Action.ValueType  # 0
+        COMMIT: EndTransactionRequest._Action.ValueType  # 1
+        ROLLBACK: EndTransactionRequest._Action.ValueType  # 2
+
+    class Action(_Action, metaclass=_ActionEnumTypeWrapper): ...
+    ACTION_UNSPECIFIED: EndTransactionRequest.Action.ValueType  # 0
+    COMMIT: EndTransactionRequest.Action.ValueType  # 1
+    ROLLBACK: EndTransactionRequest.Action.ValueType  # 2
+
+    PRODUCER_GROUP_FIELD_NUMBER: _builtins.int
+    COMMITLOG_OFFSET_FIELD_NUMBER: _builtins.int
+    MSG_ID_FIELD_NUMBER: _builtins.int
+    ACTION_FIELD_NUMBER: _builtins.int
+    FROM_CHECK_FIELD_NUMBER: _builtins.int
+    producer_group: _builtins.str
+    commitlog_offset: _builtins.int
+    """Where the half message is: SendResponse.commitlog_offsets of its send."""
+    msg_id: _builtins.bytes
+    action: Global___EndTransactionRequest.Action.ValueType
+    from_check: _builtins.bool
+    """The end answers a CHECK_TRANSACTION (for the broker's records)."""
+    def __init__(
+        self,
+        *,
+        producer_group: _builtins.str = ...,
+        commitlog_offset: _builtins.int = ...,
+        msg_id: _builtins.bytes = ...,
+        action: Global___EndTransactionRequest.Action.ValueType = ...,
+        from_check: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "commitlog_offset", b"commitlog_offset", "from_check", b"from_check", "msg_id", b"msg_id", "producer_group", b"producer_group"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EndTransactionRequest: _TypeAlias = EndTransactionRequest  # noqa: Y015
+
+@_typing.final
+class EndTransactionResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ACTION_FIELD_NUMBER: _builtins.int
+    action: Global___EndTransactionRequest.Action.ValueType
+    """How the half message ended (the request's action, or an earlier end's)."""
+    def __init__(
+        self,
+        *,
+        action: Global___EndTransactionRequest.Action.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EndTransactionResponse: _TypeAlias = EndTransactionResponse  # noqa: Y015
+
+@_typing.final
+class CheckTransactionRequest(_message.Message):
+    """CHECK_TRANSACTION: sent one-way by the broker to a producer of the half message's
+    producer group when the half message has waited for its end too long. Payload: the
+    half message's record. The producer answers with END_TRANSACTION (from_check set) once
+    it knows the outcome of its local transaction, or not at all while it does not.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PRODUCER_GROUP_FIELD_NUMBER: _builtins.int
+    COMMITLOG_OFFSET_FIELD_NUMBER: _builtins.int
+    MSG_ID_FIELD_NUMBER: _builtins.int
+    CHECK_TIMES_FIELD_NUMBER: _builtins.int
+    producer_group: _builtins.str
+    commitlog_offset: _builtins.int
+    msg_id: _builtins.bytes
+    check_times: _builtins.int
+    """How many times the broker has asked about it, this one included."""
+    def __init__(
+        self,
+        *,
+        producer_group: _builtins.str = ...,
+        commitlog_offset: _builtins.int = ...,
+        msg_id: _builtins.bytes = ...,
+        check_times: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["check_times", b"check_times", "commitlog_offset", b"commitlog_offset", "msg_id", b"msg_id", "producer_group", b"producer_group"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CheckTransactionRequest: _TypeAlias = CheckTransactionRequest  # noqa: Y015

@@ -1,0 +1,101 @@
+"""Transactional messages with real processes: commit, rollback, and a producer that dies
+between its half message and its commit being checked back through another process of
+its group, the outcome applied once."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from metaq.broker.testing import BrokerProcess, DataClient
+from metaq.broker.testing.admin import put_topic
+from metaq.client.message import Message
+from metaq.client.results import SendResult
+from metaq.client.transaction import TransactionProducer, TransactionState
+from metaq.common.record import decode
+from metaq.common.testing import run_async, wait_until
+from metaq.common.v1.data_pb2 import PullResponse
+from metaq.nameserver.testing import start_nameserver
+
+TOPIC = "orders"
+
+
+async def bodies(broker: BrokerProcess) -> list[bytes]:
+    client = await DataClient.connect(broker.data_host, broker.data_port)
+    try:
+        response, payload = await client.pull(TOPIC, 0, 0, max_messages=256)
+    finally:
+        await client.close()
+    if response.status != PullResponse.FOUND:
+        return []
+    out, pos = [], 0
+    while pos < len(payload):
+        record = decode(payload, pos)
+        out.append(record.body)
+        pos += record.size
+    return out
+
+
+def test_commit_delivers_rollback_does_not_and_a_lost_outcome_is_checked_back(
+    tmp_path: Path,
+) -> None:
+    nameserver = start_nameserver(tmp_path / "ns")
+    broker = BrokerProcess.start(
+        tmp_path / "broker", "--nameserver", nameserver.grpc_address,
+        "--set", "txn_check_after_ms=1000", "--set", "txn_check_interval_ms=500",
+    )  # fmt: skip
+    nameservers = [nameserver.grpc_address]
+    try:
+        run_async(put_topic(broker.http_url, TOPIC, read_queues=1, write_queues=1))
+        committed_locally: set[str] = set()
+
+        async def scenario() -> None:
+            async def commit(result: SendResult) -> TransactionState:
+                committed_locally.add(result.msg_id)
+                return TransactionState.COMMIT
+
+            async def rollback(_result: SendResult) -> TransactionState:
+                return TransactionState.ROLLBACK
+
+            async def crash_before_ending(result: SendResult) -> TransactionState:
+                committed_locally.add(result.msg_id)  # the database write happened...
+                return TransactionState.UNKNOWN  # ...and the process died before ending
+
+            async def never_asked(_message: Message) -> TransactionState:
+                raise AssertionError("the first producer is gone before any check")
+
+            first = TransactionProducer(nameservers, "order-service", never_asked)
+            async with first:
+                await first.send(TOPIC, b"paid", commit)
+                await first.send(TOPIC, b"cancelled", rollback)
+                orphan, _ = await first.send(TOPIC, b"in doubt", crash_before_ending)
+            # A restarted instance of the service answers the broker's check.
+            asked: list[Message] = []
+
+            async def check(message: Message) -> TransactionState:
+                asked.append(message)
+                if message.msg_id in committed_locally:
+                    return TransactionState.COMMIT
+                return TransactionState.ROLLBACK
+
+            second = TransactionProducer(nameservers, "order-service", check)
+            async with second:
+                await second.producer.send(TOPIC, b"plain")  # connects: now it can be asked
+                async with asyncio.timeout(20):
+                    while not second.checks_answered:
+                        await asyncio.sleep(0.05)
+            assert [m.msg_id for m in asked] == [orphan.msg_id]
+            assert asked[0].topic == TOPIC and asked[0].body == b"in doubt"
+
+        run_async(scenario(), timeout_s=60)
+        found: list[bytes] = []
+
+        def delivered() -> bool:
+            found[:] = run_async(bodies(broker))
+            return len(found) >= 3
+
+        wait_until(delivered, 10, "the committed messages are in the topic")
+        assert sorted(found) == [b"in doubt", b"paid", b"plain"]
+    finally:
+        broker.kill()
+        nameserver.stop()
