@@ -18,7 +18,7 @@ STAMP := .venv/.setup-stamp
 
 PYTEST_ARGS ?=
 
-.PHONY: setup test lint generate check-generated run store-demo bench-store bench-framing bench-e2e bench-failover clean
+.PHONY: setup test lint generate check-generated run store-demo bench-store bench-framing bench-e2e bench-failover bench-features clean
 
 setup: $(STAMP)
 
@@ -67,6 +67,9 @@ bench-e2e: setup
 
 bench-failover: setup
 	$(UV) run --frozen python bench/bench_failover.py
+
+bench-features: setup
+	$(UV) run --frozen python bench/bench_features.py
 
 clean:
 	rm -rf .venv $(TOOLS) .pytest_cache .mypy_cache .ruff_cache .hypothesis run-data

@@ -5,7 +5,10 @@
   once; then the broker delivers them. Figures: scheduling throughput, the plain
   ``send_batch`` throughput of the same messages in the same run (the baseline), and the
   delivery throughput from the due time until the last one is in its topic
-  (``delayed_msgs_s``), with how late the first and the last one came.
+  (``delayed_msgs_s``), with how late the first and the last one came;
+- **transactions** — ``--txn-seconds`` each of plain sends and of transactional sends
+  (half message, an empty local transaction, commit), one at a time, 1 KiB, in the same
+  run: ``txn_vs_plain_ratio`` of their throughputs.
 
 The last line of the output is one JSON object with every figure.
 """
@@ -19,13 +22,16 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Final
 
 from metaq.broker.testing import BrokerProcess, DataClient
 from metaq.broker.testing.admin import put_topic
-from metaq.client.message import OutgoingMessage
+from metaq.client.message import Message, OutgoingMessage
 from metaq.client.producer import Producer
+from metaq.client.results import SendResult
+from metaq.client.transaction import TransactionProducer, TransactionState
 from metaq.nameserver.testing import start_nameserver
 
 TOPIC: Final = "BenchDelayed"
@@ -89,11 +95,39 @@ async def measure(
     }
 
 
+async def _one_at_a_time(send: Callable[[], Awaitable[object]], seconds: float) -> float:
+    count = 0
+    began = time.perf_counter()
+    while time.perf_counter() - began < seconds:
+        await send()
+        count += 1
+    return count / (time.perf_counter() - began)
+
+
+async def transactions(nameserver: str, seconds: float) -> dict[str, Any]:
+    async def commit(_result: SendResult) -> TransactionState:
+        return TransactionState.COMMIT
+
+    async def check(_message: Message) -> TransactionState:
+        return TransactionState.COMMIT
+
+    async with TransactionProducer([nameserver], "bench-txn", check) as txn:
+        await txn.producer.send(PLAIN, b"warm-up")
+        plain = await _one_at_a_time(lambda: txn.producer.send(PLAIN, BODY), seconds)
+        transactional = await _one_at_a_time(lambda: txn.send(PLAIN, BODY, commit), seconds)
+    return {
+        "plain_one_at_a_time_msgs_s": round(plain),
+        "txn_one_at_a_time_msgs_s": round(transactional),
+        "txn_vs_plain_ratio": round(transactional / plain, 3),
+    }
+
+
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--pending", type=int, default=100_000)
+    parser.add_argument("--txn-seconds", type=float, default=5.0)
     parser.add_argument(
         "--lead-s", type=float, default=20.0, help="due time after scheduling starts"
     )
@@ -114,6 +148,7 @@ def main(argv: list[str]) -> None:
             figures = asyncio.run(
                 measure(nameserver.grpc_address, broker, args.pending, args.lead_s)
             )
+            figures.update(asyncio.run(transactions(nameserver.grpc_address, args.txn_seconds)))
             broker.terminate()
     finally:
         nameserver.stop()
@@ -124,6 +159,9 @@ def main(argv: list[str]) -> None:
     print(f"| delivery of {args.pending:,} due at once | {figures['delayed_msgs_s']:>9,} msgs/s |"
           f" first {figures['first_delivered_late_ms']} ms, last "
           f"{figures['last_delivered_late_ms']} ms after due")  # fmt: skip
+    print(f"| one at a time, plain   | {figures['plain_one_at_a_time_msgs_s']:>9,} msgs/s |")
+    print(f"| one at a time, txn     | {figures['txn_one_at_a_time_msgs_s']:>9,} msgs/s |"
+          f" {figures['txn_vs_plain_ratio']:.2f} of plain")  # fmt: skip
     print(json.dumps(figures, sort_keys=True))
 
 
