@@ -81,6 +81,12 @@ def test_a_failing_message_is_retried_on_schedule_then_dead_lettered(tmp_path: P
         rows = json.loads(listed.stdout)
         assert [(r["topic"], r["tries"], r["body"]) for r in rows] == [(TOPIC, 3, "poison")]
         assert "cannot handle poison" in rows[0]["failure"]
+        shown = subprocess.run(
+            [sys.executable, "-m", "metaq.client.cli", "dlq", "show", "--group", "failing",
+             "-n", nameserver.grpc_address, "--msg-id", rows[0]["msg_id"], "--json"],
+            capture_output=True, text=True, timeout=30, check=True,
+        )  # fmt: skip
+        assert json.loads(shown.stdout)["body"] == "poison"
         resent = subprocess.run(
             [sys.executable, "-m", "metaq.client.cli", "dlq", "resend", "--group", "failing",
              "-n", nameserver.grpc_address, "--msg-id", rows[0]["msg_id"]],

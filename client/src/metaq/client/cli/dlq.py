@@ -1,14 +1,16 @@
-"""``metaq dlq list|resend``: a consumer group's dead letters.
+"""``metaq dlq list|show|resend``: a consumer group's dead letters.
 
     metaq dlq list --group G [--json]
+    metaq dlq show --group G --msg-id ID [--json]
     metaq dlq resend --group G (--msg-id ID ... | --all)
 
 A message lands in ``%DLQ%<group>`` after the group's handler failed on it
 ``max_reconsume_times`` times (see ``metaq.client.retry``). ``list`` shows each one: its
 message id, the topic it was first sent to, how often it was tried, the last failure
-and the start of its body. ``resend`` sends the chosen ones to their original topic
-again as new messages (same body, tags, keys and user properties), for every group
-subscribed to it; the dead letters themselves stay until retention removes them.
+and the start of its body; ``show`` one of them whole (properties, keys, tags, body).
+``resend`` sends the chosen ones to their original topic again as new messages (same
+body, tags, keys and user properties), for every group subscribed to it; the dead
+letters themselves stay until retention removes them.
 """
 
 from __future__ import annotations
@@ -39,6 +41,11 @@ def register(subparsers: Any) -> None:
         group, "list", list_dead, help="list a group's dead letters", description=__doc__
     )
     parser.add_argument("-g", "--group", required=True, help="the consumer group")
+    parser = add_command(
+        group, "show", show_dead, help="show one dead letter whole", description=__doc__
+    )
+    parser.add_argument("-g", "--group", required=True, help="the consumer group")
+    parser.add_argument("--msg-id", required=True, help="its id, as dlq list shows it")
     parser = add_command(
         group,
         "resend",
@@ -92,6 +99,35 @@ async def list_dead(args: argparse.Namespace) -> int:
         table(["msg id", "topic", "tries", "last failure", "body"],
               [[r["msg_id"], r["topic"], r["tries"], r["failure"][:60], r["body"]]
                for r in rows])  # fmt: skip
+    return 0
+
+
+def _id(message: Message) -> str:
+    return message.properties.get(PROP_ORIGIN_MSG_ID, message.msg_id)
+
+
+async def show_dead(args: argparse.Namespace) -> int:
+    found = [m for m in await dead_letters(args) if _id(m) == args.msg_id]
+    if not found:
+        raise CliError(f"no dead letter of group {args.group!r} has id {args.msg_id}")
+    message = found[-1]
+    fields = {
+        "msg_id": _id(message),
+        "dlq_msg_id": message.msg_id,
+        "topic": message.properties.get(PROP_RETRY_TOPIC, "?"),
+        "tries": message.reconsume_times,
+        "tags": message.tags,
+        "keys": list(message.keys),
+        "properties": dict(message.properties),
+        "born_timestamp_ms": message.born_timestamp_ms,
+        "stored_timestamp_ms": message.store_timestamp_ms,
+        "body": message.body.decode(errors="replace"),
+    }
+    if args.json:
+        print_json(fields)
+    else:
+        for name, value in fields.items():
+            print(f"{name:>20}: {value}")
     return 0
 
 
