@@ -13,7 +13,7 @@ from pathlib import Path
 
 from metaq.broker.testing import BrokerProcess
 from metaq.broker.testing.admin import put_topic
-from metaq.client.consumer import FIRST, PushConsumer
+from metaq.client.consumer import FIRST, LATER, ConsumeResult, PushConsumer
 from metaq.client.message import Message
 from metaq.client.producer import Producer
 from metaq.client.pull_consumer import PullConsumer
@@ -36,11 +36,14 @@ def test_a_failing_message_is_retried_on_schedule_then_dead_lettered(tmp_path: P
         seen_topics: set[str] = set()
 
         async def scenario() -> None:
-            async def failing(message: Message) -> None:
+            async def failing(message: Message) -> ConsumeResult | None:
                 calls["failing"][message.body].append(time.monotonic())
                 seen_topics.add(message.topic)
                 if message.body == b"poison":
+                    if message.reconsume_times == 1:
+                        return LATER  # "not now" counts like a failure
                     raise ValueError("cannot handle poison")
+                return None
 
             async def healthy(message: Message) -> None:
                 calls["healthy"][message.body].append(time.monotonic())

@@ -19,7 +19,7 @@ from metaq.client.consume_options import (
     ConsumeMode,
     PushConsumerConfig,
 )
-from metaq.client.handlers import ConsumeStats
+from metaq.client.handlers import LATER, ConsumeResult, ConsumeStats
 from metaq.client.message import Message
 from metaq.client.pull_consumer import (
     PullConsumer,
@@ -36,11 +36,13 @@ __all__ = [
     "CLUSTERING",
     "FIRST",
     "LAST",
+    "LATER",
     "STRATEGIES",
     "TIMESTAMP",
     "BatchHandler",
     "ConsumeFrom",
     "ConsumeMode",
+    "ConsumeResult",
     "ConsumeStats",
     "Message",
     "MessageHandler",

@@ -20,15 +20,29 @@ messages finished, so the offset stops below them and they are delivered again l
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from metaq.client.message import Message
 from metaq.client.process_queue import ProcessQueue
 
 log = logging.getLogger(__name__)
+
+
+class ConsumeResult(enum.Enum):
+    LATER = "later"
+    """Returned by a handler: not now — retry it like a failure, on the retry schedule."""
+
+
+LATER: Final = ConsumeResult.LATER
+
+
+class ReconsumeLater(Exception):
+    """What a handler returning LATER counts as."""
+
 
 SendBackHook = Callable[[ProcessQueue[Any], Message, Exception], Awaitable[bool]]
 """Sends a failed message back for a later retry; True once the copy is stored."""
@@ -85,7 +99,7 @@ class HandlerPool:
         self,
         queue: ProcessQueue[Any],
         messages: Sequence[Message],
-        call: Callable[[], Awaitable[None]],
+        call: Callable[[], Awaitable[object]],
     ) -> None:
         """Run ``call`` for ``messages`` of ``queue``, which are already in its in-flight set."""
         task = asyncio.get_running_loop().create_task(self._run(queue, messages, call))
@@ -102,7 +116,7 @@ class HandlerPool:
         self,
         queue: ProcessQueue[Any],
         messages: Sequence[Message],
-        call: Callable[[], Awaitable[None]],
+        call: Callable[[], Awaitable[object]],
     ) -> None:
         # Cancellation (close after its timeout) skips the finishing below on purpose.
         sent: set[int] = set()
@@ -111,7 +125,8 @@ class HandlerPool:
             attempt += 1
             async with self._slots:
                 try:
-                    await call()
+                    if await call() is LATER:
+                        raise ReconsumeLater("the handler asked to see the message later")
                 except Exception as exc:
                     self._stats.failed_attempts += 1
                     failure: Exception = exc

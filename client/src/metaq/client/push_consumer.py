@@ -66,7 +66,7 @@ from metaq.client.consume_options import (
     PushConsumerConfig,
 )
 from metaq.client.errors import ConnectionLost, UnknownTopic
-from metaq.client.handlers import ConsumeStats, HandlerPool
+from metaq.client.handlers import LATER, ConsumeResult, ConsumeStats, HandlerPool, ReconsumeLater
 from metaq.client.membership import GroupMembership
 from metaq.client.message import Message
 from metaq.client.offset_store import LocalOffsetStore
@@ -80,8 +80,9 @@ from metaq.common.service import PeriodicService
 
 log = logging.getLogger(__name__)
 
-MessageHandler: TypeAlias = Callable[[Message], Awaitable[None]]
-BatchHandler: TypeAlias = Callable[[list[Message]], Awaitable[None]]
+MessageHandler: TypeAlias = Callable[[Message], Awaitable[ConsumeResult | None]]
+"""Returns None when done; raises, or returns ``LATER``, to have the message again later."""
+BatchHandler: TypeAlias = Callable[[list[Message]], Awaitable[ConsumeResult | None]]
 QueueKey: TypeAlias = tuple[str, str, int]
 """(topic, broker group, queue id)."""
 
@@ -323,16 +324,15 @@ class PushConsumer:
 
     # --- retries ----------------------------------------------------------------------
 
-    async def _handle_retry(self, message: Message) -> None:
+    async def _handle_retry(self, message: Message) -> ConsumeResult | None:
         original = as_original(message)
         sub = self._subscriptions.get(original.topic)
         if sub is None:
             raise LookupError(f"no subscription for {original.topic!r} takes its retries")
         if sub.handler is not None:
-            await sub.handler(original)
-        else:
-            assert sub.batch_handler is not None
-            await sub.batch_handler([original])
+            return await sub.handler(original)
+        assert sub.batch_handler is not None
+        return await sub.batch_handler([original])
 
     async def _send_failed_back(
         self, queue: ProcessQueue[Any], message: Message, failure: Exception
@@ -614,9 +614,10 @@ class PushConsumer:
         while True:
             attempt += 1
             try:
-                await handler(message)
-                self.stats.handled += 1
-                return
+                if await handler(message) is not LATER:
+                    self.stats.handled += 1
+                    return
+                failure: Exception = ReconsumeLater("the handler asked to see it later")
             except Exception as exc:
                 self.stats.failed_attempts += 1
                 failure = exc
@@ -789,8 +790,8 @@ class _Lease:
 
 
 def _bind(
-    handler: Callable[[Any], Awaitable[None]], argument: Any
-) -> Callable[[], Awaitable[None]]:
+    handler: Callable[[Any], Awaitable[object]], argument: Any
+) -> Callable[[], Awaitable[object]]:
     return lambda: handler(argument)
 
 
