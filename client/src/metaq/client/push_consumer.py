@@ -292,6 +292,13 @@ class PushConsumer:
         except Exception as exc:
             log.warning("final offset commit failed (the messages since will repeat): %s", exc)
         self._running.clear()
+        ordered = [r.queue for r in running if r.subscription.ordered]
+        for queue in ordered:  # the next holder need not wait for the locks to lapse
+            with contextlib.suppress(Exception):
+                await self._puller.lock(
+                    queue.route.address, self.client_id, [(queue.topic, queue.route.queue_id)],
+                    unlock=True,
+                )  # fmt: skip
         if self._membership is not None:
             try:
                 await self._membership.leave()
