@@ -18,7 +18,7 @@ STAMP := .venv/.setup-stamp
 
 PYTEST_ARGS ?=
 
-.PHONY: setup test lint generate check-generated run store-demo bench-store bench-framing bench-e2e bench-failover bench-features clean
+.PHONY: setup test lint generate check-generated run store-demo bench-store bench-framing bench-e2e bench-failover bench-features chaos clean
 
 setup: $(STAMP)
 
@@ -70,6 +70,16 @@ bench-failover: setup
 
 bench-features: setup
 	$(UV) run --frozen python bench/bench_features.py
+
+# The chaos suite (docs/chaos.md): every scenario on network namespaces (needs root; falls
+# back to loopback and says so), a checker table each, one JSON line last.
+# make chaos SEED=7 DURATION=600 ONLY=1,3
+SEED ?= 1
+DURATION ?= 120
+ONLY ?=
+chaos: setup
+	PYTHONPATH=tests/integration/chaos $(UV) run --frozen python -m chaoslib.run \
+		--seed $(SEED) --duration $(DURATION) $(if $(ONLY),--only $(ONLY))
 
 clean:
 	rm -rf .venv $(TOOLS) .pytest_cache .mypy_cache .ruff_cache .hypothesis run-data
