@@ -271,6 +271,38 @@ def test_a_failover_still_happens_after_the_raft_leaders_nameserver_is_killed(
     assert sum(state.is_leader for state in states) == 1
 
 
+def test_only_the_raft_leaders_answers_grant_the_master_its_lease(
+    tmp_path: Path, nameservers: list[NameServerProcess]
+) -> None:
+    servers = start_controller_group(tmp_path, 3)
+    nameservers.extend(servers)
+    addresses = [s.grpc_address for s in servers]
+    master = FakeBroker(addresses, "broker-a", 0, configured_master=True)
+
+    async def scenario() -> tuple[int, dict[str, set[bool]]]:
+        async with brokers(master):
+            await master.wait_for_control(is_master(0, 1), SETTLE_S, "bootstrap")
+            leader = await leader_among(servers, SETTLE_S)
+            seen = len(master.received)
+            target = master.heartbeats_sent + 3
+
+            async def answered() -> bool:
+                return master.heartbeats_sent >= target and {
+                    r.nameserver for r in master.received[seen:] if r.event.answers
+                } == set(addresses)
+
+            await wait_until_async(answered, SETTLE_S, "every nameserver answered again")
+            granted: dict[str, set[bool]] = {}
+            for r in master.received[seen:]:
+                if r.event.answers and r.event.registered.HasField("control"):
+                    granted.setdefault(r.nameserver, set()).add(r.event.registered.lease_granted)
+            return leader, granted
+
+    leader, granted = run_async(scenario(), SCENARIO_S)
+
+    assert granted == {a: {a == addresses[leader]} for a in addresses}
+
+
 def test_switchover_through_a_follower_and_its_refusals(
     tmp_path: Path, nameservers: list[NameServerProcess]
 ) -> None:

@@ -262,10 +262,13 @@ class GroupRole:
                 control = registered.control
                 if (
                     sent_at is not None
+                    and registered.lease_granted
                     and control.master_id == self.config.broker_id
                     and control.epoch >= self.epoch
                 ):
-                    # The controller still had us as master when that heartbeat left.
+                    # The controller's leader still had us as master when that heartbeat
+                    # left. Another nameserver's word is not enough: it may be cut off
+                    # from the Raft majority that has elected someone else meanwhile.
                     self._lease_until = max(self._lease_until, sent_at + self._lease_s)
                 self._changes.put_nowait(control)
         elif self.role is Role.SLAVE and registered.master_data_address:

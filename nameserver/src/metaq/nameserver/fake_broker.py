@@ -111,7 +111,7 @@ class FakeBroker:
         for link in self._links:
             if not link.alive:
                 continue
-            message = pb.BrokerHeartbeat(broker=self.state())
+            message = pb.BrokerHeartbeat(broker=self.state(), sequence=self.heartbeats_sent)
             if not link.sent_table:
                 message.topic_table.topics.extend(
                     pb.TopicConfig(

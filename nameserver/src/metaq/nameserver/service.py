@@ -339,6 +339,8 @@ class NameServerService(control_pb2_grpc.NameServerServicer):
         control = self._controller.control(state.key.broker_name)
         if state.controlled and control is not None:
             self._add_control(response, control)
+            # Only the leader elects: only its answer may extend a master's lease.
+            response.lease_granted = self._controller.is_leader
         return response
 
     def _add_control(self, response: pb.RegisterBrokerResponse, control: GroupControl) -> None:

@@ -388,12 +388,20 @@ class RegisterBrokerResponse(_message.Message):
     EPOCH_FIELD_NUMBER: _builtins.int
     BROKER_EXPIRY_MS_FIELD_NUMBER: _builtins.int
     CONTROL_FIELD_NUMBER: _builtins.int
+    LEASE_GRANTED_FIELD_NUMBER: _builtins.int
     master_data_address: _builtins.str
     """The group's master in the routes (empty if none), so a slave knows whom to follow."""
     epoch: _builtins.int
     """The highest epoch among the group's live brokers."""
     broker_expiry_ms: _builtins.int
     """A broker silent for this long leaves the routes; heartbeat well inside it."""
+    lease_granted: _builtins.bool
+    """Set only in answers from the controller's Raft leader: a master named in `control`
+    may extend its lease from this answer. Only the leader elects, and only once a
+    master's heartbeats to it stopped for master_detection_ms (or, as a new leader,
+    after bootstrap_grace_ms), so a lease it granted runs out before a successor can be
+    elected; another nameserver may be cut off from the majority and hold stale state.
+    """
     @_builtins.property
     def control(self) -> Global___GroupControl:
         """The controller's committed state of the broker's group; absent while the controller
@@ -407,10 +415,11 @@ class RegisterBrokerResponse(_message.Message):
         epoch: _builtins.int = ...,
         broker_expiry_ms: _builtins.int = ...,
         control: Global___GroupControl | None = ...,
+        lease_granted: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["control", b"control"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_expiry_ms", b"broker_expiry_ms", "control", b"control", "epoch", b"epoch", "master_data_address", b"master_data_address"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_expiry_ms", b"broker_expiry_ms", "control", b"control", "epoch", b"epoch", "lease_granted", b"lease_granted", "master_data_address", b"master_data_address"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
