@@ -16,7 +16,9 @@ What it counts (Jepsen's total-queue, per scenario):
   after a later acknowledged message of the same key;
 - per fault, the unavailability window of its broker group: from the first send that
   failed after the fault began to the next acknowledged send (the group's ``main``
-  producer; 0 when no send failed);
+  producer; 0 when no send failed), and the longest wait between two acknowledged sends
+  around it (retries can turn an outage into one slow send that never fails); the
+  failover figures are the latter;
 - the live checks the nemesis recorded (``check`` events: prefixes byte-identical after
   healing, nothing acknowledged while refused, ...), and the drain.
 
@@ -29,6 +31,8 @@ send at all).
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import json
 import sys
 from collections import Counter, defaultdict
@@ -48,7 +52,12 @@ class Window:
     start: float
     failover: bool
     window_s: float | None
-    """Seconds without acknowledged sends; None when the group never recovered."""
+    """First failed send after the fault to the next acknowledged one (the issue's
+    definition; 0 when no send failed); None when the group never recovered."""
+    stall_s: float | None
+    """The longest time between two acknowledged sends of the group from the last one
+    before the fault to the last one before the next fault: what a client waited, also
+    when retries hid the failures. None when no send was acknowledged after the fault."""
 
 
 @dataclass
@@ -76,7 +85,8 @@ class Result:
 
     @property
     def failover_windows(self) -> list[float]:
-        return [w.window_s for w in self.windows if w.failover and w.window_s is not None]
+        """Per failover fault, how long its group took no writes (the longest stall)."""
+        return [w.stall_s for w in self.windows if w.failover and w.stall_s is not None]
 
     def table(self) -> str:
         if self.skipped:
@@ -94,8 +104,14 @@ class Result:
             ("order inversions", str(len(self.inversions))),
         ]  # fmt: skip
         for w in self.windows:
-            shown = "never recovered" if w.window_s is None else f"{w.window_s:.2f} s"
-            rows.append((f"unavailable: {w.fault} {w.node}", f"group {w.group}: {shown}"))
+            window = "never recovered" if w.window_s is None else f"{w.window_s:.2f} s"
+            stall = "-" if w.stall_s is None else f"{w.stall_s:.2f} s"
+            rows.append(
+                (
+                    f"unavailable: {w.fault} {w.node}",
+                    f"group {w.group}: {window} (longest wait for an ack {stall})",
+                )
+            )
         fw = self.failover_windows
         if fw:
             rows.append(("failover p50 / max", f"{percentile(fw, 50):.2f} s / {max(fw):.2f} s"))
@@ -206,7 +222,7 @@ def check(events: Iterable[dict[str, Any]]) -> Result:
     if result.acknowledged == 0:
         v.append("nothing was acknowledged: the workload did not run")
     fw = result.failover_windows
-    if any(w.failover and w.window_s is None for w in result.windows):
+    if any(w.failover and (w.window_s is None or w.stall_s is None) for w in result.windows):
         v.append("a group never took writes again after a failover")
     if "failover_p50_s" in expect and fw and percentile(fw, 50) > expect["failover_p50_s"]:
         v.append(f"failover p50 {percentile(fw, 50):.2f} s > {expect['failover_p50_s']} s")
@@ -259,12 +275,15 @@ def _windows(events: list[dict[str, Any]]) -> list[Window]:
     faults = [e for e in events if e["type"] == "fault" and e["phase"] == "start"
               and e.get("group")]  # fmt: skip
     sends: dict[str, list[tuple[float, float, str]]] = defaultdict(list)
+    acks: dict[str, list[float]] = defaultdict(list)
     invoked_at: dict[str, float] = {}
     for e in events:
         if e["type"] == "invoke":
             invoked_at[e["id"]] = e["t"]
         elif e["type"] in ("ok", "info") and e.get("producer") == f"main-{e['group']}":
             sends[e["group"]].append((invoked_at.get(e["id"], e["t"]), e["t"], e["type"]))
+            if e["type"] == "ok":
+                acks[e["group"]].append(e["t"])
     windows = []
     for index, fault in enumerate(faults):
         group, start = fault["group"], fault["t"]
@@ -285,8 +304,15 @@ def _windows(events: list[dict[str, Any]]) -> list[Window]:
             window = None
         else:
             window = round(recovered_at - first_fail[0], 3)
+        times = acks[group]
+        first = bisect.bisect_left(times, start)
+        span = times[max(0, first - 1) : bisect.bisect_left(times, until)]
+        if first - 1 < 0:
+            span = [start, *span]
+        stall = (round(max(b - a for a, b in itertools.pairwise(span)), 3)
+                 if len(span) > 1 and span[-1] > start else None)  # fmt: skip
         windows.append(Window(fault["fault"], fault.get("node", ""), group, start,
-                              bool(fault.get("failover")), window))  # fmt: skip
+                              bool(fault.get("failover")), window, stall))  # fmt: skip
     return windows
 
 
