@@ -71,7 +71,11 @@ def test_a_retried_batch_stores_only_what_the_broker_lacks(tmp_path: Path) -> No
 
 def test_a_send_whose_reply_was_lost_is_stored_once(tmp_path: Path) -> None:
     nameserver = start_nameserver(tmp_path / "ns")
-    broker = BrokerProcess.start(tmp_path / "broker", "--nameserver", nameserver.grpc_address)
+    try:
+        broker = BrokerProcess.start(tmp_path / "broker", "--nameserver", nameserver.grpc_address)
+    except BaseException:
+        nameserver.stop()
+        raise
     try:
         run_async(put_topic(broker.http_url, TOPIC, read_queues=1, write_queues=1))
 

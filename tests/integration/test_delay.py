@@ -51,7 +51,11 @@ def wait_for_bodies(broker: BrokerProcess, topic: str, queues: int, count: int) 
 
 def test_delayed_messages_arrive_when_due_and_survive_a_crash(tmp_path: Path) -> None:
     nameserver = start_nameserver(tmp_path / "ns")
-    broker = BrokerProcess.start(tmp_path / "broker", "--nameserver", nameserver.grpc_address)
+    try:
+        broker = BrokerProcess.start(tmp_path / "broker", "--nameserver", nameserver.grpc_address)
+    except BaseException:
+        nameserver.stop()
+        raise
     try:
         run_async(put_topic(broker.http_url, "later", read_queues=2, write_queues=2))
         due: dict[bytes, int] = {}

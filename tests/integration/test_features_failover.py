@@ -14,6 +14,7 @@ from replica_group import ReplicaGroup, start_group
 
 from metaq.broker.testing import DataClient
 from metaq.broker.testing.admin import put_topic
+from metaq.broker.testing.client import BrokerError
 from metaq.client.consumer import FIRST, PushConsumer
 from metaq.client.message import Message
 from metaq.client.producer import Producer
@@ -201,11 +202,12 @@ def test_a_pending_retry_is_delivered_and_dead_lettered_by_the_new_master(
 ) -> None:
     group = group_of_two(tmp_path, "jobs")
     try:
-        tries: list[float] = []
+        tries: list[int] = []
+        killed_after: list[int] = []
 
         async def scenario() -> None:
             async def failing(message: Message) -> None:
-                tries.append(asyncio.get_running_loop().time())
+                tries.append(message.reconsume_times)
                 raise RuntimeError("always fails")
 
             consumer = PushConsumer(group.nameserver_addresses, "workers", consume_from=FIRST,
@@ -218,14 +220,23 @@ def test_a_pending_retry_is_delivered_and_dead_lettered_by_the_new_master(
                     while consumer.stats.sent_back < 1:
                         await asyncio.sleep(0.05)
                 # The retry waits out its 5 s in the old master's delay tiers.
-                await asyncio.to_thread(kill_master, group)
+                killed_after.append(len(tries))
+                new = await asyncio.to_thread(kill_master, group)
+                dead = dlq_topic("workers")
+
+                async def dead_letters() -> list[bytes]:
+                    try:
+                        return await read_bodies(group, new, dead)
+                    except BrokerError:  # no dead letter yet: the topic is made on first use
+                        return []
+
                 async with asyncio.timeout(40):
-                    while consumer.stats.sent_back < 2:
-                        await asyncio.sleep(0.05)
-                dead = await producer.routes.route(dlq_topic("workers"))
-                assert dead.read_queues
+                    while b"job" not in await dead_letters():
+                        await asyncio.sleep(0.1)
 
         run_async(scenario(), timeout_s=90)
-        assert len(tries) == 2, "the first delivery and the retry the new master delivered"
+        # At least once: the first delivery may repeat if its offset commit had not
+        # reached the slave; what matters is the retry the new master delivered.
+        assert 1 in tries[killed_after[0] :], f"no retry after the failover: {tries}"
     finally:
         group.stop()

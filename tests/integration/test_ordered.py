@@ -24,10 +24,14 @@ OPTIONS = {"rebalance_interval_s": 0.5, "heartbeat_interval_s": 0.3, "lock_retry
 
 def test_ordered_consumers_keep_key_order_and_never_share_a_queue(tmp_path: Path) -> None:
     nameserver = start_nameserver(tmp_path / "ns")
-    broker = BrokerProcess.start(
-        tmp_path / "broker", "--nameserver", nameserver.grpc_address,
-        "--set", "queue_lock_ttl_ms=3000",
-    )  # fmt: skip
+    try:
+        broker = BrokerProcess.start(
+            tmp_path / "broker", "--nameserver", nameserver.grpc_address,
+            "--set", "queue_lock_ttl_ms=3000",
+        )  # fmt: skip
+    except BaseException:
+        nameserver.stop()
+        raise
     nameservers = [nameserver.grpc_address]
     try:
         run_async(put_topic(broker.http_url, TOPIC, read_queues=4, write_queues=4))
@@ -94,7 +98,11 @@ def test_ordered_consumers_keep_key_order_and_never_share_a_queue(tmp_path: Path
 
 def test_a_message_that_keeps_failing_is_parked_and_its_queue_goes_on(tmp_path: Path) -> None:
     nameserver = start_nameserver(tmp_path / "ns")
-    broker = BrokerProcess.start(tmp_path / "broker", "--nameserver", nameserver.grpc_address)
+    try:
+        broker = BrokerProcess.start(tmp_path / "broker", "--nameserver", nameserver.grpc_address)
+    except BaseException:
+        nameserver.stop()
+        raise
     nameservers = [nameserver.grpc_address]
     try:
         run_async(put_topic(broker.http_url, TOPIC, read_queues=1, write_queues=1))

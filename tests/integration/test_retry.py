@@ -26,7 +26,11 @@ TOPIC = "jobs"
 
 def test_a_failing_message_is_retried_on_schedule_then_dead_lettered(tmp_path: Path) -> None:
     nameserver = start_nameserver(tmp_path / "ns")
-    broker = BrokerProcess.start(tmp_path / "broker", "--nameserver", nameserver.grpc_address)
+    try:
+        broker = BrokerProcess.start(tmp_path / "broker", "--nameserver", nameserver.grpc_address)
+    except BaseException:
+        nameserver.stop()
+        raise
     nameservers = [nameserver.grpc_address]
     try:
         run_async(put_topic(broker.http_url, TOPIC, read_queues=2, write_queues=2))

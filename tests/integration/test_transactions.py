@@ -40,10 +40,14 @@ def test_commit_delivers_rollback_does_not_and_a_lost_outcome_is_checked_back(
     tmp_path: Path,
 ) -> None:
     nameserver = start_nameserver(tmp_path / "ns")
-    broker = BrokerProcess.start(
-        tmp_path / "broker", "--nameserver", nameserver.grpc_address,
-        "--set", "txn_check_after_ms=1000", "--set", "txn_check_interval_ms=500",
-    )  # fmt: skip
+    try:
+        broker = BrokerProcess.start(
+            tmp_path / "broker", "--nameserver", nameserver.grpc_address,
+            "--set", "txn_check_after_ms=1000", "--set", "txn_check_interval_ms=500",
+        )  # fmt: skip
+    except BaseException:
+        nameserver.stop()
+        raise
     nameservers = [nameserver.grpc_address]
     try:
         run_async(put_topic(broker.http_url, TOPIC, read_queues=1, write_queues=1))
