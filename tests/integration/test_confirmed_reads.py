@@ -12,8 +12,9 @@ import pytest
 from replica_group import TOPIC, start_group
 
 from metaq.broker.testing import DataClient
+from metaq.broker.testing.admin import scrape
 from metaq.common.record import encode, iter_records
-from metaq.common.testing import run_async
+from metaq.common.testing import run_async, wait_until_async
 from metaq.common.v1.data_pb2 import PullResponse, SendResponse
 
 pytestmark = pytest.mark.slow
@@ -38,17 +39,23 @@ def test_a_record_is_readable_only_once_the_in_sync_slave_holds_it(tmp_path: Pat
                 waiting = asyncio.ensure_future(
                     client.send(TOPIC, 0, [encode(TOPIC, b"not copied yet", queue_id=0)])
                 )
-                bounds = await client.query_offset(TOPIC, 0)
-                while bounds.max_offset < 2:  # stored and dispatched on the master
-                    await asyncio.sleep(0.01)
-                    bounds = await client.query_offset(TOPIC, 0)
+
+                async def dispatched() -> bool:  # stored and dispatched on the master
+                    return (await client.query_offset(TOPIC, 0)).max_offset >= 2
+
+                await wait_until_async(dispatched, 10, "the second record is dispatched")
                 now, _ = await client.pull(TOPIC, 0, 1)
                 assert now.status == PullResponse.OFFSET_OVERFLOW_ONE
                 assert now.next_offset == 1
                 parked = asyncio.ensure_future(
                     client.pull(TOPIC, 0, 1, long_poll_timeout_ms=20_000)
                 )
-                await asyncio.sleep(0.2)  # a while to show it is parked, not answered
+
+                async def is_parked() -> bool:
+                    metrics = await scrape(master.http_url)
+                    return metrics.get(("metaq_long_polls_parked", ()), 0) >= 1
+
+                await wait_until_async(is_parked, 10, "the master parks the pull")
                 assert not parked.done()
                 slave.resume()
                 later, payload = await asyncio.wait_for(parked, 20)

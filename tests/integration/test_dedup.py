@@ -10,7 +10,7 @@ from metaq.broker.testing import BrokerProcess, DataClient
 from metaq.broker.testing.admin import put_topic
 from metaq.client.producer import Producer
 from metaq.common.record import decode, encode
-from metaq.common.testing import run_async, wait_until
+from metaq.common.testing import run_async, wait_until, wait_until_async
 from metaq.common.v1.data_pb2 import PullResponse, SendRequest
 from metaq.nameserver.testing import start_nameserver
 
@@ -88,10 +88,12 @@ def test_a_send_whose_reply_was_lost_is_stored_once(tmp_path: Path) -> None:
                 # and the producer's first tries time out.
                 broker.pause()
                 sending = asyncio.ensure_future(producer.send(TOPIC, b"pay 10 EUR"))
+
                 # The warm-up, the send, and at least one retry after its timeout.
-                async with asyncio.timeout(10):
-                    while producer.sender.batches_sent < 3:
-                        await asyncio.sleep(0.05)
+                async def retried() -> bool:
+                    return producer.sender.batches_sent >= 3
+
+                await wait_until_async(retried, 10, "the send was retried")
                 broker.resume()
                 result = await sending
                 assert result.status.value == "OK"

@@ -36,7 +36,7 @@ from metaq.broker.testing import DataClient
 from metaq.broker.testing.client import BrokerError
 from metaq.common.errors import ErrorCode
 from metaq.common.record import encode
-from metaq.common.testing import run_async, wait_until
+from metaq.common.testing import run_async, wait_until, wait_until_async
 from metaq.common.v1 import control_pb2 as pb
 from metaq.replication.epochs import EpochHistory
 
@@ -61,11 +61,12 @@ async def with_producer(
 
 
 async def acked_count_reaches(history: History, count: int, timeout_s: float = 20.0) -> None:
+    async def reached() -> bool:
+        return len(history.acked) >= count
+
     try:
-        async with asyncio.timeout(timeout_s):
-            while len(history.acked) < count:
-                await asyncio.sleep(0.01)
-    except TimeoutError:
+        await wait_until_async(reached, timeout_s, f"{count} sends are acknowledged")
+    except AssertionError:
         raise AssertionError(
             f"{len(history.acked)} sends acknowledged, not {count}, within {timeout_s} s; "
             f"last failures: {history.failures[-3:]}; other statuses: {history.other_status[-3:]}"
