@@ -167,7 +167,7 @@ def test_index_rolls_over_to_new_files_and_still_finds_everything(
     group = store.lookup_key("orders", "group3", limit=100)
     assert [r.body for r in group] == [f"v{n}".encode() for n in reversed(range(3, 100, 5))]
     for offset in ids:
-        record = store._record_at(offset)
+        record = store.record_at(offset)
         assert record is not None
         assert store.lookup_id(record.msg_id) == record
 

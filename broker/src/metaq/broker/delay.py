@@ -43,9 +43,12 @@ from metaq.common.record import (
     FLAG_DELAYED,
     PROP_DELAY_LEVEL,
     PROP_DELIVER_AT,
+    PROP_REAL_QUEUE,
+    PROP_REAL_TOPIC,
     Record,
     decode,
     encode,
+    readdress,
 )
 from metaq.common.service import PeriodicService
 
@@ -54,8 +57,6 @@ log = logging.getLogger(__name__)
 DELAY_TOPIC: Final = "%SYS%DELAY"
 CURSOR_TOPIC: Final = "%SYS%DELAY_CURSOR"
 TIERS: Final = 20
-PROP_REAL_TOPIC: Final = "REAL_TOPIC"
-PROP_REAL_QUEUE: Final = "REAL_QID"
 PROP_DUE: Final = "DUE_MS"
 PROP_SINCE: Final = "TIER_SINCE"
 """When the message entered its tier (ms), by the clock of the broker that put it there."""
@@ -121,20 +122,7 @@ class DelayPolicy:
 
 
 def _copy(record: Record, topic: str, queue_id: int, properties: dict[str, str]) -> bytearray:
-    """The record again, for another topic and queue: same id, body and origin."""
-    return encode(
-        topic,
-        record.body,
-        queue_id=queue_id,
-        tags=record.tags,
-        keys=record.keys,
-        properties=properties,
-        flags=record.flags & ~FLAG_DELAYED,
-        msg_id=record.msg_id,
-        born_timestamp_ms=record.born_timestamp_ms,
-        born_host=record.born_host,
-        reconsume_times=record.reconsume_times,
-    )
+    return readdress(record, topic, queue_id, properties, clear_flags=FLAG_DELAYED)
 
 
 def to_delay_tier(record: Record, due_ms: int, now_ms: int) -> bytearray:

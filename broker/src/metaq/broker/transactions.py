@@ -29,7 +29,15 @@ from metaq.broker.connection import Responder
 from metaq.broker.store import GetStatus, MessageStore
 from metaq.common.errors import InvalidMessage
 from metaq.common.framing import FLAG_ONE_WAY, Buffer, FrameType, encode_frame
-from metaq.common.record import FLAG_TRANSACTION, Record, decode, encode
+from metaq.common.record import (
+    FLAG_TRANSACTION,
+    PROP_REAL_QUEUE,
+    PROP_REAL_TOPIC,
+    Record,
+    decode,
+    encode,
+    readdress,
+)
 from metaq.common.service import PeriodicService
 from metaq.common.v1.data_pb2 import CheckTransactionRequest, EndTransactionRequest
 
@@ -37,8 +45,6 @@ log = logging.getLogger(__name__)
 
 HALF_TOPIC: Final = "%SYS%HALF"
 OP_TOPIC: Final = "%SYS%HALF_OP"
-PROP_REAL_TOPIC: Final = "REAL_TOPIC"
-PROP_REAL_QUEUE: Final = "REAL_QID"
 PROP_GROUP: Final = "PRODUCER_GROUP"
 _HALF_PROPS: Final = frozenset({PROP_REAL_TOPIC, PROP_REAL_QUEUE, PROP_GROUP})
 COMMIT: Final = EndTransactionRequest.COMMIT
@@ -48,19 +54,7 @@ DISCARD: Final = 3
 
 
 def _copy(record: Record, topic: str, queue_id: int, properties: dict[str, str]) -> bytearray:
-    return encode(
-        topic,
-        record.body,
-        queue_id=queue_id,
-        tags=record.tags,
-        keys=record.keys,
-        properties=properties,
-        flags=record.flags & ~FLAG_TRANSACTION,
-        msg_id=record.msg_id,
-        born_timestamp_ms=record.born_timestamp_ms,
-        born_host=record.born_host,
-        reconsume_times=record.reconsume_times,
-    )
+    return readdress(record, topic, queue_id, properties, clear_flags=FLAG_TRANSACTION)
 
 
 def to_half(records: Sequence[Buffer], producer_group: str) -> list[Buffer]:
@@ -182,12 +176,8 @@ class Transactions:
         return int(request.action)
 
     def _half(self, offset: int, msg_id: bytes) -> Record:
-        store = self._store
-        store.dispatcher.catch_up()  # the index and queues must see the half message
-        head = store.commitlog.slice(offset, 4)
-        size = int.from_bytes(head, "little") if head is not None else 0
-        view = store.commitlog.slice(offset, size) if size else None
-        record = decode(view) if view is not None else None
+        self._store.dispatcher.catch_up()  # the queues must see the half message too
+        record = self._store.record_at(offset)
         if record is None or record.topic != HALF_TOPIC or record.msg_id != msg_id:
             raise InvalidMessage(
                 f"no half message {msg_id.hex()} at commitlog offset {offset} on this broker "
@@ -224,27 +214,20 @@ class Transactions:
             if now - pending.last_check < self._check_interval_s:
                 continue
             if pending.checks >= self._max_checks:
-                half = self._half_or_none(offset)
+                half = self._store.record_at(offset)
                 if half is not None:
                     log.warning("half message %s was never ended; discarding it after %d checks",
                                 half.msg_id.hex(), pending.checks)  # fmt: skip
                     self._finish(half, DISCARD)
                     self.discarded += 1
                 continue
-            half = self._half_or_none(offset)
+            half = self._store.record_at(offset)
             if half is None:
                 self._pending.pop(offset, None)
                 continue
             pending.last_check = now
             if self._ask(half, pending):
                 pending.checks += 1
-
-    def _half_or_none(self, offset: int) -> Record | None:
-        view = self._store.commitlog.slice(offset, 4)
-        if view is None:
-            return None
-        full = self._store.commitlog.slice(offset, int.from_bytes(view, "little"))
-        return decode(full, verify=False) if full is not None else None
 
     def _ask(self, half: Record, pending: _Pending) -> bool:
         group = half.properties.get(PROP_GROUP, "")

@@ -37,8 +37,8 @@ PROP_ORIGIN_MSG_ID: Final = "ORIGIN_MSG_ID"
 PROP_FAILURE: Final = "LAST_FAILURE"
 # Properties of the broker's delay machinery, never carried into a retry copy.
 _DELAY_PROPS: Final = frozenset(
-    {record.PROP_DELAY_LEVEL, record.PROP_DELIVER_AT, "REAL_TOPIC", "REAL_QID", "DUE_MS",
-     "TIER_SINCE", "DELAY_SOURCE"}
+    {record.PROP_DELAY_LEVEL, record.PROP_DELIVER_AT, record.PROP_REAL_TOPIC,
+     record.PROP_REAL_QUEUE, "DUE_MS", "TIER_SINCE", "DELAY_SOURCE"}
 )  # fmt: skip
 
 

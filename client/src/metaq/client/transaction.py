@@ -34,7 +34,7 @@ from metaq.client.producer import Producer
 from metaq.client.results import SendResult
 from metaq.common.errors import MetaqError
 from metaq.common.framing import Frame, FrameType
-from metaq.common.record import PROP_TRANSACTION
+from metaq.common.record import PROP_REAL_QUEUE, PROP_REAL_TOPIC, PROP_TRANSACTION
 from metaq.common.v1.data_pb2 import (
     CheckTransactionRequest,
     EndTransactionRequest,
@@ -163,7 +163,7 @@ class TransactionProducer:
         self, connection: BrokerConnection, request: CheckTransactionRequest, half: bytes
     ) -> None:
         message = decode_message(half)
-        real = message.properties.get("REAL_TOPIC", message.topic)
+        real = message.properties.get(PROP_REAL_TOPIC, message.topic)
         try:
             state = await self._check(_as_sent(message, real))
         except Exception:
@@ -187,6 +187,6 @@ class TransactionProducer:
 
 def _as_sent(message: Message, topic: str) -> Message:
     """The half message as its producer sent it: its real topic, no broker properties."""
-    hidden = {"REAL_TOPIC", "REAL_QID", "PRODUCER_GROUP"}
+    hidden = {PROP_REAL_TOPIC, PROP_REAL_QUEUE, "PRODUCER_GROUP"}
     props = {k: v for k, v in message.properties.items() if k not in hidden}
     return replace(message, topic=topic, properties=props)

@@ -47,6 +47,9 @@ FLAG_TRANSACTION: Final = 0x4
 """A half message: stored, but delivered only once its producer commits it."""
 PROP_TRANSACTION: Final = "TRAN_MSG"
 """Set by a transactional producer; the encoder turns it into FLAG_TRANSACTION."""
+PROP_REAL_TOPIC: Final = "REAL_TOPIC"
+PROP_REAL_QUEUE: Final = "REAL_QID"
+"""Where a message held in a system topic (delayed, half) is finally to be delivered."""
 PROP_DELAY_LEVEL: Final = "DELAY"
 PROP_DELIVER_AT: Final = "DELIVER_AT"
 
@@ -185,6 +188,26 @@ def encode(
         out[pos : pos + len(part)] = part
         pos += len(part)
     return out
+
+
+def readdress(
+    rec: Record, topic: str, queue_id: int, properties: Mapping[str, str], *, clear_flags: int = 0
+) -> bytearray:
+    """``rec`` encoded again for another topic and queue: same id, body, tags, keys and
+    origin; the broker stamps it anew when it is appended."""
+    return encode(
+        topic,
+        rec.body,
+        queue_id=queue_id,
+        tags=rec.tags,
+        keys=rec.keys,
+        properties=properties,
+        flags=rec.flags & ~clear_flags,
+        msg_id=rec.msg_id,
+        born_timestamp_ms=rec.born_timestamp_ms,
+        born_host=rec.born_host,
+        reconsume_times=rec.reconsume_times,
+    )
 
 
 def seal(buf: bytearray | memoryview, at: int, size: int) -> None:

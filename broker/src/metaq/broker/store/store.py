@@ -389,7 +389,7 @@ class MessageStore:
             offsets = self.index.lookup(index_key, want, begin_ms, end_ms)
             found = []
             for offset in offsets:
-                record = self._record_at(offset)
+                record = self.record_at(offset)
                 if record is not None and match(record):
                     found.append(record)
                     if len(found) >= limit:
@@ -398,7 +398,8 @@ class MessageStore:
                 return found
             want *= 4
 
-    def _record_at(self, offset: int) -> Record | None:
+    def record_at(self, offset: int) -> Record | None:
+        """The record at commitlog ``offset``, CRC-checked; None if none is (intact) there."""
         if offset >= self.commitlog.write_offset:
             return None
         view = self.commitlog.slice(offset, 4)
