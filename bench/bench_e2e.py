@@ -57,7 +57,7 @@ TARGETS: Final = {
 }
 
 
-def _pct(ordered: list[float], fraction: float) -> float:
+def percentile_ms(ordered: list[float], fraction: float) -> float:
     if not ordered:
         return float("nan")
     return ordered[min(len(ordered) - 1, int(len(ordered) * fraction))] * 1000
@@ -196,16 +196,16 @@ async def measure(
             tag = "1k" if size == 1024 else str(size)
             rate, lat = await one_at_a_time(producer, body, seconds)
             figures[f"one_at_a_time_{tag}_msgs_s"] = round(rate)
-            figures[f"one_at_a_time_{tag}_p50_ms"] = round(_pct(lat, 0.5), 3)
-            figures[f"one_at_a_time_{tag}_p99_ms"] = round(_pct(lat, 0.99), 3)
-            figures[f"one_at_a_time_{tag}_p999_ms"] = round(_pct(lat, 0.999), 3)
+            figures[f"one_at_a_time_{tag}_p50_ms"] = round(percentile_ms(lat, 0.5), 3)
+            figures[f"one_at_a_time_{tag}_p99_ms"] = round(percentile_ms(lat, 0.99), 3)
+            figures[f"one_at_a_time_{tag}_p999_ms"] = round(percentile_ms(lat, 0.999), 3)
             rows.append(_row("one at a time", size, rate, lat))
 
             rate, lat = await pipelined(producer, body, seconds)
             figures[f"pipelined_{tag}_msgs_s"] = round(rate)
-            figures[f"pipelined_{tag}_p50_ms"] = round(_pct(lat, 0.5), 3)
-            figures[f"pipelined_{tag}_p99_ms"] = round(_pct(lat, 0.99), 3)
-            figures[f"pipelined_{tag}_p999_ms"] = round(_pct(lat, 0.999), 3)
+            figures[f"pipelined_{tag}_p50_ms"] = round(percentile_ms(lat, 0.5), 3)
+            figures[f"pipelined_{tag}_p99_ms"] = round(percentile_ms(lat, 0.99), 3)
+            figures[f"pipelined_{tag}_p999_ms"] = round(percentile_ms(lat, 0.999), 3)
             rows.append(_row(f"pipelined ({PIPELINE_SENDERS} senders)", size, rate, lat))
 
             rate = await batched(producer, body, seconds)
@@ -225,7 +225,11 @@ def _row(cell: str, size: int, rate: float, lat: list[float] | None) -> list[str
         if target is None
         else f"{'≥' if rate >= target else '<'} {target:,} {'ok' if rate >= target else 'MISSED'}"
     )
-    pcts = ["-", "-", "-"] if lat is None else [f"{_pct(lat, f):.2f}" for f in (0.5, 0.99, 0.999)]
+    pcts = (
+        ["-", "-", "-"]
+        if lat is None
+        else [f"{percentile_ms(lat, f):.2f}" for f in (0.5, 0.99, 0.999)]
+    )
     return [cell, f"{size} B", f"{rate:,.0f}", *pcts, met]
 
 

@@ -26,12 +26,10 @@ import statistics
 import sys
 import tempfile
 import time
-import urllib.request
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from bench_e2e import TOPIC, batched, one_at_a_time
+from bench_e2e import TOPIC, batched, one_at_a_time, percentile_ms
 
 from metaq.broker.testing import BrokerProcess
 from metaq.broker.testing.admin import put_topic
@@ -47,18 +45,15 @@ SEGMENT: Final = ("--set", "store.commitlog_segment_bytes=268435456")
 
 
 def health(broker: BrokerProcess) -> dict[str, Any]:
-    with urllib.request.urlopen(f"{broker.http_url}/health", timeout=5) as response:
-        body: dict[str, Any] = json.load(response)
-        return body
+    state = broker.health()
+    if state is None:
+        raise RuntimeError(f"broker {broker.http_url} is not reachable")
+    return state
 
 
 def _role(broker: BrokerProcess) -> str:
-    if broker.proc.poll() is not None:
-        return "dead"
-    try:
-        return str(health(broker)["role"])
-    except OSError:
-        return "unreachable"
+    state = broker.health()
+    return str(state["role"]) if state is not None else "unreachable"
 
 
 class Group:
@@ -116,10 +111,6 @@ async def _ready_producer(nameserver: str) -> Producer:
             await asyncio.sleep(0.05)
 
 
-def _pct(ordered: Sequence[float], fraction: float) -> float:
-    return ordered[min(len(ordered) - 1, int(len(ordered) * fraction))] * 1000
-
-
 async def _fill(nameserver: str, mib: int) -> None:
     producer = await _ready_producer(nameserver)
     try:
@@ -163,9 +154,9 @@ async def _modes_cell(nameserver: str, seconds: float) -> dict[str, float]:
     return {
         "batch_msgs_s": batch_rate,
         "one_at_a_time_msgs_s": rate,
-        "p50_ms": _pct(latencies, 0.5),
-        "p99_ms": _pct(latencies, 0.99),
-        "p999_ms": _pct(latencies, 0.999),
+        "p50_ms": percentile_ms(latencies, 0.5),
+        "p99_ms": percentile_ms(latencies, 0.99),
+        "p999_ms": percentile_ms(latencies, 0.999),
     }
 
 

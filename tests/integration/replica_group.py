@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
-import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,11 +21,10 @@ from metaq.broker.testing import BrokerProcess, DataClient
 from metaq.broker.testing.admin import put_topic
 from metaq.client.producer import Producer
 from metaq.client.results import SendStatus
-from metaq.common.record import iter_records
+from metaq.common.record import Record
 from metaq.common.testing import wait_until
 from metaq.common.v1 import control_pb2 as pb
 from metaq.common.v1 import control_pb2_grpc
-from metaq.common.v1.data_pb2 import PullResponse
 from metaq.nameserver.testing import NameServerProcess, start_controller_group, start_nameserver
 
 GROUP = "broker-g"
@@ -45,18 +42,9 @@ async def controller_state(address: str) -> pb.GetControllerStateResponse:
 
 
 def health(broker: BrokerProcess) -> dict[str, Any]:
-    with urllib.request.urlopen(f"{broker.http_url}/health", timeout=5) as response:
-        body: dict[str, Any] = json.load(response)
-        return body
-
-
-def _try_health(broker: BrokerProcess) -> dict[str, Any] | None:
-    if broker.proc.poll() is not None:
-        return None
-    try:
-        return health(broker)
-    except OSError:
-        return None
+    state = broker.health()
+    assert state is not None, "the broker is not reachable"
+    return state
 
 
 @dataclass
@@ -85,7 +73,7 @@ class ReplicaGroup:
         def one_master() -> bool:
             found.clear()
             for broker_id, broker in self.brokers.items():
-                state = _try_health(broker)
+                state = broker.health()
                 if state and state["role"] == "master" and broker_id != other_than:
                     found.append(broker_id)
             return len(found) == 1
@@ -95,7 +83,7 @@ class ReplicaGroup:
 
     def wait_in_sync(self, ids: Sequence[int], timeout_s: float = 20.0) -> None:
         def in_sync() -> bool:
-            state = _try_health(self.brokers[self.master()])
+            state = self.brokers[self.master()].health()
             return state is not None and sorted(state["in_sync_ids"]) == sorted(ids)
 
         wait_until(in_sync, timeout_s, f"the master has {sorted(ids)} in sync")
@@ -115,8 +103,8 @@ class ReplicaGroup:
 
     def wait_caught_up(self, broker_id: int, timeout_s: float = 20.0) -> None:
         def caught_up() -> bool:
-            master = _try_health(self.brokers[self.master()])
-            slave = _try_health(self.brokers[broker_id])
+            master = self.brokers[self.master()].health()
+            slave = self.brokers[broker_id].health()
             return (
                 master is not None
                 and slave is not None
@@ -202,22 +190,18 @@ async def produce(
                     await stop.wait()
 
 
-async def read_all(broker: BrokerProcess, queues: int = QUEUES) -> list[bytes]:
-    """Every message body in the topic on ``broker``, queue by queue."""
-    bodies: list[bytes] = []
+async def read_records(broker: BrokerProcess, topic: str, queues: int = 1) -> list[Record]:
+    """Every record of queues ``0..queues-1`` of ``topic`` on ``broker``, queue by queue."""
     client = await DataClient.connect(broker.data_host, broker.data_port)
     try:
-        for queue_id in range(queues):
-            offset = 0
-            while True:
-                response, payload = await client.pull(TOPIC, queue_id, offset, max_messages=256)
-                if response.status != PullResponse.FOUND:
-                    break
-                bodies += [r.body for r in iter_records(payload)]
-                offset = response.next_offset
+        return [r for q in range(queues) for r in await client.read_queue(topic, q)]
     finally:
         await client.close()
-    return bodies
+
+
+async def read_all(broker: BrokerProcess, queues: int = QUEUES) -> list[bytes]:
+    """Every message body in the topic on ``broker``, queue by queue."""
+    return [r.body for r in await read_records(broker, TOPIC, queues)]
 
 
 def commitlog_bytes(broker: BrokerProcess, end: int) -> bytes:

@@ -6,31 +6,21 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from replica_group import read_records
+
 from metaq.broker.testing import BrokerProcess, DataClient
 from metaq.broker.testing.admin import put_topic
 from metaq.client.producer import Producer
-from metaq.common.record import decode, encode
+from metaq.common.record import encode
 from metaq.common.testing import run_async, wait_until, wait_until_async
-from metaq.common.v1.data_pb2 import PullResponse, SendRequest
+from metaq.common.v1.data_pb2 import SendRequest
 from metaq.nameserver.testing import start_nameserver
 
 TOPIC = "payments"
 
 
-async def stored_bodies(broker: BrokerProcess, queue_id: int = 0) -> list[bytes]:
-    client = await DataClient.connect(broker.data_host, broker.data_port)
-    try:
-        response, payload = await client.pull(TOPIC, queue_id, 0, max_messages=256)
-    finally:
-        await client.close()
-    if response.status != PullResponse.FOUND:
-        return []
-    out, pos = [], 0
-    while pos < len(payload):
-        record = decode(payload, pos)
-        out.append(record.body)
-        pos += record.size
-    return out
+async def stored_bodies(broker: BrokerProcess) -> list[bytes]:
+    return [r.body for r in await read_records(broker, TOPIC)]
 
 
 def dispatched(broker: BrokerProcess, count: int) -> list[bytes]:

@@ -6,32 +6,14 @@ import asyncio
 import time
 from pathlib import Path
 
-from replica_group import TOPIC, ReplicaGroup, start_group
+from replica_group import TOPIC, ReplicaGroup, read_records, start_group
 
-from metaq.broker.testing import BrokerProcess, DataClient
+from metaq.broker.testing import BrokerProcess
 from metaq.broker.testing.admin import put_topic
 from metaq.client.producer import Producer
-from metaq.common.record import Record, iter_records
+from metaq.common.record import Record
 from metaq.common.testing import run_async, wait_until
-from metaq.common.v1.data_pb2 import PullResponse
 from metaq.nameserver.testing import start_nameserver
-
-
-async def read_topic(broker: BrokerProcess, topic: str, queues: int) -> list[Record]:
-    client = await DataClient.connect(broker.data_host, broker.data_port)
-    found: list[Record] = []
-    try:
-        for queue_id in range(queues):
-            offset = 0
-            while True:
-                response, payload = await client.pull(topic, queue_id, offset, max_messages=256)
-                if response.status != PullResponse.FOUND:
-                    break
-                found += iter_records(payload)
-                offset = response.next_offset
-    finally:
-        await client.close()
-    return found
 
 
 def now_ms() -> int:
@@ -42,7 +24,7 @@ def wait_for_bodies(broker: BrokerProcess, topic: str, queues: int, count: int) 
     found: list[Record] = []
 
     def enough() -> bool:
-        found[:] = run_async(read_topic(broker, topic, queues))
+        found[:] = run_async(read_records(broker, topic, queues))
         return len(found) >= count
 
     wait_until(enough, 20.0, f"{count} messages are in {topic}")

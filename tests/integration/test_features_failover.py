@@ -10,7 +10,7 @@ import contextlib
 from collections import defaultdict
 from pathlib import Path
 
-from replica_group import ReplicaGroup, start_group
+from replica_group import ReplicaGroup, read_records, start_group
 
 from metaq.broker.testing import DataClient
 from metaq.broker.testing.admin import put_topic
@@ -21,9 +21,9 @@ from metaq.client.producer import Producer
 from metaq.client.results import SendResult
 from metaq.client.retry import dlq_topic
 from metaq.client.transaction import TransactionProducer, TransactionState
-from metaq.common.record import decode, encode
-from metaq.common.testing import run_async
-from metaq.common.v1.data_pb2 import PullResponse, SendRequest
+from metaq.common.record import encode
+from metaq.common.testing import run_async, wait_until_async
+from metaq.common.v1.data_pb2 import SendRequest
 
 FAST = ("--set", "queue_lock_ttl_ms=2000", "--set", "txn_check_after_ms=1000",
         "--set", "txn_check_interval_ms=500")  # fmt: skip
@@ -37,29 +37,18 @@ def group_of_two(tmp_path: Path, topic: str, queues: int = 1) -> ReplicaGroup:
     return group
 
 
-async def read_bodies(
-    group: ReplicaGroup, broker_id: int, topic: str, queue_id: int = 0
-) -> list[bytes]:
-    broker = group.brokers[broker_id]
-    client = await DataClient.connect(broker.data_host, broker.data_port)
-    try:
-        response, payload = await client.pull(topic, queue_id, 0, max_messages=1000)
-    finally:
-        await client.close()
-    if response.status != PullResponse.FOUND:
-        return []
-    out, pos = [], 0
-    while pos < len(payload):
-        record = decode(payload, pos)
-        out.append(record.body)
-        pos += record.size
-    return out
+async def read_bodies(group: ReplicaGroup, broker_id: int, topic: str) -> list[bytes]:
+    return [r.body for r in await read_records(group.brokers[broker_id], topic)]
 
 
 async def until_bodies(group: ReplicaGroup, broker_id: int, topic: str, count: int) -> list[bytes]:
-    async with asyncio.timeout(30):
-        while len(found := await read_bodies(group, broker_id, topic)) < count:
-            await asyncio.sleep(0.05)
+    found: list[bytes] = []
+
+    async def enough() -> bool:
+        found[:] = await read_bodies(group, broker_id, topic)
+        return len(found) >= count
+
+    await wait_until_async(enough, 30, f"{count} messages are in {topic}")
     return found
 
 

@@ -7,33 +7,21 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from metaq.broker.testing import BrokerProcess, DataClient
+from replica_group import read_records
+
+from metaq.broker.testing import BrokerProcess
 from metaq.broker.testing.admin import put_topic
 from metaq.client.message import Message
 from metaq.client.results import SendResult
 from metaq.client.transaction import TransactionProducer, TransactionState
-from metaq.common.record import decode
 from metaq.common.testing import run_async, wait_until
-from metaq.common.v1.data_pb2 import PullResponse
 from metaq.nameserver.testing import start_nameserver
 
 TOPIC = "orders"
 
 
 async def bodies(broker: BrokerProcess) -> list[bytes]:
-    client = await DataClient.connect(broker.data_host, broker.data_port)
-    try:
-        response, payload = await client.pull(TOPIC, 0, 0, max_messages=256)
-    finally:
-        await client.close()
-    if response.status != PullResponse.FOUND:
-        return []
-    out, pos = [], 0
-    while pos < len(payload):
-        record = decode(payload, pos)
-        out.append(record.body)
-        pos += record.size
-    return out
+    return [r.body for r in await read_records(broker, TOPIC)]
 
 
 def test_commit_delivers_rollback_does_not_and_a_lost_outcome_is_checked_back(

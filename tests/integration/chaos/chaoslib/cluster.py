@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -273,14 +271,7 @@ class Cluster:
 
     def health(self, node: str) -> dict[str, Any] | None:
         broker = self.brokers.get(node)
-        if broker is None or broker.proc.poll() is not None:
-            return None
-        try:
-            with urllib.request.urlopen(f"{broker.http_url}/health", timeout=1.0) as response:
-                body: dict[str, Any] = json.load(response)
-                return body
-        except (OSError, ValueError):
-            return None
+        return broker.health(timeout_s=1.0) if broker is not None else None
 
     def members(self, group: str) -> list[str]:
         return [n for n in BROKERS if group_of(n) == group]

@@ -23,6 +23,7 @@ from metaq.common.framing import (
     FrameType,
     encode_frame,
 )
+from metaq.common.record import Record, iter_records
 from metaq.common.v1.data_pb2 import (
     CommitOffsetRequest,
     ConsumerHeartbeatRequest,
@@ -189,6 +190,17 @@ class DataClient(asyncio.Protocol):
             request.commit_offset = commit_offset
         reply = await self.request(FrameType.PULL, request)
         return PullResponse.FromString(reply.header), reply.payload
+
+    async def read_queue(self, topic: str, queue_id: int) -> list[Record]:
+        """Every record of the queue, pulled from its first offset to its end."""
+        records: list[Record] = []
+        offset = 0
+        while True:
+            response, payload = await self.pull(topic, queue_id, offset, max_messages=256)
+            if response.status != PullResponse.FOUND:
+                return records
+            records += iter_records(payload)
+            offset = response.next_offset
 
     async def commit(self, group: str, offsets: Sequence[tuple[str, int, int]]) -> None:
         request = CommitOffsetRequest(

@@ -19,11 +19,12 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Final
+from typing import Any, Final
 
 from metaq.common.testing import wait_until
 
@@ -151,17 +152,28 @@ class BrokerProcess:
         self.data_host, self.data_port = match.group(1), int(match.group(2))
         self.http_host, self.http_port = match.group(3), int(match.group(4))
 
+    def health(self, timeout_s: float = 5.0) -> dict[str, Any] | None:
+        """The broker's ``/health`` (also when it answers 503, not writable); None while
+        it cannot be reached or has exited."""
+        if self.proc.poll() is not None:
+            return None
+        try:
+            with urllib.request.urlopen(f"{self.http_url}/health", timeout=timeout_s) as answer:
+                body: dict[str, Any] = json.load(answer)
+        except urllib.error.HTTPError as answered:
+            body = json.load(answered)
+        except (OSError, ValueError):
+            return None
+        return body
+
     def wait_master(self, timeout_s: float) -> None:
         """Until the broker says it is its group's master (``/health``)."""
 
         def is_master() -> bool:
             if self.proc.poll() is not None:
                 raise AssertionError("the broker exited; output:\n" + "\n".join(self.lines))
-            try:
-                with urllib.request.urlopen(f"{self.http_url}/health", timeout=5) as response:
-                    return bool(json.load(response)["role"] == "master")
-            except OSError:
-                return False
+            health = self.health()
+            return health is not None and health["role"] == "master"
 
         wait_until(is_master, timeout_s, "the broker is its group's master")
 
