@@ -21,6 +21,7 @@ from metaq.broker.delay import DelayScheduler
 from metaq.broker.offsets import ConsumerOffsets
 from metaq.broker.role import GroupRole
 from metaq.broker.store import MessageStore
+from metaq.broker.transactions import Transactions
 
 
 class BrokerMetrics:
@@ -93,6 +94,7 @@ class BrokerState:
     started_monotonic: float
     role: GroupRole
     delays: DelayScheduler
+    transactions: Transactions
 
 
 class _StateCollector:
@@ -162,6 +164,14 @@ class _StateCollector:
         delivered = CounterMetricFamily("metaq_delayed_delivered", "Delayed messages delivered")
         delivered.add_metric([], delays.delivered)
         yield delivered
+        txn = state.transactions
+        yield _gauge("metaq_transactions_pending", "Half messages not ended yet (master)",
+                     txn.pending())  # fmt: skip
+        discarded = CounterMetricFamily(
+            "metaq_transactions_discarded", "Half messages discarded after their last check"
+        )
+        discarded.add_metric([], txn.discarded)
+        yield discarded
         writable = 0 if store.guard.reason else 1
         yield _gauge("metaq_writable", "1 if the store accepts writes", writable)
         queues = GaugeMetricFamily(

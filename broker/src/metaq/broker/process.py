@@ -166,6 +166,7 @@ class Broker:
                 self.started_monotonic,
                 self.group_role,
                 self.delays,
+                self.transactions,
             )
         )
 

@@ -50,7 +50,3 @@ class QueueLocks:
             holder = self._held.get(key)
             if holder is not None and holder[0] == client_id:
                 del self._held[key]
-
-    def holder(self, group: str, topic: str, queue_id: int) -> str | None:
-        held = self._held.get((group, topic, queue_id))
-        return held[0] if held is not None and held[1] > self._clock() else None

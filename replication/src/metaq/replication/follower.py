@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
@@ -68,8 +67,6 @@ class Follower:
         self.max_retry_s = max_retry_s
         self.master_address = ""
         self.master_end = 0
-        self.last_contact = 0.0
-        """Monotonic time of the last answer from the master."""
         self.connected = False
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -171,7 +168,6 @@ class Follower:
             )
         self.epoch = response.epoch
         self.master_end = response.master_end
-        self.last_contact = time.monotonic()
         master = [Epoch(e.epoch, e.start_offset) for e in response.epochs]
         end = self.log.end_offset
         cut = divergence(self.history.entries, end, master, response.master_end)
