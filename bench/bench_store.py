@@ -730,9 +730,9 @@ def _le(value: object, bound: float) -> bool:
     return isinstance(value, int | float) and value <= bound
 
 
-def save(results: Results, plan: Plan) -> None:
+def save(results: Results, plan: Plan, only: str | None) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
-    name = "bench_store_quick.json" if plan.quick else "bench_store.json"
+    name = "bench_store" + (f"_{only}" if only else "") + ("_quick" if plan.quick else "") + ".json"
     (RESULTS / name).write_text(json.dumps(results.figures, indent=2) + "\n")
 
 
@@ -792,6 +792,12 @@ def only_sync64(results: Results, root: Path, plan: Plan) -> None:
         drop_store(store)
 
 
+def only_queues(results: Results, root: Path, plan: Plan) -> None:
+    """Just the cells behind ``queues_10k_vs_16_ratio`` (for profiling)."""
+    async_cells(results, root, "1k", plan)
+    many_queues_cells(results, root, plan)
+
+
 def run_all(results: Results, root: Path, plan: Plan) -> None:
     for name in BODY_SIZES:
         async_cells(results, root, name, plan)
@@ -806,7 +812,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="a smoke run of under 30 s")
     parser.add_argument(
-        "--only", choices=("async-1k-single", "sync-64"), help="run one cell (for profiling)"
+        "--only",
+        choices=("async-1k-single", "sync-64", "queues"),
+        help="run one cell, or the cells of the queue ratio (for profiling)",
     )
     parser.add_argument("--seconds", type=float, help="override the seconds per cell")
     parser.add_argument("--fill-child", nargs=3, metavar=("DIR", "BYTES", "SEGMENT"),
@@ -823,7 +831,8 @@ def main(argv: Sequence[str]) -> None:
     plan = QUICK if args.quick else FULL
     if args.seconds:
         plan = dataclasses.replace(plan, cell_s=args.seconds)
-    runner = {"async-1k-single": only_async_single, "sync-64": only_sync64}.get(args.only, run_all)
+    runners = {"async-1k-single": only_async_single, "sync-64": only_sync64, "queues": only_queues}
+    runner = runners.get(args.only, run_all)
     RESULTS.mkdir(parents=True, exist_ok=True)
     root = Path(tempfile.mkdtemp(prefix="bench-store-", dir=RESULTS))
     results = Results()
@@ -837,7 +846,7 @@ def main(argv: Sequence[str]) -> None:
         print_table(results)
     results.figures["quick"] = plan.quick
     results.figures["bench_seconds"] = round(time.perf_counter() - began, 1)
-    save(results, plan)
+    save(results, plan, args.only)
     print(json.dumps(results.figures, sort_keys=True))
 
 
