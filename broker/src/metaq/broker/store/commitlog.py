@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Final, NamedTuple
 
 from metaq.broker.store.config import StoreConfig
+from metaq.broker.store.queue_offsets import QueueOffsets
 from metaq.broker.store.segment import Disk, Segment, SegmentQueue
 from metaq.common.errors import CorruptLog, InvalidMessage
 from metaq.common.record import (
@@ -72,7 +73,7 @@ class CommitLog:
         self.disk = disk
         self.write_offset = 0
         # Next queue offset per (topic, queue id); restored from the consume queues.
-        self.queue_offsets: dict[tuple[bytes, int], int] = {}
+        self.queue_offsets = QueueOffsets()
         self._lock = threading.Lock()
         self._legal_topics: set[bytes] = set()
 
@@ -140,7 +141,7 @@ class CommitLog:
             start = self.write_offset
             offset = start
             host = self.config.store_host
-            offsets = self.queue_offsets
+            take = self.queue_offsets.take
             cl_offsets: list[int] = []
             q_offsets: list[int] = []
             segment = self.segments.segment_for_write(offset)
@@ -157,9 +158,7 @@ class CommitLog:
                         raise
                     view = segment.view
                     pos = 0
-                key = (topic, queue_id)
-                queue_offset = offsets.get(key, 0)
-                offsets[key] = queue_offset + 1
+                queue_offset = take(topic, queue_id)
                 end = pos + size
                 view[pos:end] = record
                 STAMP.pack_into(view, pos + STAMP_AT, offset, queue_offset, now_ms, host)
@@ -176,7 +175,7 @@ class CommitLog:
         """Undo the queue offsets a failed batch took; the log's end never moved."""
         placed = zip(checked[: len(taken)], taken, strict=True)
         for (topic, queue_id, _), queue_offset in reversed(list(placed)):
-            self.queue_offsets[(topic, queue_id)] = queue_offset
+            self.queue_offsets.set(topic, queue_id, queue_offset)
 
     def _seal_segment(self, segment: Segment, pos: int) -> None:
         """Mark the rest of a full segment blank so readers skip to the next one."""

@@ -13,19 +13,35 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
 
+from metaq.broker.store.queue_offsets import QueueOffsets
 from metaq.broker.store.segment import Disk, Segment, SegmentQueue
 
 ENTRY: Final = struct.Struct("<qIq")
 """Commitlog offset, record size, tag code."""
 ENTRY_SIZE: Final = ENTRY.size
+_NO_TAIL: Final = memoryview(b"")
 
 
 class ConsumeQueue:
+    __slots__ = (
+        "_tail",
+        "_tail_end",
+        "_tail_first",
+        "_tail_view",
+        "key",
+        "max_offset",
+        "min_offset",
+        "queue_id",
+        "segments",
+        "topic",
+    )
+
     def __init__(
         self, directory: Path, topic: str, queue_id: int, entries_per_segment: int, disk: Disk
     ) -> None:
         self.topic = topic
         self.queue_id = queue_id
+        self.key = (topic.encode(), queue_id)
         self.segments = SegmentQueue(
             directory,
             entries_per_segment * ENTRY_SIZE,
@@ -35,9 +51,14 @@ class ConsumeQueue:
         )
         self.min_offset = 0
         self.max_offset = 0
-        # The file the next entry goes to, kept at hand: with ten thousand queues every
-        # object an append touches is a cache miss, so the common case touches few.
+        # The file the next entry goes to, kept at hand as its view and entry range: with
+        # ten thousand queues every object an append touches is a cache miss, so the
+        # common case touches the queue and the page, not the segment. Its ``written``
+        # mark therefore lags and is brought up to date by :meth:`settle`.
         self._tail: Segment | None = None
+        self._tail_view = _NO_TAIL
+        self._tail_first = 0
+        self._tail_end = 0
 
     def load(self) -> bool:
         """Map the files and find the entry range; return False if files are missing."""
@@ -68,15 +89,32 @@ class ConsumeQueue:
         return lo
 
     def put(self, queue_offset: int, commitlog_offset: int, size: int, tag_code: int) -> None:
-        tail = self._tail
-        at = queue_offset * ENTRY_SIZE
-        if queue_offset == self.max_offset and tail is not None and tail.start <= at < tail.end:
-            pos = at - tail.start
-            ENTRY.pack_into(tail.view, pos, commitlog_offset, size, tag_code)
-            tail.written = pos + ENTRY_SIZE
+        # The tail holds entry max_offset - 1, so the next entry is in it unless it is full.
+        if queue_offset == self.max_offset and queue_offset < self._tail_end:
+            pos = (queue_offset - self._tail_first) * ENTRY_SIZE
+            ENTRY.pack_into(self._tail_view, pos, commitlog_offset, size, tag_code)
             self.max_offset = queue_offset + 1
             return
         self._put_slow(queue_offset, commitlog_offset, size, tag_code)
+
+    def settle(self) -> None:
+        """Bring the tail file's ``written`` mark up to the entries put into it."""
+        tail = self._tail
+        if tail is not None:
+            used = min(self.max_offset * ENTRY_SIZE, tail.end) - tail.start
+            if used > tail.written:
+                tail.written = used
+
+    def _set_tail(self, segment: Segment | None) -> None:
+        self.settle()
+        self._tail = segment
+        if segment is None:
+            self._tail_view = _NO_TAIL
+            self._tail_first = self._tail_end = 0
+        else:
+            self._tail_view = segment.view
+            self._tail_first = segment.start // ENTRY_SIZE
+            self._tail_end = segment.end // ENTRY_SIZE
 
     def _put_slow(self, queue_offset: int, commitlog_offset: int, size: int, tag_code: int) -> None:
         """A new file, a re-dispatched entry, or the first entry of an empty queue."""
@@ -94,7 +132,7 @@ class ConsumeQueue:
             self.min_offset = queue_offset
         if queue_offset >= self.max_offset:
             self.max_offset = queue_offset + 1
-            self._tail = segment
+            self._set_tail(segment)
 
     def entry(self, queue_offset: int) -> tuple[int, int, int]:
         """(commitlog offset, size, tag code) of one entry; size 0 if there is none."""
@@ -137,9 +175,9 @@ class ConsumeQueue:
             else:
                 hi = mid
         if lo < self.max_offset:
+            self._set_tail(None)
             self.segments.truncate(lo * ENTRY_SIZE)
             self.max_offset = lo
-            self._tail = None
 
     def delete_before_commitlog(self, commitlog_min: int) -> None:
         """Follow the commitlog's retention: drop files wholly below its new minimum."""
@@ -161,7 +199,7 @@ class ConsumeQueue:
         self.min_offset = n
 
     def close(self) -> None:
-        self._tail = None
+        self._set_tail(None)
         self.segments.close()
 
 
@@ -173,6 +211,10 @@ class QueueTable:
         self.entries_per_segment = entries_per_segment
         self.disk = disk
         self.queues: dict[tuple[bytes, int], ConsumeQueue] = {}
+        # The same queues by topic, then by queue id: the dispatcher's lookup, which
+        # with ten thousand queues touches a list slot where a dict would touch an
+        # entry, a key tuple and its int.
+        self.rows: dict[bytes, list[ConsumeQueue | None]] = {}
 
     def load(self) -> bool:
         """Map every queue on disk; return False if any has a file missing in the middle."""
@@ -196,6 +238,10 @@ class QueueTable:
             self.disk,
         )
         self.queues[(topic, queue_id)] = queue
+        row = self.rows.setdefault(topic, [])
+        if len(row) <= queue_id:
+            row.extend([None] * (queue_id + 1 - len(row)))
+        row[queue_id] = queue
         return queue
 
     def get(self, topic: bytes, queue_id: int) -> ConsumeQueue | None:
@@ -204,6 +250,10 @@ class QueueTable:
     def get_or_create(self, topic: bytes, queue_id: int) -> ConsumeQueue:
         queue = self.queues.get((topic, queue_id))
         return queue if queue is not None else self._make(topic, queue_id)
+
+    def next_offsets(self) -> QueueOffsets:
+        """Where the appender continues each queue: at its end as dispatched."""
+        return QueueOffsets((key, queue.max_offset) for key, queue in self.queues.items())
 
     def entries_below(self, commitlog_offset: int) -> int:
         """Sum over queues of how many entries point below ``commitlog_offset``.
@@ -224,6 +274,9 @@ class QueueTable:
         return total
 
     def dirty_segments(self) -> list[Segment]:
+        """Files with entries not yet synced; call with the dispatcher held off."""
+        for queue in self.queues.values():
+            queue.settle()
         return [
             segment
             for queue in self.queues.values()
@@ -235,3 +288,4 @@ class QueueTable:
         for queue in self.queues.values():
             queue.close()
         self.queues = {}
+        self.rows = {}

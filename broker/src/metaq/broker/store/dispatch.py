@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Final
 
 from metaq.broker.store.commitlog import CommitLog
-from metaq.broker.store.consume_queue import QueueTable
+from metaq.broker.store.consume_queue import ConsumeQueue, QueueTable
 from metaq.broker.store.index import MSG_ID_PREFIX, MessageIndex
 from metaq.broker.store.service import Service
 from metaq.common.record import BLANK_MAGIC, HEADER_SIZE
@@ -43,13 +43,14 @@ class Dispatcher:
 
     def dispatch(self, limit_bytes: int = _ROUND_BYTES) -> int:
         """Dispatch records up to the commitlog's end (at most ``limit_bytes``); count them."""
-        touched: set[tuple[bytes, int]] = set()
+        touched: set[ConsumeQueue] = set()
         count = 0
         with self.lock:
             end = min(self.commitlog.write_offset, self.dispatched + limit_bytes)
             offset = self.dispatched
             segments = self.commitlog.segments
             queues = self.queues
+            rows = queues.rows
             index = self.index
             while offset < end:
                 segment = segments.find(offset)
@@ -71,8 +72,10 @@ class Dispatcher:
                         break
                     at = pos + HEADER_SIZE
                     topic = mm[at : at + topic_len]
-                    key = (topic, queue_id)
-                    queue = queues.queues.get(key) or queues.get_or_create(topic, queue_id)
+                    row = rows.get(topic)
+                    queue = row[queue_id] if row is not None and queue_id < len(row) else None
+                    if queue is None:
+                        queue = queues.get_or_create(topic, queue_id)
                     at += topic_len
                     tag_code = zlib.crc32(view[at : at + tags_len]) if tags_len else 0
                     cl_offset = segment.start + pos
@@ -82,14 +85,15 @@ class Dispatcher:
                         at += tags_len
                         for k in mm[at : at + keys_len].split(b" "):
                             index.put(topic + b"#" + k, cl_offset, store_ms)
-                    touched.add(key)
+                    touched.add(queue)
                     pos += size
                     count += 1
                 offset = segment.start + pos
             self.dispatched = offset
-        if touched:
+        if touched and self.listeners:
+            keys = {queue.key for queue in touched}
             for listener in self.listeners:
-                listener(touched)
+                listener(keys)
         return count
 
     def catch_up(self) -> int:

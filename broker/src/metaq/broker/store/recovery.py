@@ -96,7 +96,7 @@ def recover(
             queue.truncate_to_commitlog(redispatch_from)
     dispatcher.dispatched = redispatch_from
     redispatched = dispatcher.catch_up()
-    commitlog.queue_offsets = {key: q.max_offset for key, q in queues.queues.items()}
+    commitlog.queue_offsets = queues.next_offsets()
     report = RecoveryReport(
         crashed=crashed,
         full_rebuild=full,

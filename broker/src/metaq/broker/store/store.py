@@ -284,7 +284,7 @@ class MessageStore:
             for queue in self.queues.queues.values():
                 queue.truncate_to_commitlog(offset)
             self.dispatcher.dispatched = min(self.dispatcher.dispatched, offset)
-            self.commitlog.queue_offsets = {k: q.max_offset for k, q in self.queues.queues.items()}
+            self.commitlog.queue_offsets = self.queues.next_offsets()
         # The cut queues are what recovery must trust from now on.
         self.checkpoint()
 
@@ -300,7 +300,7 @@ class MessageStore:
         queues, so every record it copied must be dispatched first."""
         self.dispatcher.catch_up()
         with self.dispatcher.lock:
-            self.commitlog.queue_offsets = {k: q.max_offset for k, q in self.queues.queues.items()}
+            self.commitlog.queue_offsets = self.queues.next_offsets()
 
     # --- reads ------------------------------------------------------------------------
 
