@@ -475,3 +475,114 @@ def test_a_second_store_on_the_same_data_dir_is_refused(open_store: OpenStore) -
     store.close()
     second = open_store(store.config)
     assert second.recovery is not None and not second.recovery.crashed
+
+
+# --- a replica's damaged records ----------------------------------------------------------
+
+
+def _damage(store: MessageStore, offsets: list[int], *, crash: bool) -> tuple[int, bytes]:
+    """Flip a bit in the body of a record in the middle; return its offset and good bytes."""
+    config = store.config
+    victim = offsets[len(offsets) // 2]
+    good = read_at(config, victim, record_size(config, victim))
+    store.flusher.flush()
+    store.checkpoint()
+    if crash:
+        store.halt()
+    else:
+        store.close()
+    flip_bit(config, victim + len(good) - 1)
+    return victim, good
+
+
+def _pull_around(store: MessageStore, victim: int) -> tuple[str, int, int]:
+    record = decode(bytes(store.commitlog.slice(victim, record_size(store.config, victim)) or b""),
+                    verify=False)  # fmt: skip
+    return record.topic, record.queue_id, record.queue_offset
+
+
+def test_a_replica_recovering_from_a_crash_keeps_the_damaged_record_aside(
+    open_store: OpenStore,
+) -> None:
+    store = open_store(keep_damaged_records=True)
+    offsets = fill(store, 200)
+    before = read_all(store)
+    victim, good = _damage(store, offsets, crash=True)
+    # The checkpoint is past the damage, so only a recovery from before it would see it.
+    config = store.config
+    (config.data_dir / "checkpoint").unlink()
+
+    store = open_store(config)
+
+    assert store.commitlog.damaged == {victim: len(good)}
+    assert store.commitlog.write_offset > victim  # nothing after it was cut
+    topic, queue_id, queue_offset = _pull_around(store, victim)
+    early = store.get(topic, queue_id, 0, max_messages=10_000)
+    assert early.status is GetStatus.FOUND
+    assert early.next_offset == queue_offset  # the batch stops before the damaged record
+    with pytest.raises(StoreUnavailable, match="damaged"):
+        store.get(topic, queue_id, queue_offset)
+
+    store.commitlog.repair(victim, good)
+
+    assert store.commitlog.damaged == {}
+    assert read_at(config, victim, len(good)) == good
+    assert read_all(store) == before
+
+
+def test_a_standalone_store_still_refuses_to_start_on_mid_log_damage(
+    open_store: OpenStore,
+) -> None:
+    store = open_store()
+    offsets = fill(store, 200)
+    victim, _ = _damage(store, offsets, crash=True)
+    (store.config.data_dir / "checkpoint").unlink()
+    with pytest.raises(CorruptLog, match=f"offset {victim}"):
+        open_store(store.config)
+
+
+def test_check_finds_damage_the_start_after_a_clean_stop_trusted(open_store: OpenStore) -> None:
+    store = open_store(keep_damaged_records=True)
+    offsets = fill(store, 200)
+    before = read_all(store)
+    victim, good = _damage(store, offsets, crash=False)
+    store = open_store(store.config)
+    assert store.commitlog.damaged == {}  # a clean start trusts the files
+
+    reached = store.commitlog.check(store.commitlog.min_offset, store.commitlog.write_offset)
+
+    assert reached == store.commitlog.write_offset
+    assert store.commitlog.damaged == {victim: len(good)}
+    topic, queue_id, queue_offset = _pull_around(store, victim)
+    with pytest.raises(StoreUnavailable, match="waits for repair from its master"):
+        store.get(topic, queue_id, queue_offset)
+    store.commitlog.repair(victim, good)
+    assert read_all(store) == before
+
+
+def test_a_copy_that_is_no_better_is_refused_and_the_record_stays_damaged(
+    open_store: OpenStore,
+) -> None:
+    store = open_store(keep_damaged_records=True)
+    offsets = fill(store, 50)
+    victim, good = _damage(store, offsets, crash=False)
+    store = open_store(store.config)
+    store.commitlog.check(store.commitlog.min_offset, store.commitlog.write_offset)
+    bad = read_at(store.config, victim, len(good))
+
+    with pytest.raises(CorruptLog, match="the master's copy"):
+        store.commitlog.repair(victim, bad)
+
+    assert store.commitlog.damaged == {victim: len(good)}
+    assert read_at(store.config, victim, len(good)) == bad
+
+
+def test_a_header_that_makes_no_sense_stops_the_check(open_store: OpenStore) -> None:
+    store = open_store(keep_damaged_records=True)
+    offsets = fill(store, 50)
+    victim = offsets[25]
+    store.close()
+    flip_bit(store.config, victim + 5)  # in the magic
+    store = open_store(store.config)
+    with pytest.raises(CorruptLog, match=f"offset {victim}: bad magic"):
+        store.commitlog.check(store.commitlog.min_offset, store.commitlog.write_offset)

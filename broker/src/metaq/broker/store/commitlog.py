@@ -40,6 +40,10 @@ _CRC: Final = struct.Struct("<I")
 _OFFSET: Final = struct.Struct("<q")
 _BLANK: Final = struct.Struct("<II")
 _MAGIC_BYTES: Final = MAGIC.to_bytes(4, "little")
+_CONTENT_PROBLEMS: Final = frozenset(
+    {"CRC mismatch", "record is stamped with another commitlog offset (stale bytes)"}
+)
+"""Problems of a record whose header is sound: the walk can step over it."""
 
 
 class Appended(NamedTuple):
@@ -76,6 +80,9 @@ class CommitLog:
         self.queue_offsets = QueueOffsets()
         self._lock = threading.Lock()
         self._legal_topics: set[bytes] = set()
+        # Records whose header is sound but whose content fails its CRC, by offset, with
+        # their size: never served, and repaired from the master when there is one.
+        self.damaged: dict[int, int] = {}
 
     @property
     def min_offset(self) -> int:
@@ -243,6 +250,7 @@ class CommitLog:
         with self._lock:
             self.segments.truncate(offset)
             self.set_end(offset)
+            self._forget_damage_from(offset)
 
     # --- read -------------------------------------------------------------------------
 
@@ -282,12 +290,14 @@ class CommitLog:
 
     # --- recovery ---------------------------------------------------------------------
 
-    def recover(self, start: int, durable: int) -> RecoveredTail:
+    def recover(self, start: int, durable: int, *, keep_damaged: bool = False) -> RecoveredTail:
         """Validate records from ``start`` to the end of the data and cut a torn tail.
 
         ``durable`` is where the checkpoint says fsynced data ended. Damage past it is
         what a crash leaves and is cut. Damage before it is cut only when no intact
-        record follows (the last record); otherwise it is real corruption: raise.
+        record follows (the last record); otherwise it is real corruption: raise, unless
+        ``keep_damaged`` (a replica, which can fetch the record again) and only the
+        record's content is bad: then it goes into :attr:`damaged` and the walk goes on.
         """
         offset = self._first_segment_start(start)
         while True:
@@ -311,8 +321,81 @@ class CommitLog:
                 offset += size
                 continue
             if offset < durable and self._intact_record_after(offset + 1):
+                if keep_damaged and problem in _CONTENT_PROBLEMS:
+                    self._note_damage(segment, offset, size, problem)
+                    offset += size
+                    continue
                 raise CorruptLog(str(segment.path), offset, problem)
             return self._cut(offset, problem)
+
+    def check(self, start: int, end: int) -> int:
+        """Check every record in ``[start, end)`` against its CRC; return where it stopped.
+
+        Starts at a record boundary and stops at one, at the first at or past ``end``.
+        Damaged content goes into :attr:`damaged`; a header that makes no sense (the walk
+        cannot find the next record) raises CorruptLog.
+        """
+        offset = start
+        while offset < min(end, self.write_offset):
+            segment = self.segments.find(offset)
+            if segment is None:
+                return offset
+            pos = offset - segment.start
+            if segment.size - pos < _BLANK.size:
+                offset = segment.end
+                continue
+            size, magic = _BLANK.unpack_from(segment.view, pos)
+            if magic == BLANK_MAGIC and size == segment.size - pos:
+                offset = segment.end
+                continue
+            problem = self._problem(segment, pos, size, magic)
+            if problem in _CONTENT_PROBLEMS:
+                self._note_damage(segment, offset, size, problem)
+            elif problem is not None:
+                raise CorruptLog(str(segment.path), offset, problem)
+            offset += size
+        return offset
+
+    def _note_damage(self, segment: Segment, offset: int, size: int, problem: str) -> None:
+        if offset not in self.damaged:
+            log.error(
+                "damaged record in %s at commitlog offset %d (%d bytes): %s; it is not "
+                "served, and is fetched again from the master",
+                segment.path,
+                offset,
+                size,
+                problem,
+            )
+        self.damaged[offset] = size
+
+    def repair(self, offset: int, data: bytes | bytearray | memoryview) -> None:
+        """Overwrite a damaged record with the master's copy and make it durable.
+
+        Logs of a group are byte-identical, so the master's bytes at the same offset are
+        the record as written; they must be a whole sound record of the same size.
+        """
+        with self._lock:
+            size = self.damaged.get(offset)
+            if size is None:
+                return
+            segment = self.segments.find(offset)
+            if segment is None:  # retention removed it meanwhile
+                del self.damaged[offset]
+                return
+            if len(data) < size:
+                raise CorruptLog(str(segment.path), offset, "the master's copy is shorter")
+            copy = bytes(data[:size])
+            pos = offset - segment.start
+            view = segment.view
+            before = bytes(view[pos : pos + size])
+            view[pos : pos + size] = copy
+            problem = self._problem(segment, pos, *_BLANK.unpack_from(view, pos))
+            if problem is not None:
+                view[pos : pos + size] = before
+                raise CorruptLog(str(segment.path), offset, f"the master's copy: {problem}")
+            self.disk.sync(segment)
+            del self.damaged[offset]
+        log.warning("repaired the record at commitlog offset %d from the master", offset)
 
     def _first_segment_start(self, start: int) -> int:
         segment = self.segments.find(start)
@@ -358,7 +441,11 @@ class CommitLog:
         # further on could otherwise line up with a later append and come back to life.
         self.segments.truncate(offset)
         self.set_end(offset)
+        self._forget_damage_from(offset)
         return RecoveredTail(offset, reason)
+
+    def _forget_damage_from(self, offset: int) -> None:
+        self.damaged = {at: size for at, size in self.damaged.items() if at < offset}
 
     def set_end(self, offset: int) -> None:
         """Adopt ``offset`` as the end of the log on disk (after load or recovery)."""

@@ -47,6 +47,10 @@ class StoreConfig:
     disk_full_ratio: float = 0.90
     io_error_limit: int = 3
     store_host: bytes = bytes(8)
+    # A replica's store: a record whose content fails its CRC in the middle of the log
+    # is kept aside (not served) for repair from the master rather than stopping the
+    # start; the broker sets it when a failover controller runs its group.
+    keep_damaged_records: bool = False
 
     def __post_init__(self) -> None:
         largest_record = HEADER_SIZE + 2048 + self.max_properties_bytes + self.max_message_bytes

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from metaq.broker.store.commitlog import CommitLog
 from metaq.broker.store.consume_queue import ConsumeQueue
+from metaq.common.errors import StoreUnavailable
 
 
 class GetStatus(enum.Enum):
@@ -78,10 +79,18 @@ def read_batch(
     scan_limit = max_messages if tag_codes is None else max(max_messages * 16, 4096)
     used = 0
     next_offset = offset
+    damaged = commitlog.damaged
     for n, cl_offset, size, tag in queue.entries(offset, min(hi, offset + scan_limit)):
         if tag_codes is not None and tag not in tag_codes:
             next_offset = n + 1
             continue
+        if damaged and cl_offset in damaged:
+            if result.records:
+                break
+            raise StoreUnavailable(
+                f"the record at queue offset {n} (commitlog offset {cl_offset}) is damaged "
+                "on this broker and waits for repair from its master; read from the master"
+            )
         if result.records and used + size > max_bytes:
             break
         view = commitlog.slice(cl_offset, size)

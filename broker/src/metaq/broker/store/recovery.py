@@ -40,6 +40,8 @@ def recover(
     dispatcher: Dispatcher,
     checkpoint: Checkpoint | None,
     crashed: bool,
+    *,
+    keep_damaged: bool = False,
 ) -> RecoveryReport:
     began = time.monotonic()
     queues_complete = queues.load()
@@ -51,11 +53,13 @@ def recover(
     elif checkpoint is None:
         log.warning("no valid checkpoint: validating the whole commitlog and rebuilding queues")
         # With nothing known durable, damage with intact records after it is corruption.
-        tail = commitlog.recover(commitlog.min_offset, durable=2**63 - 1)
+        tail = commitlog.recover(commitlog.min_offset, durable=2**63 - 1, keep_damaged=keep_damaged)
         crashed = True
     elif crashed:
         start = min(checkpoint.commitlog_durable, checkpoint.dispatched)
-        tail = commitlog.recover(start, durable=checkpoint.commitlog_durable)
+        tail = commitlog.recover(
+            start, durable=checkpoint.commitlog_durable, keep_damaged=keep_damaged
+        )
     else:
         commitlog.set_end(checkpoint.commitlog_durable)
         tail = None

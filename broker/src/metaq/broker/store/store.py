@@ -133,6 +133,7 @@ class MessageStore:
             self.dispatcher,
             read_checkpoint(self._checkpoint_path),
             crashed,
+            keep_damaged=self.config.keep_damaged_records,
         )
         self._abort.create()
         # Map (and pre-fault) the segment the next append goes to now, not on the hot path.
