@@ -10,7 +10,7 @@ import pytest
 from metaq.common.errors import EpochMismatch, InvalidMessage, NotEnoughReplicas
 from metaq.common.framing import Buffer
 from metaq.common.testing import run_async, wait_until_async
-from metaq.common.v1.data_pb2 import ReplicaFetchRequest, ReplicaFetchResponse
+from metaq.common.v1.data_pb2 import EpochEntry, ReplicaFetchRequest, ReplicaFetchResponse
 from metaq.replication.epochs import Epoch, EpochHistory
 from metaq.replication.fake import MemoryLog
 from metaq.replication.follower import FetchChannel, Follower
@@ -295,5 +295,34 @@ def test_a_slave_back_on_a_new_connection_is_out_of_sync_until_it_caught_up() ->
         await master.fetch(request, connection=8)
 
         assert master.in_sync() == {0}
+
+    run_async(scenario())
+
+
+def test_a_repair_copy_is_the_masters_record_where_the_histories_agree() -> None:
+    async def scenario() -> None:
+        master_log = MemoryLog(segment_bytes=1000)
+        offsets = [master_log.append(b"record-%02d" % i) for i in range(10)]
+        size = offsets[1] - offsets[0]
+        history = EpochHistory(entries=[Epoch(1, 0), Epoch(3, offsets[6])])
+        master = ReplicaSet(master_log, history, self_id=0, epoch=3)
+
+        def repair(offset: int, *epochs: Epoch) -> ReplicaFetchRequest:
+            return ReplicaFetchRequest(
+                broker_id=1, epoch=2, offset=offset, max_bytes=size, repair=True,
+                segment_bytes=master_log.segment_bytes,
+                epochs=[EpochEntry(epoch=e.epoch, start_offset=e.start_offset) for e in epochs],
+            )  # fmt: skip
+
+        # The slave wrote epoch 2 from record 4 on, which this master never had.
+        slave_history = (Epoch(1, 0), Epoch(2, offsets[4]))
+        response, payload = await master.fetch(repair(offsets[2], *slave_history))
+        assert bytes(payload) == bytes(master_log.read(offsets[2], size))
+        assert response.offset == offsets[2] and response.epoch == 3
+        _, payload = await master.fetch(repair(offsets[5], *slave_history))
+        assert bytes(payload) == b""  # past where the logs part: another record there
+        _, payload = await master.fetch(repair(offsets[3] + 10_000, Epoch(1, 0)))
+        assert bytes(payload) == b""  # past the master's end
+        assert master.slaves == {}  # a repair is not a slave's progress
 
     run_async(scenario())

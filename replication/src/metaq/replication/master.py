@@ -119,6 +119,8 @@ class ReplicaSet:
             )
         if request.broker_id == self.self_id:
             raise InvalidMessage(f"slave reports broker id {request.broker_id}, the master's own")
+        if request.repair:
+            return self._repair_copy(request)
         now = self._clock()
         slave = self.slaves.get(request.broker_id)
         if slave is None or slave.connection != connection:
@@ -141,15 +143,36 @@ class ReplicaSet:
             payload = self.log.read(request.offset, min(request.max_bytes, self.max_fetch_bytes))
         slave.answered_end = self.log.end_offset
         slave.answered_at = self._clock()
-        response = ReplicaFetchResponse(
+        return self._response(request.offset), payload
+
+    def _repair_copy(self, request: ReplicaFetchRequest) -> tuple[ReplicaFetchResponse, Buffer]:
+        """This master's bytes for a slave's damaged record, answered at once.
+
+        Only where the two epoch histories agree past the record are the bytes at that
+        offset the same record; otherwise the answer is empty. The slave's progress and
+        in-sync state are left alone: a repair says nothing of where its log ends.
+        """
+        end = self.log.end_offset
+        stop = request.offset + request.max_bytes
+        theirs = [Epoch(e.epoch, e.start_offset) for e in request.epochs]
+        payload: Buffer = b""
+        if (
+            self.log.min_offset <= request.offset
+            and stop <= end
+            and divergence(theirs, stop, self.history.entries, end) == stop
+        ):
+            payload = self.log.read(request.offset, min(request.max_bytes, self.max_fetch_bytes))
+        return self._response(request.offset), payload
+
+    def _response(self, offset: int) -> ReplicaFetchResponse:
+        return ReplicaFetchResponse(
             epoch=self.epoch,
-            offset=request.offset,
+            offset=offset,
             master_end=self.log.end_offset,
             epochs=[EpochEntry(epoch=e.epoch, start_offset=e.start_offset)
                     for e in self.history.entries],
             min_offset=self.log.min_offset,
         )  # fmt: skip
-        return response, payload
 
     def _note(self, slave: SlaveState, request: ReplicaFetchRequest, now: float) -> None:
         slave.offset = request.offset

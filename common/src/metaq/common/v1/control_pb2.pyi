@@ -186,6 +186,7 @@ class BrokerState(_message.Message):
     CONTROLLED_FIELD_NUMBER: _builtins.int
     CONFIGURED_MASTER_FIELD_NUMBER: _builtins.int
     IN_SYNC_IDS_FIELD_NUMBER: _builtins.int
+    UNVERIFIED_FIELD_NUMBER: _builtins.int
     cluster: _builtins.str
     broker_name: _builtins.str
     """The broker group's name (RocketMQ's brokerName): a master and its slaves share it,
@@ -220,6 +221,11 @@ class BrokerState(_message.Message):
     """Deployed as its group's master (role = "master" in its configuration): the
     controller's first choice when it first meets the group.
     """
+    unverified: _builtins.bool
+    """Controlled brokers: since this start, the broker has not yet checked its whole log
+    against the records' CRCs, or holds damaged records not yet repaired from the master.
+    The controller does not elect it to replace a master while this is set.
+    """
     @_builtins.property
     def in_sync_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """Master only: the brokers of its group (itself included) whose copy of its log is up
@@ -244,10 +250,11 @@ class BrokerState(_message.Message):
         controlled: _builtins.bool = ...,
         configured_master: _builtins.bool = ...,
         in_sync_ids: _abc.Iterable[_builtins.int] | None = ...,
+        unverified: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_id", b"broker_id", "broker_name", b"broker_name", "cluster", b"cluster", "commitlog_max_offset", b"commitlog_max_offset", "computer_room", b"computer_room", "configured_master", b"configured_master", "controlled", b"controlled", "data_address", b"data_address", "epoch", b"epoch", "http_address", b"http_address", "in_sync_ids", b"in_sync_ids", "permission", b"permission", "replication_mode", b"replication_mode", "role", b"role"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_id", b"broker_id", "broker_name", b"broker_name", "cluster", b"cluster", "commitlog_max_offset", b"commitlog_max_offset", "computer_room", b"computer_room", "configured_master", b"configured_master", "controlled", b"controlled", "data_address", b"data_address", "epoch", b"epoch", "http_address", b"http_address", "in_sync_ids", b"in_sync_ids", "permission", b"permission", "replication_mode", b"replication_mode", "role", b"role", "unverified", b"unverified"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

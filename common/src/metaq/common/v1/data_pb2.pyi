@@ -773,6 +773,7 @@ class ReplicaFetchRequest(_message.Message):
     WAIT_MS_FIELD_NUMBER: _builtins.int
     SEGMENT_BYTES_FIELD_NUMBER: _builtins.int
     EPOCHS_FIELD_NUMBER: _builtins.int
+    REPAIR_FIELD_NUMBER: _builtins.int
     broker_name: _builtins.str
     broker_id: _builtins.int
     epoch: _builtins.int
@@ -790,6 +791,11 @@ class ReplicaFetchRequest(_message.Message):
     segment_bytes: _builtins.int
     """The slave's commitlog segment size; must equal the master's, or the logs could not
     be byte-identical (refused with INVALID_MESSAGE).
+    """
+    repair: _builtins.bool
+    """A slave repairing a damaged record: the master answers at once with its bytes at
+    `offset` (whole records, at most `max_bytes`) and takes nothing in the request as
+    the slave's progress.
     """
     @_builtins.property
     def epochs(self) -> _containers.RepeatedCompositeFieldContainer[Global___EpochEntry]:
@@ -810,10 +816,11 @@ class ReplicaFetchRequest(_message.Message):
         wait_ms: _builtins.int = ...,
         segment_bytes: _builtins.int = ...,
         epochs: _abc.Iterable[Global___EpochEntry] | None = ...,
+        repair: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked_offset", b"acked_offset", "broker_id", b"broker_id", "broker_name", b"broker_name", "epoch", b"epoch", "epochs", b"epochs", "max_bytes", b"max_bytes", "offset", b"offset", "segment_bytes", b"segment_bytes", "wait_ms", b"wait_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked_offset", b"acked_offset", "broker_id", b"broker_id", "broker_name", b"broker_name", "epoch", b"epoch", "epochs", b"epochs", "max_bytes", b"max_bytes", "offset", b"offset", "repair", b"repair", "segment_bytes", b"segment_bytes", "wait_ms", b"wait_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
