@@ -34,6 +34,7 @@ def view(
     in_sync: tuple[int, ...] = (),
     controlled: bool = True,
     name: str = "broker-a",
+    unverified: bool = False,
 ) -> BrokerView:
     return BrokerView(
         state=BrokerState(
@@ -46,6 +47,7 @@ def view(
             controlled=controlled,
             configured_master=configured_master,
             in_sync_ids=in_sync,
+            unverified=unverified,
         ),
         last_heartbeat_age_s=age_s,
         session_open=True,
@@ -190,6 +192,24 @@ def test_only_an_in_sync_replica_is_elected_and_without_one_the_group_waits_and_
     waits = [r for r in caplog.records if "waits for its master" in r.getMessage()]
     assert len(waits) == 1
     assert "[0, 1]" in waits[0].getMessage()
+
+
+def test_an_unverified_replica_is_not_elected_until_its_log_is_checked(
+    decider: Decider,
+) -> None:
+    control = GroupControl("broker-a", 5, 0, (0, 1, 2), "earlier")
+    master = view(0, role=Role.MASTER, epoch=5)
+    decider.decide({"broker-a": control}, {"broker-a": [master, view(1), view(2)]})
+    longest_unchecked = view(1, offset=2000, unverified=True)
+
+    (proposal,) = decider.decide({"broker-a": control}, {"broker-a": [longest_unchecked, view(2)]})
+    assert proposal.master_id == 2
+
+    alone = {"broker-a": [longest_unchecked]}
+    assert decider.decide({"broker-a": control}, alone) == []
+    checked = {"broker-a": [view(1, offset=2000)]}
+    (proposal,) = decider.decide({"broker-a": control}, checked)
+    assert proposal.master_id == 1
 
 
 def test_a_new_leader_waits_the_grace_for_a_master_it_never_saw(

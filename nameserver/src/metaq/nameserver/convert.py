@@ -94,6 +94,7 @@ def broker_state(state: pb.BrokerState) -> BrokerState:
         controlled=state.controlled,
         configured_master=state.configured_master,
         in_sync_ids=tuple(sorted(set(state.in_sync_ids))),
+        unverified=state.unverified,
     )
 
 
@@ -131,6 +132,7 @@ def state_out(state: BrokerState) -> pb.BrokerState:
         controlled=state.controlled,
         configured_master=state.configured_master,
         in_sync_ids=state.in_sync_ids,
+        unverified=state.unverified,
     )
 
 

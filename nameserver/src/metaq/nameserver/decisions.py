@@ -173,16 +173,20 @@ class Decider:
             down = f"master {key} has not registered in {now - self._since:.1f} s of leadership"
         else:
             return None
+        # An unverified broker may hold a damaged record the old master alone had whole.
         candidates = [
             b
             for b in self._fresh(brokers)
-            if _id(b) in control.in_sync_ids and _id(b) != control.master_id
+            if _id(b) in control.in_sync_ids
+            and _id(b) != control.master_id
+            and not b.state.unverified
         ]
         if not candidates:
             if name not in self._waiting:
                 self._waiting.add(name)
                 log.warning(
-                    "group %s waits for its master: %s, and no other in-sync replica of %s is live",
+                    "group %s waits for its master: %s, and no other in-sync replica of %s "
+                    "is live and verified",
                     name,
                     down,
                     list(control.in_sync_ids),

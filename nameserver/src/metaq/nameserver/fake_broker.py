@@ -65,6 +65,7 @@ class FakeBroker:
     commitlog_max_offset: int = 0
     # Reported while it is master (the controller reads it only from its master).
     in_sync_ids: tuple[int, ...] = ()
+    unverified: bool = False
     received: list[Received] = field(default_factory=list)
     heartbeats_sent: int = 0
     _links: list[_Link] = field(default_factory=list)
@@ -92,6 +93,7 @@ class FakeBroker:
             controlled=self.controlled,
             configured_master=self.configured_master,
             in_sync_ids=self.in_sync_ids if self.role == pb.BROKER_ROLE_MASTER else (),
+            unverified=self.unverified,
         )
 
     async def start(self) -> None:

@@ -112,6 +112,8 @@ class BrokerState:
     configured_master: bool = False
     # Master only: the ids it sees in sync with its log (itself included), ascending.
     in_sync_ids: tuple[int, ...] = ()
+    # Controlled brokers: its log is not checked (or not repaired) since it started.
+    unverified: bool = False
 
 
 @dataclass(frozen=True, slots=True)
