@@ -73,6 +73,7 @@ def nameserver_registrar(broker: Broker) -> NameServerRegistrar:
             controlled=group.controlled,
             configured_master=config.is_master,
             in_sync_ids=group.in_sync_ids(),
+            unverified=not group.verified,
         )
 
     registrar = NameServerRegistrar(

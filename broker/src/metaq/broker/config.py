@@ -29,7 +29,7 @@ from metaq.common.record import HEADER_SIZE
 _NAME: Final = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _ADDRESS: Final = re.compile(r"(?P<host>[^\s:]+|\[[0-9A-Fa-f:.]+\]):(?P<port>\d{1,5})")
 # Set from the broker's own settings, never from the [store] table.
-_STORE_OWNED: Final = frozenset({"data_dir", "flush_mode", "store_host"})
+_STORE_OWNED: Final = frozenset({"data_dir", "flush_mode", "store_host", "keep_damaged_records"})
 
 
 class ReplicationMode(enum.Enum):

@@ -25,6 +25,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from metaq.broker.consumers import ConsumerGroups
+from metaq.broker.log_check import LogCheck
 from metaq.broker.metrics import BrokerMetrics
 from metaq.broker.offsets import ConsumerOffsets
 from metaq.broker.role import GroupRole
@@ -97,6 +98,8 @@ class HttpServer:
             "in_sync_ids": list(c.role.in_sync_ids()),
             "electable_ids": list(c.role.electable_ids()),
             "replica_lag_bytes": {str(k): v for k, v in c.role.lag_bytes().items()},
+            "verified": c.role.verified,
+            "log_check": _log_check(c.role.check, c.store),
             "uptime_s": round(time.monotonic() - c.started_monotonic, 3),
             "commitlog_write_offset": c.store.commitlog.write_offset,
             "commitlog_durable_offset": c.store.flusher.durable,
@@ -295,3 +298,14 @@ def _topic_from_json(name: str, body: dict[str, Any], default_queues: int) -> To
         known = ", ".join(p.value for p in Permission)
         raise InvalidMessage(f"perm must be one of {known}") from None
     return TopicConfig(name, queues["read_queues"], queues["write_queues"], perm, ordered)
+
+
+def _log_check(check: LogCheck | None, store: MessageStore) -> dict[str, object] | None:
+    if check is None:
+        return None
+    return {
+        "checked_to": check.checked_to,
+        "done": check.done,
+        "damaged_records": len(store.commitlog.damaged),
+        "problem": check.problem or None,
+    }

@@ -115,7 +115,11 @@ class Broker:
         host, port = await self._data.bind(config.listen_host, config.data_port)
         self.data_address = f"{host}:{port}"
 
-        store_config = dataclasses.replace(config.store, store_host=store_host(host, port))
+        store_config = dataclasses.replace(
+            config.store,
+            store_host=store_host(host, port),
+            keep_damaged_records=config.controlled,
+        )
         self.store = MessageStore(store_config)
         report = self.store.start()
         log.info(

@@ -104,6 +104,7 @@ class BrokerDescription:
     controlled: bool = False
     configured_master: bool = False
     in_sync_ids: tuple[int, ...] = ()
+    unverified: bool = False
 
 
 def heartbeat(description: BrokerDescription, *, with_topics: bool) -> pb.BrokerHeartbeat:
@@ -123,6 +124,7 @@ def heartbeat(description: BrokerDescription, *, with_topics: bool) -> pb.Broker
             controlled=description.controlled,
             configured_master=description.configured_master,
             in_sync_ids=description.in_sync_ids,
+            unverified=description.unverified,
         )
     )
     if with_topics:

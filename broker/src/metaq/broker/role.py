@@ -27,6 +27,7 @@ from collections.abc import Callable
 from metaq.broker.config import BrokerConfig, ReplicationMode
 from metaq.broker.connection import Responder
 from metaq.broker.journal import Journal
+from metaq.broker.log_check import LogCheck
 from metaq.broker.queue_locks import QueueLocks
 from metaq.broker.replica_log import StoreLog
 from metaq.broker.store import MessageStore
@@ -91,10 +92,24 @@ class GroupRole:
         self._changes: asyncio.Queue[pb.GroupControl] = asyncio.Queue()
         self._worker: asyncio.Task[None] | None = None
         self._fetches: set[asyncio.Task[None]] = set()
+        self.check: LogCheck | None = None
+        """A controlled broker's check of its log since this start (see log_check)."""
+        if self.controlled:
+            self.check = LogCheck(
+                store,
+                self.history,
+                broker_name=config.broker_name,
+                broker_id=config.broker_id,
+                master=lambda: (self.master_address if self.role is Role.SLAVE else "", self.epoch),
+                on_progress=lambda: self.on_confirmed(),
+                on_verified=lambda: self.on_change(),
+            )
 
     # --- lifecycle ----------------------------------------------------------------------
 
     async def start(self) -> None:
+        if self.check is not None:
+            self.check.start()
         self.follower.start()
         if self.role is Role.MASTER:
             await self._become_master(self.epoch)
@@ -106,6 +121,8 @@ class GroupRole:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._worker
         await self.follower.stop()
+        if self.check is not None:
+            await self.check.stop()
         if self.replicas is not None:
             self.replicas.close()
         for task in list(self._fetches):
@@ -357,11 +374,20 @@ class GroupRole:
 
     # --- views --------------------------------------------------------------------------
 
+    @property
+    def verified(self) -> bool:
+        """Whether this broker's log is checked and whole since it started (see log_check)."""
+        return self.check is None or self.check.verified
+
     def readable_end(self) -> int | None:
-        """Master: the commitlog offset consumers may read up to (what every slave that
-        could be elected holds); None (no limit) on a slave."""
+        """The commitlog offset consumers may read up to, None for no limit: on a master
+        what every slave that could be elected holds, and while the log check runs what
+        it has checked."""
         replicas = self.replicas
-        return None if replicas is None else replicas.confirmed_offset()
+        limit = None if replicas is None else replicas.confirmed_offset()
+        if self.check is not None and not self.check.done:
+            limit = self.check.checked_to if limit is None else min(limit, self.check.checked_to)
+        return limit
 
     def in_sync_ids(self) -> tuple[int, ...]:
         """Master: its own view of the in-sync set."""

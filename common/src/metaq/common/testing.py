@@ -31,6 +31,18 @@ def wait_until(
     return time.monotonic() - start
 
 
+def holds_for(
+    predicate: Callable[[], bool], seconds: float, message: str, *, poll_s: float = 0.05
+) -> None:
+    """Assert ``predicate`` at every poll for ``seconds``: how a test shows that something
+    does not happen, over a span in which it would have happened many times over."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not predicate():
+            raise AssertionError(f"{message} no longer held")
+        time.sleep(poll_s)
+
+
 async def wait_until_async(
     predicate: Callable[[], Awaitable[bool]], timeout_s: float, message: str
 ) -> float:
