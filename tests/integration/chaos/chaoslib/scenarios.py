@@ -362,8 +362,11 @@ def corrupt_slave_segment(ctx: Ctx) -> None:
         ) -> bool:
             control = c.committed("a")
             good = _same_bytes(c, slave, master, offset)
-            electable = control is not None and broker_id(slave) in control.in_sync_ids
-            electable_while_corrupt.append(electable and not good)
+            # The controller elects only a live, verified member of the in-sync set.
+            state = c.brokers[slave].health()
+            verified = state is not None and bool(state.get("verified"))
+            in_sync = control is not None and broker_id(slave) in control.in_sync_ids
+            electable_while_corrupt.append(in_sync and verified and not good)
             return good
 
         try:
