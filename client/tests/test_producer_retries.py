@@ -120,6 +120,27 @@ def test_retries_back_off_and_end_with_the_last_error() -> None:
     run_async(_with_producer([a, b], 1, body, retries=3))
 
 
+def test_without_retries_a_failure_surfaces_and_the_next_send_fetches_the_route() -> None:
+    a = FakeBroker("broker-a", _always_fail(ErrorCode.NOT_MASTER))
+
+    async def body(producer: Producer, _clock: FakeClock, _sleeps: Sleeps) -> None:
+        routes = cast(StaticRoutes, producer.routes)
+        with pytest.raises(BrokerError):
+            await producer.send("t", b"to a replaced master")
+        fetched = routes.fetches
+        # Its group's new master is routed now: the next send must not use the old route.
+        b = FakeBroker("broker-a")
+        await b.start()
+        try:
+            routes.set("t", [("broker-a", b.address, 1)])
+            assert (await producer.send("t", b"to the new master")).status is SendStatus.OK
+            assert routes.fetches == fetched + 1 and len(b.sends) == 1
+        finally:
+            await b.stop()
+
+    run_async(_with_producer([a], 1, body, retries=0))
+
+
 def test_an_error_that_is_not_retriable_surfaces_at_once_with_the_brokers_message() -> None:
     a = FakeBroker("broker-a", _always_fail(ErrorCode.NO_PERMISSION, retriable=False))
     b = FakeBroker("broker-b")

@@ -154,15 +154,17 @@ class StaticRoutes:
     def __init__(self, routes: dict[str, Sequence[tuple[str, str, int]]]) -> None:
         """``routes``: topic → [(broker name, address, queue count), ...]."""
         self._routes = {topic: static_route(topic, groups) for topic, groups in routes.items()}
+        self._stale: set[str] = set()
         self.fetches = 0
 
     def cached(self, topic: str) -> TopicRoute | None:
-        return self._routes.get(topic)
+        return None if topic in self._stale else self._routes.get(topic)
 
     async def route(
         self, topic: str, *, refresh: bool = False, max_age_s: float | None = None
     ) -> TopicRoute:
         self.fetches += 1
+        self._stale.discard(topic)
         found = self._routes.get(topic)
         if found is None:
             raise UnknownTopic(topic, "not in the static routes")
@@ -170,6 +172,10 @@ class StaticRoutes:
 
     def set(self, topic: str, groups: Sequence[tuple[str, str, int]]) -> None:
         self._routes[topic] = static_route(topic, groups)
+
+    def invalidate(self, topic: str) -> None:
+        """As RouteCache: the next send fetches the route (``fetches`` counts it)."""
+        self._stale.add(topic)
 
     async def start(self) -> None:
         pass

@@ -288,6 +288,7 @@ class Producer:
             return await waiter
         except MetaqError as exc:
             if not exc.retriable or not self.config.retries:
+                self._after_failure(topic, exc)
                 raise
             error = exc
         results = await self._retry(topic, [rec], queue, sharding_key is not None, error)
@@ -340,6 +341,7 @@ class Producer:
             if exc is None:
                 out.set_result(done.result())
             elif not _retriable(exc) or not self.config.retries or self._closed:
+                self._after_failure(topic, exc)
                 out.set_exception(exc)
             else:
                 retry = self._retry(topic, [rec], queue, sharded, exc)
@@ -414,6 +416,7 @@ class Producer:
                     results += await future
                 except MetaqError as exc:
                     if not exc.retriable or not c.retries:
+                        self._after_failure(topic, exc)
                         raise
                     results += await self._retry(
                         topic,
@@ -434,6 +437,12 @@ class Producer:
     async def _route(self, topic: str) -> TopicRoute:
         record.check_topic(topic)
         return await self.routes.route(topic)
+
+    def _after_failure(self, topic: str, exc: BaseException) -> None:
+        """A retriable failure not retried here (``retries=0``) still means the route may
+        be stale (a master died): the next send fetches it again."""
+        if _retriable(exc):
+            self.routes.invalidate(topic)
 
     def _choose(self, route: TopicRoute, sharding_key: str | bytes | None) -> QueueRoute:
         if sharding_key is not None:

@@ -114,10 +114,6 @@ async def produce(spec: ProducerSpec, nameservers: list[str], history: HistoryWr
                 result = await producer.send(spec.topic, body, sharding_key=key)
             except Exception as exc:
                 history.write("info", **fields, error=_outcome(exc))
-                if not spec.retries:
-                    # The producer refreshes a route only to retry; without retries the
-                    # application asks for a fresh one itself.
-                    producer.routes.invalidate(spec.topic)
             else:
                 where = {"broker": result.broker, "queue": result.queue_id,
                          "offset": result.queue_offset, "msg_id": result.msg_id}  # fmt: skip
