@@ -86,6 +86,9 @@ class ClusterSpec:
     """Brokers run under chaoslib.lossy_broker, so a power loss can be simulated."""
     nameserver_args: tuple[str, ...] = ()
     loopback: bool = False
+    small_disks: tuple[str, ...] = ()
+    """Brokers whose data directory is a loop-mounted filesystem of ``small_disk_mib``."""
+    small_disk_mib: int = 256
 
 
 @dataclass
@@ -113,6 +116,8 @@ class Cluster:
             hosts={n: h.address for n, h in self.net.hosts.items()},
         )  # fmt: skip
         self._start_nameservers()
+        for node in self.spec.small_disks:
+            disk.mount_small_disk(self.data_dir(node), self.spec.small_disk_mib)
         for node in BROKERS:
             self._broker_args[node] = self._broker_flags(node)
             self.start_broker(node)
@@ -199,6 +204,9 @@ class Cluster:
                 server.kill()
         with contextlib.suppress(Exception):
             self.net.destroy()
+        for node in self.spec.small_disks:
+            with contextlib.suppress(Exception):
+                disk.unmount_small_disk(self.data_dir(node))
 
     def stop_brokers_cleanly(self) -> None:
         for broker in self.brokers.values():

@@ -14,6 +14,8 @@ store acts on it, so a send acknowledged under SYNC flush is always inside the m
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -109,3 +111,37 @@ def stored_ids(data_dir: Path, topics: Sequence[str]) -> list[str]:
     wanted = set(topics)
     return [body.split(b" ", 1)[0].decode(errors="replace")
             for _, topic, body in scan(data_dir) if topic in wanted]  # fmt: skip
+
+
+# --- a disk of its own, to fill -------------------------------------------------------------
+
+
+def mount_small_disk(data_dir: Path, mib: int) -> None:
+    """Give ``data_dir`` a filesystem of its own: ext4 in an image file, loop-mounted, so
+    filling it fills nothing else. Needs root."""
+    image = data_dir.with_name(data_dir.name + ".img")
+    image.parent.mkdir(parents=True, exist_ok=True)
+    with image.open("wb") as file:
+        file.truncate(mib * 1024 * 1024)
+    subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], check=True, capture_output=True)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-o", "loop", str(image), str(data_dir)], check=True,
+                   capture_output=True)  # fmt: skip
+    shutil.rmtree(data_dir / "lost+found", ignore_errors=True)
+
+
+def unmount_small_disk(data_dir: Path) -> None:
+    subprocess.run(["umount", str(data_dir)], check=False, capture_output=True)
+    data_dir.with_name(data_dir.name + ".img").unlink(missing_ok=True)
+
+
+def fill_disk(data_dir: Path, used_ratio: float) -> Path:
+    """Allocate a filler file until the filesystem is ``used_ratio`` full; return it."""
+    usage = shutil.disk_usage(data_dir)
+    filler = data_dir / "disk-filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        os.posix_fallocate(fd, 0, max(1, int(used_ratio * usage.total) - usage.used))
+    finally:
+        os.close(fd)
+    return filler

@@ -118,6 +118,13 @@ class HistoryTail:
         times = self.ack_times.get(group, [])
         return len(times) - bisect.bisect_right(times, since)
 
+    def first_ack_since(self, group: str, since: float) -> float | None:
+        """When the first send of ``group`` acknowledged after ``since`` was answered."""
+        self.poll()
+        times = self.ack_times.get(group, [])
+        at = bisect.bisect_right(times, since)
+        return times[at] if at < len(times) else None
+
     def failed_since(self, group: str, since: float) -> int:
         self.poll()
         times = self.fail_times.get(group, [])

@@ -466,6 +466,60 @@ def _pull_one(c: Cluster, node: str, topic: str, wanted: str) -> str:
     return asyncio.run(search())
 
 
+# --- 12. disk full on a master ----------------------------------------------------------------
+
+
+def disk_full_master(ctx: Ctx) -> None:
+    """Fill group a's master's filesystem past ``disk_full_ratio``: it refuses writes
+    (never acknowledging one it did not store), keeps serving reads, the producers carry
+    on with group b, and writes resume once space is freed."""
+    c = ctx.cluster
+    c.wait_in_sync("a")
+    master = c.wait_master("a")
+    filler = disk.fill_disk(c.data_dir(master), used_ratio=0.95)
+    c.fault("start", "disk-full", node=master, group="a")
+    wait_until(lambda: (c.health(master) or {}).get("status") == "not-writable", 20.0,
+               f"{master} refuses writes with its disk full", poll_s=0.2)  # fmt: skip
+    refused = time.monotonic()
+    c.check("disk-full: refusal says why", "disk" in str((c.health(master) or {}).get("reason")),
+            str((c.health(master) or {}).get("reason")))  # fmt: skip
+    c.wait_acked("b", 20, 20.0, since=refused)
+    served = asyncio.run(_first_record(c, master, "chaos-a"))
+    c.check("disk-full: reads go on", served == "found", f"pull from {master}: {served}")
+    ctx.hold(10.0)
+    # Sends invoked once the refusal showed must all have failed on group a.
+    invoked: dict[str, float] = {}
+    acked = []
+    for e in read_history(c.history.path):
+        if e["type"] == "invoke":
+            invoked[e["id"]] = e["t"]
+        elif e["type"] == "ok" and e["group"] == "a" and invoked.get(e["id"], 0.0) > refused:
+            acked.append(e)
+    c.check("disk-full: nothing acknowledged by the full master", not acked,
+            f"{len(acked)} sends to group a acknowledged while its master's disk was full"
+            if acked else "every send to group a failed while its disk was full")  # fmt: skip
+    filler.unlink()
+    freed = c.fault("end", "disk-full", node=master, group="a")
+    c.wait_acked("a", 20, 30.0, since=freed)
+    resumed = c.tail.first_ack_since("a", freed)
+    c.check("disk-full: writes resume within 5 s of space freed",
+            resumed is not None and resumed - freed <= 5.0,
+            f"first acknowledgement {resumed - freed:.2f} s after the filler was removed"
+            if resumed is not None else "no acknowledgement")  # fmt: skip
+
+
+async def _first_record(c: Cluster, node: str, topic: str) -> str:
+    broker = c.brokers[node]
+    client = await DataClient.connect(broker.data_host, broker.data_port)
+    try:
+        response, _ = await client.pull(topic, 0, 0, max_messages=1)
+        return "found" if response.status == PullResponse.FOUND else str(response.status)
+    except Exception as exc:
+        return f"error: {exc}"
+    finally:
+        await client.close()
+
+
 # --- 7. every nameserver down for 60 s --------------------------------------------------------
 
 
@@ -830,6 +884,11 @@ SCENARIOS: dict[int, Scenario] = {
                  ClusterSpec(replication_mode="async"),
                  summary="async: the master keeps only a nameserver cut from the Raft "
                          "majority; the majority replaces it"),
+        Scenario(12, "disk-full-master", disk_full_master,
+                 ClusterSpec(small_disks=("a0", "a1"),
+                             settings=(*ClusterSpec().settings, "store.clean_interval_s=1")),
+                 expect={"quiet_groups": ["b"]},
+                 summary="fill group a's master's disk for 10 s, then free it"),
         Scenario(10, "mixed", mixed,
                  ClusterSpec(flush_mode="async", lossy=True),
                  summary="random faults every 10-30 s for the run's duration"),
