@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import gc
 import json
 import shutil
@@ -33,15 +32,15 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
+from metaq_load import Budget, batched, one_at_a_time, percentile_ms, pipelined, wait_routed
+
 from metaq.broker.testing import BrokerProcess
 from metaq.broker.testing.admin import put_topic
-from metaq.client.errors import UnknownTopic
 from metaq.client.producer import Producer
-from metaq.client.routes import RouteCache
 from metaq.nameserver.testing import start_nameserver
 
 TOPIC: Final = "BenchE2E"
@@ -55,72 +54,6 @@ TARGETS: Final = {
     ("one at a time", 1024): 6_000,
     ("one at a time", 128): 6_000,
 }
-
-
-def percentile_ms(ordered: list[float], fraction: float) -> float:
-    if not ordered:
-        return float("nan")
-    return ordered[min(len(ordered) - 1, int(len(ordered) * fraction))] * 1000
-
-
-async def _timed(
-    seconds: float, worker: Callable[[Callable[[], bool]], Awaitable[int]], n: int
-) -> float:
-    """Run ``n`` copies of ``worker`` until ``seconds`` pass; messages per second."""
-    deadline = time.perf_counter() + seconds
-    began = time.perf_counter()
-    counts = await asyncio.gather(
-        *(worker(lambda: time.perf_counter() < deadline) for _ in range(n))
-    )
-    return sum(counts) / (time.perf_counter() - began)
-
-
-async def one_at_a_time(
-    producer: Producer, body: bytes, seconds: float
-) -> tuple[float, list[float]]:
-    latencies: list[float] = []
-
-    async def worker(going: Callable[[], bool]) -> int:
-        sent = 0
-        clock = time.perf_counter
-        while going():
-            start = clock()
-            await producer.send(TOPIC, body)
-            latencies.append(clock() - start)
-            sent += 1
-        return sent
-
-    rate = await _timed(seconds, worker, 1)
-    return rate, sorted(latencies)
-
-
-async def pipelined(producer: Producer, body: bytes, seconds: float) -> tuple[float, list[float]]:
-    latencies: list[float] = []
-
-    async def worker(going: Callable[[], bool]) -> int:
-        sent = 0
-        clock = time.perf_counter
-        while going():
-            start = clock()
-            await producer.send(TOPIC, body)
-            latencies.append(clock() - start)
-            sent += 1
-        return sent
-
-    rate = await _timed(seconds, worker, PIPELINE_SENDERS)
-    return rate, sorted(latencies)
-
-
-async def batched(producer: Producer, body: bytes, seconds: float) -> float:
-    messages = [body] * BATCH_MESSAGES
-
-    async def worker(going: Callable[[], bool]) -> int:
-        sent = 0
-        while going():
-            sent += len(await producer.send_batch(TOPIC, messages))
-        return sent
-
-    return await _timed(seconds, worker, BATCH_CALLERS)
 
 
 async def _producer(nameserver: str) -> Producer:
@@ -139,9 +72,11 @@ async def child(nameserver: str, mode: str, size: int, seconds: float, start_at:
         await asyncio.sleep(max(0.0, start_at - time.time()))
         body = bytes(size)
         rate = (
-            (await pipelined(producer, body, seconds))[0]
+            (await pipelined(producer, TOPIC, body, Budget(seconds), PIPELINE_SENDERS))[0]
             if mode == "pipelined"
-            else (await batched(producer, body, seconds))
+            else await batched(
+                producer, TOPIC, body, Budget(seconds), BATCH_CALLERS, BATCH_MESSAGES
+            )
         )
     finally:
         await producer.close()
@@ -172,19 +107,6 @@ def parallel(nameserver: str, mode: str, size: int, seconds: float, processes: i
     return total
 
 
-async def wait_routed(nameserver: str, timeout_s: float = 10.0) -> None:
-    async with RouteCache([nameserver]) as routes:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            with contextlib.suppress(UnknownTopic):
-                route = await routes.route(TOPIC, refresh=True)
-                if len(route.write_queues) == QUEUES:
-                    return
-            if time.monotonic() > deadline:
-                raise RuntimeError("the topic was not routed in time")
-            await asyncio.sleep(0.02)  # poll interval of a deadline-bound wait
-
-
 async def measure(
     nameserver: str, seconds: float, figures: dict[str, Any], rows: list[list[str]]
 ) -> None:
@@ -194,21 +116,23 @@ async def measure(
         for size in SIZES:
             body = bytes(size)
             tag = "1k" if size == 1024 else str(size)
-            rate, lat = await one_at_a_time(producer, body, seconds)
+            rate, lat = await one_at_a_time(producer, TOPIC, body, Budget(seconds))
             figures[f"one_at_a_time_{tag}_msgs_s"] = round(rate)
             figures[f"one_at_a_time_{tag}_p50_ms"] = round(percentile_ms(lat, 0.5), 3)
             figures[f"one_at_a_time_{tag}_p99_ms"] = round(percentile_ms(lat, 0.99), 3)
             figures[f"one_at_a_time_{tag}_p999_ms"] = round(percentile_ms(lat, 0.999), 3)
             rows.append(_row("one at a time", size, rate, lat))
 
-            rate, lat = await pipelined(producer, body, seconds)
+            rate, lat = await pipelined(producer, TOPIC, body, Budget(seconds), PIPELINE_SENDERS)
             figures[f"pipelined_{tag}_msgs_s"] = round(rate)
             figures[f"pipelined_{tag}_p50_ms"] = round(percentile_ms(lat, 0.5), 3)
             figures[f"pipelined_{tag}_p99_ms"] = round(percentile_ms(lat, 0.99), 3)
             figures[f"pipelined_{tag}_p999_ms"] = round(percentile_ms(lat, 0.999), 3)
             rows.append(_row(f"pipelined ({PIPELINE_SENDERS} senders)", size, rate, lat))
 
-            rate = await batched(producer, body, seconds)
+            rate = await batched(
+                producer, TOPIC, body, Budget(seconds), BATCH_CALLERS, BATCH_MESSAGES
+            )
             figures[f"batch_{tag}_msgs_s"] = round(rate)
             rows.append(_row("send_batch", size, rate, None))
             figures[f"records_per_frame_{tag}"] = round(
@@ -293,7 +217,7 @@ def main(argv: list[str]) -> None:
         )
         with broker:
             run(put_topic(broker.http_url, TOPIC, read_queues=QUEUES, write_queues=QUEUES))
-            run(wait_routed(nameserver.grpc_address))
+            run(wait_routed(nameserver.grpc_address, TOPIC, QUEUES))
             run(measure(nameserver.grpc_address, args.seconds, figures, rows))
             for size in SIZES:
                 tag = "1k" if size == 1024 else str(size)

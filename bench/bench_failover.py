@@ -29,7 +29,8 @@ import time
 from pathlib import Path
 from typing import Any, Final
 
-from bench_e2e import TOPIC, batched, one_at_a_time, percentile_ms
+from bench_e2e import BATCH_CALLERS, BATCH_MESSAGES, TOPIC
+from metaq_load import Budget, batched, one_at_a_time, percentile_ms, ready_producer
 
 from metaq.broker.testing import BrokerProcess
 from metaq.broker.testing.admin import put_topic
@@ -97,22 +98,8 @@ class Group:
             broker.kill()
 
 
-async def _ready_producer(nameserver: str) -> Producer:
-    producer = Producer([nameserver])
-    await producer.start()
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            await producer.send(TOPIC, b"warm-up")
-            return producer
-        except Exception:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.05)
-
-
 async def _fill(nameserver: str, mib: int) -> None:
-    producer = await _ready_producer(nameserver)
+    producer = await ready_producer(nameserver, TOPIC)
     try:
         batch = [BODY] * 1024
         for _ in range(mib):
@@ -145,10 +132,12 @@ def replication_throughput(root: Path, nameserver: NameServerProcess, mib: int) 
 
 
 async def _modes_cell(nameserver: str, seconds: float) -> dict[str, float]:
-    producer = await _ready_producer(nameserver)
+    producer = await ready_producer(nameserver, TOPIC)
     try:
-        rate, latencies = await one_at_a_time(producer, BODY, seconds)
-        batch_rate = await batched(producer, BODY, seconds)
+        rate, latencies = await one_at_a_time(producer, TOPIC, BODY, Budget(seconds))
+        batch_rate = await batched(
+            producer, TOPIC, BODY, Budget(seconds), BATCH_CALLERS, BATCH_MESSAGES
+        )
     finally:
         await producer.close()
     return {
@@ -201,7 +190,7 @@ def failovers(root: Path, nameserver: NameServerProcess, runs: int) -> list[floa
         group.wait_in_sync(2)
 
         async def run_all() -> None:
-            producer = await _ready_producer(nameserver.grpc_address)
+            producer = await ready_producer(nameserver.grpc_address, TOPIC)
             try:
                 for _ in range(runs):
                     old = await asyncio.to_thread(group.master)
