@@ -18,7 +18,7 @@ STAMP := .venv/.setup-stamp
 
 PYTEST_ARGS ?=
 
-.PHONY: setup test lint generate check-generated run store-demo bench-store bench-framing bench-e2e bench-failover bench-features chaos clean
+.PHONY: setup test lint generate check-generated run store-demo bench-store bench-framing bench-e2e bench-failover bench-features bench-compare bench-metaq2 chaos clean
 
 setup: $(STAMP)
 
@@ -70,6 +70,23 @@ bench-failover: setup
 
 bench-features: setup
 	$(UV) run --frozen python bench/bench_features.py
+
+# metaq beside NATS JetStream, RabbitMQ (stream, quorum queue) and Redis streams on this
+# machine (docs/benchmarks.md): installs the servers from Debian's packages when missing
+# (root) and the peers' clients (the `bench` group), starts and stops every server itself.
+# The last line is the JSON object of bench/results/compare.json.
+# make bench-compare COMPARE_ARGS="--seconds 2 --only metaq,nats"
+COMPARE_ARGS ?=
+bench-compare: setup
+	sh bench/install_peers.sh
+	$(UV) sync --frozen --all-packages --group bench
+	$(UV) run --frozen --group bench python bench/bench_compare.py $(COMPARE_ARGS)
+
+# MetaQ 2.0's performance table (flush mode x partitions x size) run against metaq here,
+# printed beside the original figures; the last line is a JSON object.
+METAQ2_ARGS ?=
+bench-metaq2: setup
+	$(UV) run --frozen python bench/bench_metaq2.py $(METAQ2_ARGS)
 
 # The chaos suite (docs/chaos.md): every scenario on network namespaces (needs root; falls
 # back to loopback and says so), a checker table each, one JSON line last.

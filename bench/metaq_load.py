@@ -90,14 +90,25 @@ async def pipelined(
 
 
 async def batched(
-    producer: Producer, topic: str, body: bytes, budget: Budget, callers: int, messages: int
+    producer: Producer,
+    topic: str,
+    body: bytes,
+    budget: Budget,
+    callers: int,
+    messages: int,
+    latencies: list[float] | None = None,
 ) -> float:
-    """``callers`` coroutines each sending lists of ``messages`` with ``send_batch``."""
+    """``callers`` coroutines each sending lists of ``messages`` with ``send_batch`` (each
+    list to the next queue round robin); each call's latency goes to ``latencies``."""
     batch = [body] * messages
+    clock = time.perf_counter
 
     async def worker(b: Budget) -> None:
         while b.going():
+            start = clock()
             b.sent += len(await producer.send_batch(topic, batch))
+            if latencies is not None:
+                latencies.append(clock() - start)
 
     return await run_workers(budget, worker, callers)
 

@@ -1,0 +1,245 @@
+"""metaq side by side with NATS JetStream, RabbitMQ (stream and quorum queue) and Redis
+streams, on this machine, in one run.
+
+Every server runs on loopback with its data under one temporary directory, started here
+and stopped here by process id however the run ends (``peer_servers.py``). Each system
+gets the same workload, 128 B and 1 KiB bodies of random bytes, and three modes:
+
+- **(a) one at a time** — send, wait for the acknowledgement, send the next;
+- **(b) in flight** — up to 1,000 unacknowledged sends, batched or pipelined as the
+  system's client does best (metaq: ``send_batch``; its pipelined ``send`` too, apart);
+- **(c) end to end** — ``--rate`` msgs/s offered open-loop and consumed back in the same
+  process, latency from scheduled send to the consumer's callback (p50/p99/p99.9).
+
+Each cell is bounded in time (``--seconds``, at most 15) and count. metaq runs twice:
+one broker under ASYNC flush (the row the ratios use) and a master/slave pair under sync
+replication. Each row states its durability.
+
+Writes ``compare.md``, ``compare.png`` and ``compare.json`` to ``--out``; the last line
+printed is the JSON object (``ratio_vs_rabbitmq_stream_batched``,
+``ratio_vs_nats_batched``, ``ratio_vs_nats_sync``, ``e2e_p99_vs_best_peer_ratio``, the
+targets met, and every cell).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import json
+import math
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
+from typing import Any, Final
+
+import uvloop
+from compare_harness import Latencies as Lat
+from compare_harness import System
+from compare_report import (
+    HEADLINE_SIZE,
+    Cell,
+    SystemInfo,
+    chart,
+    markdown,
+    ratios,
+    raw,
+    targets_met,
+)
+from metaq_load import Budget
+from metaq_system import Metaq, replicated_pair, single_broker
+from peer_nats import NatsJetStream
+from peer_rabbitmq import RabbitQuorum, RabbitStream
+from peer_redis import RedisStreams
+from peer_servers import ServerProcess, running, start_nats, start_rabbitmq, start_redis
+
+SIZES: Final = (128, 1024)
+MAX_CELL_S: Final = 15.0
+MAX_MESSAGES: Final = 5_000_000
+PEERS: Final = ("rabbitmq_stream", "nats", "rabbitmq_quorum", "redis")
+
+Launcher = Callable[[Path], AbstractContextManager[list[System]]]
+
+
+@contextmanager
+def _metaq(work: Path) -> Iterator[list[System]]:
+    with single_broker(work) as system:
+        yield [system]
+
+
+@contextmanager
+def _metaq_replicated(work: Path) -> Iterator[list[System]]:
+    with replicated_pair(work) as system:
+        yield [system]
+
+
+@contextmanager
+def _nats(work: Path) -> Iterator[list[System]]:
+    servers: list[ServerProcess] = []
+    with running(servers):
+        servers.append(start_nats(work))
+        yield [NatsJetStream(servers[0].ports["client"])]
+
+
+@contextmanager
+def _rabbitmq(work: Path) -> Iterator[list[System]]:
+    servers: list[ServerProcess] = []
+    with running(servers):
+        servers.extend(start_rabbitmq(work))
+        rabbit = servers[-1]
+        yield [RabbitStream(rabbit.ports["stream"]), RabbitQuorum(rabbit.ports["amqp"])]
+
+
+@contextmanager
+def _redis(work: Path) -> Iterator[list[System]]:
+    servers: list[ServerProcess] = []
+    with running(servers):
+        servers.append(start_redis(work))
+        yield [RedisStreams(servers[0].ports["client"])]
+
+
+# What starts each server (or servers), and the keys of the systems it yields.
+LAUNCHERS: Final[dict[str, tuple[Launcher, tuple[str, ...]]]] = {
+    "metaq": (_metaq, ("metaq",)),
+    "metaq_sync_replicated": (_metaq_replicated, ("metaq_sync_replicated",)),
+    "nats": (_nats, ("nats",)),
+    "rabbitmq": (_rabbitmq, ("rabbitmq_stream", "rabbitmq_quorum")),
+    "redis": (_redis, ("redis",)),
+}
+
+
+async def drive(system: System, seconds: float, e2e_seconds: float, rate: float) -> list[Cell]:
+    """Every mode and size of one system, in a fixed order."""
+    cells: list[Cell] = []
+    await system.open()
+    try:
+        for size in SIZES:
+            body = os.urandom(size)  # incompressible, so no client or server shrinks it
+            budget = Budget(seconds, MAX_MESSAGES)
+            latencies = await system.one_at_a_time(body, budget)
+            cells.append(Cell(system.key, "one_at_a_time", size, budget.rate(), Lat.of(latencies)))
+            budget = Budget(seconds, MAX_MESSAGES)
+            await system.in_flight(body, budget)
+            cells.append(Cell(system.key, "in_flight", size, budget.rate()))
+            if isinstance(system, Metaq):
+                budget = Budget(seconds, MAX_MESSAGES)
+                latencies = await system.pipelined(body, budget)
+                cells.append(Cell(system.key, "pipelined", size, budget.rate(), Lat.of(latencies)))
+            e2e = await system.end_to_end(size, rate, e2e_seconds)
+            cells.append(
+                Cell(system.key, "end_to_end", size, e2e.offered_msgs_s, e2e.latency,
+                     delivered=e2e.delivered, sent=e2e.sent)
+            )  # fmt: skip
+            print(f"  {system.label}, {size} B: done", file=sys.stderr, flush=True)
+    finally:
+        await system.close()
+    return cells
+
+
+def _failed(system: str, note: str) -> list[Cell]:
+    return [Cell(system, mode, size, None, note=note) for size in SIZES
+            for mode in ("one_at_a_time", "in_flight", "end_to_end")]  # fmt: skip
+
+
+def _drive_or_fail(system: System, args: argparse.Namespace) -> list[Cell]:
+    try:
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            return runner.run(drive(system, args.seconds, args.e2e_seconds, args.rate))
+    except Exception as exc:  # the cells say so; the other systems still run
+        traceback.print_exc()
+        return _failed(system.key, f"failed: {type(exc).__name__}")
+
+
+def _info(system: System) -> SystemInfo:
+    return SystemInfo(system.key, system.label, system.durability, system.in_flight_how)
+
+
+def _clean(value: Any) -> Any:
+    """NaN as null, so the file is strict JSON."""
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_clean(v) for v in value]
+    return value
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--seconds", type=float, default=3.0, help="seconds per (a)/(b) cell")
+    parser.add_argument("--e2e-seconds", type=float, default=5.0, help="measured seconds of (c)")
+    parser.add_argument("--rate", type=float, default=5000.0, help="(c) offered msgs/s")
+    parser.add_argument("--only", default=",".join(LAUNCHERS), help="comma-separated launchers")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    args = parser.parse_args(argv)
+    if not 0 < args.seconds <= MAX_CELL_S or not 0 < args.e2e_seconds + 1 <= MAX_CELL_S:
+        parser.error(f"every cell must take at most {MAX_CELL_S:.0f} s")
+
+    # A SIGTERM (a timeout, a CI cancel) unwinds like Ctrl-C, so every server is stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    work = Path(tempfile.mkdtemp(prefix="metaq-bench-compare-"))
+    cells: list[Cell] = []
+    systems: list[SystemInfo] = []
+    try:
+        for name in args.only.split(","):
+            print(f"{name}: starting", file=sys.stderr, flush=True)
+            launcher, keys = LAUNCHERS[name]
+            driven: set[str] = set()
+            try:
+                with launcher(work / name) as launched:
+                    for system in launched:
+                        systems.append(_info(system))
+                        driven.add(system.key)
+                        cells += _drive_or_fail(system, args)
+            except Exception as exc:  # one server failing leaves the others' figures
+                traceback.print_exc()
+                for key in keys:
+                    if key not in driven:
+                        systems.append(SystemInfo(key, key, "—", "—"))
+                        cells += _failed(key, f"failed to start: {type(exc).__name__}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)  # gigabytes of logs and segments
+
+    peers = [p for p in PEERS if any(s.key == p for s in systems)]
+    headline: dict[str, Any] = {
+        k: v
+        for k, v in ratios(cells, peers, HEADLINE_SIZE).items()
+        if k in ("ratio_vs_rabbitmq_stream_batched", "ratio_vs_nats_batched",
+                 "ratio_vs_nats_sync", "e2e_p99_vs_best_peer_ratio")
+    }  # fmt: skip
+    headline["targets_met"] = targets_met(headline)
+    ordered = [s for key in ("metaq", "metaq_sync_replicated", *PEERS)
+               for s in systems if s.key == key]  # fmt: skip
+    args.out.mkdir(parents=True, exist_ok=True)
+    table = markdown(cells, ordered, SIZES, args.rate, headline, when)
+    (args.out / "compare.md").write_text(table)
+    chart(cells, ordered, SIZES, args.out / "compare.png")
+    figures = _clean(
+        {
+            **headline,
+            "measured_at": when,
+            "seconds_per_cell": args.seconds,
+            "e2e_seconds": args.e2e_seconds,
+            "e2e_offered_msgs_s": args.rate,
+            **{f"{size}b": ratios(cells, peers, size) for size in SIZES},
+            **raw(cells, ordered),
+        }
+    )
+    (args.out / "compare.json").write_text(json.dumps(figures, indent=1, sort_keys=True) + "\n")
+    print(table)
+    print(f"written: {args.out / 'compare.md'}, compare.png, compare.json")
+    print(json.dumps(figures, sort_keys=True))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

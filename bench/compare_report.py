@@ -1,0 +1,243 @@
+"""The side-by-side benchmark's output: a markdown table, a chart and a JSON file of the
+raw figures, with metaq's ratio to each peer taken from cells of the same run."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from compare_harness import IN_FLIGHT, Latencies
+
+MODES: Final = ("one_at_a_time", "in_flight", "end_to_end")
+MODE_TITLES: Final = {
+    "one_at_a_time": "(a) one at a time",
+    "in_flight": f"(b) ≤ {IN_FLIGHT:,} in flight",
+    "end_to_end": "(c) end to end",
+    "pipelined": f"metaq pipelined, {IN_FLIGHT:,} senders",
+}
+HEADLINE_SIZE: Final = 1024
+METAQ: Final = "metaq"
+TARGETS: Final = {
+    "ratio_vs_rabbitmq_stream_batched": (">=", 1.0),
+    "ratio_vs_nats_batched": (">=", 3.0),
+    "ratio_vs_nats_sync": (">=", 1.3),
+    "e2e_p99_vs_best_peer_ratio": ("<=", 1.0),
+}
+
+
+@dataclass
+class Cell:
+    """One measured cell; ``msgs_s`` None when the cell could not run (``note`` says why)."""
+
+    system: str
+    mode: str
+    size: int
+    msgs_s: float | None
+    latency: Latencies = field(default_factory=Latencies.none)
+    delivered: int | None = None
+    sent: int | None = None
+    note: str = ""
+
+
+@dataclass
+class SystemInfo:
+    key: str
+    label: str
+    durability: str
+    in_flight_how: str
+
+
+def _find(cells: Sequence[Cell], system: str, mode: str, size: int) -> Cell | None:
+    for cell in cells:
+        if (cell.system, cell.mode, cell.size) == (system, mode, size):
+            return cell
+    return None
+
+
+def _ratio(numerator: float | None, denominator: float | None) -> float | None:
+    if numerator is None or denominator is None or not denominator or math.isnan(denominator):
+        return None
+    if math.isnan(numerator):
+        return None
+    return round(numerator / denominator, 3)
+
+
+def _throughput(cells: Sequence[Cell], system: str, mode: str, size: int) -> float | None:
+    cell = _find(cells, system, mode, size)
+    return None if cell is None else cell.msgs_s
+
+
+def _p99(cells: Sequence[Cell], system: str, size: int) -> float | None:
+    cell = _find(cells, system, "end_to_end", size)
+    return None if cell is None or cell.msgs_s is None else cell.latency.p99_ms
+
+
+def ratios(cells: Sequence[Cell], peers: Sequence[str], size: int) -> dict[str, float | None]:
+    """metaq ÷ each peer: throughput (higher is better for metaq) and e2e p99 (lower)."""
+    out: dict[str, float | None] = {}
+    for peer in peers:
+        for mode, tag in (("one_at_a_time", "sync"), ("in_flight", "batched")):
+            out[f"ratio_vs_{peer}_{tag}"] = _ratio(
+                _throughput(cells, METAQ, mode, size), _throughput(cells, peer, mode, size)
+            )
+        out[f"e2e_p99_vs_{peer}_ratio"] = _ratio(_p99(cells, METAQ, size), _p99(cells, peer, size))
+    peer_p99s = [p for p in (_p99(cells, peer, size) for peer in peers) if p is not None]
+    out["e2e_p99_vs_best_peer_ratio"] = _ratio(
+        _p99(cells, METAQ, size), min(peer_p99s) if peer_p99s else None
+    )
+    return out
+
+
+def targets_met(headline: dict[str, float | None]) -> dict[str, bool | None]:
+    met: dict[str, bool | None] = {}
+    for name, (op, bound) in TARGETS.items():
+        value = headline.get(name)
+        met[name] = None if value is None else (value >= bound if op == ">=" else value <= bound)
+    return met
+
+
+def _num(value: float | None, digits: int = 0) -> str:
+    if value is None or math.isnan(value):
+        return "—"
+    return f"{value:,.{digits}f}"
+
+
+def _cell_text(cell: Cell | None) -> str:
+    if cell is None:
+        return "not run"
+    if cell.msgs_s is None:
+        return cell.note or "cannot"
+    return _num(cell.msgs_s)
+
+
+def markdown(
+    cells: Sequence[Cell], systems: Sequence[SystemInfo], sizes: Sequence[int], rate: float,
+    headline: dict[str, Any], when: str,
+) -> str:  # fmt: skip
+    lines = [
+        f"# metaq side by side — {when}",
+        "",
+        f"msgs/s and send latency (ms); (c) offers {rate:,.0f} msgs/s open-loop and times each "
+        "message from its scheduled send to the consumer's callback.",
+        "",
+        "| system | size | (a) msgs/s | (a) p50 | (a) p99 | (a) p99.9 | (b) msgs/s "
+        "| (c) p50 | (c) p99 | (c) p99.9 | (c) delivered |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for info in systems:
+        for size in sizes:
+            one = _find(cells, info.key, "one_at_a_time", size)
+            many = _find(cells, info.key, "in_flight", size)
+            e2e = _find(cells, info.key, "end_to_end", size)
+            one_lat = one.latency if one is not None else Latencies.none()
+            e2e_lat = e2e.latency if e2e is not None and e2e.msgs_s is not None else None
+            delivered = (
+                f"{e2e.delivered:,} / {e2e.sent:,}"
+                if e2e is not None and e2e.sent is not None and e2e.delivered is not None
+                else _cell_text(e2e)
+            )
+            lines.append(
+                f"| {info.label} | {size} B | {_cell_text(one)} | {_num(one_lat.p50_ms, 2)} "
+                f"| {_num(one_lat.p99_ms, 2)} | {_num(one_lat.p999_ms, 2)} | {_cell_text(many)} "
+                + (
+                    f"| {_num(e2e_lat.p50_ms, 2)} | {_num(e2e_lat.p99_ms, 2)} "
+                    f"| {_num(e2e_lat.p999_ms, 2)} "
+                    if e2e_lat is not None
+                    else f"| {_cell_text(e2e)} | — | — "
+                )
+                + f"| {delivered} |"
+            )
+    labels = {s.key: s.label for s in systems}
+    extra = [c for c in cells if c.mode == "pipelined"]
+    if extra:
+        pipelined = MODE_TITLES["pipelined"]
+        lines += ["", f"metaq's other way to keep sends in flight, {pipelined}:", ""]
+    for cell in extra:
+        lines.append(
+            f"- {labels.get(cell.system, cell.system)}, {cell.size} B: {_num(cell.msgs_s)} msgs/s "
+            f"(send p50 {_num(cell.latency.p50_ms, 2)} ms, p99 {_num(cell.latency.p99_ms, 2)} ms)"
+        )
+    peers = [s.key for s in systems if not s.key.startswith(METAQ)]
+    lines += [
+        "",
+        "## metaq (one broker, ASYNC flush) ÷ each peer, same run",
+        "",
+        "Throughput: metaq ÷ peer (above 1: metaq faster). End-to-end p99: metaq ÷ peer "
+        "(below 1: metaq lower).",
+        "",
+        "| peer | size | (a) one at a time | (b) in flight | (c) e2e p99 |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for peer in peers:
+        for size in sizes:
+            r = ratios(cells, [peer], size)
+            lines.append(
+                f"| {labels[peer]} | {size} B | {_num(r[f'ratio_vs_{peer}_sync'], 2)} "
+                f"| {_num(r[f'ratio_vs_{peer}_batched'], 2)} "
+                f"| {_num(r[f'e2e_p99_vs_{peer}_ratio'], 2)} |"
+            )
+    lines += [
+        "",
+        "## Targets (1 KiB)",
+        "",
+        "| figure | value | target | met |",
+        "|---|---:|---|---|",
+    ]
+    for name, (op, bound) in TARGETS.items():
+        value = headline.get(name)
+        met = headline["targets_met"].get(name)
+        verdict = "—" if met is None else ("yes" if met else "**no**")
+        lines.append(f"| `{name}` | {_num(value, 2)} | {op} {bound} | {verdict} |")
+    lines += ["", "## Durability and how (b) sends", "", "| system | durability | (b) |"]
+    lines.append("|---|---|---|")
+    for info in systems:
+        lines.append(f"| {info.label} | {info.durability} | {info.in_flight_how} |")
+    return "\n".join(lines) + "\n"
+
+
+def chart(cells: Sequence[Cell], systems: Sequence[SystemInfo], sizes: Sequence[int],
+          path: Path) -> None:  # fmt: skip
+    """Throughput of (a) and (b), and p99 of (a) and (c), by system, one bar per size."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [
+        ("one_at_a_time", "msgs/s", "(a) one at a time — msgs/s"),
+        ("in_flight", "msgs/s", f"(b) ≤ {IN_FLIGHT:,} in flight — msgs/s"),
+        ("one_at_a_time", "p99", "(a) one at a time — send p99 ms"),
+        ("end_to_end", "p99", "(c) end to end — p99 ms"),
+    ]
+    figure, axes = plt.subplots(2, 2, figsize=(13, 8))
+    width = 0.8 / len(sizes)
+    for ax, (mode, what, title) in zip(axes.flat, panels, strict=True):
+        for i, size in enumerate(sizes):
+            values = []
+            for info in systems:
+                cell = _find(cells, info.key, mode, size)
+                value = None
+                if cell is not None and cell.msgs_s is not None:
+                    value = cell.msgs_s if what == "msgs/s" else cell.latency.p99_ms
+                values.append(0.0 if value is None or math.isnan(value) else value)
+            xs = [x + (i - (len(sizes) - 1) / 2) * width for x in range(len(systems))]
+            ax.bar(xs, values, width, label=f"{size} B")
+        ax.set_title(title)
+        ax.set_yscale("log")
+        ax.set_xticks(range(len(systems)))
+        ax.set_xticklabels([s.label for s in systems], rotation=20, ha="right", fontsize=8)
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def raw(cells: Sequence[Cell], systems: Sequence[SystemInfo]) -> dict[str, Any]:
+    return {
+        "cells": [asdict(cell) for cell in cells],
+        "systems": {s.key: asdict(s) for s in systems},
+    }

@@ -1,0 +1,153 @@
+"""metaq in the side-by-side benchmark: a nameserver and one broker (ASYNC flush), or a
+master/slave group under sync replication, driven by metaq's own client with the load
+shapes of ``bench_e2e.py`` (:mod:`metaq_load`) and, end to end, by
+``bench_e2e_latency.py``'s measurement itself."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Final
+
+from bench_e2e_latency import measure as measure_e2e
+from compare_harness import IN_FLIGHT, EndToEnd, Latencies
+from metaq_load import Budget, batched, one_at_a_time, pipelined, ready_producer, wait_routed
+
+from metaq.broker.testing import BrokerProcess
+from metaq.broker.testing.admin import put_topic
+from metaq.client.producer import Producer
+from metaq.common.testing import wait_until
+from metaq.nameserver.testing import NameServerProcess, start_nameserver
+
+TOPIC: Final = "BenchCompare"
+QUEUES: Final = 8
+BATCH_CALLERS: Final = 4
+SEGMENT: Final = ("--set", "store.commitlog_segment_bytes=268435456")
+ASYNC_FLUSH: Final = "ASYNC flush: the page cache before the ack, fdatasync every 500 ms"
+
+
+class Metaq:
+    """metaq's client against a running nameserver and master broker."""
+
+    in_flight_how = f"{BATCH_CALLERS} callers × send_batch of {IN_FLIGHT // BATCH_CALLERS}"
+
+    def __init__(self, key: str, label: str, durability: str, nameserver: str, http_url: str):
+        self.key = key
+        self.label = label
+        self.durability = durability
+        self.nameserver = nameserver
+        self.http_url = http_url
+        self._producer: Producer | None = None
+
+    @property
+    def producer(self) -> Producer:
+        assert self._producer is not None, "open() first"
+        return self._producer
+
+    async def open(self) -> None:
+        await put_topic(self.http_url, TOPIC, read_queues=QUEUES, write_queues=QUEUES)
+        await wait_routed(self.nameserver, TOPIC, QUEUES)
+        self._producer = await ready_producer(self.nameserver, TOPIC)
+
+    async def close(self) -> None:
+        if self._producer is not None:
+            await self._producer.close()
+
+    async def one_at_a_time(self, body: bytes, budget: Budget) -> list[float]:
+        return (await one_at_a_time(self.producer, TOPIC, body, budget))[1]
+
+    async def in_flight(self, body: bytes, budget: Budget) -> None:
+        await batched(self.producer, TOPIC, body, budget, BATCH_CALLERS, IN_FLIGHT // BATCH_CALLERS)
+
+    async def pipelined(self, body: bytes, budget: Budget) -> list[float]:
+        """The other way to have many sends in flight: concurrent ``send`` calls that the
+        accumulator coalesces."""
+        return (await pipelined(self.producer, TOPIC, body, budget, IN_FLIGHT))[1]
+
+    async def end_to_end(self, size: int, rate: float, seconds: float) -> EndToEnd:
+        figures = await measure_e2e(
+            self.nameserver, self.http_url, rate=rate, seconds=seconds, warmup_s=1.0,
+            size=size, queues=QUEUES,
+        )  # fmt: skip
+        return EndToEnd(
+            offered_msgs_s=figures["sent_msgs_per_s"],
+            sent=figures["messages"],
+            delivered=figures["delivered"],
+            latency=Latencies(figures["e2e_p50_ms"], figures["e2e_p99_ms"], figures["e2e_p999_ms"]),
+        )
+
+
+@contextmanager
+def single_broker(work: Path) -> Iterator[Metaq]:
+    """One nameserver and one broker, ASYNC flush; stopped however the block ends."""
+    nameserver = start_nameserver(work / "ns")
+    try:
+        with BrokerProcess.start(
+            work / "broker",
+            *("--nameserver", nameserver.grpc_address, "--flush-mode", "async", *SEGMENT),
+            small_store=False,
+            ready_timeout_s=60,
+        ) as broker:
+            yield Metaq(
+                "metaq", "metaq", f"1 copy; {ASYNC_FLUSH}",
+                nameserver.grpc_address, broker.http_url,
+            )  # fmt: skip
+    finally:
+        nameserver.stop()
+
+
+def _is_master(broker: BrokerProcess) -> bool:
+    state = broker.health()
+    return state is not None and state["role"] == "master"
+
+
+def _both_in_sync(master: BrokerProcess) -> bool:
+    state = master.health()
+    return state is not None and len(state["in_sync_ids"]) == 2
+
+
+@contextmanager
+def replicated_pair(work: Path) -> Iterator[Metaq]:
+    """A master and a slave under sync replication (both copies before the answer,
+    ``min_in_sync_replicas = 2``), ASYNC flush on both, the controller on a nameserver."""
+    nameserver: NameServerProcess = start_nameserver(work / "ns")
+    brokers: list[BrokerProcess] = []
+    try:
+        args = [
+            "--nameserver", nameserver.grpc_address, "--broker-name", "bench-pair",
+            "--flush-mode", "async", *SEGMENT,
+            "--set", "replication_mode=sync", "--set", "min_in_sync_replicas=2",
+        ]  # fmt: skip
+        for broker_id in (0, 1):
+            brokers.append(
+                BrokerProcess.start(
+                    work / f"broker-{broker_id}",
+                    "--broker-id",
+                    str(broker_id),
+                    *args,
+                    small_store=False,
+                    ready_timeout_s=60,
+                )
+            )
+        masters: list[BrokerProcess] = []
+
+        def one_master() -> bool:
+            masters[:] = [b for b in brokers if _is_master(b)]
+            return len(masters) == 1
+
+        wait_until(one_master, 60, "the pair has one master")
+        master = masters[0]
+        # The topic goes to the master; the slave copies it with the log.
+        asyncio.run(put_topic(master.http_url, TOPIC, read_queues=QUEUES, write_queues=QUEUES))
+        wait_until(lambda: _both_in_sync(master), 60, "the slave is in sync")
+        yield Metaq(
+            "metaq_sync_replicated", "metaq, sync replication",
+            f"2 copies: answered once the slave holds it too (sync replication); {ASYNC_FLUSH}",
+            nameserver.grpc_address, master.http_url,
+        )  # fmt: skip
+    finally:
+        for broker in brokers:
+            broker.kill()
+        nameserver.stop()
