@@ -106,7 +106,10 @@ async def batched(
     async def worker(b: Budget) -> None:
         while b.going():
             start = clock()
-            b.sent += len(await producer.send_batch(topic, batch))
+            # Awaited before the sum: "b.sent += len(await ...)" reads b.sent before the
+            # await and loses the other callers' counts meanwhile.
+            stored = len(await producer.send_batch(topic, batch))
+            b.sent += stored
             if latencies is not None:
                 latencies.append(clock() - start)
 
