@@ -19,6 +19,8 @@ MODE_TITLES: Final = {
     "pipelined": f"metaq pipelined, {IN_FLIGHT:,} senders",
 }
 HEADLINE_SIZE: Final = 1024
+SATURATED_MS: Final = 100.0
+"""An end-to-end p50 above this means the system did not keep up with the offered rate."""
 METAQ: Final = "metaq"
 TARGETS: Final = {
     "ratio_vs_rabbitmq_stream_batched": (">=", 1.0),
@@ -151,6 +153,17 @@ def markdown(
                 + f"| {delivered} |"
             )
     labels = {s.key: s.label for s in systems}
+    saturated = sorted(
+        {labels.get(c.system, c.system) for c in cells
+         if c.mode == "end_to_end" and c.msgs_s is not None and c.latency.p50_ms > SATURATED_MS}
+    )  # fmt: skip
+    if saturated:
+        lines += [
+            "",
+            f"(c) of {', '.join(saturated)}: the offered rate is more than it sustains here "
+            "with its producer and consumer in one process, so its latency is mostly "
+            "queueing in the client.",
+        ]
     extra = [c for c in cells if c.mode == "pipelined"]
     if extra:
         pipelined = MODE_TITLES["pipelined"]
