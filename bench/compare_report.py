@@ -228,6 +228,7 @@ def chart(cells: Sequence[Cell], systems: Sequence[SystemInfo], sizes: Sequence[
     figure, axes = plt.subplots(2, 2, figsize=(13, 8))
     width = 0.8 / len(sizes)
     for ax, (mode, what, title) in zip(axes.flat, panels, strict=True):
+        shown: list[float] = []
         for i, size in enumerate(sizes):
             values = []
             for info in systems:
@@ -238,8 +239,13 @@ def chart(cells: Sequence[Cell], systems: Sequence[SystemInfo], sizes: Sequence[
                 values.append(0.0 if value is None or math.isnan(value) else value)
             xs = [x + (i - (len(sizes) - 1) / 2) * width for x in range(len(systems))]
             ax.bar(xs, values, width, label=f"{size} B")
+            shown += [v for v in values if v > 0]
         ax.set_title(title)
-        ax.set_yscale("log")
+        # Linear unless the figures span orders of magnitude, so bar lengths stay honest.
+        if shown and max(shown) / min(shown) > 20:
+            ax.set_yscale("log")
+            title += " (log scale)"
+            ax.set_title(title)
         ax.set_xticks(range(len(systems)))
         ax.set_xticklabels([s.label for s in systems], rotation=20, ha="right", fontsize=8)
         ax.grid(axis="y", alpha=0.3)
