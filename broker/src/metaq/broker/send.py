@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 _FIELDS: Final = struct.Struct("<I8xI32xi36xH")
 _MSG_ID_AT: Final = 64
 _KNOWN_FLAGS: Final = SendRequest.FLAG_NO_WAIT_STORE | SendRequest.FLAG_RETRY
+# Record flags that need the record-by-record path (the records are rewritten).
+_SPECIAL_FLAGS: Final = FLAG_DELAYED | FLAG_TRANSACTION
 
 
 def split_records(
@@ -119,27 +121,26 @@ class SendHandler:
         if request.flags & ~_KNOWN_FLAGS:
             raise InvalidMessage(f"unknown SendRequest flags {request.flags:#x}")
         topic = self._topics.resolve_send(request.topic, request.queue_id)
-        records: Sequence[Buffer]
-        records, flags = split_records(
-            frame.payload, request.topic.encode(), request.queue_id, request.record_count
-        )
-        # Any process of a producer group may be asked how a half message of it ended.
-        self._transactions.producer_seen(request.producer_group, responder)
-        if flags & FLAG_TRANSACTION:
-            records = to_half(records, request.producer_group)
-        if flags & FLAG_DELAYED:
-            records = divert(records, self._delay_policy)
-        if request.flags & SendRequest.FLAG_RETRY:
-            appended = self._append_missing(records)
+        topic_bytes = request.topic.encode()
+        batch = self._store.commitlog.check_batch(frame.payload, topic_bytes, request.queue_id)
+        if (
+            batch is not None
+            and len(batch.sizes) == request.record_count
+            and not batch.flags & _SPECIAL_FLAGS
+            and not request.flags & SendRequest.FLAG_RETRY
+        ):
+            # The common send: checked in one pass, appended with one copy.
+            self._transactions.producer_seen(request.producer_group, responder)
+            appended = self._store.append(batch)
+            msg_ids = batch.msg_ids
         else:
-            appended = self._store.append(records)
+            appended, msg_ids = self._append_records(responder, frame.payload, topic_bytes, request)
         self._role.appended()
         if self._topics.get(topic.name) is None:
             self._create_topic(topic)
-        self._metrics.appended(topic.name, len(records), frame.payload.nbytes)
+        self._metrics.appended(topic.name, len(msg_ids), frame.payload.nbytes)
         if frame.is_one_way:
             return
-        msg_ids = [bytes(r[_MSG_ID_AT : _MSG_ID_AT + 16]) for r in records]
         if (self._sync or self._role.sync) and not request.flags & SendRequest.FLAG_NO_WAIT_STORE:
             task = self._loop.create_task(
                 self._answer_when_stored(responder, frame.request_id, appended, msg_ids)
@@ -148,6 +149,24 @@ class SendHandler:
             task.add_done_callback(self.inflight.discard)
         else:
             responder.respond(_response(frame.request_id, SendResponse.OK, appended, msg_ids))
+
+    def _append_records(
+        self, responder: Responder, payload: memoryview, topic: bytes, request: SendRequest
+    ) -> tuple[Appended, list[bytes]]:
+        """The record-by-record send: delayed and half messages, retries, a first send to
+        a topic, and any batch the one-pass check refused (the checks here say why)."""
+        records: Sequence[Buffer]
+        records, flags = split_records(payload, topic, request.queue_id, request.record_count)
+        # Any process of a producer group may be asked how a half message of it ended.
+        self._transactions.producer_seen(request.producer_group, responder)
+        if flags & FLAG_TRANSACTION:
+            records = to_half(records, request.producer_group)
+        if flags & FLAG_DELAYED:
+            records = divert(records, self._delay_policy)
+        msg_ids = [bytes(r[_MSG_ID_AT : _MSG_ID_AT + 16]) for r in records]
+        if request.flags & SendRequest.FLAG_RETRY:
+            return self._append_missing(records), msg_ids
+        return self._store.append(records), msg_ids
 
     def _append_missing(self, records: Sequence[Buffer]) -> Appended:
         """A retried batch: append only the records not stored already; the answer lists

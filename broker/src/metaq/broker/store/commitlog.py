@@ -7,6 +7,7 @@ at append time, so the dispatcher that builds consume queues only copies them.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import os
 import struct
@@ -44,6 +45,9 @@ _CONTENT_PROBLEMS: Final = frozenset(
     {"CRC mismatch", "record is stamped with another commitlog offset (stale bytes)"}
 )
 """Problems of a record whose header is sound: the walk can step over it."""
+# What check_batch reads of a record in one unpack: size, magic, flags, queue id, message
+# id, the five variable lengths; the topic follows as a field of its own length.
+_BATCH_FORMAT: Final = "<II4xI32xi12x16s8xHHHHI{}s"
 
 
 class Appended(NamedTuple):
@@ -54,6 +58,26 @@ class Appended(NamedTuple):
     commitlog_offsets: list[int]
     queue_offsets: list[int]
     store_timestamp_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class RecordBatch:
+    """Records of one topic-queue back to back in one buffer, as a SEND carries them.
+
+    Made only by :meth:`CommitLog.check_batch`, which has checked every record, so the
+    append copies the buffer into the log in one piece and stamps the records in place:
+    no object per record on the way in.
+    """
+
+    data: memoryview
+    sizes: list[int]
+    ends: list[int]
+    """Where each record ends in ``data``."""
+    msg_ids: list[bytes]
+    flags: int
+    """The records' flags ORed: does any ask for special handling?"""
+    topic: bytes
+    queue_id: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +107,7 @@ class CommitLog:
         # Records whose header is sound but whose content fails its CRC, by offset, with
         # their size: never served, and repaired from the master when there is one.
         self.damaged: dict[int, int] = {}
+        self._batch_fields: dict[int, struct.Struct] = {}
 
     @property
     def min_offset(self) -> int:
@@ -137,11 +162,62 @@ class CommitLog:
             self._legal_topics.add(topic)
         return topic, queue_id, size
 
-    def append(self, records: Sequence[bytes | bytearray | memoryview]) -> Appended:
+    def check_batch(self, data: memoryview, topic: bytes, queue_id: int) -> RecordBatch | None:
+        """Check a SEND's records of ``topic`` and ``queue_id`` in one pass over ``data``.
+
+        Returns None for anything but well-formed records of that topic and queue within
+        the limits: the caller then takes the per-record path, whose checks say exactly
+        what is wrong. A record's flags are not judged here (see ``RecordBatch.flags``).
+        """
+        if topic not in self._legal_topics or not 0 <= queue_id < MAX_QUEUES_PER_TOPIC:
+            return None
+        topic_len = len(topic)
+        fields = self._batch_fields.get(topic_len)
+        if fields is None:
+            fields = self._batch_fields[topic_len] = struct.Struct(_BATCH_FORMAT.format(topic_len))
+        unpack = fields.unpack_from
+        fixed = HEADER_SIZE + topic_len
+        max_body = self.config.max_message_bytes
+        max_props = self.config.max_properties_bytes
+        sizes: list[int] = []
+        ends: list[int] = []
+        msg_ids: list[bytes] = []
+        flags_seen = 0
+        pos = 0
+        n = len(data)
+        try:
+            while pos < n:
+                size, magic, flags, queue, msg_id, tl, gl, kl, pl, bl, record_topic = unpack(
+                    data, pos
+                )
+                if (
+                    size != fixed + gl + kl + pl + bl
+                    or magic != MAGIC
+                    or queue != queue_id
+                    or tl != topic_len
+                    or record_topic != topic
+                    or bl > max_body
+                    or pl > max_props
+                ):
+                    return None
+                flags_seen |= flags
+                pos += size
+                sizes.append(size)
+                ends.append(pos)
+                msg_ids.append(msg_id)
+        except struct.error:  # a header cut short
+            return None
+        if pos != n or not sizes:
+            return None
+        return RecordBatch(data, sizes, ends, msg_ids, flags_seen, topic, queue_id)
+
+    def append(self, records: Sequence[bytes | bytearray | memoryview] | RecordBatch) -> Appended:
         """Append a batch as one unit: all records are checked before any is written.
 
         Returns once the bytes are in the page cache; durability is the flusher's job.
         """
+        if isinstance(records, RecordBatch):
+            return self._append_batch(records)
         checked = [self._check(r) for r in records]
         with self._lock:
             now_ms = time.time_ns() // 1_000_000
@@ -177,6 +253,56 @@ class CommitLog:
             segment.written = pos
             self.write_offset = offset
         return Appended(start, offset, cl_offsets, q_offsets, now_ms)
+
+    def _append_batch(self, batch: RecordBatch) -> Appended:
+        """Append checked records of one queue: one copy per segment the batch lands in,
+        then each record stamped and its CRC written where it lies."""
+        data, sizes, ends = batch.data, batch.sizes, batch.ends
+        topic, queue_id = batch.topic, batch.queue_id
+        host = self.config.store_host
+        stamp = STAMP.pack_into
+        put_crc = _CRC.pack_into
+        crc32 = zlib.crc32
+        with self._lock:
+            now_ms = time.time_ns() // 1_000_000
+            start = offset = self.write_offset
+            first_queue_offset = queue_offset = self.queue_offsets.get((topic, queue_id), 0)
+            cl_offsets: list[int] = []
+            add = cl_offsets.append
+            segment = self.segments.segment_for_write(offset)
+            pos = offset - segment.start
+            done = 0  # records written
+            at = 0  # where they end in data
+            while True:
+                # The records that fit in this segment; a record never spans two.
+                upto = bisect.bisect_right(ends, at + segment.size - pos, done)
+                if upto == done and pos == 0:
+                    raise InvalidMessage(
+                        f"a record of {sizes[done]} bytes does not fit in a commitlog segment"
+                    )
+                until = ends[upto - 1] if upto > done else at
+                view = segment.view
+                view[pos : pos + until - at] = data[at:until]
+                base = segment.start
+                for size in sizes[done:upto]:
+                    stamp(view, pos + STAMP_AT, base + pos, queue_offset, now_ms, host)
+                    end = pos + size
+                    put_crc(view, pos + 8, crc32(view[pos + CRC_START : end]))
+                    add(base + pos)
+                    queue_offset += 1
+                    pos = end
+                done, at = upto, until
+                if done == len(sizes):
+                    break
+                self._seal_segment(segment, pos)
+                offset = segment.end
+                segment = self.segments.segment_for_write(offset)
+                pos = 0
+            segment.written = pos
+            self.queue_offsets.set(topic, queue_id, queue_offset)
+            self.write_offset = end_offset = segment.start + pos
+        queue_offsets = list(range(first_queue_offset, queue_offset))
+        return Appended(start, end_offset, cl_offsets, queue_offsets, now_ms)
 
     def _give_back(self, checked: list[tuple[bytes, int, int]], taken: list[int]) -> None:
         """Undo the queue offsets a failed batch took; the log's end never moved."""

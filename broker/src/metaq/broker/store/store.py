@@ -17,7 +17,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from metaq.broker.store.checkpoint import AbortMarker, Checkpoint, read_checkpoint, write_checkpoint
-from metaq.broker.store.commitlog import Appended, CommitLog
+from metaq.broker.store.commitlog import Appended, CommitLog, RecordBatch
 from metaq.broker.store.config import FlushMode, StoreConfig
 from metaq.broker.store.consume_queue import QueueTable
 from metaq.broker.store.dispatch import Dispatcher, DispatchService
@@ -193,7 +193,7 @@ class MessageStore:
 
     # --- writes -----------------------------------------------------------------------
 
-    def append(self, records: Sequence[bytes | bytearray | memoryview]) -> Appended:
+    def append(self, records: Sequence[bytes | bytearray | memoryview] | RecordBatch) -> Appended:
         """Append a batch of producer-built records; returns once they are in memory.
 
         Raises InvalidMessage (nothing written) or StoreUnavailable (writes refused).
