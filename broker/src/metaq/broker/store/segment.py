@@ -86,9 +86,13 @@ def open_segment(path: Path, start: int, size: int, *, preallocate: bool, keep_f
             )
         if current == 0:
             if preallocate:
+                # Reserved blocks: a store through the mapping never meets a full disk,
+                # which would be a SIGBUS rather than an error.
                 os.posix_fallocate(fd, 0, size)
                 # Writing zeros now makes the page cache hold every page, so appends later
                 # are a plain memcpy instead of a page fault each (about 12x faster here).
+                # Reading the file in instead leaves the pages clean, and the first write
+                # to each then costs the appending thread more (docs/producer.md).
                 zeros = bytes(min(_PREFAULT_CHUNK, size))
                 for at in range(0, size, len(zeros)):
                     os.pwrite(fd, zeros[: size - at], at)
