@@ -63,13 +63,14 @@ class Appended(NamedTuple):
     store_timestamp_ms: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class RecordBatch:
     """Records of one topic-queue back to back in one buffer, as a SEND carries them.
 
     Made only by :meth:`CommitLog.check_batch`, which has checked every record, so the
     append copies the buffer into the log in one piece and stamps the records in place:
-    no object per record on the way in.
+    no object per record on the way in. Not frozen: a frozen dataclass takes ~1 us more
+    to build, a cost every one-message send would pay.
     """
 
     data: memoryview
