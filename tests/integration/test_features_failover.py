@@ -167,9 +167,11 @@ def test_an_ordered_queue_stays_in_order_and_single_handled_across_a_failover(
                 await produce(0, 30)
                 await asyncio.to_thread(kill_master, group)
                 await produce(30, 60)
-                async with asyncio.timeout(60):
-                    while any(len(set(seen[k])) < 60 for k in "abcd"):
-                        await asyncio.sleep(0.05)
+
+                async def all_seen() -> bool:
+                    return all(len(set(seen[k])) >= 60 for k in "abcd")
+
+                await wait_until_async(all_seen, 60, "every key's 60 messages are handled")
                 for consumer in consumers:
                     await consumer.close()
 
@@ -205,9 +207,11 @@ def test_a_pending_retry_is_delivered_and_dead_lettered_by_the_new_master(
             consumer.subscribe("jobs", failing)
             async with consumer, Producer(group.nameserver_addresses) as producer:
                 await producer.send("jobs", b"job")
-                async with asyncio.timeout(20):
-                    while consumer.stats.sent_back < 1:
-                        await asyncio.sleep(0.05)
+
+                async def sent_back() -> bool:
+                    return consumer.stats.sent_back >= 1
+
+                await wait_until_async(sent_back, 20, "the failed job is sent back for a retry")
                 # The retry waits out its 5 s in the old master's delay tiers.
                 killed_after.append(len(tries))
                 new = await asyncio.to_thread(kill_master, group)

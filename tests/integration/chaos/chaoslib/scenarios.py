@@ -481,8 +481,8 @@ def disk_full_master(ctx: Ctx) -> None:
     wait_until(lambda: (c.health(master) or {}).get("status") == "not-writable", 20.0,
                f"{master} refuses writes with its disk full", poll_s=0.2)  # fmt: skip
     refused = time.monotonic()
-    c.check("disk-full: refusal says why", "disk" in str((c.health(master) or {}).get("reason")),
-            str((c.health(master) or {}).get("reason")))  # fmt: skip
+    reason = str((c.health(master) or {}).get("reason"))
+    c.check("disk-full: refusal says why", "disk" in reason, reason)
     c.wait_acked("b", 20, 20.0, since=refused)
     served = asyncio.run(_first_record(c, master, "chaos-a"))
     c.check("disk-full: reads go on", served == "found", f"pull from {master}: {served}")
