@@ -52,7 +52,7 @@ from compare_report import (
     raw,
     targets_met,
 )
-from metaq_load import Budget
+from metaq_load import Budget, settle_disk
 from metaq_system import Metaq, replicated_pair, single_broker
 from peer_nats import NatsJetStream
 from peer_rabbitmq import RabbitQuorum, RabbitStream
@@ -116,12 +116,13 @@ LAUNCHERS: Final[dict[str, tuple[Launcher, tuple[str, ...]]]] = {
 
 async def drive(system: System, seconds: float, e2e_seconds: float, rate: float) -> list[Cell]:
     """Every mode and size of one system. The end-to-end cells go first, while the
-    server is quiet: after the throughput cells every server is still writing back
-    the gigabyte or so they took, and that would land in whichever tail came next."""
+    server is quiet, each after what earlier cells (of this system or the last one)
+    left dirty is written back."""
     cells: list[Cell] = []
     await system.open()
     try:
         for size in SIZES:
+            settle_disk()
             e2e = await system.end_to_end(size, rate, e2e_seconds)
             cells.append(
                 Cell(system.key, "end_to_end", size, e2e.offered_msgs_s, e2e.latency,

@@ -6,6 +6,8 @@ scheduled send time, kept whether or not earlier sends were answered, so a stall
 up as latency instead of a lower rate), and one PushConsumer in the same process
 long-polls the topic's queues. A message's latency is from its scheduled send time to
 the moment its handler is called. The first ``--warmup-s`` are left out of the figures.
+The schedule is :class:`compare_harness.OpenLoop`'s, the one every system of
+``make bench-compare`` is driven by: it wakes every millisecond to send what came due.
 
 The client runs on uvloop when installed and calls ``gc.freeze()`` once set up (both
 can be turned off): without the freeze, CPython's full collections walk every object
@@ -21,16 +23,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import json
 import logging
-import struct
 import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from compare_harness import OpenLoop
 
 from metaq.broker.testing import BrokerProcess
 from metaq.broker.testing.admin import put_topic
@@ -40,13 +42,6 @@ from metaq.client.routes import RouteCache
 from metaq.nameserver.testing import start_nameserver
 
 TOPIC = "BenchE2ELatency"
-_STAMP = struct.Struct("<Q")
-
-
-def _percentile(ordered: list[float], fraction: float) -> float:
-    if not ordered:
-        return float("nan")
-    return ordered[min(len(ordered) - 1, int(len(ordered) * fraction))]
 
 
 async def _wait_routed(nameserver: str, queues: int) -> None:
@@ -69,43 +64,30 @@ async def _wait_routed(nameserver: str, queues: int) -> None:
 
 async def measure(
     nameserver: str, http_url: str, *, rate: float, seconds: float, warmup_s: float, size: int,
-    queues: int, gc_freeze: bool = True, trace: list[tuple[int, float]] | None = None,
+    queues: int, gc_freeze: bool = True,
 ) -> dict[str, Any]:  # fmt: skip
-    """Run the measurement against a running nameserver and broker; the figures.
-
-    ``trace``, when given, receives (message index, latency s) of every measured message.
-    """
+    """Run the measurement against a running nameserver and broker; the figures."""
     await put_topic(http_url, TOPIC, read_queues=queues, write_queues=queues)
     await _wait_routed(nameserver, queues)
-    total = int(rate * (seconds + warmup_s))
-    warmup = int(rate * warmup_s)
-    latencies: list[float] = []
-    received = 0
-    done = asyncio.Event()
-    start = 0.0
+    run = OpenLoop(rate, seconds, size, warmup_s=warmup_s, drain_timeout_s=30.0,
+                   gc_freeze=gc_freeze)  # fmt: skip
 
     async def handle(message: Message) -> None:
-        nonlocal received
-        now = time.perf_counter()
-        (index,) = _STAMP.unpack_from(message.body)
-        if index >= warmup:
-            latencies.append(now - (start + index / rate))
-            if trace is not None:
-                trace.append((index, now - (start + index / rate)))
-        received += 1
-        if received >= total:
-            done.set()
+        run.on_message(message.body)
 
     consumer = PushConsumer([nameserver], "bench-e2e-latency", consume_from=LAST)
     consumer.subscribe(TOPIC, handle)
-    errors = 0
 
     def count_error(future: asyncio.Future[Any]) -> None:
-        nonlocal errors
         if future.exception() is not None:
-            errors += 1
+            run.errors += 1
 
     async with Producer([nameserver], linger_ms=0.5) as producer:
+
+        async def send(bodies: list[bytes]) -> None:
+            for body in bodies:
+                producer.send_async(TOPIC, body).add_done_callback(count_error)
+
         await consumer.start()
         try:
             deadline = time.monotonic() + 20
@@ -119,47 +101,26 @@ async def measure(
                 if time.monotonic() > deadline:
                     raise RuntimeError("the consumer did not take every queue in 20 s")
                 await asyncio.sleep(0.01)
-            padding = b"x" * max(size - _STAMP.size, 0)
-            if gc_freeze:
-                # What a latency-sensitive service does once it is set up: the objects
-                # of start-up (modules, protobuf descriptors, grpc) leave the collector's
-                # view, so a full collection costs ~1 ms instead of tens.
-                gc.freeze()
             cpu_before = time.process_time()
-            start = time.perf_counter()
-            sent = 0
-            while sent < total:
-                due = min(total, int((time.perf_counter() - start) * rate) + 1)
-                for index in range(sent, due):
-                    future = producer.send_async(TOPIC, _STAMP.pack(index) + padding)
-                    future.add_done_callback(count_error)
-                sent = due
-                await asyncio.sleep(0.0005)
-            send_seconds = time.perf_counter() - start
-            try:
-                async with asyncio.timeout(30):
-                    await done.wait()
-            except TimeoutError:
-                pass
+            result = await run.run(send)
             cpu_seconds = time.process_time() - cpu_before
         finally:
             await consumer.close()
-    latencies.sort()
-    ms = [x * 1e3 for x in latencies]
+    latency = result.latency
     return {
         "offered_msgs_per_s": rate,
-        "sent_msgs_per_s": round(total / send_seconds, 1),
-        "messages": total,
-        "measured": len(ms),
-        "delivered": received,
-        "send_errors": errors,
+        "sent_msgs_per_s": result.offered_msgs_s,
+        "messages": result.sent,
+        "measured": len(run.latencies),
+        "delivered": result.delivered,
+        "send_errors": run.errors,
         "message_bytes": size,
         "gc_freeze": gc_freeze,
-        "client_cpu_us_per_msg": round(cpu_seconds / total * 1e6, 1),
-        "e2e_p50_ms": round(_percentile(ms, 0.50), 3),
-        "e2e_p99_ms": round(_percentile(ms, 0.99), 3),
-        "e2e_p999_ms": round(_percentile(ms, 0.999), 3),
-        "e2e_max_ms": round(ms[-1], 3) if ms else float("nan"),
+        "client_cpu_us_per_msg": round(cpu_seconds / result.sent * 1e6, 1),
+        "e2e_p50_ms": round(latency.p50_ms, 3),
+        "e2e_p99_ms": round(latency.p99_ms, 3),
+        "e2e_p999_ms": round(latency.p999_ms, 3),
+        "e2e_max_ms": round(max(run.latencies, default=float("nan")) * 1e3, 3),
     }
 
 

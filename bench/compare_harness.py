@@ -28,7 +28,11 @@ from metaq_load import Budget, percentile_ms
 IN_FLIGHT: Final = 1000
 """Unacknowledged sends a client may have outstanding in the ``in_flight`` mode."""
 _INDEX: Final = struct.Struct("<Q")
-_TICK_S: Final = 0.0005
+TICK_S: Final = 0.001
+"""How often the open loop wakes to send what came due. uvloop's timers count whole
+milliseconds and round a shorter sleep to none, so anything below 1 ms is a busy spin
+that takes a core from the system under test; a message waits up to about a tick to go
+out, which every system's latency carries alike."""
 
 
 @dataclass(frozen=True)
@@ -93,6 +97,7 @@ class OpenLoop:
     size: int
     warmup_s: float = 1.0
     drain_timeout_s: float = 8.0
+    gc_freeze: bool = True
     start: float = 0.0
     received: int = 0
     errors: int = 0
@@ -120,9 +125,10 @@ class OpenLoop:
     async def run(self, send: Callable[[list[bytes]], Awaitable[None]]) -> EndToEnd:
         """Offer every message on schedule through ``send`` (which must not wait for
         acknowledgements), then wait for the consumer to have them all, within bounds."""
-        # What a latency-sensitive service does once set up: start-up's objects leave
-        # the collector's view, so a full collection costs ~1 ms instead of tens.
-        gc.freeze()
+        if self.gc_freeze:
+            # What a latency-sensitive service does once set up: start-up's objects leave
+            # the collector's view, so a full collection costs ~1 ms instead of tens.
+            gc.freeze()
         self.start = time.perf_counter()
         sent = 0
         while sent < self.total:
@@ -130,7 +136,7 @@ class OpenLoop:
             if due > sent:
                 await send([self.body(index) for index in range(sent, due)])
                 sent = due
-            await asyncio.sleep(_TICK_S)
+            await asyncio.sleep(TICK_S)
         send_seconds = time.perf_counter() - self.start
         try:
             async with asyncio.timeout(self.drain_timeout_s):

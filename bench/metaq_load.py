@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -26,6 +27,16 @@ def percentile_ms(ordered: list[float], fraction: float) -> float:
     if not ordered:
         return float("nan")
     return ordered[min(len(ordered) - 1, int(len(ordered) * fraction))] * 1000
+
+
+def settle_disk() -> None:
+    """Write back everything earlier cells left dirty, before a latency cell starts.
+
+    A throughput cell leaves a gigabyte or more in the page cache; the kernel writes it
+    back over the following seconds, and that I/O (and the CPU it takes) would land in
+    the tail of whatever cell runs next, whichever system that is.
+    """
+    os.sync()
 
 
 @dataclass
