@@ -59,6 +59,20 @@ def test_a_report_from_the_dispatcher_thread_wakes_the_pulls_of_that_queue_only(
     run(scenario)
 
 
+def test_a_report_made_on_the_loop_answers_at_once() -> None:
+    async def scenario(loop: asyncio.AbstractEventLoop) -> None:
+        woken: list[int] = []
+        polls = LongPolls(loop, lambda p, _final: woken.append(p.queue_id))
+        polls.park(pull(loop, 30, queue_id=3))
+
+        polls.on_dispatch({(b"t", 3)})  # the appender dispatched its own records
+
+        assert woken == [3], "answered within the call, not a loop turn later"
+        assert polls.parked == 0
+
+    run(scenario)
+
+
 def test_an_unanswered_pull_is_answered_finally_at_its_deadline() -> None:
     async def scenario(loop: asyncio.AbstractEventLoop) -> None:
         done: asyncio.Future[bool] = loop.create_future()

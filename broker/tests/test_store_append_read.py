@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import struct
 import sys
+import threading
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
@@ -197,6 +198,37 @@ def test_dispatcher_thread_builds_queues_without_being_asked(
     wait_until(lambda: store.max_offset("bg", 1) == 50, 5.0, "the dispatcher reached 50")
 
     assert len(read_queue(store, "bg", 1)) == 50
+
+
+def test_a_small_append_is_dispatched_by_the_appending_thread(open_store: OpenStore) -> None:
+    store = open_store()
+    listened: list[tuple[set[tuple[bytes, int]], int]] = []
+    store.dispatcher.listeners.append(lambda keys: listened.append((keys, threading.get_ident())))
+    appended = store.append([encode("inline", b"x", queue_id=2)], wake_dispatcher=False)
+
+    store.dispatch_appended()
+
+    # Done before the call returned, on this thread: no hand-off to the dispatcher.
+    assert store.dispatcher.dispatched == appended.end
+    assert store.max_offset("inline", 2) == 1
+    assert listened == [({(b"inline", 2)}, threading.get_ident())]
+
+
+def test_a_large_append_or_a_busy_dispatcher_is_left_to_the_dispatcher_thread(
+    open_store: OpenStore, wait_until: Callable[[Callable[[], bool], float, str], None]
+) -> None:
+    store = open_store(dispatch_inline_bytes=4096)
+    large = store.append(
+        [encode("big", bytes(1000), queue_id=0) for _ in range(8)], wake_dispatcher=False
+    )
+    with store.dispatcher.lock:  # the dispatcher thread is mid-round (so it cannot start)
+        store.dispatch_appended()  # over the inline limit: returns without dispatching
+        assert store.dispatcher.dispatched < large.end
+        small = store.append([encode("big", b"x", queue_id=0)], wake_dispatcher=False)
+        store.dispatch_appended()  # small, but the lock is taken: must not block
+        assert store.dispatcher.dispatched < small.end
+
+    wait_until(lambda: store.max_offset("big", 0) == 9, 5.0, "the dispatcher took all 9")
 
 
 # --- get: statuses and bounds ------------------------------------------------------------

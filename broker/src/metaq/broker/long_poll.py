@@ -1,10 +1,11 @@
 """Long polling: PULL requests parked until their queue gets new entries or time runs out.
 
-The store's dispatcher thread reports which (topic, queue id) pairs got new consume-queue
-entries after each round; when anything is parked, that set crosses to the event loop in
-one ``call_soon_threadsafe`` and the pulls parked on those queues are read again and
-answered. A pull not answered by its deadline is answered with whatever a last read finds
-(normally the empty status). Nothing polls on a timer.
+The store's dispatcher reports which (topic, queue id) pairs got new consume-queue
+entries after each round; when anything is parked, the pulls parked on those queues are
+read again and answered: at once when the loop itself dispatched (a small append), else
+after the set crossed to the loop in one ``call_soon_threadsafe``. A pull not answered
+by its deadline is answered with whatever a last read finds (normally the empty
+status). Nothing polls on a timer.
 
 Parking races with the dispatcher (it may add the entry just after the read that found
 nothing, and look for parked pulls just before this one is parked); the owner closes the
@@ -16,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
@@ -56,7 +58,9 @@ class LongPolls:
     """Parked pulls by queue."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, retry: Retry) -> None:
+        """Made on the thread that runs ``loop``."""
         self._loop = loop
+        self._loop_thread = threading.get_ident()
         self._retry = retry
         self._parked: dict[QueueKey, list[PendingPull]] = {}
         self._count = 0
@@ -94,8 +98,12 @@ class LongPolls:
     # --- from the dispatcher thread ---------------------------------------------------
 
     def on_dispatch(self, touched: set[QueueKey]) -> None:
-        """The store's dispatch listener; runs on the dispatcher thread."""
+        """The store's dispatch listener: on the dispatcher thread, or on the loop when
+        the appender dispatched its own records."""
         if not self._parked or self._closed:
+            return
+        if threading.get_ident() == self._loop_thread:
+            self._on_new_entries(touched)
             return
         # RuntimeError: the loop is closing; shutdown answers the parked pulls.
         with contextlib.suppress(RuntimeError):

@@ -112,6 +112,7 @@ class SendHandler:
         self.inflight: set[asyncio.Task[None]] = set()
         """Sends waiting for durability; shutdown waits for them (bounded)."""
         self.draining = False
+        self._dispatch_scheduled = False
 
     def handle(self, responder: Responder, frame: Frame) -> None:
         self._role.check_writable()
@@ -131,7 +132,8 @@ class SendHandler:
         ):
             # The common send: checked in one pass, appended with one copy.
             self._transactions.producer_seen(request.producer_group, responder)
-            appended = self._store.append(batch)
+            appended = self._store.append(batch, wake_dispatcher=False)
+            self._dispatch_soon()
             msg_ids = batch.msg_ids
         else:
             appended, msg_ids = self._append_records(responder, frame.payload, topic_bytes, request)
@@ -149,6 +151,16 @@ class SendHandler:
             task.add_done_callback(self.inflight.discard)
         else:
             responder.respond(_response(frame.request_id, SendResponse.OK, appended, msg_ids))
+
+    def _dispatch_soon(self) -> None:
+        """Dispatch this loop turn's appends once their answers are written."""
+        if not self._dispatch_scheduled:
+            self._dispatch_scheduled = True
+            self._loop.call_soon(self._dispatch)
+
+    def _dispatch(self) -> None:
+        self._dispatch_scheduled = False
+        self._store.dispatch_appended()
 
     def _append_records(
         self, responder: Responder, payload: memoryview, topic: bytes, request: SendRequest

@@ -38,6 +38,9 @@ class StoreConfig:
     queue_sync_interval_ms: int = 10_000
     prefault_segments: bool = True
     dispatch_backlog_bytes: int = 256 * MIB
+    # Appends of at most this many bytes are dispatched by the appending thread itself
+    # (MessageStore.dispatch_appended): no wake-up of the dispatcher thread.
+    dispatch_inline_bytes: int = 64 * KIB
     dispatch_backlog_wait_ms: int = 1_000
     retention_hours: float = 72.0
     delete_hour: int = 4

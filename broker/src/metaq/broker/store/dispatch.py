@@ -43,58 +43,77 @@ class Dispatcher:
 
     def dispatch(self, limit_bytes: int = _ROUND_BYTES) -> int:
         """Dispatch records up to the commitlog's end (at most ``limit_bytes``); count them."""
+        with self.lock:
+            touched, count = self._dispatch_locked(limit_bytes)
+        self._tell(touched)
+        return count
+
+    def try_dispatch(self, limit_bytes: int = _ROUND_BYTES) -> bool:
+        """Dispatch as :meth:`dispatch` does unless another thread is dispatching now;
+        False (nothing done) if one is."""
+        if not self.lock.acquire(blocking=False):
+            return False
+        try:
+            touched, _ = self._dispatch_locked(limit_bytes)
+        finally:
+            self.lock.release()
+        self._tell(touched)
+        return True
+
+    def _dispatch_locked(self, limit_bytes: int) -> tuple[set[ConsumeQueue], int]:
         touched: set[ConsumeQueue] = set()
         count = 0
-        with self.lock:
-            end = min(self.commitlog.write_offset, self.dispatched + limit_bytes)
-            offset = self.dispatched
-            segments = self.commitlog.segments
-            queues = self.queues
-            rows = queues.rows
-            index = self.index
-            while offset < end:
-                segment = segments.find(offset)
-                if segment is None:
-                    raise RuntimeError(f"commitlog offset {offset} has no segment to dispatch")
-                view = segment.view
-                mm = segment.mm  # slicing the mmap itself yields bytes in one step
-                pos = offset - segment.start
-                stop = min(end - segment.start, segment.size)
-                while pos < stop:
-                    # Too little room for any record: the rest is a blank (or nothing).
-                    if segment.size - pos < HEADER_SIZE:
-                        pos = segment.size
-                        break
-                    (size, magic, q_offset, store_ms, queue_id, msg_id, topic_len, tags_len,
-                     keys_len) = _FIELDS.unpack_from(view, pos)  # fmt: skip
-                    if magic == BLANK_MAGIC or size == 0:
-                        pos = segment.size
-                        break
-                    at = pos + HEADER_SIZE
-                    topic = mm[at : at + topic_len]
-                    row = rows.get(topic)
-                    queue = row[queue_id] if row is not None and queue_id < len(row) else None
-                    if queue is None:
-                        queue = queues.get_or_create(topic, queue_id)
-                    at += topic_len
-                    tag_code = zlib.crc32(view[at : at + tags_len]) if tags_len else 0
-                    cl_offset = segment.start + pos
-                    queue.put(q_offset, cl_offset, size, tag_code)
-                    index.put(MSG_ID_PREFIX + msg_id, cl_offset, store_ms)
-                    if keys_len:
-                        at += tags_len
-                        for k in mm[at : at + keys_len].split(b" "):
-                            index.put(topic + b"#" + k, cl_offset, store_ms)
-                    touched.add(queue)
-                    pos += size
-                    count += 1
-                offset = segment.start + pos
-            self.dispatched = offset
+        end = min(self.commitlog.write_offset, self.dispatched + limit_bytes)
+        offset = self.dispatched
+        segments = self.commitlog.segments
+        queues = self.queues
+        rows = queues.rows
+        index = self.index
+        while offset < end:
+            segment = segments.find(offset)
+            if segment is None:
+                raise RuntimeError(f"commitlog offset {offset} has no segment to dispatch")
+            view = segment.view
+            mm = segment.mm  # slicing the mmap itself yields bytes in one step
+            pos = offset - segment.start
+            stop = min(end - segment.start, segment.size)
+            while pos < stop:
+                # Too little room for any record: the rest is a blank (or nothing).
+                if segment.size - pos < HEADER_SIZE:
+                    pos = segment.size
+                    break
+                (size, magic, q_offset, store_ms, queue_id, msg_id, topic_len, tags_len,
+                 keys_len) = _FIELDS.unpack_from(view, pos)  # fmt: skip
+                if magic == BLANK_MAGIC or size == 0:
+                    pos = segment.size
+                    break
+                at = pos + HEADER_SIZE
+                topic = mm[at : at + topic_len]
+                row = rows.get(topic)
+                queue = row[queue_id] if row is not None and queue_id < len(row) else None
+                if queue is None:
+                    queue = queues.get_or_create(topic, queue_id)
+                at += topic_len
+                tag_code = zlib.crc32(view[at : at + tags_len]) if tags_len else 0
+                cl_offset = segment.start + pos
+                queue.put(q_offset, cl_offset, size, tag_code)
+                index.put(MSG_ID_PREFIX + msg_id, cl_offset, store_ms)
+                if keys_len:
+                    at += tags_len
+                    for k in mm[at : at + keys_len].split(b" "):
+                        index.put(topic + b"#" + k, cl_offset, store_ms)
+                touched.add(queue)
+                pos += size
+                count += 1
+            offset = segment.start + pos
+        self.dispatched = offset
+        return touched, count
+
+    def _tell(self, touched: set[ConsumeQueue]) -> None:
         if touched and self.listeners:
             keys = {queue.key for queue in touched}
             for listener in self.listeners:
                 listener(keys)
-        return count
 
     def catch_up(self) -> int:
         """Dispatch everything appended so far (start-up and shutdown)."""

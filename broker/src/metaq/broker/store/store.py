@@ -193,12 +193,18 @@ class MessageStore:
 
     # --- writes -----------------------------------------------------------------------
 
-    def append(self, records: Sequence[bytes | bytearray | memoryview] | RecordBatch) -> Appended:
+    def append(
+        self,
+        records: Sequence[bytes | bytearray | memoryview] | RecordBatch,
+        *,
+        wake_dispatcher: bool = True,
+    ) -> Appended:
         """Append a batch of producer-built records; returns once they are in memory.
 
         Raises InvalidMessage (nothing written) or StoreUnavailable (writes refused).
         Under SYNC flush, wait with :meth:`wait_durable` or AsyncDurability before
-        answering the producer.
+        answering the producer. With ``wake_dispatcher=False`` the caller promises to
+        call :meth:`dispatch_appended` soon (after it answered, say).
         """
         self.guard.ensure_writable()
         if not self._open:
@@ -210,12 +216,33 @@ class MessageStore:
         except OSError as exc:
             self.guard.record_io_error(exc)
             raise StoreUnavailable(f"writing the commitlog failed: {exc}; retry") from exc
-        self.dispatch_service.wakeup()
+        if wake_dispatcher:
+            self.dispatch_service.wakeup()
         if self.config.flush_mode is FlushMode.SYNC:
             self.flusher.request()
         else:
             self.flusher.maybe_request()
         return appended
+
+    def dispatch_appended(self) -> None:
+        """Dispatch what was appended: on this thread when it is little (at most
+        ``dispatch_inline_bytes``) and the dispatcher thread is not at it, else there.
+
+        A lone small append then reaches its consume queue, and a pull parked on it, with
+        no wake-up of another thread, which on this path costs more than the dispatch.
+        """
+        dispatcher = self.dispatcher
+        backlog = dispatcher.backlog_bytes
+        if not backlog:
+            return
+        if backlog <= self.config.dispatch_inline_bytes:
+            try:
+                if dispatcher.try_dispatch() and not dispatcher.backlog_bytes:
+                    return
+            except Exception:
+                # Left to the dispatcher thread, which meets the same fault and records it.
+                log.exception("dispatching on the appending thread failed")
+        self.dispatch_service.wakeup()
 
     def _wait_for_dispatch(self) -> None:
         room = self.dispatch_service.wait_for_room(
