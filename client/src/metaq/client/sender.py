@@ -37,6 +37,8 @@ from metaq.common.v1.data_pb2 import SendRequest, SendResponse
 
 log = logging.getLogger(__name__)
 
+_HEADER_CACHE = 4096
+
 BatchOutcome = list[SendResult]
 """What a submitted batch's future resolves with: every record's result, in order."""
 
@@ -73,6 +75,9 @@ class Sender:
         self._flushing = False
         self.batches_sent = 0
         self.records_sent = 0
+        self._headers: dict[tuple[str, int, int, int], bytes] = {}
+        """Encoded SendRequest headers: a producer repeats a few (topic, queue, flags,
+        count) combinations over and over."""
 
     # --- what the producer calls ------------------------------------------------------
 
@@ -189,14 +194,24 @@ class Sender:
         self._timer = None
         self._drain()
 
+    def _header(self, batch: Batch) -> bytes:
+        flags = self.flags | SendRequest.FLAG_RETRY if batch.retry else self.flags
+        key = (batch.topic, batch.queue.queue_id, flags, batch.count)
+        header = self._headers.get(key)
+        if header is None:
+            if len(self._headers) >= _HEADER_CACHE:
+                self._headers.clear()
+            header = self._headers[key] = SendRequest(
+                topic=batch.topic,
+                queue_id=batch.queue.queue_id,
+                producer_group=self.producer_group,
+                flags=flags,
+                record_count=batch.count,
+            ).SerializeToString()
+        return header
+
     def _write(self, batch: Batch, connection: BrokerConnection) -> None:
-        header = SendRequest(
-            topic=batch.topic,
-            queue_id=batch.queue.queue_id,
-            producer_group=self.producer_group,
-            flags=self.flags | SendRequest.FLAG_RETRY if batch.retry else self.flags,
-            record_count=batch.count,
-        ).SerializeToString()
+        header = self._header(batch)
         self.batches_sent += 1
         self.records_sent += batch.count
         if batch.one_way:
@@ -253,7 +268,8 @@ class Sender:
     def _answered(self, batch: Batch, frame: Frame | None, exc: BaseException | None) -> None:
         self._in_flight -= 1
         self.accumulator.done(batch)
-        if not self._drain_scheduled:
+        if not self._drain_scheduled and self.accumulator.pending_records:
+            # Records held back while this batch was in flight may go now.
             self._drain_scheduled = True
             self._loop.call_soon(self._drain)
         if frame is not None:
