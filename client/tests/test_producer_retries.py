@@ -190,6 +190,23 @@ def test_concurrent_sends_to_one_queue_travel_in_one_frame() -> None:
     run_async(_with_producer([a], 1, body))
 
 
+def test_a_burst_sticks_to_one_queue_and_the_next_burst_moves_on() -> None:
+    a = FakeBroker("broker-a")
+
+    async def body(producer: Producer, _clock: FakeClock, _sleeps: Sleeps) -> None:
+        first = await asyncio.gather(*(producer.send("t", b"x") for _ in range(10)))
+        second = await asyncio.gather(*(producer.send("t", b"y") for _ in range(10)))
+        one = [(await producer.send("t", b"z")).queue_id for _ in range(4)]
+
+        assert len({r.queue_id for r in first}) == 1
+        assert len({r.queue_id for r in second}) == 1
+        assert first[0].queue_id != second[0].queue_id
+        assert [len(s.records) for s in a.sends[:2]] == [10, 10]
+        assert sorted(one) == [0, 1, 2, 3], "lone sends still go round the queues"
+
+    run_async(_with_producer([a], 4, body))
+
+
 def test_one_refused_message_in_a_coalesced_batch_fails_alone() -> None:
     def refuse_bad(seen: SendSeen) -> Fail | None:
         if any(r.body == b"bad" for r in seen.records):

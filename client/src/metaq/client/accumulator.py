@@ -125,6 +125,11 @@ class Accumulator:
         self._dirty: set[QueueKey] = set()
         self.pending_records = 0
 
+    def filling(self, topic: str, queue: QueueRoute) -> bool:
+        """Is a batch of ``topic`` for ``queue`` open, taking more records now?"""
+        state = self._queues.get((topic, queue.broker_name, queue.queue_id, False))
+        return state is not None and state.open is not None
+
     @staticmethod
     def key(batch: Batch) -> QueueKey:
         return (batch.topic, batch.queue.broker_name, batch.queue.queue_id, batch.one_way)

@@ -20,7 +20,11 @@ Three parts, as in aiokafka:
 
 Queue selection: round robin over the topic's writable queues, passing over broker
 groups that failed or answered slowly a moment ago; or, with ``sharding_key``, a stable
-hash of the key, so every message with that key lands in one queue, in send order.
+hash of the key, so every message with that key lands in one queue, in send order. The
+round robin is sticky (Kafka's KIP-480): a send joins the queue the previous one went to
+while that queue's batch is still open (sent in the same loop turn, or held behind a
+batch in flight), and moves on once the batch has gone, so a burst travels as one SEND
+frame and one pull answer instead of one per queue.
 
 Retries: a retriable failure (connection lost, timeout, NOT_MASTER, STORE_UNAVAILABLE,
 BUSY, …) is retried up to ``retries`` times with jittered exponential back-off
@@ -171,6 +175,9 @@ class Producer:
             refresh_interval_s=config.route_refresh_interval_s,
         )
         self.selector: QueueSelector = queue_selector or RoundRobinSelector()
+        self._sticky = queue_selector is None
+        self._last: dict[str, tuple[TopicRoute, QueueRoute]] = {}
+        """Per topic, the route and queue the last unkeyed send went to."""
         self.health = BrokerHealth(failure_isolation_s=config.failure_isolation_s, clock=clock)
         self._sleep = sleep
         self._encoder = RecordEncoder(
@@ -447,7 +454,18 @@ class Producer:
     def _choose(self, route: TopicRoute, sharding_key: str | bytes | None) -> QueueRoute:
         if sharding_key is not None:
             return shard_queue(route, sharding_key)
-        return self.selector.select(route, self.health.isolated())
+        if not self._sticky:
+            return self.selector.select(route, self.health.isolated())
+        last = self._last.get(route.topic)
+        if (
+            last is not None
+            and last[0] is route
+            and self.sender.accumulator.filling(route.topic, last[1])
+        ):
+            return last[1]
+        queue = self.selector.select(route, self.health.isolated())
+        self._last[route.topic] = (route, queue)
+        return queue
 
     def _encode(
         self,
