@@ -43,9 +43,13 @@ def test_a_producer_spreads_1000_messages_over_both_brokers_and_each_is_where_it
         bodies = [b"seq-%d" % n for n in range(200)] + [b"par-%d" % n for n in range(800)]
 
         assert all(r.status is SendStatus.OK for r in results)
+        every_queue = {(b, q) for b in ("broker-a", "broker-b") for q in range(4)}
+        # One at a time: round robin, 25 in each queue.
+        assert Counter((r.broker, r.queue_id) for r in one_by_one) == dict.fromkeys(every_queue, 25)
+        # Together: sticky, full batches of 256 (the default limit), each to the next queue.
+        burst = Counter((r.broker, r.queue_id) for r in together)
+        assert sorted(burst.values()) == [32, 256, 256, 256]
         placement = Counter((r.broker, r.queue_id) for r in results)
-        assert set(placement) == {(b, q) for b in ("broker-a", "broker-b") for q in range(4)}
-        assert min(placement.values()) >= 100  # round robin: ~125 each
 
         stored = {}
         for broker in ("broker-a", "broker-b"):
