@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 import sys
@@ -37,6 +38,11 @@ async def run(config: BrokerConfig) -> int:
         log.error("metaq-broker failed to start: %s", exc)
         await broker.stop()
         return 1
+    # What start-up built (modules, protobuf and gRPC descriptors, the store's tables)
+    # lives as long as the process: out of the collector's view, a full collection walks
+    # only what serving creates, instead of pausing the loop for tens of milliseconds.
+    gc.collect()
+    gc.freeze()
     print(broker.ready_line, flush=True)
     await stop.wait()
     log.info("stop signal received; shutting down")
