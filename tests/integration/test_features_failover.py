@@ -114,12 +114,18 @@ def test_a_transaction_left_open_is_checked_back_by_the_new_master(tmp_path: Pat
             async with TransactionProducer(group.nameserver_addresses, "svc", check) as txn:
                 await txn.send("orders-txn", b"booked", open_ended)
                 new = await asyncio.to_thread(kill_master, group)
+
                 # Reconnect to the new master (it only asks producers it has heard from).
-                async with asyncio.timeout(30):
-                    while not txn.checks_answered:
-                        with contextlib.suppress(Exception):  # until routed to the new master
-                            await txn.producer.send("orders-txn", b"heartbeat")
-                        await asyncio.sleep(0.2)
+                async def checked_after_a_send() -> bool:
+                    if txn.checks_answered:
+                        return True
+                    with contextlib.suppress(Exception):  # until routed to the new master
+                        await txn.producer.send("orders-txn", b"heartbeat")
+                    return bool(txn.checks_answered)
+
+                await wait_until_async(
+                    checked_after_a_send, 30, "the new master asked about the open transaction"
+                )
                 bodies = await until_bodies(group, new, "orders-txn", 1)
                 assert bodies.count(b"booked") == 1
 
@@ -223,9 +229,10 @@ def test_a_pending_retry_is_delivered_and_dead_lettered_by_the_new_master(
                     except BrokerError:  # no dead letter yet: the topic is made on first use
                         return []
 
-                async with asyncio.timeout(40):
-                    while b"job" not in await dead_letters():
-                        await asyncio.sleep(0.1)
+                async def dead_lettered() -> bool:
+                    return b"job" in await dead_letters()
+
+                await wait_until_async(dead_lettered, 40, "the job is in the dead-letter topic")
 
         run_async(scenario(), timeout_s=90)
         # At least once: the first delivery may repeat if its offset commit had not
