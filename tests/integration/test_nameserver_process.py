@@ -370,7 +370,16 @@ def test_a_hung_nameserver_does_not_hold_up_registration_with_the_others(
         await registrar.start()
         try:
             await wait_for_route(healthy.grpc_address, "orders", True, 5.0)
-            assert registrar.connected == {healthy.grpc_address}
+
+            # The route shows once the nameserver applied the registration; the registrar
+            # marks the link connected when the answer comes back, a moment later.
+            async def only_healthy_connected() -> bool:
+                return registrar.connected == {healthy.grpc_address}
+
+            await wait_until_async(
+                only_healthy_connected, 5.0, "the registrar sees the healthy one"
+            )
+            assert hung.grpc_address not in registrar.connected
 
             hung.resume()
             await wait_for_route(hung.grpc_address, "orders", True, 10.0)
