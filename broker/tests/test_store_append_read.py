@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from metaq.broker.store import GetStatus, MessageStore
+from metaq.broker.store import FlushMode, GetStatus, MessageStore
 from metaq.common.record import (
     BLANK_MAGIC,
     HEADER_SIZE,
@@ -212,6 +212,7 @@ def test_a_small_append_is_dispatched_by_the_appending_thread(open_store: OpenSt
     assert store.dispatcher.dispatched == appended.end
     assert store.max_offset("inline", 2) == 1
     assert listened == [({(b"inline", 2)}, threading.get_ident())]
+    assert not store.background_busy()
 
 
 def test_a_large_append_or_a_busy_dispatcher_is_left_to_the_dispatcher_thread(
@@ -224,11 +225,24 @@ def test_a_large_append_or_a_busy_dispatcher_is_left_to_the_dispatcher_thread(
     with store.dispatcher.lock:  # the dispatcher thread is mid-round (so it cannot start)
         store.dispatch_appended()  # over the inline limit: returns without dispatching
         assert store.dispatcher.dispatched < large.end
+        assert store.background_busy()  # the event loop should not poll against it
         small = store.append([encode("big", b"x", queue_id=0)], wake_dispatcher=False)
         store.dispatch_appended()  # small, but the lock is taken: must not block
         assert store.dispatcher.dispatched < small.end
 
     wait_until(lambda: store.max_offset("big", 0) == 9, 5.0, "the dispatcher took all 9")
+    assert not store.background_busy()
+
+
+def test_a_sync_flush_under_way_is_background_work(open_store: OpenStore) -> None:
+    store = open_store(flush_mode=FlushMode.SYNC)
+    with store.flusher.lock:  # the flusher cannot finish while this is held
+        appended = store.append([encode("durable", b"x")])
+        store.dispatch_appended()
+        assert store.background_busy()
+
+    assert store.wait_durable(appended.end, 5.0)
+    assert not store.background_busy()
 
 
 # --- get: statuses and bounds ------------------------------------------------------------

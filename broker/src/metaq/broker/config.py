@@ -79,6 +79,11 @@ class BrokerConfig:
     offset_snapshot_interval_ms: int = 5_000
     shutdown_grace_ms: int = 5_000
     """How long a stopping broker waits for requests in flight before closing anyway."""
+    idle_poll_us: int = 200
+    """After writing answers the event loop keeps polling its sockets this long before
+    it sleeps, so a client's next request does not wait for a sleeping CPU to wake
+    (:mod:`metaq.broker.idle_poll`). Costs up to a core while requests come less than
+    this far apart; 0 turns it off (shared or overcommitted hosts)."""
     log_level: str = "INFO"
     replication_mode: ReplicationMode = ReplicationMode.ASYNC
     min_in_sync_replicas: int = 2
@@ -170,6 +175,8 @@ class BrokerConfig:
         ):
             if getattr(self, key) <= 0:
                 problems.append(f"{key} must be positive")
+        if not 0 <= self.idle_poll_us <= 10_000:
+            problems.append("idle_poll_us must be 0-10000 (0 turns idle polling off)")
         if self.max_pull_bytes > self.max_frame_bytes // 2:
             problems.append("max_pull_bytes must be at most half of max_frame_bytes")
         try:

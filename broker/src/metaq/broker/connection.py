@@ -54,6 +54,9 @@ class ConnectionHooks(Protocol):
 
     def connection_lost(self, connection: Connection) -> None: ...
 
+    def answered(self) -> None:
+        """Answers were just written to a connection."""
+
 
 class Connection(asyncio.Protocol):
     """The broker's end of one data-plane connection."""
@@ -216,6 +219,7 @@ class Connection(asyncio.Protocol):
         if self._out and self._transport is not None:
             out, self._out = self._out, []
             self._transport.writelines(out)
+            self._hooks.answered()
 
     def close(self) -> None:
         """Write what is queued, then close (the transport drains its buffer first)."""

@@ -54,6 +54,11 @@ class BrokerMetrics:
             registry=r,
         )
         self.connections = Gauge("metaq_connections", "Open data-plane connections", registry=r)
+        self.idle_polled = Counter(
+            "metaq_idle_poll_seconds",
+            "Seconds the event loop polled for a next request instead of sleeping (idle_poll_us)",
+            registry=r,
+        )
         self._appended_children: dict[str, tuple[Counter, Counter]] = {}
         self._pull_children: dict[tuple[str, str], tuple[Counter, Counter]] = {}
 

@@ -30,6 +30,7 @@ from metaq.broker.consumers import ConsumerExpiryService, ConsumerGroups
 from metaq.broker.delay import DelayScheduler, DelayService
 from metaq.broker.handlers import Handlers
 from metaq.broker.http import HttpContext, HttpServer
+from metaq.broker.idle_poll import IdlePoll
 from metaq.broker.journal import Journal, JournalService
 from metaq.broker.metrics import BrokerMetrics, BrokerState
 from metaq.broker.offsets import ConsumerOffsets, OffsetSnapshotService
@@ -109,8 +110,9 @@ class Broker:
         )
         self.offsets = ConsumerOffsets(config.data_dir)
         # The handler table is filled in once the store is open; nothing is served before.
+        idle_poll = IdlePoll(config.idle_poll_us, self.metrics.idle_polled.inc)
         self._data = DataServer(
-            self._handlers, config.max_frame_bytes, self.metrics, self._connection_lost
+            self._handlers, config.max_frame_bytes, self.metrics, self._connection_lost, idle_poll
         )
         host, port = await self._data.bind(config.listen_host, config.data_port)
         self.data_address = f"{host}:{port}"
@@ -122,6 +124,7 @@ class Broker:
         )
         self.store = MessageStore(store_config)
         report = self.store.start()
+        idle_poll.busy = self.store.background_busy
         log.info(
             "store open: crashed=%s end=%d redispatched=%d (%.1f ms, %s)",
             report.crashed,

@@ -7,6 +7,7 @@ import logging
 from collections.abc import Callable, Mapping
 
 from metaq.broker.connection import Connection, Handler
+from metaq.broker.idle_poll import IdlePoll
 from metaq.broker.metrics import BrokerMetrics
 from metaq.common.framing import FrameType
 
@@ -26,11 +27,13 @@ class DataServer:
         max_frame_bytes: int,
         metrics: BrokerMetrics,
         on_connection_lost: Callable[[int], None],
+        idle_poll: IdlePoll,
     ) -> None:
         self._handlers = handlers
         self._max_frame_bytes = max_frame_bytes
         self._metrics = metrics
         self._on_connection_lost = on_connection_lost
+        self._idle_poll = idle_poll
         self._server: asyncio.Server | None = None
         self.connections: set[Connection] = set()
 
@@ -65,6 +68,9 @@ class DataServer:
             self.connections.remove(connection)
             self._metrics.connections.dec()
         self._on_connection_lost(connection.connection_id)
+
+    def answered(self) -> None:
+        self._idle_poll.answered()
 
     # --- shutdown ---------------------------------------------------------------------
 

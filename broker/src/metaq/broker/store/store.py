@@ -497,6 +497,14 @@ class MessageStore:
         self.commitlog.segments.close_retired()
         return count
 
+    def background_busy(self) -> bool:
+        """The dispatcher thread has records to dispatch (more than an appending thread
+        dispatches itself), or a SYNC flush is under way."""
+        written = self.commitlog.write_offset
+        if written - self.dispatcher.dispatched > self.config.dispatch_inline_bytes:
+            return True
+        return self.config.flush_mode is FlushMode.SYNC and self.flusher.durable < written
+
     @property
     def dispatch_backlog_bytes(self) -> int:
         return self.dispatcher.backlog_bytes

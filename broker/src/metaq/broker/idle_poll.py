@@ -1,0 +1,67 @@
+"""Keep the event loop polling for a moment after it answered, instead of sleeping.
+
+A loop with nothing to do blocks in ``epoll_wait`` and its CPU goes idle; the next
+request then waits for that CPU to be woken, which on a virtual machine costs tens of
+microseconds on each side of a round trip (a loopback echo here: 90 µs a round trip
+against 32 µs when the server does not sleep). A client sending one message at a time
+sends its next request soon after the answer, so the broker keeps polling its sockets
+for ``window_us`` after each answer it writes, as Seastar's reactor does for
+``--idle-poll-time-us`` (200 µs by default there too).
+
+The price is CPU: up to one core while requests keep coming less than the window apart.
+Each turn yields the CPU (``sched_yield`` releases the GIL too), so a runnable thread on
+the same core goes first. Polling stops early while the store's threads have work the
+loop would compete with for the GIL (records to dispatch, a SYNC flush under way), and
+never starts with a window of 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Callable
+
+
+def _never() -> bool:
+    return False
+
+
+class IdlePoll:
+    """Polls the loop for ``window_us`` after the last :meth:`answered`, unless ``busy``."""
+
+    def __init__(self, window_us: int, on_polled: Callable[[float], None] | None = None) -> None:
+        self.window_s = window_us / 1e6
+        self.busy: Callable[[], bool] = _never
+        """True while other threads have work the polling would slow down."""
+        self._on_polled = on_polled
+        self._until = 0.0
+        self._began = 0.0
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def polling(self) -> bool:
+        return self._loop is not None
+
+    def answered(self) -> None:
+        """Answers were just written: the next request is likely close behind."""
+        if not self.window_s:
+            return
+        now = time.perf_counter()
+        self._until = now + self.window_s
+        if self._loop is None:
+            self._began = now
+            self._loop = asyncio.get_running_loop()
+            # A ready callback makes the loop poll its sockets with a zero timeout.
+            self._loop.call_soon(self._poll)
+
+    def _poll(self) -> None:
+        now = time.perf_counter()
+        if now < self._until and not self.busy():
+            assert self._loop is not None
+            os.sched_yield()
+            self._loop.call_soon(self._poll)
+            return
+        self._loop = None
+        if self._on_polled is not None:
+            self._on_polled(now - self._began)
