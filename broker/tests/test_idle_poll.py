@@ -1,5 +1,6 @@
-"""IdlePoll: after an answer the loop keeps polling for its window, extended by later
-answers, cut short by background work, and not at all with a window of 0."""
+"""IdlePoll: the loop polls after an answer while requests come back within the window,
+extended by later answers, cut short by background work, and not at all when requests
+come further apart or the window is 0."""
 
 from __future__ import annotations
 
@@ -10,34 +11,48 @@ from metaq.broker.idle_poll import IdlePoll
 from metaq.common.testing import wait_until_async
 
 
-def run(poll: IdlePoll, *answers_at_s: float) -> list[float]:
-    """Call ``answered`` at each offset from now (on the loop); the episodes polled."""
+def run(poll: IdlePoll, *gaps_s: float) -> list[float]:
+    """Answer a request after each gap (each counted from the answer before, on the
+    loop); the episodes polled."""
     episodes: list[float] = []
     poll._on_polled = episodes.append
 
     async def scenario() -> None:
         loop = asyncio.get_running_loop()
-        for at in answers_at_s:
-            loop.call_later(at, poll.answered)
+        done = loop.create_future()
 
-        async def done() -> bool:
-            return len(episodes) >= 1 and not poll.polling
+        def answer(rest: tuple[float, ...]) -> None:
+            poll.answered(True)
+            if rest:
+                loop.call_later(rest[0], answer, rest[1:])
+            else:
+                done.set_result(None)
 
-        await wait_until_async(done, 5.0, "the poll ended")
+        loop.call_later(gaps_s[0], answer, gaps_s[1:])
+        await done
+
+        async def settled() -> bool:
+            return not poll.polling
+
+        await wait_until_async(settled, 5.0, "the poll ended")
 
     asyncio.run(scenario())
     return episodes
 
 
-def test_polls_for_the_window_after_an_answer() -> None:
-    episodes = run(IdlePoll(20_000), 0.0)
+def test_a_request_answered_soon_after_the_last_answer_starts_a_poll() -> None:
+    episodes = run(IdlePoll(200_000), 0.0, 0.001)
 
     assert len(episodes) == 1
-    assert episodes[0] >= 0.020
+    assert episodes[0] >= 0.200
+
+
+def test_requests_further_apart_than_the_window_never_start_one() -> None:
+    assert run(IdlePoll(2_000), 0.0, 0.050, 0.050) == []
 
 
 def test_an_answer_while_polling_extends_the_same_episode() -> None:
-    poll = IdlePoll(50_000)
+    poll = IdlePoll(100_000)
     turns = 0
     first_turn = poll._poll
 
@@ -50,15 +65,15 @@ def test_an_answer_while_polling_extends_the_same_episode() -> None:
     answered_at: list[float] = []
     answer = poll.answered
 
-    def answered() -> None:
+    def answered(to_request: bool) -> None:
         answered_at.append(time.perf_counter())
-        answer()
+        answer(to_request)
 
     poll.answered = answered  # type: ignore[method-assign]
-    episodes = run(poll, 0.0, 0.030)
+    episodes = run(poll, 0.0, 0.001, 0.059)
 
     assert len(episodes) == 1
-    assert episodes[0] >= answered_at[1] - answered_at[0] + 0.050
+    assert episodes[0] >= answered_at[2] - answered_at[1] + 0.100
     assert turns > 10  # the loop did go round, polling, rather than sleep
 
 
@@ -68,17 +83,11 @@ def test_background_work_stops_the_poll() -> None:
     flips = iter([False, False, True])
     poll.busy = lambda: next(flips)
 
-    episodes = run(poll, 0.0)
+    episodes = run(poll, 0.0, 0.001)
 
     assert len(episodes) == 1
     assert time.perf_counter() - began < 5.0
 
 
 def test_a_window_of_zero_never_polls() -> None:
-    poll = IdlePoll(0)
-
-    async def scenario() -> None:
-        poll.answered()
-        assert not poll.polling
-
-    asyncio.run(scenario())
+    assert run(IdlePoll(0), 0.0, 0.0001, 0.0001) == []

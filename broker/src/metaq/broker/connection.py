@@ -54,8 +54,9 @@ class ConnectionHooks(Protocol):
 
     def connection_lost(self, connection: Connection) -> None: ...
 
-    def answered(self) -> None:
-        """Answers were just written to a connection."""
+    def answered(self, to_request: bool) -> None:
+        """Answers were just written to a connection: ``to_request`` when answers to the
+        read just handled, else answers that completed later."""
 
 
 class Connection(asyncio.Protocol):
@@ -128,7 +129,7 @@ class Connection(asyncio.Protocol):
                 self._dispatch(frame)
         finally:
             self._in_read = False
-        self._flush()
+        self._flush(to_request=True)
 
     # --- Responder --------------------------------------------------------------------
 
@@ -214,12 +215,12 @@ class Connection(asyncio.Protocol):
         self._flush()
         self.close()
 
-    def _flush(self) -> None:
+    def _flush(self, to_request: bool = False) -> None:
         self._flush_scheduled = False
         if self._out and self._transport is not None:
             out, self._out = self._out, []
             self._transport.writelines(out)
-            self._hooks.answered()
+            self._hooks.answered(to_request)
 
     def close(self) -> None:
         """Write what is queued, then close (the transport drains its buffer first)."""

@@ -8,11 +8,15 @@ sends its next request soon after the answer, so the broker keeps polling its so
 for ``window_us`` after each answer it writes, as Seastar's reactor does for
 ``--idle-poll-time-us`` (200 µs by default there too).
 
-The price is CPU: up to one core while requests keep coming less than the window apart.
-Each turn yields the CPU (``sched_yield`` releases the GIL too), so a runnable thread on
-the same core goes first. Polling stops early while the store's threads have work the
-loop would compete with for the GIL (records to dispatch, a SYNC flush under way), and
-never starts with a window of 0.
+Polling pays only while clients keep that rhythm, and it costs up to a core, which a
+small host's other processes need. So the loop polls only when the last request it
+answered came within the window of the answer before it: a client sending one at a
+time, or a consumer working through a backlog, keeps the rhythm; a producer sending
+every millisecond does not, and its broker sleeps between sends as before. Each turn
+after an answer's follow-up work yields the CPU (``sched_yield`` releases the GIL too),
+so a runnable thread on the same core goes first. Polling stops early while the
+store's threads have work the loop would compete with for the GIL (records to dispatch,
+a SYNC flush under way), and never starts with a window of 0.
 """
 
 from __future__ import annotations
@@ -22,19 +26,27 @@ import os
 import time
 from collections.abc import Callable
 
+_FOLLOW_UP_S = 50e-6
+"""An answer's follow-up work (dispatching the records a SEND appended, answering the
+pulls they wake) runs in the loop's next turns; yielding then would let another process
+take the CPU in the middle of it."""
+
 
 def _never() -> bool:
     return False
 
 
 class IdlePoll:
-    """Polls the loop for ``window_us`` after the last :meth:`answered`, unless ``busy``."""
+    """Polls the loop for ``window_us`` after an answer while requests keep coming back
+    within it, unless ``busy``."""
 
     def __init__(self, window_us: int, on_polled: Callable[[float], None] | None = None) -> None:
         self.window_s = window_us / 1e6
         self.busy: Callable[[], bool] = _never
         """True while other threads have work the polling would slow down."""
         self._on_polled = on_polled
+        self._in_rhythm = False
+        self._answered_at = -1.0
         self._until = 0.0
         self._began = 0.0
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -43,11 +55,17 @@ class IdlePoll:
     def polling(self) -> bool:
         return self._loop is not None
 
-    def answered(self) -> None:
-        """Answers were just written: the next request is likely close behind."""
+    def answered(self, to_request: bool) -> None:
+        """Answers were just written: ``to_request`` when to requests of the read just
+        handled, else answers that completed later (a fsync, a woken long poll)."""
         if not self.window_s:
             return
         now = time.perf_counter()
+        if to_request:
+            self._in_rhythm = now - self._answered_at <= self.window_s
+        self._answered_at = now
+        if not self._in_rhythm:
+            return
         self._until = now + self.window_s
         if self._loop is None:
             self._began = now
@@ -59,7 +77,8 @@ class IdlePoll:
         now = time.perf_counter()
         if now < self._until and not self.busy():
             assert self._loop is not None
-            os.sched_yield()
+            if now - self._answered_at > _FOLLOW_UP_S:
+                os.sched_yield()
             self._loop.call_soon(self._poll)
             return
         self._loop = None

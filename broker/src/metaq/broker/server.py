@@ -69,8 +69,8 @@ class DataServer:
             self._metrics.connections.dec()
         self._on_connection_lost(connection.connection_id)
 
-    def answered(self) -> None:
-        self._idle_poll.answered()
+    def answered(self, to_request: bool) -> None:
+        self._idle_poll.answered(to_request)
 
     # --- shutdown ---------------------------------------------------------------------
 
