@@ -8,7 +8,7 @@ import zlib
 import pytest
 
 from metaq.client.encoding import RecordEncoder, msg_id_hex, with_queue_id
-from metaq.client.message import OutgoingMessage, decode_message, iter_messages
+from metaq.client.message import Message, OutgoingMessage, decode_message, iter_messages
 from metaq.common import record
 from metaq.common.errors import InvalidMessage, InvalidRecord
 
@@ -109,6 +109,30 @@ def test_decode_message_returns_every_field_and_checks_the_crc() -> None:
     raw[-1] ^= 0xFF
     with pytest.raises(InvalidRecord, match="CRC"):
         decode_message(raw)
+
+
+def test_every_stored_field_lands_in_its_own_message_field() -> None:
+    raw = bytearray(
+        record.encode(
+            "orders", b"body", queue_id=5, tags="t", keys=("k1", "k2"), properties={"p": "v"},
+            born_timestamp_ms=1_700_000_000_000, born_host=bytes([10, 0, 0, 7, 0x39, 0x30, 0, 0]),
+            reconsume_times=3,
+        )
+    )  # fmt: skip
+    store_host = bytes([10, 0, 0, 9, 0x8F, 0x2A, 0, 0])
+    record.STAMP.pack_into(raw, record.STAMP_AT, 111, 222, 1_700_000_000_333, store_host)
+    stored = _sealed(raw)
+    expected = record.decode(stored)
+
+    message = decode_message(stored)
+
+    assert message == Message(
+        topic="orders", body=b"body", tags="t", keys=("k1", "k2"), properties={"p": "v"},
+        msg_id=expected.msg_id.hex(), queue_id=5, queue_offset=222, commitlog_offset=111,
+        born_timestamp_ms=1_700_000_000_000, store_timestamp_ms=1_700_000_000_333,
+        born_host="10.0.0.7:12345", store_host="10.0.0.9:10895", reconsume_times=3,
+        flags=expected.flags, size=len(stored),
+    )  # fmt: skip
 
 
 def test_iter_messages_reads_records_back_to_back() -> None:

@@ -64,33 +64,26 @@ def host_text(host: bytes) -> str:
     return f"{host[0]}.{host[1]}.{host[2]}.{host[3]}:{port}"
 
 
-def _message(rec: record.Record) -> Message:
-    body = rec.body
-    if rec.flags & record.FLAG_COMPRESSED:
+def _message(
+    topic: str, body: bytes, queue_id: int, tags: str, keys: tuple[str, ...],
+    properties: dict[str, str], flags: int, msg_id: bytes, born_timestamp_ms: int,
+    born_host: bytes, reconsume_times: int, commitlog_offset: int, queue_offset: int,
+    store_timestamp_ms: int, store_host: bytes, size: int, /,
+) -> Message:  # fmt: skip
+    """A record's fields as a Message (a :class:`~metaq.common.record.RecordBuilder`)."""
+    if flags & record.FLAG_COMPRESSED:
         try:
             body = zlib.decompress(body)
         except zlib.error as exc:
             raise InvalidRecord(
-                f"message {rec.msg_id.hex()} is flagged compressed but does not inflate: {exc}"
+                f"message {msg_id.hex()} is flagged compressed but does not inflate: {exc}"
             ) from None
+    # Positional, in Message's field order: a consumer builds one per message.
     return Message(
-        topic=rec.topic,
-        body=body,
-        tags=rec.tags,
-        keys=rec.keys,
-        properties=rec.properties,
-        msg_id=rec.msg_id.hex(),
-        queue_id=rec.queue_id,
-        queue_offset=rec.queue_offset,
-        commitlog_offset=rec.commitlog_offset,
-        born_timestamp_ms=rec.born_timestamp_ms,
-        store_timestamp_ms=rec.store_timestamp_ms,
-        born_host=host_text(rec.born_host),
-        store_host=host_text(rec.store_host),
-        reconsume_times=rec.reconsume_times,
-        flags=rec.flags,
-        size=rec.size,
-    )
+        topic, body, tags, keys, properties, msg_id.hex(), queue_id, queue_offset,
+        commitlog_offset, born_timestamp_ms, store_timestamp_ms, host_text(born_host),
+        host_text(store_host), reconsume_times, flags, size,
+    )  # fmt: skip
 
 
 def decode_message(
@@ -98,15 +91,14 @@ def decode_message(
 ) -> Message:
     """Decode the record at ``record_bytes[at:]``: check its CRC (unless ``verify`` is
     off), inflate a compressed body. InvalidRecord when it is damaged."""
-    return _message(record.decode(record_bytes, at, verify=verify))
+    return record.decode_built(_message, record_bytes, at, verify=verify)
 
 
 def iter_messages(
     payload: bytes | bytearray | memoryview, *, verify: bool = True
 ) -> Iterator[Message]:
     """Decode records back to back (a PULL response's payload), in order."""
-    for rec in record.iter_records(payload, verify=verify):
-        yield _message(rec)
+    return record.iter_built(_message, payload, verify=verify)
 
 
 @dataclass(frozen=True, slots=True)

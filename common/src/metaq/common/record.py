@@ -15,7 +15,7 @@ import struct
 import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, Protocol, TypeVar
 
 from metaq.common.errors import InvalidMessage, InvalidRecord
 
@@ -52,6 +52,9 @@ PROP_REAL_QUEUE: Final = "REAL_QID"
 """Where a message held in a system topic (delayed, half) is finally to be delivered."""
 PROP_DELAY_LEVEL: Final = "DELAY"
 PROP_DELIVER_AT: Final = "DELIVER_AT"
+
+T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
 
 _KV: Final = "\x01"
 _PAIR: Final = "\x02"
@@ -220,9 +223,50 @@ def crc_ok(buf: bytes | bytearray | memoryview, at: int, size: int, crc: int) ->
     return zlib.crc32(memoryview(buf)[at + CRC_START : at + size]) == crc
 
 
+class RecordBuilder(Protocol[T_co]):
+    """Builds what a decoded record becomes from its fields, in :class:`Record`'s field
+    order (so ``Record`` itself is one): decoding straight into the caller's own type
+    spares building a Record first on a consumer's hot path."""
+
+    def __call__(
+        self, topic: str, body: bytes, queue_id: int, tags: str, keys: tuple[str, ...],
+        properties: dict[str, str], flags: int, msg_id: bytes, born_timestamp_ms: int,
+        born_host: bytes, reconsume_times: int, commitlog_offset: int, queue_offset: int,
+        store_timestamp_ms: int, store_host: bytes, size: int, /,
+    ) -> T_co: ...  # fmt: skip
+
+
 def decode(buf: bytes | bytearray | memoryview, at: int = 0, *, verify: bool = True) -> Record:
     """Decode one record; raise InvalidRecord if it is malformed or its CRC is wrong."""
+    return _decode(Record, memoryview(buf), at, verify)[0]
+
+
+def iter_records(buf: bytes | bytearray | memoryview, *, verify: bool = True) -> Iterator[Record]:
+    """Decode a run of back-to-back records, as a pull or a batch send carries them."""
+    return iter_built(Record, buf, verify=verify)
+
+
+def decode_built(
+    build: RecordBuilder[T], buf: bytes | bytearray | memoryview, at: int = 0, *,
+    verify: bool = True,
+) -> T:  # fmt: skip
+    """:func:`decode`, into what ``build`` makes of the record's fields."""
+    return _decode(build, memoryview(buf), at, verify)[0]
+
+
+def iter_built(
+    build: RecordBuilder[T], buf: bytes | bytearray | memoryview, *, verify: bool = True
+) -> Iterator[T]:
+    """:func:`iter_records`, into what ``build`` makes of each record's fields."""
     view = memoryview(buf)
+    at = 0
+    while at < len(view):
+        built, size = _decode(build, view, at, verify)
+        yield built
+        at += size
+
+
+def _decode(build: RecordBuilder[T], view: memoryview, at: int, verify: bool) -> tuple[T, int]:
     if len(view) - at < HEADER_SIZE:
         raise InvalidRecord(f"{len(view) - at} bytes cannot hold a {HEADER_SIZE}-byte header")
     (
@@ -239,44 +283,23 @@ def decode(buf: bytes | bytearray | memoryview, at: int = 0, *, verify: bool = T
     if verify and crc != zlib.crc32(view[at + CRC_START : at + total]):
         raise InvalidRecord("record CRC mismatch")
     pos = at + HEADER_SIZE
-    parts: list[bytes] = []
-    for length in (topic_len, tags_len, keys_len, props_len, body_len):
-        parts.append(bytes(view[pos : pos + length]))
-        pos += length
-    topic_b, tags_b, keys_b, props_b, body = parts
+    topic_end = pos + topic_len
+    tags_end = topic_end + tags_len
+    keys_end = tags_end + keys_len
+    props_end = keys_end + props_len
     try:
-        topic, tags, keys = topic_b.decode(), tags_b.decode(), keys_b.decode()
-        properties = decode_properties(props_b) if props_b else {}
+        topic = str(view[pos:topic_end], "utf-8")
+        tags = str(view[topic_end:tags_end], "utf-8") if tags_len else ""
+        keys = str(view[tags_end:keys_end], "utf-8") if keys_len else ""
+        properties = decode_properties(bytes(view[keys_end:props_end])) if props_len else {}
     except UnicodeDecodeError as exc:
         raise InvalidRecord(f"a text field of the record is not UTF-8: {exc}") from None
-    return Record(
-        topic=topic,
-        body=body,
-        queue_id=queue_id,
-        tags=tags,
-        keys=tuple(keys.split(_KEY_SEPARATOR)) if keys else (),
-        properties=properties,
-        flags=flags,
-        msg_id=msg_id,
-        born_timestamp_ms=born_ts,
-        born_host=born_host,
-        reconsume_times=reconsume,
-        commitlog_offset=cl_off,
-        queue_offset=q_off,
-        store_timestamp_ms=store_ts,
-        store_host=store_host,
-        size=total,
-    )
-
-
-def iter_records(buf: bytes | bytearray | memoryview, *, verify: bool = True) -> Iterator[Record]:
-    """Decode a run of back-to-back records, as a pull or a batch send carries them."""
-    view = memoryview(buf)
-    at = 0
-    while at < len(view):
-        record = decode(view, at, verify=verify)
-        yield record
-        at += record.size
+    built = build(
+        topic, bytes(view[props_end : at + total]), queue_id, tags,
+        tuple(keys.split(_KEY_SEPARATOR)) if keys else (), properties, flags, msg_id,
+        born_ts, born_host, reconsume, cl_off, q_off, store_ts, store_host, total,
+    )  # fmt: skip
+    return built, total
 
 
 def tag_code(tags: bytes | str) -> int:
