@@ -552,6 +552,11 @@ class PushConsumer:
             await queue.wait_for_room()
             result = await self._retrying(queue, lambda: self._pull(queue, sub, long_poll_s))
             self._apply(queue, sub, result)
+            if result.messages and result.next_offset >= result.max_offset:
+                # Caught up: the next pull will only park, so let the handlers just
+                # submitted start first. Behind, it asks at once, and the broker reads
+                # the next batch while they run.
+                await asyncio.sleep(0)
 
     # --- ordered queues ---------------------------------------------------------------
 
