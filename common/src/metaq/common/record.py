@@ -238,7 +238,7 @@ class RecordBuilder(Protocol[T_co]):
 
 def decode(buf: bytes | bytearray | memoryview, at: int = 0, *, verify: bool = True) -> Record:
     """Decode one record; raise InvalidRecord if it is malformed or its CRC is wrong."""
-    return _decode(Record, memoryview(buf), at, verify)[0]
+    return decode_built(Record, buf, at, verify=verify)
 
 
 def iter_records(buf: bytes | bytearray | memoryview, *, verify: bool = True) -> Iterator[Record]:
