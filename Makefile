@@ -18,7 +18,7 @@ STAMP := .venv/.setup-stamp
 
 PYTEST_ARGS ?=
 
-.PHONY: setup test lint generate check-generated run store-demo bench-store bench-framing bench-e2e bench-failover bench-features bench-compare bench-metaq2 chaos clean
+.PHONY: setup test lint generate check-generated run store-demo bench-store bench-framing bench-idle-poll bench-e2e bench-failover bench-features bench-compare bench-metaq2 chaos clean
 
 setup: $(STAMP)
 
@@ -60,6 +60,11 @@ bench-store: setup
 
 bench-framing: setup
 	$(UV) run --frozen python bench/bench_framing.py
+
+# One-at-a-time round trips to a loopback echo server that sleeps, then one that polls
+# (the broker's IdlePoll): what a sleeping CPU's wake-up costs.
+bench-idle-poll: setup
+	$(UV) run --frozen python bench/bench_idle_poll.py
 
 # Producer throughput and send latency against a real nameserver + broker (ASYNC flush).
 bench-e2e: setup

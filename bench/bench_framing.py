@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 
@@ -83,6 +84,12 @@ def main() -> None:
     )
     enc = [encode_rate(args.frames, args.payload) for _ in range(args.rounds)]
     print(f"encode: best {max(enc):,.0f} frames/s, median {statistics.median(enc):,.0f}")
+    figures = {
+        "decode_frames_s": round(median),
+        "decode_parse_frames_s": round(statistics.median(parsed)),
+        "encode_frames_s": round(statistics.median(enc)),
+    }
+    print(json.dumps(figures))
 
 
 if __name__ == "__main__":
