@@ -13,7 +13,7 @@ from metaq.client.consumer import FIRST, PushConsumer
 from metaq.client.message import Message
 from metaq.client.producer import Producer
 from metaq.client.retry import dlq_topic
-from metaq.common.testing import run_async
+from metaq.common.testing import run_async, wait_until_async
 from metaq.nameserver.testing import start_nameserver
 
 TOPIC = "ledger"
@@ -74,10 +74,12 @@ def test_ordered_consumers_keep_key_order_and_never_share_a_queue(tmp_path: Path
                 await produce(30, 60)
                 await first.close()  # and one leaves
                 await produce(60, 90)
-                async with asyncio.timeout(60):
-                    # Distinct values: a handover may repeat messages (at least once).
-                    while any(len(set(seen[key])) < 90 for key in KEYS):
-                        await asyncio.sleep(0.05)
+
+                # Distinct values: a handover may repeat messages (at least once).
+                async def all_seen() -> bool:
+                    return all(len(set(seen[key])) >= 90 for key in KEYS)
+
+                await wait_until_async(all_seen, 60, "every key's 90 values were consumed")
                 await second.close()
 
         run_async(scenario(), timeout_s=120)
@@ -123,9 +125,11 @@ def test_a_message_that_keeps_failing_is_parked_and_its_queue_goes_on(tmp_path: 
             async with consumer, Producer(nameservers) as producer:
                 for body in (b"one", b"bad", b"two"):
                     await producer.send(TOPIC, body, sharding_key="k")
-                async with asyncio.timeout(30):
-                    while handled != [b"one", b"two"]:
-                        await asyncio.sleep(0.05)
+
+                async def both_handled() -> bool:
+                    return handled == [b"one", b"two"]
+
+                await wait_until_async(both_handled, 30, "one and two were handled")
                 assert consumer.stats.parked == 1
                 route = await producer.routes.route(dlq_topic("ledger-group"))
                 assert route.read_queues
