@@ -500,10 +500,12 @@ class MessageStore:
     def background_busy(self) -> bool:
         """The dispatcher thread has records to dispatch (more than an appending thread
         dispatches itself), or a SYNC flush is under way."""
-        written = self.commitlog.write_offset
-        if written - self.dispatcher.dispatched > self.config.dispatch_inline_bytes:
+        if self.dispatcher.backlog_bytes > self.config.dispatch_inline_bytes:
             return True
-        return self.config.flush_mode is FlushMode.SYNC and self.flusher.durable < written
+        return (
+            self.config.flush_mode is FlushMode.SYNC
+            and self.flusher.durable < self.commitlog.write_offset
+        )
 
     @property
     def dispatch_backlog_bytes(self) -> int:
