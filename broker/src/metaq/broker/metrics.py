@@ -138,6 +138,12 @@ class _StateCollector:
             "Oldest commitlog byte still kept",
             store.commitlog.min_offset,
         )
+        released = CounterMetricFamily(
+            "metaq_commitlog_page_cache_released_bytes",
+            "Commitlog bytes handed back from the page cache behind commitlog_cache_bytes",
+        )
+        released.add_metric([], store.page_cache.released_bytes)
+        yield released
         yield _gauge(
             "metaq_disk_used_ratio",
             "Used fraction of the data directory's disk",

@@ -32,6 +32,9 @@ class CommitLogFlusher(Service):
         self.config = config
         self.durable = commitlog.write_offset
         self.listeners: list[FlushListener] = []
+        # Work for the flusher's thread after each interval's flush, once the listeners
+        # heard of it, under ``lock``; called with the durable offset.
+        self.after_flush: list[FlushListener] = []
         self._guard = guard
         self._cond = threading.Condition()
         # Held for a whole flush, so a truncation never lands between choosing the target
@@ -51,7 +54,10 @@ class CommitLogFlusher(Service):
             self.wakeup()
 
     def run_once(self) -> None:
-        self.flush()
+        with self.lock:
+            durable = self._flush()
+            for chore in self.after_flush:
+                chore(durable)
 
     def flush(self) -> int:
         """fsync everything written so far; return the new durable offset."""

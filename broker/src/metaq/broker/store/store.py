@@ -23,6 +23,7 @@ from metaq.broker.store.consume_queue import QueueTable
 from metaq.broker.store.dispatch import Dispatcher, DispatchService
 from metaq.broker.store.flush import CommitLogFlusher
 from metaq.broker.store.index import MessageIndex, key_for_id, key_for_topic_key
+from metaq.broker.store.page_cache import PageCacheWindow
 from metaq.broker.store.reads import GetResult, GetStatus, read_batch
 from metaq.broker.store.recovery import RecoveryReport, recover
 from metaq.broker.store.retention import CleanService, DiskUsage, Retention, WriteGuard
@@ -88,6 +89,8 @@ class MessageStore:
         self.guard = WriteGuard(config, disk_usage) if disk_usage else WriteGuard(config)
         self.retention = Retention(config)
         self.flusher = CommitLogFlusher(self.commitlog, config, self.guard)
+        self.page_cache = PageCacheWindow(self.commitlog.segments, config.commitlog_cache_bytes)
+        self.flusher.after_flush.append(self._release_page_cache)
         self.dispatch_service = DispatchService(self.dispatcher)
         self._services: list[Service] = []
         self._abort = AbortMarker(config.data_dir / "abort")
@@ -144,6 +147,12 @@ class MessageStore:
         # damage anywhere in the log as a torn tail and cut every record after it.
         self.disk.sync_all(self.commitlog.segments.segments)
         self.flusher.durable = self.commitlog.write_offset
+        self.page_cache.start_at(
+            max(
+                self.commitlog.min_offset,
+                self.commitlog.write_offset - self.config.commitlog_cache_bytes,
+            )
+        )
         self.checkpoint()
         return report
 
@@ -254,6 +263,10 @@ class MessageStore:
                 f"{self.config.dispatch_backlog_wait_ms} ms; the broker is overloaded, retry"
             )
 
+    def _release_page_cache(self, durable: int) -> None:
+        # Dispatched bytes only: the dispatcher reads the log right behind the appends.
+        self.page_cache.release_below(min(durable, self.dispatcher.dispatched))
+
     def wait_durable(self, offset: int, timeout_s: float | None = None) -> bool:
         if timeout_s is None:
             timeout_s = self.config.flush_timeout_ms / 1e3
@@ -309,6 +322,7 @@ class MessageStore:
         with self.dispatcher.lock, self.flusher.lock:
             self.commitlog.truncate(offset)
             self.flusher.cut(offset)
+            self.page_cache.cut(offset)
             for queue in self.queues.queues.values():
                 queue.truncate_to_commitlog(offset)
             self.dispatcher.dispatched = min(self.dispatcher.dispatched, offset)
@@ -322,6 +336,7 @@ class MessageStore:
             self.commitlog.reset(offset)
             self.dispatcher.dispatched = offset
             self.flusher.durable = offset
+            self.page_cache.start_at(offset)
 
     def become_writer(self) -> None:
         """Before a slave's first own append: its queue offsets continue the dispatched
