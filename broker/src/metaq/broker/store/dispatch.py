@@ -15,7 +15,7 @@ from typing import Final
 
 from metaq.broker.store.commitlog import CommitLog
 from metaq.broker.store.consume_queue import ConsumeQueue, QueueTable
-from metaq.broker.store.index import MSG_ID_PREFIX, MessageIndex
+from metaq.broker.store.index import MessageIndex, hash_id, hash_key, key_for_topic_key
 from metaq.broker.store.service import Service
 from metaq.common.record import BLANK_MAGIC, HEADER_SIZE
 
@@ -68,7 +68,10 @@ class Dispatcher:
         segments = self.commitlog.segments
         queues = self.queues
         rows = queues.rows
-        index = self.index
+        # Index entries are gathered for one put at the end of the round.
+        hashes: list[int] = []
+        offsets: list[int] = []
+        times: list[int] = []
         while offset < end:
             segment = segments.find(offset)
             if segment is None:
@@ -97,15 +100,20 @@ class Dispatcher:
                 tag_code = zlib.crc32(view[at : at + tags_len]) if tags_len else 0
                 cl_offset = segment.start + pos
                 queue.put(q_offset, cl_offset, size, tag_code)
-                index.put(MSG_ID_PREFIX + msg_id, cl_offset, store_ms)
+                hashes.append(hash_id(msg_id))
+                offsets.append(cl_offset)
+                times.append(store_ms)
                 if keys_len:
                     at += tags_len
                     for k in mm[at : at + keys_len].split(b" "):
-                        index.put(topic + b"#" + k, cl_offset, store_ms)
+                        hashes.append(hash_key(key_for_topic_key(topic, k)))
+                        offsets.append(cl_offset)
+                        times.append(store_ms)
                 touched.add(queue)
                 pos += size
                 count += 1
             offset = segment.start + pos
+        self.index.put_many(hashes, offsets, times)
         self.dispatched = offset
         return touched, count
 

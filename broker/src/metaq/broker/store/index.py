@@ -26,6 +26,7 @@ _ENTRY: Final = struct.Struct("<Iqii")
 """key hash, commitlog offset, seconds since the file's begin time, previous entry."""
 
 MSG_ID_PREFIX: Final = b"\x00"
+_ID_SEED: Final = zlib.crc32(MSG_ID_PREFIX)
 
 
 def key_for_id(msg_id: bytes) -> bytes:
@@ -34,6 +35,16 @@ def key_for_id(msg_id: bytes) -> bytes:
 
 def key_for_topic_key(topic: bytes, key: bytes) -> bytes:
     return topic + b"#" + key
+
+
+def hash_key(key: bytes) -> int:
+    """The hash an entry for ``key`` carries: its CRC-32."""
+    return zlib.crc32(key)
+
+
+def hash_id(msg_id: bytes) -> int:
+    """``hash_key(key_for_id(msg_id))`` without building the key."""
+    return zlib.crc32(msg_id, _ID_SEED)
 
 
 class IndexFile:
@@ -54,27 +65,33 @@ class IndexFile:
     def full(self) -> bool:
         return bool(self.count >= self.capacity)
 
-    def put(self, key: bytes, commitlog_offset: int, store_ms: int) -> None:
+    def put_many(self, hashes: list[int], offsets: list[int], times: list[int], at: int) -> int:
+        """Add entries from position ``at`` of the lists on until this file is full;
+        return the position after the last one added. One loop, locals only: the
+        dispatcher adds an entry per message and per key."""
         view = self.segment.view
-        if self.count == 0:
-            self.begin_ms, self.begin_offset = store_ms, commitlog_offset
-            _HEADER.pack_into(view, 0, store_ms, commitlog_offset, store_ms, commitlog_offset, 0, 0)
-        key_hash = zlib.crc32(key)
-        slot_at = _HEADER.size + (key_hash % self.slots) * _SLOT.size
-        previous = _SLOT.unpack_from(view, slot_at)[0]
-        # Entry numbers start at 1 so that slot value 0 means an empty slot.
-        self.count += 1
-        number = self.count
-        _ENTRY.pack_into(
-            view,
-            self._entries_at + number * _ENTRY.size,
-            key_hash,
-            commitlog_offset,
-            (store_ms - self.begin_ms) // 1000,
-            previous,
-        )
-        _SLOT.pack_into(view, slot_at, number)
-        self.end_ms, self.end_offset = store_ms, commitlog_offset
+        if self.count == 0 and at < len(hashes):
+            self.begin_ms, self.begin_offset = times[at], offsets[at]
+            _HEADER.pack_into(view, 0, times[at], offsets[at], times[at], offsets[at], 0, 0)
+        end: int = min(len(hashes), at + self.capacity - self.count)
+        if end <= at:
+            return at
+        slots, begin_ms, number = self.slots, self.begin_ms, self.count
+        slot_unpack, slot_pack, entry_pack = _SLOT.unpack_from, _SLOT.pack_into, _ENTRY.pack_into
+        slots_at, entries_at, entry_size = _HEADER.size, self._entries_at, _ENTRY.size
+        for n in range(at, end):
+            key_hash = hashes[n]
+            slot_at = slots_at + (key_hash % slots) * 4
+            previous = slot_unpack(view, slot_at)[0]
+            # Entry numbers start at 1 so that slot value 0 means an empty slot.
+            number += 1
+            entry_at = entries_at + number * entry_size
+            seconds = (times[n] - begin_ms) // 1000
+            entry_pack(view, entry_at, key_hash, offsets[n], seconds, previous)
+            slot_pack(view, slot_at, number)
+        self.count = number
+        self.end_ms, self.end_offset = times[end - 1], offsets[end - 1]
+        return end
 
     def write_header(self) -> None:
         """Persist the counters; done before each checkpoint's sync, not per entry.
@@ -89,7 +106,7 @@ class IndexFile:
         if self.count == 0 or self.end_ms < begin_ms or self.begin_ms > end_ms:
             return []
         view = self.segment.view
-        key_hash = zlib.crc32(key)
+        key_hash = hash_key(key)
         number = _SLOT.unpack_from(view, _HEADER.size + (key_hash % self.slots) * _SLOT.size)[0]
         found: list[int] = []
         while 0 < number <= self.count and len(found) < limit:
@@ -122,10 +139,13 @@ class MessageIndex:
             segment.written = segment.synced = IndexFile.size_for(self.slots, index.count)
             self.files.append(index)
 
-    def put(self, key: bytes, commitlog_offset: int, store_ms: int) -> None:
-        if not self.files or self.files[-1].full:
-            self._roll(commitlog_offset)
-        self.files[-1].put(key, commitlog_offset, store_ms)
+    def put_many(self, hashes: list[int], offsets: list[int], times: list[int]) -> None:
+        """Add entries (key hash, commitlog offset, store time ms) in commitlog order."""
+        at = 0
+        while at < len(hashes):
+            if not self.files or self.files[-1].full:
+                self._roll(offsets[at])
+            at = self.files[-1].put_many(hashes, offsets, times, at)
 
     def _roll(self, commitlog_offset: int) -> None:
         if self.files:
