@@ -246,6 +246,8 @@ class ReplicaSet:
         watermark): a record past it may be cut by a failover and its queue offset reused
         by another message, which a consumer that had read the first would skip."""
         offset = self.log.end_offset
+        if not self.slaves and len(self.committed) == 1:
+            return offset  # no slave at all (committed always holds this master)
         for broker_id in self._required():
             slave = self.slaves.get(broker_id)
             offset = min(offset, slave.acked if slave is not None else 0)
