@@ -3,7 +3,6 @@ dead-letter queue; other groups untouched; the failing group's offsets move on."
 
 from __future__ import annotations
 
-import asyncio
 import json
 import subprocess
 import sys
@@ -18,7 +17,7 @@ from metaq.client.message import Message
 from metaq.client.producer import Producer
 from metaq.client.pull_consumer import PullConsumer
 from metaq.client.retry import PROP_RETRY_TOPIC, dlq_topic
-from metaq.common.testing import run_async
+from metaq.common.testing import run_async, wait_until_async
 from metaq.nameserver.testing import start_nameserver
 
 TOPIC = "jobs"
@@ -62,11 +61,17 @@ def test_a_failing_message_is_retried_on_schedule_then_dead_lettered(tmp_path: P
                 async with Producer(nameservers) as producer:
                     for body in bodies:
                         await producer.send(TOPIC, body)
-                async with asyncio.timeout(30):
-                    while len(calls["failing"][b"poison"]) < 3 or bad.stats.sent_back < 3:
-                        await asyncio.sleep(0.05)
-                    while len(calls["healthy"]) < len(bodies):
-                        await asyncio.sleep(0.05)
+
+                async def poison_sent_back_thrice() -> bool:
+                    return len(calls["failing"][b"poison"]) >= 3 and bad.stats.sent_back >= 3
+
+                async def all_handled() -> bool:
+                    return len(calls["healthy"]) >= len(bodies)
+
+                await wait_until_async(
+                    poison_sent_back_thrice, 30, "the poison is sent back 3 times"
+                )
+                await wait_until_async(all_handled, 30, "the healthy group handled every message")
                 dead = await read_dlq(nameservers)
                 assert [m.body for m in dead] == [b"poison"]
                 assert dead[0].properties[PROP_RETRY_TOPIC] == TOPIC
