@@ -78,10 +78,11 @@ class IndexFile:
             return at
         slots, begin_ms, number = self.slots, self.begin_ms, self.count
         slot_unpack, slot_pack, entry_pack = _SLOT.unpack_from, _SLOT.pack_into, _ENTRY.pack_into
-        slots_at, entries_at, entry_size = _HEADER.size, self._entries_at, _ENTRY.size
+        slots_at, slot_size = _HEADER.size, _SLOT.size
+        entries_at, entry_size = self._entries_at, _ENTRY.size
         for n in range(at, end):
             key_hash = hashes[n]
-            slot_at = slots_at + (key_hash % slots) * 4
+            slot_at = slots_at + (key_hash % slots) * slot_size
             previous = slot_unpack(view, slot_at)[0]
             # Entry numbers start at 1 so that slot value 0 means an empty slot.
             number += 1
