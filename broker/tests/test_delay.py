@@ -98,7 +98,8 @@ def test_messages_are_delivered_once_when_due_through_the_tiers(
     # Tick as the service does, but skip the clock ahead to the next head's time when
     # nothing is due (the store's own timestamps are real time: waits count from start).
     for _ in range(1000):
-        sched.tick()
+        if not sched.idle():  # as the service does: no round when none would do anything
+            sched.tick()
         store.dispatcher.catch_up()
         for body in bodies(store):
             delivered_at.setdefault(body, clock.ms - start)
@@ -111,6 +112,49 @@ def test_messages_are_delivered_once_when_due_through_the_tiers(
     for body, ms in due.items():
         assert ms <= delivered_at[body] <= ms + 1100, body
     assert sched.pending() == 0
+
+
+def test_idle_only_while_no_tier_head_can_be_handled(
+    open_store: Callable[..., MessageStore],
+) -> None:
+    store = open_store()
+    clock = Clock()
+    sched = scheduler(store, clock)
+    assert not sched.idle()  # a new master must read its cursors from the log first
+    sched.tick()
+    assert sched.idle()  # nothing delayed at all
+
+    start, due = clock.ms, clock.ms + 1500
+    store.append(divert([memoryview(delayed(b"x", DELIVER_AT=str(due)))], POLICY))
+    store.dispatcher.catch_up()
+    assert not sched.idle()  # a new tier head, not read yet
+    assert sched.tick() == 0
+    assert sched.idle()  # read: tier 0 holds it for a second
+    clock.ms = start + 900
+    assert sched.idle()
+    clock.ms = due - 1  # past its second in the tier: a round would look at it again
+    assert not sched.idle()
+    assert sched.tick() == 0  # due within the second: it waits in place
+    assert sched.idle()
+    clock.ms = due
+    assert not sched.idle()
+    assert sched.tick() == 1
+    store.dispatcher.catch_up()
+    assert sched.idle()
+    assert bodies(store) == [b"x"]
+
+
+def test_a_slave_is_idle_once_it_dropped_its_cursors(
+    open_store: Callable[..., MessageStore],
+) -> None:
+    store = open_store()
+    master = [True]
+    sched = DelayScheduler(store, lambda: master[0], Clock())
+    sched.tick()
+    master[0] = False
+    assert not sched.idle()  # the cursors it kept as master go at the next round
+    sched.tick()
+    assert sched.idle()
 
 
 def test_a_round_cut_off_after_its_cursor_record_is_redone_exactly_once(

@@ -167,6 +167,9 @@ class DelayScheduler:
         self._clock_ms = clock_ms
         self._cursors: list[int] | None = None
         self._redo: list[tuple[int, int]] = []
+        # Per tier, when its head (the record at the cursor) can next be handled: 0 when
+        # that is unknown. Lets an idle check skip a round without reading any record.
+        self._head_ready_ms = [0] * TIERS
         self.delivered = 0
         self.last_round = 0
         """Copies the last round made (moves and deliveries)."""
@@ -189,6 +192,7 @@ class DelayScheduler:
                 self._redo = self._missing(cursor, sources)
                 result.release()
         self._cursors = cursors
+        self._head_ready_ms = [0] * TIERS
         if self._redo:
             log.warning("redoing %d delayed-message copies a crash or failover cut off",
                         len(self._redo))  # fmt: skip
@@ -226,8 +230,25 @@ class DelayScheduler:
             record = self._read(tier, offset)
             if record is not None:
                 due = int(record.properties[PROP_DUE])
-                times.append(min(due, int(record.properties[PROP_SINCE]) + (1000 << tier)))
+                times.append(min(due, _waited_ms(record, tier)))
         return min(times, default=None)
+
+    def idle(self) -> bool:
+        """True when a round now would do nothing: no copies to redo, and every tier is
+        empty past its cursor or has a head not due yet. Reads no record, so a broker
+        without delayed messages answers it with a few lookups and no thread."""
+        cursors = self._cursors
+        if not self._is_master():
+            return cursors is None
+        if cursors is None or self._redo:
+            return False
+        now = self._clock_ms()
+        max_offset = self._store.max_offset
+        ready = self._head_ready_ms
+        return all(
+            max_offset(DELAY_TOPIC, tier) <= cursor or now < ready[tier]
+            for tier, cursor in enumerate(cursors)
+        )
 
     # --- work -----------------------------------------------------------------------------
 
@@ -262,9 +283,11 @@ class DelayScheduler:
                     handled = self._handle(record, tier, cursors[tier], now, copies, sources)
                     if handled < 0:
                         waiting = True  # the head is not due: nothing behind it is either
+                        self._head_ready_ms[tier] = _ready_ms(record, tier, now)
                         break
                     delivered += handled
                     cursors[tier] += 1
+                    self._head_ready_ms[tier] = 0
                 result.release()
         if sources:
             marker = encode(
@@ -304,7 +327,7 @@ class DelayScheduler:
     ) -> int:
         """Move or deliver one tier head; -1 if it must wait, else how many delivered."""
         due = int(record.properties[PROP_DUE])
-        waited = int(record.properties[PROP_SINCE]) + (1000 << tier)
+        waited = _waited_ms(record, tier)
         if not force and now < min(waited, due):
             return -1
         props = dict(record.properties)
@@ -323,6 +346,19 @@ class DelayScheduler:
         return 1
 
 
+def _waited_ms(record: Record, tier: int) -> int:
+    """When ``record`` has waited its tier's 2^tier seconds."""
+    return int(record.properties[PROP_SINCE]) + (1000 << tier)
+
+
+def _ready_ms(record: Record, tier: int, now: int) -> int:
+    """When a tier head that cannot be handled at ``now`` can next be: once it has waited
+    its tier's time (it moves on, or is delivered), or once due if it waits in place."""
+    due = int(record.properties[PROP_DUE])
+    waited = _waited_ms(record, tier)
+    return min(waited, due) if now < min(waited, due) else due
+
+
 class DelayService(PeriodicService):
     name = "delay"
 
@@ -331,6 +367,10 @@ class DelayService(PeriodicService):
         self.scheduler = scheduler
 
     async def run_once(self) -> None:
+        # Ten times a second a round with nothing to do would still hand the loop's GIL to
+        # a worker thread and back, in the middle of whatever sends and pulls are in flight.
+        if self.scheduler.idle():
+            return
         # In a thread: a backlog of due messages takes rounds, and the event loop must
         # go on answering sends and pulls meanwhile (appends are thread-safe).
         await asyncio.to_thread(self.scheduler.run, 0.5)
