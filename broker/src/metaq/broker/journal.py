@@ -95,7 +95,11 @@ class Journal:
 
     def _append(self, topic: str, body: dict[str, Any]) -> Appended:
         record = encode(topic, json.dumps(body, separators=(",", ":")).encode())
-        return self._store.append([record])
+        # Dispatched here, as a SEND's records are: waking the dispatcher thread for one
+        # small record ten times a second takes the GIL from sends and pulls in flight.
+        appended = self._store.append([record], wake_dispatcher=False)
+        self._store.dispatch_appended()
+        return appended
 
     # --- slave (and every broker at start) ---------------------------------------------
 
