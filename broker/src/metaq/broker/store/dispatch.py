@@ -137,7 +137,9 @@ class DispatchService(Service):
     name = "dispatch"
 
     def __init__(self, dispatcher: Dispatcher) -> None:
-        super().__init__(interval_s=0.1)
+        # Appends wake it; the interval is only a backstop, and each timed wake-up takes
+        # the GIL from the event loop for a round that usually finds nothing.
+        super().__init__(interval_s=1.0)
         self.dispatcher = dispatcher
         self._progress = threading.Condition()
 
