@@ -130,8 +130,8 @@ class OpenLoop:
             # What a latency-sensitive service does once set up: start-up's objects leave
             # the collector's view, so a full collection costs ~1 ms instead of tens.
             gc.freeze()
-        with Ticker(TICK_S) as ticker:
-            self.start = time.perf_counter()
+        self.start = time.perf_counter()
+        with Ticker(TICK_S, self.start) as ticker:
             sent = 0
             while sent < self.total:
                 due = min(self.total, int((time.perf_counter() - self.start) * self.rate) + 1)
