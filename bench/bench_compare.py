@@ -180,7 +180,7 @@ def main(argv: list[str]) -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--seconds", type=float, default=3.0, help="seconds per (a)/(b) cell")
-    parser.add_argument("--e2e-seconds", type=float, default=5.0, help="measured seconds of (c)")
+    parser.add_argument("--e2e-seconds", type=float, default=12.0, help="measured seconds of (c)")
     parser.add_argument("--rate", type=float, default=5000.0, help="(c) offered msgs/s")
     parser.add_argument("--only", default=",".join(LAUNCHERS), help="comma-separated launchers")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
