@@ -4,7 +4,6 @@ its group, the outcome applied once."""
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 from replica_group import read_records
@@ -14,7 +13,7 @@ from metaq.broker.testing.admin import put_topic
 from metaq.client.message import Message
 from metaq.client.results import SendResult
 from metaq.client.transaction import TransactionProducer, TransactionState
-from metaq.common.testing import run_async, wait_until
+from metaq.common.testing import run_async, wait_until, wait_until_async
 from metaq.nameserver.testing import start_nameserver
 
 TOPIC = "orders"
@@ -73,9 +72,11 @@ def test_commit_delivers_rollback_does_not_and_a_lost_outcome_is_checked_back(
             second = TransactionProducer(nameservers, "order-service", check)
             async with second:
                 await second.producer.send(TOPIC, b"plain")  # connects: now it can be asked
-                async with asyncio.timeout(20):
-                    while not second.checks_answered:
-                        await asyncio.sleep(0.05)
+
+                async def answered() -> bool:
+                    return second.checks_answered > 0
+
+                await wait_until_async(answered, 20, "the broker asked the restarted producer")
             assert [m.msg_id for m in asked] == [orphan.msg_id]
             assert asked[0].topic == TOPIC and asked[0].body == b"in doubt"
 
