@@ -12,10 +12,13 @@ import itertools
 import os
 import re
 import struct
-import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Protocol, TypeVar
+
+# zlib-ng's CRC-32 (the same checksum as zlib's) runs about five times faster on a KiB,
+# and every consumer checks every record it receives.
+from zlib_ng.zlib_ng import crc32
 
 from metaq.common.errors import InvalidMessage, InvalidRecord
 
@@ -215,12 +218,12 @@ def readdress(
 
 def seal(buf: bytearray | memoryview, at: int, size: int) -> None:
     """Write the CRC of the record at ``buf[at:at+size]`` into its header."""
-    crc = zlib.crc32(memoryview(buf)[at + CRC_START : at + size])
+    crc = crc32(memoryview(buf)[at + CRC_START : at + size])
     struct.pack_into("<I", buf, at + 8, crc)
 
 
 def crc_ok(buf: bytes | bytearray | memoryview, at: int, size: int, crc: int) -> bool:
-    return zlib.crc32(memoryview(buf)[at + CRC_START : at + size]) == crc
+    return crc32(memoryview(buf)[at + CRC_START : at + size]) == crc
 
 
 class RecordBuilder(Protocol[T_co]):
@@ -280,7 +283,7 @@ def _decode(build: RecordBuilder[T], view: memoryview, at: int, verify: bool) ->
     variable = topic_len + tags_len + keys_len + props_len + body_len
     if total != HEADER_SIZE + variable or at + total > len(view):
         raise InvalidRecord(f"record size {total} disagrees with its field lengths")
-    if verify and crc != zlib.crc32(view[at + CRC_START : at + total]):
+    if verify and crc != crc32(view[at + CRC_START : at + total]):
         raise InvalidRecord("record CRC mismatch")
     pos = at + HEADER_SIZE
     topic_end = pos + topic_len
@@ -306,4 +309,4 @@ def tag_code(tags: bytes | str) -> int:
     """The tag hash stored in consume-queue entries; equal tags give equal codes."""
     if isinstance(tags, str):
         tags = tags.encode()
-    return zlib.crc32(tags) if tags else 0
+    return crc32(tags) if tags else 0
