@@ -34,6 +34,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import time
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -53,6 +54,7 @@ from compare_report import (
     raw,
     targets_met,
 )
+from machine_stalls import StallWatch
 from metaq_load import Budget, settle_disk
 from metaq_system import Metaq, replicated_pair, single_broker
 from peer_nats import NatsJetStream
@@ -117,7 +119,9 @@ LAUNCHERS: Final[dict[str, tuple[Launcher, tuple[str, ...]]]] = {
 }
 
 
-async def drive(system: System, seconds: float, e2e_seconds: float, rate: float) -> list[Cell]:
+async def drive(
+    system: System, seconds: float, e2e_seconds: float, rate: float, stalls: StallWatch
+) -> list[Cell]:
     """Every mode and size of one system. The end-to-end cells go first, while the
     server is quiet, each after what earlier cells (of this system or the last one)
     left dirty is written back."""
@@ -126,10 +130,12 @@ async def drive(system: System, seconds: float, e2e_seconds: float, rate: float)
     try:
         for size in SIZES:
             settle_disk()
+            began = time.monotonic()
             e2e = await system.end_to_end(size, rate, e2e_seconds)
             cells.append(
                 Cell(system.key, "end_to_end", size, e2e.offered_msgs_s, e2e.latency,
-                     delivered=e2e.delivered, sent=e2e.sent)
+                     delivered=e2e.delivered, sent=e2e.sent,
+                     stalls=stalls.between(began, time.monotonic()))
             )  # fmt: skip
         for size in SIZES:
             body = os.urandom(size)  # incompressible, so no client or server shrinks it
@@ -157,10 +163,10 @@ def _failed(system: str, note: str) -> list[Cell]:
             for mode in ("one_at_a_time", "in_flight", "end_to_end")]  # fmt: skip
 
 
-def _drive_or_fail(system: System, args: argparse.Namespace) -> list[Cell]:
+def _drive_or_fail(system: System, args: argparse.Namespace, stalls: StallWatch) -> list[Cell]:
     try:
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            return runner.run(drive(system, args.seconds, args.e2e_seconds, args.rate))
+            return runner.run(drive(system, args.seconds, args.e2e_seconds, args.rate, stalls))
     except Exception as exc:  # the cells say so; the other systems still run
         traceback.print_exc()
         return _failed(system.key, f"failed: {type(exc).__name__}")
@@ -200,25 +206,26 @@ def main(argv: list[str]) -> None:
     work = Path(tempfile.mkdtemp(prefix="metaq-bench-compare-"))
     cells: list[Cell] = []
     systems: list[SystemInfo] = []
-    try:
-        for name in args.only.split(","):
-            print(f"{name}: starting", file=sys.stderr, flush=True)
-            launcher, keys = LAUNCHERS[name]
-            driven: set[str] = set()
-            try:
-                with launcher(work / name) as launched:
-                    for system in launched:
-                        systems.append(_info(system))
-                        driven.add(system.key)
-                        cells += _drive_or_fail(system, args)
-            except Exception as exc:  # one server failing leaves the others' figures
-                traceback.print_exc()
-                for key in keys:
-                    if key not in driven:
-                        systems.append(SystemInfo(key, key, "—", "—"))
-                        cells += _failed(key, f"failed to start: {type(exc).__name__}")
-    finally:
-        shutil.rmtree(work, ignore_errors=True)  # gigabytes of logs and segments
+    with StallWatch() as stalls:
+        try:
+            for name in args.only.split(","):
+                print(f"{name}: starting", file=sys.stderr, flush=True)
+                launcher, keys = LAUNCHERS[name]
+                driven: set[str] = set()
+                try:
+                    with launcher(work / name) as launched:
+                        for system in launched:
+                            systems.append(_info(system))
+                            driven.add(system.key)
+                            cells += _drive_or_fail(system, args, stalls)
+                except Exception as exc:  # one server failing leaves the others' figures
+                    traceback.print_exc()
+                    for key in keys:
+                        if key not in driven:
+                            systems.append(SystemInfo(key, key, "—", "—"))
+                            cells += _failed(key, f"failed to start: {type(exc).__name__}")
+        finally:
+            shutil.rmtree(work, ignore_errors=True)  # gigabytes of logs and segments
 
     peers = [p for p in PEERS if any(s.key == p for s in systems)]
     headline: dict[str, Any] = {

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from compare_harness import IN_FLIGHT, Latencies
+from machine_stalls import Stalls
 
 MODES: Final = ("one_at_a_time", "in_flight", "end_to_end")
 MODE_TITLES: Final = {
@@ -41,6 +42,8 @@ class Cell:
     latency: Latencies = field(default_factory=Latencies.none)
     delivered: int | None = None
     sent: int | None = None
+    stalls: Stalls | None = None
+    """The machine's pauses during an end-to-end cell."""
     note: str = ""
 
 
@@ -64,7 +67,9 @@ def _ratio(numerator: float | None, denominator: float | None) -> float | None:
         return None
     if math.isnan(numerator):
         return None
-    return round(numerator / denominator, 3)
+    ratio = numerator / denominator
+    # Three decimals, but never rounded to nothing (a saturated peer's p99 is seconds).
+    return round(ratio, 3) if ratio >= 0.01 else float(f"{ratio:.2g}")
 
 
 def _throughput(cells: Sequence[Cell], system: str, mode: str, size: int) -> float | None:
@@ -107,6 +112,19 @@ def _num(value: float | None, digits: int = 0) -> str:
     return f"{value:,.{digits}f}"
 
 
+def _ratio_text(value: float | None) -> str:
+    """Two decimals, or two significant digits for a ratio that small."""
+    if value is not None and 0 < value < 0.01:
+        return f"{value:.2g}"
+    return _num(value, 2)
+
+
+def _stalls_text(cell: Cell | None) -> str:
+    if cell is None or cell.stalls is None:
+        return "—"
+    return cell.stalls.text() + ("" if cell.stalls.realtime else " (not real-time)")
+
+
 def _cell_text(cell: Cell | None) -> str:
     if cell is None:
         return "not run"
@@ -126,8 +144,8 @@ def markdown(
         "message from its scheduled send to the consumer's callback.",
         "",
         "| system | size | (a) msgs/s | (a) p50 | (a) p99 | (a) p99.9 | (b) msgs/s "
-        "| (c) p50 | (c) p99 | (c) p99.9 | (c) delivered |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| (c) p50 | (c) p99 | (c) p99.9 | (c) delivered | (c) machine stalls |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for info in systems:
         for size in sizes:
@@ -150,8 +168,14 @@ def markdown(
                     if e2e_lat is not None
                     else f"| {_cell_text(e2e)} | — | — "
                 )
-                + f"| {delivered} |"
+                + f"| {delivered} | {_stalls_text(e2e)} |"
             )
+    lines += [
+        "",
+        "(c) machine stalls: the pauses of a CPU during the cell (how many, for how long in "
+        "all, the longest), seen by a real-time process per CPU that only sleeps. They land "
+        "on whichever system's cell is running and show in its p99 and p99.9.",
+    ]
     labels = {s.key: s.label for s in systems}
     saturated = sorted(
         {labels.get(c.system, c.system) for c in cells
@@ -188,9 +212,9 @@ def markdown(
         for size in sizes:
             r = ratios(cells, [peer], size)
             lines.append(
-                f"| {labels[peer]} | {size} B | {_num(r[f'ratio_vs_{peer}_sync'], 2)} "
-                f"| {_num(r[f'ratio_vs_{peer}_batched'], 2)} "
-                f"| {_num(r[f'e2e_p99_vs_{peer}_ratio'], 2)} |"
+                f"| {labels[peer]} | {size} B | {_ratio_text(r[f'ratio_vs_{peer}_sync'])} "
+                f"| {_ratio_text(r[f'ratio_vs_{peer}_batched'])} "
+                f"| {_ratio_text(r[f'e2e_p99_vs_{peer}_ratio'])} |"
             )
     lines += [
         "",
