@@ -14,7 +14,7 @@ from producer_cluster import Cluster, create_topic, read_until, start_cluster
 
 from metaq.broker.testing import run_async
 from metaq.client.errors import BrokerError, NoNameServer, UnknownTopic
-from metaq.client.producer import Producer
+from metaq.client.producer import Producer, ProducerConfig
 from metaq.client.results import SendResult, SendStatus
 from metaq.common.errors import ErrorCode
 
@@ -93,6 +93,28 @@ def test_send_batch_send_async_and_one_way_sends_are_stored(cluster: Cluster) ->
         assert big.size < 1000  # stored compressed, inflated on read
 
     run_async(scenario())
+
+
+def test_sends_one_at_a_time_poll_for_their_answers_unless_turned_off(cluster: Cluster) -> None:
+    async def scenario() -> tuple[float, float]:
+        await create_topic(cluster, "polled", queues=1, brokers=["broker-a"])
+        polled = []
+        for window in (200, 0):
+            config = ProducerConfig(answer_poll_us=window)
+            async with Producer(cluster.nameserver_addresses, config=config) as producer:
+                for n in range(100):
+                    await producer.send("polled", b"%d-%d" % (window, n))
+                polled.append(producer.sender.answer_poll.polled_s)
+        stored = await read_until(cluster.brokers["broker-a"], "polled", 1, 200)
+        assert sorted(m.body for m in stored) == sorted(
+            b"%d-%d" % (w, n) for w in (200, 0) for n in range(100)
+        )
+        return polled[0], polled[1]
+
+    polling, turned_off = run_async(scenario())
+    # The first send polls whatever the round trip; later ones while it stays quick.
+    assert polling > 0
+    assert turned_off == 0
 
 
 def test_an_unknown_topic_fails_at_once_and_is_not_retriable(cluster: Cluster) -> None:

@@ -93,6 +93,9 @@ class ProducerConfig:
     close_timeout_s: float = 10.0
     wait_store: bool = True
     """False: the broker answers once appended, without waiting for a sync flush."""
+    answer_poll_us: int = 200
+    """How long the event loop polls for an answer instead of sleeping, while answers
+    come back that quickly (:mod:`metaq.client.answer_poll`); 0 turns it off."""
 
     def validate(self) -> None:
         problems = []
@@ -107,6 +110,8 @@ class ProducerConfig:
                 problems.append(f"{name} must be positive")
         if not 0 <= self.compress_level <= 9:
             problems.append("compress_level must be 0-9")
+        if not 0 <= self.answer_poll_us <= 10_000:
+            problems.append("answer_poll_us must be 0-10000 (0 turns answer polling off)")
         if problems:
             raise ValueError("invalid producer settings: " + "; ".join(problems))
 
@@ -211,6 +216,7 @@ class Producer:
             producer_group=c.group,
             timeout_s=c.send_timeout_s,
             wait_store=c.wait_store,
+            answer_poll_us=c.answer_poll_us,
         )
         if self._owns_routes:
             await self.routes.start()

@@ -25,6 +25,7 @@ import logging
 from collections.abc import Iterable
 
 from metaq.client.accumulator import Accumulator, Batch
+from metaq.client.answer_poll import AnswerPoll
 from metaq.client.connection import BrokerConnection, ConnectionPool
 from metaq.client.encoding import msg_id_prefix_hex
 from metaq.client.errors import BrokerError, ConnectionLost, ProducerClosed
@@ -55,6 +56,7 @@ class Sender:
         producer_group: str,
         timeout_s: float,
         wait_store: bool = True,
+        answer_poll_us: int = 0,
     ) -> None:
         self.accumulator = accumulator
         self.pool = pool
@@ -69,6 +71,7 @@ class Sender:
         self._parked: dict[str, list[Batch]] = {}
         self._connects: dict[str, asyncio.Task[None]] = {}
         self._in_flight = 0
+        self.answer_poll = AnswerPoll(answer_poll_us)
         self._idle = asyncio.Event()
         self._idle.set()
         self._closed = False
@@ -234,6 +237,8 @@ class Sender:
             self._settle_failure(batch, exc)
             return
         self._in_flight += 1
+        if self._in_flight == 1:
+            self.answer_poll.waiting()
 
     # --- connections ------------------------------------------------------------------
 
@@ -267,6 +272,8 @@ class Sender:
 
     def _answered(self, batch: Batch, frame: Frame | None, exc: BaseException | None) -> None:
         self._in_flight -= 1
+        if not self._in_flight:
+            self.answer_poll.answered()
         self.accumulator.done(batch)
         if not self._drain_scheduled and self.accumulator.pending_records:
             # Records held back while this batch was in flight may go now.
