@@ -54,14 +54,14 @@ def test_requests_further_apart_than_the_window_never_start_one() -> None:
 def test_an_answer_while_polling_extends_the_same_episode() -> None:
     poll = IdlePoll(100_000)
     turns = 0
-    first_turn = poll._poll
+    first_turn = poll._looper._poll
 
     def counting() -> None:
         nonlocal turns
         turns += 1
         first_turn()
 
-    poll._poll = counting  # type: ignore[method-assign]
+    poll._looper._poll = counting  # type: ignore[method-assign]
     answered_at: list[float] = []
     answer = poll.answered
 

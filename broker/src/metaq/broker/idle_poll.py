@@ -1,9 +1,10 @@
 """Keep the event loop polling for a moment after it answered, instead of sleeping.
 
 A loop with nothing to do blocks in ``epoll_wait`` and its CPU goes idle; the next
-request then waits for that CPU to be woken, which on a virtual machine costs tens of
-microseconds on each side of a round trip (a loopback echo here: 85 µs a round trip
-against 29 µs when the server does not sleep, ``make bench-idle-poll``). A client
+request then waits for that CPU to be woken (:mod:`metaq.common.loop_poll`), which on a
+virtual machine costs tens of microseconds on each side of a round trip (a loopback
+echo here: 85 µs a round trip against 29 µs when the server does not sleep,
+``make bench-idle-poll``). A client
 sending one message at a time sends its next request soon after the answer, so the
 broker keeps polling its sockets for ``window_us`` after each answer it writes, as
 Seastar's reactor does for ``--idle-poll-time-us`` (200 µs by default there too).
@@ -21,10 +22,10 @@ a SYNC flush under way), and never starts with a window of 0.
 
 from __future__ import annotations
 
-import asyncio
-import os
 import time
 from collections.abc import Callable
+
+from metaq.common.loop_poll import LoopPoll
 
 _FOLLOW_UP_S = 50e-6
 """An answer's follow-up work (dispatching the records a SEND appended, answering the
@@ -47,13 +48,15 @@ class IdlePoll:
         self._on_polled = on_polled
         self._in_rhythm = False
         self._answered_at = -1.0
-        self._until = 0.0
-        self._began = 0.0
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._looper = LoopPoll(
+            keep_going=lambda: not self.busy(),
+            yield_cpu=lambda now: now - self._answered_at > _FOLLOW_UP_S,
+            on_stopped=self._stopped,
+        )
 
     @property
     def polling(self) -> bool:
-        return self._loop is not None
+        return self._looper.polling
 
     def answered(self, to_request: bool) -> None:
         """Answers were just written: ``to_request`` when to requests of the read just
@@ -64,23 +67,9 @@ class IdlePoll:
         if to_request:
             self._in_rhythm = now - self._answered_at <= self.window_s
         self._answered_at = now
-        if not self._in_rhythm:
-            return
-        self._until = now + self.window_s
-        if self._loop is None:
-            self._began = now
-            self._loop = asyncio.get_running_loop()
-            # A ready callback makes the loop poll its sockets with a zero timeout.
-            self._loop.call_soon(self._poll)
+        if self._in_rhythm:
+            self._looper.poll_until(now + self.window_s, now)
 
-    def _poll(self) -> None:
-        now = time.perf_counter()
-        if now < self._until and not self.busy():
-            assert self._loop is not None
-            if now - self._answered_at > _FOLLOW_UP_S:
-                os.sched_yield()
-            self._loop.call_soon(self._poll)
-            return
-        self._loop = None
+    def _stopped(self, polled_s: float) -> None:
         if self._on_polled is not None:
-            self._on_polled(now - self._began)
+            self._on_polled(polled_s)

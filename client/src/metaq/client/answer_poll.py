@@ -1,12 +1,12 @@
 """Keep the producer's event loop polling while its sends wait for a quick answer.
 
 A loop with nothing to do blocks in ``epoll_wait`` and its CPU goes idle; an answer
-then waits for that CPU to be woken, which on a virtual machine costs tens of
-microseconds of a round trip that is itself about a hundred (a producer sending one
-message at a time to a broker on the same host: 8,500 sends a second sleeping, 13,300
+then waits for that CPU to be woken (:mod:`metaq.common.loop_poll`), which on a virtual
+machine costs tens of microseconds of a round trip that is itself about a hundred (one
+message at a time to a broker on the same host: 8,500 sends a second sleeping, 15,000
 polling). So when a send goes out with nothing else unanswered, the loop polls its
 sockets for up to ``window_us``, as the broker does after an answer
-(:mod:`metaq.broker.idle_poll`).
+(``metaq.broker.idle_poll``).
 
 Polling pays only while answers come back within the window, and it costs the CPU it
 spins. So the loop polls only when the last wait for an answer (from the first send
@@ -19,9 +19,9 @@ same core goes first. A window of 0 never polls.
 
 from __future__ import annotations
 
-import asyncio
-import os
 import time
+
+from metaq.common.loop_poll import LoopPoll
 
 
 class AnswerPoll:
@@ -35,13 +35,15 @@ class AnswerPoll:
         self._in_rhythm = True  # the first send finds out
         self._waiting_since = 0.0
         self._waiting = False
-        self._until = 0.0
-        self._began = 0.0
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._looper = LoopPoll(
+            keep_going=lambda: self._waiting,
+            yield_cpu=lambda now: True,
+            on_stopped=self._stopped,
+        )
 
     @property
     def polling(self) -> bool:
-        return self._loop is not None
+        return self._looper.polling
 
     def waiting(self) -> None:
         """A send went out with no other unanswered."""
@@ -50,14 +52,8 @@ class AnswerPoll:
         now = time.perf_counter()
         self._waiting = True
         self._waiting_since = now
-        if not self._in_rhythm:
-            return
-        self._until = now + self.window_s
-        if self._loop is None:
-            self._began = now
-            self._loop = asyncio.get_running_loop()
-            # A ready callback makes the loop poll its sockets with a zero timeout.
-            self._loop.call_soon(self._poll)
+        if self._in_rhythm:
+            self._looper.poll_until(now + self.window_s, now)
 
     def answered(self) -> None:
         """The last unanswered send was answered."""
@@ -66,12 +62,5 @@ class AnswerPoll:
         self._waiting = False
         self._in_rhythm = time.perf_counter() - self._waiting_since <= self.window_s
 
-    def _poll(self) -> None:
-        now = time.perf_counter()
-        if self._waiting and now < self._until:
-            assert self._loop is not None
-            os.sched_yield()
-            self._loop.call_soon(self._poll)
-            return
-        self._loop = None
-        self.polled_s += now - self._began
+    def _stopped(self, polled_s: float) -> None:
+        self.polled_s += polled_s
