@@ -55,11 +55,12 @@ class StallWatch:
 
     def __init__(self) -> None:
         self._dir = tempfile.TemporaryDirectory(prefix="metaq-stalls-")
-        self._paths = [Path(self._dir.name) / f"cpu{cpu}" for cpu in os.sched_getaffinity(0)]
+        self._cpus = sorted(os.sched_getaffinity(0))
+        self._paths = [Path(self._dir.name) / f"cpu{cpu}" for cpu in self._cpus]
         self._processes: list[subprocess.Popen[bytes]] = []
 
     def __enter__(self) -> StallWatch:
-        for path, cpu in zip(self._paths, os.sched_getaffinity(0), strict=True):
+        for path, cpu in zip(self._paths, self._cpus, strict=True):
             path.touch()
             self._processes.append(
                 subprocess.Popen([sys.executable, __file__, str(path), str(os.getpid()), str(cpu)])

@@ -1,12 +1,12 @@
 """Keep the event loop polling for a moment after it answered, instead of sleeping.
 
 A loop with nothing to do blocks in ``epoll_wait`` and its CPU goes idle; the next
-request then waits for that CPU to be woken (:mod:`metaq.common.loop_poll`), which on a
-virtual machine costs tens of microseconds on each side of a round trip (a loopback
-echo here: 85 µs a round trip against 29 µs when the server does not sleep,
-``make bench-idle-poll``). A client
+request then waits for that CPU to be woken, which on a virtual machine costs tens of
+microseconds on each side of a round trip (a loopback echo here: 85 µs a round trip
+against 29 µs when the server does not sleep, ``make bench-idle-poll``). A client
 sending one message at a time sends its next request soon after the answer, so the
-broker keeps polling its sockets for ``window_us`` after each answer it writes, as
+broker keeps polling its sockets (:mod:`metaq.common.loop_poll`) for ``window_us``
+after each answer it writes, as
 Seastar's reactor does for ``--idle-poll-time-us`` (200 µs by default there too).
 
 Polling pays only while clients keep that rhythm, and it costs up to a core, which a

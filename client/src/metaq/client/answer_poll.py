@@ -1,11 +1,11 @@
 """Keep the producer's event loop polling while its sends wait for a quick answer.
 
 A loop with nothing to do blocks in ``epoll_wait`` and its CPU goes idle; an answer
-then waits for that CPU to be woken (:mod:`metaq.common.loop_poll`), which on a virtual
-machine costs tens of microseconds of a round trip that is itself about a hundred (one
-message at a time to a broker on the same host: 8,500 sends a second sleeping, 15,000
-polling). So when a send goes out with nothing else unanswered, the loop polls its
-sockets for up to ``window_us``, as the broker does after an answer
+then waits for that CPU to be woken, which on a virtual machine costs tens of
+microseconds of a round trip that is itself about a hundred (one message at a time to a
+broker on the same host: 8,500 sends a second sleeping, 15,000 polling). So when a send
+goes out with nothing else unanswered, the loop polls its sockets
+(:mod:`metaq.common.loop_poll`) for up to ``window_us``, as the broker does after an answer
 (``metaq.broker.idle_poll``).
 
 Polling pays only while answers come back within the window, and it costs the CPU it
