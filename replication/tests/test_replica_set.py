@@ -47,12 +47,18 @@ class Direct:
 
 
 def pair(
-    master_log: MemoryLog, slave_log: MemoryLog, *, epoch: int = 1, clock: Clock | None = None
+    master_log: MemoryLog,
+    slave_log: MemoryLog,
+    *,
+    epoch: int = 1,
+    clock: Clock | None = None,
+    controlled: bool = False,
 ) -> tuple[ReplicaSet, Follower]:
     history = EpochHistory(entries=[Epoch(epoch, 0)])
     master = ReplicaSet(
-        master_log, history, self_id=0, epoch=epoch, min_in_sync=2, clock=clock or Clock()
-    )
+        master_log, history, self_id=0, epoch=epoch, min_in_sync=2, clock=clock or Clock(),
+        controlled=controlled,
+    )  # fmt: skip
 
     async def connect(address: str) -> FetchChannel:
         return Direct(master)
@@ -193,6 +199,35 @@ def test_consumers_may_read_only_what_every_electable_slave_holds() -> None:
             assert confirmed[-1] == master_log.end_offset
         finally:
             await follower.stop()
+
+    run_async(scenario())
+
+
+@pytest.mark.parametrize("controlled", [True, False])
+def test_a_slave_seen_in_sync_is_electable_until_the_controller_commits(controlled: bool) -> None:
+    """The controller may have committed the slave in while that commit has not reached
+    the master, which then pauses: on waking it finds the slave lagging, and must not
+    let consumers read (or itself skip the lease) as if no one could have replaced it."""
+
+    async def scenario() -> None:
+        clock = Clock()
+        master_log, slave_log = MemoryLog(), MemoryLog()
+        master, follower = pair(master_log, slave_log, clock=clock, controlled=controlled)
+        master.commit({0})  # the controller's last word here: no slave yet
+        follower.start()
+        await until(lambda: master.in_sync() == {0, 1})
+        held = master_log.end_offset
+        await follower.stop()  # promoted elsewhere while this master was paused
+        clock.now += master.max_lag_s + 1
+        master_log.append(b"taken after waking")
+        master.appended()
+        assert master.in_sync() == {0}
+        if controlled:
+            assert master.electable() == {0, 1}
+            assert master.confirmed_offset() == held
+            master.commit({0})  # the controller agrees it is gone
+        assert master.electable() == {0}
+        assert master.confirmed_offset() == master_log.end_offset
 
     run_async(scenario())
 

@@ -176,14 +176,14 @@ class GroupRole:
 
     def _needs_lease(self, replicas: ReplicaSet) -> bool:
         """Only a master someone else could replace must stop when cut off: with no
-        other broker in sync, by its view or the controller's, none can be elected.
+        other broker electable (:meth:`ReplicaSet.electable`), none can be elected.
 
         Under sync replication the slaves' fetches stand in for the controller: a send is
         acknowledged only once every slave that could be elected holds it, and one that
         is still copying from this master has not been promoted, so while all of them
         fetched within the lease this master goes on taking writes even with every
         nameserver down (see :meth:`_check_master`)."""
-        return len(replicas.in_sync() | replicas.committed) > 1
+        return len(replicas.electable()) > 1
 
     async def handover(self, target: int, timeout_s: float, fence_s: float) -> int:
         """A planned switchover's first step: stop taking writes and wait until slave
@@ -338,6 +338,7 @@ class GroupRole:
             min_in_sync=config.min_in_sync_replicas if self.sync else 1,
             max_lag_s=config.replica_lag_max_ms / 1e3,
             on_confirmed=lambda: self.on_confirmed(),
+            controlled=self.controlled,
         )
         self.master_address = ""
         recovery = self._store.recovery

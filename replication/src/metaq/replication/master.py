@@ -15,7 +15,10 @@ controller commits changes.
 Sync replication: a send is answered once every slave that is in sync, here or in the
 committed set, holds it. Counting the committed members too means a slave the master
 dropped keeps being waited for until the controller has agreed to drop it, so the
-controller never elects a slave lacking an acknowledged message. With fewer than
+controller never elects a slave lacking an acknowledged message. Under a controller, a
+slave the master has seen in sync counts as well until the next commit: the controller
+may already have committed it in while that commit is still on its way here (a master
+paused right then finds the slave lagging on waking, though it was promoted). With fewer than
 ``min_in_sync`` copies in sync, writes are refused up front, and a write already waiting
 is never confirmed with fewer copies than that.
 """
@@ -73,6 +76,7 @@ class ReplicaSet:
         max_fetch_bytes: int = 4 << 20,
         clock: Clock = time.monotonic,
         on_confirmed: Callable[[], None] | None = None,
+        controlled: bool = False,
     ) -> None:
         self.log = replica_log
         self.history = history
@@ -85,6 +89,9 @@ class ReplicaSet:
         self.slaves: dict[int, SlaveState] = {}
         self.committed: frozenset[int] = frozenset({self_id})
         """The controller's in-sync set (everyone local when there is no controller)."""
+        self._controlled = controlled
+        self._seen_in_sync: set[int] = set()
+        """Under a controller: slaves seen in sync since its last commit."""
         self._on_confirmed = on_confirmed
         self._confirmed = 0
         self._waits: list[tuple[int, int, asyncio.Future[bool]]] = []
@@ -182,6 +189,8 @@ class ReplicaSet:
         elif slave.answered_end and request.offset >= slave.answered_end:
             # It holds all the master had when last answered: caught up as of then.
             slave.caught_up = max(slave.caught_up, slave.answered_at)
+        if self._controlled and now - slave.caught_up <= self.max_lag_s:
+            self._seen_in_sync.add(slave.broker_id)
         self._settle()
         self._confirm()
 
@@ -213,6 +222,7 @@ class ReplicaSet:
     def commit(self, in_sync: Iterable[int]) -> None:
         """The controller committed this in-sync set."""
         self.committed = frozenset(in_sync) | {self.self_id}
+        self._seen_in_sync = set(self.in_sync() - {self.self_id})
         self._settle()
         self._confirm()
 
@@ -262,8 +272,14 @@ class ReplicaSet:
 
     # --- sync replication ---------------------------------------------------------------
 
+    def electable(self) -> frozenset[int]:
+        """Who the controller could elect, as far as this master can tell: in sync by its
+        own view or the controller's, or seen in sync since the controller's last commit;
+        itself included."""
+        return self.in_sync() | self.committed | self._seen_in_sync
+
     def _required(self) -> Collection[int]:
-        return (self.in_sync() | self.committed) - {self.self_id}
+        return self.electable() - {self.self_id}
 
     def replicated(self, offset: int) -> bool:
         """Whether every slave that must hold ``offset`` does, and they and the master
