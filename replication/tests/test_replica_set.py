@@ -265,6 +265,36 @@ def test_a_slave_holding_an_old_masters_tail_truncates_then_follows() -> None:
     run_async(scenario())
 
 
+def test_a_slave_agrees_with_the_new_master_only_once_its_old_tail_is_cut() -> None:
+    async def scenario() -> None:
+        old, new = MemoryLog(), MemoryLog()
+        old.append(b"one")
+        new.append(b"one")
+        old.append(b"taken by the old master alone")
+        takeover = new.end_offset
+        new.append(b"two")
+        master = ReplicaSet(
+            new, EpochHistory(entries=[Epoch(1, 0), Epoch(2, takeover)]), self_id=1, epoch=2
+        )
+
+        async def connect(address: str) -> FetchChannel:
+            return Direct(master)
+
+        follower = Follower(
+            old, EpochHistory(entries=[Epoch(1, 0)]), connect, broker_name="g", broker_id=0,
+            epoch=2,
+        )  # fmt: skip
+        assert follower.agreed_epoch == 0
+        follower.apply(*await master.fetch(follower.request()))
+        assert old.end_offset == takeover  # the tail was cut...
+        assert follower.agreed_epoch == 0  # ...but agreement is only known on the next answer
+        follower.apply(*await master.fetch(follower.request()))
+        assert follower.agreed_epoch == 2
+        assert bytes(old.data) == bytes(new.data)
+
+    run_async(scenario())
+
+
 def test_a_replaced_master_is_refused_both_ways() -> None:
     async def scenario() -> None:
         master_log = MemoryLog()

@@ -89,6 +89,9 @@ class GroupRole:
         self._handover_to = -1
         self._lease_s = config.master_lease_ms / 1e3
         self._lease_until = 0.0
+        self._demoted_reads_to: int | None = None
+        """Set when a master becomes a slave: how far consumers may read until the new
+        master has confirmed where the logs agree."""
         self._changes: asyncio.Queue[pb.GroupControl] = asyncio.Queue()
         self._worker: asyncio.Task[None] | None = None
         self._fetches: set[asyncio.Task[None]] = set()
@@ -330,6 +333,7 @@ class GroupRole:
         self.epoch = epoch
         config = self.config
         self._fenced_until = 0.0
+        self._demoted_reads_to = None
         self.replicas = ReplicaSet(
             self.log,
             self.history,
@@ -358,6 +362,10 @@ class GroupRole:
         was_master = self.role is Role.MASTER
         self.role = Role.SLAVE
         if self.replicas is not None:
+            # Its log may run past what the new master holds (records no slave had, taken
+            # while it was paused, say): consumers read no further than they could here as
+            # master until the new master has confirmed where the logs agree.
+            self._demoted_reads_to = self.replicas.confirmed_offset()
             self.replicas.close()
             self.replicas = None
         self.epoch = epoch
@@ -382,10 +390,16 @@ class GroupRole:
 
     def readable_end(self) -> int | None:
         """The commitlog offset consumers may read up to, None for no limit: on a master
-        what every slave that could be elected holds, and while the log check runs what
-        it has checked."""
+        what every slave that could be elected holds, on a demoted master what it served
+        as master until the new one has confirmed where their logs agree, and while the
+        log check runs what it has checked."""
         replicas = self.replicas
         limit = None if replicas is None else replicas.confirmed_offset()
+        if replicas is None and self._demoted_reads_to is not None:
+            if self.follower.agreed_epoch >= self.epoch:
+                self._demoted_reads_to = None  # the logs agree: what it holds is the group's
+            else:
+                limit = self._demoted_reads_to
         if self.check is not None and not self.check.done:
             limit = self.check.checked_to if limit is None else min(limit, self.check.checked_to)
         return limit

@@ -68,6 +68,9 @@ class Follower:
         self.master_address = ""
         self.master_end = 0
         self.connected = False
+        self.agreed_epoch = 0
+        """The newest epoch whose master has confirmed this log agrees with its own (after
+        any cut); until the current epoch's has, a tail here may be one it never had."""
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -183,6 +186,7 @@ class Follower:
             self.log.truncate(cut)
             self.history.truncate(cut)
             return
+        self.agreed_epoch = response.epoch
         if end < response.min_offset:
             if end == self.log.min_offset:  # empty: start where the master's data starts
                 self.log.reset(response.min_offset)
