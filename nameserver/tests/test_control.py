@@ -25,6 +25,16 @@ def test_an_election_bumps_the_epoch_by_one_and_sets_the_new_in_sync_set() -> No
     assert elected == GroupControl("broker-a", 4, 2, (2,), "failover")
 
 
+def test_an_election_keeps_members_of_the_in_sync_set_and_refuses_outsiders() -> None:
+    kept = control.elect(START, "broker-a", 2, 3, [1, 2], "failover, slave 1 kept")
+    outsider = control.elect(START, "broker-a", 2, 3, [2, 3], "broker 3 was never in sync")
+    outside_master = control.elect(START, "broker-a", 3, 3, [3], "not in sync either")
+
+    assert kept == GroupControl("broker-a", 4, 2, (1, 2), "failover, slave 1 kept")
+    assert isinstance(outsider, Refused) and "outside the committed one" in outsider.why
+    assert isinstance(outside_master, Refused)
+
+
 def test_an_election_decided_on_an_older_epoch_is_a_no_op() -> None:
     stale = control.elect(START, "broker-a", 1, 2, [1], "a stale leader's failover")
 

@@ -7,6 +7,7 @@ import logging
 
 import pytest
 
+from metaq.nameserver import control
 from metaq.nameserver.control import Refused
 from metaq.nameserver.decisions import Decider, Proposal, switchover
 from metaq.nameserver.model import BrokerKey, BrokerState, BrokerView, GroupControl, Role
@@ -142,6 +143,7 @@ def test_uncontrolled_brokers_are_never_managed(decider: Decider, clock: FakeClo
 def test_a_master_that_left_is_replaced_at_once_by_the_in_sync_replica_with_most_data(
     decider: Decider,
 ) -> None:
+    # The other live in-sync replica stays in sync; broker 3, never in sync, does not.
     control = GroupControl("broker-a", 5, 0, (0, 1, 2), "earlier")
     master = view(0, role=Role.MASTER, epoch=5)
     slaves = [view(1, epoch=5, offset=100), view(2, epoch=5, offset=300), view(3, offset=900)]
@@ -154,10 +156,44 @@ def test_a_master_that_left_is_replaced_at_once_by_the_in_sync_replica_with_most
         "broker-a",
         5,
         2,
-        (2,),
+        (1, 2),
         proposal.reason,
     )
     assert "master broker-a/0 left" in proposal.reason
+
+
+def test_an_in_sync_replica_that_is_not_live_is_not_kept_in_sync_by_an_election(
+    decider: Decider,
+) -> None:
+    control = GroupControl("broker-a", 5, 0, (0, 1, 2), "earlier")
+    decider.decide({"broker-a": control}, {"broker-a": [view(0, role=Role.MASTER, epoch=5)]})
+
+    (proposal,) = decider.decide(
+        {"broker-a": control}, {"broker-a": [view(1), view(2, age_s=DETECTION_S + 1)]}
+    )
+
+    assert (proposal.master_id, proposal.in_sync_ids) == (1, (1,))
+
+
+def test_when_the_elected_slave_dies_before_taking_over_the_other_in_sync_one_is_elected(
+    decider: Decider,
+) -> None:
+    three = GroupControl("broker-a", 5, 0, (0, 1, 2), "earlier")
+    live = [view(0, role=Role.MASTER, epoch=5), view(1, epoch=5), view(2, epoch=5)]
+    decider.decide({"broker-a": three}, {"broker-a": live})
+    (first,) = decider.decide(
+        {"broker-a": three}, {"broker-a": [view(1, epoch=5), view(2, epoch=5)]}
+    )
+    elected = control.elect(three, "broker-a", first.master_id, 5, first.in_sync_ids, "failover")
+    assert isinstance(elected, GroupControl)
+    survivor = 3 - first.master_id
+
+    # The elected slave dies 10 ms later, before its first heartbeat as master.
+    (second,) = decider.decide({"broker-a": elected}, {"broker-a": [view(survivor, epoch=5)]})
+
+    assert (second.kind, second.epoch, second.master_id) == ("elect", 6, survivor)
+    assert second.in_sync_ids == (survivor,)
+    assert f"master broker-a/{first.master_id} left" in second.reason
 
 
 def test_a_silent_master_is_replaced_once_its_heartbeat_is_older_than_the_detection(
@@ -279,6 +315,16 @@ def test_a_switchover_to_a_live_in_sync_replica_elects_it_at_the_next_epoch() ->
         1,
         (1,),
     )
+
+
+def test_a_switchover_keeps_the_other_live_in_sync_replicas_but_not_the_old_master() -> None:
+    three = GroupControl("broker-a", 5, 0, (0, 1, 2, 3), "earlier")
+    members = [view(0), view(1), view(2), view(3, age_s=DETECTION_S + 1)]
+
+    checked = switchover("broker-a", three, members, 1, 5, DETECTION_S)
+
+    assert isinstance(checked, Proposal)
+    assert checked.in_sync_ids == (1, 2)
 
 
 @pytest.mark.parametrize(

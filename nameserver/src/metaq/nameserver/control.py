@@ -62,6 +62,13 @@ def elect(
     isr = in_sync_set(in_sync_ids)
     if master_id not in isr:
         return Refused(f"the new master {master_id} must be in its in-sync set {list(isr)}")
+    if not set(isr) <= set(current.in_sync_ids):
+        # A broker outside the committed set may lack acknowledged records: it must not
+        # be electable, nor counted as a copy, before the new master has seen it caught up.
+        return Refused(
+            f"the new in-sync set {list(isr)} holds brokers outside the committed one "
+            f"{list(current.in_sync_ids)}"
+        )
     return GroupControl(broker_name, current.epoch + 1, master_id, isr, reason)
 
 

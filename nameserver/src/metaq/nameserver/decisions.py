@@ -13,11 +13,13 @@ Rules, per group (see docs/nameserver.md, "The failover controller"):
   ties to the lowest id. Epoch: the highest reported plus one; in sync: the master alone.
 - **Failover**: the master is down when its last heartbeat is older than
   ``master_detection_s``, or when it is gone from the registry (its session ended, it
-  unregistered or expired) after this leader saw it live. A master this leader never saw
+  unregistered or expired) after this leader saw it live or elected it. A master this
+  leader never saw
   counts as down only after ``bootstrap_grace_s`` of leadership, so a freshly started
   nameserver does not depose a master whose heartbeat has simply not reached it yet. The
   successor is a live in-sync replica (highest commitlog offset, then lowest id); with none
-  the group waits for its master.
+  the group waits for its master. The other live members of the in-sync set stay in it
+  (:func:`kept_in_sync`): each holds every acknowledged record.
 - **ISR**: the live master at the current epoch, reporting MASTER at that epoch, reports an
   in-sync set holding itself that differs from the committed one: commit it.
 """
@@ -26,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -79,6 +81,8 @@ class Decider:
         self._since: float | None = None
         self._first_seen: dict[str, float] = {}
         self._master_seen: dict[str, tuple[int, int]] = {}
+        self._elected: dict[str, tuple[int, int]] = {}
+        """The (master, epoch) this leader last elected in each group, live when it did."""
         self._waiting: set[str] = set()
 
     def reset(self) -> None:
@@ -86,6 +90,7 @@ class Decider:
         self._since = None
         self._first_seen.clear()
         self._master_seen.clear()
+        self._elected.clear()
         self._waiting.clear()
 
     def decide(
@@ -167,7 +172,10 @@ class Decider:
                 f"master {key} silent for {master.last_heartbeat_age_s:.1f} s "
                 f"(detection {self.master_detection_s:g} s)"
             )
-        elif self._master_seen.get(name) == (control.master_id, control.epoch):
+        elif (control.master_id, control.epoch) in (
+            self._master_seen.get(name),
+            self._elected.get(name),
+        ):
             down = f"master {key} left (session ended, unregistered or expired)"
         elif self._since is not None and now - self._since >= self.bootstrap_grace_s:
             down = f"master {key} has not registered in {now - self._since:.1f} s of leadership"
@@ -194,12 +202,15 @@ class Decider:
             return None
         self._waiting.discard(name)
         best = max(candidates, key=lambda b: (b.state.commitlog_max_offset, -_id(b)))
+        # Seen live right now: should it die before it ever heartbeats as master (killed
+        # with the old one, say), it counts as left at once, not after the grace.
+        self._elected[name] = (_id(best), control.epoch + 1)
         return Proposal(
             "elect",
             name,
             control.epoch,
             _id(best),
-            (_id(best),),
+            kept_in_sync(control, _id(best), self._fresh(brokers)),
             f"failover: {down}; broker {best.state.key} is in sync with offset "
             f"{best.state.commitlog_max_offset}",
         )
@@ -221,6 +232,24 @@ class Decider:
             f"in-sync set: master {state.key} reports {list(reported)} "
             f"(was {list(control.in_sync_ids)})",
         )
+
+
+def kept_in_sync(
+    control: GroupControl, master_id: int, live: Iterable[BrokerView]
+) -> tuple[int, ...]:
+    """The in-sync set an election starts the new master's term with: the new master and
+    every other member of the committed set that is live, but not the old master.
+
+    A send was acknowledged only once every committed member held it, so each holds every
+    acknowledged record when the old master stops; keeping them in sync is what lets the
+    new master take sends needing ``min_in_sync`` copies at once, and lets the controller
+    elect one of them should the new master die before it has reported a view of its own.
+    The old master is left out (its log may end in records only it had, cut when it
+    follows), and so is a member not live, which the new master would wait for in vain.
+    """
+    live_ids = {_id(b) for b in live}
+    kept = {i for i in control.in_sync_ids if i in live_ids and i != control.master_id}
+    return in_sync_set(kept | {master_id})
 
 
 def switchover(
@@ -256,7 +285,9 @@ def switchover(
         broker_name,
         control.epoch,
         broker_id,
-        (broker_id,),
+        kept_in_sync(
+            control, broker_id, [b for b in members if b.last_heartbeat_age_s <= master_detection_s]
+        ),
         f"switchover requested: broker {key} takes over from master "
         f"{BrokerKey(broker_name, control.master_id)}",
     )
