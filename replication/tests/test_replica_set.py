@@ -391,3 +391,64 @@ def test_a_repair_copy_is_the_masters_record_where_the_histories_agree() -> None
         assert master.slaves == {}  # a repair is not a slave's progress
 
     run_async(scenario())
+
+
+def test_a_new_term_starts_with_the_controllers_in_sync_slaves_in_sync() -> None:
+    async def scenario() -> None:
+        clock = Clock()
+        master_log = MemoryLog()
+        master_log.append(b"held by both when the old master died")
+        held = master_log.end_offset
+        master_log.append(b"a tail only the new master had, never acknowledged")
+        start = master_log.end_offset
+        master = ReplicaSet(
+            master_log, EpochHistory(entries=[Epoch(1, 0), Epoch(2, start)]), self_id=0,
+            epoch=2, min_in_sync=2, clock=clock, controlled=True, in_sync=[0, 1],
+        )  # fmt: skip
+
+        # Sends needing two copies are taken before slave 1 has fetched at all...
+        master.check_writable()
+        assert master.in_sync() == master.electable() == {0, 1}
+        assert master.lag() == {}  # not heard from yet: no figure to give
+        master_log.append(b"a send of the new term")
+        end = master_log.end_offset
+        # ...but confirmed only with its copy, and consumers read no further than it holds.
+        assert not await master.wait_replicated(end, 0.05)
+        assert master.confirmed_offset() == 0
+
+        request = ReplicaFetchRequest(
+            broker_id=1, epoch=2, offset=held, acked_offset=held,
+            segment_bytes=master_log.segment_bytes, epochs=[EpochEntry(epoch=1, start_offset=0)],
+        )  # fmt: skip
+        await master.fetch(request, connection=7)
+        assert master.in_sync() == {0, 1}  # behind by the tail, yet in sync as of the term
+        request.offset = request.acked_offset = end  # it copied the rest, and the epoch
+        request.epochs.append(EpochEntry(epoch=2, start_offset=start))
+        await master.fetch(request, connection=7)
+        assert await master.wait_replicated(end, 0.05)
+        assert master.confirmed_offset() == end
+
+        # From here on the usual rules: back on a new connection, out until caught up.
+        master_log.append(b"more")
+        del request.epochs[:]
+        request.offset = request.acked_offset = 0  # it restarted and lost its log
+        await master.fetch(request, connection=8)
+        assert master.in_sync() == {0}
+
+    run_async(scenario())
+
+
+def test_a_slave_in_sync_at_the_term_start_that_never_fetches_drops_out_after_the_lag() -> None:
+    clock = Clock()
+    master = ReplicaSet(
+        MemoryLog(), EpochHistory(), self_id=0, epoch=2, min_in_sync=2, clock=clock,
+        controlled=True, in_sync=[0, 1, 2],
+    )  # fmt: skip
+    clock.now += master.max_lag_s
+    assert master.in_sync() == {0, 1, 2}
+
+    clock.now += 0.1
+
+    assert master.in_sync() == {0}
+    with pytest.raises(NotEnoughReplicas):
+        master.check_writable()

@@ -10,9 +10,10 @@ or demote it and point it at another master. Changes are applied one at a time.
 
 Promotion stops the copying first, dispatches everything copied (so its queue offsets
 continue the old master's), starts a new epoch at its log's end, and only then takes
-writes. Demotion refuses writes at once and fails the sends still waiting for slaves
-(they were never acknowledged), then follows the new master, cutting whatever tail the
-new master never had.
+writes, with the slaves the controller kept in sync already counted in sync. Demotion
+refuses writes at once and fails the sends still waiting for slaves (they were never
+acknowledged), then follows the new master, cutting whatever tail the new master never
+had.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import contextlib
 import enum
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from metaq.broker.config import BrokerConfig, ReplicationMode
 from metaq.broker.connection import Responder
@@ -310,7 +311,7 @@ class GroupRole:
         me = self.config.broker_id
         if control.master_id == me:
             if self.role is not Role.MASTER or control.epoch != self.epoch:
-                await self._become_master(control.epoch)
+                await self._become_master(control.epoch, control.in_sync_ids)
             if self.replicas is not None:
                 self.replicas.commit(control.in_sync_ids)
             return
@@ -322,7 +323,9 @@ class GroupRole:
         ):
             self._become_slave(control.epoch, address or self.master_address)
 
-    async def _become_master(self, epoch: int) -> None:
+    async def _become_master(self, epoch: int, in_sync_ids: Iterable[int] = ()) -> None:
+        """Take writes in ``epoch``; ``in_sync_ids`` are the slaves the controller kept
+        in sync across the election, in sync here from the start."""
         self.follower.follow("", epoch)  # no more copying: our log is the log now
         await asyncio.to_thread(self._store.become_writer)
         if self.journal is not None:
@@ -343,6 +346,7 @@ class GroupRole:
             max_lag_s=config.replica_lag_max_ms / 1e3,
             on_confirmed=lambda: self.on_confirmed(),
             controlled=self.controlled,
+            in_sync=in_sync_ids,
         )
         self.master_address = ""
         recovery = self._store.recovery

@@ -32,6 +32,7 @@ import logging
 import time
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
+from typing import Final
 
 from metaq.common.errors import EpochMismatch, InvalidMessage, NotEnoughReplicas
 from metaq.common.framing import Buffer
@@ -42,6 +43,9 @@ from metaq.replication.log import ReplicaLog
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
+
+NO_CONNECTION: Final = -1
+"""A slave's connection before its first fetch in this term."""
 
 
 @dataclass(slots=True)
@@ -57,12 +61,18 @@ class SlaveState:
     answered_at: float = 0.0
     fetched_at: float = -1e18
     """When it last asked this master for the log (monotonic seconds)."""
-    connection: int = -1
+    connection: int = NO_CONNECTION
     waiter: asyncio.Future[None] | None = field(default=None, repr=False)
 
 
 class ReplicaSet:
-    """The slaves of one master, in one epoch: a new ReplicaSet per term as master."""
+    """The slaves of one master, in one epoch: a new ReplicaSet per term as master.
+
+    ``in_sync`` is the set the controller made this term with: the slaves in sync when
+    the previous master stopped. They start in sync here, not at the first fetch: a
+    send then needs no round trip of theirs to be admitted (only their copies to be
+    confirmed), and they stay electable while this master reports its view.
+    """
 
     def __init__(
         self,
@@ -77,6 +87,7 @@ class ReplicaSet:
         clock: Clock = time.monotonic,
         on_confirmed: Callable[[], None] | None = None,
         controlled: bool = False,
+        in_sync: Iterable[int] = (),
     ) -> None:
         self.log = replica_log
         self.history = history
@@ -87,8 +98,14 @@ class ReplicaSet:
         self.max_fetch_bytes = max_fetch_bytes
         self._clock = clock
         self.slaves: dict[int, SlaveState] = {}
-        self.committed: frozenset[int] = frozenset({self_id})
+        self.committed: frozenset[int] = frozenset(in_sync) | {self_id}
         """The controller's in-sync set (everyone local when there is no controller)."""
+        now = clock()
+        for broker_id in sorted(self.committed - {self_id}):
+            # In sync when the controller made this term: each holds every acknowledged
+            # record, so it stays in sync (counted for writes, waited for, electable)
+            # as if caught up now, until max_lag_s says otherwise.
+            self.slaves[broker_id] = SlaveState(broker_id, caught_up=now)
         self._controlled = controlled
         self._seen_in_sync: set[int] = set()
         """Under a controller: slaves seen in sync since its last commit."""
@@ -107,7 +124,8 @@ class ReplicaSet:
 
         ``connection`` tells the slave's connections apart: a slave that comes back on a
         new one (it restarted, or lost its link) is out of sync until it has caught up
-        again, whatever it was before.
+        again, whatever it was before. Its first connection to this master keeps what
+        the term started with (see the class).
         """
         if self.closed:
             raise EpochMismatch(
@@ -130,11 +148,12 @@ class ReplicaSet:
             return self._repair_copy(request)
         now = self._clock()
         slave = self.slaves.get(request.broker_id)
-        if slave is None or slave.connection != connection:
-            if slave is None:
-                slave = self.slaves[request.broker_id] = SlaveState(request.broker_id)
+        if slave is None:
+            slave = self.slaves[request.broker_id] = SlaveState(request.broker_id)
+        if slave.connection != connection:
+            if slave.connection != NO_CONNECTION:
+                slave.caught_up = -1e18
             slave.connection = connection
-            slave.caught_up = -1e18
             log.info("slave %d fetches from offset %d", request.broker_id, request.offset)
         end = self.log.end_offset
         theirs = [Epoch(e.epoch, e.start_offset) for e in request.epochs]
@@ -329,4 +348,8 @@ class ReplicaSet:
     def lag(self) -> dict[int, int]:
         """Bytes each slave is behind this master's log end."""
         end = self.log.end_offset
-        return {i: max(0, end - s.offset) for i, s in sorted(self.slaves.items())}
+        return {
+            i: max(0, end - s.offset)
+            for i, s in sorted(self.slaves.items())
+            if s.connection != NO_CONNECTION
+        }

@@ -1,0 +1,222 @@
+"""Availability after a failover, with real processes: three brokers under sync
+replication and ``min_in_sync_replicas = 2``.
+
+- kill -9 of the master: the caught-up third broker stays in sync across the epoch
+  change, so sends needing two in-sync copies are never refused NOT_ENOUGH_REPLICAS;
+- kill -9 of the master and then of the slave the controller elected, a few ms later:
+  the survivor, in sync when the first master died, becomes master, and every
+  acknowledged message is on it.
+
+The producer here does not retry, so every answer the group gives is counted; each
+test prints its figures as one JSON line (``pytest -s`` shows them, see
+docs/replication.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from replica_group import TOPIC, ReplicaGroup, controller_state, read_all, start_group
+
+from metaq.client.errors import BrokerError
+from metaq.client.producer import Producer
+from metaq.client.results import SendStatus
+from metaq.common.errors import ErrorCode
+from metaq.common.testing import run_async, wait_until, wait_until_async
+
+pytestmark = pytest.mark.slow
+
+FAST = ("--set", "replica_lag_max_ms=2000", "--set", "replication_timeout_ms=1000")
+SENDERS = 4
+NOT_ENOUGH = ErrorCode.NOT_ENOUGH_REPLICAS.name
+
+
+@dataclass
+class Answers:
+    """Every answer the group gave, with its time (monotonic s), and what was acknowledged."""
+
+    seen: list[tuple[float, str]] = field(default_factory=list)
+    acked: list[bytes] = field(default_factory=list)
+
+    def after(self, t: float) -> list[tuple[float, str]]:
+        return [(at, what) for at, what in self.seen if at > t]
+
+    def first_ok_after(self, t: float) -> float | None:
+        return next((at for at, what in self.after(t) if what == "OK"), None)
+
+
+async def probe(nameservers: list[str], answers: Answers, stop: asyncio.Event) -> None:
+    """``SENDERS`` callers sending one message each at a time, no retries, unique bodies."""
+    counter = iter(range(1 << 62))
+
+    async def caller(producer: Producer) -> None:
+        while not stop.is_set():
+            body = b"probe-%010d" % next(counter)
+            try:
+                result = await producer.send(TOPIC, body)
+            except BrokerError as exc:
+                what = exc.code.name
+            except Exception as exc:
+                what = type(exc).__name__
+            else:
+                what = result.status.value if result.status is not SendStatus.OK else "OK"
+                if result.status is SendStatus.OK:
+                    answers.acked.append(body)
+            answers.seen.append((time.monotonic(), what))
+            if what != "OK":
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(0.005):
+                        await stop.wait()
+
+    async with Producer(nameservers, send_timeout_s=2.0, retries=0) as producer:
+        await asyncio.gather(*(caller(producer) for _ in range(SENDERS)))
+
+
+async def oks_after(answers: Answers, t: float, count: int, timeout_s: float) -> None:
+    async def enough() -> bool:
+        return sum(1 for _, what in answers.after(t) if what == "OK") >= count
+
+    try:
+        await wait_until_async(enough, timeout_s, f"{count} sends are acknowledged")
+    except AssertionError:
+        raise AssertionError(
+            f"not {count} acknowledged within {timeout_s} s; answers since: "
+            f"{Counter(what for _, what in answers.after(t))}"
+        ) from None
+
+
+def missing_on(group: ReplicaGroup, broker_id: int, acked: list[bytes]) -> list[bytes]:
+    """Acknowledged bodies ``broker_id`` does not serve (waiting a moment for dispatch)."""
+    missing: list[bytes] = []
+
+    def none_missing() -> bool:
+        stored = set(run_async(read_all(group.brokers[broker_id])))
+        missing[:] = [body for body in acked if body not in stored]
+        return not missing
+
+    with contextlib.suppress(AssertionError):
+        wait_until(none_missing, 5.0, "every acknowledged message is readable", poll_s=0.2)
+    return missing
+
+
+def test_kill9_of_the_master_keeps_the_third_broker_in_sync_with_no_not_enough_replicas(
+    tmp_path: Path,
+) -> None:
+    group = start_group(tmp_path, brokers=3, mode="sync", min_in_sync=2, extra=FAST)
+    try:
+        old = group.master()
+        answers = Answers()
+        killed: list[float] = []
+
+        async def scenario() -> int:
+            stop = asyncio.Event()
+            task = asyncio.create_task(probe(group.nameserver_addresses, answers, stop))
+            try:
+                await oks_after(answers, 0.0, 200, 20.0)
+                group.brokers[old].kill()
+                killed.append(time.monotonic())
+                new = await asyncio.to_thread(group.master, 15.0, other_than=old)
+                await oks_after(answers, killed[0], 300, 20.0)
+                return new
+            finally:
+                stop.set()
+                await task
+
+        new = run_async(scenario(), timeout_s=90)
+
+        after = answers.after(killed[0])
+        refused = [at for at, what in after if what == NOT_ENOUGH]
+        first_ok = answers.first_ok_after(killed[0])
+        assert first_ok is not None
+        figures = {
+            "kill_to_first_ok_s": round(first_ok - killed[0], 3),
+            "not_enough_replicas": len(refused),
+            "not_enough_replicas_window_s": round(refused[-1] - refused[0], 3) if refused else 0,
+            "answers_after_kill": dict(Counter(what for _, what in after)),
+        }
+        print("failover-in-sync " + json.dumps(figures))
+        # The two survivors were in sync when the master died and still are: a send
+        # needing two copies never finds fewer.
+        assert refused == [], figures
+        # Detection is the master's session ending (ms); then one Raft commit, the
+        # promotion, and one heartbeat round trip for the lease.
+        assert first_ok - killed[0] < 5.0, figures
+        assert missing_on(group, new, answers.acked) == []
+    finally:
+        group.stop()
+
+
+def test_the_survivor_becomes_master_when_the_master_and_the_elected_slave_die(
+    tmp_path: Path,
+) -> None:
+    group = start_group(tmp_path, brokers=3, mode="sync", min_in_sync=2, extra=FAST)
+    try:
+        first = group.master()
+        answers = Answers()
+        times: dict[str, float] = {}
+
+        async def elected_after(epoch: int) -> int:
+            """The master the controller names once it has moved past ``epoch``."""
+            while True:
+                state = await controller_state(group.nameserver_addresses[0])
+                for control in state.groups:
+                    if control.epoch > epoch:
+                        return int(control.master_id)
+                await asyncio.sleep(0.002)
+
+        async def scenario() -> tuple[int, int]:
+            stop = asyncio.Event()
+            task = asyncio.create_task(probe(group.nameserver_addresses, answers, stop))
+            try:
+                await oks_after(answers, 0.0, 200, 20.0)
+                epoch = (await controller_state(group.nameserver_addresses[0])).groups[0].epoch
+                group.brokers[first].kill()
+                times["first_killed"] = time.monotonic()
+                second = await asyncio.wait_for(elected_after(epoch), 15)
+                group.brokers[second].kill()  # the elected slave dies before or as it takes over
+                times["second_killed"] = time.monotonic()
+                (survivor,) = set(group.brokers) - {first, second}
+                await asyncio.to_thread(group.brokers[survivor].wait_master, 15.0)
+                times["survivor_master"] = time.monotonic()
+                return second, survivor
+            finally:
+                stop.set()
+                await task
+
+        second, survivor = run_async(scenario(), timeout_s=90)
+
+        figures = {
+            "between_kills_ms": round((times["second_killed"] - times["first_killed"]) * 1e3, 1),
+            "second_kill_to_survivor_master_s": round(
+                times["survivor_master"] - times["second_killed"], 3
+            ),
+            "acknowledged": len(answers.acked),
+        }
+        print("failover-two-down " + json.dumps(figures))
+        assert figures["second_kill_to_survivor_master_s"] < 5.0, figures
+        assert missing_on(group, survivor, answers.acked) == []
+        # One of the dead comes back: the group takes writes needing two copies again.
+        group.start_broker(second)
+        back = time.monotonic()
+
+        async def resumed() -> None:
+            stop = asyncio.Event()
+            task = asyncio.create_task(probe(group.nameserver_addresses, answers, stop))
+            try:
+                await oks_after(answers, back, 50, 30.0)
+            finally:
+                stop.set()
+                await task
+
+        run_async(resumed(), timeout_s=60)
+        assert group.master() == survivor
+        assert missing_on(group, survivor, answers.acked) == []
+    finally:
+        group.stop()
