@@ -24,6 +24,7 @@ import enum
 import logging
 import time
 from collections.abc import Callable, Iterable
+from typing import Final
 
 from metaq.broker.config import BrokerConfig, ReplicationMode
 from metaq.broker.connection import Responder
@@ -43,6 +44,9 @@ from metaq.replication.follower import FetchChannel, Follower
 from metaq.replication.master import ReplicaSet
 
 log = logging.getLogger(__name__)
+
+TAKE_UP_WAIT_S: Final = 1.0
+"""How long a fetch in an epoch this broker has not taken up yet waits for it to."""
 
 
 class Role(enum.Enum):
@@ -94,6 +98,8 @@ class GroupRole:
         """Set when a master becomes a slave: how far consumers may read until the new
         master has confirmed where the logs agree."""
         self._changes: asyncio.Queue[pb.GroupControl] = asyncio.Queue()
+        self._took_up = asyncio.Event()
+        """Set (and replaced) whenever this broker has taken up a role in a new epoch."""
         self._worker: asyncio.Task[None] | None = None
         self._fetches: set[asyncio.Task[None]] = set()
         self.check: LogCheck | None = None
@@ -234,7 +240,7 @@ class GroupRole:
 
     def handle_fetch(self, responder: Responder, frame: Frame) -> None:
         request = ReplicaFetchRequest.FromString(frame.header)
-        if self.replicas is None:
+        if self.replicas is None and request.epoch <= self.epoch:
             self._check_master()  # raises NotMaster, naming the master if known
             return
         task = asyncio.get_running_loop().create_task(
@@ -245,12 +251,14 @@ class GroupRole:
 
     async def _answer_fetch(
         self,
-        replicas: ReplicaSet,
+        replicas: ReplicaSet | None,
         responder: Responder,
         request_id: int,
         request: ReplicaFetchRequest,
     ) -> None:
         try:
+            if replicas is None:
+                replicas = await self._taken_up(request.epoch, TAKE_UP_WAIT_S)
             response, payload = await replicas.fetch(request, responder.connection_id)
         except MetaqError as exc:
             responder.respond(
@@ -272,6 +280,24 @@ class GroupRole:
                 FLAG_RESPONSE,
             )
         )
+
+    async def _taken_up(self, epoch: int, timeout_s: float) -> ReplicaSet:
+        """This broker's ReplicaSet once it has taken up ``epoch``, or NotMaster.
+
+        A slave fetching in an epoch this broker has not taken up yet heard the
+        controller's news first (a push reaches the group's brokers in any order, and a
+        promotion takes a few ms): answering NotMaster would send it into its back-off
+        while the new master's first sends wait for its copy.
+        """
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                while self.epoch < epoch:
+                    await self._took_up.wait()
+        return self.replicas if self.replicas is not None else self._check_master()
+
+    def _took_up_epoch(self) -> None:
+        took_up, self._took_up = self._took_up, asyncio.Event()
+        took_up.set()
 
     # --- what the nameservers say -------------------------------------------------------
 
@@ -356,6 +382,7 @@ class GroupRole:
             self.queue_locks.hold_off()
         self.role = Role.MASTER
         log.info("master of %s in epoch %d from offset %d", config.broker_name, epoch, end)
+        self._took_up_epoch()
         if self.journal is not None:
             # Each term starts with the whole state, for slaves that start from here.
             self.journal.write_topics()
@@ -376,6 +403,7 @@ class GroupRole:
         self.master_address = master_address
         self._followed = self._followed or bool(master_address)
         self.follower.follow(master_address, epoch)
+        self._took_up_epoch()
         log.info(
             "%s of %s in epoch %d, following %s",
             "demoted to slave" if was_master else "slave",
