@@ -30,6 +30,10 @@ def bootstrap(master: int, epoch: int) -> Proposal:
     return Proposal("bootstrap", "broker-a", epoch, master, (master,), "test bootstrap")
 
 
+def in_sync(epoch: int, ids: tuple[int, ...]) -> Proposal:
+    return Proposal("set_isr", "broker-a", epoch, ids[0], ids, "test in-sync set")
+
+
 def elect(master: int, expected_epoch: int) -> Proposal:
     return Proposal("elect", "broker-a", expected_epoch, master, (master,), "test failover")
 
@@ -44,22 +48,28 @@ def test_a_controller_of_one_commits_and_refuses_stale_proposals_without_a_chang
             return [
                 await raft.propose(bootstrap(0, 3), TIMEOUT_S),
                 await raft.propose(bootstrap(1, 9), TIMEOUT_S),  # a second bootstrap
+                await raft.propose(in_sync(3, (0, 1, 2)), TIMEOUT_S),
                 await raft.propose(elect(1, 3), TIMEOUT_S),
                 await raft.propose(elect(2, 3), TIMEOUT_S),  # decided on epoch 3: stale
             ]
         finally:
             await raft.stop()
 
-    first, second, third, fourth = run_async(scenario())
+    first, second, widened, third, fourth = run_async(scenario())
 
     assert (raft.address, raft.networked) == (LOCAL_NODE, False)
     assert first == GroupControl("broker-a", 3, 0, (0,), "test bootstrap")
     assert isinstance(second, Refused)
+    assert widened == GroupControl("broker-a", 3, 0, (0, 1, 2), "test in-sync set")
     assert third == GroupControl("broker-a", 4, 1, (1,), "test failover")
     assert isinstance(fourth, Refused) and "is at epoch 4, not 3" in fourth.why
     # Each committed change was published, in order, and nothing for the no-ops.
     changes = [s["broker-a"] for s in seen if "broker-a" in s]
-    assert [(c.epoch, c.master_id) for c in dict.fromkeys(changes)] == [(3, 0), (4, 1)]
+    assert [(c.epoch, c.master_id, c.in_sync_ids) for c in dict.fromkeys(changes)] == [
+        (3, 0, (0,)),
+        (3, 0, (0, 1, 2)),
+        (4, 1, (1,)),
+    ]
 
 
 # pysyncobj 0.3.17 reads the journal's meta file without closing it (journal.py, getMeta).
@@ -85,7 +95,7 @@ def test_the_journal_in_the_controller_dir_survives_a_restart(tmp_path: Path) ->
         finally:
             await raft.stop()
 
-    before = run_async(run([bootstrap(0, 1), elect(1, 1)]))
+    before = run_async(run([bootstrap(0, 1), in_sync(1, (0, 1)), elect(1, 1)]))
     after = run_async(run([]))
 
     assert after == before
