@@ -230,6 +230,36 @@ def test_only_an_in_sync_replica_is_elected_and_without_one_the_group_waits_and_
     assert "[0, 1]" in waits[0].getMessage()
 
 
+def test_an_elected_master_that_does_not_take_over_in_time_is_replaced(
+    decider: Decider, clock: FakeClock
+) -> None:
+    elected = GroupControl("broker-a", 6, 1, (1, 2), "failover")
+    # Live and heartbeating, but still a slave of epoch 5: its promotion is stuck.
+    stuck = {"broker-a": [view(1, epoch=5), view(2, epoch=5)]}
+
+    assert decider.decide({"broker-a": elected}, stuck) == []
+    clock.now += decider.takeover_timeout_s - 0.1
+    assert decider.decide({"broker-a": elected}, stuck) == []
+    clock.now += 0.1
+    (proposal,) = decider.decide({"broker-a": elected}, stuck)
+
+    assert (proposal.kind, proposal.epoch, proposal.master_id) == ("elect", 6, 2)
+    assert proposal.in_sync_ids == (2,)
+    assert "has not taken over in 10.0 s" in proposal.reason
+
+
+def test_a_master_that_took_over_is_never_replaced_by_the_take_over_timeout(
+    decider: Decider, clock: FakeClock
+) -> None:
+    elected = GroupControl("broker-a", 6, 1, (1, 2), "failover")
+    decider.decide({"broker-a": elected}, {"broker-a": [view(1, epoch=5), view(2, epoch=5)]})
+    took_over = {"broker-a": [view(1, role=Role.MASTER, epoch=6, in_sync=(1, 2)), view(2)]}
+
+    clock.now += decider.takeover_timeout_s * 3
+
+    assert decider.decide({"broker-a": elected}, took_over) == []
+
+
 def test_an_unverified_replica_is_not_elected_until_its_log_is_checked(
     decider: Decider,
 ) -> None:

@@ -48,6 +48,9 @@ class NameServerConfig:
     # How long a new group waits for its configured master before the controller picks
     # the most advanced broker; also how long a new leader waits for masters it never saw.
     bootstrap_grace_ms: int = 5000
+    # An elected master still live but not reporting it took over this long after its
+    # election (a promotion stuck on a dead disk, say) is replaced by another in-sync one.
+    takeover_timeout_ms: int = 10000
 
     def __post_init__(self) -> None:
         problems = []
@@ -76,6 +79,8 @@ class NameServerConfig:
             problems.append("master_detection_ms must be positive")
         if self.bootstrap_grace_ms < 0:
             problems.append("bootstrap_grace_ms must not be negative")
+        if self.takeover_timeout_ms <= 0:
+            problems.append("takeover_timeout_ms must be positive")
         if problems:
             raise ValueError("invalid nameserver config: " + "; ".join(problems))
 
@@ -104,6 +109,7 @@ _FLAG_TYPES: Final[dict[str, Callable[[str], Any]]] = {
     "controller_dir": str,
     "master_detection_ms": int,
     "bootstrap_grace_ms": int,
+    "takeover_timeout_ms": int,
 }
 
 

@@ -55,6 +55,7 @@ class ControllerSettings:
     directory: Path | None = None
     master_detection_s: float = 3.0
     bootstrap_grace_s: float = 5.0
+    takeover_timeout_s: float = 10.0
 
     @classmethod
     def of(cls, config: NameServerConfig) -> ControllerSettings:
@@ -64,6 +65,7 @@ class ControllerSettings:
             directory=Path(config.controller_dir) if config.controller_dir else None,
             master_detection_s=config.master_detection_ms / 1000,
             bootstrap_grace_s=config.bootstrap_grace_ms / 1000,
+            takeover_timeout_s=config.takeover_timeout_ms / 1000,
         )
 
 
@@ -83,7 +85,12 @@ class Controller(PeriodicService):
         self.settings = settings
         self._registry = registry
         self._raft = ControlRaft(settings.address, settings.peers, settings.directory)
-        self._decider = Decider(settings.master_detection_s, settings.bootstrap_grace_s, clock)
+        self._decider = Decider(
+            settings.master_detection_s,
+            settings.bootstrap_grace_s,
+            clock,
+            takeover_timeout_s=settings.takeover_timeout_s,
+        )
         self._committed: Snapshot = {}
         self._listeners: list[Listener] = []
         self._event_loop: asyncio.AbstractEventLoop | None = None

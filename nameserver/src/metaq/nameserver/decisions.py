@@ -11,6 +11,9 @@ Rules, per group (see docs/nameserver.md, "The failover controller"):
   else the live ``configured_master``, else — once ``bootstrap_grace_s`` has passed since
   the group was first seen — the live broker with the highest (epoch, commitlog offset),
   ties to the lowest id. Epoch: the highest reported plus one; in sync: the master alone.
+- **Take-over**: a live master that has not reported MASTER at its epoch
+  ``takeover_timeout_s`` after this leader first saw it elected is down too (its
+  promotion is stuck), and replaced like a dead one.
 - **Failover**: the master is down when its last heartbeat is older than
   ``master_detection_s``, or when it is gone from the registry (its session ended, it
   unregistered or expired) after this leader saw it live or elected it. A master this
@@ -73,16 +76,24 @@ class Decider:
     """
 
     def __init__(
-        self, master_detection_s: float, bootstrap_grace_s: float, clock: Clock = time.monotonic
+        self,
+        master_detection_s: float,
+        bootstrap_grace_s: float,
+        clock: Clock = time.monotonic,
+        *,
+        takeover_timeout_s: float = 10.0,
     ) -> None:
         self.master_detection_s = master_detection_s
         self.bootstrap_grace_s = bootstrap_grace_s
+        self.takeover_timeout_s = takeover_timeout_s
         self._clock = clock
         self._since: float | None = None
         self._first_seen: dict[str, float] = {}
         self._master_seen: dict[str, tuple[int, int]] = {}
         self._elected: dict[str, tuple[int, int]] = {}
         """The (master, epoch) this leader last elected in each group, live when it did."""
+        self._taking_over: dict[str, tuple[int, int, float]] = {}
+        """(master, epoch, since when) of a live master not yet reporting it took over."""
         self._waiting: set[str] = set()
 
     def reset(self) -> None:
@@ -91,6 +102,7 @@ class Decider:
         self._first_seen.clear()
         self._master_seen.clear()
         self._elected.clear()
+        self._taking_over.clear()
         self._waiting.clear()
 
     def decide(
@@ -163,11 +175,16 @@ class Decider:
         by_id = {_id(b): b for b in brokers}
         master = by_id.get(control.master_id)
         key = BrokerKey(name, control.master_id)
+        stuck = None
         if master is not None and master.last_heartbeat_age_s <= self.master_detection_s:
             self._master_seen[name] = (control.master_id, control.epoch)
-            self._waiting.discard(name)
-            return self._isr(control, master)
-        if master is not None:
+            stuck = self._not_taken_over(control, master, now)
+            if stuck is None:
+                self._waiting.discard(name)
+                return self._isr(control, master)
+        if stuck is not None:
+            down = stuck
+        elif master is not None:
             down = (
                 f"master {key} silent for {master.last_heartbeat_age_s:.1f} s "
                 f"(detection {self.master_detection_s:g} s)"
@@ -213,6 +230,26 @@ class Decider:
             kept_in_sync(control, _id(best), self._fresh(brokers)),
             f"failover: {down}; broker {best.state.key} is in sync with offset "
             f"{best.state.commitlog_max_offset}",
+        )
+
+    def _not_taken_over(self, control: GroupControl, master: BrokerView, now: float) -> str | None:
+        """Why a live master counts as down: elected ``takeover_timeout_s`` ago (as far
+        as this leader knows) and still not reporting MASTER at its epoch; else None."""
+        name = control.broker_name
+        state = master.state
+        if state.role is Role.MASTER and state.epoch == control.epoch:
+            self._taking_over.pop(name, None)
+            return None
+        held = self._taking_over.get(name)
+        if held is None or held[:2] != (control.master_id, control.epoch):
+            held = self._taking_over[name] = (control.master_id, control.epoch, now)
+        since = held[2]
+        if now - since < self.takeover_timeout_s:
+            return None
+        return (
+            f"master {state.key} has not taken over in {now - since:.1f} s since its "
+            f"election (it reports {state.role.value} at epoch {state.epoch}, not master at "
+            f"{control.epoch}; take-over timeout {self.takeover_timeout_s:g} s)"
         )
 
     @staticmethod
