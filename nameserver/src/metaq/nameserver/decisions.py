@@ -17,12 +17,11 @@ Rules, per group (see docs/nameserver.md, "The failover controller"):
 - **Failover**: the master is down when its last heartbeat is older than
   ``master_detection_s``, or when it is gone from the registry (its session ended, it
   unregistered or expired) after this leader saw it live or elected it. A master this
-  leader never saw
-  counts as down only after ``bootstrap_grace_s`` of leadership, so a freshly started
-  nameserver does not depose a master whose heartbeat has simply not reached it yet. The
-  successor is a live in-sync replica (highest commitlog offset, then lowest id); with none
-  the group waits for its master. The other live members of the in-sync set stay in it
-  (:func:`kept_in_sync`): each holds every acknowledged record.
+  leader never saw counts as down only after ``bootstrap_grace_s`` of leadership, so a
+  freshly started nameserver does not depose a master whose heartbeat has simply not
+  reached it yet. The successor is a live in-sync replica (highest commitlog offset, then
+  lowest id); with none the group waits for its master. The other live members of the
+  in-sync set stay in it (:func:`kept_in_sync`): each holds every acknowledged record.
 - **ISR**: the live master at the current epoch, reporting MASTER at that epoch, reports an
   in-sync set holding itself that differs from the committed one: commit it.
 """

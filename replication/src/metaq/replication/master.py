@@ -8,9 +8,10 @@ finding nothing new is parked until the next append or its ``wait_ms``, so a sla
 new bytes one hop after they are written.
 
 In-sync set: a slave is in sync while it has been caught up (asked for the log from the
-end the master had when it last answered it) within ``max_lag_s``. The group's electable
-set is the controller's committed copy of this set; the master reports its own and the
-controller commits changes.
+end the master had when it last answered it) within ``max_lag_s``; a slave the controller
+kept in sync across the election counts as caught up when the term began. The group's
+electable set is the controller's committed copy of this set; the master reports its own
+and the controller commits changes.
 
 Sync replication: a send is answered once every slave that is in sync, here or in the
 committed set, holds it. Counting the committed members too means a slave the master
@@ -71,7 +72,9 @@ class ReplicaSet:
     ``in_sync`` is the set the controller made this term with: the slaves in sync when
     the previous master stopped. They start in sync here, not at the first fetch: a
     send then needs no round trip of theirs to be admitted (only their copies to be
-    confirmed), and they stay electable while this master reports its view.
+    confirmed), and they stay electable while this master reports its view. Until their
+    first fetch says how far they hold the log, consumers read nothing here: this
+    master's log may run past theirs, and one of them may be elected next.
     """
 
     def __init__(
