@@ -115,6 +115,19 @@ def missing_on(group: ReplicaGroup, broker_id: int, acked: list[bytes]) -> list[
     return missing
 
 
+async def elected_after(group: ReplicaGroup, epoch: int) -> int:
+    """The master the controller names once it has moved past ``epoch``, seen within a
+    millisecond or two of the commit."""
+    async with grpc.aio.insecure_channel(group.nameserver_addresses[0]) as channel:
+        stub = control_pb2_grpc.NameServerStub(channel)
+        while True:
+            state = await stub.GetControllerState(pb.GetControllerStateRequest())
+            for control in state.groups:
+                if control.epoch > epoch:
+                    return int(control.master_id)
+            await asyncio.sleep(0.001)
+
+
 def took_over_at(broker: BrokerProcess) -> float:
     """When ``broker`` took over as master in its current epoch (monotonic s), from its
     log line's wall-clock timestamp (milliseconds)."""
@@ -200,17 +213,6 @@ def test_the_survivor_becomes_master_when_the_master_and_the_elected_slave_die(
         answers = Answers()
         times: dict[str, float] = {}
 
-        async def elected_after(epoch: int) -> int:
-            """The master the controller names once it has moved past ``epoch``."""
-            async with grpc.aio.insecure_channel(group.nameserver_addresses[0]) as channel:
-                stub = control_pb2_grpc.NameServerStub(channel)
-                while True:
-                    state = await stub.GetControllerState(pb.GetControllerStateRequest())
-                    for control in state.groups:
-                        if control.epoch > epoch:
-                            return int(control.master_id)
-                    await asyncio.sleep(0.001)
-
         async def scenario() -> tuple[int, int]:
             stop = asyncio.Event()
             task = asyncio.create_task(probe(group.nameserver_addresses, answers, stop))
@@ -219,7 +221,7 @@ def test_the_survivor_becomes_master_when_the_master_and_the_elected_slave_die(
                 epoch = (await controller_state(group.nameserver_addresses[0])).groups[0].epoch
                 group.brokers[first].kill()
                 times["first_killed"] = time.monotonic()
-                second = await asyncio.wait_for(elected_after(epoch), 15)
+                second = await asyncio.wait_for(elected_after(group, epoch), 15)
                 group.brokers[second].kill()  # the elected slave dies before or as it takes over
                 times["second_killed"] = time.monotonic()
                 (survivor,) = set(group.brokers) - {first, second}
