@@ -102,6 +102,27 @@ class ConsumerOffsets:
     def items(self) -> list[tuple[OffsetKey, int]]:
         return sorted(self._offsets.items())
 
+    def consumed_floors(self) -> dict[tuple[str, int], int]:
+        """Per (topic, queue id): the lowest committed offset among the groups that
+        committed anything on the topic; a group with no commit on a queue of its topic
+        has consumed nothing of it. Queues of topics no group committed on are absent.
+
+        Safe from another thread: the commits are copied in one step first.
+        """
+        commits = list(self._offsets.items())
+        groups_of: dict[str, set[str]] = {}
+        lowest: dict[tuple[str, int], int] = {}
+        counted: dict[tuple[str, int], int] = {}
+        for (group, topic, queue_id), offset in commits:
+            groups_of.setdefault(topic, set()).add(group)
+            key = (topic, queue_id)
+            lowest[key] = min(offset, lowest.get(key, offset))
+            counted[key] = counted.get(key, 0) + 1
+        return {
+            key: offset if counted[key] == len(groups_of[key[0]]) else 0
+            for key, offset in lowest.items()
+        }
+
     def groups(self) -> list[str]:
         return sorted({group for group, _, _ in self._offsets})
 

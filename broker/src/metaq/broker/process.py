@@ -123,6 +123,8 @@ class Broker:
             keep_damaged_records=config.controlled,
         )
         self.store = MessageStore(store_config)
+        # Retention under disk pressure deletes only what every group has consumed.
+        self.store.consumed_floors = self.offsets.consumed_floors
         report = self.store.start()
         idle_poll.busy = self.store.background_busy
         log.info(
