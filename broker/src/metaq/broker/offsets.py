@@ -46,6 +46,8 @@ class ConsumerOffsets:
         self._unjournaled: dict[OffsetKey, int] = {}
         self.journal_offset = 0
         """The next offsets-journal record to apply (see metaq.broker.journal)."""
+        self.saved_journal_offset = 0
+        """``journal_offset`` as of the snapshot on disk: a start replays from there."""
         self._changes = 0
         self._saved = 0
         self._load()
@@ -58,6 +60,7 @@ class ConsumerOffsets:
             if data["format"] != _FORMAT:
                 raise ValueError(f"format {data['format']} is not {_FORMAT}")
             self.journal_offset = int(data.get("journal_offset", 0))
+            self.saved_journal_offset = self.journal_offset
             for group, topics in data["offsets"].items():
                 for topic, queues in topics.items():
                     for queue_id, offset in queues.items():
@@ -143,6 +146,7 @@ class ConsumerOffsets:
         changes, data = snapshot
         write_json_atomically(self.path, data)
         self._saved = max(self._saved, changes)
+        self.saved_journal_offset = max(self.saved_journal_offset, data["journal_offset"])
 
     def save(self) -> bool:
         """Write now if anything changed since the last write; return whether it wrote."""
