@@ -78,6 +78,8 @@ class WriteGuard:
         self._io_reason: str | None = None
         self._sampled_s = float("-inf")
         self._interval_s = config.disk_check_interval_ms / 1e3
+        # Judged once a sample: every append asks, and must not pay for it.
+        self._space_refusal: str | None = None
 
     def refresh_disk(self) -> float:
         sample = self.usage(self.config.data_dir)
@@ -86,6 +88,7 @@ class WriteGuard:
         else:
             self.disk_ratio, self.available_bytes = sample, None
         self._sampled_s = time.monotonic()
+        self._space_refusal = self._space_reason()
         return self.disk_ratio
 
     def may_allocate(self, nbytes: int) -> bool:
@@ -140,14 +143,14 @@ class WriteGuard:
     def reason(self) -> str | None:
         if self._io_reason is not None:
             return self._io_reason
-        return self._space_reason()
+        return self._space_refusal
 
     def ensure_writable(self) -> None:
         if time.monotonic() - self._sampled_s >= self._interval_s:
             self.refresh_disk()
-        reason = self.reason
-        if reason is not None:
-            raise StoreUnavailable(f"store refuses writes: {reason}")
+        if self._io_reason is None and self._space_refusal is None:
+            return
+        raise StoreUnavailable(f"store refuses writes: {self.reason}")
 
 
 class Deletion(enum.Enum):
