@@ -42,6 +42,8 @@ class StoreConfig:
     flush_dirty_bytes: int = 64 * MIB
     checkpoint_interval_ms: int = 1_000
     queue_sync_interval_ms: int = 10_000
+    # Write zeros through each new commitlog segment so appends never page-fault; its
+    # blocks are allocated either way (a full disk is then an error, not SIGBUS).
     prefault_segments: bool = True
     # The newest commitlog bytes kept in the page cache; older flushed pages are handed
     # back (store/page_cache.py). 40 % of memory, the share RocketMQ assumes the log has
