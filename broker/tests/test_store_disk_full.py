@@ -149,3 +149,36 @@ def test_the_guard_lets_writes_through_again_after_enospc_once_room_returns(
     disk.available = 500 * MIB
     store.guard.refresh_disk()
     assert store.put("orders", b"accepted").appended.queue_offsets == [1]
+
+
+class FillingDisk(FakeDisk):
+    """``available`` less what the commitlog's files take, as on a real filesystem."""
+
+    def __call__(self, path: Path) -> DiskSpace:
+        taken = sum(f.stat().st_size for f in (path / "commitlog").glob("*"))
+        return DiskSpace(TOTAL, self.available - taken)
+
+
+def test_a_segment_not_prepared_for_want_of_room_is_made_once_room_returns(
+    open_store: OpenStore,
+) -> None:
+    disk = FillingDisk(available=10 * MIB)
+    store = open_store(
+        disk_usage=disk, disk_reserve_bytes=10 * MIB - SEGMENT - SEGMENT // 2, disk_full_ratio=1.0
+    )
+    # The first segment was allowed; the next one, prepared behind it, was not.
+    segments = store.commitlog.segments
+    assert segments._next is not None
+    segments._next.exception(timeout=5.0)
+    assert segments.pending_bytes() == SEGMENT
+    assert sorted(p.name for p in store.config.commitlog_dir.iterdir()) == [f"{0:020d}"]
+    with pytest.raises(StoreUnavailable, match="next segment"):
+        store.put("orders", b"refused")
+
+    disk.available = 100 * MIB
+    store.guard.refresh_disk()
+    _fill_first_segment(store)
+    crossing = store.append([encode("orders", bytes(8000)) for _ in range(2)])
+
+    assert crossing.end > SEGMENT
+    assert len(segments.segments) == 2

@@ -361,7 +361,8 @@ class SegmentQueue:
             segment = prepared.result()
         except OSError as exc:
             # No room then; the caller opens it now, which asks again.
-            log.info("preparing the next segment failed, opening it when needed: %s", exc)
+            if exc.errno != errno.ENOSPC:
+                log.warning("preparing segment %d failed, opening it when needed: %s", start, exc)
             return None
         if segment.start == start:
             return segment
