@@ -79,3 +79,29 @@ def test_a_damaged_file_names_itself(tmp_path: Path) -> None:
 
     with pytest.raises(ValueError, match=r"consumer_offsets\.json is damaged"):
         ConsumerOffsets(tmp_path)
+
+
+def test_consumed_floor_is_the_lowest_commit_of_every_group_known_for_the_topic(
+    tmp_path: Path,
+) -> None:
+    offsets = ConsumerOffsets(tmp_path)
+    offsets.commit("fast", "orders", 0, 90)
+    offsets.commit("slow", "orders", 0, 40)
+    offsets.commit("fast", "orders", 1, 70)  # "slow" never committed queue 1: it read none
+    offsets.commit("fast", "audit", 0, 5)
+
+    floors = offsets.consumed_floors()
+
+    assert floors == {("orders", 0): 40, ("orders", 1): 0, ("audit", 0): 5}
+    assert ("payments", 0) not in floors  # no group known: nothing counts as consumed
+
+
+def test_the_saved_journal_offset_follows_the_snapshot_on_disk(tmp_path: Path) -> None:
+    offsets = ConsumerOffsets(tmp_path)
+    offsets.commit("g", "t", 0, 1)
+    offsets.journal_offset = 12
+
+    assert offsets.saved_journal_offset == 0
+    offsets.save()
+    assert offsets.saved_journal_offset == 12
+    assert ConsumerOffsets(tmp_path).saved_journal_offset == 12

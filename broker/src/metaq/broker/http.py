@@ -104,6 +104,7 @@ class HttpServer:
             "commitlog_write_offset": c.store.commitlog.write_offset,
             "commitlog_durable_offset": c.store.flusher.durable,
             "disk_used_ratio": round(c.store.guard.disk_ratio, 4),
+            "disk_available_bytes": c.store.guard.available_bytes,
         }
         return web.json_response(body, status=200 if reason is None else 503)
 

@@ -103,6 +103,15 @@ class Journal:
 
     # --- slave (and every broker at start) ---------------------------------------------
 
+    def consumed_floors(self) -> dict[tuple[str, int], int]:
+        """How far the broker itself is done with its journal topics, for retention:
+        a topics record is superseded by the next (each holds the whole table), an
+        offsets record once the offsets snapshot on disk covers it."""
+        return {
+            (TOPICS_JOURNAL, 0): max(0, self._store.max_offset(TOPICS_JOURNAL, 0) - 1),
+            (OFFSETS_JOURNAL, 0): self._offsets.saved_journal_offset,
+        }
+
     def apply(self) -> int:
         """Apply journal records dispatched since the last call; return how many."""
         return self._apply_topics() + self._apply_offsets()

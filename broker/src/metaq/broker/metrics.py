@@ -149,6 +149,21 @@ class _StateCollector:
             "Used fraction of the data directory's disk",
             store.guard.disk_ratio,
         )
+        if store.guard.available_bytes is not None:
+            yield _gauge(
+                "metaq_disk_available_bytes",
+                "Free bytes on the data directory's disk (as of the last sample)",
+                store.guard.available_bytes,
+            )
+        deleted = CounterMetricFamily(
+            "metaq_commitlog_segments_deleted",
+            "Commitlog segments retention deleted, by reason: expired, consumed (by every "
+            "group, early under disk pressure), unconsumed (store.force_clean_unconsumed)",
+            labels=["reason"],
+        )
+        for reason, count in store.deleted_segments.items():
+            deleted.add_metric([reason], count)
+        yield deleted
         role = state.role
         yield _gauge("metaq_epoch", "The broker group's epoch as this broker knows it", role.epoch)
         yield _gauge(

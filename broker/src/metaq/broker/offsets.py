@@ -46,6 +46,8 @@ class ConsumerOffsets:
         self._unjournaled: dict[OffsetKey, int] = {}
         self.journal_offset = 0
         """The next offsets-journal record to apply (see metaq.broker.journal)."""
+        self.saved_journal_offset = 0
+        """``journal_offset`` as of the snapshot on disk: a start replays from there."""
         self._changes = 0
         self._saved = 0
         self._load()
@@ -58,6 +60,7 @@ class ConsumerOffsets:
             if data["format"] != _FORMAT:
                 raise ValueError(f"format {data['format']} is not {_FORMAT}")
             self.journal_offset = int(data.get("journal_offset", 0))
+            self.saved_journal_offset = self.journal_offset
             for group, topics in data["offsets"].items():
                 for topic, queues in topics.items():
                     for queue_id, offset in queues.items():
@@ -102,6 +105,27 @@ class ConsumerOffsets:
     def items(self) -> list[tuple[OffsetKey, int]]:
         return sorted(self._offsets.items())
 
+    def consumed_floors(self) -> dict[tuple[str, int], int]:
+        """Per (topic, queue id): the lowest committed offset among the groups that
+        committed anything on the topic; a group with no commit on a queue of its topic
+        has consumed nothing of it. Queues of topics no group committed on are absent.
+
+        Safe from another thread: the commits are copied in one step first.
+        """
+        commits = list(self._offsets.items())
+        groups_of: dict[str, set[str]] = {}
+        lowest: dict[tuple[str, int], int] = {}
+        counted: dict[tuple[str, int], int] = {}
+        for (group, topic, queue_id), offset in commits:
+            groups_of.setdefault(topic, set()).add(group)
+            key = (topic, queue_id)
+            lowest[key] = min(offset, lowest.get(key, offset))
+            counted[key] = counted.get(key, 0) + 1
+        return {
+            key: offset if counted[key] == len(groups_of[key[0]]) else 0
+            for key, offset in lowest.items()
+        }
+
     def groups(self) -> list[str]:
         return sorted({group for group, _, _ in self._offsets})
 
@@ -122,6 +146,7 @@ class ConsumerOffsets:
         changes, data = snapshot
         write_json_atomically(self.path, data)
         self._saved = max(self._saved, changes)
+        self.saved_journal_offset = max(self.saved_journal_offset, data["journal_offset"])
 
     def save(self) -> bool:
         """Write now if anything changed since the last write; return whether it wrote."""

@@ -139,6 +139,13 @@ class Broker:
         role = self.group_role
         journal = Journal(self.store, self.topics, self.offsets, lambda: role.takes_writes)
         journal.apply()  # commits journaled after the last offsets snapshot
+        offsets = self.offsets
+        # Retention under disk pressure deletes only what every group, and the broker's
+        # own journal readers, have consumed.
+        self.store.consumed_floors = lambda: {
+            **offsets.consumed_floors(),
+            **journal.consumed_floors(),
+        }
         role.journal = journal
         self.delays = DelayScheduler(self.store, lambda: role.takes_writes)
         self.transactions = Transactions(
