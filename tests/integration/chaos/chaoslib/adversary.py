@@ -158,10 +158,10 @@ class Flood:
 
     def unread_pulls(self, host: str, port: int, topic: str, connections: int,
                      pulls: int) -> str:  # fmt: skip
-        """Each connection pipelines ``pulls`` PULLs of the topic's first queue and never
-        reads an answer."""
+        """Each connection pipelines ``pulls`` PULLs of the topic's first queue, each for
+        as much as the broker gives (1,024 messages), and never reads an answer."""
         request = PullRequest(consumer_group="stranger", topic=topic, queue_id=0, offset=0,
-                              max_messages=32).SerializeToString()  # fmt: skip
+                              max_messages=1024).SerializeToString()  # fmt: skip
         frames = b"".join(_frame(FrameType.PULL, n + 1, request) for n in range(pulls))
         sent = 0
         for _ in range(connections):
