@@ -8,7 +8,7 @@ import asyncio
 from metaq.broker.connection import Handler, Responder
 from metaq.broker.consumers import ConsumeMode, ConsumerGroups
 from metaq.broker.journal import Journal
-from metaq.broker.offsets import ConsumerOffsets, check_group
+from metaq.broker.offsets import ConsumerOffsets
 from metaq.broker.pull import PullHandler
 from metaq.broker.role import GroupRole
 from metaq.broker.send import SendHandler
@@ -17,6 +17,7 @@ from metaq.broker.topics import TopicTable, UnknownTopic
 from metaq.broker.transactions import Transactions
 from metaq.common.errors import InvalidMessage
 from metaq.common.framing import FLAG_RESPONSE, Buffer, Frame, FrameType, encode_frame
+from metaq.common.names import check_group
 from metaq.common.record import check_topic
 from metaq.common.v1.data_pb2 import (
     CommitOffsetRequest,

@@ -13,28 +13,19 @@ re-read those messages, which at-least-once delivery allows.
 from __future__ import annotations
 
 import asyncio
-import re
 from pathlib import Path
 from typing import Any, Final, TypeAlias
 
 from metaq.broker.files import read_json, write_json_atomically
 from metaq.common.errors import InvalidMessage
+from metaq.common.names import check_group
 from metaq.common.service import PeriodicService
 
 FILE_NAME: Final = "consumer_offsets.json"
 _FORMAT: Final = 1
-_GROUP: Final = re.compile(r"[A-Za-z0-9_|%.@:-]{1,255}")
 
 OffsetKey: TypeAlias = tuple[str, str, int]
 """(consumer group, topic, queue id)."""
-
-
-def check_group(group: str) -> None:
-    if not _GROUP.fullmatch(group):
-        raise InvalidMessage(
-            f"illegal consumer group {group!r}: use 1-255 characters from letters, digits "
-            "and '_|%.@:-'"
-        )
 
 
 class ConsumerOffsets:

@@ -25,6 +25,7 @@ from typing import TypeAlias
 
 import grpc
 
+from metaq.common.names import shown
 from metaq.common.v1 import control_pb2 as pb
 from metaq.common.v1 import control_pb2_grpc
 from metaq.nameserver import convert
@@ -261,8 +262,8 @@ class NameServerService(control_pb2_grpc.NameServerServicer):
         if not any(m.consumer_id == request.consumer_id for m in request.request.members):
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT,
-                f"consumer {request.consumer_id!r} is not among the members of consumer group "
-                f"{request.request.consumer_group!r}",
+                f"consumer {shown(request.consumer_id)} is not among the members of consumer "
+                f"group {shown(request.request.consumer_group)}",
             )
         assignment = await self._assign(request.request, context)
         return pb.GetAssignmentForResponse(
@@ -285,8 +286,10 @@ class NameServerService(control_pb2_grpc.NameServerServicer):
     async def Switchover(
         self, request: pb.SwitchoverRequest, context: Context
     ) -> pb.SwitchoverResponse:
-        if not request.broker_name:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "broker_name must not be empty")
+        try:
+            convert.check_text(request.broker_name, "broker_name")
+        except InvalidRequest as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         try:
             control = await self._controller.switchover(
                 request.broker_name, request.broker_id, request.expected_epoch
@@ -300,8 +303,10 @@ class NameServerService(control_pb2_grpc.NameServerServicer):
     # --- helpers ------------------------------------------------------------------------
 
     async def _route(self, topic: str, context: Context) -> TopicRoute:
-        if not topic:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "topic must not be empty")
+        try:
+            convert.check_topic_name(topic)
+        except InvalidRequest as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         route = self._registry.route(topic)
         if route is None:
             await context.abort(
@@ -313,10 +318,11 @@ class NameServerService(control_pb2_grpc.NameServerServicer):
         if request.strategy not in STRATEGIES:
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT,
-                f"unknown assignment strategy {request.strategy!r}; "
+                f"unknown assignment strategy {shown(request.strategy)}; "
                 f"known: {', '.join(sorted(STRATEGIES))}",
             )
         try:
+            convert.check_group_name(request.consumer_group)
             members = convert.members(request)
             previous = convert.previous(request)
         except InvalidRequest as exc:

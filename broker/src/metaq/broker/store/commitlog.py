@@ -30,6 +30,7 @@ from metaq.common.record import (
     CRC_START,
     HEADER_SIZE,
     MAGIC,
+    MAX_QUEUES_PER_TOPIC,
     STAMP,
     STAMP_AT,
     check_topic,
@@ -37,7 +38,6 @@ from metaq.common.record import (
 
 log = logging.getLogger(__name__)
 
-MAX_QUEUES_PER_TOPIC: Final = 65_536
 # The fields append checks: size, magic, queue id, and the five variable lengths.
 _CHECK: Final = struct.Struct("<II40xi36xHHHHI")
 _CRC: Final = struct.Struct("<I")

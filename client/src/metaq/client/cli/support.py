@@ -12,6 +12,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final, TextIO
 
 from metaq.client.routes import BrokerInfo, ClusterView, RouteCache
+from metaq.common.errors import InvalidMessage
+from metaq.common.names import check_group
+from metaq.common.record import check_topic
 
 if TYPE_CHECKING:
     import aiohttp
@@ -54,6 +57,26 @@ def common_options() -> argparse.ArgumentParser:
     )
     group.add_argument("--json", action="store_true", help="print JSON instead of a table")
     return parent
+
+
+def topic_name(value: str) -> str:
+    """An argparse ``type``: a legal topic name, else a usage error (exit 2) saying the
+    rule. CliError rather than argparse's own error, which would print the whole usage
+    around a one-line reason."""
+    try:
+        check_topic(value)
+    except InvalidMessage as exc:
+        raise CliError(str(exc), code=2) from None
+    return value
+
+
+def group_name(value: str) -> str:
+    """An argparse ``type``: a legal consumer group name, else a usage error (exit 2)."""
+    try:
+        check_group(value)
+    except InvalidMessage as exc:
+        raise CliError(str(exc), code=2) from None
+    return value
 
 
 def add_command(
