@@ -66,6 +66,10 @@ async def rpc_error(call: Awaitable[object]) -> grpc.aio.AioRpcError:
     raise AssertionError("the call was expected to fail")
 
 
+def raw_bytes(value: bytes) -> bytes:
+    return value
+
+
 def register_request(**broker: Any) -> pb.RegisterBrokerRequest:
     state = {
         "cluster": "c1",
@@ -87,6 +91,47 @@ def register_request(**broker: Any) -> pb.RegisterBrokerRequest:
 
 
 # --- gRPC ------------------------------------------------------------------------------
+
+
+def test_undecodable_grpc_requests_get_invalid_argument_naming_the_message(
+    nameserver: NameServerProcess,
+) -> None:
+    async def scenario() -> tuple[grpc.aio.AioRpcError, grpc.aio.AioRpcError, int]:
+        async with channel(nameserver.grpc_address) as opened:
+            get_route = opened.unary_unary(
+                "/metaq.v1.NameServer/GetRoute",
+                request_serializer=raw_bytes,
+                response_deserializer=raw_bytes,
+            )
+            unary = await rpc_error(get_route(b"\xff\xff\xff\xff"))
+
+            session = opened.stream_stream(
+                "/metaq.v1.NameServer/Session",
+                request_serializer=raw_bytes,
+                response_deserializer=raw_bytes,
+            )
+            answers = 0
+            try:
+                async for _ in session(iter([b"\xff\xff\xff"])):
+                    answers += 1
+            except grpc.aio.AioRpcError as exc:
+                streamed = exc
+            else:
+                raise AssertionError("a garbage heartbeat ended the session with OK")
+            # The server is unharmed: a well-formed call right after is answered.
+            stub = control_pb2_grpc.NameServerStub(opened)
+            await stub.GetClusterInfo(pb.GetClusterInfoRequest())
+            return unary, streamed, answers
+
+    unary, streamed, answers = asyncio.run(scenario())
+
+    assert unary.code() is grpc.StatusCode.INVALID_ARGUMENT, unary
+    assert "metaq.v1.GetRouteRequest" in (unary.details() or "")
+    assert "GetRoute" in (unary.details() or "")
+    assert "protocol versions" in (unary.details() or "")
+    assert streamed.code() is grpc.StatusCode.INVALID_ARGUMENT, streamed
+    assert "metaq.v1.BrokerHeartbeat" in (streamed.details() or "")
+    assert answers == 0
 
 
 def test_oversized_and_illegal_names_over_grpc_are_refused_naming_the_field(

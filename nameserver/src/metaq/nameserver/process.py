@@ -15,6 +15,7 @@ from metaq.nameserver.http import make_app
 from metaq.nameserver.registry import Clock, Registry
 from metaq.nameserver.service import NameServerService
 from metaq.nameserver.sweeper import ExpirySweeper
+from metaq.nameserver.undecodable import RejectUndecodable
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +45,9 @@ class NameServer:
     async def start(self) -> None:
         config = self.config
         # No SO_REUSEPORT: a second nameserver on the same port must fail, not share it.
-        server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        server = grpc.aio.server(
+            interceptors=[RejectUndecodable()], options=[("grpc.so_reuseport", 0)]
+        )
         service = NameServerService(self.registry, self.controller)
         control_pb2_grpc.add_NameServerServicer_to_server(service, server)
         address = host_port(config.listen_host, config.grpc_port)
