@@ -14,6 +14,7 @@ import sys
 from collections.abc import AsyncIterator, Awaitable, Iterator
 from typing import Any
 
+import aiohttp
 import grpc
 import pytest
 
@@ -68,6 +69,17 @@ async def rpc_error(call: Awaitable[object]) -> grpc.aio.AioRpcError:
 
 def raw_bytes(value: bytes) -> bytes:
     return value
+
+
+async def http_raw(
+    method: str, url: str, data: bytes = b"", headers: dict[str, str] | None = None
+) -> tuple[int, str, dict[str, str]]:
+    """(status, body text, headers) of one request sent exactly as given."""
+    async with (
+        aiohttp.ClientSession() as session,
+        session.request(method, url, data=data, headers=headers or {}) as response,
+    ):
+        return response.status, await response.text(), dict(response.headers)
 
 
 def register_request(**broker: Any) -> pb.RegisterBrokerRequest:
@@ -187,6 +199,94 @@ def test_oversized_and_illegal_names_over_grpc_are_refused_naming_the_field(
         assert error.code() is grpc.StatusCode.INVALID_ARGUMENT, (case, error)
         assert words in details, (case, details[:300])
         assert len(details) < SHORT_ERROR_CHARS, (case, len(details))
+
+
+# --- HTTP ------------------------------------------------------------------------------
+
+
+def test_admin_changes_without_a_json_content_type_are_refused_with_415(
+    broker: BrokerProcess,
+) -> None:
+    """What a web page can make a browser send cross-site without a preflight."""
+    url = broker.http_url
+
+    async def scenario() -> dict[str, tuple[int, str, dict[str, str]]]:
+        await put_topic(url, "Cors", read_queues=2, write_queues=2)
+        form = {"Content-Type": "application/x-www-form-urlencoded", "Origin": "http://evil"}
+        plain = {"Content-Type": "text/plain", "Origin": "http://evil"}
+        return {
+            "handover": await http_raw("POST", f"{url}/replication/handover", b'{"to": 1}', plain),
+            "resume": await http_raw("POST", f"{url}/replication/resume", b"", form),
+            "put": await http_raw("PUT", f"{url}/topics/Cors", b'{"read_queues": 1}', plain),
+            "delete": await http_raw("DELETE", f"{url}/topics/Cors"),
+            "read": await http_raw("GET", f"{url}/topics", headers={"Origin": "http://evil"}),
+        }
+
+    answers = asyncio.run(scenario())
+
+    for case in ("handover", "resume", "put", "delete"):
+        status, text, _ = answers[case]
+        assert status == 415, (case, status, text)
+        assert "Content-Type: application/json" in text, (case, text)
+    status, text, headers = answers["read"]
+    assert status == 200
+    assert '"Cors"' in text, "a refused change must have changed nothing"
+    assert '"read_queues": 2' in text
+    for _, _, headers in answers.values():
+        assert not any(h.lower().startswith("access-control-") for h in headers), headers
+    health = broker.health()
+    assert health is not None and health["status"] == "ok", health
+
+
+def test_malformed_deep_and_oversized_json_bodies_get_400_or_413_never_500(
+    broker: BrokerProcess,
+) -> None:
+    url = f"{broker.http_url}/topics/Bodies"
+    json_type = {"Content-Type": "application/json"}
+    bodies = {
+        "deep": (b"[" * 20_000 + b"]" * 20_000, 400, "nested too deeply"),
+        "issue": (b"[" * 100_000 + b"]" * 100_000, 413, "larger than"),
+        "large": (b'{"read_queues": 1, "x": "' + b"y" * 200_000 + b'"}', 413, "larger than"),
+        "malformed": (b'{"read_queues": ', 400, "not JSON"),
+        "binary": (b"\xff\xfe{}", 400, "not UTF-8"),
+        "array": (b"[1, 2]", 400, "not an array"),
+    }
+
+    async def scenario() -> dict[str, tuple[int, str, dict[str, str]]]:
+        return {
+            case: await http_raw("PUT", url, body, json_type)
+            for case, (body, _, _) in bodies.items()
+        }
+
+    answers = asyncio.run(scenario())
+
+    for case, (_, status, words) in bodies.items():
+        got, text, headers = answers[case]
+        assert got == status, (case, got, text[:300])
+        assert words in text, (case, text[:300])
+        assert headers.get("Content-Type", "").startswith("application/json"), (case, headers)
+    status, topics = run_async(http_json("GET", f"{broker.http_url}/topics"))
+    assert status == 200
+    assert "Bodies" not in topics["topics"]
+
+
+def test_the_nameserver_http_endpoint_takes_no_cross_site_changes(
+    nameserver: NameServerProcess,
+) -> None:
+    base = f"http://{nameserver.http_address}"
+
+    async def scenario() -> list[tuple[int, str, dict[str, str]]]:
+        return [
+            await http_raw("POST", f"{base}/health", b"x=1", {"Content-Type": "text/plain"}),
+            await http_raw("GET", f"{base}/route/{'t' * 4000}", headers={"Origin": "http://e"}),
+        ]
+
+    (status, text, _), (route_status, route_text, headers) = asyncio.run(scenario())
+
+    assert status == 415, text
+    assert route_status == 404
+    assert len(route_text) < SHORT_ERROR_CHARS, len(route_text)
+    assert not any(h.lower().startswith("access-control-") for h in headers)
 
 
 # --- the data plane --------------------------------------------------------------------

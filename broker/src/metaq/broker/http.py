@@ -31,7 +31,9 @@ from metaq.broker.offsets import ConsumerOffsets
 from metaq.broker.role import GroupRole
 from metaq.broker.store import MessageStore
 from metaq.broker.topics import Permission, TopicConfig, TopicTable
+from metaq.common import http
 from metaq.common.errors import InvalidMessage, MetaqError
+from metaq.common.names import shown
 from metaq.common.record import FLAG_COMPRESSED, Record
 
 
@@ -53,7 +55,7 @@ class HttpServer:
 
     def __init__(self, context: HttpContext) -> None:
         self._context = context
-        app = web.Application()
+        app = http.application()
         app.add_routes(
             [
                 web.get("/health", self.health),
@@ -121,10 +123,8 @@ class HttpServer:
 
     async def put_topic(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
+        body = await http.json_object(request)
         try:
-            body = await request.json() if request.can_read_body else {}
-            if not isinstance(body, dict):
-                raise InvalidMessage("the body must be a JSON object")
             config = _topic_from_json(name, body, self._context.topics.default_queue_count)
         except (ValueError, InvalidMessage) as exc:
             return web.json_response({"error": str(exc)}, status=400)
@@ -140,15 +140,15 @@ class HttpServer:
         if refused is not None:
             return refused
         if not self._context.topics.delete(name):
-            return web.json_response({"error": f"no topic {name!r}"}, status=404)
+            return web.json_response({"error": f"no topic {shown(name)}"}, status=404)
         return web.json_response({"deleted": name})
 
     async def handover(self, request: web.Request) -> web.Response:
         """Planned switchover, step one (``metaq cluster switchover`` drives it): stop
         taking writes until slave ``to`` holds the whole log. Body: ``{"to": id,
         "timeout_ms": n, "fence_ms": n}``; writes resume by themselves after fence_ms."""
+        body = await http.json_object(request)
         try:
-            body = await request.json()
             target = int(body["to"])
             timeout_s = int(body.get("timeout_ms", 5000)) / 1e3
             fence_s = int(body.get("fence_ms", 10000)) / 1e3
@@ -219,7 +219,7 @@ class HttpServer:
             msg_id = b""
         if len(msg_id) != 16:
             return web.json_response(
-                {"error": f"a message id is 32 hex digits, not {raw!r}"}, status=400
+                {"error": f"a message id is 32 hex digits, not {shown(raw)}"}, status=400
             )
         found = self._context.store.lookup_id(msg_id)
         if found is None:

@@ -170,8 +170,10 @@ async def http_json(
     """(status, JSON body) of one admin call; CliError when the broker cannot be reached."""
     import aiohttp  # only commands that call HTTP pay for the import
 
+    from metaq.common import http
+
     try:
-        async with session.request(method, url, json=body) as response:
+        async with session.request(method, url, json=http.json_for(method, body)) as response:
             try:
                 payload = await response.json(content_type=None)
             except (json.JSONDecodeError, aiohttp.ContentTypeError):
