@@ -46,7 +46,7 @@ def json_for(method: str, body: Any) -> Any:
     return {} if body is None and method not in _SAFE_METHODS else body
 
 
-def error_response(status: int, message: str) -> web.Response:
+def _error_response(status: int, message: str) -> web.Response:
     return web.json_response({"error": message}, status=status)
 
 
@@ -56,7 +56,7 @@ async def _require_json(
 ) -> web.StreamResponse:
     if request.method not in _SAFE_METHODS and request.content_type != JSON_TYPE:
         sent = request.headers.get("Content-Type")
-        return error_response(
+        return _error_response(
             415,
             f"{request.method} {shown(request.path)} takes a JSON body: send it with "
             f"Content-Type: {JSON_TYPE} (this request had "
