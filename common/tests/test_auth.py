@@ -126,7 +126,7 @@ def test_a_secret_file_others_may_read_is_used_with_a_warning(
 def test_a_secret_is_required_beyond_loopback_and_optional_on_it(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    with pytest.raises(SecretError, match="because listen_host '0.0.0.0' is not loopback"):
+    with pytest.raises(SecretError, match=r"because listen_host '0\.0\.0\.0' is not loopback"):
         require_secret(None, "the broker", ["listen_host '0.0.0.0' is not loopback"])
     with caplog.at_level(logging.WARNING):
         assert require_secret(None, "the broker", []) is None
