@@ -7,11 +7,13 @@ import os
 import signal
 import struct
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import pytest
 
 from metaq.broker.testing import BrokerError, BrokerProcess, DataClient, run_async
 from metaq.broker.testing.admin import http_json, put_topic, scrape
+from metaq.common.auth import ENV_VAR
 from metaq.common.errors import ErrorCode
 from metaq.common.framing import PREFIX, FrameDecoder, FrameType, encode_frame
 from metaq.common.record import HEADER_SIZE, STAMP_AT, decode, encode
@@ -578,3 +580,20 @@ def test_kill9_keeps_every_acknowledged_sync_send(
     lost = set(acknowledged) - found
     assert len(acknowledged) >= 400
     assert not lost, f"{len(lost)} of {len(acknowledged)} acknowledged messages lost"
+
+
+def test_a_broker_listening_beyond_loopback_refuses_to_start_without_a_secret(
+    tmp_path: Path,
+) -> None:
+    try:
+        started = BrokerProcess.start(
+            tmp_path / "open", "--listen-host", "0.0.0.0", env={ENV_VAR: ""}
+        )
+    except AssertionError as exc:
+        refusal = str(exc)
+    else:
+        started.kill()
+        pytest.fail("the broker started on every interface without a cluster secret")
+
+    assert "needs a cluster secret because listen_host '0.0.0.0'" in refusal
+    assert "cluster_secret_file" in refusal

@@ -119,6 +119,11 @@ class BrokerConfig:
     heartbeat_interval_ms: int = 500
     """Heartbeats to each nameserver; the controller notices a silent master after
     its master_detection_ms (3 s by default)."""
+    cluster_secret_file: str = ""
+    """A file (readable by the service user only) holding the cluster secret this broker
+    proves to the nameservers and to its master or slaves (``metaq.common.auth``); empty
+    reads the ``METAQ_CLUSTER_SECRET`` environment variable instead. Required when
+    ``listen_host`` is not a loopback address."""
     store: StoreConfig = field(default_factory=_default_store)
 
     def __post_init__(self) -> None:
@@ -226,6 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--auto-create-topics", action=argparse.BooleanOptionalAction, default=None)
     add("--default-queue-count")
     add("--log-level")
+    add("--cluster-secret-file", help="file holding the cluster secret")
     add(
         "--set",
         action="append",

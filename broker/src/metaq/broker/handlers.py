@@ -78,6 +78,7 @@ class Handlers:
             FrameType.QUERY_OFFSET: self.query_offset,
             FrameType.CONSUMER_HEARTBEAT: self.consumer_heartbeat,
             FrameType.REPLICA_FETCH: self.role.handle_fetch,
+            FrameType.REPLICA_AUTH: self.role.gate.handle,
             FrameType.LOCK_QUEUES: self.lock_queues,
             FrameType.END_TRANSACTION: self.end_transaction,
         }

@@ -42,6 +42,7 @@ from metaq.broker.store import MessageStore
 from metaq.broker.store.flush import AsyncDurability
 from metaq.broker.topics import TopicTable
 from metaq.broker.transactions import Transactions, TransactionService
+from metaq.common.auth import ClusterSecret, is_loopback, load_secret, require_secret
 from metaq.common.framing import FrameType
 from metaq.common.service import PeriodicService
 
@@ -59,6 +60,14 @@ class Registrar(Protocol):
 
 
 RegistrarFactory = Callable[["Broker"], Registrar]
+
+
+def cluster_secret(config: BrokerConfig) -> ClusterSecret | None:
+    """The cluster secret, refusing (SecretError) to listen beyond loopback without one."""
+    reasons = []
+    if not is_loopback(config.listen_host):
+        reasons.append(f"listen_host {config.listen_host!r} is not a loopback address")
+    return require_secret(load_secret(config.cluster_secret_file), "the broker", reasons)
 
 
 def store_host(host: str, port: int) -> bytes:
@@ -90,6 +99,7 @@ class Broker:
         self.delays: DelayScheduler | None = None
         self.transactions: Transactions | None = None
         self.registrar: Registrar | None = None
+        self.secret: ClusterSecret | None = None
         self._registrar_factory = registrar_factory
         self._handlers: dict[FrameType, Handler] = {}
         self._data: DataServer | None = None
@@ -102,6 +112,7 @@ class Broker:
 
     async def start(self) -> None:
         config = self.config
+        self.secret = cluster_secret(config)  # before anything listens
         config.data_dir.mkdir(parents=True, exist_ok=True)
         self.topics = TopicTable(
             config.data_dir,
@@ -135,7 +146,7 @@ class Broker:
         )
         loop = asyncio.get_running_loop()
         self._durability = AsyncDurability(loop, self.store.flusher)
-        self.group_role = GroupRole(config, self.store, self._durability)
+        self.group_role = GroupRole(config, self.store, self._durability, self.secret)
         role = self.group_role
         journal = Journal(self.store, self.topics, self.offsets, lambda: role.takes_writes)
         journal.apply()  # commits journaled after the last offsets snapshot
@@ -226,6 +237,8 @@ class Broker:
 
     def _connection_lost(self, connection_id: int) -> None:
         self.groups.drop_connection(connection_id)
+        if self.group_role is not None:
+            self.group_role.gate.connection_lost(connection_id)
         if self.transactions is not None:
             self.transactions.connection_lost(connection_id)
         if self._pull is not None:

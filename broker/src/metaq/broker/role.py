@@ -29,14 +29,16 @@ from metaq.broker.connection import Responder
 from metaq.broker.journal import Journal
 from metaq.broker.log_check import LogCheck
 from metaq.broker.queue_locks import QueueLocks
+from metaq.broker.replica_auth import ReplicaGate
 from metaq.broker.replica_log import StoreLog
 from metaq.broker.store import MessageStore
 from metaq.broker.store.flush import AsyncDurability
+from metaq.common.auth import ClusterSecret
 from metaq.common.errors import MetaqError, NotEnoughReplicas, NotMaster
 from metaq.common.framing import FLAG_RESPONSE, Frame, FrameType, encode_error, encode_frame
 from metaq.common.v1 import control_pb2 as pb
 from metaq.common.v1.data_pb2 import ReplicaFetchRequest
-from metaq.replication.channel import DataPlaneChannel
+from metaq.replication.channel import DataPlaneChannel, SlaveIdentity
 from metaq.replication.epochs import EpochHistory
 from metaq.replication.follower import FetchChannel, Follower
 from metaq.replication.master import ReplicaSet
@@ -49,15 +51,23 @@ class Role(enum.Enum):
     SLAVE = "slave"
 
 
-async def _connect(address: str) -> FetchChannel:
-    return await DataPlaneChannel.open(address)
-
-
 class GroupRole:
     def __init__(
-        self, config: BrokerConfig, store: MessageStore, durability: AsyncDurability
+        self,
+        config: BrokerConfig,
+        store: MessageStore,
+        durability: AsyncDurability,
+        secret: ClusterSecret | None = None,
     ) -> None:
         self.config = config
+        self.gate = ReplicaGate(secret, config.broker_name)
+        """As master: which connections' slaves proved the cluster secret."""
+        identity = SlaveIdentity(config.broker_name, config.broker_id, secret)
+
+        async def connect(address: str) -> FetchChannel:
+            # As slave: the master proves the secret before we take or cut anything.
+            return await DataPlaneChannel.open(address, identity=identity)
+
         self._store = store
         self.log = StoreLog(store, durability)
         self.history = EpochHistory(config.data_dir / "epochs.json")
@@ -71,7 +81,7 @@ class GroupRole:
         self.follower = Follower(
             self.log,
             self.history,
-            _connect,
+            connect,
             broker_name=config.broker_name,
             broker_id=config.broker_id,
             epoch=self.epoch,
@@ -106,6 +116,7 @@ class GroupRole:
                 master=lambda: (self.master_address if self.role is Role.SLAVE else "", self.epoch),
                 on_progress=lambda: self.on_confirmed(),
                 on_verified=lambda: self.on_change(),
+                secret=secret,
             )
 
     # --- lifecycle ----------------------------------------------------------------------
@@ -233,6 +244,8 @@ class GroupRole:
 
     def handle_fetch(self, responder: Responder, frame: Frame) -> None:
         request = ReplicaFetchRequest.FromString(frame.header)
+        # Before anything counts it: no bytes, no in-sync set, no acked offset for strangers.
+        self.gate.check_fetch(responder.connection_id, request)
         if self.replicas is None:
             self._check_master()  # raises NotMaster, naming the master if known
             return

@@ -73,6 +73,8 @@ class FrameType(enum.IntEnum):
     REPLICA_FETCH = 16
     """A slave asks its master for the log from where its own ends, reporting how far it
     holds it."""
+    REPLICA_AUTH = 17
+    """Slave and master prove the cluster secret to each other, once per connection."""
 
 
 _OPERATION_FLAGS: Final = (0, FLAG_ONE_WAY, FLAG_RESPONSE, FLAG_RESPONSE | FLAG_ERROR)

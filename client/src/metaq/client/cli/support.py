@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final, TextIO
 
 from metaq.client.routes import BrokerInfo, ClusterView, RouteCache
+from metaq.common.auth import ENV_VAR, ClusterSecret, SecretError, load_secret
 from metaq.common.errors import InvalidMessage
 from metaq.common.names import check_group
 from metaq.common.record import check_topic
@@ -134,6 +135,23 @@ def nameservers(args: argparse.Namespace) -> list[str]:
         if not sep or not host or not port.isdigit():
             raise CliError(f"nameserver address {address!r} is not HOST:PORT", code=2)
     return out
+
+
+def add_secret_option(parser: argparse.ArgumentParser) -> None:
+    """For commands that change the cluster: how to prove the cluster secret."""
+    parser.add_argument(
+        "--cluster-secret-file",
+        default="",
+        metavar="FILE",
+        help=f"the cluster secret the nameservers require (default: ${ENV_VAR})",
+    )
+
+
+def cluster_secret(args: argparse.Namespace) -> ClusterSecret | None:
+    try:
+        return load_secret(args.cluster_secret_file)
+    except SecretError as exc:
+        raise CliError(str(exc), code=2) from None
 
 
 def route_cache(args: argparse.Namespace) -> RouteCache:

@@ -23,6 +23,7 @@ Which header a frame carries follows from its type and flags:
   END_TRANSACTION     EndTransactionRequest      EndTransactionResponse     ErrorResponse
   CHECK_TRANSACTION   CheckTransactionRequest    (none: one-way, broker to producer)
   REPLICA_FETCH       ReplicaFetchRequest        ReplicaFetchResponse       ErrorResponse
+  REPLICA_AUTH        ReplicaAuthRequest         ReplicaAuthResponse        ErrorResponse
   CONNECTION          -                          -                          ErrorResponse (id 0)
 
 Every enum's zero value is UNSPECIFIED, so a header that lost a field is recognisable
@@ -871,6 +872,76 @@ class ReplicaFetchResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ReplicaFetchResponse: _TypeAlias = ReplicaFetchResponse  # noqa: Y015
+
+@_typing.final
+class ReplicaAuthRequest(_message.Message):
+    """REPLICA_AUTH request, slave to master, no payload: the mutual proof of the cluster
+    secret that a master with a secret requires once per connection before it answers any
+    REPLICA_FETCH, and that a slave with a secret requires before it takes, or cuts its log
+    for, anything a master says (docs/replication.md). Two steps on one connection:
+      1. the slave sends its identity and a fresh nonce; the master answers with a fresh
+         nonce of its own and its proof over both (the slave checks it before going on);
+      2. the slave sends its proof over both nonces; the master answers with an empty
+         ReplicaAuthResponse, and from then on serves this slave's fetches on this
+         connection (only this slave's: a fetch naming another broker is refused).
+    A side that cannot check a proof (no secret, or another one) answers ERROR
+    NO_PERMISSION saying what to configure.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BROKER_NAME_FIELD_NUMBER: _builtins.int
+    BROKER_ID_FIELD_NUMBER: _builtins.int
+    SLAVE_NONCE_FIELD_NUMBER: _builtins.int
+    SLAVE_PROOF_FIELD_NUMBER: _builtins.int
+    broker_name: _builtins.str
+    broker_id: _builtins.int
+    slave_nonce: _builtins.bytes
+    """Step 1: 16 random bytes. Step 2: the same nonce again."""
+    slave_proof: _builtins.bytes
+    """Step 2 only: HMAC-SHA256 (keyed by the cluster secret) over "replica slave", the
+    slave's identity and both nonces.
+    """
+    def __init__(
+        self,
+        *,
+        broker_name: _builtins.str = ...,
+        broker_id: _builtins.int = ...,
+        slave_nonce: _builtins.bytes = ...,
+        slave_proof: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_id", b"broker_id", "broker_name", b"broker_name", "slave_nonce", b"slave_nonce", "slave_proof", b"slave_proof"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReplicaAuthRequest: _TypeAlias = ReplicaAuthRequest  # noqa: Y015
+
+@_typing.final
+class ReplicaAuthResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MASTER_NONCE_FIELD_NUMBER: _builtins.int
+    MASTER_PROOF_FIELD_NUMBER: _builtins.int
+    master_nonce: _builtins.bytes
+    """Step 1 only: the master's 16 random bytes and its proof, an HMAC over "replica
+    master", the slave's identity and both nonces.
+    """
+    master_proof: _builtins.bytes
+    def __init__(
+        self,
+        *,
+        master_nonce: _builtins.bytes = ...,
+        master_proof: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["master_nonce", b"master_nonce", "master_proof", b"master_proof"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReplicaAuthResponse: _TypeAlias = ReplicaAuthResponse  # noqa: Y015
 
 @_typing.final
 class QueueRef(_message.Message):
