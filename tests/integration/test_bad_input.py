@@ -33,7 +33,12 @@ from metaq.common.v1.data_pb2 import (
     SendRequest,
     Subscription,
 )
-from metaq.nameserver.testing import NameServerProcess, start_nameserver
+from metaq.nameserver.testing import (
+    NameServerProcess,
+    session_proof,
+    signed_channel,
+    start_nameserver,
+)
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="real processes on loopback")
 
@@ -124,7 +129,8 @@ def test_undecodable_grpc_requests_get_invalid_argument_naming_the_message(
             )
             answers = 0
             try:
-                async for _ in session(iter([b"\xff\xff\xff"])):
+                # A member proving the secret, so the garbage is what is judged.
+                async for _ in session(iter([b"\xff\xff\xff"]), metadata=session_proof()):
                     answers += 1
             except grpc.aio.AioRpcError as exc:
                 streamed = exc
@@ -150,7 +156,8 @@ def test_oversized_and_illegal_names_over_grpc_are_refused_naming_the_field(
     nameserver: NameServerProcess,
 ) -> None:
     async def scenario() -> dict[str, grpc.aio.AioRpcError]:
-        async with channel(nameserver.grpc_address) as opened:
+        # Signed like a member's calls: the names are judged, not the caller.
+        async with signed_channel(nameserver.grpc_address) as opened:
             stub = control_pb2_grpc.NameServerStub(opened)
             members = [pb.AssignmentMember(consumer_id="c1")]
             return {
