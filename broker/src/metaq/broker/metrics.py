@@ -183,7 +183,7 @@ class _StateCollector:
         )
         discarded.add_metric([], txn.discarded)
         yield discarded
-        writable = 0 if store.guard.reason else 1
+        writable = 0 if store.refusal else 1
         yield _gauge("metaq_writable", "1 if the store accepts writes", writable)
         queues = GaugeMetricFamily(
             "metaq_queue_max_offset", "Next queue offset per topic queue", labels=["topic", "queue"]
