@@ -54,6 +54,26 @@ class BrokerMetrics:
             registry=r,
         )
         self.connections = Gauge("metaq_connections", "Open data-plane connections", registry=r)
+        self.connections_refused = Counter(
+            "metaq_connections_refused",
+            "Data-plane connections refused over max_connections or the fd reserve",
+            registry=r,
+        )
+        self.connections_idle_closed = Counter(
+            "metaq_connections_idle_closed",
+            "Data-plane connections closed after idle_timeout_s",
+            registry=r,
+        )
+        self.request_bytes_reserved = Gauge(
+            "metaq_request_bytes_reserved",
+            "Bytes reserved for incomplete request frames (max_buffered_request_bytes)",
+            registry=r,
+        )
+        self.connections_waiting_for_budget = Gauge(
+            "metaq_connections_waiting_for_budget",
+            "Connections not read until their incomplete frame fits the request budget",
+            registry=r,
+        )
         self.idle_polled = Counter(
             "metaq_idle_poll_seconds",
             "Seconds the event loop polled for a next request instead of sleeping (idle_poll_us)",
