@@ -3,17 +3,20 @@ connections, peers that never read their answers, file descriptors running out."
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from metaq.broker.testing import BrokerError, BrokerProcess, DataClient, run_async, wait_until
-from metaq.broker.testing.admin import put_topic
+from metaq.broker.testing.admin import put_topic, scrape
+from metaq.client.connection import ConnectionPool
 from metaq.common.errors import ErrorCode
-from metaq.common.framing import FrameType, encode_frame
+from metaq.common.framing import FrameDecoder, FrameType, encode_frame
 from metaq.common.record import encode
-from metaq.common.v1.data_pb2 import PullRequest
+from metaq.common.testing import wait_until_async
+from metaq.common.v1.data_pb2 import ErrorResponse, PullRequest, PullResponse
 
 StartBroker = Callable[..., BrokerProcess]
 
@@ -162,3 +165,102 @@ def test_peers_that_never_read_cannot_grow_the_broker_or_stall_others(
     finally:
         for hog in hogs:
             hog.close()
+
+
+# ------------------------------------------------------------------------------------------
+# too many connections, idle connections
+
+
+async def connection_error(sock: socket.socket) -> BrokerError:
+    """The connection error a refused socket is sent before the broker closes it."""
+    reader, writer = await asyncio.open_connection(sock=sock)
+    try:
+        data = await asyncio.wait_for(reader.read(), 10.0)  # until the broker closes
+    finally:
+        writer.close()
+    frames = FrameDecoder().feed(data)
+    assert [f.type for f in frames] == [FrameType.CONNECTION], frames
+    error = ErrorResponse.FromString(frames[0].header)
+    return BrokerError(ErrorCode(error.code), error.message, error.retriable, FrameType.CONNECTION)
+
+
+def test_connections_over_the_limit_are_refused_and_the_others_served(
+    start_broker: StartBroker,
+) -> None:
+    broker = start_broker("--set", "max_connections=20", "--set", "idle_timeout_s=60")
+
+    async def scenario() -> None:
+        await put_topic(broker.http_url, "Crowded", read_queues=1, write_queues=1)
+        taken = [await connect(broker) for _ in range(20)]
+        for client in taken:
+            await client.heartbeat()  # accepted and registered, in this order
+        extra = [socket.create_connection((broker.data_host, broker.data_port)) for _ in range(5)]
+        errors = [await connection_error(sock) for sock in extra]
+        for error in errors:
+            assert error.code == ErrorCode.BUSY, error
+            assert "max_connections=20" in str(error), error
+        await taken[0].send("Crowded", 0, [encode("Crowded", b"still served", queue_id=0)])
+        response, _ = await taken[1].pull("Crowded", 0, 0, long_poll_timeout_ms=5000)
+        assert response.record_count == 1, response
+        refused = (await scrape(broker.http_url))[("metaq_connections_refused_total", ())]
+        assert refused == 5
+        # A closed connection's place is taken again.
+        await taken.pop().close()
+
+        async def admitted() -> bool:
+            client = await connect(broker)
+            try:
+                await client.heartbeat()
+            except BrokerError:
+                return False
+            finally:
+                await client.close()
+            return True
+
+        await wait_until_async(admitted, 10.0, "a connection is taken after one closed")
+        for client in taken:
+            await client.close()
+
+    run_async(scenario())
+
+
+def test_idle_connections_are_closed_but_not_those_awaiting_a_long_poll(
+    start_broker: StartBroker,
+) -> None:
+    broker = start_broker("--set", "idle_timeout_s=1", "--set", "long_poll_max_ms=60000")
+
+    async def scenario() -> None:
+        await put_topic(broker.http_url, "Quiet", read_queues=1, write_queues=1)
+        idle = await connect(broker)
+        await idle.heartbeat()
+        polling = await connect(broker)
+        started = time.monotonic()
+        parked = asyncio.ensure_future(polling.pull("Quiet", 0, 0, long_poll_timeout_ms=3000))
+        await asyncio.wait_for(idle.closed, 10.0)
+        assert time.monotonic() - started < 5.0
+        # Parked for longer than the idle timeout, answered when its own time ran out.
+        response, _ = await asyncio.wait_for(parked, 10.0)
+        assert response.status == PullResponse.NO_MESSAGE_IN_QUEUE, response
+        assert time.monotonic() - started >= 2.9
+        await asyncio.wait_for(polling.closed, 10.0)
+        closed = (await scrape(broker.http_url))[("metaq_connections_idle_closed_total", ())]
+        assert closed == 2
+
+        # A client's pool opens a new connection for the next request after an idle close.
+        pool = ConnectionPool()
+        try:
+            address = f"{broker.data_host}:{broker.data_port}"
+            first = await pool.get(address)
+            await first.request(FrameType.HEARTBEAT, b"", timeout_s=5.0)
+
+            async def dropped() -> bool:
+                return first.closed
+
+            await wait_until_async(dropped, 10.0, "the idle close reaches the pool")
+            second = await pool.get(address)
+            assert second is not first
+            await second.request(FrameType.HEARTBEAT, b"", timeout_s=5.0)
+        finally:
+            await pool.close()
+
+    run_async(scenario())
