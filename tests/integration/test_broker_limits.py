@@ -4,6 +4,7 @@ connections, peers that never read their answers, file descriptors running out."
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import time
 from collections.abc import Callable
@@ -11,12 +12,13 @@ from pathlib import Path
 
 from metaq.broker.testing import BrokerError, BrokerProcess, DataClient, run_async, wait_until
 from metaq.broker.testing.admin import put_topic, scrape
+from metaq.broker.testing.process import broker_command
 from metaq.client.connection import ConnectionPool
 from metaq.common.errors import ErrorCode
 from metaq.common.framing import FrameDecoder, FrameType, encode_frame
 from metaq.common.record import encode
 from metaq.common.testing import wait_until_async
-from metaq.common.v1.data_pb2 import ErrorResponse, PullRequest, PullResponse
+from metaq.common.v1.data_pb2 import ErrorResponse, PullRequest, PullResponse, SendResponse
 
 StartBroker = Callable[..., BrokerProcess]
 
@@ -264,3 +266,61 @@ def test_idle_connections_are_closed_but_not_those_awaiting_a_long_poll(
             await pool.close()
 
     run_async(scenario())
+
+
+# ------------------------------------------------------------------------------------------
+# file descriptors running out
+
+
+def test_a_connection_flood_leaves_the_store_its_file_descriptors(tmp_path: Path) -> None:
+    nofile = 2048
+    flood_size = 2500  # more than the broker may open
+    command = ["prlimit", f"--nofile={nofile}:{nofile}", *broker_command()]
+    with BrokerProcess.start(tmp_path / "data", command=command) as broker:
+        run_async(put_topic(broker.http_url, "Fresh", read_queues=8, write_queues=8))
+
+        async def connected() -> DataClient:
+            client = await connect(broker)
+            await client.heartbeat()
+            return client
+
+        client_loop = asyncio.new_event_loop()
+        try:
+            client = client_loop.run_until_complete(connected())
+            flood = [
+                socket.create_connection((broker.data_host, broker.data_port))
+                for _ in range(flood_size)
+            ]
+
+            def flood_landed() -> bool:
+                held = len(os.listdir(f"/proc/{broker.proc.pid}/fd"))
+                if held >= nofile - 16:
+                    return True  # every descriptor taken: the old behaviour
+                try:
+                    metrics = run_async(scrape(broker.http_url), timeout_s=5.0)
+                except Exception:
+                    return False
+                taken = metrics[("metaq_connections", ())]
+                refused = metrics.get(("metaq_connections_refused_total", ()), 0.0)
+                return taken + refused >= flood_size + 1
+
+            wait_until(flood_landed, 30.0, "the broker saw the whole flood", poll_s=0.1)
+
+            async def send_and_read() -> None:
+                # New queues: the dispatcher must open their files now.
+                for queue_id in range(8):
+                    record = encode("Fresh", b"needs a file", queue_id=queue_id)
+                    sent = await client.send("Fresh", queue_id, [record])
+                    assert sent.status == SendResponse.OK, sent
+                for queue_id in range(8):
+                    response, _ = await client.pull("Fresh", queue_id, 0, long_poll_timeout_ms=5000)
+                    assert response.record_count == 1, (queue_id, response)
+
+            client_loop.run_until_complete(send_and_read())
+            for sock in flood:
+                sock.close()
+            client_loop.run_until_complete(client.close())
+        finally:
+            client_loop.close()
+        health = broker.health()
+        assert health is not None and health["status"] == "ok", health
