@@ -18,7 +18,13 @@ from metaq.common.errors import ErrorCode
 from metaq.common.framing import FrameDecoder, FrameType, encode_frame
 from metaq.common.record import encode
 from metaq.common.testing import wait_until_async
-from metaq.common.v1.data_pb2 import ErrorResponse, PullRequest, PullResponse, SendResponse
+from metaq.common.v1.data_pb2 import (
+    ErrorResponse,
+    PullRequest,
+    PullResponse,
+    SendRequest,
+    SendResponse,
+)
 
 StartBroker = Callable[..., BrokerProcess]
 
@@ -324,3 +330,66 @@ def test_a_connection_flood_leaves_the_store_its_file_descriptors(tmp_path: Path
             client_loop.close()
         health = broker.health()
         assert health is not None and health["status"] == "ok", health
+
+
+# ------------------------------------------------------------------------------------------
+# large frames arriving slowly
+
+
+def big_send(request_id: int, body_bytes: int) -> bytes:
+    record = encode("Big", bytes(body_bytes), queue_id=0)
+    header = SendRequest(topic="Big", queue_id=0, record_count=1).SerializeToString()
+    return b"".join(bytes(p) for p in encode_frame(FrameType.SEND, request_id, header, [record]))
+
+
+def read_answer(sock: socket.socket) -> SendResponse:
+    decoder = FrameDecoder()
+    sock.settimeout(30.0)
+    while True:
+        frames = decoder.feed(sock.recv(65536))
+        if frames:
+            assert not frames[0].is_error, ErrorResponse.FromString(frames[0].header)
+            return SendResponse.FromString(frames[0].header)
+
+
+def test_announced_frames_share_one_budget_and_the_rest_wait(start_broker: StartBroker) -> None:
+    mib = 1024 * 1024
+    broker = start_broker(
+        *("--set", f"max_frame_bytes={8 * mib}", "--set", f"max_pull_bytes={mib}"),
+        *("--set", f"max_buffered_request_bytes={8 * mib}"),
+        *("--set", f"store.max_message_bytes={6 * mib}"),
+        *("--set", f"store.commitlog_segment_bytes={16 * mib}"),
+    )
+    run_async(put_topic(broker.http_url, "Big", read_queues=1, write_queues=1))
+    first, second = big_send(1, 6 * mib), big_send(1, 6 * mib)
+
+    def budget() -> tuple[float, float]:
+        metrics = run_async(scrape(broker.http_url))
+        return (
+            metrics[("metaq_request_bytes_reserved", ())],
+            metrics[("metaq_connections_waiting_for_budget", ())],
+        )
+
+    with (
+        socket.create_connection((broker.data_host, broker.data_port)) as a,
+        socket.create_connection((broker.data_host, broker.data_port)) as b,
+    ):
+        a.sendall(first[:mib])
+        wait_until(lambda: budget() == (len(first), 0), 10.0, "a's frame is reserved", poll_s=0.05)
+        b.sendall(second[:mib])
+        wait_until(lambda: budget() == (len(first), 1), 10.0, "b waits for room", poll_s=0.05)
+
+        async def small_send() -> SendResponse:
+            client = await connect(broker)
+            try:
+                return await client.send("Big", 0, [encode("Big", b"small", queue_id=0)])
+            finally:
+                await client.close()
+
+        assert run_async(small_send()).status == SendResponse.OK
+        a.sendall(first[mib:])
+        assert read_answer(a).status == SendResponse.OK
+        wait_until(lambda: budget() == (len(second), 0), 10.0, "b got a's room", poll_s=0.05)
+        b.sendall(second[mib:])
+        assert read_answer(b).status == SendResponse.OK
+        wait_until(lambda: budget() == (0, 0), 10.0, "nothing is reserved", poll_s=0.05)

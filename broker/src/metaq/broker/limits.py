@@ -62,9 +62,12 @@ class Waiter(Protocol):
 class RequestBudget:
     """Bytes of incomplete request frames, reserved whole when a frame's prefix arrives.
 
-    A connection that cannot reserve its frame waits (stops being read) in arrival order;
-    a holder can always finish its frame, and the cap is at least one frame, so waiting
-    ends as soon as the holders' peers send what they announced.
+    A frame that fits is reserved at once, even while larger ones wait: a peer that
+    announces a huge frame and stalls must not hold up everyone's small ones. Those that
+    do not fit wait (their connection is not read) and are served in arrival order as
+    room frees, each one that fits. A holder can always finish its frame and the cap is
+    at least one frame, so waiting ends once holders' peers send what they announced
+    (or the idle timeout closes them).
     """
 
     def __init__(self, max_bytes: int) -> None:
@@ -78,7 +81,7 @@ class RequestBudget:
 
     def reserve(self, waiter: Waiter, nbytes: int) -> bool:
         """Reserve at once and return True, or queue ``waiter`` and return False."""
-        if not self._waiting and self.used + nbytes <= self.max_bytes:
+        if self.used + nbytes <= self.max_bytes:
             self.used += nbytes
             return True
         self._waiting.append((waiter, nbytes))
@@ -86,14 +89,20 @@ class RequestBudget:
 
     def release(self, nbytes: int) -> None:
         self.used -= nbytes
-        while self._waiting and self.used + self._waiting[0][1] <= self.max_bytes:
-            waiter, wanted = self._waiting.popleft()
-            self.used += wanted
+        if not self._waiting:
+            return
+        still: deque[tuple[Waiter, int]] = deque()
+        granted: list[Waiter] = []
+        for waiter, wanted in self._waiting:
+            if self.used + wanted <= self.max_bytes:
+                self.used += wanted
+                granted.append(waiter)
+            else:
+                still.append((waiter, wanted))
+        self._waiting = still
+        for waiter in granted:
             waiter.granted()
 
     def forget(self, waiter: Waiter) -> None:
         """``waiter`` went away before its turn."""
-        kept = [entry for entry in self._waiting if entry[0] is not waiter]
-        if len(kept) != len(self._waiting):
-            self._waiting = deque(kept)
-            self.release(0)
+        self._waiting = deque(entry for entry in self._waiting if entry[0] is not waiter)
