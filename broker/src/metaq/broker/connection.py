@@ -112,7 +112,8 @@ class Connection(asyncio.Protocol):
         """Requests taken that await an answer (a parked long poll, a fsync): while any
         does, the connection is not idle."""
         self.last_active = self._loop.time()
-        """Loop time the peer last sent bytes or read some of its answers."""
+        """Loop time the peer last sent bytes or read some of its answers, or its last
+        awaited answer went out."""
         self.frame_started = 0.0
         """Loop time the incomplete frame got its reservation (0: none)."""
         self.lost = self._loop.create_future()
@@ -197,11 +198,6 @@ class Connection(asyncio.Protocol):
     def pending_frame_bytes(self) -> int:
         return self._decoder.pending_frame_bytes
 
-    @property
-    def write_buffer_bytes(self) -> int:
-        transport = self._transport
-        return self._out_bytes + (transport.get_write_buffer_size() if transport else 0)
-
     def _block(self, reason: str) -> None:
         if not self._blocked and self._transport is not None:
             self._transport.pause_reading()
@@ -264,6 +260,10 @@ class Connection(asyncio.Protocol):
             return
         if parts[0][6] & FLAG_RESPONSE and self.unanswered:
             self.unanswered -= 1
+            if not self.unanswered:
+                # Idle time counts from the last answer too: a long poll answered after
+                # more than idle_timeout_s leaves its peer time for the next request.
+                self.last_active = self._loop.time()
         self._out += parts
         self._out_bytes += sum(map(len, parts))
         if not self._in_read and not self._flush_scheduled:
