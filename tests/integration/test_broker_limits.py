@@ -10,6 +10,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from metaq.broker.testing import BrokerError, BrokerProcess, DataClient, run_async, wait_until
 from metaq.broker.testing.admin import put_topic, scrape
 from metaq.broker.testing.process import broker_command
@@ -393,3 +395,13 @@ def test_announced_frames_share_one_budget_and_the_rest_wait(start_broker: Start
         b.sendall(second[mib:])
         assert read_answer(b).status == SendResponse.OK
         wait_until(lambda: budget() == (0, 0), 10.0, "nothing is reserved", poll_s=0.05)
+
+
+def test_a_broker_whose_open_file_limit_leaves_no_connections_refuses_to_start(
+    tmp_path: Path,
+) -> None:
+    command = ["prlimit", "--nofile=512:512", *broker_command()]
+    with pytest.raises(AssertionError) as caught:
+        BrokerProcess.start(tmp_path / "data", command=command, ready_timeout_s=10.0)
+    assert "open-file limit of 512" in str(caught.value)
+    assert "fd_reserve=1024" in str(caught.value)

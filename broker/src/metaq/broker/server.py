@@ -91,6 +91,13 @@ class DataServer:
     async def serve(self) -> None:
         assert self._server is not None, "bind() first"
         self.refresh_room()
+        if self.room <= 0:
+            raise ValueError(
+                f"the open-file limit of {self.limits.nofile} leaves no descriptors for "
+                f"connections once fd_reserve={self.limits.fd_reserve} and the broker's "
+                "own files are set aside: raise the hard RLIMIT_NOFILE (LimitNOFILE= under "
+                "systemd) or lower fd_reserve"
+            )
         if self.room < self.limits.max_connections:
             log.warning(
                 "only %d data-plane connections fit in the open-file limit of %d "
