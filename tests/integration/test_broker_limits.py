@@ -18,7 +18,7 @@ from metaq.broker.testing.admin import put_topic, scrape
 from metaq.broker.testing.process import broker_command
 from metaq.client.connection import ConnectionPool
 from metaq.common.errors import ErrorCode
-from metaq.common.framing import FrameDecoder, FrameType, encode_frame
+from metaq.common.framing import Frame, FrameDecoder, FrameType, encode_frame
 from metaq.common.record import encode
 from metaq.common.testing import wait_until_async
 from metaq.common.v1.data_pb2 import (
@@ -408,3 +408,40 @@ def test_a_broker_whose_open_file_limit_leaves_no_connections_refuses_to_start(
         BrokerProcess.start(tmp_path / "data", command=command, ready_timeout_s=10.0)
     assert "open-file limit of 512" in str(caught.value)
     assert "fd_reserve=1024" in str(caught.value)
+
+
+def test_a_busy_connection_whose_frames_arrive_split_is_not_closed(
+    start_broker: StartBroker,
+) -> None:
+    broker = start_broker("--set", "idle_timeout_s=1")
+
+    async def scenario() -> None:
+        await put_topic(broker.http_url, "Split", read_queues=1, write_queues=1)
+        reader, writer = await asyncio.open_connection(broker.data_host, broker.data_port)
+        decoder = FrameDecoder()
+        header = SendRequest(topic="Split", queue_id=0, record_count=1).SerializeToString()
+        record = encode("Split", bytes(512), queue_id=0)
+
+        def frame(request_id: int) -> bytes:
+            parts = encode_frame(FrameType.SEND, request_id, header, [record])
+            return b"".join(bytes(p) for p in parts)
+
+        started = time.monotonic()
+        request_id = 1
+        try:
+            # Frames of one size, each written with the start of the next, so that every
+            # read completes one frame and begins another, for three idle timeouts.
+            writer.write(frame(1)[:-100])
+            while time.monotonic() - started < 3.0:
+                writer.write(frame(request_id)[-100:] + frame(request_id + 1)[:-100])
+                request_id += 1
+                frames: list[Frame] = []
+                while not frames:
+                    chunk = await asyncio.wait_for(reader.read(65536), 10.0)
+                    assert chunk, f"the broker closed a busy connection after {request_id} sends"
+                    frames = decoder.feed(chunk)
+                assert not frames[0].is_error, ErrorResponse.FromString(frames[0].header)
+        finally:
+            writer.close()
+
+    run_async(scenario())

@@ -181,7 +181,7 @@ class Connection(asyncio.Protocol):
         except ProtocolError as exc:
             self._fail(exc)
             return
-        self._reserve_partial()
+        self._reserve_partial(new_frame=bool(frames))
         if self._stash:
             # Already read by the transport when reading was paused: in order, later.
             self._stash += frames
@@ -208,10 +208,14 @@ class Connection(asyncio.Protocol):
         if not self._blocked and self._transport is not None and not self._closed:
             self._transport.resume_reading()
 
-    def _reserve_partial(self) -> None:
-        """Hold a reservation for exactly the incomplete frame, if any."""
+    def _reserve_partial(self, new_frame: bool) -> None:
+        """Hold a reservation for exactly the incomplete frame, if any; ``new_frame``
+        when the read completed frames, so an incomplete one is another frame even if it
+        has the same size (its time to arrive starts now)."""
+        if self._wanted:
+            return  # not read while it waits: the frame is the one it waits for
         need = self._decoder.pending_frame_bytes
-        if need == self._reserved and not self._wanted:
+        if need == self._reserved and not new_frame:
             return
         if self._reserved:
             self._budget.release(self._reserved)
