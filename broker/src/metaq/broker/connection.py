@@ -207,6 +207,9 @@ class Connection(asyncio.Protocol):
         self._blocked.discard(reason)
         if not self._blocked and self._transport is not None and not self._closed:
             self._transport.resume_reading()
+            if self._reserved:
+                # Time spent unread is not the peer's: its frame's clock starts again.
+                self.frame_started = self._loop.time()
 
     def _reserve_partial(self, new_frame: bool) -> None:
         """Hold a reservation for exactly the incomplete frame, if any; ``new_frame``

@@ -183,7 +183,14 @@ class DataServer:
         for connection in list(self.connections):
             if connection.closed:
                 continue
-            if connection.frame_started and now - connection.frame_started > timeout:
+            blocked = connection.blocked
+            # While the broker itself does not read, the frame cannot arrive: the peer
+            # is judged by whether it reads its answers (last_active) instead.
+            if (
+                connection.frame_started
+                and not blocked
+                and now - connection.frame_started > timeout
+            ):
                 connection.close_with_error(
                     ErrorCode.MALFORMED_FRAME,
                     f"a frame of {connection.pending_frame_bytes} bytes did not arrive whole "
@@ -191,7 +198,7 @@ class DataServer:
                 )
             elif (
                 not connection.unanswered
-                and "budget" not in connection.blocked
+                and "budget" not in blocked
                 and now - connection.last_active > timeout
             ):
                 connection.close()
