@@ -121,13 +121,14 @@ class DataServer:
             self.limits.max_connection_write_bytes,
         )
 
-    def refresh_room(self) -> None:
+    def refresh_room(self, open_now: int | None = None) -> None:
+        """Recompute ``room`` from ``open_now`` descriptors (counted here if not given)."""
         limits = self.limits
         self.room = connection_room(
             limits.max_connections,
             limits.nofile,
             limits.fd_reserve,
-            open_fds(),
+            open_fds() if open_now is None else open_now,
             len(self.connections),
         )
 
@@ -249,5 +250,6 @@ class _Sweeper(PeriodicService):
         self._server = server
 
     async def run_once(self) -> None:
-        self._server.refresh_room()
+        # Listing tens of thousands of descriptors takes milliseconds: not on the loop.
+        self._server.refresh_room(await asyncio.to_thread(open_fds))
         self._server.close_idle(asyncio.get_running_loop().time())
