@@ -223,12 +223,17 @@ def test_a_large_frame_arriving_in_many_small_chunks_is_gathered_once() -> None:
         frames += decoder.feed(data[at : at + 1000])
         if not frames:
             assert decoder.buffered == min(at + 1000, len(data))
+            # Known from the first chunk on: the whole frame's size, not what came so far.
+            assert decoder.pending_frame_bytes == len(data) - len(
+                wire((FrameType.HEARTBEAT, 0, 4, b"", b""))
+            )
 
     assert [as_spec(f) for f in frames] == [
         (FrameType.PULL, FLAG_RESPONSE, 3, b"header", payload),
         (FrameType.HEARTBEAT, 0, 4, b"", b""),
     ]
     assert decoder.buffered == 0
+    assert decoder.pending_frame_bytes == 0
 
 
 def test_empty_chunks_change_nothing() -> None:

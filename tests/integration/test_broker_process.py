@@ -323,7 +323,11 @@ def _prefix(
 BROKEN_STREAMS = {
     "protocol version 2": (_prefix(version=2), ErrorCode.UNSUPPORTED_VERSION, "version 2"),
     "unknown frame type": (_prefix(frame_type=200), ErrorCode.UNKNOWN_FRAME_TYPE, "type 200"),
-    "oversized frame": (_prefix(length=8 << 20), ErrorCode.FRAME_TOO_LARGE, "limit"),
+    "oversized frame": (
+        _prefix(length=8 << 20),
+        ErrorCode.FRAME_TOO_LARGE,
+        "limit of 1048576 bytes (max_frame_bytes)",
+    ),
     "illegal flags": (_prefix(flags=0x8), ErrorCode.MALFORMED_FRAME, "flags"),
     "request id 0": (_prefix(request_id=0), ErrorCode.MALFORMED_FRAME, "request id 0"),
 }

@@ -71,6 +71,26 @@ class BrokerConfig:
     default_queue_count: int = 8
     """Read and write queues of a topic created on first send."""
     max_frame_bytes: int = MAX_FRAME_BYTES
+    max_connections: int = 10_000
+    """Data-plane connections taken at once; one more is answered with a BUSY error and
+    closed at once. The broker also keeps ``fd_reserve`` file descriptors free of
+    connections, whatever this says."""
+    idle_timeout_s: float = 120.0
+    """A data-plane connection that sent nothing and awaits no answer (a parked long
+    poll or replication fetch awaits one) for this long is closed, as is one whose
+    frame has not arrived whole within it; clients reconnect on their next request.
+    0 turns it off."""
+    fd_reserve: int = 1024
+    """File descriptors never given to connections: commitlog, consume-queue and index
+    files, the checkpoint, HTTP and nameserver connections need them. The soft
+    RLIMIT_NOFILE is raised to the hard limit at start-up."""
+    max_buffered_request_bytes: int = 256 * MIB
+    """Bytes of partly received request frames all connections may hold together; a
+    connection whose next frame does not fit stops being read until others finish
+    theirs. At least ``max_frame_bytes``."""
+    max_connection_write_bytes: int = 16 * MIB
+    """Answers queued for one connection whose peer does not read them; past this the
+    broker stops reading that connection's requests until the peer catches up."""
     max_pull_messages: int = 1024
     max_pull_bytes: int = 16 * MIB
     long_poll_max_ms: int = 60_000
@@ -180,6 +200,20 @@ class BrokerConfig:
         ):
             if getattr(self, key) <= 0:
                 problems.append(f"{key} must be positive")
+        if self.max_connections <= 0:
+            problems.append("max_connections must be positive")
+        if self.idle_timeout_s < 0:
+            problems.append("idle_timeout_s must be 0 (off) or positive")
+        if self.fd_reserve < 64:
+            problems.append("fd_reserve must be at least 64 (the store's own files need them)")
+        if self.max_buffered_request_bytes < self.max_frame_bytes:
+            problems.append(
+                f"max_buffered_request_bytes={self.max_buffered_request_bytes} must be at "
+                f"least max_frame_bytes={self.max_frame_bytes}, or a whole frame could never "
+                "be received"
+            )
+        if self.max_connection_write_bytes < 64 * 1024:
+            problems.append("max_connection_write_bytes must be at least 65536")
         if not 0 <= self.idle_poll_us <= 10_000:
             problems.append("idle_poll_us must be 0-10000 (0 turns idle polling off)")
         if self.max_pull_bytes > self.max_frame_bytes // 2:

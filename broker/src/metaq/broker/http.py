@@ -1,7 +1,8 @@
 """The broker's HTTP side, for people and scrapers: health, metrics and a small admin API.
 
 - ``GET /health`` — 200 ``{"status": "ok", ...}`` while the store takes writes, 503
-  ``{"status": "not-writable", "reason": ...}`` while it refuses them (reads go on).
+  ``{"status": "not-writable", "reason": ...}`` while it refuses them (disk full, I/O
+  errors, a background thread died, shutting down; reads go on).
 - ``GET /metrics`` — Prometheus text format.
 - ``GET /topics``, ``PUT /topics/{name}`` (JSON: read_queues, write_queues, perm,
   ordered; creates or replaces), ``DELETE /topics/{name}``.
@@ -87,7 +88,7 @@ class HttpServer:
 
     async def health(self, _request: web.Request) -> web.Response:
         c = self._context
-        reason = c.store.guard.reason
+        reason = c.store.refusal
         if c.stopping():
             reason = "the broker is shutting down"
         body = {

@@ -32,12 +32,13 @@ from metaq.broker.handlers import Handlers
 from metaq.broker.http import HttpContext, HttpServer
 from metaq.broker.idle_poll import IdlePoll
 from metaq.broker.journal import Journal, JournalService
+from metaq.broker.limits import raise_nofile_limit
 from metaq.broker.metrics import BrokerMetrics, BrokerState
 from metaq.broker.offsets import ConsumerOffsets, OffsetSnapshotService
 from metaq.broker.pull import PullHandler
 from metaq.broker.role import GroupRole
 from metaq.broker.send import SendHandler
-from metaq.broker.server import DataServer
+from metaq.broker.server import ConnectionLimits, DataServer
 from metaq.broker.store import MessageStore
 from metaq.broker.store.flush import AsyncDurability
 from metaq.broker.topics import TopicTable
@@ -122,8 +123,21 @@ class Broker:
         self.offsets = ConsumerOffsets(config.data_dir)
         # The handler table is filled in once the store is open; nothing is served before.
         idle_poll = IdlePoll(config.idle_poll_us, self.metrics.idle_polled.inc)
+        limits = ConnectionLimits(
+            max_connections=config.max_connections,
+            idle_timeout_s=config.idle_timeout_s,
+            fd_reserve=config.fd_reserve,
+            max_buffered_request_bytes=config.max_buffered_request_bytes,
+            max_connection_write_bytes=config.max_connection_write_bytes,
+            nofile=raise_nofile_limit(),
+        )
         self._data = DataServer(
-            self._handlers, config.max_frame_bytes, self.metrics, self._connection_lost, idle_poll
+            self._handlers,
+            config.max_frame_bytes,
+            self.metrics,
+            self._connection_lost,
+            idle_poll,
+            limits,
         )
         host, port = await self._data.bind(config.listen_host, config.data_port)
         self.data_address = f"{host}:{port}"

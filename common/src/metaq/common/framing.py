@@ -303,6 +303,12 @@ class FrameDecoder:
         """Bytes held of an incomplete frame."""
         return len(self._partial)
 
+    @property
+    def pending_frame_bytes(self) -> int:
+        """The whole size of the incomplete frame once its prefix has arrived, else 0:
+        what holding it will cost by the time it is complete."""
+        return self._need
+
     def feed(self, data: bytes) -> list[Frame]:
         """Take the next chunk of the stream; return the frames it completed, in order."""
         if self._error is not None:

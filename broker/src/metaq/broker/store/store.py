@@ -242,7 +242,7 @@ class MessageStore:
         answering the producer. With ``wake_dispatcher=False`` the caller promises to
         call :meth:`dispatch_appended` soon (after it answered, say).
         """
-        self.guard.ensure_writable()
+        self.ensure_writable()
         if not self._open:
             raise StoreUnavailable("store is not open (starting or shutting down); retry")
         if self.dispatcher.backlog_bytes > self.config.dispatch_backlog_bytes:
@@ -270,6 +270,32 @@ class MessageStore:
             )
             return StoreUnavailable(f"store refuses writes: {reason}")
         return StoreUnavailable(f"writing the commitlog failed: {exc}; retry")
+
+    @property
+    def refusal(self) -> str | None:
+        """Why the store refuses writes now, or None while it takes them."""
+        return self.dead_service or self.guard.reason
+
+    @property
+    def dead_service(self) -> str | None:
+        """A background thread that died, and why. Without the dispatcher a send would
+        be stored but never readable, without the flusher never durable, without the
+        checkpointer recovery would redo ever more: writes stop until a restart."""
+        for service in self._services:
+            if service.error is not None:
+                return (
+                    f"the {service.name} thread died ({service.error!r}): fix the cause "
+                    "(the broker's log has the traceback), then restart the broker; reads "
+                    "continue"
+                )
+        return None
+
+    def ensure_writable(self) -> None:
+        """Raise StoreUnavailable, saying why and what to do, unless writes are taken."""
+        dead = self.dead_service
+        if dead is not None:
+            raise StoreUnavailable(f"store refuses writes: {dead}")
+        self.guard.ensure_writable()
 
     def dispatch_appended(self) -> None:
         """Dispatch what was appended: on this thread when it is little (at most
@@ -340,7 +366,7 @@ class MessageStore:
 
     def append_replicated(self, offset: int, data: bytes | bytearray | memoryview) -> None:
         """A slave writes bytes its master read (``CommitLog.read_chunk``), verbatim."""
-        self.guard.ensure_writable()
+        self.ensure_writable()
         try:
             self.commitlog.write_raw(offset, data)
         except OSError as exc:
