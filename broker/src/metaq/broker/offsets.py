@@ -88,12 +88,17 @@ class ConsumerOffsets:
             self._unjournaled[key] = offset
         self._changes += 1
 
-    def take_changes(self, *, full: bool = False) -> list[tuple[OffsetKey, int]]:
-        """The commits not journaled yet (every offset with ``full``), now counted as
-        journaled."""
-        changes = self.items() if full else sorted(self._unjournaled.items())
-        self._unjournaled = {}
-        return changes
+    def changes(self, *, full: bool = False) -> list[tuple[OffsetKey, int]]:
+        """The commits not journaled yet (every offset with ``full``); see :meth:`journaled`."""
+        return self.items() if full else sorted(self._unjournaled.items())
+
+    def journaled(self, changes: list[tuple[OffsetKey, int]]) -> None:
+        """Count ``changes`` (from :meth:`changes`) as journaled, unless committed again
+        since."""
+        unjournaled = self._unjournaled
+        for key, offset in changes:
+            if unjournaled.get(key) == offset:
+                del unjournaled[key]
 
     def get(self, group: str, topic: str, queue_id: int) -> int | None:
         """The next offset ``group`` will consume in the queue, or None if never committed."""

@@ -354,8 +354,7 @@ class GroupRole:
         log.info("master of %s in epoch %d from offset %d", config.broker_name, epoch, end)
         if self.journal is not None:
             # Each term starts with the whole state, for slaves that start from here.
-            self.journal.write_topics()
-            self.journal.write_offsets(full=True)
+            self.journal.write_all()
         self.on_change()
 
     def _become_slave(self, epoch: int, master_address: str) -> None:
