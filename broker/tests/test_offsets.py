@@ -79,3 +79,62 @@ def test_a_damaged_file_names_itself(tmp_path: Path) -> None:
 
     with pytest.raises(ValueError, match=r"consumer_offsets\.json is damaged"):
         ConsumerOffsets(tmp_path)
+
+
+def test_a_commit_held_at_a_slave_is_not_overwritten_by_the_masters_journal(
+    tmp_path: Path,
+) -> None:
+    offsets = ConsumerOffsets(tmp_path)
+    offsets.commit("g", "t", 0, 10, journaled=True)  # from the master
+
+    offsets.commit("g", "t", 0, 50, held=True)  # a consumer at this slave
+    offsets.commit("g", "t", 0, 40, journaled=True)  # an older record arriving late
+
+    assert offsets.get("g", "t", 0) == 50
+    assert [(key, h.offset, h.expected) for key, h in offsets.held.items()] == [
+        (("g", "t", 0), 50, 10)
+    ]
+    assert offsets.changes() == [], "a slave journals nothing"
+
+
+def test_held_commits_survive_a_restart(tmp_path: Path) -> None:
+    async def hold() -> None:
+        offsets = ConsumerOffsets(tmp_path)
+        offsets.commit("g", "t", 0, 10, journaled=True)
+        offsets.commit("g", "t", 0, 50, held=True)
+        offsets.commit("g", "t", 0, 60, held=True)
+        await offsets.held.persist()
+
+    asyncio.run(hold())
+
+    reloaded = ConsumerOffsets(tmp_path)
+    assert reloaded.get("g", "t", 0) == 60
+    assert [(h.offset, h.expected) for _, h in reloaded.held.items()] == [(60, 10)]
+
+
+def test_the_masters_answer_replaces_a_held_commit_unless_committed_again_since(
+    tmp_path: Path,
+) -> None:
+    offsets = ConsumerOffsets(tmp_path)
+    offsets.commit("g", "t", 0, 50, held=True)
+    offsets.commit("g", "t", 1, 50, held=True)
+    sent = [(key, h.offset) for key, h in offsets.held.items()]
+    offsets.commit("g", "t", 1, 70, held=True)  # while the forward was on its way
+
+    offsets.forwarded(sent, {("g", "t", 0): 80, ("g", "t", 1): 80})
+
+    assert offsets.get("g", "t", 0) == 80, "the master had a newer commit: it stands"
+    assert offsets.get("g", "t", 1) == 70
+    assert [key for key, _ in offsets.held.items()] == [("g", "t", 1)]
+
+
+def test_a_demoted_master_holds_the_commits_it_had_not_journaled(tmp_path: Path) -> None:
+    offsets = ConsumerOffsets(tmp_path)
+    offsets.commit("g", "t", 0, 5)
+
+    offsets.hold_unjournaled()
+
+    assert offsets.changes() == []
+    assert [(key, h.offset, h.expected) for key, h in offsets.held.items()] == [
+        (("g", "t", 0), 5, None)
+    ]

@@ -4,10 +4,13 @@ that maps every frame type to its handler."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Coroutine
+from typing import Any
 
 from metaq.broker.connection import Handler, Responder
 from metaq.broker.consumers import ConsumeMode, ConsumerGroups
 from metaq.broker.journal import Journal
+from metaq.broker.offset_forward import OffsetForwarder
 from metaq.broker.offsets import ConsumerOffsets, check_group
 from metaq.broker.pull import PullHandler
 from metaq.broker.role import GroupRole
@@ -15,7 +18,7 @@ from metaq.broker.send import SendHandler
 from metaq.broker.store import MessageStore
 from metaq.broker.topics import TopicTable, UnknownTopic
 from metaq.broker.transactions import Transactions
-from metaq.common.errors import InvalidMessage
+from metaq.common.errors import InvalidMessage, NotMaster
 from metaq.common.framing import FLAG_RESPONSE, Buffer, Frame, FrameType, encode_frame
 from metaq.common.record import check_topic
 from metaq.common.v1.data_pb2 import (
@@ -55,6 +58,7 @@ class Handlers:
         role: GroupRole,
         journal: Journal,
         transactions: Transactions,
+        forwarder: OffsetForwarder,
     ) -> None:
         self._store = store
         self._topics = topics
@@ -65,6 +69,7 @@ class Handlers:
         self.role = role
         self._journal = journal
         self._transactions = transactions
+        self.forwarder = forwarder
         self._tasks: set[asyncio.Task[None]] = set()
 
     def table(self) -> dict[FrameType, Handler]:
@@ -91,33 +96,88 @@ class Handlers:
             responder.respond(encode_frame(frame.type, frame.request_id, flags=FLAG_RESPONSE))
 
     def commit_offset(self, responder: Responder, frame: Frame) -> None:
-        """Store a group's offsets, all or none: every entry is checked first."""
+        """Store a group's offsets, all or none: every entry is checked first.
+
+        A master journals them; a slave holds them on its disk and forwards them to its
+        master (see metaq.broker.held_offsets), answering once they are on its disk."""
         request = CommitOffsetRequest.FromString(frame.header)
         check_group(request.consumer_group)
+        if request.forwarded:
+            self._commit_forwarded(responder, frame, request)
+            return
         for entry in request.offsets:
             self._known_topic(entry.topic)
+        held = self.role.holds_commits
         for entry in request.offsets:
-            self._offsets.commit(request.consumer_group, entry.topic, entry.queue_id, entry.offset)
+            self._offsets.commit(
+                request.consumer_group, entry.topic, entry.queue_id, entry.offset, held=held
+            )
+        if held:
+            self.forwarder.wakeup()
+            self._answer_after(
+                responder, frame, _EMPTY_COMMIT_RESPONSE, self._offsets.held.persist()
+            )
+            return
+        self._answer_journaled(responder, frame, _EMPTY_COMMIT_RESPONSE)
+
+    def _commit_forwarded(
+        self, responder: Responder, frame: Frame, request: CommitOffsetRequest
+    ) -> None:
+        """Commits a slave held: taken where the master's offset is still the one the
+        slave knew, or where they move it forward; the answer has the resulting offsets."""
+        if not self.role.takes_writes:
+            raise NotMaster(
+                f"broker {self.role.config.broker_name} (id {self.role.config.broker_id}) "
+                "takes no forwarded offset commits: it is not the master now",
+                self.role.master_address,
+            )
+        group = request.consumer_group
+        response = CommitOffsetResponse()
+        for entry in request.offsets:
+            if self._topics.get(entry.topic) is None:
+                continue  # not the master's any more: the slave drops it
+            current = self._offsets.get(group, entry.topic, entry.queue_id)
+            expected = entry.expected_offset if entry.HasField("expected_offset") else None
+            if current is None or current == expected or entry.offset > current:
+                self._offsets.commit(group, entry.topic, entry.queue_id, entry.offset)
+            now = self._offsets.get(group, entry.topic, entry.queue_id)
+            if now is not None:
+                response.offsets.add(topic=entry.topic, queue_id=entry.queue_id, offset=now)
+        self._answer_journaled(responder, frame, response.SerializeToString())
+
+    def _answer_journaled(self, responder: Responder, frame: Frame, response: bytes) -> None:
         journaled = self._journal.write_offsets()
         if frame.is_one_way:
             return
-        answer = encode_frame(
-            frame.type, frame.request_id, _EMPTY_COMMIT_RESPONSE, flags=FLAG_RESPONSE
-        )
         if journaled is None or not self.role.sync:
-            responder.respond(answer)
+            responder.respond(
+                encode_frame(frame.type, frame.request_id, response, flags=FLAG_RESPONSE)
+            )
             return
         # Under sync replication a commit is answered once a promoted slave would have it.
-        task = asyncio.get_running_loop().create_task(
-            self._answer_replicated(responder, answer, journaled.end)
-        )
+        self._answer_after(responder, frame, response, self.role.wait_replicated(journaled.end))
+
+    def _answer_after(
+        self,
+        responder: Responder,
+        frame: Frame,
+        response: bytes,
+        done: Coroutine[Any, Any, object],
+    ) -> None:
+        if frame.is_one_way:
+            task = asyncio.get_running_loop().create_task(_discard(done))
+        else:
+            answer = encode_frame(frame.type, frame.request_id, response, flags=FLAG_RESPONSE)
+            task = asyncio.get_running_loop().create_task(
+                self._answer_when(responder, answer, done)
+            )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _answer_replicated(
-        self, responder: Responder, answer: list[Buffer], offset: int
+    async def _answer_when(
+        self, responder: Responder, answer: list[Buffer], done: Coroutine[Any, Any, object]
     ) -> None:
-        await self.role.wait_replicated(offset)
+        await done
         responder.respond(answer)
 
     def end_transaction(self, responder: Responder, frame: Frame) -> None:
@@ -209,3 +269,7 @@ class Handlers:
         if self._topics.get(topic) is None:
             check_topic(topic)
             raise UnknownTopic(f"topic {topic!r} does not exist on this broker")
+
+
+async def _discard(done: Coroutine[Any, Any, object]) -> None:
+    await done

@@ -125,6 +125,18 @@ class Journal:
         except MetaqError as exc:
             self._last_full = -math.inf
             log.warning("journaling the topics and offsets failed (%s); retrying next tick", exc)
+            return
+        if self._is_master() and len(self._offsets.held):
+            # Commits consumers made here as a slave are in the table just journaled.
+            log.info("journaled %d offsets committed here as a slave", len(self._offsets.held))
+            self._offsets.held.clear()
+
+    def hold_unjournaled(self) -> None:
+        """On demotion: commits taken as master but not journaled go to the new master."""
+        self._offsets.hold_unjournaled()
+
+    async def persist_held(self) -> None:
+        await self._offsets.held.persist()
 
     def tick(self) -> None:
         if self._is_master():
@@ -206,3 +218,4 @@ class JournalService(PeriodicService):
 
     async def run_once(self) -> None:
         self.journal.tick()
+        await self.journal.persist_held()

@@ -8,6 +8,9 @@ Commits land in memory and are snapshotted to ``consumer_offsets.json`` (atomica
 temp file, fsync, rename, directory fsync) every ``offset_snapshot_interval_ms`` and at a
 clean shutdown. A crash can lose the commits since the last snapshot; consumers then
 re-read those messages, which at-least-once delivery allows.
+
+On a slave, consumers' commits are held (:mod:`metaq.broker.held_offsets`) until the
+master takes them; the master's journal does not overwrite a held commit meanwhile.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from pathlib import Path
 from typing import Any, Final, TypeAlias
 
 from metaq.broker.files import read_json, write_json_atomically
+from metaq.broker.held_offsets import HeldOffsets
 from metaq.common.errors import InvalidMessage
 from metaq.common.service import PeriodicService
 
@@ -49,6 +53,10 @@ class ConsumerOffsets:
         self._changes = 0
         self._saved = 0
         self._load()
+        self.held = HeldOffsets(data_dir)
+        """Commits consumers made while this broker was a slave, not yet the master's."""
+        for (group, topic, queue_id), held in self.held.items():
+            self._offsets[(group, topic, queue_id)] = held.offset
 
     def _load(self) -> None:
         data = read_json(self.path)
@@ -69,24 +77,54 @@ class ConsumerOffsets:
             ) from None
 
     def commit(
-        self, group: str, topic: str, queue_id: int, offset: int, *, journaled: bool = False
+        self,
+        group: str,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        *,
+        journaled: bool = False,
+        held: bool = False,
     ) -> None:
         """Store ``offset`` (the next one to consume), replacing any earlier commit.
 
         ``journaled``: the commit comes from the master's journal, not from a consumer,
-        so it is not journaled again.
+        so it is not journaled again; it does not replace a commit held here, which is
+        newer (the master takes or refuses that one when it is forwarded).
+        ``held``: a consumer's commit at a slave, held until the master has it.
         """
         key = (group, topic, queue_id)
-        if self._offsets.get(key) == offset:
+        if journaled and key in self.held:
             return
-        if key not in self._offsets:
+        current = self._offsets.get(key)
+        if current == offset:
+            return
+        if current is None:
             check_group(group)
         if offset < 0:
             raise InvalidMessage(f"a committed offset cannot be negative ({offset})")
-        self._offsets[key] = offset
-        if not journaled:
+        if held:
+            self.held.hold(key, offset, current)
+        elif not journaled:
             self._unjournaled[key] = offset
+        self._offsets[key] = offset
         self._changes += 1
+
+    def forwarded(self, sent: list[tuple[OffsetKey, int]], answer: dict[OffsetKey, int]) -> None:
+        """The master answered held commits ``sent``: its offsets (``answer``) replace
+        them, except where a consumer committed here again meanwhile."""
+        for key, offset in sent:
+            settled = self.held.settle(key, offset)
+            if settled and key in answer and self._offsets.get(key) != answer[key]:
+                self._offsets[key] = answer[key]
+                self._changes += 1
+
+    def hold_unjournaled(self) -> None:
+        """A master demoted before it journaled its last commits: hold them for the new
+        master (nothing is known of the new master's offsets for them)."""
+        for key, offset in self._unjournaled.items():
+            self.held.hold(key, offset, None)
+        self._unjournaled = {}
 
     def changes(self, *, full: bool = False) -> list[tuple[OffsetKey, int]]:
         """The commits not journaled yet (every offset with ``full``); see :meth:`journaled`."""
@@ -152,3 +190,4 @@ class OffsetSnapshotService(PeriodicService):
 
     async def on_stop(self) -> None:
         self.offsets.save()
+        self.offsets.held.save()

@@ -69,7 +69,11 @@ class PullHandler:
         self._topics.resolve_pull(request.topic, request.queue_id)
         if request.HasField("commit_offset") and request.consumer_group:
             self._offsets.commit(
-                request.consumer_group, request.topic, request.queue_id, request.commit_offset
+                request.consumer_group,
+                request.topic,
+                request.queue_id,
+                request.commit_offset,
+                held=self._role is not None and self._role.holds_commits,
             )
         if frame.is_one_way:
             return  # nobody waits for records: at most the piggybacked commit was wanted

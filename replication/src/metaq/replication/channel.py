@@ -8,7 +8,7 @@ import itertools
 import socket
 
 from metaq.common.errors import ErrorCode, MetaqError
-from metaq.common.framing import Buffer, FrameDecoder, FrameType, encode_frame
+from metaq.common.framing import Buffer, Frame, FrameDecoder, FrameType, encode_frame
 from metaq.common.v1.data_pb2 import ErrorResponse, ReplicaFetchRequest, ReplicaFetchResponse
 
 
@@ -62,6 +62,23 @@ class DataPlaneChannel:
                         raise FetchError(ErrorCode(error.code), error.message)
                     if frame.type is FrameType.REPLICA_FETCH and frame.request_id == request_id:
                         return ReplicaFetchResponse.FromString(frame.header), frame.payload
+
+    async def request(self, frame_type: FrameType, header: bytes, timeout_s: float) -> Frame:
+        """Any other request on this connection, answered before the next one is sent (a
+        slave forwarding its consumers' offset commits); an ERROR frame raises FetchError."""
+        request_id = next(self._ids)
+        self._writer.writelines(encode_frame(frame_type, request_id, header))
+        async with asyncio.timeout(timeout_s):
+            while True:
+                chunk = await self._reader.read(1 << 20)
+                if not chunk:
+                    raise ConnectionError(f"master {self.address} closed the connection")
+                for frame in self._decoder.feed(chunk):
+                    if frame.is_error:
+                        error = ErrorResponse.FromString(frame.header)
+                        raise FetchError(ErrorCode(error.code), error.message)
+                    if frame.type is frame_type and frame.request_id == request_id:
+                        return frame
 
     async def close(self) -> None:
         self._writer.close()
