@@ -4,6 +4,7 @@ that maps every frame type to its handler."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Coroutine
 from typing import Any
 
@@ -18,7 +19,7 @@ from metaq.broker.send import SendHandler
 from metaq.broker.store import MessageStore
 from metaq.broker.topics import TopicTable, UnknownTopic
 from metaq.broker.transactions import Transactions
-from metaq.common.errors import InvalidMessage, NotMaster
+from metaq.common.errors import InvalidMessage, MetaqError, NotMaster
 from metaq.common.framing import FLAG_RESPONSE, Buffer, Frame, FrameType, encode_frame
 from metaq.common.record import check_topic
 from metaq.common.v1.data_pb2 import (
@@ -33,8 +34,11 @@ from metaq.common.v1.data_pb2 import (
     LockQueuesResponse,
     QueryOffsetRequest,
     QueryOffsetResponse,
+    QueueOffset,
     QueueRef,
 )
+
+log = logging.getLogger(__name__)
 
 _MODES = {
     ConsumerHeartbeatRequest.MODE_UNSPECIFIED: ConsumeMode.CLUSTERING,
@@ -106,7 +110,7 @@ class Handlers:
             self._commit_forwarded(responder, frame, request)
             return
         for entry in request.offsets:
-            self._known_topic(entry.topic)
+            self._check_commit(entry)
         held = self.role.holds_commits
         for entry in request.offsets:
             self._offsets.commit(
@@ -134,8 +138,13 @@ class Handlers:
         group = request.consumer_group
         response = CommitOffsetResponse()
         for entry in request.offsets:
-            if self._topics.get(entry.topic) is None:
-                continue  # not the master's any more: the slave drops it
+            try:
+                self._check_commit(entry)
+            except MetaqError as exc:
+                # Not storable here (a topic gone, a queue cut by an async failover): the
+                # slave drops it, as the master never had it.
+                log.warning("a forwarded commit of group %r is dropped: %s", group, exc)
+                continue
             current = self._offsets.get(group, entry.topic, entry.queue_id)
             expected = entry.expected_offset if entry.HasField("expected_offset") else None
             if current is None or current == expected or entry.offset > current:
@@ -264,6 +273,25 @@ class Handlers:
                 frame.type, frame.request_id, response.SerializeToString(), flags=FLAG_RESPONSE
             )
         )
+
+    def _check_commit(self, entry: QueueOffset) -> None:
+        """A commit names an existing topic, one of its read queues, and an offset within
+        the queue (its end at most: the stored offset is the next to consume)."""
+        self._known_topic(entry.topic)
+        config = self._topics.get(entry.topic)
+        assert config is not None
+        if entry.queue_id >= config.read_queues:
+            raise InvalidMessage(
+                f"queue id {entry.queue_id} is out of range: topic {entry.topic!r} has "
+                f"{config.read_queues} read queues (0-{config.read_queues - 1})"
+            )
+        end = self._store.max_offset(entry.topic, entry.queue_id)
+        if entry.offset > end:
+            raise InvalidMessage(
+                f"offset {entry.offset} is past the end of queue {entry.topic!r}/"
+                f"{entry.queue_id} ({end} messages on this broker): commit the next offset "
+                "to consume, at most the queue's max offset; nothing was stored"
+            )
 
     def _known_topic(self, topic: str) -> None:
         if self._topics.get(topic) is None:

@@ -27,6 +27,7 @@ from metaq.common.service import PeriodicService
 
 FILE_NAME: Final = "consumer_offsets.json"
 _FORMAT: Final = 1
+DEFAULT_MAX_GROUPS: Final = 100_000
 _GROUP: Final = re.compile(r"[A-Za-z0-9_|%.@:-]{1,255}")
 
 OffsetKey: TypeAlias = tuple[str, str, int]
@@ -35,8 +36,10 @@ OffsetKey: TypeAlias = tuple[str, str, int]
 
 def check_group(group: str) -> None:
     if not _GROUP.fullmatch(group):
+        # Quote only the start of a long name: the answer must stay a small frame.
+        shown = repr(group) if len(group) <= 64 else f"{group[:64]!r}... ({len(group)} characters)"
         raise InvalidMessage(
-            f"illegal consumer group {group!r}: use 1-255 characters from letters, digits "
+            f"illegal consumer group {shown}: use 1-255 characters from letters, digits "
             "and '_|%.@:-'"
         )
 
@@ -44,9 +47,12 @@ def check_group(group: str) -> None:
 class ConsumerOffsets:
     """Committed offsets by (group, topic, queue id), with dirty tracking for snapshots."""
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, *, max_groups: int = DEFAULT_MAX_GROUPS) -> None:
         self.path = data_dir / FILE_NAME
+        self.max_groups = max_groups
+        """Consumers may bring no group beyond this many (the master's journal may)."""
         self._offsets: dict[OffsetKey, int] = {}
+        self._groups: set[str] = set()
         self._unjournaled: dict[OffsetKey, int] = {}
         self.journal_offset = 0
         """The next offsets-journal record to apply (see metaq.broker.journal)."""
@@ -57,6 +63,7 @@ class ConsumerOffsets:
         """Commits consumers made while this broker was a slave, not yet the master's."""
         for (group, topic, queue_id), held in self.held.items():
             self._offsets[(group, topic, queue_id)] = held.offset
+        self._groups = {group for group, _, _ in self._offsets}
 
     def _load(self) -> None:
         data = read_json(self.path)
@@ -101,6 +108,14 @@ class ConsumerOffsets:
             return
         if current is None:
             check_group(group)
+            if group not in self._groups:
+                if not journaled and len(self._groups) >= self.max_groups:
+                    raise InvalidMessage(
+                        f"this broker holds offsets of {len(self._groups)} consumer groups, "
+                        f"its limit (max_consumer_groups); a commit of new group {group!r} "
+                        "is refused: reuse an existing group or raise max_consumer_groups"
+                    )
+                self._groups.add(group)
         if offset < 0:
             raise InvalidMessage(f"a committed offset cannot be negative ({offset})")
         if held:
@@ -146,7 +161,7 @@ class ConsumerOffsets:
         return sorted(self._offsets.items())
 
     def groups(self) -> list[str]:
-        return sorted({group for group, _, _ in self._offsets})
+        return sorted(self._groups)
 
     @property
     def dirty(self) -> bool:

@@ -109,7 +109,7 @@ class Broker:
             auto_create=config.auto_create_topics,
             default_queue_count=config.default_queue_count,
         )
-        self.offsets = ConsumerOffsets(config.data_dir)
+        self.offsets = ConsumerOffsets(config.data_dir, max_groups=config.max_consumer_groups)
         # The handler table is filled in once the store is open; nothing is served before.
         idle_poll = IdlePoll(config.idle_poll_us, self.metrics.idle_polled.inc)
         self._data = DataServer(
