@@ -7,6 +7,7 @@ re-read 295,204 messages after one consumer restart."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -174,5 +175,48 @@ def test_offsets_committed_at_a_slave_survive_its_crash_and_promotion(tmp_path: 
         assert health(group.brokers[old])["role"] == "slave"
         # Nothing held any more: the held file on the new master was emptied.
         assert committed(group.brokers[new]) == 50
+    finally:
+        group.stop()
+
+
+def test_a_promotion_journals_an_offsets_table_larger_than_one_record(tmp_path: Path) -> None:
+    # 64 KiB records: 3,000 groups make a table several records long, as 50,000 did
+    # with the default 4 MiB (every promotion then failed writing the table).
+    group = start_group(
+        tmp_path, brokers=2, mode="sync", min_in_sync=1,
+        extra=("--set", "replica_lag_max_ms=2000", "--set", "replication_timeout_ms=1000",
+               "--set", "store.max_message_bytes=65536"),
+    )  # fmt: skip
+    try:
+        old = group.master()
+        new = 1 - old
+        send(group.brokers[old], 100)
+        group.wait_caught_up(new)
+
+        async def many_groups(broker: BrokerProcess) -> None:
+            client = await DataClient.connect(broker.data_host, broker.data_port)
+            try:
+                for start in range(0, 3000, 500):
+                    await asyncio.gather(
+                        *(client.commit(f"group-{n:05d}", [(TOPIC, 0, n % 100)])
+                          for n in range(start, start + 500))
+                    )  # fmt: skip
+            finally:
+                await client.close()
+
+        run_async(many_groups(group.brokers[old]))
+        commit(group.brokers[old], 10)
+        wait_committed(group.brokers[new], 10, "the slave applies the master's journal")
+
+        group.nameservers[0].pause()
+        group.brokers[old].kill()
+        commit(group.brokers[new], 50)
+        group.nameservers[0].resume()
+        assert group.master(30) == new
+
+        group.start_broker(old)
+        group.wait_caught_up(old)
+        wait_committed(group.brokers[old], 50, "the old master, now a slave, has the commit")
+        assert "decision" not in group.brokers[new].output, group.brokers[new].output[-3000:]
     finally:
         group.stop()
