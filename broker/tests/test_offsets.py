@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from metaq.broker.held_offsets import takes_forwarded
 from metaq.broker.offsets import ConsumerOffsets, OffsetSnapshotService
 from metaq.common.errors import InvalidMessage
 
@@ -138,3 +139,21 @@ def test_a_demoted_master_holds_the_commits_it_had_not_journaled(tmp_path: Path)
     assert [(key, h.offset, h.expected) for key, h in offsets.held.items()] == [
         (("g", "t", 0), 5, None)
     ]
+
+
+@pytest.mark.parametrize(
+    ("current", "expected", "forwarded", "taken"),
+    [
+        (None, None, 5, True),  # the master never had an offset for the queue
+        (10, 10, 50, True),  # nobody committed at the master since: taken
+        (10, 10, 3, True),  # ... even backwards (a reset made at the slave)
+        (80, 10, 50, False),  # a consumer moved on at the master: its offset stands
+        (30, 10, 50, True),  # the master moved, but the slave's is further on
+        (10, None, 50, True),  # a demoted master's unjournaled commit, further on
+        (60, None, 50, False),
+    ],
+)
+def test_a_master_takes_a_forwarded_commit_unless_a_consumer_moved_on_there(
+    current: int | None, expected: int | None, forwarded: int, taken: bool
+) -> None:
+    assert takes_forwarded(current, expected, forwarded) is taken

@@ -10,6 +10,7 @@ from typing import Any
 
 from metaq.broker.connection import Handler, Responder
 from metaq.broker.consumers import ConsumeMode, ConsumerGroups
+from metaq.broker.held_offsets import takes_forwarded
 from metaq.broker.journal import Journal
 from metaq.broker.offset_forward import OffsetForwarder
 from metaq.broker.offsets import ConsumerOffsets, check_group
@@ -147,7 +148,7 @@ class Handlers:
                 continue
             current = self._offsets.get(group, entry.topic, entry.queue_id)
             expected = entry.expected_offset if entry.HasField("expected_offset") else None
-            if current is None or current == expected or entry.offset > current:
+            if takes_forwarded(current, expected, entry.offset):
                 self._offsets.commit(group, entry.topic, entry.queue_id, entry.offset)
             now = self._offsets.get(group, entry.topic, entry.queue_id)
             if now is not None:

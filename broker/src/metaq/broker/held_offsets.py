@@ -34,6 +34,15 @@ class Held:
     """The master's offset for the queue before the first commit held here (None: none)."""
 
 
+def takes_forwarded(current: int | None, expected: int | None, forwarded: int) -> bool:
+    """Whether a master replaces its offset ``current`` by one a slave held and forwarded.
+
+    Yes when nobody committed at the master since the slave last heard from it
+    (``current`` is still ``expected``; a reset made at the slave is carried too) or when
+    it moves the offset forward; no when a consumer has already moved on at the master."""
+    return current is None or current == expected or forwarded > current
+
+
 class HeldOffsets:
     """The held commits by (group, topic, queue id); :meth:`persist` writes them."""
 
