@@ -27,7 +27,7 @@ async def dispatched(client: DataClient, count: int) -> None:
 @pytest.mark.parametrize(
     ("group", "entry", "says"),
     [
-        ("readers", (TOPIC, 0, 6), "past the end of queue 'Bounded'/0 (5 messages"),
+        ("readers", (TOPIC, 0, 6), "past the end of queue 'Bounded'/0 (max offset 5"),
         ("readers", (TOPIC, 0, 2**63), "past the end"),
         ("readers", (TOPIC, 2, 0), "queue id 2 is out of range: topic 'Bounded' has 2 read"),
         ("readers", (TOPIC, 4_000_000_000, 0), "queue id 4000000000 is out of range"),

@@ -20,8 +20,8 @@ from metaq.broker.send import SendHandler
 from metaq.broker.store import MessageStore
 from metaq.broker.topics import TopicTable, UnknownTopic
 from metaq.broker.transactions import Transactions
-from metaq.common.errors import InvalidMessage, MetaqError, NotMaster
-from metaq.common.framing import FLAG_RESPONSE, Buffer, Frame, FrameType, encode_frame
+from metaq.common.errors import ErrorCode, InvalidMessage, MetaqError, NotMaster
+from metaq.common.framing import FLAG_RESPONSE, Frame, FrameType, encode_error, encode_frame
 from metaq.common.record import check_topic
 from metaq.common.v1.data_pb2 import (
     CommitOffsetRequest,
@@ -174,21 +174,40 @@ class Handlers:
         response: bytes,
         done: Coroutine[Any, Any, object],
     ) -> None:
-        if frame.is_one_way:
-            task = asyncio.get_running_loop().create_task(_discard(done))
-        else:
-            answer = encode_frame(frame.type, frame.request_id, response, flags=FLAG_RESPONSE)
-            task = asyncio.get_running_loop().create_task(
-                self._answer_when(responder, answer, done)
-            )
+        task = asyncio.get_running_loop().create_task(
+            self._answer_when(responder, frame, response, done)
+        )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     async def _answer_when(
-        self, responder: Responder, answer: list[Buffer], done: Coroutine[Any, Any, object]
+        self,
+        responder: Responder,
+        frame: Frame,
+        response: bytes,
+        done: Coroutine[Any, Any, object],
     ) -> None:
-        await done
-        responder.respond(answer)
+        try:
+            await done
+        except OSError as exc:
+            # A slave could not put the commit on its disk: it is still held in memory
+            # and forwarded, but not answered OK.
+            log.error("keeping offset commits on disk failed: %s", exc)
+            if not frame.is_one_way:
+                responder.respond(
+                    encode_error(
+                        ErrorCode.STORE_UNAVAILABLE,
+                        f"the broker could not write the commit to its disk ({exc}); retry",
+                        request_id=frame.request_id,
+                        frame_type=frame.type,
+                        retriable=True,
+                    )
+                )
+            return
+        if not frame.is_one_way:
+            responder.respond(
+                encode_frame(frame.type, frame.request_id, response, flags=FLAG_RESPONSE)
+            )
 
     def end_transaction(self, responder: Responder, frame: Frame) -> None:
         request = EndTransactionRequest.FromString(frame.header)
@@ -290,7 +309,7 @@ class Handlers:
         if entry.offset > end:
             raise InvalidMessage(
                 f"offset {entry.offset} is past the end of queue {entry.topic!r}/"
-                f"{entry.queue_id} ({end} messages on this broker): commit the next offset "
+                f"{entry.queue_id} (max offset {end} on this broker): commit the next offset "
                 "to consume, at most the queue's max offset; nothing was stored"
             )
 
@@ -298,7 +317,3 @@ class Handlers:
         if self._topics.get(topic) is None:
             check_topic(topic)
             raise UnknownTopic(f"topic {topic!r} does not exist on this broker")
-
-
-async def _discard(done: Coroutine[Any, Any, object]) -> None:
-    await done
