@@ -136,6 +136,7 @@ def test_offsets_committed_at_a_slave_while_the_master_is_down_reach_it_when_it_
         wait_committed(master, 60, "the returning master takes the slave's commits")
         wait_committed(slave, 60, "the slave shows the master's offset again")
         assert health(slave)["role"] == "slave"
+        wait_until(lambda: health(slave)["held_offsets"] == 0, 10, "the slave holds nothing")
         # A consumer restarting now resumes where it was, not at the master's old 10.
         master.terminate()
         master = group.start_broker(0)
@@ -173,7 +174,8 @@ def test_offsets_committed_at_a_slave_survive_its_crash_and_promotion(tmp_path: 
         group.wait_caught_up(old)
         wait_committed(group.brokers[old], 50, "the old master, now a slave, has the commit")
         assert health(group.brokers[old])["role"] == "slave"
-        # Nothing held any more: the held file on the new master was emptied.
+        # Nothing held any more: the promotion journaled it.
+        assert health(group.brokers[new])["held_offsets"] == 0
         assert committed(group.brokers[new]) == 50
     finally:
         group.stop()
