@@ -101,6 +101,7 @@ def test_flags_override_the_file(tmp_path: Path) -> None:
         ('nameservers = ["no-port"]', "'no-port' is not HOST:PORT"),
         ("default_queue_count = 0", "default_queue_count must be 1-65536"),
         ("idle_poll_us = 20000", "idle_poll_us must be 0-10000"),
+        ("max_consumer_groups = 0", "max_consumer_groups must be positive"),
         ("colour = 3", "unknown key 'colour'"),
         ("[store]\nsegment_size = 3", "unknown store key 'segment_size'"),
         ('[store]\ndata_dir = "/x"', "unknown store key 'data_dir'"),

@@ -157,3 +157,20 @@ def test_a_master_takes_a_forwarded_commit_unless_a_consumer_moved_on_there(
     current: int | None, expected: int | None, forwarded: int, taken: bool
 ) -> None:
     assert takes_forwarded(current, expected, forwarded) is taken
+
+
+def test_consumers_bring_no_group_past_the_limit_but_the_masters_journal_does(
+    tmp_path: Path,
+) -> None:
+    offsets = ConsumerOffsets(tmp_path, max_groups=2)
+    offsets.commit("a", "t", 0, 1)
+    offsets.commit("b", "t", 0, 1)
+    offsets.commit("a", "t", 1, 1)  # another queue of a known group is fine
+
+    with pytest.raises(InvalidMessage, match="limit \\(max_consumer_groups\\)"):
+        offsets.commit("c", "t", 0, 1)
+    with pytest.raises(InvalidMessage, match="max_consumer_groups"):
+        offsets.commit("c", "t", 0, 1, held=True)
+    offsets.commit("c", "t", 0, 1, journaled=True)  # the master already took it
+
+    assert offsets.groups() == ["a", "b", "c"]
