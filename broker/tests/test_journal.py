@@ -110,3 +110,23 @@ def test_a_new_term_whose_full_write_fails_retries_it_on_the_next_tick(
     journal.tick()
     assert offsets.changes() == []
     assert journal.write_offsets() is None
+
+
+def test_a_new_master_not_writable_yet_writes_the_whole_state_once_it_is(
+    open_store: Callable[..., MessageStore], tmp_path: Path
+) -> None:
+    store = open_store()
+    writable = {"now": False}
+    data_dir = tmp_path / "master"
+    data_dir.mkdir()
+    offsets = ConsumerOffsets(data_dir)
+    journal = Journal(store, TopicTable(data_dir), offsets, lambda: writable["now"])
+    offsets.commit("g", "t", 0, 5, held=True)  # taken while it was a slave
+
+    journal.write_all()  # promoted, but the controller's lease is not there yet
+    assert len(offsets.held) == 1
+
+    writable["now"] = True
+    journal.tick()
+    assert len(offsets.held) == 0, "the whole table, held commits included, is journaled"
+    assert store.commitlog.write_offset > 0

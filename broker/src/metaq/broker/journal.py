@@ -118,6 +118,11 @@ class Journal:
 
         A failed write (disk full, say) is logged and tried again on the next tick, so it
         cannot stop a promotion half-way: the commits stay unjournaled until it works."""
+        if not self._is_master():
+            # A new master waiting for the controller's lease takes no writes yet: the
+            # first tick that finds it writable writes the whole state.
+            self._last_full = -math.inf
+            return
         self._last_full = time.monotonic()
         try:
             self.write_topics()
@@ -126,7 +131,7 @@ class Journal:
             self._last_full = -math.inf
             log.warning("journaling the topics and offsets failed (%s); retrying next tick", exc)
             return
-        if self._is_master() and len(self._offsets.held):
+        if len(self._offsets.held):
             # Commits consumers made here as a slave are in the table just journaled.
             log.info("journaled %d offsets committed here as a slave", len(self._offsets.held))
             self._offsets.held.clear()
