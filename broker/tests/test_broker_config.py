@@ -106,6 +106,7 @@ def test_flags_override_the_file(tmp_path: Path) -> None:
         ("fd_reserve = 10", "fd_reserve must be at least 64"),
         ("max_buffered_request_bytes = 1048576", "must be at least max_frame_bytes="),
         ("max_connection_write_bytes = 1024", "max_connection_write_bytes must be at least"),
+        ("max_consumer_groups = 0", "max_consumer_groups must be positive"),
         ("colour = 3", "unknown key 'colour'"),
         ("[store]\nsegment_size = 3", "unknown store key 'segment_size'"),
         ('[store]\ndata_dir = "/x"', "unknown store key 'data_dir'"),

@@ -398,7 +398,7 @@ def test_committed_offsets_and_queue_bounds_are_queryable(broker: BrokerProcess)
                 "committed_offset"
             )
             with pytest.raises(BrokerError) as caught:
-                await client.commit("readers", [("Committed", 1, 1), ("NoSuchTopic", 0, 1)])
+                await client.commit("readers", [("Committed", 1, 0), ("NoSuchTopic", 0, 1)])
             assert caught.value.code is ErrorCode.UNKNOWN_TOPIC
             untouched = await client.query_offset("Committed", 1, group="readers")
             assert not untouched.HasField("committed_offset"), "a refused commit stored half"

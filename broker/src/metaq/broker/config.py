@@ -97,6 +97,9 @@ class BrokerConfig:
     """Longest a PULL may be parked, whatever the consumer asks."""
     consumer_heartbeat_timeout_s: float = 30.0
     offset_snapshot_interval_ms: int = 5_000
+    max_consumer_groups: int = 100_000
+    """Consumer groups whose offsets this broker keeps; a commit of one more is refused,
+    so that strangers cannot grow the offsets table (and its journal) without bound."""
     shutdown_grace_ms: int = 5_000
     """How long a stopping broker waits for requests in flight before closing anyway."""
     idle_poll_us: int = 200
@@ -184,6 +187,7 @@ class BrokerConfig:
             "long_poll_max_ms",
             "consumer_heartbeat_timeout_s",
             "offset_snapshot_interval_ms",
+            "max_consumer_groups",
             "shutdown_grace_ms",
             "min_in_sync_replicas",
             "replication_timeout_ms",

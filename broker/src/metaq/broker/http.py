@@ -101,6 +101,7 @@ class HttpServer:
             "in_sync_ids": list(c.role.in_sync_ids()),
             "electable_ids": list(c.role.electable_ids()),
             "replica_lag_bytes": {str(k): v for k, v in c.role.lag_bytes().items()},
+            "held_offsets": len(c.offsets.held),
             "verified": c.role.verified,
             "log_check": _log_check(c.role.check, c.store),
             "uptime_s": round(time.monotonic() - c.started_monotonic, 3),

@@ -34,6 +34,7 @@ from metaq.broker.idle_poll import IdlePoll
 from metaq.broker.journal import Journal, JournalService
 from metaq.broker.limits import raise_nofile_limit
 from metaq.broker.metrics import BrokerMetrics, BrokerState
+from metaq.broker.offset_forward import OffsetForwarder
 from metaq.broker.offsets import ConsumerOffsets, OffsetSnapshotService
 from metaq.broker.pull import PullHandler
 from metaq.broker.role import GroupRole
@@ -120,7 +121,7 @@ class Broker:
             auto_create=config.auto_create_topics,
             default_queue_count=config.default_queue_count,
         )
-        self.offsets = ConsumerOffsets(config.data_dir)
+        self.offsets = ConsumerOffsets(config.data_dir, max_groups=config.max_consumer_groups)
         # The handler table is filled in once the store is open; nothing is served before.
         idle_poll = IdlePoll(config.idle_poll_us, self.metrics.idle_polled.inc)
         limits = ConnectionLimits(
@@ -189,9 +190,10 @@ class Broker:
             config, self.store, self.topics, self.offsets, self.metrics, self.group_role
         )
         self.store.dispatcher.listeners.append(self._pull.long_polls.on_dispatch)
+        forwarder = OffsetForwarder(self.offsets, role, config.journal_interval_ms / 1e3)
         handlers = Handlers(
             self.store, self.topics, self.offsets, self.groups, self._send, self._pull,
-            self.group_role, journal, self.transactions,
+            self.group_role, journal, self.transactions, forwarder,
         )  # fmt: skip
         self._handlers.update(handlers.table())
         pull = self._pull
@@ -229,6 +231,7 @@ class Broker:
             OffsetSnapshotService(self.offsets, config.offset_snapshot_interval_ms / 1e3),
             ConsumerExpiryService(self.groups),
             JournalService(journal, config.journal_interval_ms / 1e3),
+            forwarder,
             DelayService(self.delays),
             TransactionService(self.transactions),
         ]

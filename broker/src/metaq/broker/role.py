@@ -153,6 +153,12 @@ class GroupRole:
             return False
         return True
 
+    @property
+    def holds_commits(self) -> bool:
+        """A slave: consumers' offset commits here are held for the master (see
+        metaq.broker.held_offsets), not journaled."""
+        return self.role is Role.SLAVE
+
     def check_writable(self) -> None:
         """Raise unless this broker may take a client's write now."""
         replicas = self._check_master()
@@ -367,8 +373,8 @@ class GroupRole:
         log.info("master of %s in epoch %d from offset %d", config.broker_name, epoch, end)
         if self.journal is not None:
             # Each term starts with the whole state, for slaves that start from here.
-            self.journal.write_topics()
-            self.journal.write_offsets(full=True)
+            self.journal.write_all()
+            await self.journal.persist_held()
         self.on_change()
 
     def _become_slave(self, epoch: int, master_address: str) -> None:
@@ -381,6 +387,8 @@ class GroupRole:
             self._demoted_reads_to = self.replicas.confirmed_offset()
             self.replicas.close()
             self.replicas = None
+        if was_master and self.journal is not None:
+            self.journal.hold_unjournaled()
         self.epoch = epoch
         self.master_address = master_address
         self._followed = self._followed or bool(master_address)

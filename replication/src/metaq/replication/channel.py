@@ -137,6 +137,23 @@ class DataPlaneChannel:
                     if frame.type is frame_type and frame.request_id == request_id:
                         return frame
 
+    async def request(self, frame_type: FrameType, header: bytes, timeout_s: float) -> Frame:
+        """Any other request on this connection, answered before the next one is sent (a
+        slave forwarding its consumers' offset commits); an ERROR frame raises FetchError."""
+        request_id = next(self._ids)
+        self._writer.writelines(encode_frame(frame_type, request_id, header))
+        async with asyncio.timeout(timeout_s):
+            while True:
+                chunk = await self._reader.read(1 << 20)
+                if not chunk:
+                    raise ConnectionError(f"master {self.address} closed the connection")
+                for frame in self._decoder.feed(chunk):
+                    if frame.is_error:
+                        error = ErrorResponse.FromString(frame.header)
+                        raise FetchError(ErrorCode(error.code), error.message)
+                    if frame.type is frame_type and frame.request_id == request_id:
+                        return frame
+
     async def close(self) -> None:
         self._writer.close()
         with contextlib.suppress(OSError, ConnectionError):
