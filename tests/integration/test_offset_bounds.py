@@ -33,7 +33,7 @@ async def dispatched(client: DataClient, count: int) -> None:
         ("readers", (TOPIC, 4_000_000_000, 0), "queue id 4000000000 is out of range"),
         ("g" * 256, (TOPIC, 0, 1), "use 1-255 characters"),
         ("readers", ("t" * 128, 0, 1), "illegal topic name"),
-        ("g" * 3_000_000, (TOPIC, 0, 1), "... (3000000 characters): use 1-255"),
+        ("g" * 3_000_000, (TOPIC, 0, 1), "... (3000000 characters in all): use 1-255"),
         ("a-fourth-group", (TOPIC, 0, 1), "holds offsets of 3 consumer groups, its limit"),
     ],
 )

@@ -164,10 +164,16 @@ class Journal:
 
     def consumed_floors(self) -> dict[tuple[str, int], int]:
         """How far the broker itself is done with its journal topics, for retention:
-        a topics record is superseded by the next (each holds the whole table), an
-        offsets record once the offsets snapshot on disk covers it."""
+        every topics record up to the one the table is as of, since the table on disk
+        holds that one's content (a master writes it as it journals it, a slave as it
+        applies a change), and an offsets record once the offsets snapshot on disk
+        covers it.
+
+        Under disk pressure the segment holding the newest topics record may then go; a
+        slave that starts from the oldest retained offset meets the table at the master's
+        next whole-state write (``journal_full_interval_s``)."""
         return {
-            (TOPICS_JOURNAL, 0): max(0, self._store.max_offset(TOPICS_JOURNAL, 0) - 1),
+            (TOPICS_JOURNAL, 0): self._topics.journal_offset + 1,
             (OFFSETS_JOURNAL, 0): self._offsets.saved_journal_offset,
         }
 

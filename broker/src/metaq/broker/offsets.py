@@ -43,8 +43,7 @@ class ConsumerOffsets:
         self._offsets: dict[OffsetKey, int] = {}
         self._groups: set[str] = set()
         self._unjournaled: dict[OffsetKey, int] = {}
-        self.journal_offset = 0
-        """The next offsets-journal record to apply (see metaq.broker.journal)."""
+        self._journal_offset = 0
         self.saved_journal_offset = 0
         """``journal_offset`` as of the snapshot on disk: a start replays from there."""
         self._changes = 0
@@ -63,8 +62,8 @@ class ConsumerOffsets:
         try:
             if data["format"] != _FORMAT:
                 raise ValueError(f"format {data['format']} is not {_FORMAT}")
-            self.journal_offset = int(data.get("journal_offset", 0))
-            self.saved_journal_offset = self.journal_offset
+            self._journal_offset = int(data.get("journal_offset", 0))
+            self.saved_journal_offset = self._journal_offset
             for group, topics in data["offsets"].items():
                 for topic, queues in topics.items():
                     for queue_id, offset in queues.items():
@@ -74,6 +73,19 @@ class ConsumerOffsets:
                 f"{self.path} is damaged: {exc!r}; move it aside to start with no committed "
                 "offsets (consumers then start from their configured position)"
             ) from None
+
+    @property
+    def journal_offset(self) -> int:
+        """The next offsets-journal record to apply (see metaq.broker.journal)."""
+        return self._journal_offset
+
+    @journal_offset.setter
+    def journal_offset(self, offset: int) -> None:
+        # A change to save: until the snapshot on disk holds it, retention keeps the
+        # journal records a restart would replay.
+        if offset != self._journal_offset:
+            self._journal_offset = offset
+            self._changes += 1
 
     def commit(
         self,
