@@ -18,7 +18,7 @@ STAMP := .venv/.setup-stamp
 
 PYTEST_ARGS ?=
 
-.PHONY: setup test lint generate check-generated run store-demo bench-store bench-framing bench-idle-poll bench-e2e bench-failover bench-features bench-compare bench-metaq2 chaos clean
+.PHONY: setup ci-deps test lint generate check-generated run store-demo bench-store bench-framing bench-idle-poll bench-e2e bench-failover bench-features bench-compare bench-metaq2 chaos clean
 
 setup: $(STAMP)
 
@@ -30,8 +30,13 @@ $(STAMP): uv.lock $(PYPROJECTS) $(UV_DEP)
 	$(UV) sync --frozen --all-packages
 	touch $@
 
+# The Debian packages the suite needs (nftables, iproute2, ...): installed when missing,
+# as root; otherwise a note, and the scenarios that need them skip.
+ci-deps:
+	sh .ci/system-packages.sh
+
 # Everything CI runs: the lint gate, then the whole suite.
-test: lint
+test: lint ci-deps
 	$(UV) run --frozen pytest $(PYTEST_ARGS)
 
 # Generated code is checked in; lint fails when it no longer matches common/proto.
@@ -99,7 +104,7 @@ bench-metaq2: setup
 SEED ?= 1
 DURATION ?= 120
 ONLY ?=
-chaos: setup
+chaos: setup ci-deps
 	PYTHONPATH=tests/integration/chaos $(UV) run --frozen python -m chaoslib.run \
 		--seed $(SEED) --duration $(DURATION) $(if $(ONLY),--only $(ONLY))
 

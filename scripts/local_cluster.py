@@ -1,15 +1,19 @@
 """``make run``: a local cluster in the foreground — one nameserver and two brokers.
 
 Each process is a real ``metaq-nameserver`` / ``metaq-broker`` on fixed ports with its data
-under ``run-data/cluster/``; their logs are interleaved here with a name in front. Ctrl-C
-(or SIGTERM) stops the brokers first, then the nameserver, each with SIGTERM so they flush
-and leave cleanly; a process that does not stop within the grace period is killed.
+under ``run-data/cluster/``, proving a random cluster secret kept in
+``run-data/cluster/cluster-secret`` (made on first run, mode 600); their logs are
+interleaved here with a name in front. Ctrl-C (or SIGTERM) stops the brokers first, then
+the nameserver, each with SIGTERM so they flush and leave cleanly; a process that does
+not stop within the grace period is killed.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -31,6 +35,7 @@ and broker-b (data 11011, HTTP 11012). In another terminal:
   uv run metaq send demo 'hello'
   uv run metaq consume demo --group demo-group --from first --count 1
   uv run python examples/quickstart.py
+  uv run metaq cluster switchover --group broker-a --to 1 --cluster-secret-file {secret}
 Ctrl-C stops it; data stays in {data_dir}
 """
 
@@ -89,9 +94,31 @@ def _tool(name: str) -> str:
     return found
 
 
-def _nodes(data_root: Path, flush: str) -> list[Node]:
+def _secret_file(data_root: Path) -> Path:
+    """The cluster's secret, made on first run and kept (readable by this user only)."""
+    path = data_root / "cluster-secret"
+    if not path.exists():
+        data_root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as file:
+            file.write(base64.b64encode(secrets.token_bytes(32)).decode() + "\n")
+    return path
+
+
+def _nodes(data_root: Path, flush: str, secret: Path) -> list[Node]:
     nameserver = f"127.0.0.1:{NAMESERVER_PORT}"
-    nodes = [Node("nameserver", [_tool("metaq-nameserver"), "--grpc-port", str(NAMESERVER_PORT)])]
+    nodes = [
+        Node(
+            "nameserver",
+            [
+                _tool("metaq-nameserver"),
+                "--grpc-port",
+                str(NAMESERVER_PORT),
+                "--cluster-secret-file",
+                str(secret),
+            ],
+        )
+    ]
     for index, (name, room) in enumerate((("broker-a", "room-1"), ("broker-b", "room-2"))):
         data_port = 10911 + 100 * index
         flags = {
@@ -103,6 +130,7 @@ def _nodes(data_root: Path, flush: str) -> list[Node]:
             "--http-port": str(data_port + 1),
             "--nameserver": nameserver,
             "--flush-mode": flush,
+            "--cluster-secret-file": str(secret),
             # 256 MiB segments keep the disk a playground reserves small.
             "--set": "store.commitlog_segment_bytes=268435456",
         }
@@ -120,7 +148,8 @@ def main() -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
 
-    nodes = _nodes(args.data_dir, args.flush)
+    secret = _secret_file(args.data_dir)
+    nodes = _nodes(args.data_dir, args.flush, secret)
     started: list[Node] = []
     code = 0
     try:
@@ -131,7 +160,7 @@ def main() -> int:
             while not node.ready.wait(0.1):
                 if stop.is_set() or not node.alive() or time.monotonic() > deadline:
                     raise RuntimeError(f"{node.name} did not become ready")
-        print(BANNER.format(data_dir=args.data_dir), flush=True)
+        print(BANNER.format(data_dir=args.data_dir, secret=secret), flush=True)
         while not stop.is_set():
             dead = [n.name for n in started if not n.alive()]
             if dead:

@@ -62,6 +62,22 @@ def test_bad_delays_are_refused_with_what_is_allowed() -> None:
         divert([memoryview(delayed(b"x"))], POLICY)
 
 
+def test_a_refused_delay_is_a_refusal_quoting_the_property_short() -> None:
+    """Numbers int() cannot take (20,000 digits, a Unicode superscript) are refusals,
+    not internal errors, and no refusal repeats a property whole."""
+    with pytest.raises(InvalidMessage, match="not one of 1-3") as level:
+        divert([memoryview(delayed(b"x", DELAY="9" * 20_000))], POLICY)
+    with pytest.raises(InvalidMessage, match="not one of 1-3"):
+        divert([memoryview(delayed(b"x", DELAY="\u00b2"))], POLICY)
+    with pytest.raises(InvalidMessage, match="needs property") as at:
+        divert([memoryview(delayed(b"x", DELIVER_AT="1" * 20_000))], POLICY)
+    with pytest.raises(InvalidMessage, match="needs property") as missing:
+        divert([memoryview(delayed(b"x", OTHER="y" * 20_000))], POLICY)
+
+    for caught in (level, at, missing):
+        assert len(str(caught.value)) < 400, len(str(caught.value))
+
+
 def test_a_past_delivery_time_is_stored_at_once_and_others_go_to_their_tier() -> None:
     now = time.time_ns() // 1_000_000
     records = [

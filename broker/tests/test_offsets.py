@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from metaq.broker.held_offsets import takes_forwarded
 from metaq.broker.offsets import ConsumerOffsets, OffsetSnapshotService
 from metaq.common.errors import InvalidMessage
 
@@ -79,3 +80,123 @@ def test_a_damaged_file_names_itself(tmp_path: Path) -> None:
 
     with pytest.raises(ValueError, match=r"consumer_offsets\.json is damaged"):
         ConsumerOffsets(tmp_path)
+
+
+def test_consumed_floor_is_the_lowest_commit_of_every_group_known_for_the_topic(
+    tmp_path: Path,
+) -> None:
+    offsets = ConsumerOffsets(tmp_path)
+    offsets.commit("fast", "orders", 0, 90)
+    offsets.commit("slow", "orders", 0, 40)
+    offsets.commit("fast", "orders", 1, 70)  # "slow" never committed queue 1: it read none
+    offsets.commit("fast", "audit", 0, 5)
+
+    floors = offsets.consumed_floors()
+
+    assert floors == {("orders", 0): 40, ("orders", 1): 0, ("audit", 0): 5}
+    assert ("payments", 0) not in floors  # no group known: nothing counts as consumed
+
+
+def test_the_saved_journal_offset_follows_the_snapshot_on_disk(tmp_path: Path) -> None:
+    offsets = ConsumerOffsets(tmp_path)
+    offsets.commit("g", "t", 0, 1)
+    offsets.journal_offset = 12
+
+    assert offsets.saved_journal_offset == 0
+    offsets.save()
+    assert offsets.saved_journal_offset == 12
+    assert ConsumerOffsets(tmp_path).saved_journal_offset == 12
+
+
+def test_a_commit_held_at_a_slave_is_not_overwritten_by_the_masters_journal(
+    tmp_path: Path,
+) -> None:
+    offsets = ConsumerOffsets(tmp_path)
+    offsets.commit("g", "t", 0, 10, journaled=True)  # from the master
+
+    offsets.commit("g", "t", 0, 50, held=True)  # a consumer at this slave
+    offsets.commit("g", "t", 0, 40, journaled=True)  # an older record arriving late
+
+    assert offsets.get("g", "t", 0) == 50
+    assert [(key, h.offset, h.expected) for key, h in offsets.held.items()] == [
+        (("g", "t", 0), 50, 10)
+    ]
+    assert offsets.changes() == [], "a slave journals nothing"
+
+
+def test_held_commits_survive_a_restart(tmp_path: Path) -> None:
+    async def hold() -> None:
+        offsets = ConsumerOffsets(tmp_path)
+        offsets.commit("g", "t", 0, 10, journaled=True)
+        offsets.commit("g", "t", 0, 50, held=True)
+        offsets.commit("g", "t", 0, 60, held=True)
+        await offsets.held.persist()
+
+    asyncio.run(hold())
+
+    reloaded = ConsumerOffsets(tmp_path)
+    assert reloaded.get("g", "t", 0) == 60
+    assert [(h.offset, h.expected) for _, h in reloaded.held.items()] == [(60, 10)]
+
+
+def test_the_masters_answer_replaces_a_held_commit_unless_committed_again_since(
+    tmp_path: Path,
+) -> None:
+    offsets = ConsumerOffsets(tmp_path)
+    offsets.commit("g", "t", 0, 50, held=True)
+    offsets.commit("g", "t", 1, 50, held=True)
+    sent = [(key, h.offset) for key, h in offsets.held.items()]
+    offsets.commit("g", "t", 1, 70, held=True)  # while the forward was on its way
+
+    offsets.forwarded(sent, {("g", "t", 0): 80, ("g", "t", 1): 80})
+
+    assert offsets.get("g", "t", 0) == 80, "the master had a newer commit: it stands"
+    assert offsets.get("g", "t", 1) == 70
+    assert [key for key, _ in offsets.held.items()] == [("g", "t", 1)]
+
+
+def test_a_demoted_master_holds_the_commits_it_had_not_journaled(tmp_path: Path) -> None:
+    offsets = ConsumerOffsets(tmp_path)
+    offsets.commit("g", "t", 0, 5)
+
+    offsets.hold_unjournaled()
+
+    assert offsets.changes() == []
+    assert [(key, h.offset, h.expected) for key, h in offsets.held.items()] == [
+        (("g", "t", 0), 5, None)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("current", "expected", "forwarded", "taken"),
+    [
+        (None, None, 5, True),  # the master never had an offset for the queue
+        (10, 10, 50, True),  # nobody committed at the master since: taken
+        (10, 10, 3, True),  # ... even backwards (a reset made at the slave)
+        (80, 10, 50, False),  # a consumer moved on at the master: its offset stands
+        (30, 10, 50, True),  # the master moved, but the slave's is further on
+        (10, None, 50, True),  # a demoted master's unjournaled commit, further on
+        (60, None, 50, False),
+    ],
+)
+def test_a_master_takes_a_forwarded_commit_unless_a_consumer_moved_on_there(
+    current: int | None, expected: int | None, forwarded: int, taken: bool
+) -> None:
+    assert takes_forwarded(current, expected, forwarded) is taken
+
+
+def test_consumers_bring_no_group_past_the_limit_but_the_masters_journal_does(
+    tmp_path: Path,
+) -> None:
+    offsets = ConsumerOffsets(tmp_path, max_groups=2)
+    offsets.commit("a", "t", 0, 1)
+    offsets.commit("b", "t", 0, 1)
+    offsets.commit("a", "t", 1, 1)  # another queue of a known group is fine
+
+    with pytest.raises(InvalidMessage, match="limit \\(max_consumer_groups\\)"):
+        offsets.commit("c", "t", 0, 1)
+    with pytest.raises(InvalidMessage, match="max_consumer_groups"):
+        offsets.commit("c", "t", 0, 1, held=True)
+    offsets.commit("c", "t", 0, 1, journaled=True)  # the master already took it
+
+    assert offsets.groups() == ["a", "b", "c"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -10,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from metaq.broker.store import GetStatus, MessageStore, StoreConfig
-from metaq.broker.store.retention import Retention
+from metaq.broker.store.retention import Deletion, Retention
 from metaq.broker.store.segment import RealDisk, Segment
 from metaq.common.errors import StoreUnavailable
 from metaq.common.record import decode, encode
@@ -56,7 +58,7 @@ def test_expired_segments_go_at_the_delete_hour(tmp_path: Path) -> None:
     segments = _segments(tmp_path, [100, 90, 80, 1])
     retention = _retention(tmp_path, delete_hour=THIS_HOUR)
 
-    assert retention.doomed(segments, safe_end=10**9, disk_ratio=0.1, now_s=NOW) == 3
+    assert len(retention.doomed(segments, safe_end=10**9, disk_ratio=0.1, now_s=NOW)) == 3
 
 
 def test_expired_segments_stay_outside_the_delete_hour_while_the_disk_has_room(
@@ -65,7 +67,7 @@ def test_expired_segments_stay_outside_the_delete_hour_while_the_disk_has_room(
     segments = _segments(tmp_path, [100, 90, 1])
     retention = _retention(tmp_path, delete_hour=OTHER_HOUR)
 
-    assert retention.doomed(segments, safe_end=10**9, disk_ratio=0.74, now_s=NOW) == 0
+    assert len(retention.doomed(segments, safe_end=10**9, disk_ratio=0.74, now_s=NOW)) == 0
 
 
 @pytest.mark.parametrize("ratio", [0.75, 0.8])
@@ -75,39 +77,85 @@ def test_expired_segments_go_at_any_hour_once_the_disk_passes_the_clean_ratio(
     segments = _segments(tmp_path, [100, 90, 1])
     retention = _retention(tmp_path, delete_hour=OTHER_HOUR)
 
-    assert retention.doomed(segments, safe_end=10**9, disk_ratio=ratio, now_s=NOW) == 2
+    assert len(retention.doomed(segments, safe_end=10**9, disk_ratio=ratio, now_s=NOW)) == 2
 
 
 def test_unexpired_segments_stay_below_the_force_ratio(tmp_path: Path) -> None:
     segments = _segments(tmp_path, [10, 5, 1])
     retention = _retention(tmp_path, delete_hour=THIS_HOUR)
 
-    assert retention.doomed(segments, safe_end=10**9, disk_ratio=0.84, now_s=NOW) == 0
+    assert len(retention.doomed(segments, safe_end=10**9, disk_ratio=0.84, now_s=NOW)) == 0
 
 
 @pytest.mark.parametrize("ratio", [0.85, 0.95])
-def test_the_oldest_unexpired_segment_goes_past_the_force_ratio(
+def test_unexpired_unconsumed_segments_stay_past_the_force_ratio_by_default(
     tmp_path: Path, ratio: float
 ) -> None:
     segments = _segments(tmp_path, [10, 5, 1])
     retention = _retention(tmp_path, delete_hour=OTHER_HOUR)
 
-    assert retention.doomed(segments, safe_end=10**9, disk_ratio=ratio, now_s=NOW) == 1
+    assert retention.doomed(segments, safe_end=10**9, disk_ratio=ratio, now_s=NOW) == []
+
+
+def test_consumed_segments_go_past_the_force_ratio_before_they_expire(tmp_path: Path) -> None:
+    segments = _segments(tmp_path, [10, 5, 3, 1])
+    retention = _retention(tmp_path, delete_hour=OTHER_HOUR)
+    consumed_below = 200
+
+    def consumed(end: int) -> bool:
+        return end <= consumed_below
+
+    below_force = retention.doomed(segments, 10**9, disk_ratio=0.84, now_s=NOW, consumed=consumed)
+    past_force = retention.doomed(segments, 10**9, disk_ratio=0.85, now_s=NOW, consumed=consumed)
+
+    assert below_force == []
+    assert past_force == [Deletion.CONSUMED, Deletion.CONSUMED]
+
+
+def test_expired_then_consumed_segments_go_in_order(tmp_path: Path) -> None:
+    segments = _segments(tmp_path, [100, 5, 3, 1])
+    retention = _retention(tmp_path, delete_hour=OTHER_HOUR)
+
+    doomed = retention.doomed(
+        segments, 10**9, disk_ratio=0.9, now_s=NOW, consumed=lambda end: end <= 200
+    )
+
+    assert doomed == [Deletion.EXPIRED, Deletion.CONSUMED]
+
+
+@pytest.mark.parametrize("ratio", [0.85, 0.95])
+def test_force_clean_unconsumed_deletes_the_oldest_unexpired_segment_and_warns(
+    tmp_path: Path, ratio: float, caplog: pytest.LogCaptureFixture
+) -> None:
+    segments = _segments(tmp_path, [10, 5, 1])
+    retention = Retention(
+        dataclasses.replace(_retention(tmp_path, delete_hour=OTHER_HOUR).config,
+                            force_clean_unconsumed=True)
+    )  # fmt: skip
+
+    with caplog.at_level(logging.WARNING):
+        doomed = retention.doomed(segments, safe_end=10**9, disk_ratio=ratio, now_s=NOW)
+
+    assert doomed == [Deletion.UNCONSUMED]
+    assert segments[0][0].name in caplog.text
+    assert "force_clean_unconsumed" in caplog.text
+    below = retention.doomed(segments, safe_end=10**9, disk_ratio=0.84, now_s=NOW)
+    assert below == []
 
 
 def test_deletion_stops_at_the_first_unexpired_segment(tmp_path: Path) -> None:
     segments = _segments(tmp_path, [100, 10, 90, 1])
     retention = _retention(tmp_path, delete_hour=THIS_HOUR)
 
-    assert retention.doomed(segments, safe_end=10**9, disk_ratio=0.1, now_s=NOW) == 1
+    assert len(retention.doomed(segments, safe_end=10**9, disk_ratio=0.1, now_s=NOW)) == 1
 
 
 def test_the_last_segment_is_never_deleted(tmp_path: Path) -> None:
     segments = _segments(tmp_path, [100, 100, 100])
     retention = _retention(tmp_path, delete_hour=THIS_HOUR)
 
-    assert retention.doomed(segments, safe_end=10**9, disk_ratio=0.99, now_s=NOW) == 2
-    assert retention.doomed(segments[-1:], safe_end=10**9, disk_ratio=0.99, now_s=NOW) == 0
+    assert len(retention.doomed(segments, safe_end=10**9, disk_ratio=0.99, now_s=NOW)) == 2
+    assert len(retention.doomed(segments[-1:], safe_end=10**9, disk_ratio=0.99, now_s=NOW)) == 0
 
 
 @pytest.mark.parametrize(("safe_end", "expected"), [(0, 0), (99, 0), (100, 1), (250, 2)])
@@ -115,7 +163,7 @@ def test_nothing_past_safe_end_is_deleted(tmp_path: Path, safe_end: int, expecte
     segments = _segments(tmp_path, [100, 100, 100, 100])
     retention = _retention(tmp_path, delete_hour=THIS_HOUR)
 
-    assert retention.doomed(segments, safe_end, disk_ratio=0.99, now_s=NOW) == expected
+    assert len(retention.doomed(segments, safe_end, disk_ratio=0.99, now_s=NOW)) == expected
 
 
 # --- store.clean ---------------------------------------------------------------------------
@@ -233,24 +281,68 @@ def test_a_readers_view_of_a_deleted_segment_stays_readable(aged: MessageStore) 
     assert store.commitlog.segments.close_retired() == 0  # unmapped once it let go
 
 
-def test_clean_deletes_only_the_oldest_unexpired_segment_when_the_disk_is_nearly_full(
+def _three_segments(store: MessageStore) -> None:
+    while store.commitlog.write_offset < 3 * SEGMENT:
+        store.append([encode("t", bytes(4000), queue_id=n % 2) for n in range(4)])
+    store.dispatcher.catch_up()
+    store.flusher.flush()
+
+
+def test_clean_keeps_unconsumed_unexpired_segments_when_the_disk_is_nearly_full(
+    open_store: OpenStore,
+) -> None:
+    store = open_store(
+        commitlog_segment_bytes=SEGMENT, delete_hour=OTHER_HOUR, disk_usage=lambda _p: 0.86
+    )
+    _three_segments(store)
+
+    assert store.clean(now_s=NOW) == 0
+    assert store.commitlog.min_offset == 0
+    assert store.deleted_segments == {"expired": 0, "consumed": 0, "unconsumed": 0}
+
+
+def test_clean_deletes_segments_every_group_consumed_when_the_disk_is_nearly_full(
+    open_store: OpenStore,
+) -> None:
+    store = open_store(
+        commitlog_segment_bytes=SEGMENT, delete_hour=OTHER_HOUR, disk_usage=lambda _p: 0.86
+    )
+    _three_segments(store)
+    queue0, queue1 = store.queues.get(b"t", 0), store.queues.get(b"t", 1)
+    assert queue0 is not None and queue1 is not None
+    # Every entry of both queues whose record lies in the first segment.
+    first = [
+        sum(1 for n in range(q.max_offset) if q.entry(n)[0] < SEGMENT) for q in (queue0, queue1)
+    ]
+    floors = {("t", 0): first[0], ("t", 1): first[1] - 1}
+    store.consumed_floors = lambda: floors
+
+    assert store.clean(now_s=NOW) == 0  # queue 1's last entry there is not consumed yet
+
+    floors[("t", 1)] = first[1]
+    assert store.clean(now_s=NOW) == 1
+    assert store.commitlog.min_offset == SEGMENT
+    assert store.deleted_segments["consumed"] == 1
+    assert store.min_offset("t", 0) == first[0]
+
+
+def test_clean_with_force_clean_unconsumed_deletes_the_oldest_segment_and_counts_it(
     open_store: OpenStore,
 ) -> None:
     usage = {"ratio": 0.0}
     store = open_store(
         commitlog_segment_bytes=SEGMENT,
         delete_hour=OTHER_HOUR,
+        force_clean_unconsumed=True,
         disk_usage=lambda _p: usage["ratio"],
     )
-    while store.commitlog.write_offset < 3 * SEGMENT:
-        store.append([encode("t", bytes(4000))])
-    store.dispatcher.catch_up()
-    store.flusher.flush()
+    _three_segments(store)
 
     assert store.clean(now_s=NOW) == 0
     usage["ratio"] = 0.86
     assert store.clean(now_s=NOW) == 1
     assert store.commitlog.min_offset == SEGMENT
+    assert store.deleted_segments["unconsumed"] == 1
 
 
 # --- the write guard -----------------------------------------------------------------------

@@ -75,3 +75,23 @@ def test_tables_align_text_left_and_numbers_right() -> None:
         "long-name  12345",
         "b              -",
     ]
+
+
+def test_illegal_topic_and_group_names_are_one_line_usage_errors_quoted_short(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # No nameserver listens on port 1: a name that got past the check would fail later
+    # with exit 1 (unreachable), not 2.
+    unreachable = ["-n", "127.0.0.1:1", "--timeout", "1"]
+
+    assert main(["topic", "create", "t" * 3000, *unreachable]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("metaq: error: illegal topic name 't") and len(err) < 400, err
+    assert "(3000 characters in all)" in err
+
+    assert main(["progress", "-g", "bad group", "-t", "ok", *unreachable]) == 2
+    err = capsys.readouterr().err
+    assert "illegal consumer group 'bad group'" in err and len(err.splitlines()) == 1, err
+
+    assert main(["send", "no spaces", "body", *unreachable]) == 2
+    assert "illegal topic name 'no spaces'" in capsys.readouterr().err

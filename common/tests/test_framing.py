@@ -223,12 +223,17 @@ def test_a_large_frame_arriving_in_many_small_chunks_is_gathered_once() -> None:
         frames += decoder.feed(data[at : at + 1000])
         if not frames:
             assert decoder.buffered == min(at + 1000, len(data))
+            # Known from the first chunk on: the whole frame's size, not what came so far.
+            assert decoder.pending_frame_bytes == len(data) - len(
+                wire((FrameType.HEARTBEAT, 0, 4, b"", b""))
+            )
 
     assert [as_spec(f) for f in frames] == [
         (FrameType.PULL, FLAG_RESPONSE, 3, b"header", payload),
         (FrameType.HEARTBEAT, 0, 4, b"", b""),
     ]
     assert decoder.buffered == 0
+    assert decoder.pending_frame_bytes == 0
 
 
 def test_empty_chunks_change_nothing() -> None:
@@ -394,7 +399,7 @@ def test_a_header_filling_the_whole_frame_is_fine() -> None:
     assert decode([data]) == [(FrameType.SEND, 0, 1, b"0123456789", b"")]
 
 
-@pytest.mark.parametrize("type_code", [10, 17, 200, 255])
+@pytest.mark.parametrize("type_code", [10, 18, 200, 255])
 def test_an_unknown_frame_type_is_refused_and_the_known_ones_listed(type_code: int) -> None:
     error = protocol_error(prefix(frame_type=type_code))
 

@@ -22,7 +22,12 @@ from metaq.common.testing import run_async, wait_until_async
 from metaq.common.v1 import control_pb2 as pb
 from metaq.common.v1 import control_pb2_grpc
 from metaq.nameserver.fake_broker import FakeBroker
-from metaq.nameserver.testing import NameServerProcess, start_controller_group, start_nameserver
+from metaq.nameserver.testing import (
+    NameServerProcess,
+    signed_channel,
+    start_controller_group,
+    start_nameserver,
+)
 
 if TYPE_CHECKING:
     from metaq.common.v1.control_pb2_grpc import NameServerAsyncStub
@@ -44,7 +49,7 @@ def nameservers(tmp_path: Path) -> Iterator[list[NameServerProcess]]:
 
 @contextlib.asynccontextmanager
 async def client(address: str) -> AsyncIterator[NameServerAsyncStub]:
-    async with grpc.aio.insecure_channel(address) as channel:
+    async with signed_channel(address) as channel:
         yield control_pb2_grpc.NameServerStub(channel)
 
 

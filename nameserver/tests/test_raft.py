@@ -156,4 +156,9 @@ def test_a_proposal_to_a_stopped_controller_is_unavailable() -> None:
 
 def test_peers_need_an_address_of_our_own() -> None:
     with pytest.raises(ValueError, match="needs its own Raft address"):
-        ControlRaft(peers=("127.0.0.1:7001",))
+        ControlRaft(peers=("127.0.0.1:7001",), password="x" * 64)
+
+
+def test_peers_need_a_password() -> None:
+    with pytest.raises(ValueError, match="needs a Raft password"):
+        ControlRaft("127.0.0.1:7000", peers=("127.0.0.1:7001",))

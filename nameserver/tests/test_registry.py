@@ -349,11 +349,39 @@ def test_a_slave_behind_on_the_epoch_is_still_registered(registry: Registry) -> 
 
 
 def test_a_restarted_master_may_reregister_at_its_own_epoch(registry: Registry) -> None:
-    registry.register(broker(epoch=3), table(topic()))
+    registry.register(broker(epoch=3), table(topic()), session=1)
 
-    registered = registry.register(replace(broker(epoch=3), data_address="h:1"), table(topic()))
+    registered = registry.register(broker(epoch=3), table(topic()), session=2)
 
-    assert registered.master_data_address == "h:1"
+    assert registered.master_data_address == "127.0.0.1:9000"
+
+
+def test_a_live_broker_cannot_be_registered_again_from_another_address(
+    registry: Registry,
+) -> None:
+    registry.register(broker(epoch=3), table(topic()), session=1)
+    forged = replace(broker(epoch=4), data_address="10.6.6.6:1")
+
+    with pytest.raises(RegistrationRefused, match=r"registered and live at 127\.0\.0\.1:9000"):
+        registry.register(forged, table(topic("stolen")))
+
+    route = registry.route("orders")
+    assert route is not None
+    assert route.groups[0].brokers[0].data_address == "127.0.0.1:9000"
+    assert registry.route("stolen") is None
+
+
+def test_a_moved_broker_registers_once_its_old_entry_is_gone(
+    registry: Registry, clock: FakeClock
+) -> None:
+    registry.register(broker(), table(topic()), session=1)
+    registry.end_session(BrokerKey("broker-a", 0), 1)
+    registry.register(replace(broker(), data_address="h:1"), table(topic()))
+
+    clock.advance(registry.broker_expiry_s + 0.1)
+    registered = registry.register(replace(broker(), data_address="h:2"), table(topic()))
+
+    assert registered.master_data_address == "h:2"
 
 
 def test_a_group_belongs_to_one_cluster(registry: Registry) -> None:

@@ -20,6 +20,7 @@ from metaq.broker.registration import (
     Role,
     TopicDescription,
 )
+from metaq.common.auth import load_secret
 
 
 async def run(args: argparse.Namespace) -> None:
@@ -33,7 +34,11 @@ async def run(args: argparse.Namespace) -> None:
         topics=(TopicDescription(args.topic, args.queues, args.queues),),
     )
     registrar = NameServerRegistrar(
-        args.nameserver, lambda: description, args.interval_s, max_backoff_s=0.5
+        args.nameserver,
+        lambda: description,
+        args.interval_s,
+        max_backoff_s=0.5,
+        secret=load_secret(""),  # METAQ_CLUSTER_SECRET, as the test set it
     )
     stopping = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stopping.set)

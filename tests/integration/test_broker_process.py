@@ -7,11 +7,13 @@ import os
 import signal
 import struct
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import pytest
 
 from metaq.broker.testing import BrokerError, BrokerProcess, DataClient, run_async
 from metaq.broker.testing.admin import http_json, put_topic, scrape
+from metaq.common.auth import ENV_VAR
 from metaq.common.errors import ErrorCode
 from metaq.common.framing import PREFIX, FrameDecoder, FrameType, encode_frame
 from metaq.common.record import HEADER_SIZE, STAMP_AT, decode, encode
@@ -321,7 +323,11 @@ def _prefix(
 BROKEN_STREAMS = {
     "protocol version 2": (_prefix(version=2), ErrorCode.UNSUPPORTED_VERSION, "version 2"),
     "unknown frame type": (_prefix(frame_type=200), ErrorCode.UNKNOWN_FRAME_TYPE, "type 200"),
-    "oversized frame": (_prefix(length=8 << 20), ErrorCode.FRAME_TOO_LARGE, "limit"),
+    "oversized frame": (
+        _prefix(length=8 << 20),
+        ErrorCode.FRAME_TOO_LARGE,
+        "limit of 1048576 bytes (max_frame_bytes)",
+    ),
     "illegal flags": (_prefix(flags=0x8), ErrorCode.MALFORMED_FRAME, "flags"),
     "request id 0": (_prefix(request_id=0), ErrorCode.MALFORMED_FRAME, "request id 0"),
 }
@@ -392,7 +398,7 @@ def test_committed_offsets_and_queue_bounds_are_queryable(broker: BrokerProcess)
                 "committed_offset"
             )
             with pytest.raises(BrokerError) as caught:
-                await client.commit("readers", [("Committed", 1, 1), ("NoSuchTopic", 0, 1)])
+                await client.commit("readers", [("Committed", 1, 0), ("NoSuchTopic", 0, 1)])
             assert caught.value.code is ErrorCode.UNKNOWN_TOPIC
             untouched = await client.query_offset("Committed", 1, group="readers")
             assert not untouched.HasField("committed_offset"), "a refused commit stored half"
@@ -578,3 +584,20 @@ def test_kill9_keeps_every_acknowledged_sync_send(
     lost = set(acknowledged) - found
     assert len(acknowledged) >= 400
     assert not lost, f"{len(lost)} of {len(acknowledged)} acknowledged messages lost"
+
+
+def test_a_broker_listening_beyond_loopback_refuses_to_start_without_a_secret(
+    tmp_path: Path,
+) -> None:
+    try:
+        started = BrokerProcess.start(
+            tmp_path / "open", "--listen-host", "0.0.0.0", env={ENV_VAR: ""}
+        )
+    except AssertionError as exc:
+        refusal = str(exc)
+    else:
+        started.kill()
+        pytest.fail("the broker started on every interface without a cluster secret")
+
+    assert "needs a cluster secret because listen_host '0.0.0.0'" in refusal
+    assert "cluster_secret_file" in refusal

@@ -36,7 +36,7 @@ from metaq.broker.testing import DataClient
 from metaq.broker.testing.client import BrokerError
 from metaq.common.errors import ErrorCode
 from metaq.common.record import encode
-from metaq.common.testing import run_async, wait_until, wait_until_async
+from metaq.common.testing import run_async, secret_env, wait_until, wait_until_async
 from metaq.common.v1 import control_pb2 as pb
 from metaq.replication.epochs import EpochHistory
 
@@ -319,7 +319,7 @@ def test_a_planned_switchover_moves_the_master_and_loses_nothing(tmp_path: Path)
                 [sys.executable, "-m", "metaq.client.cli", "cluster", "switchover",
                  "--group", "broker-g", "--to", str(target), "--json"],
                 capture_output=True, text=True, timeout=60, check=False,
-                env={**os.environ, "METAQ_NAMESERVERS": ",".join(group.nameserver_addresses)},
+                env=secret_env({"METAQ_NAMESERVERS": ",".join(group.nameserver_addresses)}),
             )  # fmt: skip
             await acked_count_reaches(history, len(history.acked) + 100)
             return done

@@ -30,10 +30,15 @@ from metaq.broker.registration import (
     Role,
     TopicDescription,
 )
-from metaq.common.testing import wait_until_async
+from metaq.common.testing import cluster_secret_for_tests, secret_env, wait_until_async
 from metaq.common.v1 import control_pb2 as pb
 from metaq.common.v1 import control_pb2_grpc
-from metaq.nameserver.testing import NameServerProcess, start_nameserver
+from metaq.nameserver.testing import (
+    NameServerProcess,
+    session_proof,
+    signed_channel,
+    start_nameserver,
+)
 
 if TYPE_CHECKING:
     from metaq.common.v1.control_pb2_grpc import NameServerAsyncStub
@@ -75,6 +80,7 @@ def broker_processes(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=stderr,
+                env=secret_env(),
             )
         children.append(child)
         return child
@@ -87,12 +93,14 @@ def broker_processes(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[
         child.wait()
 
 
+SECRET = cluster_secret_for_tests()
+
 # --- helpers -----------------------------------------------------------------------------
 
 
 @contextlib.asynccontextmanager
 async def client(address: str) -> AsyncIterator[NameServerAsyncStub]:
-    async with grpc.aio.insecure_channel(address) as channel:
+    async with signed_channel(address) as channel:
         yield control_pb2_grpc.NameServerStub(channel)
 
 
@@ -193,7 +201,9 @@ def test_a_registered_broker_appears_in_the_route_and_the_cluster_info(
     )
 
     async def scenario() -> tuple[pb.TopicRoute, pb.TopicRoute, pb.GetClusterInfoResponse]:
-        registrar = NameServerRegistrar([server.grpc_address], lambda: description, 0.2)
+        registrar = NameServerRegistrar(
+            [server.grpc_address], lambda: description, 0.2, secret=SECRET
+        )
         await registrar.start()
         try:
             await wait_for_route(server.grpc_address, "orders", True, STARTUP_S)
@@ -275,7 +285,7 @@ def test_registrations_the_nameserver_cannot_accept_fail_with_a_reason(
             assert "PERMISSION_READ_WRITE" in (error.details() or "")
 
             no_table = pb.BrokerHeartbeat(broker=register_request("broker-c", "", 1).broker)
-            call = stub.Session()
+            call = stub.Session(metadata=session_proof())
             await call.write(no_table)
             error = await rpc_error(call.read())
             assert error.code() is grpc.StatusCode.INVALID_ARGUMENT
@@ -329,7 +339,10 @@ def test_the_registrar_carries_on_with_the_other_nameserver_when_one_is_killed(
 
     async def scenario() -> None:
         registrar = NameServerRegistrar(
-            [first.grpc_address, second.grpc_address], lambda: current["description"], 0.2
+            [first.grpc_address, second.grpc_address],
+            lambda: current["description"],
+            0.2,
+            secret=SECRET,
         )
         await registrar.start()
         try:
@@ -365,7 +378,11 @@ def test_a_hung_nameserver_does_not_hold_up_registration_with_the_others(
 
     async def scenario() -> None:
         registrar = NameServerRegistrar(
-            [hung.grpc_address, healthy.grpc_address], lambda: description, 0.2, max_backoff_s=0.5
+            [hung.grpc_address, healthy.grpc_address],
+            lambda: description,
+            0.2,
+            max_backoff_s=0.5,
+            secret=SECRET,
         )
         await registrar.start()
         try:
@@ -397,7 +414,7 @@ def test_the_registrar_registers_again_with_a_restarted_nameserver(
 
     async def scenario() -> None:
         registrar = NameServerRegistrar(
-            [server.grpc_address], lambda: description, 0.2, max_backoff_s=0.5
+            [server.grpc_address], lambda: description, 0.2, max_backoff_s=0.5, secret=SECRET
         )
         await registrar.start()
         try:
@@ -424,7 +441,9 @@ def test_stopping_the_registrar_unregisters_from_every_nameserver(
     description = describe()
 
     async def scenario() -> list[pb.TopicRoute | None]:
-        registrar = NameServerRegistrar([s.grpc_address for s in servers], lambda: description)
+        registrar = NameServerRegistrar(
+            [s.grpc_address for s in servers], lambda: description, secret=SECRET
+        )
         await registrar.start()
         for server in servers:
             await wait_for_route(server.grpc_address, "orders", True, STARTUP_S)

@@ -12,7 +12,7 @@ from pathlib import Path
 import consumer_cluster as cc
 import pytest
 
-from metaq.broker.testing import run_async
+from metaq.broker.testing import BrokerProcess, run_async
 from metaq.broker.testing.admin import scrape
 from metaq.client import cli
 from metaq.client.consumer import (
@@ -23,6 +23,7 @@ from metaq.client.consumer import (
     PullStatus,
     PushConsumer,
 )
+from metaq.client.errors import BrokerError
 from metaq.client.message import Message
 from metaq.client.offset_store import LocalOffsetStore
 from metaq.common.testing import wait_until_async
@@ -260,10 +261,20 @@ def test_a_wrong_offset_is_an_explicit_status_and_the_consumer_corrects_itself(
                 result = await puller.pull(topic, queue, 500)
                 assert result.status is PullStatus.OFFSET_OVERFLOW_BADLY
                 assert (result.next_offset, result.max_offset, result.messages) == (10, 10, [])
-                # The group's stored position is past the end too (say, a reset gone wrong).
-                await puller.commit(topic, queue, 500)
-                assert await puller.committed(topic, queue) == 500
+                # A commit past the end is refused, and stores nothing.
+                with pytest.raises(BrokerError) as refused:
+                    await puller.commit(topic, queue, 500)
+                assert "offset 500 is past the end of queue" in str(refused.value)
+                assert await puller.committed(topic, queue) is None
 
+            # The group's stored position is past the end all the same (a broker restored
+            # from a backup, or whose log lost its tail): the consumer corrects it.
+            await asyncio.to_thread(_store_offset, cluster, "broker-a", group, topic, 500)
+            await sender.close()
+            sender = cc.Sender(cluster)
+            async with PullConsumer(cluster.nameservers, group) as puller:
+                (queue,) = await puller.queues(topic, refresh=True)
+                assert await puller.committed(topic, queue) == 500
                 consumer = PushConsumer(cluster.nameservers, group, **FAST)
                 consumer.subscribe(topic, deliveries.handler("c"))
                 await consumer.start()
@@ -283,6 +294,21 @@ def test_a_wrong_offset_is_an_explicit_status_and_the_consumer_corrects_itself(
             await sender.close()
 
     run_async(scenario(), timeout_s=60)
+
+
+def _store_offset(cluster: cc.Cluster, name: str, group: str, topic: str, offset: int) -> None:
+    """Restart broker ``name`` with ``offset`` written into its offsets snapshot for
+    queue 0 of ``topic``, as no commit can store it."""
+    old = cluster.brokers[name]
+    old.terminate()
+    path = old.data_dir / "consumer_offsets.json"
+    data = json.loads(path.read_text())
+    data["offsets"].setdefault(group, {}).setdefault(topic, {})["0"] = offset
+    path.write_text(json.dumps(data))
+    broker = BrokerProcess(old.data_dir, old.args)
+    cluster.brokers[name] = broker
+    broker.wait_ready(30)
+    broker.wait_master(30)
 
 
 def test_a_new_group_starts_from_last_or_from_a_timestamp(cluster: cc.Cluster) -> None:

@@ -81,6 +81,7 @@ def nameserver_registrar(broker: Broker) -> NameServerRegistrar:
         describe,
         config.heartbeat_interval_ms / 1e3,
         on_answer=group.on_answer,
+        secret=broker.secret,
     )
     broker.topics.listeners.append(registrar.refresh)
     group.on_change = registrar.refresh

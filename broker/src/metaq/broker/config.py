@@ -71,12 +71,35 @@ class BrokerConfig:
     default_queue_count: int = 8
     """Read and write queues of a topic created on first send."""
     max_frame_bytes: int = MAX_FRAME_BYTES
+    max_connections: int = 10_000
+    """Data-plane connections taken at once; one more is answered with a BUSY error and
+    closed at once. The broker also keeps ``fd_reserve`` file descriptors free of
+    connections, whatever this says."""
+    idle_timeout_s: float = 120.0
+    """A data-plane connection that sent nothing and awaits no answer (a parked long
+    poll or replication fetch awaits one) for this long is closed, as is one whose
+    frame has not arrived whole within it; clients reconnect on their next request.
+    0 turns it off."""
+    fd_reserve: int = 1024
+    """File descriptors never given to connections: commitlog, consume-queue and index
+    files, the checkpoint, HTTP and nameserver connections need them. The soft
+    RLIMIT_NOFILE is raised to the hard limit at start-up."""
+    max_buffered_request_bytes: int = 256 * MIB
+    """Bytes of partly received request frames all connections may hold together; a
+    connection whose next frame does not fit stops being read until others finish
+    theirs. At least ``max_frame_bytes``."""
+    max_connection_write_bytes: int = 16 * MIB
+    """Answers queued for one connection whose peer does not read them; past this the
+    broker stops reading that connection's requests until the peer catches up."""
     max_pull_messages: int = 1024
     max_pull_bytes: int = 16 * MIB
     long_poll_max_ms: int = 60_000
     """Longest a PULL may be parked, whatever the consumer asks."""
     consumer_heartbeat_timeout_s: float = 30.0
     offset_snapshot_interval_ms: int = 5_000
+    max_consumer_groups: int = 100_000
+    """Consumer groups whose offsets this broker keeps; a commit of one more is refused,
+    so that strangers cannot grow the offsets table (and its journal) without bound."""
     shutdown_grace_ms: int = 5_000
     """How long a stopping broker waits for requests in flight before closing anyway."""
     idle_poll_us: int = 200
@@ -119,6 +142,11 @@ class BrokerConfig:
     heartbeat_interval_ms: int = 500
     """Heartbeats to each nameserver; the controller notices a silent master after
     its master_detection_ms (3 s by default)."""
+    cluster_secret_file: str = ""
+    """A file (readable by the service user only) holding the cluster secret this broker
+    proves to the nameservers and to its master or slaves (``metaq.common.auth``); empty
+    reads the ``METAQ_CLUSTER_SECRET`` environment variable instead. Required when
+    ``listen_host`` is not a loopback address."""
     store: StoreConfig = field(default_factory=_default_store)
 
     def __post_init__(self) -> None:
@@ -159,6 +187,7 @@ class BrokerConfig:
             "long_poll_max_ms",
             "consumer_heartbeat_timeout_s",
             "offset_snapshot_interval_ms",
+            "max_consumer_groups",
             "shutdown_grace_ms",
             "min_in_sync_replicas",
             "replication_timeout_ms",
@@ -175,6 +204,20 @@ class BrokerConfig:
         ):
             if getattr(self, key) <= 0:
                 problems.append(f"{key} must be positive")
+        if self.max_connections <= 0:
+            problems.append("max_connections must be positive")
+        if self.idle_timeout_s < 0:
+            problems.append("idle_timeout_s must be 0 (off) or positive")
+        if self.fd_reserve < 64:
+            problems.append("fd_reserve must be at least 64 (the store's own files need them)")
+        if self.max_buffered_request_bytes < self.max_frame_bytes:
+            problems.append(
+                f"max_buffered_request_bytes={self.max_buffered_request_bytes} must be at "
+                f"least max_frame_bytes={self.max_frame_bytes}, or a whole frame could never "
+                "be received"
+            )
+        if self.max_connection_write_bytes < 64 * 1024:
+            problems.append("max_connection_write_bytes must be at least 65536")
         if not 0 <= self.idle_poll_us <= 10_000:
             problems.append("idle_poll_us must be 0-10000 (0 turns idle polling off)")
         if self.max_pull_bytes > self.max_frame_bytes // 2:
@@ -226,6 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--auto-create-topics", action=argparse.BooleanOptionalAction, default=None)
     add("--default-queue-count")
     add("--log-level")
+    add("--cluster-secret-file", help="file holding the cluster secret")
     add(
         "--set",
         action="append",

@@ -10,6 +10,13 @@ A frame the codec cannot make sense of (wrong version, bad length, unknown type)
 one ERROR frame for the whole connection, which is then closed: framing cannot
 resynchronise. Errors of a single request (unknown topic, bad records) get an ERROR
 frame for that request and the connection goes on.
+
+Flow control: a peer that does not read its answers stops being read once
+``max_connection_write_bytes`` of them wait in the transport (frames already read wait
+undispatched), and a frame that arrives in pieces first reserves its whole size from
+the broker-wide :class:`~metaq.broker.limits.RequestBudget`; until it gets it, the
+connection is not read either. So neither pipelining nor announced-but-unsent frames
+let one peer hold more than a bounded share of the broker's memory.
 """
 
 from __future__ import annotations
@@ -24,8 +31,16 @@ from typing import Final, Protocol, cast
 
 from google.protobuf.message import DecodeError
 
+from metaq.broker.limits import RequestBudget
 from metaq.common.errors import ErrorCode, MetaqError, ProtocolError
-from metaq.common.framing import Buffer, Frame, FrameDecoder, FrameType, encode_error
+from metaq.common.framing import (
+    FLAG_RESPONSE,
+    Buffer,
+    Frame,
+    FrameDecoder,
+    FrameType,
+    encode_error,
+)
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +65,8 @@ MetaqError that the connection turns into an ERROR frame for that request."""
 
 
 class ConnectionHooks(Protocol):
-    def connection_made(self, connection: Connection) -> None: ...
+    def connection_made(self, connection: Connection) -> str | None:
+        """Take the connection, or return why it is refused (it is then told and closed)."""
 
     def connection_lost(self, connection: Connection) -> None: ...
 
@@ -67,18 +83,40 @@ class Connection(asyncio.Protocol):
         handlers: Mapping[FrameType, Handler],
         hooks: ConnectionHooks,
         max_frame_bytes: int,
+        budget: RequestBudget,
+        max_write_bytes: int,
     ) -> None:
         self.connection_id = next(_ids)
         self.peer = "?"
         self._handlers = handlers
         self._hooks = hooks
         self._decoder = FrameDecoder(max_frame_bytes)
+        self._budget = budget
+        self._max_write_bytes = max_write_bytes
         self._transport: asyncio.Transport | None = None
         self._out: list[Buffer] = []
+        self._out_bytes = 0
         self._in_read = False
         self._flush_scheduled = False
         self._closed = False
-        self.lost = asyncio.get_running_loop().create_future()
+        self._loop = asyncio.get_running_loop()
+        # Why reading is paused: "writes" (the peer does not read), "budget" (waiting to
+        # reserve the incomplete frame); read again once there is no reason left.
+        self._blocked: set[str] = set()
+        self._writing_paused = False
+        # Frames read but not dispatched while the peer does not read its answers.
+        self._stash: list[Frame] = []
+        self._reserved = 0
+        self._wanted = 0
+        self.unanswered = 0
+        """Requests taken that await an answer (a parked long poll, a fsync): while any
+        does, the connection is not idle."""
+        self.last_active = self._loop.time()
+        """Loop time the peer last sent bytes or read some of its answers, or its last
+        awaited answer went out."""
+        self.frame_started = 0.0
+        """Loop time the incomplete frame got its reservation (0: none)."""
+        self.lost = self._loop.create_future()
         """Resolves once the transport is gone (for a bounded shutdown)."""
 
     # --- asyncio.Protocol -------------------------------------------------------------
@@ -94,37 +132,123 @@ class Connection(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         if peer:
             self.peer = f"{peer[0]}:{peer[1]}"
-        self._hooks.connection_made(self)
+        # Past this the transport calls pause_writing, and requests wait.
+        self._transport.set_write_buffer_limits(
+            high=self._max_write_bytes, low=self._max_write_bytes // 4
+        )
+        refused = self._hooks.connection_made(self)
+        if refused is not None:
+            self._closed = True
+            self._transport.write(b"".join(encode_error(ErrorCode.BUSY, refused)))
+            self._transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
         self._out = []
+        self._stash = []
         self._transport = None
+        if self._reserved:
+            self._budget.release(self._reserved)
+            self._reserved = 0
+        if self._wanted:
+            self._budget.forget(self)
+            self._wanted = 0
         self._hooks.connection_lost(self)
         if not self.lost.done():
             self.lost.set_result(None)
 
     def pause_writing(self) -> None:
         # The peer does not read its answers: stop taking requests until it catches up.
-        if self._transport is not None:
-            self._transport.pause_reading()
+        self._writing_paused = True
+        self._block("writes")
 
     def resume_writing(self) -> None:
-        if self._transport is not None and not self._closed:
-            self._transport.resume_reading()
+        self._writing_paused = False
+        self.last_active = self._loop.time()
+        if self._closed:
+            return
+        self._unblock("writes")
+        if self._stash:
+            frames, self._stash = self._stash, []
+            self._handle(frames)
 
     def data_received(self, data: bytes) -> None:
         if self._closed:
             return
+        self.last_active = self._loop.time()
         try:
             frames = self._decoder.feed(data)
         except ProtocolError as exc:
             self._fail(exc)
             return
+        self._reserve_partial(new_frame=bool(frames))
+        if self._stash:
+            # Already read by the transport when reading was paused: in order, later.
+            self._stash += frames
+            return
+        self._handle(frames)
+
+    # --- flow control -----------------------------------------------------------------
+
+    @property
+    def blocked(self) -> frozenset[str]:
+        return frozenset(self._blocked)
+
+    @property
+    def pending_frame_bytes(self) -> int:
+        return self._decoder.pending_frame_bytes
+
+    def _block(self, reason: str) -> None:
+        if not self._blocked and self._transport is not None:
+            self._transport.pause_reading()
+        self._blocked.add(reason)
+
+    def _unblock(self, reason: str) -> None:
+        self._blocked.discard(reason)
+        if not self._blocked and self._transport is not None and not self._closed:
+            self._transport.resume_reading()
+            if self._reserved:
+                # Time spent unread is not the peer's: its frame's clock starts again.
+                self.frame_started = self._loop.time()
+
+    def _reserve_partial(self, new_frame: bool) -> None:
+        """Hold a reservation for exactly the incomplete frame, if any; ``new_frame``
+        when the read completed frames, so an incomplete one is another frame even if it
+        has the same size (its time to arrive starts now)."""
+        if self._wanted:
+            return  # not read while it waits: the frame is the one it waits for
+        need = self._decoder.pending_frame_bytes
+        if need == self._reserved and not new_frame:
+            return
+        if self._reserved:
+            self._budget.release(self._reserved)
+            self._reserved = 0
+        if need:
+            if self._budget.reserve(self, need):
+                self._reserved = need
+                self.frame_started = self._loop.time()
+            else:
+                self._wanted = need
+                self._block("budget")
+        else:
+            self.frame_started = 0.0
+
+    def granted(self) -> None:
+        """The budget reserved the incomplete frame: read its rest."""
+        self._reserved, self._wanted = self._wanted, 0
+        self.frame_started = self._loop.time()
+        self._unblock("budget")
+
+    def _handle(self, frames: list[Frame]) -> None:
         self._in_read = True
         try:
-            for frame in frames:
+            for at, frame in enumerate(frames):
                 if self._closed:
+                    break
+                if self._out_bytes >= self._max_write_bytes:
+                    self._flush(to_request=True)
+                if self._writing_paused:
+                    self._stash = frames[at:]
                     break
                 self._dispatch(frame)
         finally:
@@ -141,7 +265,14 @@ class Connection(asyncio.Protocol):
         """Queue an answer; it is written with the others of this read or loop turn."""
         if self._closed:
             return
+        if parts[0][6] & FLAG_RESPONSE and self.unanswered:
+            self.unanswered -= 1
+            if not self.unanswered:
+                # Idle time counts from the last answer too: a long poll answered after
+                # more than idle_timeout_s leaves its peer time for the next request.
+                self.last_active = self._loop.time()
         self._out += parts
+        self._out_bytes += sum(map(len, parts))
         if not self._in_read and not self._flush_scheduled:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
@@ -179,6 +310,8 @@ class Connection(asyncio.Protocol):
                 )
             )
             return
+        if not frame.is_one_way:
+            self.unanswered += 1
         try:
             handler(self, frame)
         except MetaqError as exc:
@@ -211,7 +344,11 @@ class Connection(asyncio.Protocol):
     def _fail(self, exc: ProtocolError) -> None:
         """A framing error: answers already due go out, then one connection error, close."""
         log.info("%s: closing after a protocol error: %s", self.peer, exc)
-        self._out += encode_error(exc.code, str(exc))
+        self.close_with_error(exc.code, str(exc))
+
+    def close_with_error(self, code: ErrorCode, message: str) -> None:
+        """Answers already due go out, then one connection error saying why, then close."""
+        self._out += encode_error(code, message)
         self._flush()
         self.close()
 
@@ -219,6 +356,7 @@ class Connection(asyncio.Protocol):
         self._flush_scheduled = False
         if self._out and self._transport is not None:
             out, self._out = self._out, []
+            self._out_bytes = 0
             self._transport.writelines(out)
             self._hooks.answered(to_request)
 

@@ -13,8 +13,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from metaq.broker.offsets import check_group
 from metaq.common.errors import InvalidMessage
+from metaq.common.names import check_group
+from metaq.common.record import check_topic
 from metaq.common.service import PeriodicService
 
 
@@ -60,6 +61,8 @@ class ConsumerGroups:
             check_group(group)
         if not client_id or len(client_id) > 255:
             raise InvalidMessage("a consumer heartbeat needs a client id of 1-255 characters")
+        for topic, _ in subscriptions:
+            check_topic(topic)
         members = self._groups.setdefault(group, {})
         if leaving:
             members.pop(client_id, None)

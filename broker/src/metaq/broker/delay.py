@@ -39,6 +39,7 @@ from typing import Final
 from metaq.broker.store import GetStatus, MessageStore
 from metaq.common.errors import InvalidMessage
 from metaq.common.framing import Buffer
+from metaq.common.names import shown
 from metaq.common.record import (
     FLAG_DELAYED,
     PROP_DELAY_LEVEL,
@@ -65,6 +66,8 @@ PROP_SOURCE: Final = "DELAY_SOURCE"
 _INTERNAL: Final = frozenset({PROP_DELAY_LEVEL, PROP_DELIVER_AT, PROP_REAL_TOPIC,
                               PROP_REAL_QUEUE, PROP_DUE, PROP_SINCE})  # fmt: skip
 _BATCH: Final = 256
+_MAX_DIGITS: Final = 19
+"""Enough for any delay level and any ms-since-epoch time; longer is refused as it is."""
 _UNITS: Final = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 DEFAULT_LEVELS: Final = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
 
@@ -100,25 +103,34 @@ class DelayPolicy:
         props = record.properties
         if PROP_DELAY_LEVEL in props:
             raw = props[PROP_DELAY_LEVEL]
-            if not raw.isdigit() or not 1 <= int(raw) <= len(self.levels_ms):
+            level = _digits(raw)
+            if level is None or not 1 <= level <= len(self.levels_ms):
                 raise InvalidMessage(
-                    f"delay level {raw!r} is not one of 1-{len(self.levels_ms)} (this broker's "
-                    "delay_levels); use a level in range, or DELIVER_AT for another time"
+                    f"delay level {shown(raw)} is not one of 1-{len(self.levels_ms)} (this "
+                    "broker's delay_levels); use a level in range, or DELIVER_AT for another time"
                 )
-            return now_ms + self.levels_ms[int(raw) - 1]
-        raw = props.get(PROP_DELIVER_AT, "")
-        if not raw.isdigit():
+            return now_ms + self.levels_ms[level - 1]
+        due = _digits(props.get(PROP_DELIVER_AT, ""))
+        if due is None:
             raise InvalidMessage(
                 f"a delayed message needs property {PROP_DELAY_LEVEL} (a level) or "
-                f"{PROP_DELIVER_AT} (ms since the Unix epoch), not {dict(props)!r}"
+                f"{PROP_DELIVER_AT} (ms since the Unix epoch), not {shown(dict(props))}"
             )
-        due = int(raw)
         if due - now_ms > self.max_delay_ms:
             raise InvalidMessage(
                 f"{PROP_DELIVER_AT} is {(due - now_ms) / 1000:.0f} s ahead; the limit is "
                 f"{self.max_delay_ms / 1000:.0f} s (max_delay_ms)"
             )
         return due
+
+
+def _digits(raw: str) -> int | None:
+    """A property's decimal digits as an int, None for anything else. ASCII only, and
+    short: int() refuses other Unicode digits and more than 4,300 digits with a
+    ValueError, which would surface as an internal error instead of a refusal."""
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > _MAX_DIGITS:
+        return None
+    return int(raw)
 
 
 def _copy(record: Record, topic: str, queue_id: int, properties: dict[str, str]) -> bytearray:

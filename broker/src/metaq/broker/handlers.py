@@ -4,19 +4,25 @@ that maps every frame type to its handler."""
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections.abc import Coroutine
+from typing import Any
 
 from metaq.broker.connection import Handler, Responder
 from metaq.broker.consumers import ConsumeMode, ConsumerGroups
+from metaq.broker.held_offsets import takes_forwarded
 from metaq.broker.journal import Journal
-from metaq.broker.offsets import ConsumerOffsets, check_group
+from metaq.broker.offset_forward import OffsetForwarder
+from metaq.broker.offsets import ConsumerOffsets
 from metaq.broker.pull import PullHandler
 from metaq.broker.role import GroupRole
 from metaq.broker.send import SendHandler
 from metaq.broker.store import MessageStore
 from metaq.broker.topics import TopicTable, UnknownTopic
 from metaq.broker.transactions import Transactions
-from metaq.common.errors import InvalidMessage
-from metaq.common.framing import FLAG_RESPONSE, Buffer, Frame, FrameType, encode_frame
+from metaq.common.errors import ErrorCode, InvalidMessage, MetaqError, NotMaster
+from metaq.common.framing import FLAG_RESPONSE, Frame, FrameType, encode_error, encode_frame
+from metaq.common.names import check_group
 from metaq.common.record import check_topic
 from metaq.common.v1.data_pb2 import (
     CommitOffsetRequest,
@@ -30,8 +36,11 @@ from metaq.common.v1.data_pb2 import (
     LockQueuesResponse,
     QueryOffsetRequest,
     QueryOffsetResponse,
+    QueueOffset,
     QueueRef,
 )
+
+log = logging.getLogger(__name__)
 
 _MODES = {
     ConsumerHeartbeatRequest.MODE_UNSPECIFIED: ConsumeMode.CLUSTERING,
@@ -55,6 +64,7 @@ class Handlers:
         role: GroupRole,
         journal: Journal,
         transactions: Transactions,
+        forwarder: OffsetForwarder,
     ) -> None:
         self._store = store
         self._topics = topics
@@ -65,6 +75,7 @@ class Handlers:
         self.role = role
         self._journal = journal
         self._transactions = transactions
+        self.forwarder = forwarder
         self._tasks: set[asyncio.Task[None]] = set()
 
     def table(self) -> dict[FrameType, Handler]:
@@ -77,6 +88,7 @@ class Handlers:
             FrameType.QUERY_OFFSET: self.query_offset,
             FrameType.CONSUMER_HEARTBEAT: self.consumer_heartbeat,
             FrameType.REPLICA_FETCH: self.role.handle_fetch,
+            FrameType.REPLICA_AUTH: self.role.gate.handle,
             FrameType.LOCK_QUEUES: self.lock_queues,
             FrameType.END_TRANSACTION: self.end_transaction,
         }
@@ -91,34 +103,113 @@ class Handlers:
             responder.respond(encode_frame(frame.type, frame.request_id, flags=FLAG_RESPONSE))
 
     def commit_offset(self, responder: Responder, frame: Frame) -> None:
-        """Store a group's offsets, all or none: every entry is checked first."""
+        """Store a group's offsets, all or none: every entry is checked first.
+
+        A master journals them; a slave holds them on its disk and forwards them to its
+        master (see metaq.broker.held_offsets), answering once they are on its disk."""
         request = CommitOffsetRequest.FromString(frame.header)
         check_group(request.consumer_group)
+        if request.forwarded:
+            self._commit_forwarded(responder, frame, request)
+            return
         for entry in request.offsets:
-            self._known_topic(entry.topic)
+            self._check_commit(entry)
+        held = self.role.holds_commits
         for entry in request.offsets:
-            self._offsets.commit(request.consumer_group, entry.topic, entry.queue_id, entry.offset)
+            self._offsets.commit(
+                request.consumer_group, entry.topic, entry.queue_id, entry.offset, held=held
+            )
+        if held:
+            self.forwarder.wakeup()
+            self._answer_after(
+                responder, frame, _EMPTY_COMMIT_RESPONSE, self._offsets.held.persist()
+            )
+            return
+        self._answer_journaled(responder, frame, _EMPTY_COMMIT_RESPONSE)
+
+    def _commit_forwarded(
+        self, responder: Responder, frame: Frame, request: CommitOffsetRequest
+    ) -> None:
+        """Commits a slave held: taken where the master's offset is still the one the
+        slave knew, or where they move it forward; the answer has the resulting offsets."""
+        if not self.role.takes_writes:
+            raise NotMaster(
+                f"broker {self.role.config.broker_name} (id {self.role.config.broker_id}) "
+                "takes no forwarded offset commits: it is not the master now",
+                self.role.master_address,
+            )
+        group = request.consumer_group
+        response = CommitOffsetResponse()
+        for entry in request.offsets:
+            try:
+                self._check_commit(entry)
+            except MetaqError as exc:
+                # Not storable here (a topic gone, a queue cut by an async failover): the
+                # slave drops it, as the master never had it.
+                log.warning("a forwarded commit of group %r is dropped: %s", group, exc)
+                continue
+            current = self._offsets.get(group, entry.topic, entry.queue_id)
+            expected = entry.expected_offset if entry.HasField("expected_offset") else None
+            if takes_forwarded(current, expected, entry.offset):
+                self._offsets.commit(group, entry.topic, entry.queue_id, entry.offset)
+            now = self._offsets.get(group, entry.topic, entry.queue_id)
+            if now is not None:
+                response.offsets.add(topic=entry.topic, queue_id=entry.queue_id, offset=now)
+        self._answer_journaled(responder, frame, response.SerializeToString())
+
+    def _answer_journaled(self, responder: Responder, frame: Frame, response: bytes) -> None:
         journaled = self._journal.write_offsets()
         if frame.is_one_way:
             return
-        answer = encode_frame(
-            frame.type, frame.request_id, _EMPTY_COMMIT_RESPONSE, flags=FLAG_RESPONSE
-        )
         if journaled is None or not self.role.sync:
-            responder.respond(answer)
+            responder.respond(
+                encode_frame(frame.type, frame.request_id, response, flags=FLAG_RESPONSE)
+            )
             return
         # Under sync replication a commit is answered once a promoted slave would have it.
+        self._answer_after(responder, frame, response, self.role.wait_replicated(journaled.end))
+
+    def _answer_after(
+        self,
+        responder: Responder,
+        frame: Frame,
+        response: bytes,
+        done: Coroutine[Any, Any, object],
+    ) -> None:
         task = asyncio.get_running_loop().create_task(
-            self._answer_replicated(responder, answer, journaled.end)
+            self._answer_when(responder, frame, response, done)
         )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _answer_replicated(
-        self, responder: Responder, answer: list[Buffer], offset: int
+    async def _answer_when(
+        self,
+        responder: Responder,
+        frame: Frame,
+        response: bytes,
+        done: Coroutine[Any, Any, object],
     ) -> None:
-        await self.role.wait_replicated(offset)
-        responder.respond(answer)
+        try:
+            await done
+        except OSError as exc:
+            # A slave could not put the commit on its disk: it is still held in memory
+            # and forwarded, but not answered OK.
+            log.error("keeping offset commits on disk failed: %s", exc)
+            if not frame.is_one_way:
+                responder.respond(
+                    encode_error(
+                        ErrorCode.STORE_UNAVAILABLE,
+                        f"the broker could not write the commit to its disk ({exc}); retry",
+                        request_id=frame.request_id,
+                        frame_type=frame.type,
+                        retriable=True,
+                    )
+                )
+            return
+        if not frame.is_one_way:
+            responder.respond(
+                encode_frame(frame.type, frame.request_id, response, flags=FLAG_RESPONSE)
+            )
 
     def end_transaction(self, responder: Responder, frame: Frame) -> None:
         request = EndTransactionRequest.FromString(frame.header)
@@ -204,6 +295,25 @@ class Handlers:
                 frame.type, frame.request_id, response.SerializeToString(), flags=FLAG_RESPONSE
             )
         )
+
+    def _check_commit(self, entry: QueueOffset) -> None:
+        """A commit names an existing topic, one of its read queues, and an offset within
+        the queue (its end at most: the stored offset is the next to consume)."""
+        self._known_topic(entry.topic)
+        config = self._topics.get(entry.topic)
+        assert config is not None
+        if entry.queue_id >= config.read_queues:
+            raise InvalidMessage(
+                f"queue id {entry.queue_id} is out of range: topic {entry.topic!r} has "
+                f"{config.read_queues} read queues (0-{config.read_queues - 1})"
+            )
+        end = self._store.max_offset(entry.topic, entry.queue_id)
+        if entry.offset > end:
+            raise InvalidMessage(
+                f"offset {entry.offset} is past the end of queue {entry.topic!r}/"
+                f"{entry.queue_id} (max offset {end} on this broker): commit the next offset "
+                "to consume, at most the queue's max offset; nothing was stored"
+            )
 
     def _known_topic(self, topic: str) -> None:
         if self._topics.get(topic) is None:

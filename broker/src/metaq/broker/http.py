@@ -1,7 +1,8 @@
 """The broker's HTTP side, for people and scrapers: health, metrics and a small admin API.
 
 - ``GET /health`` — 200 ``{"status": "ok", ...}`` while the store takes writes, 503
-  ``{"status": "not-writable", "reason": ...}`` while it refuses them (reads go on).
+  ``{"status": "not-writable", "reason": ...}`` while it refuses them (disk full, I/O
+  errors, a background thread died, shutting down; reads go on).
 - ``GET /metrics`` — Prometheus text format.
 - ``GET /topics``, ``PUT /topics/{name}`` (JSON: read_queues, write_queues, perm,
   ordered; creates or replaces), ``DELETE /topics/{name}``.
@@ -31,7 +32,9 @@ from metaq.broker.offsets import ConsumerOffsets
 from metaq.broker.role import GroupRole
 from metaq.broker.store import MessageStore
 from metaq.broker.topics import Permission, TopicConfig, TopicTable
+from metaq.common import http
 from metaq.common.errors import InvalidMessage, MetaqError
+from metaq.common.names import shown
 from metaq.common.record import FLAG_COMPRESSED, Record
 
 
@@ -53,7 +56,7 @@ class HttpServer:
 
     def __init__(self, context: HttpContext) -> None:
         self._context = context
-        app = web.Application()
+        app = http.application()
         app.add_routes(
             [
                 web.get("/health", self.health),
@@ -85,7 +88,7 @@ class HttpServer:
 
     async def health(self, _request: web.Request) -> web.Response:
         c = self._context
-        reason = c.store.guard.reason
+        reason = c.store.refusal
         if c.stopping():
             reason = "the broker is shutting down"
         body = {
@@ -98,12 +101,14 @@ class HttpServer:
             "in_sync_ids": list(c.role.in_sync_ids()),
             "electable_ids": list(c.role.electable_ids()),
             "replica_lag_bytes": {str(k): v for k, v in c.role.lag_bytes().items()},
+            "held_offsets": len(c.offsets.held),
             "verified": c.role.verified,
             "log_check": _log_check(c.role.check, c.store),
             "uptime_s": round(time.monotonic() - c.started_monotonic, 3),
             "commitlog_write_offset": c.store.commitlog.write_offset,
             "commitlog_durable_offset": c.store.flusher.durable,
             "disk_used_ratio": round(c.store.guard.disk_ratio, 4),
+            "disk_available_bytes": c.store.guard.available_bytes,
         }
         return web.json_response(body, status=200 if reason is None else 503)
 
@@ -120,10 +125,8 @@ class HttpServer:
 
     async def put_topic(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
+        body = await http.json_object(request)
         try:
-            body = await request.json() if request.can_read_body else {}
-            if not isinstance(body, dict):
-                raise InvalidMessage("the body must be a JSON object")
             config = _topic_from_json(name, body, self._context.topics.default_queue_count)
         except (ValueError, InvalidMessage) as exc:
             return web.json_response({"error": str(exc)}, status=400)
@@ -139,15 +142,15 @@ class HttpServer:
         if refused is not None:
             return refused
         if not self._context.topics.delete(name):
-            return web.json_response({"error": f"no topic {name!r}"}, status=404)
+            return web.json_response({"error": f"no topic {shown(name)}"}, status=404)
         return web.json_response({"deleted": name})
 
     async def handover(self, request: web.Request) -> web.Response:
         """Planned switchover, step one (``metaq cluster switchover`` drives it): stop
         taking writes until slave ``to`` holds the whole log. Body: ``{"to": id,
         "timeout_ms": n, "fence_ms": n}``; writes resume by themselves after fence_ms."""
+        body = await http.json_object(request)
         try:
-            body = await request.json()
             target = int(body["to"])
             timeout_s = int(body.get("timeout_ms", 5000)) / 1e3
             fence_s = int(body.get("fence_ms", 10000)) / 1e3
@@ -218,7 +221,7 @@ class HttpServer:
             msg_id = b""
         if len(msg_id) != 16:
             return web.json_response(
-                {"error": f"a message id is 32 hex digits, not {raw!r}"}, status=400
+                {"error": f"a message id is 32 hex digits, not {shown(raw)}"}, status=400
             )
         found = self._context.store.lookup_id(msg_id)
         if found is None:

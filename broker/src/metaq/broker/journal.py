@@ -14,12 +14,18 @@ journal past its last snapshot, so a crash no longer loses the commits of the la
 snapshot interval either. Each tick that finds nothing new may write nothing; every
 ``journal_full_interval_s`` the master writes the whole table again, so that a slave
 starting from the oldest retained data still finds a complete state.
+
+The offsets state is written as many records as it takes, each well under the store's
+record limit (``store.max_message_bytes``): every record is a list of rows that applies on
+its own, so a table of 100,000 groups is a few dozen records, not one a promotion cannot
+write.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from collections.abc import Callable
 from typing import Any, Final
@@ -28,6 +34,7 @@ from metaq.broker.offsets import ConsumerOffsets
 from metaq.broker.store import GetStatus, MessageStore
 from metaq.broker.store.commitlog import Appended
 from metaq.broker.topics import Permission, TopicConfig, TopicTable
+from metaq.common.errors import MetaqError
 from metaq.common.record import decode, encode
 from metaq.common.service import PeriodicService
 
@@ -37,6 +44,8 @@ TOPICS_JOURNAL: Final = "%SYS%TOPICS"
 OFFSETS_JOURNAL: Final = "%SYS%OFFSETS"
 SYSTEM_PREFIX: Final = "%SYS%"
 _BATCH: Final = 256
+ROWS_PER_RECORD: Final = 2048
+"""Offsets rows per journal record; a record that still encodes too big is halved."""
 
 
 class Journal:
@@ -69,25 +78,75 @@ class Journal:
         return appended
 
     def write_offsets(self, *, full: bool = False) -> Appended | None:
-        """Journal the offsets committed since the last call (all of them with ``full``)."""
+        """Journal the offsets committed since the last call (all of them with ``full``);
+        returns the last record's append, None when there was nothing to write.
+
+        The commits count as journaled only once every record is appended: a write that
+        fails (disk full, say) leaves them to the next tick instead of losing them."""
         if not self._is_master():
             return None
-        changed = self._offsets.take_changes(full=full)
+        changed = self._offsets.changes(full=full)
         if not changed:
             return None
         rows = [[group, topic, queue_id, offset] for (group, topic, queue_id), offset in changed]
-        appended = self._append(OFFSETS_JOURNAL, {"offsets": rows, "full": full})
-        # A snapshot taken from now on includes this record: a restart replays after it.
-        self._offsets.journal_offset = appended.queue_offsets[0] + 1
+        records = self._offsets_records(rows, full)
+        appended = self._store.append(records, wake_dispatcher=False)
+        self._store.dispatch_appended()
+        self._offsets.journaled(changed)
+        # A snapshot taken from now on includes these records: a restart replays after them.
+        self._offsets.journal_offset = appended.queue_offsets[-1] + 1
         return appended
+
+    def _offsets_records(self, rows: list[list[Any]], full: bool) -> list[bytes | bytearray]:
+        limit = self._store.config.max_message_bytes
+        records: list[bytes | bytearray] = []
+        pending = [rows[i : i + ROWS_PER_RECORD] for i in range(0, len(rows), ROWS_PER_RECORD)]
+        pending.reverse()
+        while pending:
+            chunk = pending.pop()
+            body = json.dumps({"offsets": chunk, "full": full}, separators=(",", ":")).encode()
+            if len(body) > limit and len(chunk) > 1:
+                # Long group and topic names: halve until each half fits.
+                half = len(chunk) // 2
+                pending.extend([chunk[half:], chunk[:half]])
+                continue
+            records.append(encode(OFFSETS_JOURNAL, body))
+        return records
+
+    def write_all(self) -> None:
+        """Journal the whole state: on becoming master and every ``full_interval_s``.
+
+        A failed write (disk full, say) is logged and tried again on the next tick, so it
+        cannot stop a promotion half-way: the commits stay unjournaled until it works."""
+        if not self._is_master():
+            # A new master waiting for the controller's lease takes no writes yet: the
+            # first tick that finds it writable writes the whole state.
+            self._last_full = -math.inf
+            return
+        self._last_full = time.monotonic()
+        try:
+            self.write_topics()
+            self.write_offsets(full=True)
+        except MetaqError as exc:
+            self._last_full = -math.inf
+            log.warning("journaling the topics and offsets failed (%s); retrying next tick", exc)
+            return
+        if len(self._offsets.held):
+            # Commits consumers made here as a slave are in the table just journaled.
+            log.info("journaled %d offsets committed here as a slave", len(self._offsets.held))
+            self._offsets.held.clear()
+
+    def hold_unjournaled(self) -> None:
+        """On demotion: commits taken as master but not journaled go to the new master."""
+        self._offsets.hold_unjournaled()
+
+    async def persist_held(self) -> None:
+        await self._offsets.held.persist()
 
     def tick(self) -> None:
         if self._is_master():
-            now = time.monotonic()
-            if now - self._last_full >= self._full_interval_s:
-                self._last_full = now
-                self.write_topics()
-                self.write_offsets(full=True)
+            if time.monotonic() - self._last_full >= self._full_interval_s:
+                self.write_all()
             else:
                 self.write_offsets()
         else:
@@ -102,6 +161,21 @@ class Journal:
         return appended
 
     # --- slave (and every broker at start) ---------------------------------------------
+
+    def consumed_floors(self) -> dict[tuple[str, int], int]:
+        """How far the broker itself is done with its journal topics, for retention:
+        every topics record up to the one the table is as of, since the table on disk
+        holds that one's content (a master writes it as it journals it, a slave as it
+        applies a change), and an offsets record once the offsets snapshot on disk
+        covers it.
+
+        Under disk pressure the segment holding the newest topics record may then go; a
+        slave that starts from the oldest retained offset meets the table at the master's
+        next whole-state write (``journal_full_interval_s``)."""
+        return {
+            (TOPICS_JOURNAL, 0): self._topics.journal_offset + 1,
+            (OFFSETS_JOURNAL, 0): self._offsets.saved_journal_offset,
+        }
 
     def apply(self) -> int:
         """Apply journal records dispatched since the last call; return how many."""
@@ -164,3 +238,4 @@ class JournalService(PeriodicService):
 
     async def run_once(self) -> None:
         self.journal.tick()
+        await self.journal.persist_held()

@@ -23,9 +23,10 @@ from collections.abc import Callable
 from typing import Final
 
 from metaq.broker.store import MessageStore
+from metaq.common.auth import ClusterSecret
 from metaq.common.errors import CorruptLog, MetaqError
 from metaq.common.v1.data_pb2 import EpochEntry, ReplicaFetchRequest
-from metaq.replication.channel import DataPlaneChannel
+from metaq.replication.channel import DataPlaneChannel, SlaveIdentity
 from metaq.replication.epochs import EpochHistory
 
 log = logging.getLogger(__name__)
@@ -45,8 +46,10 @@ class LogCheck:
         master: Callable[[], tuple[str, int]],
         on_progress: Callable[[], None],
         on_verified: Callable[[], None],
+        secret: ClusterSecret | None = None,
     ) -> None:
         self._store = store
+        self._identity = SlaveIdentity(broker_name, broker_id, secret)
         self._history = history
         self._broker_name = broker_name
         self._broker_id = broker_id
@@ -107,8 +110,8 @@ class LogCheck:
         if not address:
             return
         try:
-            channel = await DataPlaneChannel.open(address)
-        except (OSError, TimeoutError) as exc:
+            channel = await DataPlaneChannel.open(address, identity=self._identity)
+        except (OSError, TimeoutError, MetaqError) as exc:
             log.warning("repair: cannot reach master %s: %s", address, exc)
             return
         try:

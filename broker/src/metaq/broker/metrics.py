@@ -54,6 +54,26 @@ class BrokerMetrics:
             registry=r,
         )
         self.connections = Gauge("metaq_connections", "Open data-plane connections", registry=r)
+        self.connections_refused = Counter(
+            "metaq_connections_refused",
+            "Data-plane connections refused over max_connections or the fd reserve",
+            registry=r,
+        )
+        self.connections_idle_closed = Counter(
+            "metaq_connections_idle_closed",
+            "Data-plane connections closed after idle_timeout_s",
+            registry=r,
+        )
+        self.request_bytes_reserved = Gauge(
+            "metaq_request_bytes_reserved",
+            "Bytes reserved for incomplete request frames (max_buffered_request_bytes)",
+            registry=r,
+        )
+        self.connections_waiting_for_budget = Gauge(
+            "metaq_connections_waiting_for_budget",
+            "Connections not read until their incomplete frame fits the request budget",
+            registry=r,
+        )
         self.idle_polled = Counter(
             "metaq_idle_poll_seconds",
             "Seconds the event loop polled for a next request instead of sleeping (idle_poll_us)",
@@ -149,6 +169,21 @@ class _StateCollector:
             "Used fraction of the data directory's disk",
             store.guard.disk_ratio,
         )
+        if store.guard.available_bytes is not None:
+            yield _gauge(
+                "metaq_disk_available_bytes",
+                "Free bytes on the data directory's disk (as of the last sample)",
+                store.guard.available_bytes,
+            )
+        deleted = CounterMetricFamily(
+            "metaq_commitlog_segments_deleted",
+            "Commitlog segments retention deleted, by reason: expired, consumed (by every "
+            "group, early under disk pressure), unconsumed (store.force_clean_unconsumed)",
+            labels=["reason"],
+        )
+        for reason, count in store.deleted_segments.items():
+            deleted.add_metric([reason], count)
+        yield deleted
         role = state.role
         yield _gauge("metaq_epoch", "The broker group's epoch as this broker knows it", role.epoch)
         yield _gauge(
@@ -183,7 +218,7 @@ class _StateCollector:
         )
         discarded.add_metric([], txn.discarded)
         yield discarded
-        writable = 0 if store.guard.reason else 1
+        writable = 0 if store.refusal else 1
         yield _gauge("metaq_writable", "1 if the store accepts writes", writable)
         queues = GaugeMetricFamily(
             "metaq_queue_max_offset", "Next queue offset per topic queue", labels=["topic", "queue"]

@@ -8,47 +8,52 @@ Commits land in memory and are snapshotted to ``consumer_offsets.json`` (atomica
 temp file, fsync, rename, directory fsync) every ``offset_snapshot_interval_ms`` and at a
 clean shutdown. A crash can lose the commits since the last snapshot; consumers then
 re-read those messages, which at-least-once delivery allows.
+
+On a slave, consumers' commits are held (:mod:`metaq.broker.held_offsets`) until the
+master takes them; the master's journal does not overwrite a held commit meanwhile.
 """
 
 from __future__ import annotations
 
 import asyncio
-import re
 from pathlib import Path
 from typing import Any, Final, TypeAlias
 
 from metaq.broker.files import read_json, write_json_atomically
+from metaq.broker.held_offsets import HeldOffsets
 from metaq.common.errors import InvalidMessage
+from metaq.common.names import check_group
 from metaq.common.service import PeriodicService
 
 FILE_NAME: Final = "consumer_offsets.json"
 _FORMAT: Final = 1
-_GROUP: Final = re.compile(r"[A-Za-z0-9_|%.@:-]{1,255}")
+DEFAULT_MAX_GROUPS: Final = 100_000
 
 OffsetKey: TypeAlias = tuple[str, str, int]
 """(consumer group, topic, queue id)."""
 
 
-def check_group(group: str) -> None:
-    if not _GROUP.fullmatch(group):
-        raise InvalidMessage(
-            f"illegal consumer group {group!r}: use 1-255 characters from letters, digits "
-            "and '_|%.@:-'"
-        )
-
-
 class ConsumerOffsets:
     """Committed offsets by (group, topic, queue id), with dirty tracking for snapshots."""
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, *, max_groups: int = DEFAULT_MAX_GROUPS) -> None:
         self.path = data_dir / FILE_NAME
+        self.max_groups = max_groups
+        """Consumers may bring no group beyond this many (the master's journal may)."""
         self._offsets: dict[OffsetKey, int] = {}
+        self._groups: set[str] = set()
         self._unjournaled: dict[OffsetKey, int] = {}
-        self.journal_offset = 0
-        """The next offsets-journal record to apply (see metaq.broker.journal)."""
+        self._journal_offset = 0
+        self.saved_journal_offset = 0
+        """``journal_offset`` as of the snapshot on disk: a start replays from there."""
         self._changes = 0
         self._saved = 0
         self._load()
+        self.held = HeldOffsets(data_dir)
+        """Commits consumers made while this broker was a slave, not yet the master's."""
+        for (group, topic, queue_id), held in self.held.items():
+            self._offsets[(group, topic, queue_id)] = held.offset
+        self._groups = {group for group, _, _ in self._offsets}
 
     def _load(self) -> None:
         data = read_json(self.path)
@@ -57,7 +62,8 @@ class ConsumerOffsets:
         try:
             if data["format"] != _FORMAT:
                 raise ValueError(f"format {data['format']} is not {_FORMAT}")
-            self.journal_offset = int(data.get("journal_offset", 0))
+            self._journal_offset = int(data.get("journal_offset", 0))
+            self.saved_journal_offset = self._journal_offset
             for group, topics in data["offsets"].items():
                 for topic, queues in topics.items():
                     for queue_id, offset in queues.items():
@@ -68,32 +74,88 @@ class ConsumerOffsets:
                 "offsets (consumers then start from their configured position)"
             ) from None
 
+    @property
+    def journal_offset(self) -> int:
+        """The next offsets-journal record to apply (see metaq.broker.journal)."""
+        return self._journal_offset
+
+    @journal_offset.setter
+    def journal_offset(self, offset: int) -> None:
+        # A change to save: until the snapshot on disk holds it, retention keeps the
+        # journal records a restart would replay.
+        if offset != self._journal_offset:
+            self._journal_offset = offset
+            self._changes += 1
+
     def commit(
-        self, group: str, topic: str, queue_id: int, offset: int, *, journaled: bool = False
+        self,
+        group: str,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        *,
+        journaled: bool = False,
+        held: bool = False,
     ) -> None:
         """Store ``offset`` (the next one to consume), replacing any earlier commit.
 
         ``journaled``: the commit comes from the master's journal, not from a consumer,
-        so it is not journaled again.
+        so it is not journaled again; it does not replace a commit held here, which is
+        newer (the master takes or refuses that one when it is forwarded).
+        ``held``: a consumer's commit at a slave, held until the master has it.
         """
         key = (group, topic, queue_id)
-        if self._offsets.get(key) == offset:
+        if journaled and key in self.held:
             return
-        if key not in self._offsets:
+        current = self._offsets.get(key)
+        if current == offset:
+            return
+        if current is None:
             check_group(group)
+            if group not in self._groups:
+                if not journaled and len(self._groups) >= self.max_groups:
+                    raise InvalidMessage(
+                        f"this broker holds offsets of {len(self._groups)} consumer groups, "
+                        f"its limit (max_consumer_groups); a commit of new group {group!r} "
+                        "is refused: reuse an existing group or raise max_consumer_groups"
+                    )
+                self._groups.add(group)
         if offset < 0:
             raise InvalidMessage(f"a committed offset cannot be negative ({offset})")
-        self._offsets[key] = offset
-        if not journaled:
+        if held:
+            self.held.hold(key, offset, current)
+        elif not journaled:
             self._unjournaled[key] = offset
+        self._offsets[key] = offset
         self._changes += 1
 
-    def take_changes(self, *, full: bool = False) -> list[tuple[OffsetKey, int]]:
-        """The commits not journaled yet (every offset with ``full``), now counted as
-        journaled."""
-        changes = self.items() if full else sorted(self._unjournaled.items())
+    def forwarded(self, sent: list[tuple[OffsetKey, int]], answer: dict[OffsetKey, int]) -> None:
+        """The master answered held commits ``sent``: its offsets (``answer``) replace
+        them, except where a consumer committed here again meanwhile."""
+        for key, offset in sent:
+            settled = self.held.settle(key, offset)
+            if settled and key in answer and self._offsets.get(key) != answer[key]:
+                self._offsets[key] = answer[key]
+                self._changes += 1
+
+    def hold_unjournaled(self) -> None:
+        """A master demoted before it journaled its last commits: hold them for the new
+        master (nothing is known of the new master's offsets for them)."""
+        for key, offset in self._unjournaled.items():
+            self.held.hold(key, offset, None)
         self._unjournaled = {}
-        return changes
+
+    def changes(self, *, full: bool = False) -> list[tuple[OffsetKey, int]]:
+        """The commits not journaled yet (every offset with ``full``); see :meth:`journaled`."""
+        return self.items() if full else sorted(self._unjournaled.items())
+
+    def journaled(self, changes: list[tuple[OffsetKey, int]]) -> None:
+        """Count ``changes`` (from :meth:`changes`) as journaled, unless committed again
+        since."""
+        unjournaled = self._unjournaled
+        for key, offset in changes:
+            if unjournaled.get(key) == offset:
+                del unjournaled[key]
 
     def get(self, group: str, topic: str, queue_id: int) -> int | None:
         """The next offset ``group`` will consume in the queue, or None if never committed."""
@@ -102,8 +164,29 @@ class ConsumerOffsets:
     def items(self) -> list[tuple[OffsetKey, int]]:
         return sorted(self._offsets.items())
 
+    def consumed_floors(self) -> dict[tuple[str, int], int]:
+        """Per (topic, queue id): the lowest committed offset among the groups that
+        committed anything on the topic; a group with no commit on a queue of its topic
+        has consumed nothing of it. Queues of topics no group committed on are absent.
+
+        Safe from another thread: the commits are copied in one step first.
+        """
+        commits = list(self._offsets.items())
+        groups_of: dict[str, set[str]] = {}
+        lowest: dict[tuple[str, int], int] = {}
+        counted: dict[tuple[str, int], int] = {}
+        for (group, topic, queue_id), offset in commits:
+            groups_of.setdefault(topic, set()).add(group)
+            key = (topic, queue_id)
+            lowest[key] = min(offset, lowest.get(key, offset))
+            counted[key] = counted.get(key, 0) + 1
+        return {
+            key: offset if counted[key] == len(groups_of[key[0]]) else 0
+            for key, offset in lowest.items()
+        }
+
     def groups(self) -> list[str]:
-        return sorted({group for group, _, _ in self._offsets})
+        return sorted(self._groups)
 
     @property
     def dirty(self) -> bool:
@@ -122,6 +205,7 @@ class ConsumerOffsets:
         changes, data = snapshot
         write_json_atomically(self.path, data)
         self._saved = max(self._saved, changes)
+        self.saved_journal_offset = max(self.saved_journal_offset, data["journal_offset"])
 
     def save(self) -> bool:
         """Write now if anything changed since the last write; return whether it wrote."""
@@ -147,3 +231,4 @@ class OffsetSnapshotService(PeriodicService):
 
     async def on_stop(self) -> None:
         self.offsets.save()
+        self.offsets.held.save()

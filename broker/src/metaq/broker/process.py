@@ -32,16 +32,19 @@ from metaq.broker.handlers import Handlers
 from metaq.broker.http import HttpContext, HttpServer
 from metaq.broker.idle_poll import IdlePoll
 from metaq.broker.journal import Journal, JournalService
+from metaq.broker.limits import raise_nofile_limit
 from metaq.broker.metrics import BrokerMetrics, BrokerState
+from metaq.broker.offset_forward import OffsetForwarder
 from metaq.broker.offsets import ConsumerOffsets, OffsetSnapshotService
 from metaq.broker.pull import PullHandler
 from metaq.broker.role import GroupRole
 from metaq.broker.send import SendHandler
-from metaq.broker.server import DataServer
+from metaq.broker.server import ConnectionLimits, DataServer
 from metaq.broker.store import MessageStore
 from metaq.broker.store.flush import AsyncDurability
 from metaq.broker.topics import TopicTable
 from metaq.broker.transactions import Transactions, TransactionService
+from metaq.common.auth import ClusterSecret, is_loopback, load_secret, require_secret
 from metaq.common.framing import FrameType
 from metaq.common.service import PeriodicService
 
@@ -59,6 +62,14 @@ class Registrar(Protocol):
 
 
 RegistrarFactory = Callable[["Broker"], Registrar]
+
+
+def cluster_secret(config: BrokerConfig) -> ClusterSecret | None:
+    """The cluster secret, refusing (SecretError) to listen beyond loopback without one."""
+    reasons = []
+    if not is_loopback(config.listen_host):
+        reasons.append(f"listen_host {config.listen_host!r} is not a loopback address")
+    return require_secret(load_secret(config.cluster_secret_file), "the broker", reasons)
 
 
 def store_host(host: str, port: int) -> bytes:
@@ -90,6 +101,7 @@ class Broker:
         self.delays: DelayScheduler | None = None
         self.transactions: Transactions | None = None
         self.registrar: Registrar | None = None
+        self.secret: ClusterSecret | None = None
         self._registrar_factory = registrar_factory
         self._handlers: dict[FrameType, Handler] = {}
         self._data: DataServer | None = None
@@ -102,17 +114,31 @@ class Broker:
 
     async def start(self) -> None:
         config = self.config
+        self.secret = cluster_secret(config)  # before anything listens
         config.data_dir.mkdir(parents=True, exist_ok=True)
         self.topics = TopicTable(
             config.data_dir,
             auto_create=config.auto_create_topics,
             default_queue_count=config.default_queue_count,
         )
-        self.offsets = ConsumerOffsets(config.data_dir)
+        self.offsets = ConsumerOffsets(config.data_dir, max_groups=config.max_consumer_groups)
         # The handler table is filled in once the store is open; nothing is served before.
         idle_poll = IdlePoll(config.idle_poll_us, self.metrics.idle_polled.inc)
+        limits = ConnectionLimits(
+            max_connections=config.max_connections,
+            idle_timeout_s=config.idle_timeout_s,
+            fd_reserve=config.fd_reserve,
+            max_buffered_request_bytes=config.max_buffered_request_bytes,
+            max_connection_write_bytes=config.max_connection_write_bytes,
+            nofile=raise_nofile_limit(),
+        )
         self._data = DataServer(
-            self._handlers, config.max_frame_bytes, self.metrics, self._connection_lost, idle_poll
+            self._handlers,
+            config.max_frame_bytes,
+            self.metrics,
+            self._connection_lost,
+            idle_poll,
+            limits,
         )
         host, port = await self._data.bind(config.listen_host, config.data_port)
         self.data_address = f"{host}:{port}"
@@ -135,10 +161,17 @@ class Broker:
         )
         loop = asyncio.get_running_loop()
         self._durability = AsyncDurability(loop, self.store.flusher)
-        self.group_role = GroupRole(config, self.store, self._durability)
+        self.group_role = GroupRole(config, self.store, self._durability, self.secret)
         role = self.group_role
         journal = Journal(self.store, self.topics, self.offsets, lambda: role.takes_writes)
         journal.apply()  # commits journaled after the last offsets snapshot
+        offsets = self.offsets
+        # Retention under disk pressure deletes only what every group, and the broker's
+        # own journal readers, have consumed.
+        self.store.consumed_floors = lambda: {
+            **offsets.consumed_floors(),
+            **journal.consumed_floors(),
+        }
         role.journal = journal
         self.delays = DelayScheduler(self.store, lambda: role.takes_writes)
         self.transactions = Transactions(
@@ -157,9 +190,10 @@ class Broker:
             config, self.store, self.topics, self.offsets, self.metrics, self.group_role
         )
         self.store.dispatcher.listeners.append(self._pull.long_polls.on_dispatch)
+        forwarder = OffsetForwarder(self.offsets, role, config.journal_interval_ms / 1e3)
         handlers = Handlers(
             self.store, self.topics, self.offsets, self.groups, self._send, self._pull,
-            self.group_role, journal, self.transactions,
+            self.group_role, journal, self.transactions, forwarder,
         )  # fmt: skip
         self._handlers.update(handlers.table())
         pull = self._pull
@@ -197,6 +231,7 @@ class Broker:
             OffsetSnapshotService(self.offsets, config.offset_snapshot_interval_ms / 1e3),
             ConsumerExpiryService(self.groups),
             JournalService(journal, config.journal_interval_ms / 1e3),
+            forwarder,
             DelayService(self.delays),
             TransactionService(self.transactions),
         ]
@@ -219,6 +254,8 @@ class Broker:
 
     def _connection_lost(self, connection_id: int) -> None:
         self.groups.drop_connection(connection_id)
+        if self.group_role is not None:
+            self.group_role.gate.connection_lost(connection_id)
         if self.transactions is not None:
             self.transactions.connection_lost(connection_id)
         if self._pull is not None:

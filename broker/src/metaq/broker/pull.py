@@ -67,9 +67,19 @@ class PullHandler:
     def handle(self, responder: Responder, frame: Frame) -> None:
         request = PullRequest.FromString(frame.header)
         self._topics.resolve_pull(request.topic, request.queue_id)
-        if request.HasField("commit_offset") and request.consumer_group:
+        if (
+            request.HasField("commit_offset")
+            and request.consumer_group
+            # Past the queue's end it cannot be what the consumer read here (a slave still
+            # copying, say): not stored, and the pull is served all the same.
+            and request.commit_offset <= self._store.max_offset(request.topic, request.queue_id)
+        ):
             self._offsets.commit(
-                request.consumer_group, request.topic, request.queue_id, request.commit_offset
+                request.consumer_group,
+                request.topic,
+                request.queue_id,
+                request.commit_offset,
+                held=self._role is not None and self._role.holds_commits,
             )
         if frame.is_one_way:
             return  # nobody waits for records: at most the piggybacked commit was wanted

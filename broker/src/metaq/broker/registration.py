@@ -32,6 +32,7 @@ import grpc
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 from tenacity.wait import wait_random_exponential
 
+from metaq.common.auth import ClusterSecret, call_metadata
 from metaq.common.v1 import control_pb2 as pb
 from metaq.common.v1 import control_pb2_grpc
 
@@ -196,10 +197,12 @@ class _Link:
 
     async def unregister(self, broker_name: str, broker_id: int, timeout_s: float) -> None:
         request = pb.UnregisterBrokerRequest(broker_name=broker_name, broker_id=broker_id)
+        body = request.SerializeToString(deterministic=True)
+        metadata = call_metadata(self._registrar.secret, "UnregisterBroker", body, time.time())
         try:
             async with grpc.aio.insecure_channel(self.address) as channel:
                 stub = control_pb2_grpc.NameServerStub(channel)
-                await stub.UnregisterBroker(request, timeout=timeout_s)
+                await stub.UnregisterBroker(request, timeout=timeout_s, metadata=metadata)
         except grpc.aio.AioRpcError as exc:
             log.info("could not unregister from nameserver %s: %s", self.address, _reason(exc))
 
@@ -242,7 +245,8 @@ class _Link:
         answered = asyncio.Event()
         try:
             async with grpc.aio.insecure_channel(self.address) as channel:
-                call = control_pb2_grpc.NameServerStub(channel).Session()
+                metadata = call_metadata(registrar.secret, "Session", b"", time.time())
+                call = control_pb2_grpc.NameServerStub(channel).Session(metadata=metadata)
 
                 # When each unanswered heartbeat was sent (monotonic), by sequence.
                 sent_at: dict[int, float] = {}
@@ -319,7 +323,8 @@ class NameServerRegistrar:
     must not block; ``on_answer`` gets every event each nameserver sends, on the event
     loop too, with the monotonic time the heartbeat it answers was sent (None for news
     sent unasked). :meth:`start` returns at once; registration proceeds in
-    the background and ``connected`` tells which nameservers acknowledged it.
+    the background and ``connected`` tells which nameservers acknowledged it. With
+    ``secret``, every session and unregistration proves the cluster secret.
     :meth:`refresh` sends a heartbeat now (e.g. right after a topic was created) instead
     of at the next interval.
     """
@@ -337,6 +342,7 @@ class NameServerRegistrar:
         # back, and routes whole, within a few seconds (the chaos suite promises 5).
         max_backoff_s: float = 2.0,
         unregister_timeout_s: float = 1.0,
+        secret: ClusterSecret | None = None,
     ) -> None:
         if not addresses:
             raise ValueError("need at least one nameserver address")
@@ -352,6 +358,8 @@ class NameServerRegistrar:
         self.initial_backoff_s = initial_backoff_s
         self.max_backoff_s = max_backoff_s
         self.unregister_timeout_s = unregister_timeout_s
+        self.secret = secret
+        """Proven on every session and unregistration (nameservers with one require it)."""
         self._links: list[_Link] = []
 
     @property

@@ -31,14 +31,16 @@ from metaq.broker.connection import Responder
 from metaq.broker.journal import Journal
 from metaq.broker.log_check import LogCheck
 from metaq.broker.queue_locks import QueueLocks
+from metaq.broker.replica_auth import ReplicaGate
 from metaq.broker.replica_log import StoreLog
 from metaq.broker.store import MessageStore
 from metaq.broker.store.flush import AsyncDurability
+from metaq.common.auth import ClusterSecret
 from metaq.common.errors import MetaqError, NotEnoughReplicas, NotMaster
 from metaq.common.framing import FLAG_RESPONSE, Frame, FrameType, encode_error, encode_frame
 from metaq.common.v1 import control_pb2 as pb
 from metaq.common.v1.data_pb2 import ReplicaFetchRequest
-from metaq.replication.channel import DataPlaneChannel
+from metaq.replication.channel import DataPlaneChannel, SlaveIdentity
 from metaq.replication.epochs import EpochHistory
 from metaq.replication.follower import FetchChannel, Follower
 from metaq.replication.master import ReplicaSet
@@ -54,15 +56,23 @@ class Role(enum.Enum):
     SLAVE = "slave"
 
 
-async def _connect(address: str) -> FetchChannel:
-    return await DataPlaneChannel.open(address)
-
-
 class GroupRole:
     def __init__(
-        self, config: BrokerConfig, store: MessageStore, durability: AsyncDurability
+        self,
+        config: BrokerConfig,
+        store: MessageStore,
+        durability: AsyncDurability,
+        secret: ClusterSecret | None = None,
     ) -> None:
         self.config = config
+        self.gate = ReplicaGate(secret, config.broker_name)
+        """As master: which connections' slaves proved the cluster secret."""
+        identity = SlaveIdentity(config.broker_name, config.broker_id, secret)
+
+        async def connect(address: str) -> FetchChannel:
+            # As slave: the master proves the secret before we take or cut anything.
+            return await DataPlaneChannel.open(address, identity=identity)
+
         self._store = store
         self.log = StoreLog(store, durability)
         self.history = EpochHistory(config.data_dir / "epochs.json")
@@ -76,7 +86,7 @@ class GroupRole:
         self.follower = Follower(
             self.log,
             self.history,
-            _connect,
+            connect,
             broker_name=config.broker_name,
             broker_id=config.broker_id,
             epoch=self.epoch,
@@ -113,6 +123,7 @@ class GroupRole:
                 master=lambda: (self.master_address if self.role is Role.SLAVE else "", self.epoch),
                 on_progress=lambda: self.on_confirmed(),
                 on_verified=lambda: self.on_change(),
+                secret=secret,
             )
 
     # --- lifecycle ----------------------------------------------------------------------
@@ -148,6 +159,12 @@ class GroupRole:
         except MetaqError:
             return False
         return True
+
+    @property
+    def holds_commits(self) -> bool:
+        """A slave: consumers' offset commits here are held for the master (see
+        metaq.broker.held_offsets), not journaled."""
+        return self.role is Role.SLAVE
 
     def check_writable(self) -> None:
         """Raise unless this broker may take a client's write now."""
@@ -240,6 +257,8 @@ class GroupRole:
 
     def handle_fetch(self, responder: Responder, frame: Frame) -> None:
         request = ReplicaFetchRequest.FromString(frame.header)
+        # Before anything counts it: no bytes, no in-sync set, no acked offset for strangers.
+        self.gate.check_fetch(responder.connection_id, request)
         if self.replicas is None and request.epoch <= self.epoch:
             self._check_master()  # raises NotMaster, naming the master if known
             return
@@ -385,8 +404,8 @@ class GroupRole:
         self._took_up_epoch()
         if self.journal is not None:
             # Each term starts with the whole state, for slaves that start from here.
-            self.journal.write_topics()
-            self.journal.write_offsets(full=True)
+            self.journal.write_all()
+            await self.journal.persist_held()
         self.on_change()
 
     def _become_slave(self, epoch: int, master_address: str) -> None:
@@ -399,6 +418,8 @@ class GroupRole:
             self._demoted_reads_to = self.replicas.confirmed_offset()
             self.replicas.close()
             self.replicas = None
+        if was_master and self.journal is not None:
+            self.journal.hold_unjournaled()
         self.epoch = epoch
         self.master_address = master_address
         self._followed = self._followed or bool(master_address)

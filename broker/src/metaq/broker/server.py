@@ -1,17 +1,44 @@
-"""The data-plane listener: accepts connections, tracks them, and closes them at shutdown."""
+"""The data-plane listener: accepts connections, tracks them, and closes them at shutdown.
+
+It also keeps connections within bounds: at most ``max_connections`` (and never so many
+that the store runs out of file descriptors), none idle for longer than
+``idle_timeout_s``, and incomplete request frames within one broker-wide byte budget.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 from metaq.broker.connection import Connection, Handler
 from metaq.broker.idle_poll import IdlePoll
+from metaq.broker.limits import RequestBudget, connection_room, open_fds
 from metaq.broker.metrics import BrokerMetrics
+from metaq.common.errors import ErrorCode
 from metaq.common.framing import FrameType
+from metaq.common.service import PeriodicService
 
 log = logging.getLogger(__name__)
+
+_SWEEP_MAX_S = 2.0
+# One warning per this many seconds about refused connections, however many there are.
+_REFUSAL_LOG_EVERY_S = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    """The broker settings of the same names (``BrokerConfig``)."""
+
+    max_connections: int = 10_000
+    idle_timeout_s: float = 120.0
+    fd_reserve: int = 1024
+    max_buffered_request_bytes: int = 256 * 1024 * 1024
+    max_connection_write_bytes: int = 16 * 1024 * 1024
+    nofile: int = 1 << 20
+    """The soft RLIMIT_NOFILE in force (after raising it)."""
 
 
 class DataServer:
@@ -28,14 +55,25 @@ class DataServer:
         metrics: BrokerMetrics,
         on_connection_lost: Callable[[int], None],
         idle_poll: IdlePoll,
+        limits: ConnectionLimits | None = None,
     ) -> None:
         self._handlers = handlers
         self._max_frame_bytes = max_frame_bytes
         self._metrics = metrics
         self._on_connection_lost = on_connection_lost
         self._idle_poll = idle_poll
+        self.limits = limits or ConnectionLimits()
+        self.budget = RequestBudget(max(self.limits.max_buffered_request_bytes, max_frame_bytes))
+        self.room = self.limits.max_connections
+        """Connections taken at once now: ``max_connections`` or fewer, so that
+        ``fd_reserve`` descriptors stay free for the store."""
         self._server: asyncio.Server | None = None
+        self._sweeper: _Sweeper | None = None
+        self._refused_since_log = 0
+        self._refusal_logged = 0.0
         self.connections: set[Connection] = set()
+        metrics.request_bytes_reserved.set_function(lambda: self.budget.used)
+        metrics.connections_waiting_for_budget.set_function(lambda: self.budget.waiting)
 
     async def bind(self, host: str, port: int) -> tuple[str, int]:
         loop = asyncio.get_running_loop()
@@ -52,16 +90,78 @@ class DataServer:
 
     async def serve(self) -> None:
         assert self._server is not None, "bind() first"
+        self.refresh_room()
+        if self.room <= 0:
+            raise ValueError(
+                f"the open-file limit of {self.limits.nofile} leaves no descriptors for "
+                f"connections once fd_reserve={self.limits.fd_reserve} and the broker's "
+                "own files are set aside: raise the hard RLIMIT_NOFILE (LimitNOFILE= under "
+                "systemd) or lower fd_reserve"
+            )
+        if self.room < self.limits.max_connections:
+            log.warning(
+                "only %d data-plane connections fit in the open-file limit of %d "
+                "(max_connections=%d, fd_reserve=%d): raise the hard RLIMIT_NOFILE "
+                "(LimitNOFILE= under systemd)",
+                self.room,
+                self.limits.nofile,
+                self.limits.max_connections,
+                self.limits.fd_reserve,
+            )
+        self._sweeper = _Sweeper(self)
+        self._sweeper.start()
         await self._server.start_serving()
 
     def _new_connection(self) -> Connection:
-        return Connection(self._handlers, self, self._max_frame_bytes)
+        return Connection(
+            self._handlers,
+            self,
+            self._max_frame_bytes,
+            self.budget,
+            self.limits.max_connection_write_bytes,
+        )
+
+    def refresh_room(self, open_now: int | None = None) -> None:
+        """Recompute ``room`` from ``open_now`` descriptors (counted here if not given)."""
+        limits = self.limits
+        self.room = connection_room(
+            limits.max_connections,
+            limits.nofile,
+            limits.fd_reserve,
+            open_fds() if open_now is None else open_now,
+            len(self.connections),
+        )
 
     # --- ConnectionHooks --------------------------------------------------------------
 
-    def connection_made(self, connection: Connection) -> None:
+    def connection_made(self, connection: Connection) -> str | None:
+        if len(self.connections) >= self.room:
+            self._refused(connection)
+            return (
+                f"the broker has {len(self.connections)} connections, all it takes now "
+                f"(max_connections={self.limits.max_connections}, fd_reserve="
+                f"{self.limits.fd_reserve}); retry later or use another broker"
+            )
         self.connections.add(connection)
         self._metrics.connections.inc()
+        return None
+
+    def _refused(self, connection: Connection) -> None:
+        self._metrics.connections_refused.inc()
+        self._refused_since_log += 1
+        now = time.monotonic()
+        if now - self._refusal_logged >= _REFUSAL_LOG_EVERY_S:
+            log.warning(
+                "refused %d connections (the last from %s): %d open, the limit now %d "
+                "(max_connections=%d)",
+                self._refused_since_log,
+                connection.peer,
+                len(self.connections),
+                self.room,
+                self.limits.max_connections,
+            )
+            self._refused_since_log = 0
+            self._refusal_logged = now
 
     def connection_lost(self, connection: Connection) -> None:
         if connection in self.connections:
@@ -72,6 +172,45 @@ class DataServer:
     def answered(self, to_request: bool) -> None:
         self._idle_poll.answered(to_request)
 
+    # --- idle connections -------------------------------------------------------------
+
+    def close_idle(self, now: float) -> int:
+        """Close connections idle for ``idle_timeout_s``, and those whose incomplete
+        frame has taken that long; return how many."""
+        timeout = self.limits.idle_timeout_s
+        if not timeout:
+            return 0
+        closed = 0
+        for connection in list(self.connections):
+            if connection.closed:
+                continue
+            blocked = connection.blocked
+            # While the broker itself does not read, the frame cannot arrive: the peer
+            # is judged by whether it reads its answers (last_active) instead.
+            if (
+                connection.frame_started
+                and not blocked
+                and now - connection.frame_started > timeout
+            ):
+                connection.close_with_error(
+                    ErrorCode.MALFORMED_FRAME,
+                    f"a frame of {connection.pending_frame_bytes} bytes did not arrive whole "
+                    f"within idle_timeout_s={timeout:g}; closing",
+                )
+            elif (
+                not connection.unanswered
+                and "budget" not in blocked
+                and now - connection.last_active > timeout
+            ):
+                connection.close()
+            else:
+                continue
+            closed += 1
+        if closed:
+            self._metrics.connections_idle_closed.inc(closed)
+            log.info("closed %d idle data-plane connections (idle_timeout_s=%g)", closed, timeout)
+        return closed
+
     # --- shutdown ---------------------------------------------------------------------
 
     def stop_accepting(self) -> None:
@@ -81,6 +220,9 @@ class DataServer:
     async def close_connections(self, timeout_s: float) -> None:
         """Close every connection after writing what it has queued; abort stragglers
         whose peer does not read within ``timeout_s``."""
+        if self._sweeper is not None:
+            await self._sweeper.stop()
+            self._sweeper = None
         open_connections = list(self.connections)
         for connection in open_connections:
             connection.close()
@@ -95,3 +237,19 @@ class DataServer:
                 await asyncio.wait(lost, timeout=1.0)
         if self._server is not None:
             await self._server.wait_closed()
+
+
+class _Sweeper(PeriodicService):
+    """Closes idle connections and re-counts the descriptors the broker holds itself."""
+
+    name = "connection-sweep"
+
+    def __init__(self, server: DataServer) -> None:
+        timeout = server.limits.idle_timeout_s
+        super().__init__(min(timeout / 4, _SWEEP_MAX_S) if timeout else _SWEEP_MAX_S)
+        self._server = server
+
+    async def run_once(self) -> None:
+        # Listing tens of thousands of descriptors takes milliseconds: not on the loop.
+        self._server.refresh_room(await asyncio.to_thread(open_fds))
+        self._server.close_idle(asyncio.get_running_loop().time())

@@ -15,9 +15,8 @@ from pathlib import Path
 from typing import Any, Final
 
 from metaq.broker.files import read_json, write_json_atomically
-from metaq.broker.store.commitlog import MAX_QUEUES_PER_TOPIC
 from metaq.common.errors import ErrorCode, InvalidMessage, MetaqError
-from metaq.common.record import check_topic
+from metaq.common.record import MAX_QUEUES_PER_TOPIC, check_topic
 
 log = logging.getLogger(__name__)
 

@@ -29,6 +29,7 @@ from metaq.broker.connection import Responder
 from metaq.broker.store import GetStatus, MessageStore
 from metaq.common.errors import InvalidMessage
 from metaq.common.framing import FLAG_ONE_WAY, Buffer, FrameType, encode_frame
+from metaq.common.names import check_group
 from metaq.common.record import (
     FLAG_TRANSACTION,
     PROP_REAL_QUEUE,
@@ -114,6 +115,7 @@ class Transactions:
         if group:
             connections = self._producers.get(group)
             if connections is None:
+                check_group(group, "producer group")
                 connections = self._producers[group] = {}
             if responder.connection_id not in connections:
                 connections[responder.connection_id] = responder

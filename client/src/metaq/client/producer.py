@@ -61,6 +61,7 @@ from metaq.client.sender import Sender
 from metaq.common import record
 from metaq.common.errors import InvalidMessage, MetaqError
 from metaq.common.framing import Buffer
+from metaq.common.names import check_group
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +113,10 @@ class ProducerConfig:
             problems.append("compress_level must be 0-9")
         if not 0 <= self.answer_poll_us <= 10_000:
             problems.append("answer_poll_us must be 0-10000 (0 turns answer polling off)")
+        try:
+            check_group(self.group, "producer group")
+        except InvalidMessage as exc:
+            problems.append(str(exc))
         if problems:
             raise ValueError("invalid producer settings: " + "; ".join(problems))
 

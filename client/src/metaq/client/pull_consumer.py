@@ -22,6 +22,7 @@ from metaq.client.routes import QueueRoute, RouteCache
 from metaq.client.tags import TagFilter
 from metaq.common.errors import ErrorCode, MetaqError
 from metaq.common.framing import FrameType
+from metaq.common.names import check_group
 from metaq.common.v1.data_pb2 import (
     CommitOffsetRequest,
     LockQueuesRequest,
@@ -107,8 +108,7 @@ class PullConsumer:
         connections: ConnectionPool | None = None,
         request_timeout_s: float = 5.0,
     ) -> None:
-        if not group:
-            raise ValueError("a consumer group name is needed")
+        check_group(group)
         self.group = group
         self.request_timeout_s = request_timeout_s
         self._own_routes = routes is None

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from metaq.common.v1.control_pb2_grpc import NameServerAsyncStub
 
 from metaq.client.errors import NoNameServer, UnknownTopic
+from metaq.common.auth import ClusterSecret, call_metadata
 from metaq.common.errors import ErrorCode, MetaqError
 from metaq.common.service import PeriodicService
 from metaq.common.v1 import control_pb2 as pb
@@ -470,16 +471,28 @@ class RouteCache:
         return _cluster_view(reply, address_box[0] if address_box else "")
 
     async def switchover(
-        self, broker_name: str, broker_id: int, expected_epoch: int
+        self,
+        broker_name: str,
+        broker_id: int,
+        expected_epoch: int,
+        *,
+        secret: ClusterSecret | None = None,
     ) -> pb.GroupControl:
-        """Ask the controller to make ``broker_id`` the master of ``broker_name`` now."""
+        """Ask the controller to make ``broker_id`` the master of ``broker_name`` now.
+
+        Nameservers with a cluster secret refuse (UNAUTHENTICATED) unless ``secret`` is it.
+        """
+        request = pb.SwitchoverRequest(
+            broker_name=broker_name, broker_id=broker_id, expected_epoch=expected_epoch
+        )
 
         async def call(stub: NameServerAsyncStub) -> pb.SwitchoverResponse:
+            body = request.SerializeToString(deterministic=True)
             return await stub.Switchover(
-                pb.SwitchoverRequest(
-                    broker_name=broker_name, broker_id=broker_id, expected_epoch=expected_epoch
-                ),
+                request,
                 timeout=self.rpc_timeout_s,
+                # Signed per attempt: a retry on another nameserver is a fresh proof.
+                metadata=call_metadata(secret, "Switchover", body, time.time()),
             )
 
         reply = await self._call(call)

@@ -92,6 +92,13 @@ class EpochMismatch(MetaqError):
     code = ErrorCode.EPOCH_MISMATCH
 
 
+class NotAuthenticated(MetaqError):
+    """A replication peer did not prove the cluster secret (or this side has none to check
+    it with); nothing was served, written or cut. The message says what to configure."""
+
+    code = ErrorCode.NO_PERMISSION
+
+
 class CorruptLog(MetaqError):
     """The commitlog holds damaged bytes that recovery must not skip silently."""
 

@@ -73,6 +73,8 @@ class FrameType(enum.IntEnum):
     REPLICA_FETCH = 16
     """A slave asks its master for the log from where its own ends, reporting how far it
     holds it."""
+    REPLICA_AUTH = 17
+    """Slave and master prove the cluster secret to each other, once per connection."""
 
 
 _OPERATION_FLAGS: Final = (0, FLAG_ONE_WAY, FLAG_RESPONSE, FLAG_RESPONSE | FLAG_ERROR)
@@ -300,6 +302,12 @@ class FrameDecoder:
     def buffered(self) -> int:
         """Bytes held of an incomplete frame."""
         return len(self._partial)
+
+    @property
+    def pending_frame_bytes(self) -> int:
+        """The whole size of the incomplete frame once its prefix has arrived, else 0:
+        what holding it will cost by the time it is complete."""
+        return self._need
 
     def feed(self, data: bytes) -> list[Frame]:
         """Take the next chunk of the stream; return the frames it completed, in order."""

@@ -21,6 +21,7 @@ from typing import Final, Protocol, TypeVar
 from zlib_ng.zlib_ng import crc32
 
 from metaq.common.errors import InvalidMessage, InvalidRecord
+from metaq.common.names import shown
 
 FORMAT_VERSION: Final = 1
 MAGIC: Final = 0x4D510000 | FORMAT_VERSION
@@ -39,6 +40,8 @@ MAX_TOPIC_BYTES: Final = 127
 MAX_TAGS_BYTES: Final = 255
 MAX_KEYS_BYTES: Final = 1024
 TOPIC_PATTERN: Final = re.compile(r"[A-Za-z0-9_|%-]{1,127}")
+MAX_QUEUES_PER_TOPIC: Final = 65_536
+"""Queue ids are 0 up to this (exclusive): brokers store no more, nameservers route no more."""
 
 FLAG_COMPRESSED: Final = 0x1
 """The body is zlib-compressed; consumers inflate it, the broker never looks."""
@@ -94,7 +97,7 @@ def check_topic(topic: str) -> None:
     """Raise InvalidMessage unless ``topic`` is a legal topic name."""
     if not TOPIC_PATTERN.fullmatch(topic):
         raise InvalidMessage(
-            f"illegal topic name {topic!r}: use 1-{MAX_TOPIC_BYTES} characters from "
+            f"illegal topic name {shown(topic)}: use 1-{MAX_TOPIC_BYTES} characters from "
             "letters, digits, '_', '-', '|' and '%'"
         )
 

@@ -1,14 +1,31 @@
 """Test helpers for every component: waiting on conditions with a deadline (never a bare
-sleep) and running a coroutine on a loop that fails on unhandled exceptions."""
+sleep), running a coroutine on a loop that fails on unhandled exceptions, and the cluster
+secret test clusters run with."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, Final, TypeVar
 
+from metaq.common.auth import ENV_VAR, ClusterSecret
+
 POLL_S: Final = 0.002
+TEST_CLUSTER_SECRET: Final = "metaq-tests-cluster-secret-never-use-elsewhere"
+"""What processes started by the test fixtures prove, so tests run the authenticated path."""
+
+
+def cluster_secret_for_tests() -> ClusterSecret:
+    return ClusterSecret(TEST_CLUSTER_SECRET.encode(), "the test fixtures")
+
+
+def secret_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """A child's environment: ours, the tests' cluster secret, then ``env`` on top
+    (``{ENV_VAR: ""}`` starts a process with no secret)."""
+    return {**os.environ, ENV_VAR: TEST_CLUSTER_SECRET, **(env or {})}
+
 
 T = TypeVar("T")
 

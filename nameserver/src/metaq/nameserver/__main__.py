@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import uvloop
 
-from metaq.nameserver.config import NameServerConfig, load_config
+from metaq.nameserver.config import load_config
 from metaq.nameserver.process import NameServer
 
 log = logging.getLogger("metaq.nameserver")
@@ -32,12 +32,11 @@ def readiness_line(server: NameServer) -> str:
     return line
 
 
-async def serve(config: NameServerConfig) -> None:
+async def serve(server: NameServer) -> None:
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stopping.set)
-    server = NameServer(config)
     await server.start()
     try:
         print(readiness_line(server), flush=True)
@@ -60,7 +59,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     try:
-        uvloop.run(serve(config))
+        server = NameServer(config)  # reads the cluster secret: a bad one stops us here
+    except ValueError as exc:
+        print(f"metaq-nameserver: {exc}", file=sys.stderr)
+        return 2
+    try:
+        uvloop.run(serve(server))
     except OSError as exc:
         log.error("%s", exc)
         return 1

@@ -48,6 +48,10 @@ class NameServerConfig:
     # How long a new group waits for its configured master before the controller picks
     # the most advanced broker; also how long a new leader waits for masters it never saw.
     bootstrap_grace_ms: int = 5000
+    # A file holding the cluster secret that brokers, nameservers and admin tools prove
+    # (metaq.common.auth); empty reads METAQ_CLUSTER_SECRET instead. Required with
+    # controller_peers or a listen_host beyond loopback.
+    cluster_secret_file: str = ""
     # An elected master still live but not reporting it took over this long after its
     # election (a promotion stuck on a dead disk, say) is replaced by another in-sync one.
     takeover_timeout_ms: int = 10000
@@ -109,6 +113,7 @@ _FLAG_TYPES: Final[dict[str, Callable[[str], Any]]] = {
     "controller_dir": str,
     "master_detection_ms": int,
     "bootstrap_grace_ms": int,
+    "cluster_secret_file": str,
     "takeover_timeout_ms": int,
 }
 

@@ -55,11 +55,14 @@ class ControllerSettings:
     directory: Path | None = None
     master_detection_s: float = 3.0
     bootstrap_grace_s: float = 5.0
+    # Encrypts and authenticates Raft traffic; required with peers (see raft.py).
+    raft_password: str | None = None
     takeover_timeout_s: float = 10.0
 
     @classmethod
-    def of(cls, config: NameServerConfig) -> ControllerSettings:
+    def of(cls, config: NameServerConfig, raft_password: str | None = None) -> ControllerSettings:
         return cls(
+            raft_password=raft_password,
             address=config.controller_address,
             peers=config.controller_peers,
             directory=Path(config.controller_dir) if config.controller_dir else None,
@@ -84,7 +87,9 @@ class Controller(PeriodicService):
         super().__init__(DECISION_INTERVAL_S)
         self.settings = settings
         self._registry = registry
-        self._raft = ControlRaft(settings.address, settings.peers, settings.directory)
+        self._raft = ControlRaft(
+            settings.address, settings.peers, settings.directory, settings.raft_password
+        )
         self._decider = Decider(
             settings.master_detection_s,
             settings.bootstrap_grace_s,

@@ -5,6 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Final
 
+from metaq.common.errors import InvalidMessage
+from metaq.common.names import check_group, shown
+from metaq.common.record import MAX_QUEUES_PER_TOPIC, check_topic
 from metaq.common.v1 import control_pb2 as pb
 from metaq.nameserver.assignment import Member, QueueRef
 from metaq.nameserver.model import (
@@ -22,6 +25,38 @@ from metaq.nameserver.model import (
 
 class InvalidRequest(ValueError):
     """A request the nameserver cannot act on as sent (answered INVALID_ARGUMENT)."""
+
+
+MAX_TEXT_CHARS: Final = 255
+"""Longest broker name, cluster, computer room, address or consumer id taken: the
+registry keeps them and every route and answer repeats them."""
+
+
+def check_text(value: str, field: str, *, required: bool = True) -> None:
+    """A free-form name: not empty when ``required``, never longer than MAX_TEXT_CHARS."""
+    if not value:
+        if required:
+            raise InvalidRequest(f"{field} must not be empty")
+        return
+    if len(value) > MAX_TEXT_CHARS:
+        raise InvalidRequest(
+            f"{field} is {len(value)} characters ({shown(value)}); "
+            f"at most {MAX_TEXT_CHARS} are accepted"
+        )
+
+
+def check_topic_name(topic: str, field: str = "topic") -> None:
+    try:
+        check_topic(topic)
+    except InvalidMessage as exc:
+        raise InvalidRequest(f"{field}: {exc}") from None
+
+
+def check_group_name(group: str, field: str = "consumer_group") -> None:
+    try:
+        check_group(group)
+    except InvalidMessage as exc:
+        raise InvalidRequest(f"{field}: {exc}") from None
 
 
 _PERMISSIONS: Final[Mapping[pb.Permission.ValueType, Permission]] = {
@@ -57,21 +92,21 @@ def check_address(address: str, where: str, *, required: bool = True) -> None:
     """``host:port`` (``[v6]:port`` for IPv6) with a port in 1-65535."""
     if not address and not required:
         return
+    check_text(address, where)
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise InvalidRequest(f"{where}: {address!r} is not host:port")
+        raise InvalidRequest(f"{where}: {shown(address)} is not host:port")
 
 
 def broker_key(broker_name: str, broker_id: int) -> BrokerKey:
-    if not broker_name:
-        raise InvalidRequest("broker_name must not be empty")
+    check_text(broker_name, "broker_name")
     return BrokerKey(broker_name, broker_id)
 
 
 def broker_state(state: pb.BrokerState) -> BrokerState:
     key = broker_key(state.broker_name, state.broker_id)
-    if not state.cluster:
-        raise InvalidRequest(f"broker {key}: cluster must not be empty")
+    check_text(state.cluster, f"broker {key}: cluster")
+    check_text(state.computer_room, f"broker {key}: computer_room", required=False)
     role = _ROLES.get(state.role)
     if role is None:
         raise InvalidRequest(f"broker {key}: role must be BROKER_ROLE_MASTER or _SLAVE")
@@ -101,11 +136,16 @@ def broker_state(state: pb.BrokerState) -> BrokerState:
 def topic_table(table: pb.TopicTable, key: BrokerKey) -> dict[str, TopicConfig]:
     topics: dict[str, TopicConfig] = {}
     for topic in table.topics:
+        check_topic_name(topic.topic, f"broker {key}: topic_table")
         where = f"broker {key} topic {topic.topic!r}"
-        if not topic.topic:
-            raise InvalidRequest(f"broker {key}: a topic has an empty name")
         if topic.topic in topics:
             raise InvalidRequest(f"{where} is listed twice")
+        for field in ("read_queues", "write_queues"):
+            if getattr(topic, field) > MAX_QUEUES_PER_TOPIC:
+                raise InvalidRequest(
+                    f"{where}: {field} is {getattr(topic, field)}; "
+                    f"at most {MAX_QUEUES_PER_TOPIC} are accepted"
+                )
         topics[topic.topic] = TopicConfig(
             topic=topic.topic,
             read_queues=topic.read_queues,
@@ -211,6 +251,8 @@ def members(request: pb.GetAssignmentRequest) -> list[Member]:
     for member in request.members:
         if not member.consumer_id:
             raise InvalidRequest("a member of the consumer group has an empty consumer_id")
+        check_text(member.consumer_id, "members.consumer_id")
+        check_text(member.computer_room, "members.computer_room", required=False)
         result.append(Member(consumer_id=member.consumer_id, room=member.computer_room))
     return result
 

@@ -12,7 +12,7 @@ reports MASTER at the committed epoch when a GroupControl names it, SLAVE otherw
     await broker.close()  # the sessions end: each nameserver takes the broker out at once
 
 It is not a broker: it serves no data and reports whatever offset and in-sync set the
-test sets on it.
+test sets on it. It proves the tests' cluster secret (``secret``; None proves nothing).
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from metaq.common.testing import wait_until_async
+from metaq.common.auth import ClusterSecret, call_metadata
+from metaq.common.testing import cluster_secret_for_tests, wait_until_async
 from metaq.common.v1 import control_pb2 as pb
 from metaq.common.v1 import control_pb2_grpc
 
@@ -66,6 +67,7 @@ class FakeBroker:
     # Reported while it is master (the controller reads it only from its master).
     in_sync_ids: tuple[int, ...] = ()
     unverified: bool = False
+    secret: ClusterSecret | None = field(default_factory=cluster_secret_for_tests)
     received: list[Received] = field(default_factory=list)
     heartbeats_sent: int = 0
     _links: list[_Link] = field(default_factory=list)
@@ -100,7 +102,8 @@ class FakeBroker:
         """Open a session with every nameserver, send the first heartbeats, keep beating."""
         for address in self.nameservers:
             channel = grpc.aio.insecure_channel(address)
-            call = control_pb2_grpc.NameServerStub(channel).Session()
+            metadata = call_metadata(self.secret, "Session", b"", time.time())
+            call = control_pb2_grpc.NameServerStub(channel).Session(metadata=metadata)
             link = _Link(address, channel, call)
             link.reader = asyncio.get_running_loop().create_task(self._read(link))
             self._links.append(link)

@@ -9,6 +9,8 @@ from typing import Any
 
 from aiohttp import web
 
+from metaq.common import http
+from metaq.common.names import shown
 from metaq.nameserver.registry import Registry
 
 
@@ -40,10 +42,12 @@ def make_app(registry: Registry) -> web.Application:
         topic = request.match_info["topic"]
         found = registry.route(topic)
         if found is None:
-            return _respond({"error": f"topic {topic!r} is not served by any live broker"}, 404)
+            return _respond(
+                {"error": f"topic {shown(topic)} is not served by any live broker"}, 404
+            )
         return _respond(dataclasses.asdict(found))
 
-    app = web.Application()
+    app = http.application()
     app.add_routes(
         [
             web.get("/health", health),

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 
 import grpc
 from aiohttp import web
 
+from metaq.common.auth import ClusterSecret, is_loopback, load_secret, require_secret
 from metaq.common.v1 import control_pb2_grpc
 from metaq.nameserver.config import NameServerConfig
 from metaq.nameserver.controller import Controller, ControllerSettings
@@ -15,6 +17,7 @@ from metaq.nameserver.http import make_app
 from metaq.nameserver.registry import Clock, Registry
 from metaq.nameserver.service import NameServerService
 from metaq.nameserver.sweeper import ExpirySweeper
+from metaq.nameserver.undecodable import RejectUndecodable
 
 log = logging.getLogger(__name__)
 
@@ -23,19 +26,39 @@ def host_port(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+def cluster_secret(
+    config: NameServerConfig, env: Mapping[str, str] | None = None
+) -> ClusterSecret | None:
+    """The cluster secret, refusing (SecretError) to go without one beyond a single host."""
+    reasons = []
+    if config.controller_peers:
+        reasons.append("controller_peers is set (the Raft port would run whatever it is sent)")
+    if not is_loopback(config.listen_host):
+        reasons.append(f"listen_host {config.listen_host!r} is not a loopback address")
+    return require_secret(load_secret(config.cluster_secret_file, env), "the nameserver", reasons)
+
+
 class NameServer:
     """One nameserver: :meth:`start` binds and serves, :meth:`stop` lets calls finish and ends.
 
     ``grpc_address`` / ``http_address`` carry the bound ports once started (port 0 in the
     config picks a free one); ``controller`` is this nameserver's part of the failover
-    controller.
+    controller. Raises SecretError when the cluster secret is required but missing,
+    unreadable or too short (see :func:`cluster_secret`).
     """
 
-    def __init__(self, config: NameServerConfig, clock: Clock = time.monotonic) -> None:
+    def __init__(
+        self,
+        config: NameServerConfig,
+        clock: Clock = time.monotonic,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
         self.config = config
+        self.secret = cluster_secret(config, env)
         self.registry = Registry(config.broker_expiry_s, clock)
         self._sweeper = ExpirySweeper(self.registry, config.expiry_scan_interval_s)
-        self.controller = Controller(self.registry, ControllerSettings.of(config), clock)
+        password = self.secret.raft_password() if self.secret is not None else None
+        self.controller = Controller(self.registry, ControllerSettings.of(config, password), clock)
         self._server: grpc.aio.Server | None = None
         self._http: web.AppRunner | None = None
         self.grpc_address = ""
@@ -44,8 +67,10 @@ class NameServer:
     async def start(self) -> None:
         config = self.config
         # No SO_REUSEPORT: a second nameserver on the same port must fail, not share it.
-        server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
-        service = NameServerService(self.registry, self.controller)
+        server = grpc.aio.server(
+            interceptors=[RejectUndecodable()], options=[("grpc.so_reuseport", 0)]
+        )
+        service = NameServerService(self.registry, self.controller, self.secret)
         control_pb2_grpc.add_NameServerServicer_to_server(service, server)
         address = host_port(config.listen_host, config.grpc_port)
         try:

@@ -8,7 +8,11 @@ proposal to the leader, so any nameserver may propose.
 
 With no peers the controller is a Raft cluster of one inside the process: no port is
 opened, and it is its own leader after a few tens of milliseconds. With peers it listens
-on its Raft address (bound to that host only) and needs a majority to commit.
+on its Raft address (bound to that host only) and needs a majority to commit, and it
+needs a password (derived from the cluster secret): pysyncobj unpickles what reaches its
+port, so without one anybody who connects runs code in this process. With the password
+every message is encrypted and authenticated (Fernet) before it is unpickled, and a
+connection that cannot prove it is dropped.
 """
 
 from __future__ import annotations
@@ -50,7 +54,7 @@ class ControllerUnavailable(Exception):
     """No Raft leader or majority answered in time; the proposal's outcome is unknown."""
 
 
-def _conf(address: str, networked: bool, directory: Path | None) -> Any:
+def _conf(address: str, networked: bool, directory: Path | None, password: str | None) -> Any:
     common: dict[str, Any] = {
         # A tick every 20 ms, and commands wake the tick thread at once (no batching):
         # a decision is committed within a few ms on loopback.
@@ -70,6 +74,7 @@ def _conf(address: str, networked: bool, directory: Path | None) -> Any:
         )
     return SyncObjConf(
         bindAddress=address,  # this host only, not pysyncobj's default of every interface
+        password=password,
         maxBindRetries=1,  # a taken port fails start-up instead of retrying forever
         connectionRetryTime=1.0,
         # A leader cut off from the majority steps down after this, so it stops deciding.
@@ -146,15 +151,27 @@ class ControlRaft:
     ``address`` is this member's Raft address (host:port) and ``peers`` the others' (this
     member's own address may be among them). ``directory`` keeps the journal and dump;
     None keeps them in memory (a restarted member then catches up from the others, or, alone,
-    starts from nothing and bootstraps again from what the brokers report).
+    starts from nothing and bootstraps again from what the brokers report). ``password``
+    (required with peers, the same on every member) encrypts and authenticates every Raft
+    message.
     """
 
     def __init__(
-        self, address: str = "", peers: Sequence[str] = (), directory: Path | None = None
+        self,
+        address: str = "",
+        peers: Sequence[str] = (),
+        directory: Path | None = None,
+        password: str | None = None,
     ) -> None:
         self.peers = tuple(p for p in peers if p != address)
         if self.peers and not address:
             raise ValueError("a controller with peers needs its own Raft address")
+        if self.peers and not password:
+            raise ValueError(
+                "a controller with peers needs a Raft password (from the cluster secret): "
+                "without one anybody who reaches the Raft port runs code in the nameserver"
+            )
+        self._password = password if self.peers else None
         self.address = address if self.peers else (address or LOCAL_NODE)
         self._directory = directory
         self._log: _ControlLog | None = None
@@ -170,7 +187,7 @@ class ControlRaft:
         """
         if self._directory is not None:
             self._directory.mkdir(parents=True, exist_ok=True)
-        conf = _conf(self.address, self.networked, self._directory)
+        conf = _conf(self.address, self.networked, self._directory, self._password)
         raft = _ControlLog(self.address, self.peers, conf, on_change)
         if self.networked:
             try:

@@ -12,6 +12,12 @@ Sessions: a registration may name the session (a nameserver-local number for one
 closing late never removes a broker that has reconnected. Unary registrations keep the
 owner they find.
 
+Collisions: while a broker is live, a registration of the same (group, id) from another
+data address is refused, whoever sends it: it is a second process configured with the
+same identity, or someone taking the broker's place in the routes. The broker itself
+re-registers from its own address (a new session after a reconnect, or a restart on the
+same port); one that moved waits until the old entry's session ends or it expires.
+
 Masters and epochs: at most one live master per group. A master registering a higher
 epoch than a live master of its group fences that master out (it is removed); a master
 registering an epoch no higher than another live master's is refused. Slaves are never
@@ -113,6 +119,20 @@ class Registry:
                     f"{key.broker_name!r} is in cluster {peer.state.cluster!r} "
                     f"(broker {peer.state.key}); a group belongs to one cluster"
                 )
+        existing = group.get(key.broker_id)
+        if (
+            existing is not None
+            and self._alive(existing, now)
+            and existing.state.data_address != state.data_address
+        ):
+            age_s = max(0.0, now - existing.last_heartbeat)
+            raise RegistrationRefused(
+                f"broker {key} is registered and live at {existing.state.data_address} "
+                f"(heard from {age_s:.1f} s ago); a registration of the same broker from "
+                f"{state.data_address} is refused until that one's session ends or it is "
+                f"silent for {self.broker_expiry_s:g} s. Two brokers configured with the "
+                "same broker_name and broker_id? Give each its own broker_id"
+            )
         fenced: list[BrokerKey] = []
         if state.role is Role.MASTER and not state.controlled:
             for peer in peers:
@@ -128,7 +148,6 @@ class Registry:
                 fenced.append(peer.state.key)
         for fenced_key in fenced:
             del group[fenced_key.broker_id]
-        existing = group.get(key.broker_id)
         owner = session if session is not None else (existing.session if existing else None)
         group[key.broker_id] = _Entry(state, topics, now, owner)
         self._groups[key.broker_name] = group

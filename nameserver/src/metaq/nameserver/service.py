@@ -7,6 +7,11 @@ masters, clusters) and for a switchover whose preconditions do not hold, UNAVAIL
 the failover controller has no Raft majority. Messages say what was wrong and, where it
 helps, what is accepted.
 
+Authentication: with a cluster secret, every call that changes the cluster (Session,
+RegisterBroker, UnregisterBroker, Switchover) must prove it (``metaq.common.auth``) or
+is refused with UNAUTHENTICATED before it changes anything; the questions (routes,
+cluster, assignment, controller state) stay open to every client.
+
 Sessions: each ``Session`` stream has a queue of events, fed by the answers to its
 heartbeats (read by a task of the session's own) and by unasked pushes whenever the
 controller's state of the broker's group changes, so the broker reads news independently
@@ -19,12 +24,16 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import TypeAlias
 
 import grpc
+from google.protobuf.message import Message
 
+from metaq.common.auth import METADATA_KEY, AuthFailed, ClusterSecret, verify_call
+from metaq.common.names import shown
 from metaq.common.v1 import control_pb2 as pb
 from metaq.common.v1 import control_pb2_grpc
 from metaq.nameserver import convert
@@ -71,9 +80,12 @@ class _Stream:
 class NameServerService(control_pb2_grpc.NameServerServicer):
     """Answers brokers and clients from one :class:`Registry` and the failover controller."""
 
-    def __init__(self, registry: Registry, controller: Controller) -> None:
+    def __init__(
+        self, registry: Registry, controller: Controller, secret: ClusterSecret | None = None
+    ) -> None:
         self._registry = registry
         self._controller = controller
+        self._secret = secret
         self._sessions = itertools.count(1)
         self._expiry_ms = round(registry.broker_expiry_s * 1000)
         # Open streams by group, then session: whom to tell when a group's control changes.
@@ -87,6 +99,8 @@ class NameServerService(control_pb2_grpc.NameServerServicer):
         request_iterator: AsyncIterator[pb.BrokerHeartbeat],
         context: Context,
     ) -> AsyncIterator[pb.SessionEvent]:
+        # A stream is proven once, when it opens: its heartbeats all come over it.
+        await self._authorize(context, "Session", None)
         stream = _Stream(next(self._sessions))
         reader = asyncio.get_running_loop().create_task(
             self._read(request_iterator, stream), name=f"session-{stream.session}"
@@ -199,6 +213,7 @@ class NameServerService(control_pb2_grpc.NameServerServicer):
     async def RegisterBroker(
         self, request: pb.RegisterBrokerRequest, context: Context
     ) -> pb.RegisterBrokerResponse:
+        await self._authorize(context, "RegisterBroker", request)
         try:
             state = convert.broker_state(request.broker)
             if not request.HasField("topic_table"):
@@ -215,6 +230,7 @@ class NameServerService(control_pb2_grpc.NameServerServicer):
     async def UnregisterBroker(
         self, request: pb.UnregisterBrokerRequest, context: Context
     ) -> pb.UnregisterBrokerResponse:
+        await self._authorize(context, "UnregisterBroker", request)
         try:
             key = convert.broker_key(request.broker_name, request.broker_id)
         except InvalidRequest as exc:
@@ -261,8 +277,8 @@ class NameServerService(control_pb2_grpc.NameServerServicer):
         if not any(m.consumer_id == request.consumer_id for m in request.request.members):
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT,
-                f"consumer {request.consumer_id!r} is not among the members of consumer group "
-                f"{request.request.consumer_group!r}",
+                f"consumer {shown(request.consumer_id)} is not among the members of consumer "
+                f"group {shown(request.request.consumer_group)}",
             )
         assignment = await self._assign(request.request, context)
         return pb.GetAssignmentForResponse(
@@ -285,8 +301,11 @@ class NameServerService(control_pb2_grpc.NameServerServicer):
     async def Switchover(
         self, request: pb.SwitchoverRequest, context: Context
     ) -> pb.SwitchoverResponse:
-        if not request.broker_name:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "broker_name must not be empty")
+        await self._authorize(context, "Switchover", request)
+        try:
+            convert.check_text(request.broker_name, "broker_name")
+        except InvalidRequest as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         try:
             control = await self._controller.switchover(
                 request.broker_name, request.broker_id, request.expected_epoch
@@ -299,9 +318,24 @@ class NameServerService(control_pb2_grpc.NameServerServicer):
 
     # --- helpers ------------------------------------------------------------------------
 
+    async def _authorize(self, context: Context, method: str, request: Message | None) -> None:
+        """End the call with UNAUTHENTICATED unless it proves the cluster secret."""
+        if self._secret is None:
+            return
+        proofs = [v for k, v in context.invocation_metadata() or () if k == METADATA_KEY]
+        proof = proofs[0] if proofs and isinstance(proofs[0], str) else None
+        body = b"" if request is None else request.SerializeToString(deterministic=True)
+        try:
+            verify_call(self._secret, method, body, proof, time.time())
+        except AuthFailed as exc:
+            log.warning("refused %s from %s: %s", method, context.peer(), exc)
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(exc))
+
     async def _route(self, topic: str, context: Context) -> TopicRoute:
-        if not topic:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "topic must not be empty")
+        try:
+            convert.check_topic_name(topic)
+        except InvalidRequest as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         route = self._registry.route(topic)
         if route is None:
             await context.abort(
@@ -313,10 +347,11 @@ class NameServerService(control_pb2_grpc.NameServerServicer):
         if request.strategy not in STRATEGIES:
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT,
-                f"unknown assignment strategy {request.strategy!r}; "
+                f"unknown assignment strategy {shown(request.strategy)}; "
                 f"known: {', '.join(sorted(STRATEGIES))}",
             )
         try:
+            convert.check_group_name(request.consumer_group)
             members = convert.members(request)
             previous = convert.previous(request)
         except InvalidRequest as exc:

@@ -19,21 +19,29 @@ fixed sleep.
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
+from typing import Final, TypeVar
+
+import grpc
+from google.protobuf.message import Message
+
+from metaq.common.auth import ClusterSecret, call_metadata
+from metaq.common.testing import cluster_secret_for_tests, secret_env
 
 READY: Final = re.compile(
     r"^metaq-nameserver ready grpc=(\S+)(?: http=(\S+))?(?: raft=(\S+))?$", re.MULTILINE
 )
 POLL_S: Final = 0.01
+_Request = TypeVar("_Request")
+_Response = TypeVar("_Response")
 
 
 def nameserver_command() -> list[str]:
@@ -112,6 +120,8 @@ def start_nameserver(
 
     ``command`` replaces :func:`nameserver_command` (say, to run it inside a network
     namespace with ``ip netns exec``); it must exec the nameserver, so signals reach it.
+    It runs with the tests' cluster secret (``metaq.common.testing.secret_env``) unless
+    ``env`` sets another.
 
     Raises RuntimeError with the process output if it exits or is not ready in time; the
     process is stopped in that case.
@@ -129,7 +139,7 @@ def start_nameserver(
             stdout=stdout,
             stderr=stderr,
             stdin=subprocess.DEVNULL,
-            env={**os.environ, **(env or {})},
+            env=secret_env(env),
         )
     server = NameServerProcess(process=process, work_dir=work_dir, args=tuple(argv))
     deadline = time.monotonic() + timeout_s
@@ -150,6 +160,45 @@ def start_nameserver(
                 server.stop()
             raise RuntimeError(f"{failure}\n{server.output()}")
         time.sleep(POLL_S)
+
+
+class _SigningInterceptor(grpc.aio.UnaryUnaryClientInterceptor):
+    """Adds the proof of ``secret`` to every unary call, as brokers and tools do."""
+
+    def __init__(self, secret: ClusterSecret) -> None:
+        self._secret = secret
+
+    async def intercept_unary_unary(
+        self,
+        continuation: Callable[
+            [grpc.aio.ClientCallDetails, _Request],
+            Awaitable[grpc.aio.UnaryUnaryCall[_Request, _Response]],
+        ],
+        client_call_details: grpc.aio.ClientCallDetails,
+        request: _Request,
+    ) -> _Response | grpc.aio.UnaryUnaryCall[_Request, _Response]:
+        details = client_call_details
+        method = details.method.decode() if isinstance(details.method, bytes) else details.method
+        assert isinstance(request, Message)
+        body = request.SerializeToString(deterministic=True)
+        proof = call_metadata(self._secret, method.rpartition("/")[2], body, time.time())
+        metadata = grpc.aio.Metadata(*(details.metadata or ()), *proof)
+        signed = grpc.aio.ClientCallDetails(
+            details.method, details.timeout, metadata, details.credentials, details.wait_for_ready
+        )
+        return await continuation(signed, request)
+
+
+def signed_channel(address: str, secret: ClusterSecret | None = None) -> grpc.aio.Channel:
+    """A gRPC channel to a nameserver whose unary calls prove ``secret`` (by default the
+    tests' one); a Session stream opened on it must pass its own metadata."""
+    secret = secret or cluster_secret_for_tests()
+    return grpc.aio.insecure_channel(address, interceptors=[_SigningInterceptor(secret)])
+
+
+def session_proof(secret: ClusterSecret | None = None) -> tuple[tuple[str, str], ...]:
+    """The metadata a Session stream opens with, proving ``secret`` (the tests' one)."""
+    return call_metadata(secret or cluster_secret_for_tests(), "Session", b"", time.time())
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:

@@ -1,4 +1,10 @@
-"""REPLICA_FETCH over the data plane: one connection from a slave to its master."""
+"""REPLICA_FETCH over the data plane: one connection from a slave to its master.
+
+With a cluster secret the connection starts with REPLICA_AUTH (docs/replication.md): the
+master proves the secret before the slave sends a single fetch, so nothing the slave
+writes or cuts ever comes from a master it could not authenticate, and the slave proves
+it in turn before the master serves it.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +12,30 @@ import asyncio
 import contextlib
 import itertools
 import socket
+from dataclasses import dataclass
 
-from metaq.common.errors import ErrorCode, MetaqError
-from metaq.common.framing import Buffer, FrameDecoder, FrameType, encode_frame
-from metaq.common.v1.data_pb2 import ErrorResponse, ReplicaFetchRequest, ReplicaFetchResponse
+from metaq.common import auth
+from metaq.common.auth import ClusterSecret
+from metaq.common.errors import ErrorCode, MetaqError, NotAuthenticated
+from metaq.common.framing import Buffer, Frame, FrameDecoder, FrameType, encode_frame
+from metaq.common.v1.data_pb2 import (
+    ErrorResponse,
+    ReplicaAuthRequest,
+    ReplicaAuthResponse,
+    ReplicaFetchRequest,
+    ReplicaFetchResponse,
+)
+
+_AUTH_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class SlaveIdentity:
+    """Who is connecting, and the secret it proves (None: the cluster runs without one)."""
+
+    broker_name: str
+    broker_id: int
+    secret: ClusterSecret | None
 
 
 class FetchError(MetaqError):
@@ -35,7 +61,11 @@ class DataPlaneChannel:
         self.address = address
 
     @classmethod
-    async def open(cls, address: str, timeout_s: float = 3.0) -> DataPlaneChannel:
+    async def open(
+        cls, address: str, timeout_s: float = 3.0, *, identity: SlaveIdentity | None = None
+    ) -> DataPlaneChannel:
+        """Connect to the master at ``address``; with ``identity.secret``, authenticate
+        both ways first (raises NotAuthenticated when the master cannot prove it)."""
         host, _, port = address.rpartition(":")
         async with asyncio.timeout(timeout_s):
             reader, writer = await asyncio.open_connection(host.strip("[]"), int(port))
@@ -43,15 +73,59 @@ class DataPlaneChannel:
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return cls(reader, writer, address)
+        channel = cls(reader, writer, address)
+        if identity is not None and identity.secret is not None:
+            try:
+                await channel._authenticate(identity, identity.secret)
+            except BaseException:
+                await channel.close()
+                raise
+        return channel
+
+    async def _authenticate(self, identity: SlaveIdentity, secret: ClusterSecret) -> None:
+        name, slave_id = identity.broker_name, identity.broker_id
+        nonce = auth.new_nonce()
+        hello = ReplicaAuthRequest(broker_name=name, broker_id=slave_id, slave_nonce=nonce)
+        try:
+            frame = await self._exchange(FrameType.REPLICA_AUTH, hello, _AUTH_TIMEOUT_S)
+        except FetchError as exc:
+            raise NotAuthenticated(
+                f"master {self.address} did not take part in the cluster-secret handshake "
+                f"({exc}); not replicating from it: nothing is written or cut"
+            ) from None
+        answer = ReplicaAuthResponse.FromString(frame.header)
+        expected = auth.replica_proof(
+            secret, auth.MASTER, name, slave_id, nonce, answer.master_nonce
+        )
+        if len(answer.master_nonce) != auth.NONCE_BYTES or not auth.check_proof(
+            expected, answer.master_proof
+        ):
+            raise NotAuthenticated(
+                f"master {self.address} did not prove the cluster secret (it holds another "
+                "one, or is not a broker of this cluster); not replicating from it: nothing "
+                "is written or cut"
+            )
+        proof = auth.replica_proof(secret, auth.SLAVE, name, slave_id, nonce, answer.master_nonce)
+        done = ReplicaAuthRequest(
+            broker_name=name, broker_id=slave_id, slave_nonce=nonce, slave_proof=proof
+        )
+        await self._exchange(FrameType.REPLICA_AUTH, done, _AUTH_TIMEOUT_S)
 
     async def fetch(self, request: ReplicaFetchRequest) -> tuple[ReplicaFetchResponse, Buffer]:
-        request_id = next(self._ids)
-        self._writer.writelines(
-            encode_frame(FrameType.REPLICA_FETCH, request_id, request.SerializeToString())
-        )
         # The master holds a fetch for up to wait_ms; beyond that plus slack it is gone.
-        async with asyncio.timeout(request.wait_ms / 1e3 + 5.0):
+        frame = await self._exchange(FrameType.REPLICA_FETCH, request, request.wait_ms / 1e3 + 5.0)
+        return ReplicaFetchResponse.FromString(frame.header), frame.payload
+
+    async def _exchange(
+        self,
+        frame_type: FrameType,
+        request: ReplicaFetchRequest | ReplicaAuthRequest,
+        timeout_s: float,
+    ) -> Frame:
+        """Send one request and return its answer frame; an ERROR frame raises FetchError."""
+        request_id = next(self._ids)
+        self._writer.writelines(encode_frame(frame_type, request_id, request.SerializeToString()))
+        async with asyncio.timeout(timeout_s):
             while True:
                 chunk = await self._reader.read(1 << 20)
                 if not chunk:
@@ -60,8 +134,25 @@ class DataPlaneChannel:
                     if frame.is_error:
                         error = ErrorResponse.FromString(frame.header)
                         raise FetchError(ErrorCode(error.code), error.message)
-                    if frame.type is FrameType.REPLICA_FETCH and frame.request_id == request_id:
-                        return ReplicaFetchResponse.FromString(frame.header), frame.payload
+                    if frame.type is frame_type and frame.request_id == request_id:
+                        return frame
+
+    async def request(self, frame_type: FrameType, header: bytes, timeout_s: float) -> Frame:
+        """Any other request on this connection, answered before the next one is sent (a
+        slave forwarding its consumers' offset commits); an ERROR frame raises FetchError."""
+        request_id = next(self._ids)
+        self._writer.writelines(encode_frame(frame_type, request_id, header))
+        async with asyncio.timeout(timeout_s):
+            while True:
+                chunk = await self._reader.read(1 << 20)
+                if not chunk:
+                    raise ConnectionError(f"master {self.address} closed the connection")
+                for frame in self._decoder.feed(chunk):
+                    if frame.is_error:
+                        error = ErrorResponse.FromString(frame.header)
+                        raise FetchError(ErrorCode(error.code), error.message)
+                    if frame.type is frame_type and frame.request_id == request_id:
+                        return frame
 
     async def close(self) -> None:
         self._writer.close()

@@ -152,6 +152,11 @@ class Cluster:
         self.nameservers[node] = server
         return server
 
+    def raft_address(self, node: str) -> str:
+        """The nameserver's controller (Raft) address, host:port."""
+        args = self._ns_args[node]
+        return args[args.index("--controller-address") + 1]
+
     @property
     def nameserver_addresses(self) -> list[str]:
         return [self.nameservers[n].grpc_address for n in NAMESERVERS]
@@ -240,7 +245,7 @@ class Cluster:
         self.tail.poll()
         return any(e.get("phase") == phase for e in self.tail.workload_events)
 
-    def stop_workload(self, timeout_s: float = 150.0, *, drain: bool = True) -> None:
+    def stop_workload(self, timeout_s: float = 240.0, *, drain: bool = True) -> None:
         """SIGTERM the workload: it stops producing, drains its consumers and exits."""
         process = self.workload
         if process is None:
@@ -258,6 +263,11 @@ class Cluster:
         if drain and process.returncode != 0:
             log = (self.work_dir / "workload.log").read_text(errors="replace")
             raise AssertionError(f"the workload failed ({process.returncode}):\n{log[-4000:]}")
+
+    def release_held_consumers(self) -> None:
+        """Held consumer groups start handling (SIGUSR1 to the workload)."""
+        if self.workload is not None:
+            self.workload.send_signal(signal.SIGUSR1)
 
     def wait_acked(self, group: str, count: int, timeout_s: float = 30.0, *,
                    since: float | None = None) -> None:  # fmt: skip

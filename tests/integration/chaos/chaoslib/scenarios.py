@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from chaoslib import disk
+from chaoslib import adversary, disk
 from chaoslib.checker import Result, check
 from chaoslib.cluster import (
     BROKERS,
@@ -32,6 +32,7 @@ from chaoslib.cluster import (
     ClusterSpec,
     all_routed,
     broker_id,
+    broker_name,
     controller_state,
     group_of,
 )
@@ -55,6 +56,15 @@ def default_producers() -> list[ProducerSpec]:
         # cut-off master's socket is answered by that master, whatever it answers.
         ProducerSpec("patient-a", "chaos-a", "a", rate_hz=4, send_timeout_s=30.0, retries=0),
         ProducerSpec("ordered-a", "chaos-ordered", "a", rate_hz=20, keys=8),
+    ]
+
+
+def high_rate_producers() -> list[ProducerSpec]:
+    """The default producers plus one that keeps hundreds of sends in flight, as a busy
+    application does: an attack that slows the broker shows as its failures."""
+    return [
+        *default_producers(),
+        ProducerSpec("bulk-a", "chaos-a", "a", rate_hz=2000, in_flight=300, send_timeout_s=5.0),
     ]
 
 
@@ -89,6 +99,10 @@ class Scenario:
     cluster: ClusterSpec = field(default_factory=ClusterSpec)
     expect: dict[str, Any] = field(default_factory=dict)
     summary: str = ""
+    producers: Callable[[], list[ProducerSpec]] = default_producers
+    consumers: Callable[[], list[ConsumerSpec]] = default_consumers
+    after_drain: Callable[[Cluster], None] | None = None
+    """Checks on the whole history once the consumers drained."""
 
 
 # --- 1. kill -9 the master, five times -----------------------------------------------------
@@ -750,6 +764,220 @@ def stale_nameserver_lease(ctx: Ctx) -> None:
             f"elected (first: {late[0]})" if late else "none")  # fmt: skip
 
 
+# --- 13-16. a stranger on the network: the adversary scenarios -----------------------------
+
+
+def _unchanged(c: Cluster, group: str, master: str, epoch: int, what: str) -> None:
+    """The group kept its master and epoch through an attack."""
+    now = c.wait_master(group)
+    state = c.health(now) or {}
+    c.check(f"{what}: group {group} kept its master", now == master and
+            state.get("epoch") == epoch, f"master {now} at epoch {state.get('epoch')}, "
+            f"was {master} at epoch {epoch}")  # fmt: skip
+
+
+def adversary_raft(ctx: Ctx) -> None:
+    """A pickle that would run code, sent to every nameserver's Raft port; then a real
+    failover, which the controller must still decide."""
+    c = ctx.cluster
+    for group in GROUPS:
+        c.wait_in_sync(group)
+    c.fault("start", "adversary-raft", node="nameservers", group="")
+    for node in NAMESERVERS:
+        marker = c.work_dir / f"ran-code-on-{node}"
+        answer = adversary.raft_pickle(c.raft_address(node), marker)
+        c.history.write("note", text=f"pickle to {node}'s Raft port: {answer}")
+        c.check(f"raft: no code run on {node}", not marker.exists(),
+                f"{marker.name} was created: the payload ran" if marker.exists()
+                else answer)  # fmt: skip
+    c.fault("end", "adversary-raft", node="nameservers", group="")
+    old = c.wait_master("a")
+    killed = c.kill(old, failover=True)
+    c.wait_new_master("a", old, killed)
+    c.wait_acked("a", 20, 20.0, since=killed)
+    c.restart(old)
+    c.wait_in_sync("a")
+
+
+def adversary_takeover(ctx: Ctx) -> None:
+    """Without the cluster secret: register a forged master under the live master's key,
+    switch the group over (to a forged broker and to the real slave), unregister the
+    master, and fetch the log as a slave that holds nothing."""
+    c = ctx.cluster
+    for group in GROUPS:
+        c.wait_in_sync(group)
+    master = c.wait_master("a")
+    slave = ctx.other(master)
+    epoch = (c.health(master) or {})["epoch"]
+    name = broker_name("a")
+    broker = c.brokers[master]
+    # Nothing listens there: a client routed to it fails every send.
+    forged = "127.0.0.1:9"
+    start = c.fault("start", "adversary-takeover", node=master, group="a")
+
+    async def attack() -> list[str]:
+        # The fake slave first, while its target is surely the master; the switchovers
+        # last, since each of the others would be moot once one of them succeeded.
+        answers = [await adversary.fake_slave(
+            broker.data_host, broker.data_port, name, 9, epoch, SEGMENT_BYTES, 3.0)]  # fmt: skip
+        answers += [await adversary.forge_registration(ns, name, broker_id(master), forged, epoch)
+                    for ns in c.nameserver_addresses]  # fmt: skip
+        answers += [await adversary.unregister(ns, name, broker_id(master))
+                    for ns in c.nameserver_addresses]  # fmt: skip
+        answers.append(await adversary.switchover(c.nameserver_addresses[0], name, 7, epoch))
+        answers.append(await adversary.switchover(c.nameserver_addresses[1], name,
+                                                  broker_id(slave), epoch))  # fmt: skip
+        return answers
+
+    answers = asyncio.run(attack())
+    for answer in answers:
+        c.history.write("note", text=f"takeover: {answer}")
+    accepted = [a for a in answers if a.endswith("accepted")]
+    c.check("takeover: no forged request accepted", not accepted,
+            "; ".join(accepted) or "every one refused")  # fmt: skip
+    c.check("takeover: no log shipped to a stranger", " 0 bytes" in answers[0], answers[0])
+    # What the forgeries would have set off (a route to nowhere, an election) shows within
+    # the nameservers' expiry and the controller's cycle; hold that long, then judge.
+    ctx.hold(5.0)
+    in_sync = sorted((c.health(master) or {}).get("in_sync_ids", []))
+    control = c.committed("a")
+    c.check("takeover: the stranger never counted in sync", 9 not in in_sync and
+            (control is None or 9 not in control.in_sync_ids),
+            f"master's in-sync set {in_sync}, the controller's "
+            f"{sorted(control.in_sync_ids) if control else None}")  # fmt: skip
+    c.wait_acked("a", 100, 20.0, since=start)
+    c.fault("end", "adversary-takeover", node=master, group="a")
+    _unchanged(c, "a", master, epoch, "takeover")
+
+
+def adversary_exhaustion(ctx: Ctx) -> None:
+    """Against group a's master: thousands of idle connections, pipelined PULLs never
+    read, frames declared near the size limit, and 50,000 made-up consumer groups; then
+    a failover, whose promotion writes the offsets table those groups grew."""
+    c = ctx.cluster
+    for group in GROUPS:
+        c.wait_in_sync(group)
+    master = c.wait_master("a")
+    epoch = (c.health(master) or {})["epoch"]
+    broker = c.brokers[master]
+    host, port = broker.data_host, broker.data_port
+    pid = broker.proc.pid
+    rss_before = adversary.rss_bytes(pid)
+    watch = HealthWatch(c, master, pid)
+    flood = adversary.Flood()
+    start = c.fault("start", "adversary-exhaustion", node=master, group="a")
+    watch.start()
+    try:
+        for answer in (
+            flood.idle(host, port, 3000),
+            flood.unread_pulls(host, port, "chaos-a", connections=3, pulls=2000),
+            flood.huge_frames(host, port, connections=8, body_bytes=1 << 20),
+            asyncio.run(adversary.fake_groups(host, port, "chaos-a", 50_000)),
+        ):
+            c.history.write("note", text=f"exhaustion: {answer}")
+        c.wait_acked("a", 200, 30.0, since=start)
+        ctx.hold(10.0)  # the attack stays in place while the workload goes on
+    finally:
+        flood.close()
+        watch.stop()
+        c.fault("end", "adversary-exhaustion", node=master, group="a")
+    grown = watch.peak_rss - rss_before
+    peak = watch.peak_rss >> 20
+    c.history.write("note", text=f"exhaustion: {master}'s memory grew by {grown >> 20} MiB "
+                    f"(peak {peak} MiB); {watch.samples} health samples")  # fmt: skip
+    c.check("exhaustion: health stayed ok", not watch.bad,
+            "; ".join(watch.bad[:3]) or f"{watch.samples} samples ok")  # fmt: skip
+    c.check("exhaustion: memory bounded", grown < 256 << 20,
+            f"grew by {grown >> 20} MiB (bound 256 MiB)")  # fmt: skip
+    _unchanged(c, "a", master, epoch, "exhaustion")
+    # The promotion after all that: taking the role, the new master journals every
+    # group's offsets (Journal.write_offsets(full=True)) before it reports master.
+    killed = c.kill(master, failover=True)
+    new = c.wait_new_master("a", master, killed)
+    c.wait_acked("a", 20, 20.0, since=killed)
+    failed = [line for line in c.brokers[new].output.splitlines() if "offsets" in
+              line.lower() and ("ERROR" in line or "Traceback" in line)]  # fmt: skip
+    c.check("exhaustion: the promotion journaled every group's offsets", not failed,
+            failed[0][:200] if failed else f"{new}'s output shows no offsets error")  # fmt: skip
+    c.restart(master)
+    c.wait_in_sync("a")
+
+
+class HealthWatch:
+    """Samples one broker's /health and resident memory until stopped."""
+
+    def __init__(self, cluster: Cluster, node: str, pid: int) -> None:
+        self.c, self.node, self.pid = cluster, node, pid
+        self.samples = 0
+        self.peak_rss = 0
+        self.bad: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="health-watch", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10.0)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.2):
+            self.samples += 1
+            self.peak_rss = max(self.peak_rss, adversary.rss_bytes(self.pid))
+            state = self.c.health(self.node)
+            if state is None or state.get("status") != "ok":
+                self.bad.append(f"{time.monotonic():.1f}: {state}"[:200])
+
+
+def adversary_disk(ctx: Ctx) -> None:
+    """Fill group a's master's disk past the force-clean and the full ratios under a
+    high-rate workload while consumer group ``chaos-held`` has read nothing yet; free it.
+    Writes are refused before the kernel's ENOSPC, resume without a restart, and every
+    acknowledged message is still there for the held group to read."""
+    c = ctx.cluster
+    c.wait_in_sync("a")
+    master = c.wait_master("a")
+    c.wait_acked("a", 40_000, 90.0)  # more than a segment of chaos-a nobody in chaos-held read
+    filler = disk.fill_disk(c.data_dir(master), used_ratio=0.96)
+    c.fault("start", "disk-full", node=master, group="a")
+    wait_until(lambda: (c.health(master) or {}).get("status") == "not-writable", 20.0,
+               f"{master} refuses writes with its disk full", poll_s=0.2)  # fmt: skip
+    reason = str((c.health(master) or {}).get("reason"))
+    c.check("disk: refusal says why", "disk" in reason, reason)
+    ctx.hold(10.0)  # force-clean rounds run (store.clean_interval_s = 1)
+    filler.unlink()
+    freed = c.fault("end", "disk-full", node=master, group="a")
+    c.wait_acked("a", 20, 30.0, since=freed)
+    resumed = c.tail.first_ack_since("a", freed)
+    c.check("disk: writes resume within 5 s of space freed",
+            resumed is not None and resumed - freed <= 5.0,
+            f"first acknowledgement {resumed - freed:.2f} s after the filler was removed"
+            if resumed is not None else "no acknowledgement")  # fmt: skip
+    enospc = [line for line in c.brokers[master].output.splitlines() if "No space left" in line]
+    c.check("disk: no ENOSPC reached the store", not enospc,
+            enospc[0][:200] if enospc else "none in the broker's output")  # fmt: skip
+    c.release_held_consumers()
+
+
+def held_read_everything(c: Cluster) -> None:
+    """After the drain: every acknowledged chaos-a message was read by chaos-held."""
+    acked, held = set(), set()
+    for e in read_history(c.history.path):
+        if e["type"] == "ok" and e["topic"] == "chaos-a":
+            acked.add(e["id"])
+        elif e["type"] == "read" and e["consumer"] == "chaos-held":
+            held.add(e["id"])
+    missing = sorted(acked - held)
+    c.check("disk: the held group read every acknowledged message", not missing,
+            f"{len(missing)} never read by chaos-held (first {missing[0]})" if missing
+            else f"{len(acked)} read")  # fmt: skip
+
+
+def held_consumers() -> list[ConsumerSpec]:
+    return [*default_consumers(), ConsumerSpec("chaos-held", ["chaos-a"], held=True)]
+
+
 # --- 10. mixed chaos --------------------------------------------------------------------------
 
 
@@ -889,6 +1117,21 @@ SCENARIOS: dict[int, Scenario] = {
                              settings=(*ClusterSpec().settings, "store.clean_interval_s=1")),
                  expect={"quiet_groups": ["b"]},
                  summary="fill group a's master's disk for 10 s, then free it"),
+        Scenario(13, "adversary-raft-pickle", adversary_raft, producers=high_rate_producers,
+                 expect={"quiet_groups": ["b"]},
+                 summary="a code-running pickle on every nameserver's Raft port; a failover"),
+        Scenario(14, "adversary-takeover", adversary_takeover, producers=high_rate_producers,
+                 expect={"quiet_groups": ["a", "b"]},
+                 summary="forged registration, switchover, unregistration and replica fetch"),
+        Scenario(15, "adversary-exhaustion", adversary_exhaustion,
+                 producers=high_rate_producers, expect={"quiet_groups": ["b"]},
+                 summary="idle connections, unread pulls, huge frames, 50,000 fake groups"),
+        Scenario(16, "adversary-disk", adversary_disk,
+                 ClusterSpec(small_disks=("a0", "a1"),
+                             settings=(*ClusterSpec().settings, "store.clean_interval_s=1")),
+                 producers=high_rate_producers, consumers=held_consumers,
+                 after_drain=held_read_everything, expect={"quiet_groups": ["b"]},
+                 summary="disk past force-clean and full under load, one group unread"),
         Scenario(10, "mixed", mixed,
                  ClusterSpec(flush_mode="async", lossy=True),
                  summary="random faults every 10-30 s for the run's duration"),
@@ -909,7 +1152,7 @@ def run_scenario(scenario: Scenario, work_dir: Path, *, seed: int, duration_s: f
     cluster = Cluster(work_dir, spec, history)
     try:
         cluster.start()
-        cluster.start_workload(default_producers(), default_consumers())
+        cluster.start_workload(scenario.producers(), scenario.consumers())
         for group in GROUPS:
             cluster.wait_acked(group, 40, 30.0)
         scenario.run(Ctx(cluster, random.Random(seed), duration_s, short))
@@ -918,6 +1161,8 @@ def run_scenario(scenario: Scenario, work_dir: Path, *, seed: int, duration_s: f
                 raise AssertionError(f"{node} was left stopped by the scenario")
         cluster.check_prefixes()
         cluster.stop_workload()
+        if scenario.after_drain is not None:
+            scenario.after_drain(cluster)
         for group in GROUPS:
             history.write("final_master", group=group, node=cluster.wait_master(group))
         cluster.stop_brokers_cleanly()

@@ -2,15 +2,21 @@
 
     python -m chaoslib.workload SPEC.json
 
-Producers send at a steady, bounded rate, one message at a time each, every body
-starting with a unique id (``<producer>-<n>``); the ordered producer cycles through
-sharding keys and numbers each key's messages. Push consumers in consumer groups read
-everything and commit offsets. Every send (invoke, then ok / info) and every handled
-message (read) goes to the history file (see :mod:`chaoslib.history`).
+Producers send at a steady, bounded rate, each with at most ``in_flight`` sends
+unanswered (one at a time by default; hundreds for the high-rate producer of the
+adversary scenarios), every body starting with a unique id (``<producer>-<n>``); the
+ordered producer cycles through sharding keys and numbers each key's messages. Push
+consumers in consumer groups read everything and commit offsets. Every send (invoke,
+then ok / info) and every handled message (read) goes to the history file (see
+:mod:`chaoslib.history`).
 
 SIGTERM ends the producing; the consumers then drain: until each queue's consumer has
 handled everything up to the queue's end as the current master reports it, or the drain
-deadline passes. A ``drain`` event says which, and the process exits 0.
+stalls. A ``drain`` event says which, and the process exits 0. The drain stalls only
+after ``drain_timeout_s`` without any queue advancing (90 s: three times the 30 s queue
+lock time to live that a new master waits out before it grants an ordered queue's lock
+again), so a backlog drains however long it takes, up to ``drain_max_s``, while a
+consumer that handles nothing fails in bounded time.
 """
 
 from __future__ import annotations
@@ -46,6 +52,8 @@ class ProducerSpec:
     keys: int = 0
     """Sharding keys of an ordered producer (0: no key)."""
     body_bytes: int = 128
+    in_flight: int = 1
+    """Sends awaiting their answer at once; the rate still bounds how many start."""
 
 
 @dataclass
@@ -53,6 +61,9 @@ class ConsumerSpec:
     group: str
     topics: list[str]
     concurrency: int = 16
+    held: bool = False
+    """Joins its group at once but handles nothing until SIGUSR1 (a group that has not
+    read yet: what disk pressure must not delete)."""
 
 
 @dataclass
@@ -62,6 +73,9 @@ class WorkloadSpec:
     producers: list[ProducerSpec] = field(default_factory=list)
     consumers: list[ConsumerSpec] = field(default_factory=list)
     drain_timeout_s: float = 90.0
+    """How long the drain may go without any queue advancing."""
+    drain_max_s: float = 180.0
+    """The drain's absolute bound, progress or not."""
 
     @classmethod
     def load(cls, path: Path) -> WorkloadSpec:
@@ -72,6 +86,7 @@ class WorkloadSpec:
             producers=[ProducerSpec(**p) for p in raw.get("producers", [])],
             consumers=[ConsumerSpec(**c) for c in raw.get("consumers", [])],
             drain_timeout_s=raw.get("drain_timeout_s", 90.0),
+            drain_max_s=raw.get("drain_max_s", 180.0),
         )
 
     def dump(self) -> str:
@@ -82,6 +97,7 @@ class WorkloadSpec:
                 "producers": [vars(p) for p in self.producers],
                 "consumers": [vars(c) for c in self.consumers],
                 "drain_timeout_s": self.drain_timeout_s,
+                "drain_max_s": self.drain_max_s,
             }
         )
 
@@ -95,38 +111,54 @@ async def produce(spec: ProducerSpec, nameservers: list[str], history: HistoryWr
     producer = Producer(nameservers, send_timeout_s=spec.send_timeout_s, retries=spec.retries)
     await producer.start()
     period = 1.0 / spec.rate_hz
+    slots = asyncio.Semaphore(spec.in_flight)
+    sends: set[asyncio.Task[None]] = set()
     next_at = time.monotonic()
     n = 0
     try:
         while not stop.is_set():
-            message_id = f"{spec.name}-{n:07d}"
-            fields: dict[str, Any] = {"id": message_id, "topic": spec.topic, "group": spec.group,
-                                      "producer": spec.name}  # fmt: skip
-            key = None
-            if spec.keys:
-                key = f"k{n % spec.keys}"
-                fields["key"] = key
-                fields["seq"] = n // spec.keys
-            body = message_id.encode() + b" " + b"x" * max(0, spec.body_bytes - len(message_id))
+            await slots.acquire()
+            if stop.is_set():
+                slots.release()
+                break
+            task = asyncio.create_task(_send_one(spec, producer, history, n))
+            task.add_done_callback(lambda done: (slots.release(), sends.discard(done)))
+            sends.add(task)
             n += 1
-            history.write("invoke", **fields)
-            try:
-                result = await producer.send(spec.topic, body, sharding_key=key)
-            except Exception as exc:
-                history.write("info", **fields, error=_outcome(exc))
-            else:
-                where = {"broker": result.broker, "queue": result.queue_id,
-                         "offset": result.queue_offset, "msg_id": result.msg_id}  # fmt: skip
-                if result.status is SendStatus.OK:
-                    history.write("ok", **fields, **where)
-                else:
-                    history.write("info", **fields, **where, status=result.status.value)
             next_at = max(next_at + period, time.monotonic())
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(next_at - time.monotonic()):
-                    await stop.wait()
+            if next_at > time.monotonic():
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(next_at - time.monotonic()):
+                        await stop.wait()
+        # Every send invoked gets its answer (ok or info) before the producer closes.
+        await asyncio.gather(*sends, return_exceptions=True)
     finally:
         await producer.close()
+
+
+async def _send_one(spec: ProducerSpec, producer: Producer, history: HistoryWriter,
+                    n: int) -> None:  # fmt: skip
+    message_id = f"{spec.name}-{n:07d}"
+    fields: dict[str, Any] = {"id": message_id, "topic": spec.topic, "group": spec.group,
+                              "producer": spec.name}  # fmt: skip
+    key = None
+    if spec.keys:
+        key = f"k{n % spec.keys}"
+        fields["key"] = key
+        fields["seq"] = n // spec.keys
+    body = message_id.encode() + b" " + b"x" * max(0, spec.body_bytes - len(message_id))
+    history.write("invoke", **fields)
+    try:
+        result = await producer.send(spec.topic, body, sharding_key=key)
+    except Exception as exc:
+        history.write("info", **fields, error=_outcome(exc))
+        return
+    where = {"broker": result.broker, "queue": result.queue_id,
+             "offset": result.queue_offset, "msg_id": result.msg_id}  # fmt: skip
+    if result.status is SendStatus.OK:
+        history.write("ok", **fields, **where)
+    else:
+        history.write("info", **fields, **where, status=result.status.value)
 
 
 class Consumers:
@@ -140,6 +172,8 @@ class Consumers:
         self.handled_to: dict[tuple[str, str, int], int] = {}
         """(consumer group, topic, queue id) -> one past the highest offset handled."""
         self.consumers: list[PushConsumer] = []
+        self.released = asyncio.Event()
+        """Set by SIGUSR1: held groups start handling."""
 
     async def start(self) -> None:
         for spec in self.specs:
@@ -148,12 +182,14 @@ class Consumers:
                 rebalance_interval_s=5.0, heartbeat_interval_s=2.0,
             )  # fmt: skip
             for topic in spec.topics:
-                consumer.subscribe(topic, self._handler(spec.group))
+                consumer.subscribe(topic, self._handler(spec.group, spec.held))
             await consumer.start()
             self.consumers.append(consumer)
 
-    def _handler(self, group: str) -> Any:
+    def _handler(self, group: str, held: bool) -> Any:
         async def handle(message: Message) -> None:
+            if held:
+                await self.released.wait()
             message_id = message.body.split(b" ", 1)[0].decode(errors="replace")
             self.history.write(
                 "read", id=message_id, consumer=group, topic=message.topic,
@@ -164,9 +200,11 @@ class Consumers:
 
         return handle
 
-    async def drain(self, timeout_s: float) -> None:
-        """Until every queue is handled up to its end, or ``timeout_s``; a drain event."""
-        deadline = time.monotonic() + timeout_s
+    async def drain(self, stall_s: float, max_s: float) -> None:
+        """Until every queue is handled up to its end; a drain event. Gives up after
+        ``stall_s`` with no queue advancing, or ``max_s`` in all."""
+        started = time.monotonic()
+        progress_at, progress = started, -1
         behind: dict[str, Any] = {}
         async with PullConsumer(self.nameservers, "chaos-drain-probe") as probe:
             while True:
@@ -184,10 +222,15 @@ class Consumers:
                                     ]
                 except Exception as exc:
                     behind = {"error": _outcome(exc)}
-                if not behind or time.monotonic() > deadline:
+                now = time.monotonic()
+                handled = sum(self.handled_to.values())
+                if handled > progress:
+                    progress_at, progress = now, handled
+                if not behind or now - progress_at > stall_s or now - started > max_s:
                     break
                 await asyncio.sleep(0.25)  # polling the queues' ends, not a synchronisation
-        self.history.write("drain", ok=not behind, behind=behind)
+        self.history.write("drain", ok=not behind, behind=behind,
+                           seconds=round(time.monotonic() - started, 3))  # fmt: skip
 
     async def close(self) -> None:
         for consumer in self.consumers:
@@ -202,6 +245,7 @@ async def run(spec: WorkloadSpec) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     consumers = Consumers(spec.consumers, spec.nameservers, history)
+    loop.add_signal_handler(signal.SIGUSR1, consumers.released.set)
     await consumers.start()
     tasks = [asyncio.create_task(produce(p, spec.nameservers, history, stop))
              for p in spec.producers]  # fmt: skip
@@ -212,7 +256,8 @@ async def run(spec: WorkloadSpec) -> None:
         if isinstance(result, BaseException):
             history.write("workload", phase="producer-crashed", error=_outcome(result))
     history.write("workload", phase="produced")
-    await consumers.drain(spec.drain_timeout_s)
+    consumers.released.set()
+    await consumers.drain(spec.drain_timeout_s, spec.drain_max_s)
     await consumers.close()
     history.write("workload", phase="stopped")
     history.close()

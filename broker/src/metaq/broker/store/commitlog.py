@@ -13,7 +13,7 @@ import os
 import struct
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Final, NamedTuple
 
@@ -30,6 +30,7 @@ from metaq.common.record import (
     CRC_START,
     HEADER_SIZE,
     MAGIC,
+    MAX_QUEUES_PER_TOPIC,
     STAMP,
     STAMP_AT,
     check_topic,
@@ -37,7 +38,6 @@ from metaq.common.record import (
 
 log = logging.getLogger(__name__)
 
-MAX_QUEUES_PER_TOPIC: Final = 65_536
 # The fields append checks: size, magic, queue id, and the five variable lengths.
 _CHECK: Final = struct.Struct("<II40xi36xHHHHI")
 _CRC: Final = struct.Struct("<I")
@@ -93,14 +93,23 @@ class RecoveredTail:
 
 
 class CommitLog:
-    def __init__(self, config: StoreConfig, disk: Disk) -> None:
+    def __init__(
+        self,
+        config: StoreConfig,
+        disk: Disk,
+        may_allocate: Callable[[int], bool] | None = None,
+    ) -> None:
         self.config = config
         self.segments = SegmentQueue(
             config.commitlog_dir,
             config.commitlog_segment_bytes,
-            preallocate=config.prefault_segments,
+            # Blocks are always reserved: a store into a mapped page the filesystem
+            # cannot back is SIGBUS. prefault_segments only decides the zeros.
+            preallocate=True,
+            prefault=config.prefault_segments,
             keep_fd=True,
             disk=disk,
+            may_allocate=may_allocate,
         )
         self.disk = disk
         self.write_offset = 0
@@ -234,15 +243,12 @@ class CommitLog:
             segment = self.segments.segment_for_write(offset)
             view = segment.view
             pos = offset - segment.start
+            self._open_ahead(segment, pos, [size for _, _, size in checked])
             for record, (topic, queue_id, size) in zip(records, checked, strict=True):
                 if pos + size > segment.size:
                     self._seal_segment(segment, pos)
                     offset = segment.end
-                    try:
-                        segment = self.segments.segment_for_write(offset)
-                    except OSError:
-                        self._give_back(checked, q_offsets)
-                        raise
+                    segment = self.segments.segment_for_write(offset)
                     view = segment.view
                     pos = 0
                 queue_offset = take(topic, queue_id)
@@ -275,6 +281,8 @@ class CommitLog:
             add = cl_offsets.append
             segment = self.segments.segment_for_write(offset)
             pos = offset - segment.start
+            if pos + ends[-1] > segment.size:
+                self._open_ahead(segment, pos, sizes)
             done = 0  # records written
             at = 0  # where they end in data
             while True:
@@ -308,11 +316,17 @@ class CommitLog:
         queue_offsets = list(range(first_queue_offset, queue_offset))
         return Appended(start, end_offset, cl_offsets, queue_offsets, now_ms)
 
-    def _give_back(self, checked: list[tuple[bytes, int, int]], taken: list[int]) -> None:
-        """Undo the queue offsets a failed batch took; the log's end never moved."""
-        placed = zip(checked[: len(taken)], taken, strict=True)
-        for (topic, queue_id, _), queue_offset in reversed(list(placed)):
-            self.queue_offsets.set(topic, queue_id, queue_offset)
+    def _open_ahead(self, segment: Segment, pos: int, sizes: Sequence[int]) -> None:
+        """Open every further segment a batch starting at ``pos`` will reach, before any
+        of it is written: when one cannot be made (the disk is full), the batch fails
+        whole, with no record of it in the log for a later recovery to bring back."""
+        if pos + sum(sizes) <= segment.size:
+            return
+        for size in sizes:
+            if pos + size > segment.size:
+                segment = self.segments.segment_for_write(segment.end)
+                pos = 0
+            pos += size
 
     def _seal_segment(self, segment: Segment, pos: int) -> None:
         """Mark the rest of a full segment blank so readers skip to the next one."""

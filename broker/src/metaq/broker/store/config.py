@@ -42,6 +42,8 @@ class StoreConfig:
     flush_dirty_bytes: int = 64 * MIB
     checkpoint_interval_ms: int = 1_000
     queue_sync_interval_ms: int = 10_000
+    # Write zeros through each new commitlog segment so appends never page-fault; its
+    # blocks are allocated either way (a full disk is then an error, not SIGBUS).
     prefault_segments: bool = True
     # The newest commitlog bytes kept in the page cache; older flushed pages are handed
     # back (store/page_cache.py). 40 % of memory, the share RocketMQ assumes the log has
@@ -58,6 +60,17 @@ class StoreConfig:
     disk_clean_ratio: float = 0.75
     disk_force_clean_ratio: float = 0.85
     disk_full_ratio: float = 0.90
+    # Free space writes never eat into, on top of the next commitlog segment when it is
+    # not allocated yet: consume queue and index files grow sparse (a store into a page the
+    # filesystem cannot back is SIGBUS, not an error), and the checkpoint and JSON files
+    # are rewritten, so some room must be left when the appends stop.
+    disk_reserve_bytes: int = 64 * MIB
+    # How stale the free-space sample the write path judges by may be.
+    disk_check_interval_ms: int = 100
+    # Past disk_force_clean_ratio, delete the oldest segment even when it holds messages
+    # some consumer group has not consumed and that have not expired (logged and counted).
+    # Off: only expired or fully consumed segments go, and writes stop when none is left.
+    force_clean_unconsumed: bool = False
     io_error_limit: int = 3
     store_host: bytes = bytes(8)
     # A replica's store: a record whose content fails its CRC in the middle of the log
@@ -86,18 +99,33 @@ class StoreConfig:
             )
         if self.disk_full_ratio > 1:
             problems.append("disk_full_ratio is a fraction of the disk, at most 1")
+        if not self.retention_hours > 0:
+            problems.append(
+                f"retention_hours={self.retention_hours} must be positive: it is how long "
+                "messages are kept (72 keeps three days)"
+            )
         if not 0 <= self.delete_hour <= 23:
             problems.append("delete_hour is an hour of the day, 0-23")
         if len(self.store_host) != 8:
             problems.append("store_host is 8 bytes: IPv4 address, port, two reserved")
         for name in (
+            "max_message_bytes",
             "flush_timeout_ms",
             "flush_interval_ms",
+            "flush_dirty_bytes",
             "checkpoint_interval_ms",
             "queue_sync_interval_ms",
+            "dispatch_backlog_bytes",
+            "dispatch_backlog_wait_ms",
+            "clean_interval_s",
+            "disk_check_interval_ms",
+            "io_error_limit",
         ):
-            if getattr(self, name) <= 0:
-                problems.append(f"{name} must be positive")
+            if not getattr(self, name) > 0:
+                problems.append(f"{name} must be positive, not {getattr(self, name)}")
+        for name in ("max_properties_bytes", "dispatch_inline_bytes", "disk_reserve_bytes"):
+            if getattr(self, name) < 0:
+                problems.append(f"{name} must be 0 or more, not {getattr(self, name)}")
         if problems:
             raise ValueError("invalid store config: " + "; ".join(problems))
 

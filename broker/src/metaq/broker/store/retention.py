@@ -1,50 +1,113 @@
 """Self-protection and retention: refuse writes when the disk is full or failing, and
 delete old segments (seed Q&A 18-19).
 
-Writes stop, reads go on, when disk use passes ``disk_full_ratio`` or after
-``io_error_limit`` consecutive I/O errors. Expired commitlog segments are deleted at the
-configured hour, or at any hour once disk use passes ``disk_clean_ratio``; past
-``disk_force_clean_ratio`` the oldest segments go even before they expire.
+Writes stop, reads go on, when disk use passes ``disk_full_ratio``, when the free space
+less the next commitlog segment (if it is not allocated yet) would go under
+``disk_reserve_bytes``, or after ``io_error_limit`` consecutive I/O errors. The space
+check is sampled at most ``disk_check_interval_ms`` apart on the write path, and again
+before every segment is allocated, so the store stops before the filesystem runs out: a
+full filesystem is an error for a write() but SIGBUS for a store into a mapped page. A
+refusal for space lifts by itself once a sample shows room again.
+
+Expired commitlog segments are deleted at the configured hour, or at any hour once disk
+use passes ``disk_clean_ratio``. Past ``disk_force_clean_ratio`` segments whose every
+message has been consumed by every consumer group known for its queue go even before
+they expire; unconsumed, unexpired data goes only with ``force_clean_unconsumed``.
 """
 
 from __future__ import annotations
 
+import enum
+import errno
 import logging
 import os
-import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Final, NamedTuple
 
-from metaq.broker.store.config import StoreConfig
+from metaq.broker.store.config import MIB, StoreConfig
 from metaq.broker.store.service import Service
 from metaq.common.errors import StoreUnavailable
 
 log = logging.getLogger(__name__)
 
-DiskUsage = Callable[[Path], float]
+SPACE_ERRNOS: Final = frozenset({errno.ENOSPC, errno.EDQUOT})
+"""Errors that say the filesystem is full, not that the device fails."""
 
 
-def disk_used_ratio(path: Path) -> float:
-    usage = shutil.disk_usage(path)
-    return usage.used / usage.total if usage.total else 1.0
+class DiskSpace(NamedTuple):
+    """A filesystem's size and what this process may still allocate on it, in bytes."""
+
+    total_bytes: int
+    available_bytes: int
+
+    @property
+    def used_ratio(self) -> float:
+        # Counted against what this process may use (f_bavail), as df does: blocks kept
+        # for root on ext4 are full for everyone else, which is where ENOSPC comes.
+        if self.total_bytes <= 0:
+            return 1.0
+        return 1.0 - self.available_bytes / self.total_bytes
+
+
+DiskUsage = Callable[[Path], "DiskSpace | float"]
+"""Samples the data directory's disk; a bare float is a used ratio with room unlimited
+(for tests that only play with the ratio)."""
+
+
+def disk_space(path: Path) -> DiskSpace:
+    stats = os.statvfs(path)
+    return DiskSpace(stats.f_blocks * stats.f_frsize, stats.f_bavail * stats.f_frsize)
 
 
 class WriteGuard:
-    """Whether the store accepts writes now, and if not, why and what to do."""
+    """Whether the store accepts writes now, and if not, why and what to do.
 
-    def __init__(self, config: StoreConfig, usage: DiskUsage = disk_used_ratio) -> None:
+    ``pending_bytes`` says how much the store is about to allocate that the sample does
+    not show yet (the next commitlog segment, before it is made).
+    """
+
+    def __init__(self, config: StoreConfig, usage: DiskUsage = disk_space) -> None:
         self.config = config
         self.usage = usage
+        self.pending_bytes: Callable[[], int] = lambda: 0
         self.disk_ratio = 0.0
+        self.available_bytes: int | None = None
         self.io_errors = 0
         self._io_reason: str | None = None
+        self._sampled_s = float("-inf")
+        self._interval_s = config.disk_check_interval_ms / 1e3
+        # Judged once a sample: every append asks, and must not pay for it.
+        self._space_refusal: str | None = None
 
     def refresh_disk(self) -> float:
-        self.disk_ratio = self.usage(self.config.data_dir)
+        sample = self.usage(self.config.data_dir)
+        if isinstance(sample, DiskSpace):
+            self.disk_ratio, self.available_bytes = sample.used_ratio, sample.available_bytes
+        else:
+            self.disk_ratio, self.available_bytes = sample, None
+        self._sampled_s = time.monotonic()
+        self._space_refusal = self._space_reason()
         return self.disk_ratio
 
+    def may_allocate(self, nbytes: int) -> bool:
+        """Whether ``nbytes`` more may be allocated now, judged by a fresh sample."""
+        self.refresh_disk()
+        if self.available_bytes is None:
+            return True
+        if self.available_bytes - nbytes < self.config.disk_reserve_bytes:
+            return False
+        # The sample predates the allocation: take the next one right after it.
+        self._sampled_s = float("-inf")
+        return True
+
     def record_io_error(self, exc: OSError) -> None:
+        if exc.errno in SPACE_ERRNOS:
+            # Not a failing device: the space check refuses writes until room returns.
+            log.error("the data directory's filesystem is full: %s", exc)
+            self.refresh_disk()
+            return
         self.io_errors += 1
         log.error("I/O error %d of %d allowed: %s", self.io_errors, self.config.io_error_limit, exc)
         if self.io_errors >= self.config.io_error_limit:
@@ -57,61 +120,98 @@ class WriteGuard:
         if self._io_reason is None:
             self.io_errors = 0
 
+    def _space_reason(self) -> str | None:
+        config = self.config
+        if self.disk_ratio >= config.disk_full_ratio:
+            return (
+                f"disk {self.disk_ratio:.0%} full, over the {config.disk_full_ratio:.0%} "
+                "limit (store.disk_full_ratio): free space or add disk; reads continue"
+            )
+        if self.available_bytes is None:
+            return None
+        pending = self.pending_bytes()
+        if self.available_bytes - pending < config.disk_reserve_bytes:
+            upcoming = f" and {pending / MIB:.1f} MiB for the next segment" if pending else ""
+            return (
+                f"disk nearly full: {self.available_bytes / MIB:.1f} MiB free, under the "
+                f"{config.disk_reserve_bytes / MIB:.1f} MiB reserve (store.disk_reserve_bytes)"
+                f"{upcoming}: free space or add disk; reads continue"
+            )
+        return None
+
     @property
     def reason(self) -> str | None:
         if self._io_reason is not None:
             return self._io_reason
-        if self.disk_ratio >= self.config.disk_full_ratio:
-            return (
-                f"disk {self.disk_ratio:.0%} full, over the {self.config.disk_full_ratio:.0%} "
-                "limit (store.disk_full_ratio): free space or add disk; reads continue"
-            )
-        return None
+        return self._space_refusal
 
     def ensure_writable(self) -> None:
-        if self._io_reason is None and self.disk_ratio < self.config.disk_full_ratio:
+        if time.monotonic() - self._sampled_s >= self._interval_s:
+            self.refresh_disk()
+        if self._io_reason is None and self._space_refusal is None:
             return
         raise StoreUnavailable(f"store refuses writes: {self.reason}")
 
 
+class Deletion(enum.Enum):
+    """Why retention deletes a segment: the label of its deletion counter."""
+
+    EXPIRED = "expired"
+    CONSUMED = "consumed"
+    """Unexpired, but every group known for its queues consumed it (disk pressure)."""
+    UNCONSUMED = "unconsumed"
+    """Unexpired and not consumed: only with force_clean_unconsumed (disk pressure)."""
+
+
 class Retention:
-    """Which commitlog segments to delete, decided from the clock and disk use."""
+    """Which commitlog segments to delete, decided from the clock, disk use and what
+    consumers have consumed."""
 
     def __init__(self, config: StoreConfig) -> None:
         self.config = config
 
     def doomed(
-        self, segments: list[tuple[Path, int]], safe_end: int, disk_ratio: float, now_s: float
-    ) -> int:
-        """How many of the oldest ``(path, end offset)`` segments to delete now.
+        self,
+        segments: list[tuple[Path, int]],
+        safe_end: int,
+        disk_ratio: float,
+        now_s: float,
+        consumed: Callable[[int], bool] = lambda _end: False,
+    ) -> list[Deletion]:
+        """Why each of the oldest ``(path, end offset)`` segments goes now, oldest first.
 
         Only segments that end at or before ``safe_end`` (flushed and dispatched) and
-        are not the last one qualify.
+        are not the last one qualify. ``consumed(end)`` says whether every message below
+        commitlog offset ``end`` has been consumed.
         """
         config = self.config
         hour = time.localtime(now_s).tm_hour
         may_delete_expired = hour == config.delete_hour or disk_ratio >= config.disk_clean_ratio
         force = disk_ratio >= config.disk_force_clean_ratio
         deadline = now_s - config.retention_hours * 3600
-        count = 0
+        doomed: list[Deletion] = []
         for path, end in segments[:-1]:
             if end > safe_end:
                 break
-            expired = os.stat(path).st_mtime < deadline
-            if expired and may_delete_expired:
-                count += 1
-            elif force and count == 0:
+            if may_delete_expired and os.stat(path).st_mtime < deadline:
+                doomed.append(Deletion.EXPIRED)
+            elif force and consumed(end):
+                doomed.append(Deletion.CONSUMED)
+            elif force and config.force_clean_unconsumed and not doomed:
+                # One a round: the next round sees whether that was enough.
                 log.warning(
-                    "disk %.0f%% full (force-clean at %.0f%%): deleting unexpired %s",
+                    "disk %.0f%% full (force-clean at %.0f%%, store.force_clean_unconsumed "
+                    "on): deleting %s, which holds unexpired messages not every consumer "
+                    "group has consumed",
                     disk_ratio * 100,
                     config.disk_force_clean_ratio * 100,
                     path.name,
                 )
-                count += 1
+                doomed.append(Deletion.UNCONSUMED)
                 break
             else:
                 break
-        return count
+        return doomed
 
 
 class CleanService(Service):

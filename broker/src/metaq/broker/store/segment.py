@@ -11,11 +11,12 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import errno
 import logging
 import mmap
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Final, Protocol
@@ -68,14 +69,27 @@ class Segment:
         return f"Segment({self.path.name}, written={self.written})"
 
 
-def open_segment(path: Path, start: int, size: int, *, preallocate: bool, keep_fd: bool) -> Segment:
+def open_segment(
+    path: Path,
+    start: int,
+    size: int,
+    *,
+    preallocate: bool,
+    keep_fd: bool,
+    prefault: bool | None = None,
+) -> Segment:
     """Open or create a segment file of exactly ``size`` bytes and map it.
 
-    ``preallocate`` reserves the blocks and faults the pages in when the file is new
-    (worth it for the commitlog, whose pages are all written soon, and read in order);
-    otherwise the file stays sparse and is mapped for random access, which is what ten
-    thousand mostly idle consume queues need. An existing file is mapped as it is.
+    ``preallocate`` reserves the blocks when the file is new (the commitlog's, whose
+    pages are all written soon, and read in order) and, with ``prefault`` (by default
+    the same), faults the pages in; otherwise the file stays sparse and is mapped for
+    random access, which is what ten thousand mostly idle consume queues need. An
+    existing file is mapped as it is. A new file that cannot be made is removed again, so
+    a full disk leaves no short file behind for the next start to trip on.
     """
+    if prefault is None:
+        prefault = preallocate
+    created = not path.exists()
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         current = os.fstat(fd).st_size
@@ -89,13 +103,15 @@ def open_segment(path: Path, start: int, size: int, *, preallocate: bool, keep_f
                 # Reserved blocks: a store through the mapping never meets a full disk,
                 # which would be a SIGBUS rather than an error.
                 os.posix_fallocate(fd, 0, size)
-                # Writing zeros now makes the page cache hold every page, so appends later
-                # are a plain memcpy instead of a page fault each (about 12x faster here).
-                # Reading the file in instead leaves the pages clean, and the first write
-                # to each then costs the appending thread more (docs/producer.md).
-                zeros = bytes(min(_PREFAULT_CHUNK, size))
-                for at in range(0, size, len(zeros)):
-                    os.pwrite(fd, zeros[: size - at], at)
+                if prefault:
+                    # Writing zeros now makes the page cache hold every page, so appends
+                    # later are a plain memcpy instead of a page fault each (about 12x
+                    # faster here). Reading the file in instead leaves the pages clean,
+                    # and the first write to each then costs the appending thread more
+                    # (docs/producer.md).
+                    zeros = bytes(min(_PREFAULT_CHUNK, size))
+                    for at in range(0, size, len(zeros)):
+                        os.pwrite(fd, zeros[: size - at], at)
             else:
                 os.ftruncate(fd, size)
         mm = mmap.mmap(fd, size)
@@ -105,6 +121,9 @@ def open_segment(path: Path, start: int, size: int, *, preallocate: bool, keep_f
             mm.madvise(mmap.MADV_RANDOM)
     except BaseException:
         os.close(fd)
+        if created:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
         raise
     if keep_fd:
         return Segment(path, start, size, fd, mm)
@@ -202,7 +221,9 @@ class SegmentQueue:
 
     Files are created on demand; with ``preallocate`` the next one is made ready in a
     background thread before the current one fills, so an append never waits for a file
-    to be created and faulted in.
+    to be created and faulted in. ``may_allocate(nbytes)`` is asked before a file's
+    blocks are reserved: when it says no, no file is made (and an append needing one
+    fails with ENOSPC) rather than the filesystem being filled to the last block.
     """
 
     def __init__(
@@ -213,12 +234,16 @@ class SegmentQueue:
         preallocate: bool,
         keep_fd: bool,
         disk: Disk,
+        prefault: bool | None = None,
+        may_allocate: Callable[[int], bool] | None = None,
     ) -> None:
         self.directory = directory
         self.segment_bytes = segment_bytes
         self.preallocate = preallocate
+        self.prefault = preallocate if prefault is None else prefault
         self.keep_fd = keep_fd
         self.disk = disk
+        self.may_allocate = may_allocate
         self.segments: list[Segment] = []
         self._retired: list[Segment] = []
         self._lock = threading.Lock()
@@ -251,6 +276,7 @@ class SegmentQueue:
                     self.segment_bytes,
                     preallocate=self.preallocate,
                     keep_fd=self.keep_fd,
+                    prefault=self.prefault,
                 )
             )
         return gaps
@@ -295,12 +321,25 @@ class SegmentQueue:
 
     def _open(self, start: int) -> Segment:
         self.directory.mkdir(parents=True, exist_ok=True)
+        path = self.directory / segment_name(start)
+        if (
+            self.preallocate
+            and self.may_allocate is not None
+            and not path.exists()
+            and not self.may_allocate(self.segment_bytes)
+        ):
+            raise OSError(
+                errno.ENOSPC,
+                f"no room for commitlog segment {path.name} ({self.segment_bytes} bytes) "
+                "above the disk reserve",
+            )
         segment = open_segment(
-            self.directory / segment_name(start),
+            path,
             start,
             self.segment_bytes,
             preallocate=self.preallocate,
             keep_fd=self.keep_fd,
+            prefault=self.prefault,
         )
         if self.preallocate:
             # The commitlog's file names must survive a power loss with its data. Sparse
@@ -318,11 +357,26 @@ class SegmentQueue:
         prepared, self._next = self._next, None
         if prepared is None:
             return None
-        segment = prepared.result()
+        try:
+            segment = prepared.result()
+        except OSError as exc:
+            # No room then; the caller opens it now, which asks again.
+            if exc.errno != errno.ENOSPC:
+                log.warning("preparing segment %d failed, opening it when needed: %s", start, exc)
+            return None
         if segment.start == start:
             return segment
         self._discard(segment)
         return None
+
+    def pending_bytes(self) -> int:
+        """Bytes the next file will take that the filesystem does not show as taken yet."""
+        if not self.preallocate:
+            return 0
+        prepared = self._next
+        if prepared is not None and prepared.done() and prepared.exception() is None:
+            return 0
+        return self.segment_bytes
 
     def _discard(self, segment: Segment) -> None:
         segment.close()

@@ -26,7 +26,14 @@ from metaq.broker.store.index import MessageIndex, key_for_id, key_for_topic_key
 from metaq.broker.store.page_cache import PageCacheWindow
 from metaq.broker.store.reads import GetResult, GetStatus, read_batch
 from metaq.broker.store.recovery import RecoveryReport, recover
-from metaq.broker.store.retention import CleanService, DiskUsage, Retention, WriteGuard
+from metaq.broker.store.retention import (
+    SPACE_ERRNOS,
+    CleanService,
+    Deletion,
+    DiskUsage,
+    Retention,
+    WriteGuard,
+)
 from metaq.broker.store.segment import Disk, RealDisk
 from metaq.broker.store.service import Service
 from metaq.common.errors import StoreUnavailable
@@ -58,7 +65,14 @@ class _Checkpointer(Service):
     def run_once(self) -> None:
         now = time.monotonic()
         due = now - self._queues_synced >= self._store.config.queue_sync_interval_ms / 1e3
-        self._store.checkpoint(queues=due)
+        try:
+            self._store.checkpoint(queues=due)
+        except OSError as exc:
+            if exc.errno not in SPACE_ERRNOS:
+                raise
+            # Filled from outside the broker: the old checkpoint still holds (recovery
+            # trusts less of the log), and the next round tries again once room returns.
+            return
         if due:
             self._queues_synced = now
 
@@ -78,7 +92,9 @@ class MessageStore:
     ) -> None:
         self.config = config
         self.disk = disk or RealDisk()
-        self.commitlog = CommitLog(config, self.disk)
+        self.guard = WriteGuard(config, disk_usage) if disk_usage else WriteGuard(config)
+        self.commitlog = CommitLog(config, self.disk, self.guard.may_allocate)
+        self.guard.pending_bytes = self.commitlog.segments.pending_bytes
         self.queues = QueueTable(
             config.consume_queue_dir, config.consume_queue_segment_entries, self.disk
         )
@@ -86,8 +102,13 @@ class MessageStore:
             config.index_dir, config.index_slots, config.index_entries, self.disk
         )
         self.dispatcher = Dispatcher(self.commitlog, self.queues, self.index)
-        self.guard = WriteGuard(config, disk_usage) if disk_usage else WriteGuard(config)
         self.retention = Retention(config)
+        # Next queue offset each (topic, queue id) has been consumed up to by every
+        # consumer group known for it; the broker sets it. Without it, or for a queue it
+        # does not name, nothing counts as consumed and only expiry deletes.
+        self.consumed_floors: Callable[[], Mapping[tuple[str, int], int]] = dict
+        # Commitlog segments retention deleted, by Deletion value.
+        self.deleted_segments: dict[str, int] = {d.value: 0 for d in Deletion}
         self.flusher = CommitLogFlusher(self.commitlog, config, self.guard)
         self.page_cache = PageCacheWindow(self.commitlog.segments, config.commitlog_cache_bytes)
         self.flusher.after_flush.append(self._release_page_cache)
@@ -140,7 +161,13 @@ class MessageStore:
         )
         self._abort.create()
         # Map (and pre-fault) the segment the next append goes to now, not on the hot path.
-        self.commitlog.segments.segment_for_write(self.commitlog.write_offset)
+        try:
+            self.commitlog.segments.segment_for_write(self.commitlog.write_offset)
+        except OSError as exc:
+            if exc.errno not in SPACE_ERRNOS:
+                raise
+            # A full disk still serves reads; the first append after room returns maps it.
+            log.warning("no room for the next commitlog segment yet: %s", exc)
         self.guard.refresh_disk()
         # The recovered log is the log now: sync it, so the checkpoint below may say it is
         # durable. Left at 0, a crash before the next checkpoint would make recovery treat
@@ -215,7 +242,7 @@ class MessageStore:
         answering the producer. With ``wake_dispatcher=False`` the caller promises to
         call :meth:`dispatch_appended` soon (after it answered, say).
         """
-        self.guard.ensure_writable()
+        self.ensure_writable()
         if not self._open:
             raise StoreUnavailable("store is not open (starting or shutting down); retry")
         if self.dispatcher.backlog_bytes > self.config.dispatch_backlog_bytes:
@@ -223,8 +250,7 @@ class MessageStore:
         try:
             appended = self.commitlog.append(records)
         except OSError as exc:
-            self.guard.record_io_error(exc)
-            raise StoreUnavailable(f"writing the commitlog failed: {exc}; retry") from exc
+            raise self._write_failed(exc) from exc
         if wake_dispatcher:
             self.dispatch_service.wakeup()
         if self.config.flush_mode is FlushMode.SYNC:
@@ -232,6 +258,44 @@ class MessageStore:
         else:
             self.flusher.maybe_request()
         return appended
+
+    def _write_failed(self, exc: OSError) -> StoreUnavailable:
+        """Record a failed commitlog write; the error to answer it with. Nothing of the
+        write is in the log (see CommitLog._open_ahead)."""
+        self.guard.record_io_error(exc)
+        if exc.errno in SPACE_ERRNOS:
+            reason = self.guard.reason or (
+                f"disk full, no room for the next commitlog segment ({exc}): free space or "
+                "add disk; reads continue"
+            )
+            return StoreUnavailable(f"store refuses writes: {reason}")
+        return StoreUnavailable(f"writing the commitlog failed: {exc}; retry")
+
+    @property
+    def refusal(self) -> str | None:
+        """Why the store refuses writes now, or None while it takes them."""
+        return self.dead_service or self.guard.reason
+
+    @property
+    def dead_service(self) -> str | None:
+        """A background thread that died, and why. Without the dispatcher a send would
+        be stored but never readable, without the flusher never durable, without the
+        checkpointer recovery would redo ever more: writes stop until a restart."""
+        for service in self._services:
+            if service.error is not None:
+                return (
+                    f"the {service.name} thread died ({service.error!r}): fix the cause "
+                    "(the broker's log has the traceback), then restart the broker; reads "
+                    "continue"
+                )
+        return None
+
+    def ensure_writable(self) -> None:
+        """Raise StoreUnavailable, saying why and what to do, unless writes are taken."""
+        dead = self.dead_service
+        if dead is not None:
+            raise StoreUnavailable(f"store refuses writes: {dead}")
+        self.guard.ensure_writable()
 
     def dispatch_appended(self) -> None:
         """Dispatch what was appended: on this thread when it is little (at most
@@ -302,12 +366,11 @@ class MessageStore:
 
     def append_replicated(self, offset: int, data: bytes | bytearray | memoryview) -> None:
         """A slave writes bytes its master read (``CommitLog.read_chunk``), verbatim."""
-        self.guard.ensure_writable()
+        self.ensure_writable()
         try:
             self.commitlog.write_raw(offset, data)
         except OSError as exc:
-            self.guard.record_io_error(exc)
-            raise StoreUnavailable(f"writing the commitlog failed: {exc}; retry") from exc
+            raise self._write_failed(exc) from exc
         self.dispatch_service.wakeup()
         if self.config.flush_mode is FlushMode.SYNC:
             self.flusher.request()
@@ -496,21 +559,56 @@ class MessageStore:
         ratio = self.guard.refresh_disk()
         segments = self.commitlog.segments.segments
         safe_end = min(self.dispatcher.dispatched, self.flusher.durable)
-        count = self.retention.doomed(
+        floors: Mapping[tuple[str, int], int] | None = None
+
+        def consumed(end: int) -> bool:
+            nonlocal floors
+            if floors is None:
+                floors = self.consumed_floors()
+            return self._consumed_below(end, floors)
+
+        doomed = self.retention.doomed(
             [(s.path, s.end) for s in segments],
             safe_end,
             ratio,
             time.time() if now_s is None else now_s,
+            consumed,
         )
-        if count:
-            deleted = self.commitlog.segments.delete_before(segments[count - 1].end)
+        if doomed:
+            deleted = self.commitlog.segments.delete_before(segments[len(doomed) - 1].end)
             floor = self.commitlog.min_offset
             for queue in list(self.queues.queues.values()):
                 queue.delete_before_commitlog(floor)
             self.index.delete_before(floor)
-            log.info("retention deleted %s", ", ".join(s.path.name for s in deleted))
+            for why in doomed:
+                self.deleted_segments[why.value] += 1
+            log.info(
+                "retention deleted %s",
+                ", ".join(
+                    f"{s.path.name} ({why.value})" for s, why in zip(deleted, doomed, strict=False)
+                ),
+            )
         self.commitlog.segments.close_retired()
-        return count
+        return len(doomed)
+
+    def _consumed_below(self, end: int, floors: Mapping[tuple[str, int], int]) -> bool:
+        """Whether every queue entry pointing below commitlog offset ``end`` is below its
+        queue's consumed floor: the log below ``end`` then holds nothing left to read."""
+        with self.dispatcher.lock:
+            queues = list(self.queues.queues.values())
+        for queue in queues:
+            lo, hi = queue.min_offset, queue.max_offset
+            if lo == hi or queue.entry(lo)[0] >= end:
+                continue  # nothing of this queue below end
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if queue.entry(mid)[0] < end:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            if floors.get((queue.topic, queue.queue_id), 0) < lo:
+                return False
+        return True
 
     def background_busy(self) -> bool:
         """The dispatcher thread has records to dispatch (more than an appending thread

@@ -7,12 +7,14 @@ from typing import Any
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from metaq.common import http
+
 
 async def http_json(method: str, url: str, body: Any = None) -> tuple[int, Any]:
     """(status, parsed JSON body) of one request; the session is closed before returning."""
     async with (
         aiohttp.ClientSession() as session,
-        session.request(method, url, json=body) as response,
+        session.request(method, url, json=http.json_for(method, body)) as response,
     ):
         return response.status, await response.json()
 

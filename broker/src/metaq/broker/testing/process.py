@@ -21,12 +21,12 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Final
 
-from metaq.common.testing import wait_until
+from metaq.common.testing import secret_env, wait_until
 
 _READY: Final = re.compile(r"metaq-broker ready data=(\S+):(\d+) http=(\S+):(\d+)")
 # Small files everywhere: start-up stays fast and nothing preallocates a gigabyte.
@@ -51,7 +51,11 @@ class BrokerProcess:
     """A started broker; ``output`` holds everything it printed (stdout and stderr)."""
 
     def __init__(
-        self, data_dir: Path, args: Sequence[str], command: Sequence[str] | None = None
+        self,
+        data_dir: Path,
+        args: Sequence[str],
+        command: Sequence[str] | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.data_dir = data_dir
         self.args = list(args)
@@ -66,6 +70,7 @@ class BrokerProcess:
             stdin=subprocess.DEVNULL,
             text=True,
             bufsize=1,
+            env=secret_env(env),
         )
         self._reader = threading.Thread(target=self._read, name="broker-output", daemon=True)
         self._reader.start()
@@ -81,8 +86,12 @@ class BrokerProcess:
         ready_timeout_s: float = 30.0,
         wait_for_master: bool | None = None,
         command: Sequence[str] | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> BrokerProcess:
         """Start a broker and wait for its readiness line.
+
+        It runs with the tests' cluster secret (``metaq.common.testing.secret_env``)
+        unless ``env`` sets another.
 
         ``command`` replaces :func:`broker_command` (say, to run it inside a network
         namespace with ``ip netns exec``); it must exec the broker so that signals sent to
@@ -101,7 +110,7 @@ class BrokerProcess:
         if small_store:
             for setting in SMALL_STORE:
                 argv += ["--set", setting]
-        broker = cls(data_dir, [*argv, *args], command)
+        broker = cls(data_dir, [*argv, *args], command, env)
         try:
             broker.wait_ready(ready_timeout_s)
             if wait_for_master:

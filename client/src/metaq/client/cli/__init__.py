@@ -53,7 +53,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
+    try:
+        args, extra = parser.parse_known_args(argv)
+    except CliError as exc:  # an argument's type refused it (a name, say)
+        print(f"metaq: error: {exc}", file=sys.stderr)
+        return exc.code
     late = getattr(args, "late_positional", None)
     if late and len(extra) == 1 and not extra[0].startswith("-") and getattr(args, late) is None:
         setattr(args, late, extra.pop())

@@ -12,6 +12,8 @@ from metaq.client.cli.support import (
     CliError,
     add_command,
     add_group,
+    add_secret_option,
+    cluster_secret,
     http_json,
     http_session,
     print_json,
@@ -49,6 +51,7 @@ def register(subparsers: Any) -> None:
         "--catch-up-timeout", type=float, default=5.0,
         help="seconds the slave may take to catch up (default 5)",
     )  # fmt: skip
+    add_secret_option(parser)
 
 
 async def list_cluster(args: argparse.Namespace) -> int:
@@ -88,6 +91,7 @@ async def list_cluster(args: argparse.Namespace) -> int:
 
 
 async def switchover(args: argparse.Namespace) -> int:
+    secret = cluster_secret(args)
     async with route_cache(args) as routes:
         view = await routes.cluster()
         group = next(
@@ -116,7 +120,7 @@ async def switchover(args: argparse.Namespace) -> int:
             if status != 200:
                 raise CliError(f"master {master.broker_id} refused the handover: {reply}")
             try:
-                control = await routes.switchover(args.group, args.to, group.epoch)
+                control = await routes.switchover(args.group, args.to, group.epoch, secret=secret)
             except Exception:
                 await http_json(session, "POST", f"{base}/resume")
                 raise

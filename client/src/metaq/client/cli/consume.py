@@ -25,7 +25,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
-from metaq.client.cli.support import CliError, common_options, nameservers
+from metaq.client.cli.support import CliError, common_options, group_name, nameservers, topic_name
 from metaq.client.consume_options import FIRST, LAST, TIMESTAMP, ConsumeFrom
 from metaq.client.message import Message
 from metaq.client.push_consumer import PushConsumer
@@ -43,8 +43,10 @@ def register(subparsers: Any) -> None:
         conflict_handler="resolve",
     )
     parser.set_defaults(handler=run)
-    parser.add_argument("topic", metavar="TOPIC")
-    parser.add_argument("-g", "--group", required=True, help="the consumer group to join")
+    parser.add_argument("topic", metavar="TOPIC", type=topic_name)
+    parser.add_argument(
+        "-g", "--group", required=True, type=group_name, help="the consumer group to join"
+    )
     parser.add_argument(
         "--from",
         dest="start",

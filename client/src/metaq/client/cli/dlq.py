@@ -22,6 +22,7 @@ from metaq.client.cli.support import (
     CliError,
     add_command,
     add_group,
+    group_name,
     nameservers,
     print_json,
     table,
@@ -40,11 +41,11 @@ def register(subparsers: Any) -> None:
     parser = add_command(
         group, "list", list_dead, help="list a group's dead letters", description=__doc__
     )
-    parser.add_argument("-g", "--group", required=True, help="the consumer group")
+    parser.add_argument("-g", "--group", required=True, type=group_name, help="the consumer group")
     parser = add_command(
         group, "show", show_dead, help="show one dead letter whole", description=__doc__
     )
-    parser.add_argument("-g", "--group", required=True, help="the consumer group")
+    parser.add_argument("-g", "--group", required=True, type=group_name, help="the consumer group")
     parser.add_argument("--msg-id", required=True, help="its id, as dlq list shows it")
     parser = add_command(
         group,
@@ -53,7 +54,7 @@ def register(subparsers: Any) -> None:
         help="send dead letters to their original topic again",
         description=__doc__,
     )
-    parser.add_argument("-g", "--group", required=True, help="the consumer group")
+    parser.add_argument("-g", "--group", required=True, type=group_name, help="the consumer group")
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--msg-id", action="append", default=[], help="repeatable")
     which.add_argument("--all", action="store_true", help="every dead letter of the group")

@@ -16,7 +16,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from metaq.client.cli.support import add_command, nameservers, print_json, table
+from metaq.client.cli.support import (
+    add_command,
+    group_name,
+    nameservers,
+    print_json,
+    table,
+    topic_name,
+)
 from metaq.client.pull_consumer import PullConsumer, QueueOffsets
 from metaq.client.routes import QueueRoute
 
@@ -40,8 +47,8 @@ def register(subparsers: Any) -> None:
         help="a consumer group's committed offsets and lag per queue",
         description=__doc__,
     )
-    parser.add_argument("-g", "--group", required=True, help="the consumer group")
-    parser.add_argument("-t", "--topic", required=True, help="the topic")
+    parser.add_argument("-g", "--group", required=True, type=group_name, help="the consumer group")
+    parser.add_argument("-t", "--topic", required=True, type=topic_name, help="the topic")
 
 
 async def group_progress(

@@ -18,6 +18,7 @@ from metaq.client.cli.support import (
     print_json,
     route_cache,
     table,
+    topic_name,
 )
 from metaq.client.routes import BrokerInfo
 
@@ -43,7 +44,7 @@ def register(subparsers: Any) -> None:
         description="Find the messages of a topic that carry a key (newest first), asking "
         "every broker group that serves the topic.",
     )
-    by_key.add_argument("topic", help="topic name")
+    by_key.add_argument("topic", type=topic_name, help="topic name")
     by_key.add_argument("key", help="message key")
     by_key.add_argument(
         "--limit", type=int, default=32, help="at most this many per broker (default: 32)"

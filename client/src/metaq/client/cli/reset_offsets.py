@@ -17,7 +17,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from metaq.client.cli.consume import parse_time_ms
-from metaq.client.cli.support import add_command, nameservers, print_json, table
+from metaq.client.cli.support import (
+    add_command,
+    group_name,
+    nameservers,
+    print_json,
+    table,
+    topic_name,
+)
 from metaq.client.pull_consumer import PullConsumer
 from metaq.client.routes import QueueRoute
 
@@ -38,8 +45,8 @@ def register(subparsers: Any) -> None:
         help="commit a consumer group's offsets as of a point in time",
         description=__doc__,
     )
-    parser.add_argument("-g", "--group", required=True, help="the consumer group")
-    parser.add_argument("-t", "--topic", required=True, help="the topic")
+    parser.add_argument("-g", "--group", required=True, type=group_name, help="the consumer group")
+    parser.add_argument("-t", "--topic", required=True, type=topic_name, help="the topic")
     parser.add_argument(
         "--to-time",
         required=True,

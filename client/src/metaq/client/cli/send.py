@@ -9,7 +9,14 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Final
 
-from metaq.client.cli.support import CliError, add_command, nameservers, print_json, table
+from metaq.client.cli.support import (
+    CliError,
+    add_command,
+    nameservers,
+    print_json,
+    table,
+    topic_name,
+)
 from metaq.client.producer import Producer
 from metaq.client.results import SendResult
 
@@ -30,7 +37,7 @@ def register(subparsers: Any) -> None:
         "  metaq send orders --file payload.bin --count 100\n"
         "  echo hi | metaq send orders",
     )
-    parser.add_argument("topic", help="topic to send to")
+    parser.add_argument("topic", type=topic_name, help="topic to send to")
     parser.add_argument("body", nargs="?", help="message body as text")
     # argparse takes optional positionals only right after the ones before them; let the
     # body come after options too ("metaq send T --tags a BODY").

@@ -12,6 +12,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final, TextIO
 
 from metaq.client.routes import BrokerInfo, ClusterView, RouteCache
+from metaq.common.auth import ENV_VAR, ClusterSecret, SecretError, load_secret
+from metaq.common.errors import InvalidMessage
+from metaq.common.names import check_group
+from metaq.common.record import check_topic
 
 if TYPE_CHECKING:
     import aiohttp
@@ -54,6 +58,26 @@ def common_options() -> argparse.ArgumentParser:
     )
     group.add_argument("--json", action="store_true", help="print JSON instead of a table")
     return parent
+
+
+def topic_name(value: str) -> str:
+    """An argparse ``type``: a legal topic name, else a usage error (exit 2) saying the
+    rule. CliError rather than argparse's own error, which would print the whole usage
+    around a one-line reason."""
+    try:
+        check_topic(value)
+    except InvalidMessage as exc:
+        raise CliError(str(exc), code=2) from None
+    return value
+
+
+def group_name(value: str) -> str:
+    """An argparse ``type``: a legal consumer group name, else a usage error (exit 2)."""
+    try:
+        check_group(value)
+    except InvalidMessage as exc:
+        raise CliError(str(exc), code=2) from None
+    return value
 
 
 def add_command(
@@ -113,6 +137,23 @@ def nameservers(args: argparse.Namespace) -> list[str]:
     return out
 
 
+def add_secret_option(parser: argparse.ArgumentParser) -> None:
+    """For commands that change the cluster: how to prove the cluster secret."""
+    parser.add_argument(
+        "--cluster-secret-file",
+        default="",
+        metavar="FILE",
+        help=f"the cluster secret the nameservers require (default: ${ENV_VAR})",
+    )
+
+
+def cluster_secret(args: argparse.Namespace) -> ClusterSecret | None:
+    try:
+        return load_secret(args.cluster_secret_file)
+    except SecretError as exc:
+        raise CliError(str(exc), code=2) from None
+
+
 def route_cache(args: argparse.Namespace) -> RouteCache:
     return RouteCache(nameservers(args), rpc_timeout_s=args.timeout)
 
@@ -147,8 +188,10 @@ async def http_json(
     """(status, JSON body) of one admin call; CliError when the broker cannot be reached."""
     import aiohttp  # only commands that call HTTP pay for the import
 
+    from metaq.common import http
+
     try:
-        async with session.request(method, url, json=body) as response:
+        async with session.request(method, url, json=http.json_for(method, body)) as response:
             try:
                 payload = await response.json(content_type=None)
             except (json.JSONDecodeError, aiohttp.ContentTypeError):

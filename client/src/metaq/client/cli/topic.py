@@ -26,12 +26,12 @@ from metaq.client.cli.support import (
     route_cache,
     split_names,
     table,
+    topic_name,
 )
 from metaq.client.connection import ConnectionPool
 from metaq.client.errors import UnknownTopic
 from metaq.client.routes import BrokerInfo, RouteCache, TopicRoute
 from metaq.common.framing import FrameType
-from metaq.common.record import check_topic
 from metaq.common.v1.data_pb2 import QueryOffsetRequest, QueryOffsetResponse
 
 PERMISSIONS: Final = ("read-write", "read", "write", "write-wipe")
@@ -69,7 +69,7 @@ def register(subparsers: Any) -> None:
         description="Delete a topic from each chosen broker master (default: every master). "
         "Stored messages stay until retention removes them.",
     )
-    delete.add_argument("topic", help="topic name")
+    delete.add_argument("topic", type=topic_name, help="topic name")
     _brokers_option(delete)
     listing = add_command(group, "list", list_topics, help="list the topics of each broker master")
     _brokers_option(listing)
@@ -80,7 +80,7 @@ def register(subparsers: Any) -> None:
         help="show where a topic's queues are",
         description="Show the route of a topic as the nameserver gives it to clients.",
     )
-    route.add_argument("topic", help="topic name")
+    route.add_argument("topic", type=topic_name, help="topic name")
     stats = add_command(
         group,
         "stats",
@@ -88,7 +88,7 @@ def register(subparsers: Any) -> None:
         help="show per-queue minimum and maximum offsets",
         description="Show each readable queue's [min, max) offsets, asked of its broker.",
     )
-    stats.add_argument("topic", help="topic name")
+    stats.add_argument("topic", type=topic_name, help="topic name")
 
 
 def _brokers_option(parser: argparse.ArgumentParser) -> None:
@@ -103,7 +103,9 @@ def _brokers_option(parser: argparse.ArgumentParser) -> None:
 
 
 def _topic_settings(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
-    parser.add_argument("topic", help="topic name: letters, digits, '_', '-', '|', '%%'")
+    parser.add_argument(
+        "topic", type=topic_name, help="topic name: letters, digits, '_', '-', '|', '%%'"
+    )
     default = " (default: 8)" if defaults else ""
     parser.add_argument(
         "-q", "--queues", type=int, metavar="N", help=f"read and write queue count{default}"
@@ -154,10 +156,6 @@ async def _broker_topics(session: Any, broker: BrokerInfo) -> dict[str, dict[str
 
 
 async def _put(args: argparse.Namespace, *, create: bool) -> int:
-    try:
-        check_topic(args.topic)
-    except Exception as exc:
-        raise CliError(str(exc), code=2) from None
     async with route_cache(args) as routes:
         view = await routes.cluster(args.cluster)
         masters = choose_masters(view, split_names(args.brokers))

@@ -23,6 +23,7 @@ Which header a frame carries follows from its type and flags:
   END_TRANSACTION     EndTransactionRequest      EndTransactionResponse     ErrorResponse
   CHECK_TRANSACTION   CheckTransactionRequest    (none: one-way, broker to producer)
   REPLICA_FETCH       ReplicaFetchRequest        ReplicaFetchResponse       ErrorResponse
+  REPLICA_AUTH        ReplicaAuthRequest         ReplicaAuthResponse        ErrorResponse
   CONNECTION          -                          -                          ErrorResponse (id 0)
 
 Every enum's zero value is UNSPECIFIED, so a header that lost a field is recognisable
@@ -339,11 +340,16 @@ class QueueOffset(_message.Message):
     TOPIC_FIELD_NUMBER: _builtins.int
     QUEUE_ID_FIELD_NUMBER: _builtins.int
     OFFSET_FIELD_NUMBER: _builtins.int
+    EXPECTED_OFFSET_FIELD_NUMBER: _builtins.int
     topic: _builtins.str
     queue_id: _builtins.int
     offset: _builtins.int
     """The NEXT queue offset the group will consume: one past the last message it has
     processed (RocketMQ's convention). A consumer restarting reads from exactly here.
+    """
+    expected_offset: _builtins.int
+    """Forwarded commits only: the group's offset for the queue as the slave last had it
+    from its master, before the consumer committed there; absent when it had none.
     """
     def __init__(
         self,
@@ -351,12 +357,15 @@ class QueueOffset(_message.Message):
         topic: _builtins.str = ...,
         queue_id: _builtins.int = ...,
         offset: _builtins.int = ...,
+        expected_offset: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_expected_offset", b"_expected_offset", "expected_offset", b"expected_offset"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["offset", b"offset", "queue_id", b"queue_id", "topic", b"topic"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expected_offset", b"_expected_offset", "expected_offset", b"expected_offset", "offset", b"offset", "queue_id", b"queue_id", "topic", b"topic"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__expected_offset: _TypeAlias = _typing.Literal["expected_offset"]  # noqa: Y015
+    _WhichOneofArgType__expected_offset: _TypeAlias = _typing.Literal["_expected_offset", b"_expected_offset"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__expected_offset) -> _WhichOneofReturnType__expected_offset | None: ...
 
 Global___QueueOffset: _TypeAlias = QueueOffset  # noqa: Y015
 
@@ -364,13 +373,23 @@ Global___QueueOffset: _TypeAlias = QueueOffset  # noqa: Y015
 class CommitOffsetRequest(_message.Message):
     """COMMIT_OFFSET request. No payload. Stores the group's offsets for any number of queues;
     a later commit for the same queue replaces the earlier one, even if it is lower (a reset).
+    A master journals the commits (under sync replication it answers once they are
+    replicated); a slave holds them durably and forwards them to its master.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
 
     CONSUMER_GROUP_FIELD_NUMBER: _builtins.int
     OFFSETS_FIELD_NUMBER: _builtins.int
+    FORWARDED_FIELD_NUMBER: _builtins.int
     consumer_group: _builtins.str
+    forwarded: _builtins.bool
+    """Set by a slave passing on commits consumers made there (its master was down, or the
+    consumer's route was stale). The master takes such an offset when the queue's offset
+    is still expected_offset (nobody committed at the master since) or when it moves the
+    offset forward; otherwise the master's newer commit stands. Only a master accepts
+    forwarded commits.
+    """
     @_builtins.property
     def offsets(self) -> _containers.RepeatedCompositeFieldContainer[Global___QueueOffset]: ...
     def __init__(
@@ -378,10 +397,11 @@ class CommitOffsetRequest(_message.Message):
         *,
         consumer_group: _builtins.str = ...,
         offsets: _abc.Iterable[Global___QueueOffset] | None = ...,
+        forwarded: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["consumer_group", b"consumer_group", "offsets", b"offsets"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["consumer_group", b"consumer_group", "forwarded", b"forwarded", "offsets", b"offsets"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -389,19 +409,27 @@ Global___CommitOffsetRequest: _TypeAlias = CommitOffsetRequest  # noqa: Y015
 
 @_typing.final
 class CommitOffsetResponse(_message.Message):
-    """COMMIT_OFFSET response: the offsets are held in memory and snapshotted to disk on an
-    interval and at clean shutdown, so a crash can lose the last few seconds of commits
-    (consumers then see those messages again: delivery is at least once).
+    """COMMIT_OFFSET response. On a master the commits are journaled (see docs/consumer.md);
+    on a slave they are on its disk and forwarded to the master when it is reachable.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    OFFSETS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def offsets(self) -> _containers.RepeatedCompositeFieldContainer[Global___QueueOffset]:
+        """Forwarded requests only: the master's offset for every queue of the request after it,
+        which the slave takes as the group's offset.
+        """
+
     def __init__(
         self,
+        *,
+        offsets: _abc.Iterable[Global___QueueOffset] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["offsets", b"offsets"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -871,6 +899,76 @@ class ReplicaFetchResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ReplicaFetchResponse: _TypeAlias = ReplicaFetchResponse  # noqa: Y015
+
+@_typing.final
+class ReplicaAuthRequest(_message.Message):
+    """REPLICA_AUTH request, slave to master, no payload: the mutual proof of the cluster
+    secret that a master with a secret requires once per connection before it answers any
+    REPLICA_FETCH, and that a slave with a secret requires before it takes, or cuts its log
+    for, anything a master says (docs/replication.md). Two steps on one connection:
+      1. the slave sends its identity and a fresh nonce; the master answers with a fresh
+         nonce of its own and its proof over both (the slave checks it before going on);
+      2. the slave sends its proof over both nonces; the master answers with an empty
+         ReplicaAuthResponse, and from then on serves this slave's fetches on this
+         connection (only this slave's: a fetch naming another broker is refused).
+    A side that cannot check a proof (no secret, or another one) answers ERROR
+    NO_PERMISSION saying what to configure.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BROKER_NAME_FIELD_NUMBER: _builtins.int
+    BROKER_ID_FIELD_NUMBER: _builtins.int
+    SLAVE_NONCE_FIELD_NUMBER: _builtins.int
+    SLAVE_PROOF_FIELD_NUMBER: _builtins.int
+    broker_name: _builtins.str
+    broker_id: _builtins.int
+    slave_nonce: _builtins.bytes
+    """Step 1: 16 random bytes. Step 2: the same nonce again."""
+    slave_proof: _builtins.bytes
+    """Step 2 only: HMAC-SHA256 (keyed by the cluster secret) over "replica slave", the
+    slave's identity and both nonces.
+    """
+    def __init__(
+        self,
+        *,
+        broker_name: _builtins.str = ...,
+        broker_id: _builtins.int = ...,
+        slave_nonce: _builtins.bytes = ...,
+        slave_proof: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_id", b"broker_id", "broker_name", b"broker_name", "slave_nonce", b"slave_nonce", "slave_proof", b"slave_proof"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReplicaAuthRequest: _TypeAlias = ReplicaAuthRequest  # noqa: Y015
+
+@_typing.final
+class ReplicaAuthResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MASTER_NONCE_FIELD_NUMBER: _builtins.int
+    MASTER_PROOF_FIELD_NUMBER: _builtins.int
+    master_nonce: _builtins.bytes
+    """Step 1 only: the master's 16 random bytes and its proof, an HMAC over "replica
+    master", the slave's identity and both nonces.
+    """
+    master_proof: _builtins.bytes
+    def __init__(
+        self,
+        *,
+        master_nonce: _builtins.bytes = ...,
+        master_proof: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["master_nonce", b"master_nonce", "master_proof", b"master_proof"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReplicaAuthResponse: _TypeAlias = ReplicaAuthResponse  # noqa: Y015
 
 @_typing.final
 class QueueRef(_message.Message):

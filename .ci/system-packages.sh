@@ -1,0 +1,25 @@
+#!/bin/sh
+# The Debian packages the test suite needs beyond Python, installed when missing:
+# nftables (nft: the chaos suite's partitions and packet loss), iproute2 (ip, tc: its
+# network namespaces), e2fsprogs and mount (mkfs.ext4, mount: the disk-full scenario's
+# small loop-mounted filesystem). Without them those scenarios skip and say why, so a
+# machine that cannot install (not root, no apt-get) gets a note and the suite runs on.
+set -eu
+
+need=""
+command -v nft >/dev/null 2>&1 || need="$need nftables"
+{ command -v ip && command -v tc; } >/dev/null 2>&1 || need="$need iproute2"
+command -v mkfs.ext4 >/dev/null 2>&1 || need="$need e2fsprogs"
+command -v mount >/dev/null 2>&1 || need="$need mount"
+[ -z "$need" ] && exit 0
+
+if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
+    echo "system-packages.sh: not installing$need (needs root and apt-get):" \
+        "the chaos scenarios that need them will be skipped" >&2
+    exit 0
+fi
+
+echo "system-packages.sh: installing$need" >&2
+apt-get update -q
+# shellcheck disable=SC2086  # one word per package
+DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $need

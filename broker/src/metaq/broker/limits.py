@@ -1,0 +1,108 @@
+"""What the data plane may take of the process: file descriptors and request memory.
+
+Connections are the one resource peers can multiply at will. Each costs a file
+descriptor, and a descriptor the store cannot get (a new consume-queue file, the
+checkpoint) kills the thread that needed it; each may also hold a partly received frame
+of up to ``max_frame_bytes``. :func:`connection_room` keeps connections clear of the
+descriptors the broker needs itself, and :class:`RequestBudget` caps the bytes of
+incomplete frames across all connections.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import resource
+from collections import deque
+from typing import Protocol
+
+log = logging.getLogger(__name__)
+
+
+def raise_nofile_limit() -> int:
+    """Raise the soft RLIMIT_NOFILE to the hard one (the default soft limit, often
+    1024, is far below what a broker with many clients and queues needs); return the
+    soft limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError) as exc:
+            log.warning("could not raise the open-file limit from %d to %d: %s", soft, hard, exc)
+    elif hard == resource.RLIM_INFINITY and soft == resource.RLIM_INFINITY:
+        return 1 << 20
+    return soft
+
+
+def open_fds() -> int | None:
+    """File descriptors this process has open, or None where that cannot be counted."""
+    try:
+        return len(os.listdir("/proc/self/fd"))
+    except OSError:
+        return None
+
+
+def connection_room(
+    max_connections: int, nofile: int, fd_reserve: int, open_now: int | None, connections: int
+) -> int:
+    """How many connections may be open at once: ``max_connections``, or fewer when the
+    descriptors not held by connections plus ``fd_reserve`` would leave less room."""
+    if open_now is None:
+        return max_connections
+    others = max(open_now - connections, 0)
+    return max(0, min(max_connections, nofile - others - fd_reserve))
+
+
+class Waiter(Protocol):
+    def granted(self) -> None:
+        """The bytes it asked for are reserved now: read on."""
+
+
+class RequestBudget:
+    """Bytes of incomplete request frames, reserved whole when a frame's prefix arrives.
+
+    A frame that fits is reserved at once, even while larger ones wait: a peer that
+    announces a huge frame and stalls must not hold up everyone's small ones. Those that
+    do not fit wait (their connection is not read) and are served in arrival order as
+    room frees, each one that fits. A holder can always finish its frame and the cap is
+    at least one frame, so waiting ends once holders' peers send what they announced
+    (or the idle timeout closes them).
+    """
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.used = 0
+        self._waiting: deque[tuple[Waiter, int]] = deque()
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    def reserve(self, waiter: Waiter, nbytes: int) -> bool:
+        """Reserve at once and return True, or queue ``waiter`` and return False."""
+        if self.used + nbytes <= self.max_bytes:
+            self.used += nbytes
+            return True
+        self._waiting.append((waiter, nbytes))
+        return False
+
+    def release(self, nbytes: int) -> None:
+        self.used -= nbytes
+        if not self._waiting:
+            return
+        still: deque[tuple[Waiter, int]] = deque()
+        granted: list[Waiter] = []
+        for waiter, wanted in self._waiting:
+            if self.used + wanted <= self.max_bytes:
+                self.used += wanted
+                granted.append(waiter)
+            else:
+                still.append((waiter, wanted))
+        self._waiting = still
+        for waiter in granted:
+            waiter.granted()
+
+    def forget(self, waiter: Waiter) -> None:
+        """``waiter`` went away before its turn."""
+        self._waiting = deque(entry for entry in self._waiting if entry[0] is not waiter)

@@ -1,0 +1,132 @@
+"""The topics and offsets journal on a real store: records under the limit, replay."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from metaq.broker.journal import OFFSETS_JOURNAL, Journal
+from metaq.broker.offsets import ConsumerOffsets
+from metaq.broker.store import MessageStore
+from metaq.broker.store.commitlog import Appended
+from metaq.broker.topics import TopicTable
+from metaq.common.errors import StoreUnavailable
+
+Waiter = Callable[[Callable[[], bool], float, str], None]
+
+
+def _dispatched(store: MessageStore, wait_until: Waiter, appended: Appended | None) -> int:
+    """Wait until the journal records appended are in their queue; return how many there are."""
+    assert appended is not None
+    end = appended.queue_offsets[-1] + 1
+    wait_until(lambda: store.max_offset(OFFSETS_JOURNAL, 0) == end, 30, "journal not dispatched")
+    return end
+
+
+def _journal(
+    store: MessageStore, data_dir: Path, *, master: bool = True
+) -> tuple[Journal, ConsumerOffsets]:
+    data_dir.mkdir(parents=True, exist_ok=True)
+    offsets = ConsumerOffsets(data_dir)
+    return Journal(store, TopicTable(data_dir), offsets, lambda: master), offsets
+
+
+def test_a_hundred_thousand_groups_are_journaled_in_records_under_the_limit(
+    open_store: Callable[..., MessageStore], tmp_path: Path, wait_until: Waiter
+) -> None:
+    # 1 MiB records, 4 MiB segments: the whole table is several times one record.
+    store = open_store(max_message_bytes=1 << 20, commitlog_segment_bytes=4 << 20)
+    journal, offsets = _journal(store, tmp_path / "master")
+    groups = 100_000
+    for n in range(groups):
+        offsets.commit(f"group-{n:06d}-{'x' * 40}", "orders", n % 8, n)
+
+    records = _dispatched(store, wait_until, journal.write_offsets(full=True))
+    assert records > 4, "a table this size cannot fit one record"
+    assert offsets.changes() == [], "every commit counts as journaled"
+    # Incremental writes after the full one split the same way.
+    for n in range(groups):
+        offsets.commit(f"group-{n:06d}-{'x' * 40}", "orders", n % 8, n + 1)
+    assert _dispatched(store, wait_until, journal.write_offsets()) >= 2 * records
+
+    # A slave (or a restart) replaying the journal ends with every group's newest offset.
+    replica, copied = _journal(store, tmp_path / "replica", master=False)
+    assert replica.apply() == store.max_offset(OFFSETS_JOURNAL, 0)
+    assert len(copied.items()) == groups
+    assert copied.get(f"group-{groups - 1:06d}-{'x' * 40}", "orders", (groups - 1) % 8) == groups
+
+
+def test_a_chunk_of_long_names_is_halved_until_it_fits(
+    open_store: Callable[..., MessageStore], tmp_path: Path, wait_until: Waiter
+) -> None:
+    store = open_store(max_message_bytes=16 * 1024)
+    journal, offsets = _journal(store, tmp_path / "master")
+    for n in range(200):
+        offsets.commit(f"{n:03d}{'g' * 250}", "t" * 120, 0, n)
+
+    _dispatched(store, wait_until, journal.write_offsets(full=True))
+
+    replica, copied = _journal(store, tmp_path / "replica", master=False)
+    assert replica.apply() > 1
+    assert copied.items() == offsets.items()
+
+
+def test_a_failed_journal_write_leaves_the_commits_for_the_next_tick(
+    open_store: Callable[..., MessageStore], tmp_path: Path
+) -> None:
+    disk = {"used": 0.0}
+    store = open_store(disk_usage=lambda _path: disk["used"])
+    journal, offsets = _journal(store, tmp_path / "master")
+    offsets.commit("g", "t", 0, 5)
+    disk["used"] = 0.99
+    store.guard.refresh_disk()
+
+    with pytest.raises(StoreUnavailable):
+        journal.write_offsets()
+    assert offsets.changes() == [(("g", "t", 0), 5)]
+
+    disk["used"] = 0.0
+    store.guard.refresh_disk()
+    assert journal.write_offsets() is not None
+    assert offsets.changes() == []
+
+
+def test_a_new_term_whose_full_write_fails_retries_it_on_the_next_tick(
+    open_store: Callable[..., MessageStore], tmp_path: Path
+) -> None:
+    disk = {"used": 0.99}
+    store = open_store(disk_usage=lambda _path: disk["used"])
+    store.guard.refresh_disk()
+    journal, offsets = _journal(store, tmp_path / "master")
+    offsets.commit("g", "t", 0, 5)
+
+    journal.write_all()  # what a promotion runs: it must not raise
+    assert offsets.changes(full=False) == [(("g", "t", 0), 5)]
+
+    disk["used"] = 0.0
+    store.guard.refresh_disk()
+    journal.tick()
+    assert offsets.changes() == []
+    assert journal.write_offsets() is None
+
+
+def test_a_new_master_not_writable_yet_writes_the_whole_state_once_it_is(
+    open_store: Callable[..., MessageStore], tmp_path: Path
+) -> None:
+    store = open_store()
+    writable = {"now": False}
+    data_dir = tmp_path / "master"
+    data_dir.mkdir()
+    offsets = ConsumerOffsets(data_dir)
+    journal = Journal(store, TopicTable(data_dir), offsets, lambda: writable["now"])
+    offsets.commit("g", "t", 0, 5, held=True)  # taken while it was a slave
+
+    journal.write_all()  # promoted, but the controller's lease is not there yet
+    assert len(offsets.held) == 1
+
+    writable["now"] = True
+    journal.tick()
+    assert len(offsets.held) == 0, "the whole table, held commits included, is journaled"
+    assert store.commitlog.write_offset > 0

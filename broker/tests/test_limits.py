@@ -1,0 +1,86 @@
+"""The data plane's resource limits as pure logic: descriptors left for the store and
+the broker-wide budget of incomplete request frames."""
+
+from __future__ import annotations
+
+from metaq.broker.limits import RequestBudget, connection_room, open_fds
+
+MIB = 1024 * 1024
+
+
+class Peer:
+    def __init__(self, name: str, log: list[str]) -> None:
+        self.name = name
+        self.log = log
+
+    def granted(self) -> None:
+        self.log.append(self.name)
+
+
+def test_connections_stop_the_reserve_short_of_the_open_file_limit() -> None:
+    # 100 descriptors held by the store and friends, 400 by connections.
+    assert connection_room(10_000, 2048, 1024, open_now=500, connections=400) == 924
+    assert connection_room(300, 2048, 1024, open_now=500, connections=400) == 300
+    assert connection_room(10_000, 1024, 1024, open_now=100, connections=0) == 0
+    # Nothing to count with: the configured limit alone.
+    assert connection_room(10_000, 2048, 1024, open_now=None, connections=0) == 10_000
+
+
+def test_open_fds_counts_this_process() -> None:
+    count = open_fds()
+    assert count is not None and count >= 3
+
+
+def test_a_frame_that_does_not_fit_waits_and_is_granted_when_room_frees() -> None:
+    log: list[str] = []
+    budget = RequestBudget(64 * MIB)
+    a, b = Peer("a", log), Peer("b", log)
+
+    assert budget.reserve(a, 63 * MIB)
+    assert not budget.reserve(b, 63 * MIB)
+    assert (budget.used, budget.waiting) == (63 * MIB, 1)
+
+    budget.release(63 * MIB)
+
+    assert log == ["b"]
+    assert (budget.used, budget.waiting) == (63 * MIB, 0)
+
+
+def test_small_frames_pass_a_large_one_that_waits() -> None:
+    log: list[str] = []
+    budget = RequestBudget(64 * MIB)
+    stalled, large, small = Peer("stalled", log), Peer("large", log), Peer("small", log)
+    assert budget.reserve(stalled, 60 * MIB)
+    assert not budget.reserve(large, 10 * MIB)
+
+    assert budget.reserve(small, 1 * MIB)
+    assert budget.used == 61 * MIB
+
+
+def test_waiters_are_served_in_arrival_order_as_far_as_room_allows() -> None:
+    log: list[str] = []
+    budget = RequestBudget(10 * MIB)
+    holder = Peer("holder", log)
+    first, second, third = Peer("first", log), Peer("second", log), Peer("third", log)
+    assert budget.reserve(holder, 10 * MIB)
+    for peer, size in ((first, 6), (second, 6), (third, 4)):
+        assert not budget.reserve(peer, size * MIB)
+
+    budget.release(10 * MIB)
+
+    assert log == ["first", "third"]
+    assert (budget.used, budget.waiting) == (10 * MIB, 1)
+
+
+def test_a_waiter_that_left_is_never_granted() -> None:
+    log: list[str] = []
+    budget = RequestBudget(10 * MIB)
+    holder, gone = Peer("holder", log), Peer("gone", log)
+    assert budget.reserve(holder, 10 * MIB)
+    assert not budget.reserve(gone, 5 * MIB)
+
+    budget.forget(gone)
+    budget.release(10 * MIB)
+
+    assert log == []
+    assert (budget.used, budget.waiting) == (0, 0)

@@ -1,0 +1,108 @@
+"""What the brokers' and nameservers' HTTP endpoints share: how they take JSON.
+
+- Every request that changes something (any method but GET, HEAD, OPTIONS) must say
+  ``Content-Type: application/json``, else 415. A web page can make a browser send a
+  cross-site POST without asking first only with a form's content types (a CORS "simple
+  request"); insisting on JSON makes the browser ask first (a preflight), and no metaq
+  endpoint answers a preflight or sends any ``Access-Control-Allow-*`` header, so such
+  a page cannot reach the admin API through its visitors' browsers.
+- Bodies are at most :data:`MAX_BODY_BYTES` (413 beyond) and must be a JSON object;
+  malformed, non-UTF-8 or too deeply nested JSON gets 400 saying which, never a 500.
+- Errors are JSON ``{"error": "..."}`` like every other answer of the admin APIs.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any, Final
+
+from aiohttp import web
+
+from metaq.common.names import shown
+
+MAX_BODY_BYTES: Final = 64 * 1024
+"""Admin bodies are a few small fields; nothing legitimate comes near this."""
+JSON_TYPE: Final = "application/json"
+_SAFE_METHODS: Final = frozenset({"GET", "HEAD", "OPTIONS"})
+_JSON_KINDS: Final[dict[type, str]] = {
+    list: "an array",
+    str: "a string",
+    int: "a number",
+    float: "a number",
+    bool: "a boolean",
+    type(None): "null",
+}
+
+
+def application() -> web.Application:
+    """An aiohttp application with the body limit and the JSON-only rule for changes."""
+    return web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_require_json])
+
+
+def json_for(method: str, body: Any) -> Any:
+    """What a client passes as aiohttp's ``json=``: a change is sent as JSON even when it
+    carries nothing, since the admin APIs refuse any other content type for it."""
+    return {} if body is None and method not in _SAFE_METHODS else body
+
+
+def _error_response(status: int, message: str) -> web.Response:
+    return web.json_response({"error": message}, status=status)
+
+
+@web.middleware
+async def _require_json(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    if request.method not in _SAFE_METHODS and request.content_type != JSON_TYPE:
+        sent = request.headers.get("Content-Type")
+        return _error_response(
+            415,
+            f"{request.method} {shown(request.path)} takes a JSON body: send it with "
+            f"Content-Type: {JSON_TYPE} (this request had "
+            f"{shown(sent) if sent else 'no Content-Type'})",
+        )
+    return await handler(request)
+
+
+async def json_object(request: web.Request) -> dict[str, Any]:
+    """The request body as a JSON object, ``{}`` when there is none.
+
+    Raises an HTTP error carrying a JSON ``{"error": ...}`` body (aiohttp answers with
+    it): 413 when the body exceeds :data:`MAX_BODY_BYTES`, 400 when it is not UTF-8, not
+    JSON, nested too deeply to parse, or not an object.
+    """
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise web.HTTPRequestEntityTooLarge(
+            MAX_BODY_BYTES,
+            request.content_length or 0,
+            text=_error(
+                f"the body is larger than {MAX_BODY_BYTES} bytes, the limit for admin "
+                "requests; send only the documented fields"
+            ),
+            content_type=JSON_TYPE,
+        ) from None
+    if not raw:
+        return {}
+    try:
+        body = json.loads(raw.decode())
+    except UnicodeDecodeError as exc:
+        raise _bad_request(f"the body is not UTF-8 ({exc.reason} at byte {exc.start})") from None
+    except json.JSONDecodeError as exc:
+        raise _bad_request(f"the body is not JSON: {exc}") from None
+    except RecursionError:
+        raise _bad_request("the body's JSON is nested too deeply to parse") from None
+    if not isinstance(body, dict):
+        kind = _JSON_KINDS.get(type(body), type(body).__name__)
+        raise _bad_request(f"the body must be a JSON object, not {kind}")
+    return body
+
+
+def _error(message: str) -> str:
+    return json.dumps({"error": message})
+
+
+def _bad_request(message: str) -> web.HTTPBadRequest:
+    return web.HTTPBadRequest(text=_error(message), content_type=JSON_TYPE)

@@ -1,0 +1,143 @@
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from metaq.common import auth
+from metaq.common.auth import (
+    ENV_VAR,
+    AuthFailed,
+    ClusterSecret,
+    SecretError,
+    call_metadata,
+    is_loopback,
+    load_secret,
+    require_secret,
+    sign_call,
+    verify_call,
+)
+
+SECRET = ClusterSecret(b"0123456789abcdef0123", "test")
+OTHER = ClusterSecret(b"fedcba9876543210fedc", "test")
+NOW = 1_700_000_000.0
+
+
+def test_a_call_signed_with_the_secret_verifies() -> None:
+    proof = sign_call(SECRET, "Switchover", b"request", NOW)
+
+    verify_call(SECRET, "Switchover", b"request", proof, NOW + 5)
+
+
+@pytest.mark.parametrize(
+    ("method", "body", "secret", "now", "why"),
+    [
+        ("Switchover", b"request", OTHER, NOW, "does not match"),
+        ("RegisterBroker", b"request", SECRET, NOW, "does not match"),
+        ("Switchover", b"another request", SECRET, NOW, "does not match"),
+        ("Switchover", b"request", SECRET, NOW + auth.MAX_CLOCK_SKEW_S + 1, "synchronise"),
+        ("Switchover", b"request", SECRET, NOW - auth.MAX_CLOCK_SKEW_S - 1, "synchronise"),
+    ],
+)
+def test_a_proof_for_anything_else_is_refused(
+    method: str, body: bytes, secret: ClusterSecret, now: float, why: str
+) -> None:
+    proof = sign_call(SECRET, "Switchover", b"request", NOW)
+
+    with pytest.raises(AuthFailed, match=why):
+        verify_call(secret, method, body, proof, now)
+
+
+@pytest.mark.parametrize("proof", [None, "", "v1", "v2:1:ab", "v1:x:ab", "v1:1700000000000:zz"])
+def test_a_missing_or_malformed_proof_is_refused_saying_what_to_configure(
+    proof: str | None,
+) -> None:
+    with pytest.raises(AuthFailed) as caught:
+        verify_call(SECRET, "Switchover", b"", proof, NOW)
+
+    assert "Switchover" in str(caught.value)
+
+
+def test_no_secret_sends_no_metadata() -> None:
+    assert call_metadata(None, "Session", b"", NOW) == ()
+    ((key, value),) = call_metadata(SECRET, "Session", b"", NOW)
+    assert key == auth.METADATA_KEY
+    verify_call(SECRET, "Session", b"", value, NOW)
+
+
+def test_replica_proofs_depend_on_role_identity_and_both_nonces() -> None:
+    a, b = b"a" * 16, b"b" * 16
+    base = auth.replica_proof(SECRET, auth.MASTER, "g", 1, a, b)
+
+    assert auth.check_proof(base, auth.replica_proof(SECRET, auth.MASTER, "g", 1, a, b))
+    for other in (
+        auth.replica_proof(SECRET, auth.SLAVE, "g", 1, a, b),
+        auth.replica_proof(SECRET, auth.MASTER, "h", 1, a, b),
+        auth.replica_proof(SECRET, auth.MASTER, "g", 2, a, b),
+        auth.replica_proof(SECRET, auth.MASTER, "g", 1, b, a),
+        auth.replica_proof(OTHER, auth.MASTER, "g", 1, a, b),
+    ):
+        assert not auth.check_proof(base, other)
+
+
+def test_the_raft_password_is_derived_and_not_the_secret() -> None:
+    password = SECRET.raft_password()
+
+    assert password == ClusterSecret(b"0123456789abcdef0123", "elsewhere").raft_password()
+    assert "0123456789abcdef" not in password
+    assert password != OTHER.raft_password()
+    assert "0123" not in repr(SECRET)
+
+
+def test_the_secret_comes_from_the_file_before_the_environment(tmp_path: Path) -> None:
+    path = tmp_path / "secret"
+    path.write_bytes(b"0123456789abcdef0123\n")
+    path.chmod(0o600)
+
+    from_file = load_secret(str(path), {ENV_VAR: "fedcba9876543210fedc"})
+    from_env = load_secret("", {ENV_VAR: "0123456789abcdef0123"})
+
+    assert from_file is not None and from_env is not None
+    assert from_file.raft_password() == from_env.raft_password() == SECRET.raft_password()
+    assert load_secret("", {}) is None
+
+
+def test_a_short_or_unreadable_secret_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(SecretError, match="at least 16"):
+        load_secret("", {ENV_VAR: "short"})
+    with pytest.raises(SecretError, match=r"cannot read it .*chmod 600"):
+        load_secret(str(tmp_path / "missing"), {})
+
+
+def test_a_secret_file_others_may_read_is_used_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "secret"
+    path.write_bytes(b"0123456789abcdef0123")
+    path.chmod(0o644)
+
+    with caplog.at_level(logging.WARNING):
+        assert load_secret(str(path), {}) is not None
+
+    assert "chmod 600" in caplog.text
+
+
+def test_a_secret_is_required_beyond_loopback_and_optional_on_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with pytest.raises(SecretError, match=r"because listen_host '0\.0\.0\.0' is not loopback"):
+        require_secret(None, "the broker", ["listen_host '0.0.0.0' is not loopback"])
+    with caplog.at_level(logging.WARNING):
+        assert require_secret(None, "the broker", []) is None
+    assert "unauthenticated" in caplog.text
+    assert require_secret(SECRET, "the broker", ["whatever"]) is SECRET
+
+
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [("127.0.0.1", True), ("127.0.0.2", True), ("::1", True), ("[::1]", True),
+     ("localhost", True), ("0.0.0.0", False), ("10.0.0.1", False), ("example.com", False)],
+)  # fmt: skip
+def test_loopback_hosts(host: str, loopback: bool) -> None:
+    assert is_loopback(host) is loopback

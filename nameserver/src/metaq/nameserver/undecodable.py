@@ -1,0 +1,112 @@
+"""Requests whose bytes do not decode get INVALID_ARGUMENT, saying what and why.
+
+Left to itself grpc.aio answers a request it cannot parse with UNKNOWN "Unexpected
+<class 'DecodeError'>", which reads like a server bug and gives a client nothing to act on
+(a Session stream whose heartbeat does not decode even ends with OK). This interceptor
+wraps each method's deserializer so that a bad message becomes a marker instead of an
+exception, and the wrapped handler answers the marker with INVALID_ARGUMENT naming the
+method and the message type.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeAlias
+
+import grpc
+from google.protobuf.message import DecodeError
+
+Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
+Handler: TypeAlias = "grpc.RpcMethodHandler[Any, Any]"
+_Continuation: TypeAlias = "Callable[[grpc.HandlerCallDetails], Awaitable[Handler | None]]"
+
+ADVICE = (
+    "the client and the nameserver speak different metaq protocol versions (upgrade the "
+    "older side), or the caller is not a metaq client"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class _Undecodable:
+    """Stands in for a request message that could not be parsed."""
+
+    details: str
+
+
+def _tolerant(method: str, deserializer: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    def deserialize(data: bytes) -> Any:
+        try:
+            return deserializer(data)
+        except DecodeError as exc:
+            return _Undecodable(
+                f"{method}: the request ({len(data)} bytes) is not a valid protobuf message "
+                f"of the expected type ({exc}): {ADVICE}"
+            )
+
+    return deserialize
+
+
+class RejectUndecodable(grpc.aio.ServerInterceptor):
+    """Answers undecodable requests with INVALID_ARGUMENT on every method it wraps."""
+
+    def __init__(self) -> None:
+        # The methods are fixed once the server starts: wrap each once, not per call.
+        self._wrapped: dict[str, Handler | None] = {}
+
+    async def intercept_service(
+        self, continuation: _Continuation, handler_call_details: grpc.HandlerCallDetails
+    ) -> Handler | None:
+        method = str(handler_call_details.method)
+        if method not in self._wrapped:
+            self._wrapped[method] = _wrap(method, await continuation(handler_call_details))
+        return self._wrapped[method]
+
+
+def _wrap(method: str, handler: Handler | None) -> Handler | None:
+    if handler is None or handler.request_deserializer is None:
+        return handler
+    deserializer = _tolerant(method, handler.request_deserializer)
+    serializer = handler.response_serializer
+    # grpc's stubs type the behaviours as the sync API's; grpc.aio passes coroutines.
+    behavior: Any
+    if handler.unary_unary is not None:
+        behavior = handler.unary_unary
+        return grpc.unary_unary_rpc_method_handler(_unary(behavior), deserializer, serializer)
+    if handler.stream_stream is not None:
+        behavior = handler.stream_stream
+        return grpc.stream_stream_rpc_method_handler(_streaming(behavior), deserializer, serializer)
+    # No unary-stream or stream-unary methods exist; should one be added, it keeps
+    # grpc's own handling until it is wrapped here too.
+    return handler
+
+
+def _unary(behavior: Callable[[Any, Context], Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    async def wrapped(request: Any, context: Context) -> Any:
+        if isinstance(request, _Undecodable):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.details)
+        return await behavior(request, context)
+
+    return wrapped
+
+
+def _streaming(
+    behavior: Callable[[AsyncIterator[Any], Context], AsyncIterator[Any]],
+) -> Callable[[AsyncIterator[Any], Context], AsyncIterator[Any]]:
+    async def wrapped(requests: AsyncIterator[Any], context: Context) -> AsyncIterator[Any]:
+        refused: list[_Undecodable] = []
+
+        async def decoded() -> AsyncIterator[Any]:
+            # The servicer sees the stream end at the bad message; the status says why.
+            async for request in requests:
+                if isinstance(request, _Undecodable):
+                    refused.append(request)
+                    return
+                yield request
+
+        async for response in behavior(decoded(), context):
+            yield response
+        if refused:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, refused[0].details)
+
+    return wrapped

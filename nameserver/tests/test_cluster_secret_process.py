@@ -1,0 +1,297 @@
+"""Real nameserver processes with a cluster secret: strangers who reach the Raft or gRPC
+port change nothing, and a member cannot register over a live broker."""
+
+from __future__ import annotations
+
+import contextlib
+import pickle
+import socket
+import struct
+import zlib
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from metaq.common.auth import ENV_VAR, ClusterSecret
+from metaq.common.testing import run_async, wait_until_async
+from metaq.common.v1 import control_pb2 as pb
+from metaq.common.v1 import control_pb2_grpc
+from metaq.nameserver.fake_broker import FakeBroker
+from metaq.nameserver.testing import (
+    NameServerProcess,
+    free_ports,
+    session_proof,
+    signed_channel,
+    start_controller_group,
+    start_nameserver,
+)
+
+SETTLE_S = 15.0
+SCENARIO_S = 60.0
+WRONG = ClusterSecret(b"not-the-clusters-secret-at-all", "an outsider")
+
+
+@pytest.fixture
+def nameservers() -> Iterator[list[NameServerProcess]]:
+    started: list[NameServerProcess] = []
+    yield started
+    for server in started:
+        server.stop()
+
+
+class _OpenFile:
+    """Unpickling this calls open(path, "w"): a stand-in for any command an attacker runs."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[Any, tuple[str, str]]:
+        return (open, (str(self.path), "w"))
+
+
+def _pysyncobj_message(obj: object) -> bytes:
+    """A message as pysyncobj's transport frames one with no password configured."""
+    data = zlib.compress(pickle.dumps(obj), 3)
+    return struct.pack("i", len(data)) + data
+
+
+def _send_until_closed(address: str, payload: bytes, timeout_s: float) -> None:
+    host, _, port = address.rpartition(":")
+    with socket.create_connection((host, int(port)), timeout=timeout_s) as sock:
+        sock.sendall(payload)
+        # The nameserver drops a connection whose first message it could not use; once it
+        # has, whatever it was going to do with the payload is done.
+        with contextlib.suppress(ConnectionResetError):
+            while sock.recv(4096):
+                pass
+
+
+async def _leader(address: str) -> str:
+    async with signed_channel(address) as channel:
+        state = await control_pb2_grpc.NameServerStub(channel).GetControllerState(
+            pb.GetControllerStateRequest(), timeout=2
+        )
+    return state.leader
+
+
+def test_a_pickle_sent_to_the_raft_port_runs_nothing_and_the_controller_goes_on(
+    tmp_path: Path, nameservers: list[NameServerProcess]
+) -> None:
+    servers = start_controller_group(tmp_path, 2)
+    nameservers.extend(servers)
+
+    async def leaders_agree() -> bool:
+        leaders = {await _leader(s.grpc_address) for s in servers}
+        return len(leaders) == 1 and "" not in leaders
+
+    run_async(wait_until_async(leaders_agree, SETTLE_S, "the controllers elect a leader"))
+    markers = []
+    for index, server in enumerate(servers):
+        marker = tmp_path / f"pwned-{index}"
+        markers.append(marker)
+        _send_until_closed(server.raft_address, _pysyncobj_message(_OpenFile(marker)), SETTLE_S)
+
+    assert [m for m in markers if m.exists()] == []
+    assert all(s.process.poll() is None for s in servers)
+    run_async(wait_until_async(leaders_agree, SETTLE_S, "the controllers still have a leader"))
+
+
+@pytest.mark.parametrize(
+    ("flags", "reason"),
+    [
+        (("--controller-peers",), "controller_peers is set"),
+        (("--listen-host", "0.0.0.0"), "listen_host '0.0.0.0' is not a loopback address"),
+    ],
+)
+def test_a_nameserver_that_would_be_reachable_refuses_to_start_without_a_secret(
+    tmp_path: Path, flags: tuple[str, ...], reason: str
+) -> None:
+    argv = list(flags)
+    if argv == ["--controller-peers"]:
+        ports = free_ports(2)
+        argv = [
+            "--controller-address", f"127.0.0.1:{ports[0]}",
+            "--controller-peers", f"127.0.0.1:{ports[0]},127.0.0.1:{ports[1]}",
+        ]  # fmt: skip
+
+    try:
+        started = start_nameserver(tmp_path / "ns", *argv, env={ENV_VAR: ""})
+    except RuntimeError as exc:
+        refusal = str(exc)
+    else:
+        started.stop()
+        pytest.fail("the nameserver started without a cluster secret")
+
+    assert "exited with 2" in refusal
+    assert reason in refusal
+    assert "cluster_secret_file" in refusal
+
+
+# --- the gRPC control plane ----------------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def _stub(address: str, secret: ClusterSecret | None) -> AsyncIterator[Any]:
+    """A stub proving ``secret``, or nothing at all for None."""
+    channel = signed_channel(address, secret) if secret else grpc.aio.insecure_channel(address)
+    async with channel:
+        yield control_pb2_grpc.NameServerStub(channel)
+
+
+async def _code(call: Any) -> grpc.StatusCode:
+    try:
+        await call
+    except grpc.aio.AioRpcError as exc:
+        return exc.code()
+    return grpc.StatusCode.OK
+
+
+async def _session_code(session: Any) -> grpc.StatusCode:
+    """OK once the nameserver answers a heartbeat, else the status the stream ended with
+    (read from the call: a read racing the end can fail with a status of its own)."""
+    try:
+        await session.read()
+    except grpc.aio.AioRpcError:
+        code: grpc.StatusCode = await session.code()
+        return code
+    return grpc.StatusCode.OK
+
+
+def _forged(broker_id: int, data_address: str, epoch: int) -> pb.RegisterBrokerRequest:
+    return pb.RegisterBrokerRequest(
+        broker=pb.BrokerState(
+            cluster="c1",
+            broker_name="broker-a",
+            broker_id=broker_id,
+            role=pb.BROKER_ROLE_MASTER,
+            data_address=data_address,
+            epoch=epoch,
+            permission=pb.PERMISSION_READ_WRITE,
+        ),
+        topic_table=pb.TopicTable(
+            topics=[pb.TopicConfig(topic="orders", read_queues=1, write_queues=1,
+                                   permission=pb.PERMISSION_READ_WRITE)]
+        ),
+    )  # fmt: skip
+
+
+async def _view(address: str) -> tuple[list[tuple[int, int, str]], list[tuple[int, int]]]:
+    """broker-a's route (id, role, address) and the controller's (epoch, master)."""
+    async with _stub(address, None) as stub:
+        route = (await stub.GetRoute(pb.GetRouteRequest(topic="orders"))).route
+        state = await stub.GetControllerState(pb.GetControllerStateRequest())
+    brokers = [(b.broker_id, b.role, b.data_address) for g in route.groups for b in g.brokers]
+    return brokers, [(g.epoch, g.master_id) for g in state.groups]
+
+
+@contextlib.asynccontextmanager
+async def _group(address: str) -> AsyncIterator[tuple[FakeBroker, FakeBroker]]:
+    """broker-a: master 0 and slave 1, both in sync, registered with the tests' secret."""
+    master = FakeBroker([address], "broker-a", 0, configured_master=True, in_sync_ids=(0, 1))
+    slave = FakeBroker([address], "broker-a", 1, in_sync_ids=(0, 1))
+    try:
+        await master.start()
+        await slave.start()
+        await slave.wait_for_control(
+            lambda c: (c.master_id, tuple(c.in_sync_ids)) == (0, (0, 1)),
+            SETTLE_S,
+            "the controller has 0 master with 0 and 1 in sync",
+        )
+        yield master, slave
+    finally:
+        await master.close()
+        await slave.close()
+
+
+def test_calls_that_change_the_cluster_need_the_secret_and_change_nothing_without_it(
+    tmp_path: Path, nameservers: list[NameServerProcess]
+) -> None:
+    server = start_nameserver(tmp_path / "ns")
+    nameservers.append(server)
+    address = server.grpc_address
+
+    async def scenario() -> None:
+        async with _group(address):
+            before = await _view(address)
+            for secret in (None, WRONG):
+                async with _stub(address, secret) as stub:
+                    codes = [
+                        await _code(stub.RegisterBroker(_forged(0, "10.6.6.6:1", 99))),
+                        await _code(stub.RegisterBroker(_forged(7, "10.6.6.6:1", 99))),
+                        await _code(
+                            stub.UnregisterBroker(
+                                pb.UnregisterBrokerRequest(broker_name="broker-a", broker_id=0)
+                            )
+                        ),
+                        await _code(
+                            stub.Switchover(
+                                pb.SwitchoverRequest(
+                                    broker_name="broker-a", broker_id=1, expected_epoch=1
+                                )
+                            )
+                        ),
+                    ]
+                    session = stub.Session(metadata=session_proof(secret) if secret else ())
+                    forged = _forged(7, "10.6.6.6:1", 99)
+                    # The nameserver may end the stream before the heartbeat is written.
+                    with contextlib.suppress(grpc.aio.AioRpcError):
+                        await session.write(
+                            pb.BrokerHeartbeat(broker=forged.broker, topic_table=forged.topic_table)
+                        )
+                    codes.append(await _session_code(session))
+                assert codes == [grpc.StatusCode.UNAUTHENTICATED] * 5, (secret, codes)
+            assert await _view(address) == before
+            assert before == ([(0, pb.BROKER_ROLE_MASTER, "127.0.0.1:20000"),
+                               (1, pb.BROKER_ROLE_SLAVE, "127.0.0.1:20001")], [(1, 0)])  # fmt: skip
+
+            # With the secret, the same switchover goes through.
+            async with _stub(address, None) as plain:
+                epoch = (await plain.GetControllerState(pb.GetControllerStateRequest())).groups[0]
+            async with signed_channel(address) as channel:
+                moved = await control_pb2_grpc.NameServerStub(channel).Switchover(
+                    pb.SwitchoverRequest(
+                        broker_name="broker-a", broker_id=1, expected_epoch=epoch.epoch
+                    )
+                )
+            assert moved.control.master_id == 1
+
+    run_async(scenario(), SCENARIO_S)
+
+
+def test_a_registration_over_a_live_broker_is_refused_even_with_the_secret(
+    tmp_path: Path, nameservers: list[NameServerProcess]
+) -> None:
+    server = start_nameserver(tmp_path / "ns")
+    nameservers.append(server)
+    address = server.grpc_address
+
+    async def scenario() -> None:
+        async with _group(address) as (master, _slave):
+            before = await _view(address)
+            async with signed_channel(address) as channel:
+                stub = control_pb2_grpc.NameServerStub(channel)
+                with pytest.raises(grpc.aio.AioRpcError) as caught:
+                    await stub.RegisterBroker(_forged(0, "127.0.0.1:1", 99))
+            assert caught.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+            assert "registered and live at 127.0.0.1:20000" in (caught.value.details() or "")
+            assert await _view(address) == before
+
+            # The broker itself goes on heartbeating from its own address.
+            await wait_until_async(
+                _more_answers(master, len(master.received)),
+                SETTLE_S,
+                "the real master is still answered",
+            )
+            assert await _view(address) == before
+
+    run_async(scenario(), SCENARIO_S)
+
+
+def _more_answers(broker: FakeBroker, seen: int) -> Any:
+    async def holds() -> bool:
+        return len(broker.received) > seen + 2
+
+    return holds

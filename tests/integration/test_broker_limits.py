@@ -1,0 +1,447 @@
+"""A broker under resource pressure: dead background threads, too many or idle
+connections, peers that never read their answers, file descriptors running out."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from metaq.broker.limits import raise_nofile_limit
+from metaq.broker.testing import BrokerError, BrokerProcess, DataClient, run_async, wait_until
+from metaq.broker.testing.admin import put_topic, scrape
+from metaq.broker.testing.process import broker_command
+from metaq.client.connection import ConnectionPool
+from metaq.common.errors import ErrorCode
+from metaq.common.framing import Frame, FrameDecoder, FrameType, encode_frame
+from metaq.common.record import encode
+from metaq.common.testing import wait_until_async
+from metaq.common.v1.data_pb2 import (
+    ErrorResponse,
+    PullRequest,
+    PullResponse,
+    SendRequest,
+    SendResponse,
+)
+
+StartBroker = Callable[..., BrokerProcess]
+
+
+async def connect(broker: BrokerProcess) -> DataClient:
+    return await DataClient.connect(broker.data_host, broker.data_port)
+
+
+def not_writable(broker: BrokerProcess, needle: str) -> Callable[[], bool]:
+    def check() -> bool:
+        health = broker.health()
+        return (
+            health is not None
+            and health["status"] == "not-writable"
+            and needle in (health["reason"] or "")
+        )
+
+    return check
+
+
+def refused_send(broker: BrokerProcess, topic: str) -> BrokerError:
+    async def scenario() -> BrokerError:
+        client = await connect(broker)
+        try:
+            await client.send(topic, 0, [encode(topic, b"after the death", queue_id=0)])
+        except BrokerError as exc:
+            return exc
+        finally:
+            await client.close()
+        raise AssertionError("a send was answered OK by a broker whose background thread died")
+
+    return run_async(scenario())
+
+
+# ------------------------------------------------------------------------------------------
+# background threads that die
+
+
+def test_dead_dispatcher_takes_health_down_and_refuses_sends(start_broker: StartBroker) -> None:
+    broker = start_broker("--set", "auto_create_topics=true")
+    # The dispatcher creates a new queue's directory when the queue's first record comes;
+    # a file in its place makes that fail, and the thread dies as on any I/O error.
+    (broker.data_dir / "consumequeue").mkdir(exist_ok=True)
+    (broker.data_dir / "consumequeue" / "Doomed").write_bytes(b"not a directory")
+
+    async def first_send() -> None:
+        await put_topic(broker.http_url, "Doomed", read_queues=1, write_queues=1)
+        client = await connect(broker)
+        try:
+            await client.send("Doomed", 0, [encode("Doomed", b"never readable", queue_id=0)])
+        finally:
+            await client.close()
+
+    run_async(first_send())
+    wait_until(
+        not_writable(broker, "dispatch"), 10.0, "/health reports the dead dispatcher", poll_s=0.05
+    )
+    error = refused_send(broker, "Doomed")
+    assert error.code == ErrorCode.STORE_UNAVAILABLE, error
+    assert "dispatch" in str(error), error
+    assert "restart" in str(error), error
+
+
+def test_dead_checkpointer_takes_health_down_and_refuses_sends(start_broker: StartBroker) -> None:
+    broker = start_broker("--set", "store.checkpoint_interval_ms=50")
+    run_async(put_topic(broker.http_url, "AfterCheckpoint", read_queues=1, write_queues=1))
+    # The checkpoint is replaced through a temporary file: a directory there makes every
+    # later checkpoint fail, and the thread that writes them dies.
+    (broker.data_dir / "checkpoint.tmp").mkdir()
+    wait_until(
+        not_writable(broker, "checkpoint"),
+        10.0,
+        "/health reports the dead checkpointer",
+        poll_s=0.05,
+    )
+    error = refused_send(broker, "AfterCheckpoint")
+    assert error.code == ErrorCode.STORE_UNAVAILABLE, error
+    assert "checkpoint" in str(error), error
+
+
+# ------------------------------------------------------------------------------------------
+# peers that never read their answers
+
+
+def rss_bytes(pid: int, field: str = "VmRSS") -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no {field} in /proc/{pid}/status")
+
+
+def pipelined_pulls(topic: str, count: int) -> bytes:
+    frames: list[bytes] = []
+    for request_id in range(1, count + 1):
+        header = PullRequest(
+            consumer_group="never-reads", topic=topic, queue_id=0, offset=0, max_messages=256
+        ).SerializeToString()
+        frames += (bytes(p) for p in encode_frame(FrameType.PULL, request_id, header))
+    return b"".join(frames)
+
+
+def test_peers_that_never_read_cannot_grow_the_broker_or_stall_others(
+    start_broker: StartBroker,
+) -> None:
+    broker = start_broker()
+    body = bytes(1024)
+
+    async def fill() -> None:
+        await put_topic(broker.http_url, "Unread", read_queues=1, write_queues=1)
+        client = await connect(broker)
+        try:
+            for _ in range(4):
+                batch = [encode("Unread", body, queue_id=0) for _ in range(64)]
+                await client.send("Unread", 0, batch)
+            await client.pull("Unread", 0, 255, long_poll_timeout_ms=5000)
+        finally:
+            await client.close()
+
+    run_async(fill())
+    pid = broker.proc.pid
+    before = rss_bytes(pid)
+    flood = pipelined_pulls("Unread", 2000)
+    # Each pull answers with 256 KiB of records: 500 MiB if the broker buffered every
+    # answer for peers that read none of them.
+    hogs = [socket.create_connection((broker.data_host, broker.data_port)) for _ in range(3)]
+    try:
+        for hog in hogs:
+            hog.sendall(flood)
+
+        async def round_trips() -> float:
+            client = await connect(broker)
+            slowest = 0.0
+            try:
+                for _ in range(20):
+                    started = time.monotonic()
+                    await client.send("Unread", 0, [encode("Unread", b"meanwhile", queue_id=0)])
+                    slowest = max(slowest, time.monotonic() - started)
+            finally:
+                await client.close()
+            return slowest
+
+        slowest = run_async(round_trips())
+        grown = rss_bytes(pid, "VmHWM") - before
+        assert grown < 64 * 1024 * 1024, f"the broker grew by {grown / 2**20:.0f} MiB"
+        assert slowest < 1.0, f"a send took {slowest:.3f} s while others did not read"
+    finally:
+        for hog in hogs:
+            hog.close()
+
+
+# ------------------------------------------------------------------------------------------
+# too many connections, idle connections
+
+
+async def connection_error(sock: socket.socket) -> BrokerError:
+    """The connection error a refused socket is sent before the broker closes it."""
+    reader, writer = await asyncio.open_connection(sock=sock)
+    try:
+        data = await asyncio.wait_for(reader.read(), 10.0)  # until the broker closes
+    finally:
+        writer.close()
+    frames = FrameDecoder().feed(data)
+    assert [f.type for f in frames] == [FrameType.CONNECTION], frames
+    error = ErrorResponse.FromString(frames[0].header)
+    return BrokerError(ErrorCode(error.code), error.message, error.retriable, FrameType.CONNECTION)
+
+
+def test_connections_over_the_limit_are_refused_and_the_others_served(
+    start_broker: StartBroker,
+) -> None:
+    broker = start_broker("--set", "max_connections=20", "--set", "idle_timeout_s=60")
+
+    async def scenario() -> None:
+        await put_topic(broker.http_url, "Crowded", read_queues=1, write_queues=1)
+        taken = [await connect(broker) for _ in range(20)]
+        for client in taken:
+            await client.heartbeat()  # accepted and registered, in this order
+        extra = [socket.create_connection((broker.data_host, broker.data_port)) for _ in range(5)]
+        errors = [await connection_error(sock) for sock in extra]
+        for error in errors:
+            assert error.code == ErrorCode.BUSY, error
+            assert "max_connections=20" in str(error), error
+        await taken[0].send("Crowded", 0, [encode("Crowded", b"still served", queue_id=0)])
+        response, _ = await taken[1].pull("Crowded", 0, 0, long_poll_timeout_ms=5000)
+        assert response.record_count == 1, response
+        refused = (await scrape(broker.http_url))[("metaq_connections_refused_total", ())]
+        assert refused == 5
+        # A closed connection's place is taken again.
+        await taken.pop().close()
+
+        async def admitted() -> bool:
+            client = await connect(broker)
+            try:
+                await client.heartbeat()
+            except BrokerError:
+                return False
+            finally:
+                await client.close()
+            return True
+
+        await wait_until_async(admitted, 10.0, "a connection is taken after one closed")
+        for client in taken:
+            await client.close()
+
+    run_async(scenario())
+
+
+def test_idle_connections_are_closed_but_not_those_awaiting_a_long_poll(
+    start_broker: StartBroker,
+) -> None:
+    broker = start_broker("--set", "idle_timeout_s=1", "--set", "long_poll_max_ms=60000")
+
+    async def scenario() -> None:
+        await put_topic(broker.http_url, "Quiet", read_queues=1, write_queues=1)
+        idle = await connect(broker)
+        await idle.heartbeat()
+        polling = await connect(broker)
+        started = time.monotonic()
+        parked = asyncio.ensure_future(polling.pull("Quiet", 0, 0, long_poll_timeout_ms=3000))
+        await asyncio.wait_for(idle.closed, 10.0)
+        assert time.monotonic() - started < 5.0
+        # Parked for longer than the idle timeout, answered when its own time ran out.
+        response, _ = await asyncio.wait_for(parked, 10.0)
+        assert response.status == PullResponse.NO_MESSAGE_IN_QUEUE, response
+        assert time.monotonic() - started >= 2.9
+        await asyncio.wait_for(polling.closed, 10.0)
+        closed = (await scrape(broker.http_url))[("metaq_connections_idle_closed_total", ())]
+        assert closed == 2
+
+        # A client's pool opens a new connection for the next request after an idle close.
+        pool = ConnectionPool()
+        try:
+            address = f"{broker.data_host}:{broker.data_port}"
+            first = await pool.get(address)
+            await first.request(FrameType.HEARTBEAT, b"", timeout_s=5.0)
+
+            async def dropped() -> bool:
+                return first.closed
+
+            await wait_until_async(dropped, 10.0, "the idle close reaches the pool")
+            second = await pool.get(address)
+            assert second is not first
+            await second.request(FrameType.HEARTBEAT, b"", timeout_s=5.0)
+        finally:
+            await pool.close()
+
+    run_async(scenario())
+
+
+# ------------------------------------------------------------------------------------------
+# file descriptors running out
+
+
+def test_a_connection_flood_leaves_the_store_its_file_descriptors(tmp_path: Path) -> None:
+    nofile = 2048
+    flood_size = 2500  # more than the broker may open
+    if raise_nofile_limit() < flood_size + 256:
+        pytest.skip(f"this test process may not open {flood_size} sockets (RLIMIT_NOFILE)")
+    command = ["prlimit", f"--nofile={nofile}:{nofile}", *broker_command()]
+    with BrokerProcess.start(tmp_path / "data", command=command) as broker:
+        run_async(put_topic(broker.http_url, "Fresh", read_queues=8, write_queues=8))
+
+        async def connected() -> DataClient:
+            client = await connect(broker)
+            await client.heartbeat()
+            return client
+
+        client_loop = asyncio.new_event_loop()
+        try:
+            client = client_loop.run_until_complete(connected())
+            flood = [
+                socket.create_connection((broker.data_host, broker.data_port))
+                for _ in range(flood_size)
+            ]
+
+            def flood_landed() -> bool:
+                held = len(os.listdir(f"/proc/{broker.proc.pid}/fd"))
+                if held >= nofile - 16:
+                    return True  # every descriptor taken: the old behaviour
+                try:
+                    metrics = run_async(scrape(broker.http_url), timeout_s=5.0)
+                except Exception:
+                    return False
+                taken = metrics[("metaq_connections", ())]
+                refused = metrics.get(("metaq_connections_refused_total", ()), 0.0)
+                return taken + refused >= flood_size + 1
+
+            wait_until(flood_landed, 30.0, "the broker saw the whole flood", poll_s=0.1)
+
+            async def send_and_read() -> None:
+                # New queues: the dispatcher must open their files now.
+                for queue_id in range(8):
+                    record = encode("Fresh", b"needs a file", queue_id=queue_id)
+                    sent = await client.send("Fresh", queue_id, [record])
+                    assert sent.status == SendResponse.OK, sent
+                for queue_id in range(8):
+                    response, _ = await client.pull("Fresh", queue_id, 0, long_poll_timeout_ms=5000)
+                    assert response.record_count == 1, (queue_id, response)
+
+            client_loop.run_until_complete(send_and_read())
+            for sock in flood:
+                sock.close()
+            client_loop.run_until_complete(client.close())
+        finally:
+            client_loop.close()
+        health = broker.health()
+        assert health is not None and health["status"] == "ok", health
+
+
+# ------------------------------------------------------------------------------------------
+# large frames arriving slowly
+
+
+def big_send(request_id: int, body_bytes: int) -> bytes:
+    record = encode("Big", bytes(body_bytes), queue_id=0)
+    header = SendRequest(topic="Big", queue_id=0, record_count=1).SerializeToString()
+    return b"".join(bytes(p) for p in encode_frame(FrameType.SEND, request_id, header, [record]))
+
+
+def read_answer(sock: socket.socket) -> SendResponse:
+    decoder = FrameDecoder()
+    sock.settimeout(30.0)
+    while True:
+        frames = decoder.feed(sock.recv(65536))
+        if frames:
+            assert not frames[0].is_error, ErrorResponse.FromString(frames[0].header)
+            return SendResponse.FromString(frames[0].header)
+
+
+def test_announced_frames_share_one_budget_and_the_rest_wait(start_broker: StartBroker) -> None:
+    mib = 1024 * 1024
+    broker = start_broker(
+        *("--set", f"max_frame_bytes={8 * mib}", "--set", f"max_pull_bytes={mib}"),
+        *("--set", f"max_buffered_request_bytes={8 * mib}"),
+        *("--set", f"store.max_message_bytes={6 * mib}"),
+        *("--set", f"store.commitlog_segment_bytes={16 * mib}"),
+    )
+    run_async(put_topic(broker.http_url, "Big", read_queues=1, write_queues=1))
+    first, second = big_send(1, 6 * mib), big_send(1, 6 * mib)
+
+    def budget() -> tuple[float, float]:
+        metrics = run_async(scrape(broker.http_url))
+        return (
+            metrics[("metaq_request_bytes_reserved", ())],
+            metrics[("metaq_connections_waiting_for_budget", ())],
+        )
+
+    with (
+        socket.create_connection((broker.data_host, broker.data_port)) as a,
+        socket.create_connection((broker.data_host, broker.data_port)) as b,
+    ):
+        a.sendall(first[:mib])
+        wait_until(lambda: budget() == (len(first), 0), 10.0, "a's frame is reserved", poll_s=0.05)
+        b.sendall(second[:mib])
+        wait_until(lambda: budget() == (len(first), 1), 10.0, "b waits for room", poll_s=0.05)
+
+        async def small_send() -> SendResponse:
+            client = await connect(broker)
+            try:
+                return await client.send("Big", 0, [encode("Big", b"small", queue_id=0)])
+            finally:
+                await client.close()
+
+        assert run_async(small_send()).status == SendResponse.OK
+        a.sendall(first[mib:])
+        assert read_answer(a).status == SendResponse.OK
+        wait_until(lambda: budget() == (len(second), 0), 10.0, "b got a's room", poll_s=0.05)
+        b.sendall(second[mib:])
+        assert read_answer(b).status == SendResponse.OK
+        wait_until(lambda: budget() == (0, 0), 10.0, "nothing is reserved", poll_s=0.05)
+
+
+def test_a_broker_whose_open_file_limit_leaves_no_connections_refuses_to_start(
+    tmp_path: Path,
+) -> None:
+    command = ["prlimit", "--nofile=512:512", *broker_command()]
+    with pytest.raises(AssertionError) as caught:
+        BrokerProcess.start(tmp_path / "data", command=command, ready_timeout_s=10.0)
+    assert "open-file limit of 512" in str(caught.value)
+    assert "fd_reserve=1024" in str(caught.value)
+
+
+def test_a_busy_connection_whose_frames_arrive_split_is_not_closed(
+    start_broker: StartBroker,
+) -> None:
+    broker = start_broker("--set", "idle_timeout_s=1")
+
+    async def scenario() -> None:
+        await put_topic(broker.http_url, "Split", read_queues=1, write_queues=1)
+        reader, writer = await asyncio.open_connection(broker.data_host, broker.data_port)
+        decoder = FrameDecoder()
+        header = SendRequest(topic="Split", queue_id=0, record_count=1).SerializeToString()
+        record = encode("Split", bytes(512), queue_id=0)
+
+        def frame(request_id: int) -> bytes:
+            parts = encode_frame(FrameType.SEND, request_id, header, [record])
+            return b"".join(bytes(p) for p in parts)
+
+        started = time.monotonic()
+        request_id = 1
+        try:
+            # Frames of one size, each written with the start of the next, so that every
+            # read completes one frame and begins another, for three idle timeouts.
+            writer.write(frame(1)[:-100])
+            while time.monotonic() - started < 3.0:
+                writer.write(frame(request_id)[-100:] + frame(request_id + 1)[:-100])
+                request_id += 1
+                frames: list[Frame] = []
+                while not frames:
+                    chunk = await asyncio.wait_for(reader.read(65536), 10.0)
+                    assert chunk, f"the broker closed a busy connection after {request_id} sends"
+                    frames = decoder.feed(chunk)
+                assert not frames[0].is_error, ErrorResponse.FromString(frames[0].header)
+        finally:
+            writer.close()
+
+    run_async(scenario())

@@ -1,0 +1,265 @@
+"""Replication proves the cluster secret both ways (real brokers and nameservers).
+
+Found by an attack run: anyone on a master's data port could REPLICA_FETCH as a slave,
+get the whole log, join the in-sync set and hold every consumer's reads back with an
+acked offset of 0; and replicas cut their logs to whatever a master said, so a forged
+master wiped acknowledged messages on both of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+from replica_group import GROUP, TOPIC, health, start_group
+
+from metaq.broker.testing import BrokerError, BrokerProcess, DataClient
+from metaq.broker.testing.admin import put_topic
+from metaq.common.errors import ErrorCode
+from metaq.common.framing import FLAG_RESPONSE, FrameDecoder, FrameType, encode_frame
+from metaq.common.record import encode, iter_records
+from metaq.common.testing import holds_for, run_async, wait_until, wait_until_async
+from metaq.common.v1.data_pb2 import (
+    EpochEntry,
+    PullResponse,
+    ReplicaAuthResponse,
+    ReplicaFetchRequest,
+    ReplicaFetchResponse,
+    SendResponse,
+)
+from metaq.nameserver.testing import NameServerProcess, start_nameserver
+
+pytestmark = pytest.mark.slow
+
+SEGMENT_BYTES = 4194304  # BrokerProcess's small store
+# Longer than an unauthenticated fetcher took to be counted in sync before (0.5 s).
+WATCH_S = 2.0
+
+
+def _fetch(epoch: int, offset: int = 0) -> ReplicaFetchRequest:
+    """What a stranger claiming to be slave 7 sends: it holds nothing (acked offset 0)."""
+    return ReplicaFetchRequest(
+        broker_name=GROUP, broker_id=7, epoch=epoch, offset=offset, acked_offset=0,
+        max_bytes=1 << 20, wait_ms=50, segment_bytes=SEGMENT_BYTES,
+    )  # fmt: skip
+
+
+async def _keep_fetching(intruder: DataClient, epoch: int, stop: asyncio.Event) -> int:
+    """Fetch as a slave would until ``stop``; the number of answers that carried data."""
+    answered = 0
+    while not stop.is_set():
+        with contextlib.suppress(BrokerError):
+            await intruder.request(FrameType.REPLICA_FETCH, _fetch(epoch))
+            answered += 1
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(0.02):  # pacing, like a slave's retry
+                await stop.wait()
+    return answered
+
+
+async def _refused(intruder: DataClient, epoch: int) -> BrokerError:
+    try:
+        await intruder.request(FrameType.REPLICA_FETCH, _fetch(epoch))
+    except BrokerError as exc:
+        return exc
+    raise AssertionError("the master answered a fetch from a slave that proved nothing")
+
+
+def _only_master_in_sync(master: BrokerProcess) -> None:
+    holds_for(
+        lambda: health(master)["in_sync_ids"] == [0],
+        WATCH_S,
+        "only the master is in sync while a stranger fetches",
+    )
+
+
+def test_an_unauthenticated_fetch_gets_nothing_and_does_not_count_as_a_replica(
+    tmp_path: Path,
+) -> None:
+    group = start_group(tmp_path, brokers=1, mode="sync", min_in_sync=2)
+    try:
+        master = group.brokers[0]
+        epoch = health(master)["epoch"]
+
+        async def scenario() -> None:
+            intruder = await DataClient.connect(master.data_host, master.data_port)
+            producer = await DataClient.connect(master.data_host, master.data_port)
+            stop = asyncio.Event()
+            try:
+                refusal = await _refused(intruder, epoch)
+                assert refusal.code is ErrorCode.NO_PERMISSION
+                assert "cluster secret" in refusal.detail
+                fetching = asyncio.ensure_future(_keep_fetching(intruder, epoch, stop))
+                await asyncio.to_thread(_only_master_in_sync, master)
+                # Sync replication still needs a second copy: the stranger is not one.
+                with pytest.raises(BrokerError) as caught:
+                    await producer.send(TOPIC, 0, [encode(TOPIC, b"needs two copies")])
+                assert caught.value.code is ErrorCode.NOT_ENOUGH_REPLICAS
+                stop.set()
+                assert await fetching == 0
+            finally:
+                stop.set()
+                await intruder.close()
+                await producer.close()
+
+        run_async(scenario(), timeout_s=60)
+    finally:
+        group.stop()
+
+
+def test_an_unauthenticated_fetch_does_not_hold_back_consumers(tmp_path: Path) -> None:
+    group = start_group(tmp_path, brokers=1, mode="async", min_in_sync=1)
+    try:
+        master = group.brokers[0]
+        epoch = health(master)["epoch"]
+        bodies = [b"first", b"second", b"third"]
+
+        async def scenario() -> None:
+            intruder = await DataClient.connect(master.data_host, master.data_port)
+            client = await DataClient.connect(master.data_host, master.data_port)
+            stop = asyncio.Event()
+            try:
+                for body in bodies:
+                    sent = await client.send(TOPIC, 0, [encode(TOPIC, body, queue_id=0)])
+                    assert sent.status == SendResponse.OK
+                assert (await _refused(intruder, epoch)).code is ErrorCode.NO_PERMISSION
+                fetching = asyncio.ensure_future(_keep_fetching(intruder, epoch, stop))
+                await asyncio.to_thread(_only_master_in_sync, master)
+                pulled, payload = await client.pull(TOPIC, 0, 0)
+                assert pulled.status == PullResponse.FOUND
+                assert [r.body for r in iter_records(payload)] == bodies
+                stop.set()
+                assert await fetching == 0
+            finally:
+                stop.set()
+                await intruder.close()
+                await client.close()
+
+        run_async(scenario(), timeout_s=60)
+    finally:
+        group.stop()
+
+
+# --- a forged master ---------------------------------------------------------------------
+
+
+class _Impostor:
+    """Answers on a master's address without the secret: it bluffs the handshake and
+    tells any fetch that the group moved on to a new epoch with an empty log."""
+
+    def __init__(self) -> None:
+        self.seen: list[FrameType] = []
+        self._server: asyncio.Server | None = None
+
+    async def start(self, host: str, port: int) -> None:
+        self._server = await asyncio.start_server(self._serve, host, port)
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        decoder = FrameDecoder()
+        try:
+            while chunk := await reader.read(1 << 16):
+                for frame in decoder.feed(chunk):
+                    self.seen.append(frame.type)
+                    writer.writelines(self._answer(frame.type, frame.request_id, frame.header))
+        except ConnectionError:
+            pass
+        finally:
+            writer.close()
+
+    @staticmethod
+    def _answer(frame_type: FrameType, request_id: int, header: bytes) -> Sequence[bytes]:
+        if frame_type is FrameType.REPLICA_FETCH:
+            request = ReplicaFetchRequest.FromString(header)
+            newer = request.epoch + 5
+            answer = ReplicaFetchResponse(
+                epoch=newer, offset=request.offset, master_end=0, min_offset=0,
+                epochs=[EpochEntry(epoch=newer, start_offset=0)],
+            ).SerializeToString()  # fmt: skip
+        else:  # the handshake: a nonce and a made-up proof
+            bluff = ReplicaAuthResponse(
+                master_nonce=secrets.token_bytes(16), master_proof=secrets.token_bytes(32)
+            )
+            answer = bluff.SerializeToString()
+        return [bytes(b) for b in encode_frame(frame_type, request_id, answer, flags=FLAG_RESPONSE)]
+
+
+def test_a_slave_cuts_nothing_for_a_master_that_cannot_prove_the_secret(tmp_path: Path) -> None:
+    nameserver: NameServerProcess = start_nameserver(tmp_path / "ns")
+    common = ["--nameserver", nameserver.grpc_address, "--broker-name", GROUP,
+              "--set", "failover=false"]  # fmt: skip
+    brokers: list[BrokerProcess] = []
+    try:
+        master = BrokerProcess.start(tmp_path / "master", *common)
+        brokers.append(master)
+        slave = BrokerProcess.start(tmp_path / "slave", *common, "--broker-id", "1")
+        brokers.append(slave)
+        bodies = [b"acked-%d" % n for n in range(5)]
+
+        async def produce() -> None:
+            await put_topic(master.http_url, TOPIC, read_queues=1, write_queues=1)
+            client = await DataClient.connect(master.data_host, master.data_port)
+            try:
+                for body in bodies:
+                    sent = await client.send(TOPIC, 0, [encode(TOPIC, body, queue_id=0)])
+                    assert sent.status == SendResponse.OK
+            finally:
+                await client.close()
+
+        run_async(produce())
+        end = health(master)["commitlog_write_offset"]
+        wait_until(
+            lambda: health(slave)["commitlog_write_offset"] == end,
+            20,
+            "the slave holds the master's whole log",
+        )
+        master.kill()
+
+        async def impersonate() -> list[FrameType]:
+            impostor = _Impostor()
+            # The slave goes on following the dead master's address: take it over.
+            await impostor.start(master.data_host, master.data_port)
+            try:
+                await wait_until_async(_asked(impostor), 20, "the slave connects to the impostor")
+                await asyncio.to_thread(
+                    holds_for,
+                    lambda: health(slave)["commitlog_write_offset"] == end,
+                    WATCH_S,
+                    "the slave keeps its log",
+                )
+                return list(impostor.seen)
+            finally:
+                await impostor.close()
+
+        seen = run_async(impersonate(), timeout_s=60)
+
+        assert FrameType.REPLICA_FETCH not in seen
+        assert FrameType.REPLICA_AUTH in seen
+
+        async def read_slave() -> list[bytes]:
+            client = await DataClient.connect(slave.data_host, slave.data_port)
+            try:
+                return [r.body for r in await client.read_queue(TOPIC, 0)]
+            finally:
+                await client.close()
+
+        assert run_async(read_slave()) == bodies
+    finally:
+        for broker in brokers:
+            broker.kill()
+        nameserver.stop()
+
+
+def _asked(impostor: _Impostor) -> object:
+    async def holds() -> bool:
+        return bool(impostor.seen)
+
+    return holds
