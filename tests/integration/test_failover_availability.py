@@ -5,10 +5,11 @@ replication and ``min_in_sync_replicas = 2``.
   change, so sends needing two in-sync copies are never refused NOT_ENOUGH_REPLICAS,
   and its first fetch is not turned away while the new master takes over;
 - kill -9 of the master and then of the slave the controller elected, the moment the
-  election is visible (20-30 ms after the first kill here: a fixed 10 ms gap would
-  mostly kill the slave before the controller decides, and it would then elect the
-  survivor anyway): the survivor, in sync when the first master died, becomes master,
-  and every acknowledged message is on it.
+  election is visible (20-30 ms after the first kill here). A fixed gap would kill
+  whichever slave, and one that dies before the controller decides is simply not
+  elected; killing the elected one is the case that left the group without a master:
+  the survivor, in sync when the first master died, becomes master, and every
+  acknowledged message is on it.
 
 The producer here does not retry, so every answer the group gives is counted; each
 test prints its figures as one JSON line (``pytest -s`` shows them, see
