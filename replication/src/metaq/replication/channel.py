@@ -123,19 +123,7 @@ class DataPlaneChannel:
         timeout_s: float,
     ) -> Frame:
         """Send one request and return its answer frame; an ERROR frame raises FetchError."""
-        request_id = next(self._ids)
-        self._writer.writelines(encode_frame(frame_type, request_id, request.SerializeToString()))
-        async with asyncio.timeout(timeout_s):
-            while True:
-                chunk = await self._reader.read(1 << 20)
-                if not chunk:
-                    raise ConnectionError(f"master {self.address} closed the connection")
-                for frame in self._decoder.feed(chunk):
-                    if frame.is_error:
-                        error = ErrorResponse.FromString(frame.header)
-                        raise FetchError(ErrorCode(error.code), error.message)
-                    if frame.type is frame_type and frame.request_id == request_id:
-                        return frame
+        return await self.request(frame_type, request.SerializeToString(), timeout_s)
 
     async def request(self, frame_type: FrameType, header: bytes, timeout_s: float) -> Frame:
         """Any other request on this connection, answered before the next one is sent (a

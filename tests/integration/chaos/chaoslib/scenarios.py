@@ -655,18 +655,16 @@ def _is_leader(c: Cluster, node: str) -> bool:
         return False
 
 
-class SplitBrainWatch:
-    """Samples every broker's (role, epoch) and every nameserver's controller state,
-    remembering who was master of which group at which epoch, by either account."""
+class Watch:
+    """A thread that calls :meth:`sample` every ``interval_s`` until stopped."""
 
-    def __init__(self, cluster: Cluster) -> None:
-        self.c = cluster
+    name = "watch"
+
+    def __init__(self, interval_s: float) -> None:
+        self.interval_s = interval_s
         self.samples = 0
-        self.brokers_seen: dict[tuple[str, int], set[str]] = {}
-        self.controller_seen: dict[tuple[str, int], set[int]] = {}
-        self.last_states: dict[str, dict[str, tuple[int, int]]] = {}
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="split-brain-watch", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
 
     def start(self) -> None:
         self._thread.start()
@@ -676,28 +674,46 @@ class SplitBrainWatch:
         self._thread.join(10.0)
 
     def _run(self) -> None:
-        while not self._stop.wait(0.1):
+        while not self._stop.wait(self.interval_s):
             self.samples += 1
-            for node in BROKERS:
-                state = self.c.health(node)
-                if state and state["role"] == "master":
-                    key = (group_of(node), state["epoch"])
-                    self.brokers_seen.setdefault(key, set()).add(node)
-            for ns in NAMESERVERS:
-                server = self.c.nameservers.get(ns)
-                if server is None or server.process.poll() is not None:
-                    continue
-                try:
-                    answer = asyncio.run(controller_state(server.grpc_address))
-                except Exception:
-                    continue
-                states = {}
-                for g in answer.groups:
-                    self.controller_seen.setdefault((g.broker_name, g.epoch), set()).add(
-                        g.master_id
-                    )
-                    states[g.broker_name] = (g.epoch, g.master_id)
-                self.last_states[ns] = states
+            self.sample()
+
+    def sample(self) -> None:
+        raise NotImplementedError
+
+
+class SplitBrainWatch(Watch):
+    """Samples every broker's (role, epoch) and every nameserver's controller state,
+    remembering who was master of which group at which epoch, by either account."""
+
+    name = "split-brain-watch"
+
+    def __init__(self, cluster: Cluster) -> None:
+        super().__init__(0.1)
+        self.c = cluster
+        self.brokers_seen: dict[tuple[str, int], set[str]] = {}
+        self.controller_seen: dict[tuple[str, int], set[int]] = {}
+        self.last_states: dict[str, dict[str, tuple[int, int]]] = {}
+
+    def sample(self) -> None:
+        for node in BROKERS:
+            state = self.c.health(node)
+            if state and state["role"] == "master":
+                key = (group_of(node), state["epoch"])
+                self.brokers_seen.setdefault(key, set()).add(node)
+        for ns in NAMESERVERS:
+            server = self.c.nameservers.get(ns)
+            if server is None or server.process.poll() is not None:
+                continue
+            try:
+                answer = asyncio.run(controller_state(server.grpc_address))
+            except Exception:
+                continue
+            states = {}
+            for g in answer.groups:
+                self.controller_seen.setdefault((g.broker_name, g.epoch), set()).add(g.master_id)
+                states[g.broker_name] = (g.epoch, g.master_id)
+            self.last_states[ns] = states
 
     @property
     def broker_conflicts(self) -> list[str]:
@@ -903,31 +919,22 @@ def adversary_exhaustion(ctx: Ctx) -> None:
     c.wait_in_sync("a")
 
 
-class HealthWatch:
+class HealthWatch(Watch):
     """Samples one broker's /health and resident memory until stopped."""
 
+    name = "health-watch"
+
     def __init__(self, cluster: Cluster, node: str, pid: int) -> None:
+        super().__init__(0.2)
         self.c, self.node, self.pid = cluster, node, pid
-        self.samples = 0
         self.peak_rss = 0
         self.bad: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="health-watch", daemon=True)
 
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(10.0)
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.2):
-            self.samples += 1
-            self.peak_rss = max(self.peak_rss, adversary.rss_bytes(self.pid))
-            state = self.c.health(self.node)
-            if state is None or state.get("status") != "ok":
-                self.bad.append(f"{time.monotonic():.1f}: {state}"[:200])
+    def sample(self) -> None:
+        self.peak_rss = max(self.peak_rss, adversary.rss_bytes(self.pid))
+        state = self.c.health(self.node)
+        if state is None or state.get("status") != "ok":
+            self.bad.append(f"{time.monotonic():.1f}: {state}"[:200])
 
 
 def adversary_disk(ctx: Ctx) -> None:
