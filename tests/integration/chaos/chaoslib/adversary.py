@@ -220,11 +220,13 @@ async def fake_groups(host: str, port: int, topic: str, groups: int) -> str:
     )
 
 
-def rss_bytes(pid: int) -> int:
-    """Resident memory of a process (0 when it is gone)."""
+def rss_bytes(pid: int, kind: str = "RssAnon") -> int:
+    """Resident memory of a process (0 when it is gone): by default the anonymous part,
+    what buffering grows, without the commitlog's mapped pages, which count in the
+    total (``VmRSS``) as the log grows."""
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
+            if line.startswith(f"{kind}:"):
                 return int(line.split()[1]) * 1024
     except OSError:
         pass

@@ -899,8 +899,9 @@ def adversary_exhaustion(ctx: Ctx) -> None:
         c.fault("end", "adversary-exhaustion", node=master, group="a")
     grown = watch.peak_rss - rss_before
     peak = watch.peak_rss >> 20
-    c.history.write("note", text=f"exhaustion: {master}'s memory grew by {grown >> 20} MiB "
-                    f"(peak {peak} MiB); {watch.samples} health samples")  # fmt: skip
+    c.history.write("note", text=f"exhaustion: {master}'s anonymous memory grew by "
+                    f"{grown >> 20} MiB (peak {peak} MiB, {watch.peak_total >> 20} MiB with "
+                    f"mapped files); {watch.samples} samples")  # fmt: skip
     c.check("exhaustion: health stayed ok", not watch.bad,
             "; ".join(watch.bad[:3]) or f"{watch.samples} samples ok")  # fmt: skip
     c.check("exhaustion: memory bounded", grown < 256 << 20,
@@ -928,10 +929,12 @@ class HealthWatch(Watch):
         super().__init__(0.2)
         self.c, self.node, self.pid = cluster, node, pid
         self.peak_rss = 0
+        self.peak_total = 0
         self.bad: list[str] = []
 
     def sample(self) -> None:
         self.peak_rss = max(self.peak_rss, adversary.rss_bytes(self.pid))
+        self.peak_total = max(self.peak_total, adversary.rss_bytes(self.pid, "VmRSS"))
         state = self.c.health(self.node)
         if state is None or state.get("status") != "ok":
             self.bad.append(f"{time.monotonic():.1f}: {state}"[:200])
