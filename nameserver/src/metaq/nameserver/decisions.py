@@ -63,10 +63,6 @@ def _id(view: BrokerView) -> int:
     return view.state.key.broker_id
 
 
-def _most_advanced(view: BrokerView) -> tuple[int, int, int]:
-    return (view.state.epoch, view.state.commitlog_max_offset, -_id(view))
-
-
 class Decider:
     """The leader's memory between rounds: when groups and masters were seen, what was said.
 

@@ -196,8 +196,9 @@ def _frame(frame_type: FrameType, request_id: int, header: bytes) -> bytes:
     return b"".join(bytes(part) for part in encode_frame(frame_type, request_id, header))
 
 
-async def fake_groups(host: str, port: int, topic: str, groups: int) -> str:
-    """COMMIT_OFFSET for ``groups`` consumer groups nobody runs, pipelined in batches."""
+async def fake_groups(host: str, port: int, topic: str, groups: int) -> tuple[int, str]:
+    """COMMIT_OFFSET for ``groups`` consumer groups nobody runs, pipelined in batches:
+    how many were accepted, and an account with the first refusal."""
     client = await DataClient.connect(host, port)
     refused, reason = 0, ""
     try:
@@ -215,7 +216,8 @@ async def fake_groups(host: str, port: int, topic: str, groups: int) -> str:
                     reason = reason or f"{type(outcome).__name__}: {str(outcome)[:120]}"
     finally:
         await client.close()
-    return f"{groups - refused} of {groups} fake groups' commits accepted" + (
+    accepted = groups - refused
+    return accepted, f"{accepted} of {groups} fake groups' commits accepted" + (
         f"; refused: {reason}" if reason else ""
     )
 

@@ -868,8 +868,9 @@ def adversary_takeover(ctx: Ctx) -> None:
 
 def adversary_exhaustion(ctx: Ctx) -> None:
     """Against group a's master: thousands of idle connections, pipelined PULLs never
-    read, frames declared near the size limit, and 50,000 made-up consumer groups; then
-    a failover, whose promotion writes the offsets table those groups grew."""
+    read, frames declared near the size limit, and 120,000 made-up consumer groups (past
+    the broker's limit); then a failover, whose promotion journals the offsets table
+    those groups grew."""
     c = ctx.cluster
     for group in GROUPS:
         c.wait_in_sync(group)
@@ -888,9 +889,12 @@ def adversary_exhaustion(ctx: Ctx) -> None:
             flood.idle(host, port, 3000),
             flood.unread_pulls(host, port, "chaos-a", connections=3, pulls=2000),
             flood.huge_frames(host, port, connections=8, body_bytes=1 << 20),
-            asyncio.run(adversary.fake_groups(host, port, "chaos-a", 50_000)),
         ):
             c.history.write("note", text=f"exhaustion: {answer}")
+        # Past the broker's max_consumer_groups (100,000): the rest are refused.
+        accepted, answer = asyncio.run(adversary.fake_groups(host, port, "chaos-a", 120_000))
+        c.history.write("note", text=f"exhaustion: {answer}")
+        c.check("exhaustion: the consumer group limit held", accepted <= 100_000, answer)
         c.wait_acked("a", 200, 30.0, since=start)
         ctx.hold(10.0)  # the attack stays in place while the workload goes on
     finally:
@@ -1135,7 +1139,7 @@ SCENARIOS: dict[int, Scenario] = {
                  summary="forged registration, switchover, unregistration and replica fetch"),
         Scenario(15, "adversary-exhaustion", adversary_exhaustion,
                  producers=high_rate_producers, expect={"quiet_groups": ["b"]},
-                 summary="idle connections, unread pulls, huge frames, 50,000 fake groups"),
+                 summary="idle connections, unread pulls, huge frames, 120,000 fake groups"),
         Scenario(16, "adversary-disk", adversary_disk,
                  ClusterSpec(small_disks=("a0", "a1"),
                              settings=(*ClusterSpec().settings, "store.clean_interval_s=1")),
