@@ -17,6 +17,11 @@ undispatched), and a frame that arrives in pieces first reserves its whole size 
 the broker-wide :class:`~metaq.broker.limits.RequestBudget`; until it gets it, the
 connection is not read either. So neither pipelining nor announced-but-unsent frames
 let one peer hold more than a bounded share of the broker's memory.
+
+Nor of its time: one read's frames are handled for at most ``TURN_S`` of the loop's
+turn; the rest wait, the connection unread, for the next turn, so a read of thousands of
+pipelined PULLs (each a commitlog slice to cut) cannot stall every other connection and
+the HTTP health check behind it.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import contextlib
 import itertools
 import logging
 import socket
+import time
 from collections.abc import Callable, Mapping
 from typing import Final, Protocol, cast
 
@@ -45,6 +51,10 @@ from metaq.common.framing import (
 log = logging.getLogger(__name__)
 
 _ids: Final = itertools.count(1)
+TURN_S: Final = 0.005
+"""How long one connection's frames may be handled before the loop serves the others.
+Sends and small requests never reach it (a read of them takes well under a
+millisecond); a burst of large pulls does."""
 
 
 class Responder(Protocol):
@@ -101,7 +111,8 @@ class Connection(asyncio.Protocol):
         self._closed = False
         self._loop = asyncio.get_running_loop()
         # Why reading is paused: "writes" (the peer does not read), "budget" (waiting to
-        # reserve the incomplete frame); read again once there is no reason left.
+        # reserve the incomplete frame), "turn" (frames of a read wait for the next
+        # turn); read again once there is no reason left.
         self._blocked: set[str] = set()
         self._writing_paused = False
         # Frames read but not dispatched while the peer does not read its answers.
@@ -241,6 +252,8 @@ class Connection(asyncio.Protocol):
 
     def _handle(self, frames: list[Frame]) -> None:
         self._in_read = True
+        # time.monotonic, not the loop's clock: uvloop's stands still within a turn.
+        deadline = time.monotonic() + TURN_S
         try:
             for at, frame in enumerate(frames):
                 if self._closed:
@@ -250,10 +263,24 @@ class Connection(asyncio.Protocol):
                 if self._writing_paused:
                     self._stash = frames[at:]
                     break
+                if at and time.monotonic() > deadline:
+                    self._stash = frames[at:]
+                    self._block("turn")
+                    self._loop.call_soon(self._next_turn)
+                    break
                 self._dispatch(frame)
         finally:
             self._in_read = False
         self._flush(to_request=True)
+
+    def _next_turn(self) -> None:
+        """Handle what a read left for the next turn (unless the peer stopped reading)."""
+        if self._closed:
+            return
+        self._unblock("turn")
+        if self._stash and not self._writing_paused:
+            frames, self._stash = self._stash, []
+            self._handle(frames)
 
     # --- Responder --------------------------------------------------------------------
 
