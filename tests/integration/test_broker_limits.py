@@ -619,11 +619,12 @@ def test_a_stalled_large_frame_is_dropped_in_seconds_and_a_steady_one_is_not(
     start_broker: StartBroker,
 ) -> None:
     mib = 1024 * 1024
+    rate = 256 * 1024
     broker = start_broker(
         *("--set", f"max_frame_bytes={8 * mib}", "--set", f"max_pull_bytes={mib}"),
         *("--set", f"store.max_message_bytes={6 * mib}"),
         *("--set", f"store.commitlog_segment_bytes={16 * mib}"),
-        *("--set", "request_arrival_window_s=1", "--set", f"min_request_bytes_per_s={mib}"),
+        *("--set", "request_arrival_window_s=1", "--set", f"min_request_bytes_per_s={rate}"),
     )  # idle_timeout_s stays 120
     run_async(put_topic(broker.http_url, "Big", read_queues=1, write_queues=1))
     frame = big_send(1, 6 * mib)
@@ -633,13 +634,13 @@ def test_a_stalled_large_frame_is_dropped_in_seconds_and_a_steady_one_is_not(
         error = closing_error(stalled, timeout_s=30.0)
     took = time.monotonic() - started
     assert error.code == ErrorCode.MALFORMED_FRAME, error
-    assert f"min_request_bytes_per_s={mib}" in error.message, error
+    assert f"min_request_bytes_per_s={rate}" in error.message, error
     assert took < 10.0, f"the stalled frame held its reservation for {took:.1f} s"
     metrics = run_async(scrape(broker.http_url))
     assert metrics[("metaq_connections_too_slow_total", ())] == 1
     assert metrics[("metaq_request_bytes_reserved", ())] == 0
 
-    # 4 MiB/s, steadily: over the rate in every window, the frame goes through whole.
+    # 4 MiB/s, steadily: well over the rate in every window, the frame arrives whole.
     with socket.create_connection((broker.data_host, broker.data_port)) as steady:
         for at in range(0, len(frame), 256 * 1024):
             steady.sendall(frame[at : at + 256 * 1024])
