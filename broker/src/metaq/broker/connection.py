@@ -87,7 +87,7 @@ class Connection(asyncio.Protocol):
         max_frame_bytes: int,
         budget: RequestBudget,
         max_write_bytes: int,
-        max_inflight: int = 4096,
+        max_inflight: int,
     ) -> None:
         self.connection_id = next(_ids)
         self.peer = "?"
