@@ -3,7 +3,7 @@ the broker-wide budget of incomplete request frames."""
 
 from __future__ import annotations
 
-from metaq.broker.limits import RequestBudget, connection_room, open_fds
+from metaq.broker.limits import RequestBudget, connection_room, open_fds, too_slow
 
 MIB = 1024 * 1024
 
@@ -84,3 +84,34 @@ def test_a_waiter_that_left_is_never_granted() -> None:
 
     assert log == []
     assert (budget.used, budget.waiting) == (0, 0)
+
+
+def test_large_frames_leave_the_small_reserve_to_small_ones() -> None:
+    log: list[str] = []
+    budget = RequestBudget(10 * MIB, small_reserve_bytes=2 * MIB, small_max_bytes=MIB)
+    stalled, large, small, medium = (Peer(n, log) for n in ("stalled", "large", "small", "medium"))
+    assert budget.reserve(stalled, 8 * MIB)
+    assert not budget.reserve(large, 2 * MIB)  # would eat into the reserve
+    assert not budget.reserve(medium, MIB + 1)  # larger than a small frame: waits too
+
+    assert budget.reserve(small, MIB)
+    assert budget.reserve(small, MIB)
+    assert budget.used == 10 * MIB
+    assert not budget.reserve(small, 1)  # the reserve is full too
+
+    budget.release(8 * MIB)
+
+    assert log == ["large", "medium", "small"]
+
+
+def test_a_frame_is_too_slow_only_after_a_whole_window_below_the_rate() -> None:
+    kib = 1024
+    # Nothing at all, but the window is not over yet.
+    assert not too_slow(0, 4.9, 64 * kib, 5.0)
+    assert too_slow(0, 5.0, 64 * kib, 5.0)
+    assert too_slow(64 * kib * 5 - 1, 5.0, 64 * kib, 5.0)
+    assert not too_slow(64 * kib * 5, 5.0, 64 * kib, 5.0)
+    # A late sweep judges the longer window it saw.
+    assert too_slow(64 * kib * 5, 6.0, 64 * kib, 5.0)
+    # 0 turns the check off.
+    assert not too_slow(0, 100.0, 0, 5.0)

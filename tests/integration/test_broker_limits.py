@@ -178,6 +178,104 @@ def test_peers_that_never_read_cannot_grow_the_broker_or_stall_others(
             hog.close()
 
 
+def long_polls(topic: str, first_id: int, count: int) -> bytes:
+    """``count`` pipelined PULLs at the (empty) queue's end, each asking to be parked."""
+    frames: list[bytes] = []
+    for request_id in range(first_id, first_id + count):
+        header = PullRequest(
+            topic=topic, queue_id=0, offset=0, long_poll_timeout_ms=60_000
+        ).SerializeToString()
+        frames += (bytes(p) for p in encode_frame(FrameType.PULL, request_id, header))
+    return b"".join(frames)
+
+
+def pull_answers(sock: socket.socket, count: int) -> list[PullResponse]:
+    decoder = FrameDecoder()
+    sock.settimeout(30.0)
+    answers: list[PullResponse] = []
+    while len(answers) < count:
+        chunk = sock.recv(1 << 20)
+        assert chunk, f"the broker closed the connection after {len(answers)} answers"
+        for frame in decoder.feed(chunk):
+            assert not frame.is_error, ErrorResponse.FromString(frame.header)
+            answers.append(PullResponse.FromString(frame.header))
+    return answers
+
+
+def test_parked_long_polls_are_bounded_per_connection_and_broker_wide(
+    start_broker: StartBroker,
+) -> None:
+    broker = start_broker(
+        *("--set", "max_connection_inflight_requests=100", "--set", "max_parked_pulls=150"),
+        *("--set", "long_poll_max_ms=60000"),
+    )
+    run_async(put_topic(broker.http_url, "Parked", read_queues=1, write_queues=1))
+
+    def metric(name: str) -> float | None:
+        return run_async(scrape(broker.http_url)).get((name, ()))
+
+    with (
+        socket.create_connection((broker.data_host, broker.data_port)) as hog,
+        socket.create_connection((broker.data_host, broker.data_port)) as late,
+    ):
+        # 1000 long polls on one connection: a tenth are taken, the rest not read.
+        hog.sendall(long_polls("Parked", 1, 1000))
+        wait_until(
+            lambda: (
+                metric("metaq_connections_at_inflight_cap") == 1
+                and metric("metaq_long_polls_parked") == 100
+            ),
+            10.0,
+            "the hog's connection stops being read at 100 parked pulls",
+            poll_s=0.05,
+        )
+        # Another 100 on a second connection: 50 fit under max_parked_pulls, the others
+        # are answered at once with nothing, so their consumer asks again.
+        late.sendall(long_polls("Parked", 1, 100))
+        answered = pull_answers(late, 50)
+        assert {a.status for a in answered} == {PullResponse.NO_MESSAGE_IN_QUEUE}, answered
+        wait_until(
+            lambda: (
+                metric("metaq_long_polls_parked") == 150
+                and metric("metaq_pulls_not_parked_total") == 50
+            ),
+            10.0,
+            "150 pulls parked and 50 answered at once",
+            poll_s=0.05,
+        )
+
+        async def others_served() -> None:
+            client = await connect(broker)
+            try:
+                sent = await client.send("Parked", 0, [encode("Parked", b"wake", queue_id=0)])
+                assert sent.status == SendResponse.OK, sent
+
+                async def read() -> bool:
+                    # Not parked while the broker is at max_parked_pulls: asks again.
+                    response, _ = await client.pull("Parked", 0, 0, long_poll_timeout_ms=5000)
+                    return response.record_count == 1
+
+                await wait_until_async(read, 10.0, "another consumer reads the record")
+            finally:
+                await client.close()
+
+        run_async(others_served())
+        # The record wakes the parked pulls; as the hog's are answered its connection is
+        # read again, down to its last request.
+        hogged = pull_answers(hog, 1000)
+        assert {a.status for a in hogged} == {PullResponse.FOUND}
+        assert [a.status for a in pull_answers(late, 50)] == [PullResponse.FOUND] * 50
+        wait_until(
+            lambda: (
+                metric("metaq_connections_at_inflight_cap") == 0
+                and metric("metaq_long_polls_parked") == 0
+            ),
+            10.0,
+            "nothing is parked and no connection is held",
+            poll_s=0.05,
+        )
+
+
 # ------------------------------------------------------------------------------------------
 # too many connections, idle connections
 
@@ -347,9 +445,9 @@ def big_send(request_id: int, body_bytes: int) -> bytes:
     return b"".join(bytes(p) for p in encode_frame(FrameType.SEND, request_id, header, [record]))
 
 
-def read_answer(sock: socket.socket) -> SendResponse:
+def read_answer(sock: socket.socket, timeout_s: float = 30.0) -> SendResponse:
     decoder = FrameDecoder()
-    sock.settimeout(30.0)
+    sock.settimeout(timeout_s)
     while True:
         frames = decoder.feed(sock.recv(65536))
         if frames:
@@ -361,7 +459,8 @@ def test_announced_frames_share_one_budget_and_the_rest_wait(start_broker: Start
     mib = 1024 * 1024
     broker = start_broker(
         *("--set", f"max_frame_bytes={8 * mib}", "--set", f"max_pull_bytes={mib}"),
-        *("--set", f"max_buffered_request_bytes={8 * mib}"),
+        # Large frames may use what the small ones' 16 MiB leave: 8 MiB, one at a time.
+        *("--set", f"max_buffered_request_bytes={24 * mib}"),
         *("--set", f"store.max_message_bytes={6 * mib}"),
         *("--set", f"store.commitlog_segment_bytes={16 * mib}"),
     )
@@ -445,3 +544,105 @@ def test_a_busy_connection_whose_frames_arrive_split_is_not_closed(
             writer.close()
 
     run_async(scenario())
+
+
+def stalled_frame(broker: BrokerProcess, frame: bytes, sent_bytes: int) -> socket.socket:
+    """A connection that announced ``frame`` and sent only its first ``sent_bytes``."""
+    sock = socket.create_connection((broker.data_host, broker.data_port))
+    sock.sendall(frame[:sent_bytes])
+    return sock
+
+
+def closing_error(sock: socket.socket, timeout_s: float) -> ErrorResponse:
+    """The connection error the broker sends before it closes ``sock``."""
+    decoder = FrameDecoder()
+    sock.settimeout(timeout_s)
+    frames: list[Frame] = []
+    while True:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        frames += decoder.feed(chunk)
+    assert [f.type for f in frames] == [FrameType.CONNECTION], frames
+    return ErrorResponse.FromString(frames[0].header)
+
+
+def test_peers_that_announce_large_frames_and_stall_cannot_stall_small_split_frames(
+    start_broker: StartBroker,
+) -> None:
+    mib = 1024 * 1024
+    # 24 MiB of request budget, of which the default 16 MiB only frames of at most 1 MiB
+    # may take: three stalled 8 MiB frames would have filled all of it.
+    broker = start_broker(
+        *("--set", f"max_frame_bytes={8 * mib}", "--set", f"max_pull_bytes={mib}"),
+        *("--set", f"max_buffered_request_bytes={24 * mib}"),
+        *("--set", f"store.max_message_bytes={6 * mib}"),
+        *("--set", f"store.commitlog_segment_bytes={16 * mib}"),
+    )
+    run_async(put_topic(broker.http_url, "Big", read_queues=1, write_queues=1))
+    large = big_send(1, 6 * mib)
+
+    def budget() -> tuple[float, float]:
+        metrics = run_async(scrape(broker.http_url))
+        return (
+            metrics[("metaq_request_bytes_reserved", ())],
+            metrics[("metaq_connections_waiting_for_budget", ())],
+        )
+
+    stalled = [stalled_frame(broker, large, mib) for _ in range(3)]
+    try:
+
+        def seen() -> bool:
+            reserved, waiting = budget()
+            return reserved // len(large) + waiting == 3
+
+        wait_until(seen, 10.0, "the broker saw the three large frames", poll_s=0.05)
+        # One holds the room large frames may use; the others wait for it.
+        assert budget() == (len(large), 2)
+        small = big_send(1, 512 * 1024)
+        with socket.create_connection((broker.data_host, broker.data_port)) as sock:
+            sock.sendall(small[: len(small) // 2])
+            wait_until(
+                lambda: budget()[0] == len(large) + len(small),
+                10.0,
+                "the split small frame is reserved from the small frames' room",
+                poll_s=0.05,
+            )
+            sock.sendall(small[len(small) // 2 :])
+            assert read_answer(sock, timeout_s=10.0).status == SendResponse.OK
+    finally:
+        for sock in stalled:
+            sock.close()
+
+
+def test_a_stalled_large_frame_is_dropped_in_seconds_and_a_steady_one_is_not(
+    start_broker: StartBroker,
+) -> None:
+    mib = 1024 * 1024
+    rate = 256 * 1024
+    broker = start_broker(
+        *("--set", f"max_frame_bytes={8 * mib}", "--set", f"max_pull_bytes={mib}"),
+        *("--set", f"store.max_message_bytes={6 * mib}"),
+        *("--set", f"store.commitlog_segment_bytes={16 * mib}"),
+        *("--set", "request_arrival_window_s=1", "--set", f"min_request_bytes_per_s={rate}"),
+    )  # idle_timeout_s stays 120
+    run_async(put_topic(broker.http_url, "Big", read_queues=1, write_queues=1))
+    frame = big_send(1, 6 * mib)
+
+    started = time.monotonic()
+    with stalled_frame(broker, frame, mib) as stalled:
+        error = closing_error(stalled, timeout_s=30.0)
+    took = time.monotonic() - started
+    assert error.code == ErrorCode.MALFORMED_FRAME, error
+    assert f"min_request_bytes_per_s={rate}" in error.message, error
+    assert took < 10.0, f"the stalled frame held its reservation for {took:.1f} s"
+    metrics = run_async(scrape(broker.http_url))
+    assert metrics[("metaq_connections_too_slow_total", ())] == 1
+    assert metrics[("metaq_request_bytes_reserved", ())] == 0
+
+    # 4 MiB/s, steadily: well over the rate in every window, the frame arrives whole.
+    with socket.create_connection((broker.data_host, broker.data_port)) as steady:
+        for at in range(0, len(frame), 256 * 1024):
+            steady.sendall(frame[at : at + 256 * 1024])
+            time.sleep(0.0625)  # pacing the sender, not waiting for the broker
+        assert read_answer(steady, timeout_s=10.0).status == SendResponse.OK

@@ -87,7 +87,29 @@ class BrokerConfig:
     max_buffered_request_bytes: int = 256 * MIB
     """Bytes of partly received request frames all connections may hold together; a
     connection whose next frame does not fit stops being read until others finish
-    theirs. At least ``max_frame_bytes``."""
+    theirs. At least ``max_frame_bytes`` plus ``small_request_reserve_bytes``."""
+    small_request_reserve_bytes: int = 16 * MIB
+    """The part of ``max_buffered_request_bytes`` only frames of at most
+    ``small_request_max_bytes`` may reserve: peers that announce large frames and stall
+    cannot take the room every ordinary request needs. 0 gives large frames all of it."""
+    small_request_max_bytes: int = MIB
+    """Frames up to this size (prefix included) may use ``small_request_reserve_bytes``."""
+    min_request_bytes_per_s: int = 64 * 1024
+    """An incomplete frame must arrive at least this fast, judged over every
+    ``request_arrival_window_s``; a slower one's connection is closed with an error
+    saying so, which frees its reservation in seconds rather than ``idle_timeout_s``.
+    0 turns the check off."""
+    request_arrival_window_s: float = 5.0
+    """How long an incomplete frame is given each time to show it arrives at
+    ``min_request_bytes_per_s``."""
+    max_connection_inflight_requests: int = 4096
+    """Requests of one connection that may await an answer at once (parked long polls,
+    sends waiting for fsync or slaves); past this the connection is not read until
+    answers go out. Generous for pipelining clients; bounds what one peer parks."""
+    max_parked_pulls: int = 100_000
+    """Long polls parked broker-wide; past this a PULL that finds nothing is answered at
+    once with its empty status (the consumer polls again) and counted in
+    ``metaq_pulls_not_parked_total``."""
     max_connection_write_bytes: int = 16 * MIB
     """Answers queued for one connection whose peer does not read them; past this the
     broker stops reading that connection's requests until the peer catches up."""
@@ -210,12 +232,30 @@ class BrokerConfig:
             problems.append("idle_timeout_s must be 0 (off) or positive")
         if self.fd_reserve < 64:
             problems.append("fd_reserve must be at least 64 (the store's own files need them)")
-        if self.max_buffered_request_bytes < self.max_frame_bytes:
+        if self.small_request_reserve_bytes < 0:
+            problems.append("small_request_reserve_bytes must be 0 (off) or positive")
+        if self.max_buffered_request_bytes < self.max_frame_bytes + max(
+            self.small_request_reserve_bytes, 0
+        ):
             problems.append(
                 f"max_buffered_request_bytes={self.max_buffered_request_bytes} must be at "
-                f"least max_frame_bytes={self.max_frame_bytes}, or a whole frame could never "
-                "be received"
+                f"least max_frame_bytes={self.max_frame_bytes} plus "
+                f"small_request_reserve_bytes={self.small_request_reserve_bytes}, or a whole "
+                "large frame could never be received: raise it or lower the others"
             )
+        if not 0 < self.small_request_max_bytes <= self.max_frame_bytes:
+            problems.append(
+                f"small_request_max_bytes={self.small_request_max_bytes} must be positive "
+                f"and at most max_frame_bytes={self.max_frame_bytes}"
+            )
+        if self.min_request_bytes_per_s < 0:
+            problems.append("min_request_bytes_per_s must be 0 (off) or positive")
+        if self.request_arrival_window_s <= 0:
+            problems.append("request_arrival_window_s must be positive")
+        if self.max_connection_inflight_requests <= 0:
+            problems.append("max_connection_inflight_requests must be positive")
+        if self.max_parked_pulls < 0:
+            problems.append("max_parked_pulls must be 0 (never park) or positive")
         if self.max_connection_write_bytes < 64 * 1024:
             problems.append("max_connection_write_bytes must be at least 65536")
         if not 0 <= self.idle_poll_us <= 10_000:

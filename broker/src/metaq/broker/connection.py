@@ -13,8 +13,10 @@ frame for that request and the connection goes on.
 
 Flow control: a peer that does not read its answers stops being read once
 ``max_connection_write_bytes`` of them wait in the transport (frames already read wait
-undispatched), and a frame that arrives in pieces first reserves its whole size from
-the broker-wide :class:`~metaq.broker.limits.RequestBudget`; until it gets it, the
+undispatched), as does one with ``max_connection_inflight_requests`` requests awaiting
+an answer (parked long polls answer nothing for a long time, so the write limit alone
+would never stop them); and a frame that arrives in pieces first reserves its whole size
+from the broker-wide :class:`~metaq.broker.limits.RequestBudget`; until it gets it, the
 connection is not read either. So neither pipelining nor announced-but-unsent frames
 let one peer hold more than a bounded share of the broker's memory.
 
@@ -95,6 +97,7 @@ class Connection(asyncio.Protocol):
         max_frame_bytes: int,
         budget: RequestBudget,
         max_write_bytes: int,
+        max_inflight: int,
     ) -> None:
         self.connection_id = next(_ids)
         self.peer = "?"
@@ -103,6 +106,8 @@ class Connection(asyncio.Protocol):
         self._decoder = FrameDecoder(max_frame_bytes)
         self._budget = budget
         self._max_write_bytes = max_write_bytes
+        self._max_inflight = max_inflight
+        self._resume_scheduled = False
         self._transport: asyncio.Transport | None = None
         self._out: list[Buffer] = []
         self._out_bytes = 0
@@ -111,11 +116,13 @@ class Connection(asyncio.Protocol):
         self._closed = False
         self._loop = asyncio.get_running_loop()
         # Why reading is paused: "writes" (the peer does not read), "budget" (waiting to
-        # reserve the incomplete frame), "turn" (frames of a read wait for the next
-        # turn); read again once there is no reason left.
+        # reserve the incomplete frame), "inflight" (max_inflight requests await
+        # answers), "turn" (frames of a read wait for the next turn); read again once
+        # there is no reason left.
         self._blocked: set[str] = set()
         self._writing_paused = False
-        # Frames read but not dispatched while the peer does not read its answers.
+        # Frames read but not dispatched while the peer does not read its answers or has
+        # max_inflight requests awaiting answers.
         self._stash: list[Frame] = []
         self._reserved = 0
         self._wanted = 0
@@ -127,6 +134,10 @@ class Connection(asyncio.Protocol):
         awaited answer went out."""
         self.frame_started = 0.0
         """Loop time the incomplete frame got its reservation (0: none)."""
+        self.window_started = 0.0
+        self.window_bytes = 0
+        """Since when, and from how many buffered bytes on, the incomplete frame's arrival
+        rate is being judged (see :meth:`arrived_in_window`)."""
         self.lost = self._loop.create_future()
         """Resolves once the transport is gone (for a bounded shutdown)."""
 
@@ -176,12 +187,7 @@ class Connection(asyncio.Protocol):
     def resume_writing(self) -> None:
         self._writing_paused = False
         self.last_active = self._loop.time()
-        if self._closed:
-            return
-        self._unblock("writes")
-        if self._stash:
-            frames, self._stash = self._stash, []
-            self._handle(frames)
+        self._resume("writes")
 
     def data_received(self, data: bytes) -> None:
         if self._closed:
@@ -220,7 +226,7 @@ class Connection(asyncio.Protocol):
             self._transport.resume_reading()
             if self._reserved:
                 # Time spent unread is not the peer's: its frame's clock starts again.
-                self.frame_started = self._loop.time()
+                self._frame_clock_starts()
 
     def _reserve_partial(self, new_frame: bool) -> None:
         """Hold a reservation for exactly the incomplete frame, if any; ``new_frame``
@@ -237,7 +243,7 @@ class Connection(asyncio.Protocol):
         if need:
             if self._budget.reserve(self, need):
                 self._reserved = need
-                self.frame_started = self._loop.time()
+                self._frame_clock_starts()
             else:
                 self._wanted = need
                 self._block("budget")
@@ -247,8 +253,22 @@ class Connection(asyncio.Protocol):
     def granted(self) -> None:
         """The budget reserved the incomplete frame: read its rest."""
         self._reserved, self._wanted = self._wanted, 0
-        self.frame_started = self._loop.time()
+        self._frame_clock_starts()
         self._unblock("budget")
+
+    def _frame_clock_starts(self) -> None:
+        self.frame_started = self.window_started = self._loop.time()
+        self.window_bytes = self._decoder.buffered
+
+    def arrived_in_window(self, now: float) -> tuple[int, float]:
+        """Bytes of the incomplete frame that arrived since its arrival window started,
+        and the window's length so far; the caller judges them, then the window starts
+        again at ``now`` by :meth:`next_window`."""
+        return self._decoder.buffered - self.window_bytes, now - self.window_started
+
+    def next_window(self, now: float) -> None:
+        self.window_started = now
+        self.window_bytes = self._decoder.buffered
 
     def _handle(self, frames: list[Frame]) -> None:
         self._in_read = True
@@ -263,21 +283,27 @@ class Connection(asyncio.Protocol):
                 if self._writing_paused:
                     self._stash = frames[at:]
                     break
+                if self.unanswered >= self._max_inflight:
+                    # Parked answers may take a minute: read no more until some go out.
+                    self._stash = frames[at:]
+                    self._block("inflight")
+                    break
                 if at and time.monotonic() > deadline:
                     self._stash = frames[at:]
                     self._block("turn")
-                    self._loop.call_soon(self._next_turn)
+                    self._loop.call_soon(self._resume, "turn")
                     break
                 self._dispatch(frame)
         finally:
             self._in_read = False
         self._flush(to_request=True)
 
-    def _next_turn(self) -> None:
-        """Handle what a read left for the next turn (unless the peer stopped reading)."""
+    def _resume(self, reason: str) -> None:
+        """``reason`` to stop reading is gone: handle what was read meanwhile (unless the
+        peer still does not read its answers)."""
         if self._closed:
             return
-        self._unblock("turn")
+        self._unblock(reason)
         if self._stash and not self._writing_paused:
             frames, self._stash = self._stash, []
             self._handle(frames)
@@ -298,11 +324,23 @@ class Connection(asyncio.Protocol):
                 # Idle time counts from the last answer too: a long poll answered after
                 # more than idle_timeout_s leaves its peer time for the next request.
                 self.last_active = self._loop.time()
+            if (
+                "inflight" in self._blocked
+                and self.unanswered < self._max_inflight
+                and not self._resume_scheduled
+            ):
+                # Not from inside respond: the handler answering may be mid-way.
+                self._resume_scheduled = True
+                self._loop.call_soon(self._resume_inflight)
         self._out += parts
         self._out_bytes += sum(map(len, parts))
         if not self._in_read and not self._flush_scheduled:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
+
+    def _resume_inflight(self) -> None:
+        self._resume_scheduled = False
+        self._resume("inflight")
 
     # --- internals --------------------------------------------------------------------
 

@@ -4,8 +4,9 @@ Connections are the one resource peers can multiply at will. Each costs a file
 descriptor, and a descriptor the store cannot get (a new consume-queue file, the
 checkpoint) kills the thread that needed it; each may also hold a partly received frame
 of up to ``max_frame_bytes``. :func:`connection_room` keeps connections clear of the
-descriptors the broker needs itself, and :class:`RequestBudget` caps the bytes of
-incomplete frames across all connections.
+descriptors the broker needs itself, :class:`RequestBudget` caps the bytes of
+incomplete frames across all connections, and :func:`too_slow` tells a frame that
+trickles in (holding its reservation) from one that is arriving.
 """
 
 from __future__ import annotations
@@ -62,18 +63,30 @@ class Waiter(Protocol):
 class RequestBudget:
     """Bytes of incomplete request frames, reserved whole when a frame's prefix arrives.
 
-    A frame that fits is reserved at once, even while larger ones wait: a peer that
-    announces a huge frame and stalls must not hold up everyone's small ones. Those that
-    do not fit wait (their connection is not read) and are served in arrival order as
-    room frees, each one that fits. A holder can always finish its frame and the cap is
-    at least one frame, so waiting ends once holders' peers send what they announced
-    (or the idle timeout closes them).
+    A frame that fits is reserved at once, even while larger ones wait. Those that do
+    not fit wait (their connection is not read) and are served in arrival order as room
+    frees, each one that fits. A holder can always finish its frame and the cap is at
+    least one frame, so waiting ends once holders' peers send what they announced (or
+    the arrival-rate check or the idle timeout closes them).
+
+    The last ``small_reserve_bytes`` may be reserved only by frames of at most
+    ``small_max_bytes``: peers that announce huge frames and stall fill at most the
+    rest, so everyone's small requests, which arrive in pieces too, still go at once.
     """
 
-    def __init__(self, max_bytes: int) -> None:
+    def __init__(
+        self, max_bytes: int, small_reserve_bytes: int = 0, small_max_bytes: int = 0
+    ) -> None:
         self.max_bytes = max_bytes
+        self.small_max_bytes = small_max_bytes
+        self.large_max_bytes = max_bytes - small_reserve_bytes
+        """What frames larger than ``small_max_bytes`` may hold together."""
         self.used = 0
         self._waiting: deque[tuple[Waiter, int]] = deque()
+
+    def _fits(self, nbytes: int) -> bool:
+        cap = self.max_bytes if nbytes <= self.small_max_bytes else self.large_max_bytes
+        return self.used + nbytes <= cap
 
     @property
     def waiting(self) -> int:
@@ -81,7 +94,7 @@ class RequestBudget:
 
     def reserve(self, waiter: Waiter, nbytes: int) -> bool:
         """Reserve at once and return True, or queue ``waiter`` and return False."""
-        if self.used + nbytes <= self.max_bytes:
+        if self._fits(nbytes):
             self.used += nbytes
             return True
         self._waiting.append((waiter, nbytes))
@@ -94,7 +107,7 @@ class RequestBudget:
         still: deque[tuple[Waiter, int]] = deque()
         granted: list[Waiter] = []
         for waiter, wanted in self._waiting:
-            if self.used + wanted <= self.max_bytes:
+            if self._fits(wanted):
                 self.used += wanted
                 granted.append(waiter)
             else:
@@ -106,3 +119,14 @@ class RequestBudget:
     def forget(self, waiter: Waiter) -> None:
         """``waiter`` went away before its turn."""
         self._waiting = deque(entry for entry in self._waiting if entry[0] is not waiter)
+
+
+def too_slow(
+    arrived_bytes: int, window_s: float, min_bytes_per_s: int, window_length_s: float
+) -> bool:
+    """Whether a frame that got ``arrived_bytes`` more in the last ``window_s`` seconds
+    fell below ``min_bytes_per_s``; judged only once a whole window of
+    ``window_length_s`` has passed, so a frame's first bytes get time to come."""
+    if not min_bytes_per_s or window_s < window_length_s:
+        return False
+    return arrived_bytes < min_bytes_per_s * window_s

@@ -74,6 +74,23 @@ class BrokerMetrics:
             "Connections not read until their incomplete frame fits the request budget",
             registry=r,
         )
+        self.connections_too_slow = Counter(
+            "metaq_connections_too_slow",
+            "Data-plane connections closed because a frame arrived slower than "
+            "min_request_bytes_per_s",
+            registry=r,
+        )
+        self.connections_at_inflight_cap = Gauge(
+            "metaq_connections_at_inflight_cap",
+            "Connections not read until some of their max_connection_inflight_requests "
+            "requests are answered",
+            registry=r,
+        )
+        self.pulls_not_parked = Counter(
+            "metaq_pulls_not_parked",
+            "PULLs answered at once with nothing because max_parked_pulls were parked",
+            registry=r,
+        )
         self.idle_polled = Counter(
             "metaq_idle_poll_seconds",
             "Seconds the event loop polled for a next request instead of sleeping (idle_poll_us)",

@@ -130,6 +130,11 @@ class Broker:
             fd_reserve=config.fd_reserve,
             max_buffered_request_bytes=config.max_buffered_request_bytes,
             max_connection_write_bytes=config.max_connection_write_bytes,
+            small_request_reserve_bytes=config.small_request_reserve_bytes,
+            small_request_max_bytes=config.small_request_max_bytes,
+            min_request_bytes_per_s=config.min_request_bytes_per_s,
+            request_arrival_window_s=config.request_arrival_window_s,
+            max_connection_inflight_requests=config.max_connection_inflight_requests,
             nofile=raise_nofile_limit(),
         )
         self._data = DataServer(

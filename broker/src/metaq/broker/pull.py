@@ -4,7 +4,8 @@ A pull that finds records answers with a PullResponse header and, as payload, th
 records exactly as stored: memoryviews of the mapped commitlog handed to
 ``writelines``, so no body is decoded or copied in Python. A pull that finds nothing new
 (the queue's end, or an empty queue) and asks for a long poll is parked in
-:class:`LongPolls` until the dispatcher adds entries to that queue or its time is up.
+:class:`LongPolls` until the dispatcher adds entries to that queue or its time is up;
+once ``max_parked_pulls`` are parked, such a pull is answered at once instead.
 
 A master serves records only up to what every slave that could be elected holds
 (:meth:`GroupRole.readable_end`): a record past that may be cut by a failover and its
@@ -104,6 +105,13 @@ class PullHandler:
             self._answer(pull, result)
             return
         if pull.deadline <= self._loop.time():
+            self._answer(pull, result)
+            return
+        if self.long_polls.parked >= self._config.max_parked_pulls:
+            # Each parked pull holds memory and a timer and answers nothing, so no other
+            # limit sees them pile up: past the cap the consumer is told "nothing yet"
+            # now and asks again.
+            self._metrics.pulls_not_parked.inc()
             self._answer(pull, result)
             return
         self.long_polls.park(pull)

@@ -2,7 +2,9 @@
 
 It also keeps connections within bounds: at most ``max_connections`` (and never so many
 that the store runs out of file descriptors), none idle for longer than
-``idle_timeout_s``, and incomplete request frames within one broker-wide byte budget.
+``idle_timeout_s``, incomplete request frames within one broker-wide byte budget (part
+of it kept for small frames), and none whose incomplete frame arrives slower than
+``min_request_bytes_per_s``.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from dataclasses import dataclass
 
 from metaq.broker.connection import Connection, Handler
 from metaq.broker.idle_poll import IdlePoll
-from metaq.broker.limits import RequestBudget, connection_room, open_fds
+from metaq.broker.limits import RequestBudget, connection_room, open_fds, too_slow
 from metaq.broker.metrics import BrokerMetrics
 from metaq.common.errors import ErrorCode
 from metaq.common.framing import FrameType
@@ -37,6 +39,11 @@ class ConnectionLimits:
     fd_reserve: int = 1024
     max_buffered_request_bytes: int = 256 * 1024 * 1024
     max_connection_write_bytes: int = 16 * 1024 * 1024
+    small_request_reserve_bytes: int = 16 * 1024 * 1024
+    small_request_max_bytes: int = 1024 * 1024
+    min_request_bytes_per_s: int = 64 * 1024
+    request_arrival_window_s: float = 5.0
+    max_connection_inflight_requests: int = 4096
     nofile: int = 1 << 20
     """The soft RLIMIT_NOFILE in force (after raising it)."""
 
@@ -63,7 +70,12 @@ class DataServer:
         self._on_connection_lost = on_connection_lost
         self._idle_poll = idle_poll
         self.limits = limits or ConnectionLimits()
-        self.budget = RequestBudget(max(self.limits.max_buffered_request_bytes, max_frame_bytes))
+        limits = self.limits
+        self.budget = RequestBudget(
+            max(limits.max_buffered_request_bytes, max_frame_bytes),
+            limits.small_request_reserve_bytes,
+            limits.small_request_max_bytes,
+        )
         self.room = self.limits.max_connections
         """Connections taken at once now: ``max_connections`` or fewer, so that
         ``fd_reserve`` descriptors stay free for the store."""
@@ -74,6 +86,9 @@ class DataServer:
         self.connections: set[Connection] = set()
         metrics.request_bytes_reserved.set_function(lambda: self.budget.used)
         metrics.connections_waiting_for_budget.set_function(lambda: self.budget.waiting)
+        metrics.connections_at_inflight_cap.set_function(
+            lambda: sum("inflight" in c.blocked for c in self.connections)
+        )
 
     async def bind(self, host: str, port: int) -> tuple[str, int]:
         loop = asyncio.get_running_loop()
@@ -119,6 +134,7 @@ class DataServer:
             self._max_frame_bytes,
             self.budget,
             self.limits.max_connection_write_bytes,
+            self.limits.max_connection_inflight_requests,
         )
 
     def refresh_room(self, open_now: int | None = None) -> None:
@@ -175,11 +191,10 @@ class DataServer:
     # --- idle connections -------------------------------------------------------------
 
     def close_idle(self, now: float) -> int:
-        """Close connections idle for ``idle_timeout_s``, and those whose incomplete
-        frame has taken that long; return how many."""
+        """Close connections idle for ``idle_timeout_s`` or whose incomplete frame has
+        taken that long (return how many), and those whose frame arrives slower than
+        ``min_request_bytes_per_s``."""
         timeout = self.limits.idle_timeout_s
-        if not timeout:
-            return 0
         closed = 0
         for connection in list(self.connections):
             if connection.closed:
@@ -187,6 +202,10 @@ class DataServer:
             blocked = connection.blocked
             # While the broker itself does not read, the frame cannot arrive: the peer
             # is judged by whether it reads its answers (last_active) instead.
+            if connection.frame_started and not blocked and self._trickles(connection, now):
+                continue  # counted apart: metaq_connections_too_slow
+            if not timeout:
+                continue
             if (
                 connection.frame_started
                 and not blocked
@@ -210,6 +229,28 @@ class DataServer:
             self._metrics.connections_idle_closed.inc(closed)
             log.info("closed %d idle data-plane connections (idle_timeout_s=%g)", closed, timeout)
         return closed
+
+    def _trickles(self, connection: Connection, now: float) -> bool:
+        """Close ``connection`` if its incomplete frame arrived too slowly over the last
+        arrival window: a stalled frame holds its reservation of the request budget."""
+        limits = self.limits
+        arrived, window_s = connection.arrived_in_window(now)
+        if not too_slow(
+            arrived, window_s, limits.min_request_bytes_per_s, limits.request_arrival_window_s
+        ):
+            if window_s >= limits.request_arrival_window_s:
+                connection.next_window(now)
+            return False
+        self._metrics.connections_too_slow.inc()
+        why = (
+            f"a frame of {connection.pending_frame_bytes} bytes arrived at "
+            f"{arrived / window_s:.0f} bytes/s over the last {window_s:.1f} s, below "
+            f"min_request_bytes_per_s={limits.min_request_bytes_per_s}: it holds memory "
+            "other requests need; closing (send whole frames promptly)"
+        )
+        log.info("%s: %s", connection.peer, why)
+        connection.close_with_error(ErrorCode.MALFORMED_FRAME, why)
+        return True
 
     # --- shutdown ---------------------------------------------------------------------
 
@@ -245,8 +286,13 @@ class _Sweeper(PeriodicService):
     name = "connection-sweep"
 
     def __init__(self, server: DataServer) -> None:
-        timeout = server.limits.idle_timeout_s
-        super().__init__(min(timeout / 4, _SWEEP_MAX_S) if timeout else _SWEEP_MAX_S)
+        limits = server.limits
+        timeout = limits.idle_timeout_s
+        every_s = min(timeout / 4, _SWEEP_MAX_S) if timeout else _SWEEP_MAX_S
+        if limits.min_request_bytes_per_s:
+            # A stalled frame is seen at most half a window late.
+            every_s = min(every_s, limits.request_arrival_window_s / 2)
+        super().__init__(every_s)
         self._server = server
 
     async def run_once(self) -> None:

@@ -52,15 +52,26 @@ class RejectUndecodable(grpc.aio.ServerInterceptor):
 
     def __init__(self) -> None:
         # The methods are fixed once the server starts: wrap each once, not per call.
-        self._wrapped: dict[str, Handler | None] = {}
+        # Only methods the server has are kept: a caller picks the names it sends, and
+        # remembering every unknown one would let it grow this without bound.
+        self._wrapped: dict[str, Handler] = {}
+
+    @property
+    def cached(self) -> int:
+        """How many methods' wrapped handlers are kept."""
+        return len(self._wrapped)
 
     async def intercept_service(
         self, continuation: _Continuation, handler_call_details: grpc.HandlerCallDetails
     ) -> Handler | None:
         method = str(handler_call_details.method)
-        if method not in self._wrapped:
-            self._wrapped[method] = _wrap(method, await continuation(handler_call_details))
-        return self._wrapped[method]
+        wrapped = self._wrapped.get(method)
+        if wrapped is None:
+            wrapped = _wrap(method, await continuation(handler_call_details))
+            if wrapped is None:
+                return None  # no such method: grpc answers UNIMPLEMENTED
+            self._wrapped[method] = wrapped
+        return wrapped
 
 
 def _wrap(method: str, handler: Handler | None) -> Handler | None:
