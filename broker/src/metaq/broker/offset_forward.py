@@ -119,7 +119,8 @@ class OffsetForwarder(PeriodicService):
 
     async def on_stop(self) -> None:
         await self._close()
-        self.offsets.held.save()
+        # The one shutdown write of the held commits (after any still running).
+        await self.offsets.held.persist()
 
 
 def _key(group: str, entry: QueueOffset) -> OffsetKey:

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any, Final, TypeAlias
+from typing import Any, Final
 
-from metaq.broker.files import read_json, write_json_atomically
-from metaq.broker.held_offsets import HeldOffsets
+from metaq.broker.files import load_json_state, write_json_atomically
+from metaq.broker.held_offsets import HeldOffsets, OffsetKey
 from metaq.common.errors import InvalidMessage
 from metaq.common.names import check_group
 from metaq.common.service import PeriodicService
@@ -28,9 +28,6 @@ from metaq.common.service import PeriodicService
 FILE_NAME: Final = "consumer_offsets.json"
 _FORMAT: Final = 1
 DEFAULT_MAX_GROUPS: Final = 100_000
-
-OffsetKey: TypeAlias = tuple[str, str, int]
-"""(consumer group, topic, queue id)."""
 
 
 class ConsumerOffsets:
@@ -56,23 +53,21 @@ class ConsumerOffsets:
         self._groups = {group for group, _, _ in self._offsets}
 
     def _load(self) -> None:
-        data = read_json(self.path)
-        if data is None:
-            return
-        try:
-            if data["format"] != _FORMAT:
-                raise ValueError(f"format {data['format']} is not {_FORMAT}")
-            self._journal_offset = int(data.get("journal_offset", 0))
-            self.saved_journal_offset = self._journal_offset
-            for group, topics in data["offsets"].items():
-                for topic, queues in topics.items():
-                    for queue_id, offset in queues.items():
-                        self._offsets[(group, topic, int(queue_id))] = int(offset)
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise ValueError(
-                f"{self.path} is damaged: {exc!r}; move it aside to start with no committed "
-                "offsets (consumers then start from their configured position)"
-            ) from None
+        load_json_state(
+            self.path,
+            _FORMAT,
+            self._apply,
+            "move it aside to start with no committed offsets (consumers then start from "
+            "their configured position)",
+        )
+
+    def _apply(self, data: Any) -> None:
+        self._journal_offset = int(data.get("journal_offset", 0))
+        self.saved_journal_offset = self._journal_offset
+        for group, topics in data["offsets"].items():
+            for topic, queues in topics.items():
+                for queue_id, offset in queues.items():
+                    self._offsets[(group, topic, int(queue_id))] = int(offset)
 
     @property
     def journal_offset(self) -> int:
@@ -230,5 +225,5 @@ class OffsetSnapshotService(PeriodicService):
             await asyncio.to_thread(self.offsets.write, self.offsets.snapshot())
 
     async def on_stop(self) -> None:
+        # The held commits are the forwarder's to write (OffsetForwarder.on_stop).
         self.offsets.save()
-        self.offsets.held.save()
