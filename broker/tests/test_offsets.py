@@ -190,7 +190,7 @@ def test_a_master_takes_a_forwarded_commit_unless_a_consumer_moved_on_there(
     assert takes_forwarded(current, expected, forwarded) is taken
 
 
-def test_consumers_bring_no_group_past_the_limit_but_the_masters_journal_does(
+def test_consumers_bring_no_group_past_the_limit_but_the_journal_and_slaves_do(
     tmp_path: Path,
 ) -> None:
     offsets = ConsumerOffsets(tmp_path, max_groups=2)
@@ -203,8 +203,10 @@ def test_consumers_bring_no_group_past_the_limit_but_the_masters_journal_does(
     with pytest.raises(InvalidMessage, match="max_consumer_groups"):
         offsets.commit("c", "t", 0, 1, held=True)
     offsets.commit("c", "t", 0, 1, journaled=True)  # the master already took it
+    offsets.commit("d", "t", 0, 1, forwarded=True)  # a slave answered its consumer OK
 
-    assert offsets.groups() == ["a", "b", "c"]
+    assert offsets.groups() == ["a", "b", "c", "d"]
+    assert (("d", "t", 0), 1) in offsets.changes(), "a forwarded commit is journaled here"
 
 
 def test_a_write_of_the_held_commits_never_runs_beside_one_still_running(

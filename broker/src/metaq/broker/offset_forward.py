@@ -5,19 +5,23 @@ its disk (:mod:`metaq.broker.held_offsets`) and forwards them, as a COMMIT_OFFSE
 ``forwarded``, to whichever broker it follows now: the old master when it comes back, a
 new one after a failover. A slave that is promoted journals them itself instead. The
 master's answer carries its resulting offsets, which replace the held ones.
+
+The connection is the replication follower's kind (:meth:`GroupRole.connect`): with a
+cluster secret both sides prove it first, so a stranger at the master's address gets no
+held commit and none of its answers is adopted, and the master takes forwarded commits
+from proven slaves only.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Awaitable, Callable
 from typing import Final
 
 from metaq.broker.held_offsets import Held, OffsetKey
 from metaq.broker.offsets import ConsumerOffsets
 from metaq.broker.role import GroupRole
-from metaq.common.errors import ErrorCode
+from metaq.common.errors import ErrorCode, MetaqError
 from metaq.common.framing import FrameType
 from metaq.common.service import PeriodicService
 from metaq.common.v1.data_pb2 import CommitOffsetRequest, CommitOffsetResponse, QueueOffset
@@ -41,12 +45,10 @@ class OffsetForwarder(PeriodicService):
         offsets: ConsumerOffsets,
         role: GroupRole,
         interval_s: float,
-        connect: Callable[[str], Awaitable[DataPlaneChannel]] = DataPlaneChannel.open,
     ) -> None:
         super().__init__(interval_s)
         self.offsets = offsets
         self.role = role
-        self._connect = connect
         self._channel: DataPlaneChannel | None = None
         self._failing = False
 
@@ -58,7 +60,7 @@ class OffsetForwarder(PeriodicService):
             return
         try:
             await self._forward(address)
-        except (OSError, ConnectionError, TimeoutError, FetchError) as exc:
+        except (OSError, ConnectionError, TimeoutError, MetaqError) as exc:
             await self._close()
             if not self._failing:  # once per outage, not every interval
                 log.warning(
@@ -78,7 +80,9 @@ class OffsetForwarder(PeriodicService):
         if self._channel is not None and self._channel.address != address:
             await self._close()
         if self._channel is None:
-            self._channel = await self._connect(address)
+            # The master proves the cluster secret before it sees a held commit or we
+            # adopt its answer, and we prove it so that it takes them as forwarded.
+            self._channel = await self.role.connect(address)
         by_group: dict[str, list[tuple[OffsetKey, Held]]] = defaultdict(list)
         for key, held in self.offsets.held.items():
             by_group[key[0]].append((key, held))

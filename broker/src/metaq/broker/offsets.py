@@ -36,7 +36,8 @@ class ConsumerOffsets:
     def __init__(self, data_dir: Path, *, max_groups: int = DEFAULT_MAX_GROUPS) -> None:
         self.path = data_dir / FILE_NAME
         self.max_groups = max_groups
-        """Consumers may bring no group beyond this many (the master's journal may)."""
+        """Consumers may bring no group beyond this many (the master's journal and a
+        slave's forwarded commits may)."""
         self._offsets: dict[OffsetKey, int] = {}
         self._groups: set[str] = set()
         self._unjournaled: dict[OffsetKey, int] = {}
@@ -91,6 +92,7 @@ class ConsumerOffsets:
         *,
         journaled: bool = False,
         held: bool = False,
+        forwarded: bool = False,
     ) -> None:
         """Store ``offset`` (the next one to consume), replacing any earlier commit.
 
@@ -98,6 +100,9 @@ class ConsumerOffsets:
         so it is not journaled again; it does not replace a commit held here, which is
         newer (the master takes or refuses that one when it is forwarded).
         ``held``: a consumer's commit at a slave, held until the master has it.
+        ``forwarded``: a commit a slave held and forwarded; like a journaled one it is not
+        refused for ``max_groups`` (the slave answered its consumer OK already), but it
+        is journaled here.
         """
         key = (group, topic, queue_id)
         if journaled and key in self.held:
@@ -108,7 +113,8 @@ class ConsumerOffsets:
         if current is None:
             check_group(group)
             if group not in self._groups:
-                if not journaled and len(self._groups) >= self.max_groups:
+                exempt = journaled or forwarded
+                if not exempt and len(self._groups) >= self.max_groups:
                     raise InvalidMessage(
                         f"this broker holds offsets of {len(self._groups)} consumer groups, "
                         f"its limit (max_consumer_groups); a commit of new group {group!r} "
