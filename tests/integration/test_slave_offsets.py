@@ -16,7 +16,7 @@ import pytest
 from replica_group import TOPIC, ReplicaGroup, health, start_group
 
 from metaq.broker.testing import BrokerError, BrokerProcess, DataClient
-from metaq.broker.testing.admin import put_topic
+from metaq.broker.testing.admin import put_topic, scrape
 from metaq.client.cli.progress import group_progress
 from metaq.common.framing import FLAG_RESPONSE, FrameDecoder, FrameType, encode_frame
 from metaq.common.record import encode
@@ -362,6 +362,29 @@ def test_forwarded_commits_of_a_new_group_reach_a_master_at_its_group_limit(
             return answer.HasField("committed_offset") and answer.committed_offset == 0
 
         assert run_async(queue_1()), "the whole forwarded batch was taken"
+    finally:
+        group.stop()
+        nameserver.stop()
+
+
+def test_the_forwarder_reconnects_quietly_after_the_masters_idle_timeout(
+    tmp_path: Path,
+) -> None:
+    nameserver, group, master, slave = _master_and_slave(tmp_path, ("--set", "idle_timeout_s=1"))
+    try:
+        commit(slave, 20)
+        wait_committed(master, 20, "the slave forwards a commit to its live master")
+
+        def idle_closed() -> float:
+            samples = run_async(scrape(master.http_url))
+            return samples.get(("metaq_connections_idle_closed_total", ()), 0.0)
+
+        # The slave's fetches keep its replication connection busy: the one the master
+        # finds idle is the forwarder's.
+        wait_until(lambda: idle_closed() >= 1, 20, "the master closes the idle forwarder")
+        commit(slave, 30)
+        wait_committed(master, 30, "the next forward reconnects")
+        assert "held offset commits to master" not in slave.output, slave.output[-3000:]
     finally:
         group.stop()
         nameserver.stop()

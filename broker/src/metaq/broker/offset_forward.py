@@ -77,7 +77,10 @@ class OffsetForwarder(PeriodicService):
         await held.persist()
 
     async def _forward(self, address: str) -> None:
-        if self._channel is not None and self._channel.address != address:
+        channel = self._channel
+        if channel is not None and (channel.address != address or channel.closed):
+            # Another master, or the master closed the kept connection (its
+            # idle_timeout_s between forwards): not a failure, just connect again.
             await self._close()
         if self._channel is None:
             # The master proves the cluster secret before it sees a held commit or we
