@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pytest
 
 from metaq.broker.testing import BrokerError, BrokerProcess, DataClient, run_async
-from metaq.broker.testing.admin import put_topic
+from metaq.broker.testing.admin import put_topic, scrape
 from metaq.common.errors import ErrorCode
 from metaq.common.framing import FrameType
 from metaq.common.record import encode
@@ -86,6 +86,33 @@ def test_a_commit_piggybacked_past_the_queues_end_is_not_stored_but_the_pull_is_
             assert answer.status == PullResponse.FOUND
             query = await client.query_offset(TOPIC, 0, group="readers")
             assert not query.HasField("committed_offset")
+        finally:
+            await client.close()
+
+    run_async(scenario())
+
+
+def test_a_commit_piggybacked_for_a_group_past_the_limit_is_not_stored_but_the_pull_is_served(
+    start_broker: Callable[..., BrokerProcess],
+) -> None:
+    broker = start_broker("--set", "max_consumer_groups=1")
+
+    async def scenario() -> None:
+        await put_topic(broker.http_url, TOPIC, read_queues=1, write_queues=1)
+        client = await DataClient.connect(broker.data_host, broker.data_port)
+        try:
+            await client.send(TOPIC, 0, [encode(TOPIC, b"%d" % i) for i in range(5)])
+            await dispatched(client, 5)
+            await client.commit("readers", [(TOPIC, 0, 1)])
+            answer, _ = await client.pull(TOPIC, 0, 2, group="latecomers", commit_offset=2)
+            assert answer.status == PullResponse.FOUND
+            assert answer.next_offset == 5
+            query = await client.query_offset(TOPIC, 0, group="latecomers")
+            assert not query.HasField("committed_offset")
+            refused = (await scrape(broker.http_url))[
+                ("metaq_piggybacked_commits_refused_total", ())
+            ]
+            assert refused == 1
         finally:
             await client.close()
 
