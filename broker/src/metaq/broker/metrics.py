@@ -66,8 +66,8 @@ class BrokerMetrics:
         )
         self.piggybacked_commits_refused = Counter(
             "metaq_piggybacked_commits_refused",
-            "Offset commits carried on a PULL and not stored (a new group past "
-            "max_consumer_groups); the pull was served",
+            "Offset commits carried on a PULL and refused (a new group past "
+            "max_consumer_groups, an illegal group name); the pull was served",
             registry=r,
         )
         self.request_bytes_reserved = Gauge(
