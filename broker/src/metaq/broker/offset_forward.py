@@ -82,6 +82,17 @@ class OffsetForwarder(PeriodicService):
             # Another master, or the master closed the kept connection (its
             # idle_timeout_s between forwards): not a failure, just connect again.
             await self._close()
+        kept = self._channel is not None
+        try:
+            await self._forward_all(address)
+        except ConnectionError:
+            if not kept:
+                raise
+            # The idle close crossed our request on the wire: once more, on a new one.
+            await self._close()
+            await self._forward_all(address)
+
+    async def _forward_all(self, address: str) -> None:
         if self._channel is None:
             # The master proves the cluster secret before it sees a held commit or we
             # adopt its answer, and we prove it so that it takes them as forwarded.
