@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from metaq.broker.held_offsets import takes_forwarded
+from metaq.broker import held_offsets
+from metaq.broker.files import write_json_atomically
+from metaq.broker.held_offsets import HeldOffsets, takes_forwarded
 from metaq.broker.offsets import ConsumerOffsets, OffsetSnapshotService
 from metaq.common.errors import InvalidMessage
+from metaq.common.testing import holds_for
 
 
 def test_the_stored_offset_is_the_next_to_consume_and_replaces_the_last(tmp_path: Path) -> None:
@@ -35,7 +40,7 @@ def test_save_writes_only_when_something_changed(tmp_path: Path) -> None:
 
     reloaded = ConsumerOffsets(tmp_path)
     assert reloaded.items() == [(("g", "t", 3), 42)]
-    assert not (tmp_path / "consumer_offsets.json.tmp").exists()
+    assert not list(tmp_path.glob("*.tmp"))
 
 
 def test_a_snapshot_taken_before_more_commits_leaves_them_dirty(tmp_path: Path) -> None:
@@ -185,7 +190,7 @@ def test_a_master_takes_a_forwarded_commit_unless_a_consumer_moved_on_there(
     assert takes_forwarded(current, expected, forwarded) is taken
 
 
-def test_consumers_bring_no_group_past_the_limit_but_the_masters_journal_does(
+def test_consumers_bring_no_group_past_the_limit_but_the_journal_and_slaves_do(
     tmp_path: Path,
 ) -> None:
     offsets = ConsumerOffsets(tmp_path, max_groups=2)
@@ -198,5 +203,71 @@ def test_consumers_bring_no_group_past_the_limit_but_the_masters_journal_does(
     with pytest.raises(InvalidMessage, match="max_consumer_groups"):
         offsets.commit("c", "t", 0, 1, held=True)
     offsets.commit("c", "t", 0, 1, journaled=True)  # the master already took it
+    offsets.commit("d", "t", 0, 1, forwarded=True)  # a slave answered its consumer OK
 
-    assert offsets.groups() == ["a", "b", "c"]
+    assert offsets.groups() == ["a", "b", "c", "d"]
+    assert (("d", "t", 0), 1) in offsets.changes(), "a forwarded commit is journaled here"
+
+
+def test_a_write_of_the_held_commits_never_runs_beside_one_still_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A caller cancelled while its write runs in a worker thread (a shutdown, a demotion)
+    # leaves the thread writing; the next write must wait for it, and the older state
+    # must not land over the newer one.
+    entered = threading.Event()
+    release = threading.Event()
+    writing: list[int] = []
+
+    def slow_first_write(path: Path, data: Any) -> None:
+        writing.append(1)
+        try:
+            assert len(writing) == 1, "two writers of held_offsets.json at once"
+            if not entered.is_set():
+                entered.set()
+                release.wait(10)
+            write_json_atomically(path, data)
+        finally:
+            writing.pop()
+
+    monkeypatch.setattr(held_offsets, "write_json_atomically", slow_first_write)
+
+    async def scenario() -> None:
+        held = HeldOffsets(tmp_path)
+        held.hold(("g", "t", 0), 10, None)
+        first = asyncio.create_task(held.persist())
+        await asyncio.to_thread(entered.wait, 10)
+        first.cancel()
+        held.hold(("g", "t", 0), 20, None)
+        second = asyncio.create_task(held.persist())
+        try:
+            await asyncio.to_thread(
+                holds_for,
+                lambda: not second.done(),
+                0.5,
+                "the second write waits for the first still running",
+            )
+        finally:
+            release.set()
+        await second
+        assert not held.dirty
+
+    asyncio.run(scenario())
+
+    assert [(k, h.offset) for k, h in HeldOffsets(tmp_path).items()] == [(("g", "t", 0), 20)]
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_a_temporary_file_a_crash_left_is_removed_at_start(tmp_path: Path) -> None:
+    write_json_atomically(tmp_path / "held_offsets.json", {"format": 1, "held": []})
+    (tmp_path / "held_offsets.json.x1y2.tmp").write_text("{half")
+
+    assert len(HeldOffsets(tmp_path)) == 0
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_a_damaged_held_offsets_file_says_what_moving_it_aside_loses(tmp_path: Path) -> None:
+    (tmp_path / "held_offsets.json").write_text('{"format": 1, "held": [["g", "t"]]}')
+
+    with pytest.raises(ValueError, match=r"held_offsets\.json is damaged.*move it aside"):
+        HeldOffsets(tmp_path)

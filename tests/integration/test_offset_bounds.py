@@ -8,11 +8,12 @@ from collections.abc import Callable
 import pytest
 
 from metaq.broker.testing import BrokerError, BrokerProcess, DataClient, run_async
-from metaq.broker.testing.admin import put_topic
+from metaq.broker.testing.admin import put_topic, scrape
 from metaq.common.errors import ErrorCode
+from metaq.common.framing import FrameType
 from metaq.common.record import encode
 from metaq.common.testing import wait_until_async
-from metaq.common.v1.data_pb2 import PullResponse
+from metaq.common.v1.data_pb2 import CommitOffsetRequest, PullResponse, QueueOffset
 
 TOPIC = "Bounded"
 
@@ -85,6 +86,64 @@ def test_a_commit_piggybacked_past_the_queues_end_is_not_stored_but_the_pull_is_
             assert answer.status == PullResponse.FOUND
             query = await client.query_offset(TOPIC, 0, group="readers")
             assert not query.HasField("committed_offset")
+        finally:
+            await client.close()
+
+    run_async(scenario())
+
+
+def test_a_commit_piggybacked_for_a_group_past_the_limit_is_not_stored_but_the_pull_is_served(
+    start_broker: Callable[..., BrokerProcess],
+) -> None:
+    broker = start_broker("--set", "max_consumer_groups=1")
+
+    async def scenario() -> None:
+        await put_topic(broker.http_url, TOPIC, read_queues=1, write_queues=1)
+        client = await DataClient.connect(broker.data_host, broker.data_port)
+        try:
+            await client.send(TOPIC, 0, [encode(TOPIC, b"%d" % i) for i in range(5)])
+            await dispatched(client, 5)
+            await client.commit("readers", [(TOPIC, 0, 1)])
+            answer, _ = await client.pull(TOPIC, 0, 2, group="latecomers", commit_offset=2)
+            assert answer.status == PullResponse.FOUND
+            assert answer.next_offset == 5
+            query = await client.query_offset(TOPIC, 0, group="latecomers")
+            assert not query.HasField("committed_offset")
+            refused = (await scrape(broker.http_url))[
+                ("metaq_piggybacked_commits_refused_total", ())
+            ]
+            assert refused == 1
+        finally:
+            await client.close()
+
+    run_async(scenario())
+
+
+def test_a_forwarded_commit_on_a_connection_no_slave_proved_is_refused(
+    start_broker: Callable[..., BrokerProcess],
+) -> None:
+    # A forwarded commit is taken even where it moves an offset back (a reset a consumer
+    # made at the slave): from a stranger it would rewind any group at will.
+    broker = start_broker()
+
+    async def scenario() -> None:
+        await put_topic(broker.http_url, TOPIC, read_queues=1, write_queues=1)
+        client = await DataClient.connect(broker.data_host, broker.data_port)
+        try:
+            await client.send(TOPIC, 0, [encode(TOPIC, b"%d" % i) for i in range(5)])
+            await dispatched(client, 5)
+            await client.commit("readers", [(TOPIC, 0, 5)])
+            rewind = CommitOffsetRequest(
+                consumer_group="readers",
+                forwarded=True,
+                offsets=[QueueOffset(topic=TOPIC, queue_id=0, offset=0, expected_offset=5)],
+            )
+            with pytest.raises(BrokerError) as refused:
+                await client.request(FrameType.COMMIT_OFFSET, rewind)
+            assert refused.value.code == ErrorCode.NO_PERMISSION
+            assert "proved the cluster secret" in refused.value.detail
+            query = await client.query_offset(TOPIC, 0, group="readers")
+            assert query.committed_offset == 5, "the refused commit stored nothing"
         finally:
             await client.close()
 

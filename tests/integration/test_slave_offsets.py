@@ -8,18 +8,26 @@ re-read 295,204 messages after one consumer restart."""
 from __future__ import annotations
 
 import asyncio
+import secrets
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 from replica_group import TOPIC, ReplicaGroup, health, start_group
 
-from metaq.broker.testing import BrokerProcess, DataClient
-from metaq.broker.testing.admin import put_topic
+from metaq.broker.testing import BrokerError, BrokerProcess, DataClient
+from metaq.broker.testing.admin import put_topic, scrape
 from metaq.client.cli.progress import group_progress
+from metaq.common.framing import FLAG_RESPONSE, FrameDecoder, FrameType, encode_frame
 from metaq.common.record import encode
-from metaq.common.testing import run_async, wait_until
-from metaq.common.v1.data_pb2 import SendResponse
-from metaq.nameserver.testing import start_nameserver
+from metaq.common.testing import holds_for, run_async, wait_until, wait_until_async
+from metaq.common.v1.data_pb2 import (
+    CommitOffsetRequest,
+    CommitOffsetResponse,
+    ReplicaAuthResponse,
+    SendResponse,
+)
+from metaq.nameserver.testing import NameServerProcess, start_nameserver
 
 pytestmark = pytest.mark.slow
 
@@ -34,31 +42,31 @@ async def _call(broker: BrokerProcess, what: str, *args: object) -> object:
         await client.close()
 
 
-def commit(broker: BrokerProcess, offset: int) -> None:
+def commit(broker: BrokerProcess, offset: int, group: str = READERS) -> None:
     """Commit the group's offset of queue 0 at ``broker``; raises if it refuses."""
-    run_async(_call(broker, "commit", READERS, [(TOPIC, 0, offset)]))
+    run_async(_call(broker, "commit", group, [(TOPIC, 0, offset)]))
 
 
-def committed(broker: BrokerProcess) -> int | None:
+def committed(broker: BrokerProcess, group: str = READERS) -> int | None:
     async def query() -> int | None:
         client = await DataClient.connect(broker.data_host, broker.data_port)
         try:
-            answer = await client.query_offset(TOPIC, 0, group=READERS)
+            answer = await client.query_offset(TOPIC, 0, group=group)
         finally:
             await client.close()
         return answer.committed_offset if answer.HasField("committed_offset") else None
 
     try:
         return run_async(query())
-    except (OSError, ConnectionError):
+    except (OSError, ConnectionError, BrokerError):  # down, or the topic not there yet
         return None
 
 
-def wait_committed(broker: BrokerProcess, offset: int, what: str) -> None:
+def wait_committed(broker: BrokerProcess, offset: int, what: str, group: str = READERS) -> None:
     seen: list[int | None] = []
 
     def reached() -> bool:
-        seen.append(committed(broker))
+        seen.append(committed(broker, group))
         return seen[-1] == offset
 
     try:
@@ -222,3 +230,161 @@ def test_a_promotion_journals_an_offsets_table_larger_than_one_record(tmp_path: 
         assert "decision" not in group.brokers[new].output, group.brokers[new].output[-3000:]
     finally:
         group.stop()
+
+
+# --- forwarding: who to, at the limits, over a kept connection ----------------------------
+
+
+def _master_and_slave(
+    tmp_path: Path, master_args: Sequence[str] = ()
+) -> tuple[NameServerProcess, ReplicaGroup, BrokerProcess, BrokerProcess]:
+    """A master (broker 0) and its slave without failover, the slave caught up on 100
+    messages of queue 0 and on the group's commit of offset 10 there."""
+    nameserver = start_nameserver(tmp_path / "ns0")
+    group = ReplicaGroup(
+        tmp_path, [nameserver], ["--nameserver", nameserver.grpc_address, "--set", "failover=false"]
+    )
+    master, slave = group.start_broker(0, *master_args), group.start_broker(1)
+    master.wait_master(20)
+    run_async(put_topic(master.http_url, TOPIC, read_queues=2, write_queues=2))
+    send(master, 100)
+    group.wait_caught_up(1)
+    commit(master, 10)
+    wait_committed(slave, 10, "the slave applies the master's journal")
+    return nameserver, group, master, slave
+
+
+class _Impostor:
+    """Listens on a dead master's address without the cluster secret: it bluffs the
+    handshake and answers any forwarded commit with offset 0 for every queue."""
+
+    def __init__(self) -> None:
+        self.seen: list[FrameType] = []
+        self._server: asyncio.Server | None = None
+
+    async def start(self, host: str, port: int) -> None:
+        self._server = await asyncio.start_server(self._serve, host, port)
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        decoder = FrameDecoder()
+        try:
+            while chunk := await reader.read(1 << 16):
+                for frame in decoder.feed(chunk):
+                    self.seen.append(frame.type)
+                    answer = self._answer(frame.type, frame.header)
+                    if answer is not None:
+                        writer.writelines(
+                            encode_frame(frame.type, frame.request_id, answer, flags=FLAG_RESPONSE)
+                        )
+        except ConnectionError:
+            pass
+        finally:
+            writer.close()
+
+    @staticmethod
+    def _answer(frame_type: FrameType, header: bytes) -> bytes | None:
+        if frame_type is FrameType.REPLICA_AUTH:
+            bluff = ReplicaAuthResponse(
+                master_nonce=secrets.token_bytes(16), master_proof=secrets.token_bytes(32)
+            )
+            return bluff.SerializeToString()
+        if frame_type is FrameType.COMMIT_OFFSET:
+            request = CommitOffsetRequest.FromString(header)
+            answer = CommitOffsetResponse()
+            for entry in request.offsets:
+                answer.offsets.add(topic=entry.topic, queue_id=entry.queue_id, offset=0)
+            return answer.SerializeToString()
+        return None  # a fetch: let it time out
+
+
+def test_a_slave_forwards_held_commits_only_to_a_master_that_proves_the_secret(
+    tmp_path: Path,
+) -> None:
+    nameserver, group, master, slave = _master_and_slave(tmp_path)
+    try:
+        master.kill()
+
+        async def impersonate() -> list[FrameType]:
+            impostor = _Impostor()
+            # The slave goes on following the dead master's address: take it over.
+            await impostor.start(master.data_host, master.data_port)
+            try:
+
+                async def asked() -> bool:
+                    return bool(impostor.seen)
+
+                await wait_until_async(asked, 20, "the slave connects to the impostor")
+                await asyncio.to_thread(commit, slave, 50)
+
+                def kept() -> bool:
+                    return (
+                        FrameType.COMMIT_OFFSET not in impostor.seen
+                        and committed(slave) == 50
+                        and health(slave)["held_offsets"] == 1
+                    )
+
+                await asyncio.to_thread(holds_for, kept, 2.0, "the slave keeps its held commit")
+                return list(impostor.seen)
+            finally:
+                await impostor.close()
+
+        seen = run_async(impersonate(), timeout_s=60)
+        assert FrameType.REPLICA_AUTH in seen
+        assert "did not prove the cluster secret" in slave.output
+    finally:
+        group.stop()
+        nameserver.stop()
+
+
+def test_forwarded_commits_of_a_new_group_reach_a_master_at_its_group_limit(
+    tmp_path: Path,
+) -> None:
+    # The slave answered its consumers OK: the master's group limit must not lose them.
+    nameserver, group, master, slave = _master_and_slave(
+        tmp_path, ("--set", "max_consumer_groups=1")
+    )
+    try:
+        run_async(_call(slave, "commit", "latecomers", [(TOPIC, 0, 20), (TOPIC, 1, 0)]))
+        wait_committed(master, 20, "the master takes the forwarded commit", "latecomers")
+        wait_until(lambda: health(slave)["held_offsets"] == 0, 10, "the slave holds nothing")
+
+        async def queue_1() -> bool:
+            client = await DataClient.connect(master.data_host, master.data_port)
+            try:
+                answer = await client.query_offset(TOPIC, 1, group="latecomers")
+            finally:
+                await client.close()
+            return answer.HasField("committed_offset") and answer.committed_offset == 0
+
+        assert run_async(queue_1()), "the whole forwarded batch was taken"
+    finally:
+        group.stop()
+        nameserver.stop()
+
+
+def test_the_forwarder_reconnects_quietly_after_the_masters_idle_timeout(
+    tmp_path: Path,
+) -> None:
+    nameserver, group, master, slave = _master_and_slave(tmp_path, ("--set", "idle_timeout_s=1"))
+    try:
+        commit(slave, 20)
+        wait_committed(master, 20, "the slave forwards a commit to its live master")
+
+        def idle_closed() -> float:
+            samples = run_async(scrape(master.http_url))
+            return samples.get(("metaq_connections_idle_closed_total", ()), 0.0)
+
+        # The slave's fetches keep its replication connection busy: the one the master
+        # finds idle is the forwarder's.
+        wait_until(lambda: idle_closed() >= 1, 20, "the master closes the idle forwarder")
+        commit(slave, 30)
+        wait_committed(master, 30, "the next forward reconnects")
+        assert "held offset commits to master" not in slave.output, slave.output[-3000:]
+    finally:
+        group.stop()
+        nameserver.stop()

@@ -131,7 +131,12 @@ class Handlers:
         self, responder: Responder, frame: Frame, request: CommitOffsetRequest
     ) -> None:
         """Commits a slave held: taken where the master's offset is still the one the
-        slave knew, or where they move it forward; the answer has the resulting offsets."""
+        slave knew, or where they move it forward; the answer has the resulting offsets.
+
+        Only from a slave that proved the cluster secret on this connection. All or none:
+        every entry is decided before any is stored, and none is refused for the group
+        limit, as the slave answered its consumer OK long ago."""
+        self.role.gate.check_forwarded(responder.connection_id)
         if not self.role.takes_writes:
             raise NotMaster(
                 f"broker {self.role.config.broker_name} (id {self.role.config.broker_id}) "
@@ -139,7 +144,7 @@ class Handlers:
                 self.role.master_address,
             )
         group = request.consumer_group
-        response = CommitOffsetResponse()
+        taken: list[QueueOffset] = []
         for entry in request.offsets:
             try:
                 self._check_commit(entry)
@@ -151,7 +156,11 @@ class Handlers:
             current = self._offsets.get(group, entry.topic, entry.queue_id)
             expected = entry.expected_offset if entry.HasField("expected_offset") else None
             if takes_forwarded(current, expected, entry.offset):
-                self._offsets.commit(group, entry.topic, entry.queue_id, entry.offset)
+                taken.append(entry)
+        for entry in taken:
+            self._offsets.commit(group, entry.topic, entry.queue_id, entry.offset, forwarded=True)
+        response = CommitOffsetResponse()
+        for entry in request.offsets:
             now = self._offsets.get(group, entry.topic, entry.queue_id)
             if now is not None:
                 response.offsets.add(topic=entry.topic, queue_id=entry.queue_id, offset=now)

@@ -14,16 +14,17 @@ further on).
 from __future__ import annotations
 
 import asyncio
+import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Any, Final, TypeAlias
 
-from metaq.broker.files import read_json, write_json_atomically
+from metaq.broker.files import load_json_state, write_json_atomically
 
 FILE_NAME: Final = "held_offsets.json"
 _FORMAT: Final = 1
 
-OffsetKey = tuple[str, str, int]
+OffsetKey: TypeAlias = tuple[str, str, int]
 """(consumer group, topic, queue id)."""
 
 
@@ -52,24 +53,23 @@ class HeldOffsets:
         self._version = 0
         self._saved = 0
         self._lock = asyncio.Lock()
+        self._writing = threading.Lock()
         self._load()
 
     def _load(self) -> None:
-        data = read_json(self.path)
-        if data is None:
-            return
-        try:
-            if data["format"] != _FORMAT:
-                raise ValueError(f"format {data['format']} is not {_FORMAT}")
-            for group, topic, queue_id, offset, expected in data["held"]:
-                self._held[(str(group), str(topic), int(queue_id))] = Held(
-                    int(offset), None if expected is None else int(expected)
-                )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(
-                f"{self.path} is damaged: {exc!r}; move it aside to drop the offsets "
-                "consumers committed at this slave that its master has not taken yet"
-            ) from None
+        load_json_state(
+            self.path,
+            _FORMAT,
+            self._apply,
+            "move it aside to drop the offsets consumers committed at this slave that its "
+            "master has not taken yet",
+        )
+
+    def _apply(self, data: Any) -> None:
+        for group, topic, queue_id, offset, expected in data["held"]:
+            self._held[(str(group), str(topic), int(queue_id))] = Held(
+                int(offset), None if expected is None else int(expected)
+            )
 
     def __contains__(self, key: OffsetKey) -> bool:
         return key in self._held
@@ -109,21 +109,22 @@ class HeldOffsets:
 
     async def persist(self) -> None:
         """Make every change made before the call durable (the write in a worker thread;
-        concurrent callers share one write)."""
+        concurrent callers share one write). The one way the file is written, shutdown
+        included."""
         wanted = self._version
         async with self._lock:
             if self._saved >= wanted:
                 return
-            version, data = self._version, self._data()
-            await asyncio.to_thread(write_json_atomically, self.path, data)
-            self._saved = version
+            await asyncio.to_thread(self._write, self._version, self._data())
 
-    def save(self) -> None:
-        """Write now, on this thread (at shutdown)."""
-        if self.dirty:
-            version, data = self._version, self._data()
-            write_json_atomically(self.path, data)
-            self._saved = version
+    def _write(self, version: int, data: dict[str, object]) -> None:
+        # A caller cancelled while its thread writes releases the asyncio lock but not
+        # the thread: this lock keeps the next write from running beside it, and the
+        # version check from putting an older state over a newer one.
+        with self._writing:
+            if version > self._saved:
+                write_json_atomically(self.path, data)
+                self._saved = version
 
     def _data(self) -> dict[str, object]:
         rows = [[g, t, q, h.offset, h.expected] for (g, t, q), h in sorted(self._held.items())]

@@ -64,6 +64,12 @@ class BrokerMetrics:
             "Data-plane connections closed after idle_timeout_s",
             registry=r,
         )
+        self.piggybacked_commits_refused = Counter(
+            "metaq_piggybacked_commits_refused",
+            "Offset commits carried on a PULL and refused (a new group past "
+            "max_consumer_groups, an illegal group name); the pull was served",
+            registry=r,
+        )
         self.request_bytes_reserved = Gauge(
             "metaq_request_bytes_reserved",
             "Bytes reserved for incomplete request frames (max_buffered_request_bytes)",

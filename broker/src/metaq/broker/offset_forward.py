@@ -5,19 +5,23 @@ its disk (:mod:`metaq.broker.held_offsets`) and forwards them, as a COMMIT_OFFSE
 ``forwarded``, to whichever broker it follows now: the old master when it comes back, a
 new one after a failover. A slave that is promoted journals them itself instead. The
 master's answer carries its resulting offsets, which replace the held ones.
+
+The connection is the replication follower's kind (:meth:`GroupRole.connect`): with a
+cluster secret both sides prove it first, so a stranger at the master's address gets no
+held commit and none of its answers is adopted, and the master takes forwarded commits
+from proven slaves only.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Awaitable, Callable
 from typing import Final
 
 from metaq.broker.held_offsets import Held, OffsetKey
 from metaq.broker.offsets import ConsumerOffsets
 from metaq.broker.role import GroupRole
-from metaq.common.errors import ErrorCode
+from metaq.common.errors import ErrorCode, MetaqError
 from metaq.common.framing import FrameType
 from metaq.common.service import PeriodicService
 from metaq.common.v1.data_pb2 import CommitOffsetRequest, CommitOffsetResponse, QueueOffset
@@ -41,12 +45,10 @@ class OffsetForwarder(PeriodicService):
         offsets: ConsumerOffsets,
         role: GroupRole,
         interval_s: float,
-        connect: Callable[[str], Awaitable[DataPlaneChannel]] = DataPlaneChannel.open,
     ) -> None:
         super().__init__(interval_s)
         self.offsets = offsets
         self.role = role
-        self._connect = connect
         self._channel: DataPlaneChannel | None = None
         self._failing = False
 
@@ -58,7 +60,7 @@ class OffsetForwarder(PeriodicService):
             return
         try:
             await self._forward(address)
-        except (OSError, ConnectionError, TimeoutError, FetchError) as exc:
+        except (OSError, ConnectionError, TimeoutError, MetaqError) as exc:
             await self._close()
             if not self._failing:  # once per outage, not every interval
                 log.warning(
@@ -75,10 +77,26 @@ class OffsetForwarder(PeriodicService):
         await held.persist()
 
     async def _forward(self, address: str) -> None:
-        if self._channel is not None and self._channel.address != address:
+        channel = self._channel
+        if channel is not None and (channel.address != address or channel.closed):
+            # Another master, or the master closed the kept connection (its
+            # idle_timeout_s between forwards): not a failure, just connect again.
             await self._close()
+        kept = self._channel is not None
+        try:
+            await self._forward_all(address)
+        except ConnectionError:
+            if not kept:
+                raise
+            # The idle close crossed our request on the wire: once more, on a new one.
+            await self._close()
+            await self._forward_all(address)
+
+    async def _forward_all(self, address: str) -> None:
         if self._channel is None:
-            self._channel = await self._connect(address)
+            # The master proves the cluster secret before it sees a held commit or we
+            # adopt its answer, and we prove it so that it takes them as forwarded.
+            self._channel = await self.role.connect(address)
         by_group: dict[str, list[tuple[OffsetKey, Held]]] = defaultdict(list)
         for key, held in self.offsets.held.items():
             by_group[key[0]].append((key, held))
@@ -119,7 +137,8 @@ class OffsetForwarder(PeriodicService):
 
     async def on_stop(self) -> None:
         await self._close()
-        self.offsets.held.save()
+        # The one shutdown write of the held commits (after any still running).
+        await self.offsets.held.persist()
 
 
 def _key(group: str, entry: QueueOffset) -> OffsetKey:

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any, Final, TypeAlias
+from typing import Any, Final
 
-from metaq.broker.files import read_json, write_json_atomically
-from metaq.broker.held_offsets import HeldOffsets
+from metaq.broker.files import load_json_state, write_json_atomically
+from metaq.broker.held_offsets import HeldOffsets, OffsetKey
 from metaq.common.errors import InvalidMessage
 from metaq.common.names import check_group
 from metaq.common.service import PeriodicService
@@ -29,9 +29,6 @@ FILE_NAME: Final = "consumer_offsets.json"
 _FORMAT: Final = 1
 DEFAULT_MAX_GROUPS: Final = 100_000
 
-OffsetKey: TypeAlias = tuple[str, str, int]
-"""(consumer group, topic, queue id)."""
-
 
 class ConsumerOffsets:
     """Committed offsets by (group, topic, queue id), with dirty tracking for snapshots."""
@@ -39,7 +36,8 @@ class ConsumerOffsets:
     def __init__(self, data_dir: Path, *, max_groups: int = DEFAULT_MAX_GROUPS) -> None:
         self.path = data_dir / FILE_NAME
         self.max_groups = max_groups
-        """Consumers may bring no group beyond this many (the master's journal may)."""
+        """Consumers may bring no group beyond this many (the master's journal and a
+        slave's forwarded commits may)."""
         self._offsets: dict[OffsetKey, int] = {}
         self._groups: set[str] = set()
         self._unjournaled: dict[OffsetKey, int] = {}
@@ -56,23 +54,21 @@ class ConsumerOffsets:
         self._groups = {group for group, _, _ in self._offsets}
 
     def _load(self) -> None:
-        data = read_json(self.path)
-        if data is None:
-            return
-        try:
-            if data["format"] != _FORMAT:
-                raise ValueError(f"format {data['format']} is not {_FORMAT}")
-            self._journal_offset = int(data.get("journal_offset", 0))
-            self.saved_journal_offset = self._journal_offset
-            for group, topics in data["offsets"].items():
-                for topic, queues in topics.items():
-                    for queue_id, offset in queues.items():
-                        self._offsets[(group, topic, int(queue_id))] = int(offset)
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise ValueError(
-                f"{self.path} is damaged: {exc!r}; move it aside to start with no committed "
-                "offsets (consumers then start from their configured position)"
-            ) from None
+        load_json_state(
+            self.path,
+            _FORMAT,
+            self._apply,
+            "move it aside to start with no committed offsets (consumers then start from "
+            "their configured position)",
+        )
+
+    def _apply(self, data: Any) -> None:
+        self._journal_offset = int(data.get("journal_offset", 0))
+        self.saved_journal_offset = self._journal_offset
+        for group, topics in data["offsets"].items():
+            for topic, queues in topics.items():
+                for queue_id, offset in queues.items():
+                    self._offsets[(group, topic, int(queue_id))] = int(offset)
 
     @property
     def journal_offset(self) -> int:
@@ -96,6 +92,7 @@ class ConsumerOffsets:
         *,
         journaled: bool = False,
         held: bool = False,
+        forwarded: bool = False,
     ) -> None:
         """Store ``offset`` (the next one to consume), replacing any earlier commit.
 
@@ -103,6 +100,9 @@ class ConsumerOffsets:
         so it is not journaled again; it does not replace a commit held here, which is
         newer (the master takes or refuses that one when it is forwarded).
         ``held``: a consumer's commit at a slave, held until the master has it.
+        ``forwarded``: a commit a slave held and forwarded; like a journaled one it is not
+        refused for ``max_groups`` (the slave answered its consumer OK already), but it
+        is journaled here.
         """
         key = (group, topic, queue_id)
         if journaled and key in self.held:
@@ -113,7 +113,8 @@ class ConsumerOffsets:
         if current is None:
             check_group(group)
             if group not in self._groups:
-                if not journaled and len(self._groups) >= self.max_groups:
+                exempt = journaled or forwarded
+                if not exempt and len(self._groups) >= self.max_groups:
                     raise InvalidMessage(
                         f"this broker holds offsets of {len(self._groups)} consumer groups, "
                         f"its limit (max_consumer_groups); a commit of new group {group!r} "
@@ -230,5 +231,5 @@ class OffsetSnapshotService(PeriodicService):
             await asyncio.to_thread(self.offsets.write, self.offsets.snapshot())
 
     async def on_stop(self) -> None:
+        # The held commits are the forwarder's to write (OffsetForwarder.on_stop).
         self.offsets.save()
-        self.offsets.held.save()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import logging
 from typing import Final
 
 from metaq.broker.config import BrokerConfig
@@ -28,8 +29,11 @@ from metaq.broker.offsets import ConsumerOffsets
 from metaq.broker.role import GroupRole
 from metaq.broker.store import GetResult, GetStatus, MessageStore
 from metaq.broker.topics import TopicTable
+from metaq.common.errors import InvalidMessage
 from metaq.common.framing import FLAG_RESPONSE, Frame, FrameType, encode_frame
 from metaq.common.v1.data_pb2 import PullRequest, PullResponse
+
+log = logging.getLogger(__name__)
 
 DEFAULT_MAX_MESSAGES: Final = 32
 DEFAULT_MAX_BYTES: Final = 4 * 1024 * 1024
@@ -38,6 +42,7 @@ _STATUS: Final = {s: PullResponse.Status.Value(s.name) for s in GetStatus}
 _WAITING: Final = frozenset({GetStatus.OFFSET_OVERFLOW_ONE, GetStatus.NO_MESSAGE_IN_QUEUE})
 # Entries were read (and maybe skipped by tag): what the confirmed offset may cut.
 _READ: Final = frozenset({GetStatus.FOUND, GetStatus.NO_MATCHED_MESSAGE})
+_REFUSED_GROUPS_REMEMBERED: Final = 1024
 
 
 class PullHandler:
@@ -64,6 +69,8 @@ class PullHandler:
             role.on_confirmed = self._confirmed
         self.draining = False
         """Set at shutdown: pulls are answered at once, never parked."""
+        self._refused_groups: set[str] = set()
+        """Groups whose piggybacked commits were refused and logged (counted always)."""
 
     def handle(self, responder: Responder, frame: Frame) -> None:
         request = PullRequest.FromString(frame.header)
@@ -75,13 +82,24 @@ class PullHandler:
             # copying, say): not stored, and the pull is served all the same.
             and request.commit_offset <= self._store.max_offset(request.topic, request.queue_id)
         ):
-            self._offsets.commit(
-                request.consumer_group,
-                request.topic,
-                request.queue_id,
-                request.commit_offset,
-                held=self._role is not None and self._role.holds_commits,
-            )
+            try:
+                self._offsets.commit(
+                    request.consumer_group,
+                    request.topic,
+                    request.queue_id,
+                    request.commit_offset,
+                    held=self._role is not None and self._role.holds_commits,
+                )
+            except InvalidMessage as exc:
+                # A piggybacked commit never costs the consumer its records (a new group
+                # past max_consumer_groups): the pull goes on; its COMMIT_OFFSET would get
+                # the refusal.
+                self._metrics.piggybacked_commits_refused.inc()
+                if request.consumer_group not in self._refused_groups:  # once a group
+                    if len(self._refused_groups) >= _REFUSED_GROUPS_REMEMBERED:
+                        self._refused_groups.clear()
+                    self._refused_groups.add(request.consumer_group)
+                    log.warning("commits carried on pulls are not stored: %s", exc)
         if frame.is_one_way:
             return  # nobody waits for records: at most the piggybacked commit was wanted
         timeout_ms = min(request.long_poll_timeout_ms, self._config.long_poll_max_ms)

@@ -6,6 +6,9 @@ the broker that proved it there; a fetch on any other connection is refused befo
 replica set sees it, so a stranger gets no bytes, never joins the in-sync set and never
 reports an offset that holds consumers back. Proofs are per connection and die with it.
 
+The same proof admits a slave's forwarded offset commits (:meth:`ReplicaGate.check_forwarded`):
+a stranger cannot overwrite a group's offsets with ones it says a slave held.
+
 A broker without a secret (a loopback-only cluster) serves fetches as before and answers
 a handshake with NO_PERMISSION, so a slave that has a secret does not follow it.
 """
@@ -103,6 +106,19 @@ class ReplicaGate:
                 f"this connection proved the secret as broker {self._broker_name}/{proven}, "
                 f"not {request.broker_name}/{request.broker_id}"
             )
+
+    def check_forwarded(self, connection_id: int) -> None:
+        """Raise NotAuthenticated unless a slave of this group proved the secret on this
+        connection: only one may pass on commits it holds for consumers (COMMIT_OFFSET
+        marked ``forwarded``), which the master takes even where they move offsets back."""
+        if self._secret is None or connection_id in self._proven:
+            return
+        raise NotAuthenticated(
+            "this master takes forwarded offset commits only from a slave of group "
+            f"{self._broker_name} that proved the cluster secret on the connection "
+            "(REPLICA_AUTH first); consumers commit without 'forwarded'; configure the "
+            f"slave with the cluster's secret: {auth.HOW_TO}"
+        )
 
     def connection_lost(self, connection_id: int) -> None:
         self._pending.pop(connection_id, None)

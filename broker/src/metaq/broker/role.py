@@ -42,7 +42,7 @@ from metaq.common.v1 import control_pb2 as pb
 from metaq.common.v1.data_pb2 import ReplicaFetchRequest
 from metaq.replication.channel import DataPlaneChannel, SlaveIdentity
 from metaq.replication.epochs import EpochHistory
-from metaq.replication.follower import FetchChannel, Follower
+from metaq.replication.follower import Follower
 from metaq.replication.master import ReplicaSet
 
 log = logging.getLogger(__name__)
@@ -67,12 +67,7 @@ class GroupRole:
         self.config = config
         self.gate = ReplicaGate(secret, config.broker_name)
         """As master: which connections' slaves proved the cluster secret."""
-        identity = SlaveIdentity(config.broker_name, config.broker_id, secret)
-
-        async def connect(address: str) -> FetchChannel:
-            # As slave: the master proves the secret before we take or cut anything.
-            return await DataPlaneChannel.open(address, identity=identity)
-
+        self._identity = SlaveIdentity(config.broker_name, config.broker_id, secret)
         self._store = store
         self.log = StoreLog(store, durability)
         self.history = EpochHistory(config.data_dir / "epochs.json")
@@ -86,7 +81,7 @@ class GroupRole:
         self.follower = Follower(
             self.log,
             self.history,
-            connect,
+            self.connect,
             broker_name=config.broker_name,
             broker_id=config.broker_id,
             epoch=self.epoch,
@@ -125,6 +120,12 @@ class GroupRole:
                 on_verified=lambda: self.on_change(),
                 secret=secret,
             )
+
+    async def connect(self, address: str) -> DataPlaneChannel:
+        """A connection to the master at ``address`` as this slave: with a cluster secret
+        the master proves it before we take, cut or adopt anything it says, and we prove
+        it before it serves us (raises NotAuthenticated otherwise)."""
+        return await DataPlaneChannel.open(address, identity=self._identity)
 
     # --- lifecycle ----------------------------------------------------------------------
 

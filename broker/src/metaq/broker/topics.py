@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final
 
-from metaq.broker.files import read_json, write_json_atomically
+from metaq.broker.files import load_json_state, write_json_atomically
 from metaq.common.errors import ErrorCode, InvalidMessage, MetaqError
 from metaq.common.record import MAX_QUEUES_PER_TOPIC, check_topic
 
@@ -119,24 +119,19 @@ class TopicTable:
         self._load()
 
     def _load(self) -> None:
-        data = read_json(self.path)
-        if data is None:
-            return
-        try:
-            if data["format"] != _FORMAT:
-                raise ValueError(f"format {data['format']} is not {_FORMAT}")
-            self.version = int(data["version"])
-            self.journal_offset = int(data.get("journal_offset", -1))
-            for name, entry in data["topics"].items():
-                self._topics[name] = TopicConfig(
-                    name=name,
-                    read_queues=int(entry["read_queues"]),
-                    write_queues=int(entry["write_queues"]),
-                    perm=Permission(entry["perm"]),
-                    ordered=bool(entry.get("ordered", False)),
-                )
-        except (KeyError, TypeError, ValueError, InvalidMessage) as exc:
-            raise ValueError(f"{self.path} is damaged: {exc!r}; restore it from a backup") from None
+        load_json_state(self.path, _FORMAT, self._apply, "restore it from a backup")
+
+    def _apply(self, data: Any) -> None:
+        self.version = int(data["version"])
+        self.journal_offset = int(data.get("journal_offset", -1))
+        for name, entry in data["topics"].items():
+            self._topics[name] = TopicConfig(
+                name=name,
+                read_queues=int(entry["read_queues"]),
+                write_queues=int(entry["write_queues"]),
+                perm=Permission(entry["perm"]),
+                ordered=bool(entry.get("ordered", False)),
+            )
 
     def _save(self) -> None:
         self.version += 1

@@ -60,6 +60,11 @@ class DataPlaneChannel:
         self._ids = itertools.count(1)
         self.address = address
 
+    @property
+    def closed(self) -> bool:
+        """The master closed the connection (or it failed) while nothing was asked."""
+        return self._reader.at_eof() or self._writer.is_closing()
+
     @classmethod
     async def open(
         cls, address: str, timeout_s: float = 3.0, *, identity: SlaveIdentity | None = None
