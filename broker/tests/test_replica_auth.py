@@ -15,6 +15,8 @@ from metaq.common.v1.data_pb2 import ReplicaAuthRequest, ReplicaAuthResponse, Re
 SECRET = ClusterSecret(b"0123456789abcdef0123", "test")
 OTHER = ClusterSecret(b"fedcba9876543210fedc", "test")
 GROUP = "broker-a"
+MASTER_AT = "127.0.0.1:10911"
+SLAVE_AT = "127.0.0.1:10921"
 
 
 class Responder:
@@ -37,17 +39,35 @@ def _frame(request: ReplicaAuthRequest) -> Frame:
 
 
 def _handshake(
-    gate: ReplicaGate, responder: Responder, slave_id: int, secret: ClusterSecret = SECRET
+    gate: ReplicaGate,
+    responder: Responder,
+    slave_id: int,
+    secret: ClusterSecret = SECRET,
+    *,
+    proves_address: str = SLAVE_AT,
 ) -> None:
+    """A slave at SLAVE_AT that proves ``proves_address`` as its own."""
     nonce = auth.new_nonce()
-    hello = ReplicaAuthRequest(broker_name=GROUP, broker_id=slave_id, slave_nonce=nonce)
+    hello = ReplicaAuthRequest(
+        broker_name=GROUP, broker_id=slave_id, slave_nonce=nonce, slave_data_address=SLAVE_AT
+    )
     gate.handle(responder, _frame(hello))
     answer = ReplicaAuthResponse.FromString(responder.answers[-1].header)
-    expected = auth.replica_proof(SECRET, auth.MASTER, GROUP, slave_id, nonce, answer.master_nonce)
+    master_nonce = answer.master_nonce
+    assert answer.master_data_address == MASTER_AT
+    expected = auth.replica_proof(
+        SECRET, auth.MASTER, GROUP, slave_id, nonce, master_nonce, MASTER_AT
+    )
     assert auth.check_proof(expected, answer.master_proof)
-    proof = auth.replica_proof(secret, auth.SLAVE, GROUP, slave_id, nonce, answer.master_nonce)
+    proof = auth.replica_proof(
+        secret, auth.SLAVE, GROUP, slave_id, nonce, master_nonce, proves_address
+    )
     done = ReplicaAuthRequest(
-        broker_name=GROUP, broker_id=slave_id, slave_nonce=nonce, slave_proof=proof
+        broker_name=GROUP,
+        broker_id=slave_id,
+        slave_nonce=nonce,
+        slave_proof=proof,
+        slave_data_address=SLAVE_AT,
     )
     gate.handle(responder, _frame(done))
 
@@ -57,7 +77,7 @@ def _fetch(slave_id: int) -> ReplicaFetchRequest:
 
 
 def test_a_slave_that_proved_the_secret_fetches_on_its_connection_as_itself_only() -> None:
-    gate = ReplicaGate(SECRET, GROUP)
+    gate = ReplicaGate(SECRET, GROUP, MASTER_AT)
     _handshake(gate, Responder(1), 1)
 
     gate.check_fetch(1, _fetch(1))
@@ -86,7 +106,7 @@ def test_forwarded_offset_commits_need_a_proven_slave_unless_the_cluster_has_no_
 
 
 def test_a_wrong_proof_or_a_proof_without_the_first_step_is_refused() -> None:
-    gate = ReplicaGate(SECRET, GROUP)
+    gate = ReplicaGate(SECRET, GROUP, MASTER_AT)
     with pytest.raises(NotAuthenticated, match="does not match"):
         _handshake(gate, Responder(1), 1, OTHER)
     with pytest.raises(NotAuthenticated, match="requires the cluster secret"):
@@ -100,8 +120,33 @@ def test_a_wrong_proof_or_a_proof_without_the_first_step_is_refused() -> None:
 
 
 def test_a_broker_without_a_secret_serves_fetches_but_proves_nothing() -> None:
-    gate = ReplicaGate(None, GROUP)
+    gate = ReplicaGate(None, GROUP, MASTER_AT)
 
     gate.check_fetch(1, _fetch(1))
     with pytest.raises(NotAuthenticated, match="has no cluster secret"):
         _handshake(gate, Responder(1), 1)
+
+
+def test_the_masters_proof_names_its_address_and_the_slaves_names_the_slaves() -> None:
+    gate = ReplicaGate(SECRET, GROUP, MASTER_AT)
+    # _handshake checks the master's proof against MASTER_AT; a slave that proves another
+    # data address than the one it announced is refused.
+    with pytest.raises(NotAuthenticated, match="does not match"):
+        _handshake(gate, Responder(1), 1, proves_address="10.6.6.6:1")
+    with pytest.raises(NotAuthenticated, match="requires the cluster secret"):
+        gate.check_fetch(1, _fetch(1))
+
+    # The master at 127.0.0.1:20000, reached through a relay at MASTER_AT, answers with a
+    # proof for its own address, which a slave that dialled MASTER_AT does not accept.
+    elsewhere = ReplicaGate(SECRET, GROUP, "127.0.0.1:20000")
+    responder = Responder(2)
+    nonce = auth.new_nonce()
+    elsewhere.handle(
+        responder, _frame(ReplicaAuthRequest(broker_name=GROUP, broker_id=1, slave_nonce=nonce))
+    )
+    answer = ReplicaAuthResponse.FromString(responder.answers[-1].header)
+    assert answer.master_data_address == "127.0.0.1:20000"
+    dialled = auth.replica_proof(
+        SECRET, auth.MASTER, GROUP, 1, nonce, answer.master_nonce, MASTER_AT
+    )
+    assert not auth.check_proof(dialled, answer.master_proof)

@@ -66,19 +66,38 @@ def test_no_secret_sends_no_metadata() -> None:
     verify_call(SECRET, "Session", b"", value, NOW)
 
 
-def test_replica_proofs_depend_on_role_identity_and_both_nonces() -> None:
+def test_replica_proofs_depend_on_role_identity_both_nonces_and_the_provers_address() -> None:
     a, b = b"a" * 16, b"b" * 16
-    base = auth.replica_proof(SECRET, auth.MASTER, "g", 1, a, b)
+    here = "10.0.0.1:9000"
+    base = auth.replica_proof(SECRET, auth.MASTER, "g", 1, a, b, here)
 
-    assert auth.check_proof(base, auth.replica_proof(SECRET, auth.MASTER, "g", 1, a, b))
+    assert auth.check_proof(base, auth.replica_proof(SECRET, auth.MASTER, "g", 1, a, b, here))
     for other in (
-        auth.replica_proof(SECRET, auth.SLAVE, "g", 1, a, b),
-        auth.replica_proof(SECRET, auth.MASTER, "h", 1, a, b),
-        auth.replica_proof(SECRET, auth.MASTER, "g", 2, a, b),
-        auth.replica_proof(SECRET, auth.MASTER, "g", 1, b, a),
-        auth.replica_proof(OTHER, auth.MASTER, "g", 1, a, b),
+        auth.replica_proof(SECRET, auth.SLAVE, "g", 1, a, b, here),
+        auth.replica_proof(SECRET, auth.MASTER, "h", 1, a, b, here),
+        auth.replica_proof(SECRET, auth.MASTER, "g", 2, a, b, here),
+        auth.replica_proof(SECRET, auth.MASTER, "g", 1, b, a, here),
+        auth.replica_proof(OTHER, auth.MASTER, "g", 1, a, b, here),
+        # The same master's answer, checked by a slave that dialled a relay elsewhere.
+        auth.replica_proof(SECRET, auth.MASTER, "g", 1, a, b, "10.0.0.2:9000"),
     ):
         assert not auth.check_proof(base, other)
+
+
+def test_a_session_proof_is_over_the_broker_it_names() -> None:
+    x = auth.session_identity("c1", "broker-x", 0, "10.0.0.1:9000")
+    y = auth.session_identity("c1", "broker-y", 0, "10.0.0.1:9000")
+    metadata = dict(auth.session_metadata(SECRET, x, NOW))
+
+    assert metadata[auth.SESSION_IDENTITY_KEY] == x
+    proof = metadata[auth.METADATA_KEY]
+    assert isinstance(proof, str)
+    assert verify_call(SECRET, "Session", x, proof, NOW) == NOW
+    for body in (y, b""):
+        with pytest.raises(AuthFailed, match="does not match"):
+            verify_call(SECRET, "Session", body, proof, NOW)
+    # Without a secret the identity still goes, binding the stream, with no proof.
+    assert auth.session_metadata(None, x, NOW) == ((auth.SESSION_IDENTITY_KEY, x),)
 
 
 def test_the_raft_password_is_derived_and_not_the_secret() -> None:

@@ -7,6 +7,7 @@ import contextlib
 import pickle
 import socket
 import struct
+import time
 import zlib
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -15,8 +16,8 @@ from typing import Any
 import grpc
 import pytest
 
-from metaq.common.auth import ENV_VAR, ClusterSecret
-from metaq.common.testing import run_async, wait_until_async
+from metaq.common.auth import ENV_VAR, ClusterSecret, call_metadata
+from metaq.common.testing import cluster_secret_for_tests, run_async, wait_until_async
 from metaq.common.v1 import control_pb2 as pb
 from metaq.common.v1 import control_pb2_grpc
 from metaq.nameserver.fake_broker import FakeBroker
@@ -295,3 +296,124 @@ def _more_answers(broker: FakeBroker, seen: int) -> Any:
         return len(broker.received) > seen + 2
 
     return holds
+
+
+# --- what a captured proof is worth ---------------------------------------------------------
+
+_X = pb.BrokerState(
+    cluster="c1", broker_name="broker-x", broker_id=0, data_address="127.0.0.1:20100"
+)
+
+
+def _heartbeat(identity: pb.BrokerState, data_address: str | None = None) -> pb.BrokerHeartbeat:
+    """A master's first heartbeat for ``identity``, from ``data_address`` if given."""
+    broker = pb.BrokerState()
+    broker.CopyFrom(identity)
+    broker.role = pb.BROKER_ROLE_MASTER
+    broker.permission = pb.PERMISSION_READ_WRITE
+    if data_address is not None:
+        broker.data_address = data_address
+    table = _forged(0, "127.0.0.1:1", 0).topic_table
+    return pb.BrokerHeartbeat(broker=broker, topic_table=table)
+
+
+async def _registered(address: str) -> set[tuple[str, int, str]]:
+    """Every broker the nameserver has registered: (group, id, data address)."""
+    async with _stub(address, None) as stub:
+        info = await stub.GetClusterInfo(pb.GetClusterInfoRequest())
+    return {
+        (g.broker_name, b.state.broker_id, b.state.data_address)
+        for c in info.clusters
+        for g in c.groups
+        for b in g.brokers
+    }
+
+
+def test_a_captured_session_proof_registers_no_broker_but_the_one_it_names(
+    tmp_path: Path, nameservers: list[NameServerProcess]
+) -> None:
+    server = start_nameserver(tmp_path / "ns")
+    nameservers.append(server)
+    address = server.grpc_address
+
+    async def scenario() -> None:
+        # What broker X's Session opened with, as someone on the path would capture it.
+        captured = session_proof(broker=_X)
+        forgeries = [
+            _heartbeat(_forged(7, "10.6.6.6:1", 99).broker),  # another broker
+            _heartbeat(_X, data_address="10.6.6.6:1"),  # X, but taking its sends elsewhere
+        ]
+        async with _stub(address, None) as stub:
+            for forged in forgeries:
+                session = stub.Session(metadata=captured)
+                with contextlib.suppress(grpc.aio.AioRpcError):
+                    await session.write(forged)
+                assert await _session_code(session) is grpc.StatusCode.INVALID_ARGUMENT
+                assert "this session was opened for broker broker-x/0" in (
+                    await session.details() or ""
+                )
+            assert await _registered(address) == set()
+
+            # The proof itself is good: it registers X, from X's own address.
+            session = stub.Session(metadata=captured)
+            await session.write(_heartbeat(_X))
+            assert await _session_code(session) is grpc.StatusCode.OK
+            assert await _registered(address) == {("broker-x", 0, "127.0.0.1:20100")}
+            session.cancel()
+
+    run_async(scenario(), SCENARIO_S)
+
+
+def test_an_unregistration_signed_before_the_brokers_current_registration_is_refused(
+    tmp_path: Path, nameservers: list[NameServerProcess]
+) -> None:
+    server = start_nameserver(tmp_path / "ns")
+    nameservers.append(server)
+    address = server.grpc_address
+    secret = cluster_secret_for_tests()
+    leave = pb.UnregisterBrokerRequest(broker_name="broker-x", broker_id=0)
+    body = leave.SerializeToString(deterministic=True)
+
+    def broker() -> FakeBroker:
+        return FakeBroker(
+            [address], "broker-x", 0, configured_master=True, controlled=False,
+            role=pb.BROKER_ROLE_MASTER,
+        )  # fmt: skip
+
+    async def x_registered() -> bool:
+        return ("broker-x", 0, "127.0.0.1:20000") in await _registered(address)
+
+    async def scenario() -> None:
+        first = broker()
+        await first.start()
+        await wait_until_async(x_registered, SETTLE_S, "broker-x/0 registers")
+        # Captured while the first incarnation runs...
+        captured = call_metadata(secret, "UnregisterBroker", body, time.time())
+        await first.close()
+        # ...and replayed once the broker is back (well within the skew window).
+        second = broker()
+        try:
+            await second.start()
+
+            async def answered() -> bool:
+                return bool(second.received)
+
+            await wait_until_async(answered, SETTLE_S, "broker-x/0 registers again")
+            async with grpc.aio.insecure_channel(address) as channel:
+                stub = control_pb2_grpc.NameServerStub(channel)
+                with pytest.raises(grpc.aio.AioRpcError) as caught:
+                    await stub.UnregisterBroker(leave, metadata=captured)
+                assert caught.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+                assert "registered again after this UnregisterBroker was signed" in (
+                    caught.value.details() or ""
+                )
+                assert await x_registered()
+
+                # One the broker signs now goes through.
+                fresh = call_metadata(secret, "UnregisterBroker", body, time.time())
+                left = await stub.UnregisterBroker(leave, metadata=fresh)
+                assert left.removed
+        finally:
+            await second.close()
+
+    run_async(scenario(), SCENARIO_S)

@@ -19,19 +19,27 @@ from replica_group import GROUP, TOPIC, health, start_group
 
 from metaq.broker.testing import BrokerError, BrokerProcess, DataClient
 from metaq.broker.testing.admin import put_topic
-from metaq.common.errors import ErrorCode
+from metaq.common.errors import ErrorCode, NotAuthenticated
 from metaq.common.framing import FLAG_RESPONSE, FrameDecoder, FrameType, encode_frame
 from metaq.common.record import encode, iter_records
-from metaq.common.testing import holds_for, run_async, wait_until, wait_until_async
+from metaq.common.testing import (
+    cluster_secret_for_tests,
+    holds_for,
+    run_async,
+    wait_until,
+    wait_until_async,
+)
 from metaq.common.v1.data_pb2 import (
     EpochEntry,
     PullResponse,
+    ReplicaAuthRequest,
     ReplicaAuthResponse,
     ReplicaFetchRequest,
     ReplicaFetchResponse,
     SendResponse,
 )
 from metaq.nameserver.testing import NameServerProcess, start_nameserver
+from metaq.replication.channel import DataPlaneChannel, SlaveIdentity
 
 pytestmark = pytest.mark.slow
 
@@ -261,5 +269,148 @@ def test_a_slave_cuts_nothing_for_a_master_that_cannot_prove_the_secret(tmp_path
 def _asked(impostor: _Impostor) -> object:
     async def holds() -> bool:
         return bool(impostor.seen)
+
+    return holds
+
+
+# --- a relay at a stale master address -------------------------------------------------------
+
+
+class _Relay:
+    """Listens at one address and passes every connection's bytes, both ways, to a real
+    broker at another: what a process left at a master's old address could do without
+    the secret. Records the frames the connecting side sent."""
+
+    def __init__(self, target_host: str, target_port: int) -> None:
+        self.sent: list[tuple[FrameType, bytes]] = []
+        self._target = (target_host, target_port)
+        self._server: asyncio.Server | None = None
+        self._writers: list[asyncio.StreamWriter] = []
+        self._handlers: set[asyncio.Task[object]] = set()
+
+    async def start(self, host: str, port: int) -> None:
+        self._server = await asyncio.start_server(self._serve, host, port)
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        # Ends every pipe, so each connection's handler returns rather than being cancelled.
+        for writer in self._writers:
+            writer.close()
+        await asyncio.gather(*self._handlers, return_exceptions=True)
+        if self._server is not None:
+            await self._server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        handler = asyncio.current_task()
+        assert handler is not None
+        self._handlers.add(handler)
+        self._writers.append(writer)
+        try:
+            up_reader, up_writer = await asyncio.open_connection(*self._target)
+        except OSError:
+            writer.close()
+            return
+        self._writers.append(up_writer)
+        decoder = FrameDecoder()
+
+        async def pipe(
+            source: asyncio.StreamReader, sink: asyncio.StreamWriter, decode: bool
+        ) -> None:
+            with contextlib.suppress(ConnectionError, OSError):
+                while chunk := await source.read(1 << 16):
+                    if decode:
+                        self.sent += [(f.type, bytes(f.header)) for f in decoder.feed(chunk)]
+                    sink.write(chunk)
+                    await sink.drain()
+            sink.close()
+
+        await asyncio.gather(pipe(reader, up_writer, True), pipe(up_reader, writer, False))
+
+
+def test_a_slave_refuses_a_masters_proof_relayed_from_another_address(tmp_path: Path) -> None:
+    nameserver: NameServerProcess = start_nameserver(tmp_path / "ns")
+    common = ["--nameserver", nameserver.grpc_address, "--broker-name", GROUP,
+              "--set", "failover=false"]  # fmt: skip
+    brokers: list[BrokerProcess] = []
+    try:
+        master = BrokerProcess.start(tmp_path / "master", *common)
+        brokers.append(master)
+        slave = BrokerProcess.start(tmp_path / "slave", *common, "--broker-id", "1")
+        brokers.append(slave)
+        # A real master of the same group, with the secret and an empty log, elsewhere.
+        other = BrokerProcess.start(tmp_path / "other", "--broker-name", GROUP)
+        brokers.append(other)
+        bodies = [b"acked-%d" % n for n in range(5)]
+
+        async def produce() -> None:
+            await put_topic(master.http_url, TOPIC, read_queues=1, write_queues=1)
+            client = await DataClient.connect(master.data_host, master.data_port)
+            try:
+                for body in bodies:
+                    sent = await client.send(TOPIC, 0, [encode(TOPIC, body, queue_id=0)])
+                    assert sent.status == SendResponse.OK
+            finally:
+                await client.close()
+
+        run_async(produce())
+        end = health(master)["commitlog_write_offset"]
+        wait_until(
+            lambda: health(slave)["commitlog_write_offset"] == end,
+            20,
+            "the slave holds the master's whole log",
+        )
+        master.kill()
+        stale = f"{master.data_host}:{master.data_port}"
+        other_address = f"{other.data_host}:{other.data_port}"
+
+        async def relay() -> tuple[list[tuple[FrameType, bytes]], BaseException]:
+            relay = _Relay(other.data_host, other.data_port)
+            # The slave goes on following the dead master's address: relay it elsewhere.
+            await relay.start(master.data_host, master.data_port)
+            try:
+                await wait_until_async(
+                    _relayed_auth(relay), 20, "the slave's handshake reaches the other master"
+                )
+                await asyncio.to_thread(
+                    holds_for,
+                    lambda: health(slave)["commitlog_write_offset"] == end,
+                    WATCH_S,
+                    "the slave keeps its log",
+                )
+                # What the slave was told, through the same code, from this side.
+                identity = SlaveIdentity(GROUP, 1, "127.0.0.1:1", cluster_secret_for_tests())
+                with pytest.raises(NotAuthenticated) as refused:
+                    await DataPlaneChannel.open(stale, identity=identity)
+                return list(relay.sent), refused.value
+            finally:
+                await relay.close()
+
+        sent, refusal = run_async(relay(), timeout_s=60)
+
+        assert f"answered with the proof of master {other_address}" in str(refusal)
+        assert "nothing is written or cut" in str(refusal)
+        # The slave stopped after the master's answer: no proof of its own, no fetch.
+        kinds = {t for t, _ in sent}
+        assert kinds == {FrameType.REPLICA_AUTH}, kinds
+        assert not any(ReplicaAuthRequest.FromString(h).slave_proof for _, h in sent)
+
+        async def read_slave() -> list[bytes]:
+            client = await DataClient.connect(slave.data_host, slave.data_port)
+            try:
+                return [r.body for r in await client.read_queue(TOPIC, 0)]
+            finally:
+                await client.close()
+
+        assert run_async(read_slave()) == bodies
+    finally:
+        for broker in brokers:
+            broker.kill()
+        nameserver.stop()
+
+
+def _relayed_auth(relay: _Relay) -> object:
+    async def holds() -> bool:
+        return any(t is FrameType.REPLICA_AUTH for t, _ in relay.sent)
 
     return holds

@@ -43,13 +43,14 @@ class LogCheck:
         *,
         broker_name: str,
         broker_id: int,
+        data_address: str,
         master: Callable[[], tuple[str, int]],
         on_progress: Callable[[], None],
         on_verified: Callable[[], None],
         secret: ClusterSecret | None = None,
     ) -> None:
         self._store = store
-        self._identity = SlaveIdentity(broker_name, broker_id, secret)
+        self._identity = SlaveIdentity(broker_name, broker_id, data_address, secret)
         self._history = history
         self._broker_name = broker_name
         self._broker_id = broker_id

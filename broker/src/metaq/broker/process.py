@@ -166,7 +166,9 @@ class Broker:
         )
         loop = asyncio.get_running_loop()
         self._durability = AsyncDurability(loop, self.store.flusher)
-        self.group_role = GroupRole(config, self.store, self._durability, self.secret)
+        self.group_role = GroupRole(
+            config, self.store, self._durability, self.secret, data_address=self.data_address
+        )
         role = self.group_role
         journal = Journal(self.store, self.topics, self.offsets, lambda: role.takes_writes)
         journal.apply()  # commits journaled after the last offsets snapshot

@@ -32,7 +32,7 @@ import grpc
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 from tenacity.wait import wait_random_exponential
 
-from metaq.common.auth import ClusterSecret, call_metadata
+from metaq.common.auth import ClusterSecret, call_metadata, session_identity, session_metadata
 from metaq.common.v1 import control_pb2 as pb
 from metaq.common.v1 import control_pb2_grpc
 
@@ -245,7 +245,12 @@ class _Link:
         answered = asyncio.Event()
         try:
             async with grpc.aio.insecure_channel(self.address) as channel:
-                metadata = call_metadata(registrar.secret, "Session", b"", time.time())
+                # The proof names this broker: the stream can register no other.
+                me = registrar.describe()
+                identity = session_identity(
+                    me.cluster, me.broker_name, me.broker_id, me.data_address
+                )
+                metadata = session_metadata(registrar.secret, identity, time.time())
                 call = control_pb2_grpc.NameServerStub(channel).Session(metadata=metadata)
 
                 # When each unanswered heartbeat was sent (monotonic), by sequence.

@@ -6,6 +6,12 @@ the broker that proved it there; a fetch on any other connection is refused befo
 replica set sees it, so a stranger gets no bytes, never joins the in-sync set and never
 reports an offset that holds consumers back. Proofs are per connection and die with it.
 
+The master's proof covers its own advertised data address, which the slave checks
+against the address it dialled: a process at another address (a master's old one) that
+passes a slave's handshake through to this master gets an answer the slave refuses, so
+it can neither feed that slave nor fetch and report offsets as it. The slave's proof
+covers the data address it advertises, which is logged with the slave it proved.
+
 The same proof admits a slave's forwarded offset commits (:meth:`ReplicaGate.check_forwarded`):
 a stranger cannot overwrite a group's offsets with ones it says a slave held.
 
@@ -32,11 +38,14 @@ _DONE = ReplicaAuthResponse().SerializeToString()
 class ReplicaGate:
     """Per connection: the handshake in progress, or the slave it proved to be."""
 
-    def __init__(self, secret: ClusterSecret | None, broker_name: str) -> None:
+    def __init__(self, secret: ClusterSecret | None, broker_name: str, data_address: str) -> None:
         self._secret = secret
         self._broker_name = broker_name
-        # connection id -> (slave id, slave nonce, master nonce) between the two steps.
-        self._pending: dict[int, tuple[int, bytes, bytes]] = {}
+        self._data_address = data_address
+        """This master's advertised data address: what its slaves dial, and check."""
+        # connection id -> (slave id, slave nonce, slave data address, master nonce)
+        # between the two steps.
+        self._pending: dict[int, tuple[int, bytes, str, bytes]] = {}
         # connection id -> the slave id that proved the secret on it.
         self._proven: dict[int, int] = {}
 
@@ -58,24 +67,33 @@ class ReplicaGate:
             raise InvalidMessage(f"slave_nonce must be {auth.NONCE_BYTES} bytes")
         if not request.slave_proof:
             master_nonce = auth.new_nonce()
-            self._pending[connection] = (request.broker_id, request.slave_nonce, master_nonce)
+            self._pending[connection] = (
+                request.broker_id, request.slave_nonce, request.slave_data_address, master_nonce
+            )  # fmt: skip
             self._proven.pop(connection, None)
             proof = auth.replica_proof(
                 secret, auth.MASTER, self._broker_name, request.broker_id,
-                request.slave_nonce, master_nonce,
+                request.slave_nonce, master_nonce, self._data_address,
             )  # fmt: skip
-            answer = ReplicaAuthResponse(master_nonce=master_nonce, master_proof=proof)
+            answer = ReplicaAuthResponse(
+                master_nonce=master_nonce,
+                master_proof=proof,
+                master_data_address=self._data_address,
+            )
             self._respond(responder, frame, answer.SerializeToString())
             return
         pending = self._pending.pop(connection, None)
-        if pending is None or pending[:2] != (request.broker_id, request.slave_nonce):
+        if pending is None or pending[:3] != (
+            request.broker_id, request.slave_nonce, request.slave_data_address
+        ):  # fmt: skip
             raise NotAuthenticated(
                 "REPLICA_AUTH: a proof without the first step on this connection; start over"
             )
-        slave_id, slave_nonce, master_nonce = pending
+        slave_id, slave_nonce, slave_address, master_nonce = pending
         expected = auth.replica_proof(
-            secret, auth.SLAVE, self._broker_name, slave_id, slave_nonce, master_nonce
-        )
+            secret, auth.SLAVE, self._broker_name, slave_id, slave_nonce, master_nonce,
+            slave_address,
+        )  # fmt: skip
         if not auth.check_proof(expected, request.slave_proof):
             log.warning(
                 "connection %d: broker %s/%d failed the cluster-secret handshake",
@@ -87,6 +105,13 @@ class ReplicaGate:
                 f"broker {self._broker_name}/{slave_id}: the proof does not match this "
                 "master's cluster secret; give both the same one"
             )
+        log.info(
+            "connection %d: slave %s/%d at %s proved the cluster secret",
+            connection,
+            self._broker_name,
+            slave_id,
+            slave_address or "(no address given)",
+        )
         self._proven[connection] = slave_id
         self._respond(responder, frame, _DONE)
 

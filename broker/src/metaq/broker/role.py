@@ -63,11 +63,13 @@ class GroupRole:
         store: MessageStore,
         durability: AsyncDurability,
         secret: ClusterSecret | None = None,
+        *,
+        data_address: str,
     ) -> None:
         self.config = config
-        self.gate = ReplicaGate(secret, config.broker_name)
+        self.gate = ReplicaGate(secret, config.broker_name, data_address)
         """As master: which connections' slaves proved the cluster secret."""
-        self._identity = SlaveIdentity(config.broker_name, config.broker_id, secret)
+        self._identity = SlaveIdentity(config.broker_name, config.broker_id, data_address, secret)
         self._store = store
         self.log = StoreLog(store, durability)
         self.history = EpochHistory(config.data_dir / "epochs.json")
@@ -115,6 +117,7 @@ class GroupRole:
                 self.history,
                 broker_name=config.broker_name,
                 broker_id=config.broker_id,
+                data_address=data_address,
                 master=lambda: (self.master_address if self.role is Role.SLAVE else "", self.epoch),
                 on_progress=lambda: self.on_confirmed(),
                 on_verified=lambda: self.on_change(),

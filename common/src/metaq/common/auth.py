@@ -8,14 +8,19 @@ for, so a proof taken from one place is worthless in another.
 - Control plane (gRPC): a mutating call carries ``x-metaq-auth`` metadata, an HMAC over
   the method, a wall-clock timestamp and the request's serialized bytes; the nameserver
   accepts it within :data:`MAX_CLOCK_SKEW_S` of its own clock (:func:`sign_call`,
-  :func:`verify_call`).
+  :func:`verify_call`). A ``Session`` stream has no request of its own to sign, so it
+  opens with the broker's identity in :data:`SESSION_IDENTITY_KEY` metadata and the proof
+  covers that: the stream can only ever speak for that one broker.
 - Data plane (replication): a nonce from each side, then each side answers with an HMAC
-  over both nonces, its role and the slave's identity (:func:`replica_proof`), once per
-  connection, so neither can replay an old conversation.
+  over both nonces, its role, the slave's identity and its own advertised data address
+  (:func:`replica_proof`), once per connection, so neither can replay an old
+  conversation, and a proof passed on by a relay names an address the slave did not dial.
 - Raft (pysyncobj): its own password, derived here (:meth:`ClusterSecret.raft_password`).
 
 What this is not: there is no TLS, so anyone who can read the traffic reads the messages,
-and an attacker on the path can replay a control call within the skew window. The secret
+and an attacker on the path can replay a control call within the skew window (a
+Session only for the broker it was captured from) or tamper with data-plane frames after
+the handshake. The secret
 keeps strangers who can merely reach a port from joining, taking over or wiping a group.
 
 Apart from :func:`load_secret` reading one file, nothing here does I/O.
@@ -34,6 +39,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Final
 
+from metaq.common.v1 import control_pb2
+
 log = logging.getLogger(__name__)
 
 ENV_VAR: Final = "METAQ_CLUSTER_SECRET"
@@ -42,6 +49,10 @@ MIN_SECRET_BYTES: Final = 16
 MAX_SECRET_BYTES: Final = 4096
 METADATA_KEY: Final = "x-metaq-auth"
 """The gRPC metadata key of a call's proof (lowercase, as gRPC requires)."""
+SESSION_IDENTITY_KEY: Final = "x-metaq-broker-bin"
+"""Binary gRPC metadata a Session opens with: the broker it speaks for, a serialized
+``BrokerState`` with only cluster, broker_name, broker_id and data_address set; the
+Session's proof is over these bytes."""
 MAX_CLOCK_SKEW_S: Final = 120.0
 """A control-plane proof is accepted this far either side of the receiver's clock."""
 NONCE_BYTES: Final = 16
@@ -187,11 +198,30 @@ def call_metadata(
     return ((METADATA_KEY, sign_call(secret, method, request, now_s)),)
 
 
+def session_identity(cluster: str, broker_name: str, broker_id: int, data_address: str) -> bytes:
+    """The :data:`SESSION_IDENTITY_KEY` value for a broker: what its Session is bound to."""
+    state = control_pb2.BrokerState(
+        cluster=cluster, broker_name=broker_name, broker_id=broker_id, data_address=data_address
+    )
+    return state.SerializeToString(deterministic=True)
+
+
+def session_metadata(
+    secret: ClusterSecret | None, identity: bytes, now_s: float
+) -> tuple[tuple[str, str | bytes], ...]:
+    """gRPC metadata a Session stream opens with: the broker's :func:`session_identity`,
+    and with a secret the proof over it."""
+    return ((SESSION_IDENTITY_KEY, identity), *call_metadata(secret, "Session", identity, now_s))
+
+
 def verify_call(
     secret: ClusterSecret, method: str, request: bytes, proof: str | None, now_s: float
-) -> None:
+) -> float:
     """Raise :class:`AuthFailed`, saying what to configure, unless ``proof`` is
-    :func:`sign_call`'s for this method and request within the skew window."""
+    :func:`sign_call`'s for this method and request within the skew window.
+
+    Returns when the caller signed it (seconds, the caller's clock), so that a receiver
+    can order two proofs of one caller without comparing clocks."""
     if not proof:
         raise AuthFailed(
             f"{method} needs proof of the cluster secret ({METADATA_KEY} metadata) and the "
@@ -213,6 +243,7 @@ def verify_call(
             f"{method}: the proof does not match this nameserver's cluster secret; "
             "the caller holds a different secret"
         )
+    return int(stamp) / 1000
 
 
 # --- data plane: replication's mutual handshake -------------------------------------------
@@ -232,16 +263,22 @@ def replica_proof(
     slave_id: int,
     slave_nonce: bytes,
     master_nonce: bytes,
+    data_address: str,
 ) -> bytes:
     """What ``role`` (:data:`MASTER` or :data:`SLAVE`) sends to prove the secret when
     slave ``slave_id`` of group ``broker_name`` connects to its master. The role is in the
-    message, so neither side can reflect the other's proof back."""
+    message, so neither side can reflect the other's proof back.
+
+    ``data_address`` is the prover's own advertised data address (host:port): the
+    master's lets the slave check that the broker proving is the one it dialled, not one
+    behind a relay at another address; the slave's says which slave proved."""
     return secret.mac(
         "replica " + role,
         broker_name.encode(),
         str(slave_id).encode(),
         slave_nonce,
         master_nonce,
+        data_address.encode(),
     )
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from metaq.common.auth import ClusterSecret, call_metadata
+from metaq.common.auth import ClusterSecret, session_identity, session_metadata
 from metaq.common.testing import cluster_secret_for_tests, wait_until_async
 from metaq.common.v1 import control_pb2 as pb
 from metaq.common.v1 import control_pb2_grpc
@@ -102,7 +102,10 @@ class FakeBroker:
         """Open a session with every nameserver, send the first heartbeats, keep beating."""
         for address in self.nameservers:
             channel = grpc.aio.insecure_channel(address)
-            metadata = call_metadata(self.secret, "Session", b"", time.time())
+            identity = session_identity(
+                self.cluster, self.broker_name, self.broker_id, self.data_address
+            )
+            metadata = session_metadata(self.secret, identity, time.time())
             call = control_pb2_grpc.NameServerStub(channel).Session(metadata=metadata)
             link = _Link(address, channel, call)
             link.reader = asyncio.get_running_loop().create_task(self._read(link))

@@ -10,7 +10,11 @@ helps, what is accepted.
 Authentication: with a cluster secret, every call that changes the cluster (Session,
 RegisterBroker, UnregisterBroker, Switchover) must prove it (``metaq.common.auth``) or
 is refused with UNAUTHENTICATED before it changes anything; the questions (routes,
-cluster, assignment, controller state) stay open to every client.
+cluster, assignment, controller state) stay open to every client. A Session's proof is
+over the broker identity it opens with, and every heartbeat on it must be that broker's,
+so a captured proof cannot register another broker. An UnregisterBroker signed before
+the broker's current registration (by the broker's own clock) is refused, so a captured
+one cannot depose the broker once it is back.
 
 Sessions: each ``Session`` stream has a queue of events, fed by the answers to its
 heartbeats (read by a task of the session's own) and by unasked pushes whenever the
@@ -30,9 +34,15 @@ from dataclasses import dataclass, field
 from typing import TypeAlias
 
 import grpc
-from google.protobuf.message import Message
+from google.protobuf.message import DecodeError, Message
 
-from metaq.common.auth import METADATA_KEY, AuthFailed, ClusterSecret, verify_call
+from metaq.common.auth import (
+    METADATA_KEY,
+    SESSION_IDENTITY_KEY,
+    AuthFailed,
+    ClusterSecret,
+    verify_call,
+)
 from metaq.common.names import shown
 from metaq.common.v1 import control_pb2 as pb
 from metaq.common.v1 import control_pb2_grpc
@@ -72,6 +82,10 @@ class _Stream:
 
     session: int
     queue: asyncio.Queue[_Item] = field(default_factory=asyncio.Queue)
+    bound: pb.BrokerState | None = None
+    """The identity the stream opened with: its heartbeats may speak for no other."""
+    signed_at_s: float | None = None
+    """When the broker signed the stream's proof, by its own clock."""
     key: BrokerKey | None = None
     controlled: bool = False
     topics: Mapping[str, TopicConfig] | None = None
@@ -90,6 +104,9 @@ class NameServerService(control_pb2_grpc.NameServerServicer):
         self._expiry_ms = round(registry.broker_expiry_s * 1000)
         # Open streams by group, then session: whom to tell when a group's control changes.
         self._streams: dict[str, dict[int, _Stream]] = {}
+        # When each registered broker signed its current registration (its own clock):
+        # an UnregisterBroker signed earlier is a replay from before it.
+        self._registered_at_s: dict[BrokerKey, float] = {}
         controller.add_listener(self._push)
 
     # --- brokers ------------------------------------------------------------------------
@@ -99,9 +116,21 @@ class NameServerService(control_pb2_grpc.NameServerServicer):
         request_iterator: AsyncIterator[pb.BrokerHeartbeat],
         context: Context,
     ) -> AsyncIterator[pb.SessionEvent]:
-        # A stream is proven once, when it opens: its heartbeats all come over it.
-        await self._authorize(context, "Session", None)
-        stream = _Stream(next(self._sessions))
+        # A stream is proven once, when it opens, for the broker it names then: its
+        # heartbeats all come over it and must all be that broker's.
+        identity = self._metadata(context, SESSION_IDENTITY_KEY)
+        if not isinstance(identity, bytes) and self._secret is not None:
+            await context.abort(
+                grpc.StatusCode.UNAUTHENTICATED,
+                f"Session needs the broker's identity ({SESSION_IDENTITY_KEY} metadata) "
+                "with the proof of the cluster secret over it; this broker is older than "
+                "this nameserver or not a metaq broker: upgrade it",
+            )
+        body = identity if isinstance(identity, bytes) else None
+        signed_at_s = await self._authorize(context, "Session", body or b"")
+        stream = _Stream(next(self._sessions), signed_at_s=signed_at_s)
+        if body is not None:
+            stream.bound = await self._session_identity(body, context)
         reader = asyncio.get_running_loop().create_task(
             self._read(request_iterator, stream), name=f"session-{stream.session}"
         )
@@ -145,6 +174,7 @@ class NameServerService(control_pb2_grpc.NameServerServicer):
     def _heartbeat(self, heartbeat: pb.BrokerHeartbeat, stream: _Stream) -> _Item:
         try:
             state = convert.broker_state(heartbeat.broker)
+            self._check_bound(stream, heartbeat.broker)
             if stream.key is not None and state.key != stream.key:
                 raise InvalidRequest(
                     f"this session speaks for broker {stream.key}, not {state.key}; "
@@ -176,6 +206,8 @@ class NameServerService(control_pb2_grpc.NameServerServicer):
                 self._controller.wakeup()  # a new group: bootstrap now, not next round
         if stream.key is None:
             self._streams.setdefault(state.key.broker_name, {})[stream.session] = stream
+        if stream.signed_at_s is not None:
+            self._registered_at_s[state.key] = stream.signed_at_s
         stream.key = state.key
         stream.controlled = state.controlled
         self._log_fenced(registered)
@@ -192,6 +224,7 @@ class NameServerService(control_pb2_grpc.NameServerServicer):
         if not streams:
             self._streams.pop(key.broker_name, None)
         if self._registry.end_session(key, stream.session):
+            self._registered_at_s.pop(key, None)
             log.info("broker %s left the routes: its session %d ended", key, stream.session)
             if stream.controlled:
                 self._controller.wakeup()  # it may have been a master: decide now
@@ -213,7 +246,7 @@ class NameServerService(control_pb2_grpc.NameServerServicer):
     async def RegisterBroker(
         self, request: pb.RegisterBrokerRequest, context: Context
     ) -> pb.RegisterBrokerResponse:
-        await self._authorize(context, "RegisterBroker", request)
+        signed_at_s = await self._authorize(context, "RegisterBroker", request)
         try:
             state = convert.broker_state(request.broker)
             if not request.HasField("topic_table"):
@@ -224,19 +257,40 @@ class NameServerService(control_pb2_grpc.NameServerServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except RegistrationRefused as exc:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        if signed_at_s is not None:
+            self._registered_at_s[state.key] = signed_at_s
         self._log_fenced(registered)
         return self._registered(state, registered)
 
     async def UnregisterBroker(
         self, request: pb.UnregisterBrokerRequest, context: Context
     ) -> pb.UnregisterBrokerResponse:
-        await self._authorize(context, "UnregisterBroker", request)
+        signed_at_s = await self._authorize(context, "UnregisterBroker", request)
         try:
             key = convert.broker_key(request.broker_name, request.broker_id)
         except InvalidRequest as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        registered_at_s = self._registered_at_s.get(key)
+        if (
+            signed_at_s is not None
+            and registered_at_s is not None
+            and signed_at_s < registered_at_s
+        ):
+            log.warning(
+                "refused UnregisterBroker %s from %s: signed %.3f s before its registration",
+                key,
+                context.peer(),
+                registered_at_s - signed_at_s,
+            )
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"broker {key} registered again after this UnregisterBroker was signed "
+                f"({registered_at_s - signed_at_s:.3f} s later by its clock): a stale or "
+                "replayed request; a broker that means to leave signs a new one",
+            )
         removed = self._registry.unregister(key)
         if removed:
+            self._registered_at_s.pop(key, None)
             log.info("broker %s unregistered", key)
             self._controller.wakeup()
         return pb.UnregisterBrokerResponse(removed=removed)
@@ -318,18 +372,59 @@ class NameServerService(control_pb2_grpc.NameServerServicer):
 
     # --- helpers ------------------------------------------------------------------------
 
-    async def _authorize(self, context: Context, method: str, request: Message | None) -> None:
-        """End the call with UNAUTHENTICATED unless it proves the cluster secret."""
+    async def _authorize(
+        self, context: Context, method: str, request: Message | bytes
+    ) -> float | None:
+        """End the call with UNAUTHENTICATED unless it proves the cluster secret; when
+        it does, return when the caller signed it (None without a secret)."""
         if self._secret is None:
-            return
-        proofs = [v for k, v in context.invocation_metadata() or () if k == METADATA_KEY]
-        proof = proofs[0] if proofs and isinstance(proofs[0], str) else None
-        body = b"" if request is None else request.SerializeToString(deterministic=True)
+            return None
+        value = self._metadata(context, METADATA_KEY)
+        proof = value if isinstance(value, str) else None
+        body = (
+            request if isinstance(request, bytes) else request.SerializeToString(deterministic=True)
+        )
         try:
-            verify_call(self._secret, method, body, proof, time.time())
+            return verify_call(self._secret, method, body, proof, time.time())
         except AuthFailed as exc:
             log.warning("refused %s from %s: %s", method, context.peer(), exc)
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(exc))
+
+    @staticmethod
+    def _metadata(context: Context, key: str) -> str | bytes | None:
+        values = [v for k, v in context.invocation_metadata() or () if k == key]
+        return values[0] if values else None
+
+    async def _session_identity(self, body: bytes, context: Context) -> pb.BrokerState:
+        """The broker a Session opened for, from its proven identity metadata."""
+        try:
+            identity = pb.BrokerState.FromString(body)
+            convert.broker_key(identity.broker_name, identity.broker_id)
+            convert.check_text(identity.cluster, "the session identity's cluster")
+            convert.check_address(identity.data_address, "the session identity's data_address")
+        except (InvalidRequest, DecodeError) as exc:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"the {SESSION_IDENTITY_KEY} metadata is not a broker identity ({exc}); it "
+                "must be a BrokerState with cluster, broker_name, broker_id and data_address",
+            )
+        return identity
+
+    @staticmethod
+    def _check_bound(stream: _Stream, broker: pb.BrokerState) -> None:
+        """Refuse a heartbeat for any broker but the one the stream was opened for."""
+        bound = stream.bound
+        if bound is None:
+            return
+        got = (broker.cluster, broker.broker_name, broker.broker_id, broker.data_address)
+        want = (bound.cluster, bound.broker_name, bound.broker_id, bound.data_address)
+        if got != want:
+            raise InvalidRequest(
+                f"this session was opened for broker {bound.broker_name}/{bound.broker_id} "
+                f"of cluster {shown(bound.cluster)} at {bound.data_address}, not for "
+                f"{broker.broker_name}/{broker.broker_id} of cluster {shown(broker.cluster)} "
+                f"at {broker.data_address}; open one session per broker, naming it"
+            )
 
     async def _route(self, topic: str, context: Context) -> TopicRoute:
         try:

@@ -33,8 +33,9 @@ from typing import Final, TypeVar
 import grpc
 from google.protobuf.message import Message
 
-from metaq.common.auth import ClusterSecret, call_metadata
+from metaq.common.auth import ClusterSecret, call_metadata, session_identity, session_metadata
 from metaq.common.testing import cluster_secret_for_tests, secret_env
+from metaq.common.v1 import control_pb2 as pb
 
 READY: Final = re.compile(
     r"^metaq-nameserver ready grpc=(\S+)(?: http=(\S+))?(?: raft=(\S+))?$", re.MULTILINE
@@ -196,9 +197,20 @@ def signed_channel(address: str, secret: ClusterSecret | None = None) -> grpc.ai
     return grpc.aio.insecure_channel(address, interceptors=[_SigningInterceptor(secret)])
 
 
-def session_proof(secret: ClusterSecret | None = None) -> tuple[tuple[str, str], ...]:
-    """The metadata a Session stream opens with, proving ``secret`` (the tests' one)."""
-    return call_metadata(secret or cluster_secret_for_tests(), "Session", b"", time.time())
+def session_proof(
+    secret: ClusterSecret | None = None, *, broker: pb.BrokerState | None = None
+) -> tuple[tuple[str, str | bytes], ...]:
+    """The metadata a Session stream opens with, proving ``secret`` (the tests' one) for
+    ``broker`` (its cluster, name, id and data address): the nameserver refuses heartbeats
+    for any other broker on that stream. Without ``broker``, for one that is never sent."""
+    if broker is None:
+        broker = pb.BrokerState(
+            cluster="none", broker_name="unnamed", broker_id=0, data_address="127.0.0.1:1"
+        )
+    identity = session_identity(
+        broker.cluster, broker.broker_name, broker.broker_id, broker.data_address
+    )
+    return session_metadata(secret or cluster_secret_for_tests(), identity, time.time())
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:

@@ -3,7 +3,11 @@
 With a cluster secret the connection starts with REPLICA_AUTH (docs/replication.md): the
 master proves the secret before the slave sends a single fetch, so nothing the slave
 writes or cuts ever comes from a master it could not authenticate, and the slave proves
-it in turn before the master serves it.
+it in turn before the master serves it. The master's proof names its own advertised data
+address, checked against the address dialled here, so a process at another address
+cannot pass a real master's proof through to the slave (a relay at a stale address).
+What the handshake does not cover: the frames after it; a man in the middle on the
+path itself can alter them (TLS would).
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ class SlaveIdentity:
 
     broker_name: str
     broker_id: int
+    data_address: str
+    """This slave's own advertised data address, which its proof names."""
     secret: ClusterSecret | None
 
 
@@ -88,9 +94,11 @@ class DataPlaneChannel:
         return channel
 
     async def _authenticate(self, identity: SlaveIdentity, secret: ClusterSecret) -> None:
-        name, slave_id = identity.broker_name, identity.broker_id
+        name, slave_id, mine = identity.broker_name, identity.broker_id, identity.data_address
         nonce = auth.new_nonce()
-        hello = ReplicaAuthRequest(broker_name=name, broker_id=slave_id, slave_nonce=nonce)
+        hello = ReplicaAuthRequest(
+            broker_name=name, broker_id=slave_id, slave_nonce=nonce, slave_data_address=mine
+        )
         try:
             frame = await self._exchange(FrameType.REPLICA_AUTH, hello, _AUTH_TIMEOUT_S)
         except FetchError as exc:
@@ -99,20 +107,37 @@ class DataPlaneChannel:
                 f"({exc}); not replicating from it: nothing is written or cut"
             ) from None
         answer = ReplicaAuthResponse.FromString(frame.header)
-        expected = auth.replica_proof(
-            secret, auth.MASTER, name, slave_id, nonce, answer.master_nonce
-        )
-        if len(answer.master_nonce) != auth.NONCE_BYTES or not auth.check_proof(
-            expected, answer.master_proof
-        ):
+        master_nonce = answer.master_nonce
+
+        def proven_by(address: str) -> bool:
+            expected = auth.replica_proof(
+                secret, auth.MASTER, name, slave_id, nonce, master_nonce, address
+            )
+            return auth.check_proof(expected, answer.master_proof)
+
+        if len(master_nonce) != auth.NONCE_BYTES:
+            raise NotAuthenticated(f"master {self.address} answered the handshake malformed")
+        if not proven_by(self.address):
+            claimed = answer.master_data_address
+            if claimed and claimed != self.address and proven_by(claimed):
+                raise NotAuthenticated(
+                    f"{self.address} answered with the proof of master {claimed}: something "
+                    f"at {self.address} relays another broker (a stale or hijacked master "
+                    "address?); not replicating from it: nothing is written or cut. Check "
+                    "which master the nameservers route this group to"
+                )
             raise NotAuthenticated(
                 f"master {self.address} did not prove the cluster secret (it holds another "
                 "one, or is not a broker of this cluster); not replicating from it: nothing "
                 "is written or cut"
             )
-        proof = auth.replica_proof(secret, auth.SLAVE, name, slave_id, nonce, answer.master_nonce)
+        proof = auth.replica_proof(secret, auth.SLAVE, name, slave_id, nonce, master_nonce, mine)
         done = ReplicaAuthRequest(
-            broker_name=name, broker_id=slave_id, slave_nonce=nonce, slave_proof=proof
+            broker_name=name,
+            broker_id=slave_id,
+            slave_nonce=nonce,
+            slave_proof=proof,
+            slave_data_address=mine,
         )
         await self._exchange(FrameType.REPLICA_AUTH, done, _AUTH_TIMEOUT_S)
 

@@ -907,12 +907,16 @@ class ReplicaAuthRequest(_message.Message):
     REPLICA_FETCH, and that a slave with a secret requires before it takes, or cuts its log
     for, anything a master says (docs/replication.md). Two steps on one connection:
       1. the slave sends its identity and a fresh nonce; the master answers with a fresh
-         nonce of its own and its proof over both (the slave checks it before going on);
-      2. the slave sends its proof over both nonces; the master answers with an empty
-         ReplicaAuthResponse, and from then on serves this slave's fetches on this
-         connection (only this slave's: a fetch naming another broker is refused).
+         nonce of its own and its proof over both and its own advertised data address;
+         the slave checks the proof against the address it dialled, so a master's answer
+         passed on by a relay at another address fails, before going on;
+      2. the slave sends its proof over both nonces and its own data address; the master
+         answers with an empty ReplicaAuthResponse, and from then on serves this slave's
+         fetches on this connection (only this slave's: a fetch naming another broker is
+         refused).
     A side that cannot check a proof (no secret, or another one) answers ERROR
-    NO_PERMISSION saying what to configure.
+    NO_PERMISSION saying what to configure. Frames after the handshake are not
+    authenticated: a man in the middle on the path itself can still alter them.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -921,14 +925,17 @@ class ReplicaAuthRequest(_message.Message):
     BROKER_ID_FIELD_NUMBER: _builtins.int
     SLAVE_NONCE_FIELD_NUMBER: _builtins.int
     SLAVE_PROOF_FIELD_NUMBER: _builtins.int
+    SLAVE_DATA_ADDRESS_FIELD_NUMBER: _builtins.int
     broker_name: _builtins.str
     broker_id: _builtins.int
     slave_nonce: _builtins.bytes
     """Step 1: 16 random bytes. Step 2: the same nonce again."""
     slave_proof: _builtins.bytes
     """Step 2 only: HMAC-SHA256 (keyed by the cluster secret) over "replica slave", the
-    slave's identity and both nonces.
+    slave's identity, both nonces and slave_data_address.
     """
+    slave_data_address: _builtins.str
+    """The slave's own advertised data address (host:port), in both steps."""
     def __init__(
         self,
         *,
@@ -936,10 +943,11 @@ class ReplicaAuthRequest(_message.Message):
         broker_id: _builtins.int = ...,
         slave_nonce: _builtins.bytes = ...,
         slave_proof: _builtins.bytes = ...,
+        slave_data_address: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_id", b"broker_id", "broker_name", b"broker_name", "slave_nonce", b"slave_nonce", "slave_proof", b"slave_proof"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_id", b"broker_id", "broker_name", b"broker_name", "slave_data_address", b"slave_data_address", "slave_nonce", b"slave_nonce", "slave_proof", b"slave_proof"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -951,20 +959,26 @@ class ReplicaAuthResponse(_message.Message):
 
     MASTER_NONCE_FIELD_NUMBER: _builtins.int
     MASTER_PROOF_FIELD_NUMBER: _builtins.int
+    MASTER_DATA_ADDRESS_FIELD_NUMBER: _builtins.int
     master_nonce: _builtins.bytes
     """Step 1 only: the master's 16 random bytes and its proof, an HMAC over "replica
-    master", the slave's identity and both nonces.
+    master", the slave's identity, both nonces and master_data_address.
     """
     master_proof: _builtins.bytes
+    master_data_address: _builtins.str
+    """Step 1 only: the master's own advertised data address, so that a slave that dialled
+    another one can say which broker answered.
+    """
     def __init__(
         self,
         *,
         master_nonce: _builtins.bytes = ...,
         master_proof: _builtins.bytes = ...,
+        master_data_address: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["master_nonce", b"master_nonce", "master_proof", b"master_proof"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["master_data_address", b"master_data_address", "master_nonce", b"master_nonce", "master_proof", b"master_proof"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
