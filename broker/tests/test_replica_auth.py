@@ -91,7 +91,7 @@ def test_a_slave_that_proved_the_secret_fetches_on_its_connection_as_itself_only
 
 
 def test_forwarded_offset_commits_need_a_proven_slave_unless_the_cluster_has_no_secret() -> None:
-    gate = ReplicaGate(SECRET, GROUP)
+    gate = ReplicaGate(SECRET, GROUP, MASTER_AT)
     with pytest.raises(NotAuthenticated, match="proved the cluster secret on the connection"):
         gate.check_forwarded(1)
     _handshake(gate, Responder(1), 1)
@@ -102,7 +102,7 @@ def test_forwarded_offset_commits_need_a_proven_slave_unless_the_cluster_has_no_
     with pytest.raises(NotAuthenticated):
         gate.check_forwarded(1)
 
-    ReplicaGate(None, GROUP).check_forwarded(1)  # a loopback cluster without a secret
+    ReplicaGate(None, GROUP, MASTER_AT).check_forwarded(1)  # a loopback cluster without a secret
 
 
 def test_a_wrong_proof_or_a_proof_without_the_first_step_is_refused() -> None:

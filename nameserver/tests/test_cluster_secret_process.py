@@ -3,6 +3,7 @@ port change nothing, and a member cannot register over a live broker."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import pickle
 import socket
@@ -150,6 +151,13 @@ async def _code(call: Any) -> grpc.StatusCode:
     return grpc.StatusCode.OK
 
 
+async def _finish(session: Any) -> None:
+    """End a Session call and wait until it has, so no event of it outlives the loop."""
+    session.cancel()
+    with contextlib.suppress(grpc.aio.AioRpcError, asyncio.CancelledError):
+        await session.code()
+
+
 async def _session_code(session: Any) -> grpc.StatusCode:
     """OK once the nameserver answers a heartbeat, else the status the stream ended with
     (read from the call: a read racing the end can fail with a status of its own)."""
@@ -235,14 +243,11 @@ def test_calls_that_change_the_cluster_need_the_secret_and_change_nothing_withou
                             )
                         ),
                     ]
+                    # Refused as it opens, before any heartbeat is read: writing one would
+                    # race the refusal (and end the call INTERNAL instead).
                     session = stub.Session(metadata=session_proof(secret) if secret else ())
-                    forged = _forged(7, "10.6.6.6:1", 99)
-                    # The nameserver may end the stream before the heartbeat is written.
-                    with contextlib.suppress(grpc.aio.AioRpcError):
-                        await session.write(
-                            pb.BrokerHeartbeat(broker=forged.broker, topic_table=forged.topic_table)
-                        )
                     codes.append(await _session_code(session))
+                    await _finish(session)
                 assert codes == [grpc.StatusCode.UNAUTHENTICATED] * 5, (secret, codes)
             assert await _view(address) == before
             assert before == ([(0, pb.BROKER_ROLE_MASTER, "127.0.0.1:20000"),
@@ -352,6 +357,7 @@ def test_a_captured_session_proof_registers_no_broker_but_the_one_it_names(
                 assert "this session was opened for broker broker-x/0" in (
                     await session.details() or ""
                 )
+                await _finish(session)
             assert await _registered(address) == set()
 
             # The proof itself is good: it registers X, from X's own address.
@@ -359,7 +365,7 @@ def test_a_captured_session_proof_registers_no_broker_but_the_one_it_names(
             await session.write(_heartbeat(_X))
             assert await _session_code(session) is grpc.StatusCode.OK
             assert await _registered(address) == {("broker-x", 0, "127.0.0.1:20100")}
-            session.cancel()
+            await _finish(session)
 
     run_async(scenario(), SCENARIO_S)
 
@@ -388,8 +394,16 @@ def test_an_unregistration_signed_before_the_brokers_current_registration_is_ref
         await first.start()
         await wait_until_async(x_registered, SETTLE_S, "broker-x/0 registers")
         # Captured while the first incarnation runs...
-        captured = call_metadata(secret, "UnregisterBroker", body, time.time())
+        signed_s = time.time()
+        captured = call_metadata(secret, "UnregisterBroker", body, signed_s)
         await first.close()
+
+        # Proofs are dated to the millisecond: a restart signed within the same one
+        # would not be "after" it (no real restart is that quick; this test can be).
+        async def a_later_millisecond() -> bool:
+            return int(time.time() * 1000) > int(signed_s * 1000)
+
+        await wait_until_async(a_later_millisecond, 1.0, "the clock passes the capture")
         # ...and replayed once the broker is back (well within the skew window).
         second = broker()
         try:

@@ -154,6 +154,9 @@ class FakeBroker:
                 await task
         for link in self._links:
             link.call.cancel()
+            # Wait for the call's end, so none of its events reaches a closed loop later.
+            with contextlib.suppress(grpc.aio.AioRpcError, asyncio.CancelledError):
+                await link.call.code()
             await link.channel.close()
         self._links = []
         self._beat = None
