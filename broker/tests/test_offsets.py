@@ -14,7 +14,7 @@ from metaq.broker.files import write_json_atomically
 from metaq.broker.held_offsets import HeldOffsets, takes_forwarded
 from metaq.broker.offsets import ConsumerOffsets, OffsetSnapshotService
 from metaq.common.errors import InvalidMessage
-from metaq.common.testing import holds_for
+from metaq.common.testing import holds_for, run_async
 
 
 def test_the_stored_offset_is_the_next_to_consume_and_replaces_the_last(tmp_path: Path) -> None:
@@ -271,3 +271,30 @@ def test_a_damaged_held_offsets_file_says_what_moving_it_aside_loses(tmp_path: P
 
     with pytest.raises(ValueError, match=r"held_offsets\.json is damaged.*move it aside"):
         HeldOffsets(tmp_path)
+
+
+def test_a_table_slow_to_write_is_written_at_most_a_tenth_of_the_time(tmp_path: Path) -> None:
+    now = [100.0]
+
+    class SlowToWrite(ConsumerOffsets):
+        writes = 0
+
+        def write(self, snapshot: Any) -> None:
+            super().write(snapshot)
+            SlowToWrite.writes += 1
+            now[0] += 1.0  # a write that takes a second: a huge table
+
+    async def scenario() -> None:
+        offsets = SlowToWrite(tmp_path)
+        service = OffsetSnapshotService(offsets, 0.1, clock=lambda: now[0])
+        offsets.commit("g", "t", 0, 1)
+        await service.run_once()
+        offsets.commit("g", "t", 0, 2)
+        now[0] += 5.0  # five seconds on: within ten times the last write's second
+        await service.run_once()
+        assert SlowToWrite.writes == 1
+        now[0] += 5.0
+        await service.run_once()
+        assert SlowToWrite.writes == 2
+
+    run_async(scenario())
