@@ -908,8 +908,12 @@ def adversary_exhaustion(ctx: Ctx) -> None:
                     f"mapped files); {watch.samples} samples")  # fmt: skip
     c.check("exhaustion: health stayed ok", not watch.bad,
             "; ".join(watch.bad[:3]) or f"{watch.samples} samples ok")  # fmt: skip
-    c.check("exhaustion: memory bounded", grown < 256 << 20,
-            f"grew by {grown >> 20} MiB (bound 256 MiB)")  # fmt: skip
+    # What the limits allow here: 3 x (16 MiB of answers queued + what the kernel and
+    # the transport hold) for the unread pulls, 100,000 groups' offsets and a snapshot
+    # of them being written: about 240 MiB measured; unbounded, the pulls alone took
+    # 1,022 MiB.
+    c.check("exhaustion: memory bounded", grown < 384 << 20,
+            f"grew by {grown >> 20} MiB (bound 384 MiB)")  # fmt: skip
     _unchanged(c, "a", master, epoch, "exhaustion")
     # The promotion after all that: taking the role, the new master journals every
     # group's offsets (Journal.write_offsets(full=True)) before it reports master.
