@@ -18,7 +18,7 @@ STAMP := .venv/.setup-stamp
 
 PYTEST_ARGS ?=
 
-.PHONY: setup ci-deps test lint generate check-generated run store-demo bench-store bench-framing bench-idle-poll bench-e2e bench-failover bench-features bench-compare bench-metaq2 chaos clean
+.PHONY: setup ci-deps test lint dist deploy-lint deploy-test generate check-generated run store-demo bench-store bench-framing bench-idle-poll bench-e2e bench-failover bench-features bench-compare bench-metaq2 chaos clean
 
 setup: $(STAMP)
 
@@ -44,6 +44,13 @@ lint: setup check-generated
 	$(UV) run --frozen ruff check .
 	$(UV) run --frozen ruff format --check .
 	$(UV) run --frozen mypy
+
+# What the Ansible roles install on hosts without internet (docs/deploy.md): the project's
+# wheels and a wheelhouse of the pinned dependencies of uv.lock, in dist/.
+# make dist DIST_VERSION=0.1.1 rebuilds the wheels under another version string.
+DIST_VERSION ?=
+dist: setup
+	$(PYTHON) deploy/build_dist.py --out dist $(if $(DIST_VERSION),--version $(DIST_VERSION))
 
 # Python modules for common/proto/metaq/v1/*.proto into common/src/metaq/common/v1/.
 generate: setup
