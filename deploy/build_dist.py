@@ -5,7 +5,8 @@ and a wheelhouse of their pinned dependencies (the versions and hashes of uv.loc
 
 Output: ``<out>/wheels/*.whl`` (metaq-common, -replication, -client, -broker,
 -nameserver; the Spark member is not deployed), ``<out>/wheelhouse/*.whl`` and
-``<out>/requirements.txt`` (every pinned dependency, with hashes), ``<out>/VERSION``.
+``<out>/requirements.txt`` (every pinned dependency, with hashes), ``<out>/VERSION``,
+and both folders in one ``<out>/metaq-<version>.tar`` (what the roles copy).
 ``--version`` rebuilds the wheels under another version string from a copy of the
 sources (the tree itself is left alone), which is what an upgrade rehearsal needs.
 The wheelhouse comes from PyPI (pip's cache makes a second build quick); hosts then
@@ -15,11 +16,13 @@ install with ``pip --no-index --find-links`` and reach no index at all.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 from pathlib import Path
 from typing import Final
@@ -37,6 +40,16 @@ def _uv() -> str:
         if candidate and Path(candidate).exists():
             return candidate
     raise SystemExit("build_dist: no uv on PATH and none in .tools/ (run 'make setup')")
+
+
+def _pip_python() -> str:
+    """An interpreter with pip: this one, else python3 on PATH (uv's venvs have no pip)."""
+    if importlib.util.find_spec("pip") is not None:
+        return sys.executable
+    found = shutil.which("python3")
+    if found is None:
+        raise SystemExit("build_dist: needs pip (python3 -m pip) to fetch the wheelhouse")
+    return found
 
 
 def _run(argv: list[str], cwd: Path) -> None:
@@ -82,11 +95,15 @@ def build(out: Path, version: str | None) -> None:
     _run(export, ROOT)
     # pip wheel fetches the published wheels and builds the sdist-only ones (pysyncobj),
     # so build on the hosts' OS, architecture and Python (3.11).
-    _run([sys.executable, "-m", "pip", "wheel", "--quiet", "--disable-pip-version-check",
+    _run([_pip_python(), "-m", "pip", "wheel", "--quiet", "--disable-pip-version-check",
           "--no-deps", "--require-hashes", "-r", str(requirements),
           "--wheel-dir", str(wheelhouse)], ROOT)  # fmt: skip
     shown = version or _checkout_version()
     (out / "VERSION").write_text(shown + "\n")
+    # One file to copy per host rather than a task round trip per wheel.
+    with tarfile.open(out / f"metaq-{shown}.tar", "w") as bundle:
+        for folder in (wheels, wheelhouse):
+            bundle.add(folder, arcname=folder.name)
     count = len(list(wheelhouse.glob("*.whl")))
     print(f"dist {shown}: {len(PACKAGES)} wheels in {wheels}, {count} in {wheelhouse}")
 
