@@ -40,10 +40,19 @@ test: lint ci-deps
 	$(UV) run --frozen pytest $(PYTEST_ARGS)
 
 # Generated code is checked in; lint fails when it no longer matches common/proto.
-lint: setup check-generated
+lint: setup check-generated deploy-lint
 	$(UV) run --frozen ruff check .
 	$(UV) run --frozen ruff format --check .
 	$(UV) run --frozen mypy
+
+# The Ansible playbooks and roles, at ansible-lint's production profile.
+deploy-lint: setup
+	cd deploy/ansible && ANSIBLE_CONFIG=ansible.cfg ../../$(UV) run --frozen ansible-lint --profile production --offline
+
+# The playbooks against real sshd hosts in network namespaces (docs/deploy.md); needs root
+# and openssh-server (make ci-deps), and skips saying why without them. Part of make test.
+deploy-test: setup ci-deps
+	$(UV) run --frozen pytest tests/integration/deploy $(PYTEST_ARGS)
 
 # What the Ansible roles install on hosts without internet (docs/deploy.md): the project's
 # wheels and a wheelhouse of the pinned dependencies of uv.lock, in dist/.

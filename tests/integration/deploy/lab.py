@@ -88,7 +88,7 @@ class Lab:
     dist: Path
     hosts: list[str]
     sshd: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
-    extra_vars: dict[str, Any] = field(default_factory=dict)
+    timings: list[tuple[str, float]] = field(default_factory=list)
 
     # --- making and unmaking ------------------------------------------------------------
 
@@ -226,19 +226,33 @@ class Lab:
         argv = [str(VENV_BIN / "ansible-playbook"), "-i", str(self.work / "hosts.yml"),
                 str(PLAYBOOKS / name), *args]  # fmt: skip
         started = time.monotonic()
-        done = subprocess.run(
-            self.net.command(CONTROL, argv), capture_output=True, text=True, env=env,
-            cwd=PLAYBOOKS, timeout=timeout_s, check=False,
-        )  # fmt: skip
-        output = done.stdout + done.stderr
-        (self.work / f"{name}.{int(started)}.log").write_text(output)
-        return Playbook(argv, done.returncode, output, time.monotonic() - started)
+        lines: list[str] = []
+        stamped: list[str] = []
+        # Streamed with the time each line came, so the log shows where a run spends it.
+        with subprocess.Popen(
+            self.net.command(CONTROL, argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True, env=env, cwd=PLAYBOOKS,
+        ) as process:  # fmt: skip
+            assert process.stdout is not None
+            for line in process.stdout:
+                lines.append(line)
+                stamped.append(f"[{time.monotonic() - started:6.1f}] {line}")
+                if time.monotonic() - started > timeout_s:
+                    process.kill()
+                    lines.append(f"killed after {timeout_s} s\n")
+                    break
+        output = "".join(lines)
+        log = self.work / f"{name.removesuffix('.yml')}.{int(started)}.log"
+        log.write_text("".join(stamped))
+        self.timings.append((f"{name} {' '.join(args)}".strip(), time.monotonic() - started))
+        return Playbook(argv, process.returncode, output, time.monotonic() - started)
 
     def nameserver_addresses(self) -> list[str]:
         return [f"{self.net.address(h)}:9876" for h in NAMESERVERS]
 
-    def client(self, argv: Sequence[str], *, timeout_s: float = 60,
-               env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    def client(
+        self, argv: Sequence[str], *, timeout_s: float = 60, env: Mapping[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
         """``argv`` on the client host (its own namespace), with the repo's venv."""
         return subprocess.run(
             self.net.command(CLIENT, list(argv)), capture_output=True, text=True,

@@ -1,12 +1,15 @@
 """The Ansible playbooks against real sshd hosts (network namespaces; docs/deploy.md):
-site.yml deploys the cluster from the wheelhouse, a second run changes nothing, and the
-rendered configs are what the programs' own loaders accept.
+site.yml deploys the cluster from the wheelhouse, a second run changes nothing, the
+rendered configs are what the programs' own loaders accept, and a rolling restart under
+a steady producer loses no acknowledged message (the chaos suite's checker).
 
 The steps share one lab and run in order; each says how long it took.
 """
 
 from __future__ import annotations
 
+import itertools
+import signal
 import subprocess
 import sys
 import time
@@ -14,9 +17,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from lab import BROKERS, NAMESERVERS, REPO, Lab, unavailable
+from chaoslib.checker import check
+from chaoslib.cluster import python_path
+from chaoslib.history import read_history
+from chaoslib.workload import ConsumerSpec, ProducerSpec, WorkloadSpec
+from lab import BROKERS, CLIENT, NAMESERVERS, REPO, Lab, unavailable
 
 from metaq.broker.config import load_config as load_broker_config
+from metaq.common.testing import wait_until
 from metaq.nameserver.config import load_config as load_nameserver_config
 
 pytestmark = pytest.mark.timeout(420)
@@ -67,7 +75,9 @@ def test_site_deploys_a_cluster_a_client_uses_through_the_nameservers(lab: Lab) 
 
 def test_rendered_configs_load_with_the_programs_own_loaders(lab: Lab) -> None:
     for host in NAMESERVERS:
-        config = load_nameserver_config(["--config", str(lab.root(host) / "etc/metaq/nameserver.toml")])
+        config = load_nameserver_config(
+            ["--config", str(lab.root(host) / "etc/metaq/nameserver.toml")]
+        )
         assert config.listen_host == lab.net.address(host)
         assert len(config.controller_peers) == 2
         assert Path(config.cluster_secret_file).stat().st_mode & 0o777 == 0o600
@@ -88,3 +98,47 @@ def test_site_again_changes_nothing_and_check_mode_reports_no_change(lab: Lab) -
     print(f"site.yml --check --diff: {check.seconds:.1f} s")
     assert check.returncode == 0, check.output[-6000:]
     assert check.changed() == 0, check.output[-6000:]
+
+
+def test_rolling_restart_loses_no_acknowledged_message(lab: Lab) -> None:
+    created = lab.metaq("topic", "create", "deploy-roll", "--queues", "4", "--timeout", "20")
+    assert created.returncode == 0, created.stderr
+    history = lab.work / "roll-history.jsonl"
+    spec = WorkloadSpec(
+        nameservers=lab.nameserver_addresses(), history=str(history),
+        producers=[ProducerSpec("p0", "deploy-roll", "any", rate_hz=40.0, send_timeout_s=5.0,
+                                retries=4)],
+        consumers=[ConsumerSpec("deploy-roll-readers", ["deploy-roll"], concurrency=4)],
+        drain_timeout_s=30.0, drain_max_s=60.0,
+    )  # fmt: skip
+    spec_path = lab.work / "roll-workload.json"
+    spec_path.write_text(spec.dump())
+    argv = ["env", python_path(), sys.executable, "-m", "chaoslib.workload", str(spec_path)]
+    with (lab.work / "roll-workload.log").open("wb") as log:
+        workload = subprocess.Popen(lab.net.command(CLIENT, argv), stdout=log,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)  # fmt: skip
+    try:
+        wait_until(lambda: _acked(history) >= 40, 60, "the producer's first sends are acknowledged")
+        run = lab.playbook("rolling_restart.yml")
+        print(f"rolling_restart.yml: {run.seconds:.1f} s")
+        assert run.returncode == 0, run.output[-6000:]
+        before = _acked(history)
+        wait_until(lambda: _acked(history) >= before + 40, 60, "sends go on after the restart")
+    finally:
+        workload.send_signal(signal.SIGTERM)
+        workload.wait(timeout=120)
+    events = list(read_history(history))
+    result = check(events)
+    print(result.table())
+    acks = sorted(e["t"] for e in events if e["type"] == "ok")
+    longest = max(b - a for a, b in itertools.pairwise(acks))
+    print(f"rolling restart: {len(acks)} acknowledged sends, longest wait between two: "
+          f"{longest:.2f} s")  # fmt: skip
+    assert result.acknowledged > 0 and not result.lost, result.table()
+    assert not result.violations, result.table()
+
+
+def _acked(history: Path) -> int:
+    if not history.exists():
+        return 0
+    return sum(1 for e in read_history(history) if e["type"] == "ok")
