@@ -80,6 +80,22 @@ class Playbook:
     def changed(self) -> int:
         return sum(h.get("changed", 0) for h in self.recap().values())
 
+    def changed_tasks(self) -> list[str]:
+        """``TASK name: changed: [host]`` for every change the run reported."""
+        task, found = "", []
+        for line in self.output.splitlines():
+            if line.startswith(("TASK [", "RUNNING HANDLER [")):
+                task = line.rstrip(" *")
+            elif line.startswith("changed:"):
+                found.append(f"{task}: {line}")
+        return found
+
+    def failure(self) -> str:
+        """What to show when the run should have passed: its failures and recap."""
+        keep = [line for line in self.output.splitlines()
+                if line.startswith(("fatal:", "failed:", "TASK [")) or "=" in line]  # fmt: skip
+        return "\n".join(keep[-40:]) + "\n" + self.output[-3000:]
+
 
 @dataclass
 class Lab:
@@ -227,23 +243,23 @@ class Lab:
                 str(PLAYBOOKS / name), *args]  # fmt: skip
         started = time.monotonic()
         lines: list[str] = []
-        stamped: list[str] = []
-        # Streamed with the time each line came, so the log shows where a run spends it.
-        with subprocess.Popen(
+        log = self.work / f"{name.removesuffix('.yml')}.{int(time.time())}.log"
+        # Streamed, each line with the seconds since the start: the log shows where a run
+        # spends its time, and can be followed while it runs.
+        with log.open("w") as out, subprocess.Popen(
             self.net.command(CONTROL, argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             text=True, env=env, cwd=PLAYBOOKS,
         ) as process:  # fmt: skip
             assert process.stdout is not None
             for line in process.stdout:
                 lines.append(line)
-                stamped.append(f"[{time.monotonic() - started:6.1f}] {line}")
+                out.write(f"[{time.monotonic() - started:6.1f}] {line}")
+                out.flush()
                 if time.monotonic() - started > timeout_s:
                     process.kill()
                     lines.append(f"killed after {timeout_s} s\n")
                     break
         output = "".join(lines)
-        log = self.work / f"{name.removesuffix('.yml')}.{int(started)}.log"
-        log.write_text("".join(stamped))
         self.timings.append((f"{name} {' '.join(args)}".strip(), time.monotonic() - started))
         return Playbook(argv, process.returncode, output, time.monotonic() - started)
 
