@@ -47,7 +47,7 @@ lint: setup check-generated deploy-lint
 
 # The Ansible playbooks and roles, at ansible-lint's production profile.
 deploy-lint: setup
-	cd deploy/ansible && ANSIBLE_CONFIG=ansible.cfg ../../$(UV) run --frozen ansible-lint --profile production --offline
+	$(UV) run --frozen sh -c 'cd deploy/ansible && ANSIBLE_CONFIG=ansible.cfg ansible-lint --offline'
 
 # The playbooks against real sshd hosts in network namespaces (docs/deploy.md); needs root
 # and openssh-server (make ci-deps), and skips saying why without them. Part of make test.
