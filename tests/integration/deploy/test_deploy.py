@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -196,3 +197,24 @@ def _get_json(url: str) -> dict[str, object]:
     with urllib.request.urlopen(url, timeout=10) as answer:
         body: dict[str, object] = json.loads(answer.read())
     return body
+
+
+def test_status_shows_the_cluster_and_stop_stops_every_process(lab: Lab) -> None:
+    status = lab.playbook("status.yml")
+    assert status.returncode == 0, status.failure()
+    assert "broker-c" in status.output, status.output[-3000:]
+    pidfiles = list(lab.work.glob("hosts/*/run/metaq/*.pid"))
+    assert len(pidfiles) == len(lab.hosts), pidfiles
+    pids = [int(p.read_text()) for p in pidfiles]
+    stop = lab.playbook("stop.yml")
+    print(f"stop.yml: {stop.seconds:.1f} s")
+    assert stop.returncode == 0, stop.failure()
+    wait_until(lambda: not any(_alive(pid) for pid in pids), 30, "every metaq process exited")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
