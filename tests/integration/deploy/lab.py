@@ -169,9 +169,13 @@ class Lab:
 
     def destroy(self) -> None:
         """Kill what the playbooks started (their pid files under each host's prefix),
-        then the sshds, then delete the namespaces; never raises."""
+        close ansible's ssh masters, kill the sshds, delete the namespaces; never raises."""
         for pidfile in self.work.glob("hosts/*/run/metaq/*.pid"):
             _kill_pidfile(pidfile)
+        # ansible's ControlPersist masters would outlive the run by their persist time.
+        for socket in (self.work / "cp").glob("*"):
+            subprocess.run(["ssh", "-O", "exit", "-o", f"ControlPath={socket}", "lab"],
+                           capture_output=True, timeout=10, check=False)  # fmt: skip
         for process in self.sshd.values():
             if process.poll() is None:
                 process.kill()
