@@ -18,7 +18,7 @@ STAMP := .venv/.setup-stamp
 
 PYTEST_ARGS ?=
 
-.PHONY: setup ci-deps test lint generate check-generated run store-demo bench-store bench-framing bench-idle-poll bench-e2e bench-failover bench-features bench-compare bench-metaq2 chaos clean
+.PHONY: setup ci-deps test lint dist deploy-lint deploy-test generate check-generated run store-demo bench-store bench-framing bench-idle-poll bench-e2e bench-failover bench-features bench-compare bench-metaq2 chaos clean
 
 setup: $(STAMP)
 
@@ -40,10 +40,26 @@ test: lint ci-deps
 	$(UV) run --frozen pytest $(PYTEST_ARGS)
 
 # Generated code is checked in; lint fails when it no longer matches common/proto.
-lint: setup check-generated
+lint: setup check-generated deploy-lint
 	$(UV) run --frozen ruff check .
 	$(UV) run --frozen ruff format --check .
 	$(UV) run --frozen mypy
+
+# The Ansible playbooks and roles, at ansible-lint's production profile.
+deploy-lint: setup
+	$(UV) run --frozen sh -c 'cd deploy/ansible && ANSIBLE_CONFIG=ansible.cfg ansible-lint --offline'
+
+# The playbooks against real sshd hosts in network namespaces (docs/deploy.md); needs root
+# and openssh-server (make ci-deps), and skips saying why without them. Part of make test.
+deploy-test: setup ci-deps
+	$(UV) run --frozen pytest tests/integration/deploy $(PYTEST_ARGS)
+
+# What the Ansible roles install on hosts without internet (docs/deploy.md): the project's
+# wheels and a wheelhouse of the pinned dependencies of uv.lock, in dist/.
+# make dist DIST_VERSION=0.1.1 rebuilds the wheels under another version string.
+DIST_VERSION ?=
+dist: setup
+	$(PYTHON) deploy/build_dist.py --out dist $(if $(DIST_VERSION),--version $(DIST_VERSION))
 
 # Python modules for common/proto/metaq/v1/*.proto into common/src/metaq/common/v1/.
 generate: setup

@@ -2,7 +2,8 @@
 # The Debian packages the test suite needs beyond Python, installed when missing:
 # nftables (nft: the chaos suite's partitions and packet loss), iproute2 (ip, tc: its
 # network namespaces), e2fsprogs and mount (mkfs.ext4, mount: the disk-full scenario's
-# small loop-mounted filesystem). Without them those scenarios skip and say why, so a
+# small loop-mounted filesystem), openssh-server (sshd: the Ansible deploy test's hosts,
+# one sshd per network namespace). Without them those scenarios skip and say why, so a
 # machine that cannot install (not root, no apt-get) gets a note and the suite runs on.
 set -eu
 
@@ -11,11 +12,12 @@ command -v nft >/dev/null 2>&1 || need="$need nftables"
 { command -v ip && command -v tc; } >/dev/null 2>&1 || need="$need iproute2"
 command -v mkfs.ext4 >/dev/null 2>&1 || need="$need e2fsprogs"
 command -v mount >/dev/null 2>&1 || need="$need mount"
+[ -x /usr/sbin/sshd ] || need="$need openssh-server"
 [ -z "$need" ] && exit 0
 
 if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
     echo "system-packages.sh: not installing$need (needs root and apt-get):" \
-        "the chaos scenarios that need them will be skipped" >&2
+        "the chaos scenarios and the deploy test that need them will be skipped" >&2
     exit 0
 fi
 

@@ -36,6 +36,7 @@ from metaq.common import http
 from metaq.common.errors import InvalidMessage, MetaqError
 from metaq.common.names import shown
 from metaq.common.record import FLAG_COMPRESSED, Record
+from metaq.common.version import installed_version
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +96,7 @@ class HttpServer:
             "status": "ok" if reason is None else "not-writable",
             "reason": reason,
             "broker_name": c.broker_name,
+            "version": installed_version("metaq-broker"),
             "role": c.role.role.value,
             "epoch": c.role.epoch,
             "master_address": c.role.master_address,

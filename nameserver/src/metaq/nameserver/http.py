@@ -11,6 +11,7 @@ from aiohttp import web
 
 from metaq.common import http
 from metaq.common.names import shown
+from metaq.common.version import installed_version
 from metaq.nameserver.registry import Registry
 
 
@@ -28,7 +29,13 @@ def make_app(registry: Registry) -> web.Application:
     """``GET /health``, ``GET /cluster``, ``GET /route/{topic}`` (404 for an unknown topic)."""
 
     async def health(_request: web.Request) -> web.Response:
-        return _respond({"status": "ok", "topics": len(registry.topics())})
+        return _respond(
+            {
+                "status": "ok",
+                "version": installed_version("metaq-nameserver"),
+                "topics": len(registry.topics()),
+            }
+        )
 
     async def cluster(_request: web.Request) -> web.Response:
         return _respond(
