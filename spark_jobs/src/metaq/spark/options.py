@@ -83,6 +83,7 @@ _SOURCE_KEYS: Final = {
     "pullbatchmessages",
     "requesttimeoutms",
 }
+_SPARK_KEYS: Final = ("path", "checkpointlocation", "queryname")
 _SINK_KEYS: Final = {"nameservers", "topic", "producergroup", "batchmessages", "requesttimeoutms"}
 
 
@@ -168,7 +169,8 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
 
 def _lower(options: Mapping[str, str], known: set[str]) -> dict[str, str]:
     opts = {str(k).lower(): str(v) for k, v in options.items() if v is not None}
-    opts.pop("path", None)  # load(path) is not used; Spark may pass it empty
+    for own in _SPARK_KEYS:  # Spark's own options, passed along to every source and sink
+        opts.pop(own, None)
     unknown = sorted(set(opts) - known)
     if unknown:
         raise OptionError(
