@@ -100,6 +100,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--consumer-group", default="live-orders")
     p.add_argument("--trigger-seconds", type=float, default=1.0)
     p.add_argument(
+        "--shuffle-partitions",
+        type=int,
+        default=4,
+        help="state partitions of the aggregation (Spark's 200 make each second's batch "
+        "run 200 tiny tasks); fixed by the first run's checkpoint",
+    )
+    p.add_argument(
         "--until-idle",
         action="store_true",
         help="stop once every order there is has been aggregated and the windows the "
@@ -108,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--run-seconds", type=float, default=0.0, help="stop after (0: run on)")
     args = p.parse_args(argv)
     spark = session("live_orders", args.master)
+    spark.conf.set("spark.sql.shuffle.partitions", str(args.shuffle_partitions))
     queries = start(spark, args)
     deadline = time.monotonic() + args.run_seconds if args.run_seconds else float("inf")
     while time.monotonic() < deadline:
