@@ -69,6 +69,12 @@ spark-demo: setup
 	$(UV) run --frozen python scripts/spark_demo.py --seconds $(SPARK_DEMO_SECONDS) \
 		$(if $(SPARK_MASTER),--spark-master $(SPARK_MASTER))
 
+# The Spark data source beside Parquet, the consumer and the producer (docs/spark.md);
+# last line JSON. make bench-spark SPARK_BENCH_ARGS="--messages 200000"
+SPARK_BENCH_ARGS ?=
+bench-spark: setup
+	$(UV) run --frozen python bench/bench_spark.py $(SPARK_BENCH_ARGS)
+
 bench-store: setup
 	$(UV) run --frozen python bench/bench_store.py
 
