@@ -88,6 +88,8 @@ async def wait_routed(nameserver: str, topic: str) -> None:
 def spark_session() -> Any:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ["PYSPARK_PYTHON"] = sys.executable
+    # Workers recompiling pyspark/pyarrow/pandas on every start would be measured instead.
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     from pyspark.sql import SparkSession
 
     from metaq.spark import register
@@ -191,6 +193,7 @@ def main(argv: list[str]) -> None:
                 .option("topic", "bench-read")
                 .load()
             )
+            timed_rows(source)  # warm: JVM code paths and the Python workers, as for Parquet
             rows, took = timed_rows(source)
             assert rows == args.messages, f"read {rows} of {args.messages}"
             figures["spark_read_rows_s"] = round(rows / took)

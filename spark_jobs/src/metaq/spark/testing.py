@@ -27,6 +27,9 @@ def local_spark(app_name: str = "metaq-tests") -> Any:
     ``metaq.spark``), ``format("metaq")`` registered."""
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ["PYSPARK_PYTHON"] = sys.executable
+    # Python workers import pyspark, pyarrow and pandas; without cached bytecode each one
+    # compiles them again (seconds per worker), which would dominate the tests' run time.
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
 
