@@ -6,11 +6,12 @@ import struct
 from pathlib import Path
 from typing import Any
 
+from spark_testing import Cluster
+
 from metaq.client.producer import Producer
 from metaq.client.pull_consumer import PullConsumer
 from metaq.common.testing import run_async
 from metaq.spark.jobs import archive, lag_report, replay
-from metaq.spark.testing import Cluster
 
 
 def send(cluster: Cluster, topic: str, count: int, prefix: str) -> set[str]:

@@ -8,11 +8,11 @@ import time
 from typing import Any
 
 import pytest
+from spark_testing import Cluster
 
 from metaq.client.producer import Producer
 from metaq.client.results import SendResult
 from metaq.common.testing import run_async, wait_until
-from metaq.spark.testing import Cluster
 
 
 def send_all(cluster: Cluster, topic: str, count: int, *, queues: int = 2) -> list[SendResult]:

@@ -6,9 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from spark_testing import Cluster
+
 from metaq.client.producer import Producer
 from metaq.common.testing import run_async, wait_until
-from metaq.spark.testing import Cluster
 
 
 def send(cluster: Cluster, topic: str, bodies: list[str]) -> set[str]:

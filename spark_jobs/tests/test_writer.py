@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType
+from spark_testing import Cluster
 
 from metaq.common.testing import run_async
-from metaq.spark.testing import Cluster
 
 ROWS = 25_000
 

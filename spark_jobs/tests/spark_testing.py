@@ -1,5 +1,6 @@
-"""Test helpers: a local SparkSession set up for the suite, and a small real metaq cluster
-(a nameserver and broker masters as processes) with topics created on a deadline."""
+"""Helpers of the Spark tests: a local SparkSession set up for the suite, and a small real
+metaq cluster (a nameserver and broker masters as processes) with topics created on a
+deadline. Kept with the tests: metaq.spark itself depends on the client only."""
 
 from __future__ import annotations
 
