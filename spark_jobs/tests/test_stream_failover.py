@@ -96,6 +96,7 @@ def test_killing_the_sync_master_mid_stream_loses_and_repeats_nothing(
             query.stop()
         loop.call_soon_threadsafe(stop.set)
         producer.join(30)
+        loop.close()
         group.stop()
     seen = bodies()
     repeated = {b: n for b, n in seen.items() if n > 1}

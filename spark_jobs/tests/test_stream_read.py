@@ -9,6 +9,7 @@ from typing import Any
 from spark_testing import Cluster
 
 from metaq.client.producer import Producer
+from metaq.client.pull_consumer import PullConsumer
 from metaq.common.testing import run_async, wait_until
 
 
@@ -24,7 +25,9 @@ def send(cluster: Cluster, topic: str, bodies: list[str]) -> set[str]:
 
 def stream(spark: Any, cluster: Cluster, topic: str, **options: str) -> Any:
     reader = spark.readStream.format("metaq").option("nameservers", cluster.nameservers)
-    return reader.option("topic", topic).options(**options).load()
+    if topic:
+        reader = reader.option("topic", topic)
+    return reader.options(**options).load()
 
 
 def to_parquet(spark: Any, cluster: Cluster, topic: str, out: Path, **options: str) -> None:
@@ -111,3 +114,40 @@ def test_queues_added_mid_stream_are_picked_up(spark: Any, cluster: Cluster) -> 
     rows = spark.sql("select broker, queue, msg_id from stream_grow").collect()
     assert len(rows) == 50
     assert len({(r.broker, r.queue) for r in rows}) > 1
+
+
+def test_topic_pattern_picks_up_new_topics_and_commits_the_groups_offsets(
+    spark: Any, cluster: Cluster
+) -> None:
+    run_async(cluster.create_topic("pat-one", queues=1, brokers=["broker-a"]))
+    first = send(cluster, "pat-one", [f"p{i}" for i in range(5)])
+    query = (
+        stream(spark, cluster, "", topicPattern="pat-.*", consumerGroup="pattern-pipeline")
+        .writeStream.format("memory")
+        .queryName("stream_pattern")
+        .trigger(processingTime="200 milliseconds")
+        .start()
+    )
+
+    def seen() -> set[str]:
+        return {r.msg_id for r in spark.sql("select msg_id from stream_pattern").collect()}
+
+    try:
+        wait_until(lambda: seen() >= first, 60.0, "the first topic is read", poll_s=0.2)
+        run_async(cluster.create_topic("pat-two", queues=1, brokers=["broker-b"]))
+        second = send(cluster, "pat-two", [f"q{i}" for i in range(7)])
+        wait_until(lambda: seen() >= first | second, 60.0, "the new topic is read", poll_s=0.2)
+        # Spark commits a batch's end offsets to the source when it starts the next batch.
+        third = send(cluster, "pat-one", ["one more"])
+        wait_until(lambda: seen() >= third, 60.0, "a further batch ran", poll_s=0.2)
+
+        async def committed() -> bool:
+            async with PullConsumer([cluster.nameservers], "pattern-pipeline") as consumer:
+                (queue,) = await consumer.queues("pat-two")
+                return (await consumer.committed("pat-two", queue) or 0) >= 7
+
+        wait_until(
+            lambda: run_async(committed()), 30.0, "the group's offset covers pat-two", poll_s=0.2
+        )
+    finally:
+        query.stop()
