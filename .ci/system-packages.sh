@@ -11,6 +11,8 @@ command -v nft >/dev/null 2>&1 || need="$need nftables"
 { command -v ip && command -v tc; } >/dev/null 2>&1 || need="$need iproute2"
 command -v mkfs.ext4 >/dev/null 2>&1 || need="$need e2fsprogs"
 command -v mount >/dev/null 2>&1 || need="$need mount"
+# Java 17 runs Spark for the spark_jobs tests (pyspark 4.3).
+command -v java >/dev/null 2>&1 || need="$need openjdk-17-jre-headless"
 [ -z "$need" ] && exit 0
 
 if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then

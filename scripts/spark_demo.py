@@ -46,8 +46,17 @@ def start_local_cluster() -> subprocess.Popen[bytes]:
     raise SystemExit("the local cluster did not start; try `make run` to see why")
 
 
-def metaq_cli(*args: str) -> None:
-    subprocess.run([sys.executable, "-m", "metaq.client.cli", *args], check=True)
+def create_topic(nameserver: str, topic: str) -> None:
+    """Create the topic unless an earlier demo run (same data dir) already did."""
+    done = subprocess.run(
+        [sys.executable, "-m", "metaq.client.cli", "topic", "create", "-n", nameserver,
+         "--queues", "4", topic],
+        capture_output=True,
+        text=True,
+        check=False,
+    )  # fmt: skip
+    if done.returncode and "already exists" not in done.stderr:
+        raise SystemExit(f"creating topic {topic} failed: {done.stderr.strip()}")
 
 
 def main() -> int:
@@ -62,7 +71,7 @@ def main() -> int:
     standalone: StandaloneCluster | None = None
     try:
         for topic in ("orders", "order-stats"):
-            metaq_cli("topic", "create", "-n", nameservers.split(",")[0], "--queues", "4", topic)
+            create_topic(nameservers.split(",")[0], topic)
         output = DATA / f"live-orders-{int(time.time())}"
         generator = threading.Thread(
             target=lambda: asyncio.run(
