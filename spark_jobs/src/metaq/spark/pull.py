@@ -17,7 +17,7 @@ from typing import Final
 import pyarrow as pa
 
 from metaq.client.message import Message
-from metaq.client.pull_consumer import PullConsumer, PullStatus
+from metaq.client.pull_consumer import PullConsumer, PullStatus, QueueNotRouted
 from metaq.client.routes import QueueRoute
 from metaq.client.tags import TagFilter
 from metaq.common.errors import MetaqError
@@ -139,8 +139,6 @@ class _RangeReader:
             if queue.broker_name == rng.broker and queue.queue_id == rng.queue_id:
                 return queue
         # The group has no readable broker right now (both gone, or not yet re-registered).
-        from metaq.client.pull_consumer import QueueNotRouted
-
         raise QueueNotRouted(rng.topic, QueueRoute(rng.broker, "", rng.queue_id, ""))
 
 

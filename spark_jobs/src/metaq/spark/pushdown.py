@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pyspark.sql.datasource import (
@@ -42,8 +42,6 @@ class Pushed:
     """Smallest store timestamp wanted (inclusive)."""
     until_ms: int | None = None
     """First store timestamp no longer wanted (exclusive)."""
-    accepted: tuple[str, ...] = field(default=())
-    """The filters taken, for the plan's description."""
 
     def tag_expression(self, option_tags: str) -> str | None:
         """The tag filter to send: the option's, narrowed by pushed tags; None when the
@@ -72,7 +70,6 @@ def push(filters: Iterable[Filter], pushed: Pushed) -> tuple[Pushed, list[Filter
             rest.append(f)
             continue
         pushed, exact = taken
-        pushed = replace(pushed, accepted=(*pushed.accepted, repr(f)))
         if not exact:
             rest.append(f)
     return pushed, rest

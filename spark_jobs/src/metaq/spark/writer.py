@@ -48,7 +48,11 @@ def write_partition(
     prefix = id_prefix(write_id, partition, batch_id)
 
     async def go() -> WriteStats:
-        producer = Producer(list(options.nameservers), group=options.producer_group)
+        producer = Producer(
+            list(options.nameservers),
+            group=options.producer_group,
+            send_timeout_s=options.request_timeout_s,
+        )
         await producer.start()
         try:
             sender = RowSender(options, producer, prefix)
