@@ -13,7 +13,7 @@ import pytest
 
 
 def _register_sibling(name: str) -> None:
-    """Make a helper module beside this file importable by name (tests import in
+    """Make a module beside this file importable by name (tests import in
     importlib mode, so this folder is not on sys.path)."""
     spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
     assert spec is not None and spec.loader is not None

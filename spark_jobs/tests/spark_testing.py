@@ -1,4 +1,4 @@
-"""Helpers of the Spark tests: a local SparkSession set up for the suite, and a small real
+"""Support for the Spark tests: a local SparkSession set up for the suite, and a small real
 metaq cluster (a nameserver and broker masters as processes) with topics created on a
 deadline. Kept with the tests: metaq.spark itself depends on the client only."""
 

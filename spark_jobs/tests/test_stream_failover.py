@@ -15,7 +15,7 @@ from typing import Any
 from metaq.common.testing import wait_until
 
 
-def _integration_helper(name: str) -> ModuleType:
+def _integration_module(name: str) -> ModuleType:
     """The replica-group fixture of tests/integration (imported by path: tests import in
     importlib mode)."""
     if name in sys.modules:
@@ -32,7 +32,7 @@ def _integration_helper(name: str) -> ModuleType:
 def test_killing_the_sync_master_mid_stream_loses_and_repeats_nothing(
     spark: Any, tmp_path: Path
 ) -> None:
-    rg = _integration_helper("replica_group")
+    rg = _integration_module("replica_group")
     group = rg.start_group(tmp_path / "group")
     history = rg.History()
     stop = asyncio.Event()
