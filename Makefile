@@ -18,7 +18,7 @@ STAMP := .venv/.setup-stamp
 
 PYTEST_ARGS ?=
 
-.PHONY: setup ci-deps test lint dist deploy-lint deploy-test generate check-generated run store-demo bench-store bench-framing bench-idle-poll bench-e2e bench-failover bench-features bench-compare bench-metaq2 chaos clean
+.PHONY: setup ci-deps test lint dist deploy-lint deploy-test generate check-generated run store-demo spark-demo bench-spark bench-store bench-framing bench-idle-poll bench-e2e bench-failover bench-features bench-compare bench-metaq2 chaos clean
 
 setup: $(STAMP)
 
@@ -75,6 +75,21 @@ run: setup
 # The storage engine on its own: append, read back, restart cleanly and after a crash.
 store-demo: setup
 	$(UV) run --frozen python -m metaq.broker.store.demo
+
+# The Double-11 live room on Spark (docs/spark.md): a local cluster (or $$METAQ_NAMESERVERS),
+# the order generator and live_orders for a bounded time, then the last minute's figures.
+# make spark-demo SPARK_MASTER=standalone (or spark://host:7077) runs it with spark-submit.
+SPARK_MASTER ?=
+SPARK_DEMO_SECONDS ?= 150
+spark-demo: setup
+	$(UV) run --frozen python scripts/spark_demo.py --seconds $(SPARK_DEMO_SECONDS) \
+		$(if $(SPARK_MASTER),--spark-master $(SPARK_MASTER))
+
+# The Spark data source beside Parquet, the consumer and the producer (docs/spark.md);
+# last line JSON. make bench-spark SPARK_BENCH_ARGS="--messages 200000"
+SPARK_BENCH_ARGS ?=
+bench-spark: setup
+	$(UV) run --frozen python bench/bench_spark.py $(SPARK_BENCH_ARGS)
 
 bench-store: setup
 	$(UV) run --frozen python bench/bench_store.py

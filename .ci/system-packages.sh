@@ -13,6 +13,8 @@ command -v nft >/dev/null 2>&1 || need="$need nftables"
 command -v mkfs.ext4 >/dev/null 2>&1 || need="$need e2fsprogs"
 command -v mount >/dev/null 2>&1 || need="$need mount"
 [ -x /usr/sbin/sshd ] || need="$need openssh-server"
+# Java 17 runs Spark for the spark_jobs tests (pyspark 4.3).
+command -v java >/dev/null 2>&1 || need="$need openjdk-17-jre-headless"
 [ -z "$need" ] && exit 0
 
 if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then

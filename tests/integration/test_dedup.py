@@ -94,3 +94,33 @@ def test_a_send_whose_reply_was_lost_is_stored_once(tmp_path: Path) -> None:
         broker.resume()
         broker.kill()
         nameserver.stop()
+
+
+def test_a_retried_send_of_an_id_stored_in_another_topic_is_stored(tmp_path: Path) -> None:
+    """A replay copies messages, ids and all, into another topic: the id held by the first
+    topic must not make the broker answer the copy from there."""
+    broker = BrokerProcess.start(tmp_path / "broker")
+    try:
+        run_async(put_topic(broker.http_url, TOPIC, read_queues=1, write_queues=1))
+        run_async(put_topic(broker.http_url, "payments-copy", read_queues=1, write_queues=1))
+        msg_id = bytes(range(16))
+
+        async def scenario() -> None:
+            client = await DataClient.connect(broker.data_host, broker.data_port)
+            try:
+                await client.send(TOPIC, 0, [encode(TOPIC, b"original", msg_id=msg_id)])
+                copy = encode("payments-copy", b"original", msg_id=msg_id)
+                await client.send("payments-copy", 0, [copy], flags=SendRequest.FLAG_RETRY)
+                again = await client.send("payments-copy", 0, [copy], flags=SendRequest.FLAG_RETRY)
+                assert again.queue_offsets[0] == 0
+            finally:
+                await client.close()
+
+        run_async(scenario())
+
+        async def copies() -> list[bytes]:
+            return [r.body for r in await read_records(broker, "payments-copy")]
+
+        wait_until(lambda: run_async(copies()) == [b"original"], 10.0, "the copy is readable")
+    finally:
+        broker.kill()

@@ -29,7 +29,7 @@ from metaq.broker.topics import TopicConfig, TopicTable
 from metaq.broker.transactions import Transactions, to_half
 from metaq.common.errors import InvalidMessage, StoreUnavailable
 from metaq.common.framing import FLAG_RESPONSE, Buffer, Frame, FrameType, encode_frame
-from metaq.common.record import FLAG_DELAYED, FLAG_TRANSACTION, HEADER_SIZE, Record
+from metaq.common.record import FLAG_DELAYED, FLAG_TRANSACTION, HEADER_SIZE, Record, decode
 from metaq.common.v1.data_pb2 import SendRequest, SendResponse
 
 log = logging.getLogger(__name__)
@@ -186,14 +186,17 @@ class SendHandler:
 
         The message-id index is built by the dispatcher, so it is caught up first; the
         retry this serves is rare, the wait short. Records stored longer ago than
-        ``dedup_window_ms`` count as not stored.
+        ``dedup_window_ms`` count as not stored, and so do ids stored in another topic
+        (a copy of messages into a new topic keeps their ids).
         """
         store = self._store
         store.dispatcher.catch_up()
         oldest = time.time_ns() // 1_000_000 - self._config.dedup_window_ms
         found: list[Record | None] = []
         for raw in records:
-            stored = store.lookup_id(bytes(raw[_MSG_ID_AT : _MSG_ID_AT + 16]))
+            # Its topic as it will be stored (a delayed message's is the delay topic).
+            topic = decode(raw, verify=False).topic
+            stored = store.lookup_id(bytes(raw[_MSG_ID_AT : _MSG_ID_AT + 16]), topic)
             found.append(stored if stored and stored.store_timestamp_ms >= oldest else None)
         missing = [raw for raw, stored in zip(records, found, strict=True) if stored is None]
         fresh = store.append(missing) if missing else None

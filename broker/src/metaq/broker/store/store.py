@@ -461,8 +461,16 @@ class MessageStore:
                 hi = mid
         return lo
 
-    def lookup_id(self, msg_id: bytes) -> Record | None:
-        found = self._lookup(key_for_id(msg_id), 1, 0, 2**62, lambda r: r.msg_id == msg_id)
+    def lookup_id(self, msg_id: bytes, topic: str | None = None) -> Record | None:
+        """The record with ``msg_id`` (of ``topic`` only, when given: a replay may copy
+        messages, ids and all, into another topic)."""
+        found = self._lookup(
+            key_for_id(msg_id),
+            1,
+            0,
+            2**62,
+            lambda r: r.msg_id == msg_id and (topic is None or r.topic == topic),
+        )
         return found[0] if found else None
 
     def lookup_key(

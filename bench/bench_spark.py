@@ -1,0 +1,236 @@
+"""``make bench-spark``: the metaq data source against Parquet, the consumer and the producer.
+
+On one broker (async flush) with ``--messages`` (1,000,000) messages of 1 KiB in 8 queues,
+in one run: batch read rows/s through ``format("metaq")`` (``sum(length(body))`` forces the
+body to be read), the same rows read by Spark from Parquet on local disk, the same
+messages read by the project's consumer in one process; write rows/s through the data
+source beside the producer's batched send; and the streaming latency from the producer's
+send to the row reaching a ``foreachBatch`` sink at 5,000 msgs/s with a 1 s trigger. The
+last line is one JSON object; docs/spark.md says what bounds each figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from metaq.broker.testing import BrokerProcess
+from metaq.broker.testing.admin import put_topic
+from metaq.client.message import OutgoingMessage
+from metaq.client.producer import Producer
+from metaq.client.pull_consumer import PullConsumer, PullStatus
+from metaq.nameserver.testing import start_nameserver
+
+QUEUES = 8
+BODY = 1024
+
+
+async def fill(nameserver: str, topic: str, count: int) -> float:
+    """Send ``count`` 1 KiB messages with send_batch, 8 batches in flight; rows/s."""
+    body = os.urandom(BODY)
+    chunk = 256
+    async with Producer([nameserver], compress_over_bytes=1 << 30) as producer:
+        start = time.perf_counter()
+        sent = 0
+        while sent < count:
+            rounds = []
+            for _ in range(8):
+                n = min(chunk, count - sent)
+                if n <= 0:
+                    break
+                rounds.append(producer.send_batch(topic, [OutgoingMessage(body)] * n))
+                sent += n
+            await asyncio.gather(*rounds)
+        return count / (time.perf_counter() - start)
+
+
+async def consume_all(nameserver: str, topic: str) -> tuple[int, float]:
+    """Every message of the topic, pulled (and decoded) by one consumer process."""
+    async with PullConsumer([nameserver], "bench-consumer") as consumer:
+        queues = await consumer.queues(topic)
+        start = time.perf_counter()
+        total = 0
+        for queue in queues:
+            offset = 0
+            while True:
+                result = await consumer.pull(topic, queue, offset, max_messages=1024)
+                if result.status is not PullStatus.FOUND:
+                    break
+                total += sum(len(m.body) > 0 for m in result.messages)
+                offset = result.next_offset
+        return total, time.perf_counter() - start
+
+
+async def wait_routed(nameserver: str, topic: str) -> None:
+    from metaq.client.routes import RouteCache
+
+    async with RouteCache([nameserver]) as routes:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if len((await routes.route(topic, refresh=True)).write_queues) == QUEUES:
+                    return
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+            await asyncio.sleep(0.05)  # poll interval of a deadline-bound wait
+
+
+def spark_session() -> Any:
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    # Workers recompiling pyspark/pyarrow/pandas on every start would be measured instead.
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    from pyspark.sql import SparkSession
+
+    from metaq.spark import register
+
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName("bench-spark")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.driver.memory", "2g")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    return spark
+
+
+def timed_rows(df: Any) -> tuple[int, float]:
+    start = time.perf_counter()
+    row = df.selectExpr("count(*) AS n", "sum(length(body)) AS bytes").first()
+    return int(row.n), time.perf_counter() - start
+
+
+def stream_latency(spark: Any, nameserver: str, topic: str, seconds: float) -> list[float]:
+    latencies: list[float] = []
+
+    def sink(batch: Any, _batch_id: int) -> None:
+        now_ms = time.time() * 1000
+        for row in batch.selectExpr("unix_millis(born_timestamp) AS born").collect():
+            latencies.append(now_ms - row.born)
+
+    query = (
+        spark.readStream.format("metaq")
+        .option("nameservers", nameserver)
+        .option("topic", topic)
+        .option("startingOffsets", "latest")
+        .load()
+        .writeStream.foreachBatch(sink)
+        .trigger(processingTime="1 second")
+        .start()
+    )
+    try:
+        while not query.recentProgress:  # the first (empty) batch has planned the offsets
+            query.awaitTermination(0.2)
+        asyncio.run(paced(nameserver, topic, 5000, seconds))
+        deadline = time.monotonic() + 30
+        while len(latencies) < int(5000 * seconds * 0.99) and time.monotonic() < deadline:
+            query.awaitTermination(0.2)
+    finally:
+        query.stop()
+    return latencies
+
+
+async def paced(nameserver: str, topic: str, rate: float, seconds: float) -> None:
+    body = os.urandom(BODY)
+    async with Producer([nameserver]) as producer:
+        start = time.monotonic()
+        sent = 0
+        pending: list[asyncio.Future[Any]] = []
+        while (elapsed := time.monotonic() - start) < seconds:
+            due = int(elapsed * rate) - sent
+            for _ in range(due):
+                pending.append(producer.send_async(topic, body))
+            sent += max(due, 0)
+            await asyncio.sleep(0.001)  # pacing: the next messages are not due yet
+        await asyncio.gather(*pending)
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(int(q * len(ordered)), len(ordered) - 1)] if ordered else float("nan")
+
+
+def main(argv: list[str]) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--messages", type=int, default=1_000_000)
+    p.add_argument("--stream-seconds", type=float, default=20.0)
+    args = p.parse_args(argv)
+    work = Path(tempfile.mkdtemp(prefix="bench-spark-"))
+    nameserver = start_nameserver(work / "ns")
+    figures: dict[str, Any] = {"messages": args.messages, "body_bytes": BODY}
+    try:
+        broker = BrokerProcess.start(
+            work / "broker", "--nameserver", nameserver.grpc_address, "--flush-mode", "async",
+            "--set", "store.commitlog_segment_bytes=268435456", small_store=False,
+            ready_timeout_s=60,
+        )  # fmt: skip
+        with broker:
+            ns = nameserver.grpc_address
+            for topic in ("bench-read", "bench-write", "bench-stream"):
+                asyncio.run(
+                    put_topic(broker.http_url, topic, read_queues=QUEUES, write_queues=QUEUES)
+                )
+                asyncio.run(wait_routed(ns, topic))
+            producer_rate = asyncio.run(fill(ns, "bench-read", args.messages))
+            figures["producer_batched_rows_s"] = round(producer_rate)
+            spark = spark_session()
+            source = (
+                spark.read.format("metaq")
+                .option("nameservers", ns)
+                .option("topic", "bench-read")
+                .load()
+            )
+            timed_rows(source)  # warm: JVM code paths and the Python workers, as for Parquet
+            rows, took = timed_rows(source)
+            assert rows == args.messages, f"read {rows} of {args.messages}"
+            figures["spark_read_rows_s"] = round(rows / took)
+            parquet = str(work / "parquet")
+            source.select("topic", "queue", "offset", "msg_id", "body").write.parquet(parquet)
+            rows, took = timed_rows(spark.read.parquet(parquet))
+            figures["parquet_read_rows_s"] = round(rows / took)
+            count, took = asyncio.run(consume_all(ns, "bench-read"))
+            assert count == args.messages
+            figures["consumer_rows_s"] = round(count / took)
+            start = time.perf_counter()
+            (
+                spark.read.parquet(parquet).select("body").write.format("metaq")
+                .mode("append").option("nameservers", ns).option("topic", "bench-write").save()
+            )  # fmt: skip
+            figures["spark_write_rows_s"] = round(args.messages / (time.perf_counter() - start))
+            latencies = stream_latency(spark, ns, "bench-stream", args.stream_seconds)
+            figures["spark_stream_rows"] = len(latencies)
+            figures["spark_stream_p50_ms"] = round(statistics.median(latencies), 1)
+            figures["spark_stream_p99_ms"] = round(percentile(latencies, 0.99), 1)
+            spark.stop()
+    finally:
+        nameserver.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    figures["spark_read_vs_parquet_ratio"] = round(
+        figures["spark_read_rows_s"] / figures["parquet_read_rows_s"], 3
+    )
+    figures["spark_read_vs_consumer_ratio"] = round(
+        figures["spark_read_rows_s"] / figures["consumer_rows_s"], 3
+    )
+    figures["spark_write_vs_producer_ratio"] = round(
+        figures["spark_write_rows_s"] / figures["producer_batched_rows_s"], 3
+    )
+    for name, value in figures.items():
+        print(f"{name:32} {value:>14,}" if isinstance(value, int) else f"{name:32} {value:>14}")
+    print(json.dumps(figures, sort_keys=True))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

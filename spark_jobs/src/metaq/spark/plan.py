@@ -1,0 +1,216 @@
+"""Driver-side planning: which queues a read covers and the offset range of each.
+
+Only routes and offsets are fetched here (nameserver routes, the brokers' queue bounds and
+offset-by-time lookups); messages are read by the executors (:mod:`metaq.spark.pull`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import Collection, Coroutine
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import aiohttp
+
+from metaq.client.errors import NoNameServer, UnknownTopic
+from metaq.client.pull_consumer import PullConsumer
+from metaq.client.routes import ClusterView, QueueRoute, RouteCache, TopicRoute
+from metaq.common.errors import MetaqError
+from metaq.spark.options import EARLIEST, LATEST, OptionError, QueueOffsets, SourceOptions
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+PLANNER_GROUP = "spark-planner"
+"""The consumer group named in offset queries; nothing is committed under it."""
+
+
+@dataclass(frozen=True)
+class QueueRange:
+    """Messages ``[start, end)`` of one queue: the unit a Spark partition reads."""
+
+    topic: str
+    broker: str
+    queue_id: int
+    start: int
+    end: int
+    new_queue: bool = False
+    """A queue a stream found after it started: read from its earliest message, and
+    offsets below that are not a loss (nobody read the queue before)."""
+
+    @property
+    def key(self) -> str:
+        return f"{self.broker}:{self.queue_id}"
+
+    @property
+    def size(self) -> int:
+        return max(self.end - self.start, 0)
+
+
+@dataclass(frozen=True)
+class QueueState:
+    """A queue's bounds ``[min, max)`` when planned."""
+
+    topic: str
+    queue: QueueRoute
+    min_offset: int
+    max_offset: int
+
+    @property
+    def key(self) -> str:
+        return f"{self.queue.broker_name}:{self.queue.queue_id}"
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    """Run one planning step on a loop of its own (Spark calls the source from plain
+    threads, with no loop running)."""
+    return asyncio.run(coro)
+
+
+async def resolve_topics(options: SourceOptions, routes: RouteCache) -> list[str]:
+    """The topics a read covers: the named ones (which must exist), or the ones matching
+    ``topicPattern`` on the live brokers now."""
+    if not options.topic_pattern:
+        for topic in options.topics:
+            await _route(options, routes, topic)
+        return list(options.topics)
+    view = await _cluster(options, routes)
+    found: set[str] = set()
+    async with aiohttp.ClientSession(
+        timeout=aiohttp.ClientTimeout(total=options.request_timeout_s)
+    ) as session:
+        for broker in view.brokers():
+            if not broker.http_address:
+                continue
+            try:
+                async with session.get(f"http://{broker.http_address}/topics") as response:
+                    body = await response.json(content_type=None)
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                log.warning("topic list of broker %s failed: %s", broker.broker_name, exc)
+                continue
+            found.update(t for t in body.get("topics", {}) if not t.startswith("%"))
+    pattern = re.compile(options.topic_pattern)
+    return sorted(t for t in found if pattern.fullmatch(t))
+
+
+async def queue_states(
+    options: SourceOptions,
+    routes: RouteCache,
+    consumer: PullConsumer,
+    topics: Collection[str],
+    *,
+    tolerate_failures: bool = False,
+) -> list[QueueState]:
+    """Bounds of every readable queue of ``topics``, sorted by (topic, broker, queue).
+
+    With ``tolerate_failures``, a queue whose broker does not answer (a master dying, its
+    slave not yet routed) is left out instead of failing: a stream then keeps that queue
+    where it was until the next trigger."""
+    states: list[QueueState] = []
+    for topic in topics:
+        route = await _route(options, routes, topic, refresh=True)
+        answers = await asyncio.gather(
+            *(consumer.query(topic, q, with_committed=False) for q in route.read_queues),
+            return_exceptions=tolerate_failures,
+        )
+        for q, a in zip(route.read_queues, answers, strict=True):
+            if isinstance(a, BaseException):
+                if not isinstance(a, MetaqError) or not a.retriable:
+                    raise a
+                log.info("offsets of %s %s:%s unavailable: %s", topic, q.broker_name, q.queue_id, a)
+                continue
+            states.append(QueueState(topic, q, a.min_offset, a.max_offset))
+    return states
+
+
+async def resolve_offsets(
+    spec: str | QueueOffsets,
+    timestamp_ms: int | None,
+    states: list[QueueState],
+    consumer: PullConsumer,
+    *,
+    option: str,
+) -> dict[tuple[str, str], int]:
+    """Each queue's offset for a starting/ending spec: a timestamp (through the broker's
+    offset-by-time lookup) wins over ``earliest``/``latest``/JSON, as in the Kafka source."""
+    if timestamp_ms is not None:
+        found = await asyncio.gather(
+            *(consumer.offset_for_timestamp(s.topic, s.queue, timestamp_ms) for s in states)
+        )
+        return {(s.topic, s.key): o for s, o in zip(states, found, strict=True)}
+    result: dict[tuple[str, str], int] = {}
+    known = {(s.topic, s.key) for s in states}
+    if isinstance(spec, dict):
+        for topic, queues in spec.items():
+            for key in queues:
+                if (topic, key) not in known:
+                    raise OptionError(
+                        f"option {option!r} names queue {key} of topic {topic!r}, which the "
+                        f"read does not cover; its queues: "
+                        + ", ".join(sorted(k for t, k in known if t == topic))
+                    )
+    for s in states:
+        wanted: int | str = spec if isinstance(spec, str) else spec.get(s.topic, {}).get(s.key, -9)
+        if wanted in ("earliest", EARLIEST):
+            result[(s.topic, s.key)] = s.min_offset
+        elif wanted in ("latest", LATEST):
+            result[(s.topic, s.key)] = s.max_offset
+        elif wanted == -9:
+            # A queue the JSON leaves out: the Kafka source's rule is earliest for starting
+            # offsets and latest for ending ones.
+            result[(s.topic, s.key)] = s.min_offset if option.startswith("start") else s.max_offset
+        else:
+            assert isinstance(wanted, int)
+            result[(s.topic, s.key)] = wanted
+    return result
+
+
+def split(ranges: list[QueueRange], min_partitions: int) -> list[QueueRange]:
+    """Cut the largest ranges until there are at least ``min_partitions`` (Kafka's
+    ``minPartitions``): each piece stays one queue's contiguous offsets."""
+    pieces = [r for r in ranges if r.size > 0]
+    if min_partitions <= len(pieces):
+        return pieces
+    total = sum(r.size for r in pieces)
+    out: list[QueueRange] = []
+    for r in pieces:
+        parts = max(1, -(-min_partitions * r.size // total))
+        parts = min(parts, r.size)
+        step, extra = divmod(r.size, parts)
+        start = r.start
+        for i in range(parts):
+            end = start + step + (1 if i < extra else 0)
+            out.append(QueueRange(r.topic, r.broker, r.queue_id, start, end))
+            start = end
+    return out
+
+
+async def _route(
+    options: SourceOptions, routes: RouteCache, topic: str, *, refresh: bool = False
+) -> TopicRoute:
+    try:
+        return await routes.route(topic, refresh=refresh)
+    except UnknownTopic:
+        raise OptionError(
+            f"option 'topic': topic {topic!r} does not exist (no live broker serves it); "
+            "create it with `metaq topic create` or fix the name"
+        ) from None
+    except NoNameServer as exc:
+        raise OptionError(
+            f"option 'nameservers': no nameserver of {', '.join(options.nameservers)} "
+            f"answered ({exc}); check the addresses and that the cluster is up"
+        ) from None
+
+
+async def _cluster(options: SourceOptions, routes: RouteCache) -> ClusterView:
+    try:
+        return await routes.cluster()
+    except NoNameServer as exc:
+        raise OptionError(
+            f"option 'nameservers': no nameserver of {', '.join(options.nameservers)} "
+            f"answered ({exc}); check the addresses and that the cluster is up"
+        ) from None

@@ -1,0 +1,158 @@
+"""``readStream.format("metaq")``: micro-batches of every queue's new messages.
+
+The streaming offset is ``{topic: {"broker:queue": next offset}}`` for every queue read
+so far. Spark checkpoints it before a batch runs and hands the same (start, end) back on a
+restart, and a range of a queue always holds the same messages, so a query restarted
+from its checkpoint reads exactly what its sink did not commit: no gap, no duplicate
+with a file sink. Queues and topics (``topicPattern``) that appear are added at their
+earliest offset. A broker that does not answer keeps its queues where they were until a
+later trigger; executors follow a failover to the new master or read from the slave.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterator, Sequence
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
+
+from metaq.client.pull_consumer import PullConsumer
+from metaq.client.routes import RouteCache
+from metaq.spark import plan
+from metaq.spark.options import SourceOptions
+from metaq.spark.plan import PLANNER_GROUP, QueueRange, QueueState
+from metaq.spark.pull import read_range
+from metaq.spark.source import RangePartition
+
+log = logging.getLogger(__name__)
+
+StreamOffset = dict[str, dict[str, int]]
+
+
+class MetaqStreamReader(DataSourceStreamReader):
+    """See the module docstring; holds only its options (it is pickled to executors)."""
+
+    def __init__(self, options: SourceOptions) -> None:
+        self.options = options
+
+    def initialOffset(self) -> StreamOffset:
+        return plan.run(self._initial())
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.options.max_messages_per_trigger:
+            return ReadMaxRows(self.options.max_messages_per_trigger)
+        return ReadAllAvailable()
+
+    def latestOffset(self, start: StreamOffset, limit: ReadLimit) -> StreamOffset:
+        states = plan.run(self._states())
+        latest: StreamOffset = {t: dict(q) for t, q in start.items()}
+        for s in states:
+            latest.setdefault(s.topic, {})
+            known = start.get(s.topic, {}).get(s.key)
+            # Never backwards: a slave answering during a failover may lag the master.
+            latest[s.topic][s.key] = s.max_offset if known is None else max(known, s.max_offset)
+        if isinstance(limit, ReadMaxRows):
+            latest = cap(start, latest, limit.max_rows)
+        return latest
+
+    def partitions(self, start: StreamOffset, end: StreamOffset) -> Sequence[InputPartition]:
+        ranges = []
+        for topic, queues in sorted(end.items()):
+            for key, stop in sorted(queues.items()):
+                broker, _, queue_id = key.rpartition(":")
+                begin = start.get(topic, {}).get(key)
+                rng = QueueRange(topic, broker, int(queue_id), begin or 0, stop, begin is None)
+                if rng.size:
+                    ranges.append(rng)
+        tags = self.options.tags
+        return [RangePartition(r, tags) for r in plan.split(ranges, self.options.min_partitions)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if isinstance(partition, RangePartition):  # Spark sends a bare one when there are none
+            yield from read_range(self.options, partition.range, partition.tags)
+
+    def commit(self, end: StreamOffset) -> None:
+        """Store ``end`` as the consumer group's offsets (option ``consumerGroup``), so
+        ``metaq progress`` shows the pipeline's lag. Informational: Spark's checkpoint,
+        not these offsets, says where a restarted query resumes."""
+        if self.options.consumer_group:
+            try:
+                plan.run(self._commit(end))
+            except Exception as exc:  # the next batch's commit covers this one
+                log.warning(
+                    "committing offsets for %s failed: %s", self.options.consumer_group, exc
+                )
+
+    async def _initial(self) -> StreamOffset:
+        o = self.options
+        async with RouteCache(o.nameservers, rpc_timeout_s=o.request_timeout_s) as routes:
+            consumer = PullConsumer(o.nameservers, PLANNER_GROUP, routes=routes)
+            try:
+                topics = await plan.resolve_topics(o, routes)
+                states = await plan.queue_states(o, routes, consumer, topics)
+                offsets = await plan.resolve_offsets(
+                    o.starting, o.starting_timestamp_ms, states, consumer, option="startingOffsets"
+                )
+            finally:
+                await consumer.close()
+        result: StreamOffset = {t: {} for t in topics}
+        for (topic, key), offset in offsets.items():
+            result[topic][key] = offset
+        return result
+
+    async def _states(self) -> list[QueueState]:
+        o = self.options
+        async with RouteCache(o.nameservers, rpc_timeout_s=o.request_timeout_s) as routes:
+            consumer = PullConsumer(o.nameservers, PLANNER_GROUP, routes=routes)
+            try:
+                topics = await plan.resolve_topics(o, routes)
+                return await plan.queue_states(o, routes, consumer, topics, tolerate_failures=True)
+            finally:
+                await consumer.close()
+
+    async def _commit(self, end: StreamOffset) -> None:
+        o = self.options
+        async with RouteCache(o.nameservers, rpc_timeout_s=o.request_timeout_s) as routes:
+            consumer = PullConsumer(o.nameservers, o.consumer_group, routes=routes)
+            try:
+                by_address: dict[str, list[tuple[str, int, int]]] = {}
+                for topic, queues in end.items():
+                    for queue in (await routes.route(topic)).read_queues:
+                        offset = queues.get(str(queue))
+                        if offset is not None:
+                            by_address.setdefault(queue.address, []).append(
+                                (topic, queue.queue_id, offset)
+                            )
+                await asyncio.gather(
+                    *(consumer.commit_many(a, offsets) for a, offsets in by_address.items())
+                )
+            finally:
+                await consumer.close()
+
+
+def cap(start: StreamOffset, latest: StreamOffset, max_rows: int) -> StreamOffset:
+    """``latest`` cut so that at most ``max_rows`` messages lie between it and ``start``,
+    shared among queues in proportion to what each has waiting (the Kafka source's rule)."""
+    waiting = {
+        (t, k): end - start.get(t, {}).get(k, 0)
+        for t, queues in latest.items()
+        for k, end in queues.items()
+    }
+    total = sum(waiting.values())
+    if total <= max_rows:
+        return latest
+    share = {q: n * max_rows // total for q, n in waiting.items()}
+    spare = max_rows - sum(share.values())
+    for q in sorted(waiting, key=lambda q: waiting[q] - share[q], reverse=True):
+        if spare <= 0:
+            break
+        if share[q] < waiting[q]:
+            share[q] += 1
+            spare -= 1
+    capped: StreamOffset = {t: dict(qs) for t, qs in latest.items()}
+    for (t, k), n in share.items():
+        capped[t][k] = start.get(t, {}).get(k, 0) + n
+    return capped

@@ -1,0 +1,152 @@
+"""Batch reads through format("metaq") against a real cluster: what was sent comes back,
+ranges by offsets and by time, partition splitting, and filters applied at the brokers."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+from spark_testing import Cluster
+
+from metaq.client.producer import Producer
+from metaq.client.results import SendResult
+from metaq.common.testing import run_async, wait_until
+
+
+def send_all(cluster: Cluster, topic: str, count: int, *, queues: int = 2) -> list[SendResult]:
+    """Create ``topic`` on both brokers and send ``count`` messages with keys, tags and
+    properties; returns the send results in send order."""
+
+    async def go() -> list[SendResult]:
+        await cluster.create_topic(topic, queues=queues)
+        async with Producer([cluster.nameservers]) as producer:
+            return [
+                await producer.send(
+                    topic,
+                    f"body-{i}".encode(),
+                    tags=("red", "green", "blue")[i % 3],
+                    keys=(f"k{i}", f"order-{i // 2}"),
+                    properties={"n": str(i), "even": str(i % 2 == 0)},
+                )
+                for i in range(count)
+            ]
+
+    return run_async(go())
+
+
+def read(spark: Any, cluster: Cluster, topic: str, **options: str) -> Any:
+    reader = spark.read.format("metaq").option("nameservers", cluster.nameservers)
+    return reader.option("topic", topic).options(**options).load()
+
+
+def test_batch_read_returns_every_message_as_sent(spark: Any, cluster: Cluster) -> None:
+    sent = send_all(cluster, "spark-batch", 60)
+    rows = read(spark, cluster, "spark-batch").collect()
+    assert len(rows) == 60
+    assert {r.broker for r in rows} == {"broker-a", "broker-b"}
+    by_id = {r.msg_id: r for r in rows}
+    for i, result in enumerate(sent):
+        row = by_id[result.msg_id]
+        assert row.topic == "spark-batch"
+        assert (row.broker, row.queue, row.offset) == (
+            result.broker,
+            result.queue_id,
+            result.queue_offset,
+        )
+        assert bytes(row.body) == f"body-{i}".encode()
+        assert row.tags == ("red", "green", "blue")[i % 3]
+        assert list(row.keys) == [f"k{i}", f"order-{i // 2}"]
+        assert row.properties == {"n": str(i), "even": str(i % 2 == 0)}
+        assert abs(row.store_timestamp.timestamp() - time.time()) < 600
+        assert row.born_timestamp <= row.store_timestamp
+
+
+def test_starting_and_ending_offsets_by_json_bound_each_queue(spark: Any, cluster: Cluster) -> None:
+    sent = send_all(cluster, "spark-offsets", 40)
+    queue = sent[0]
+    key = f"{queue.broker}:{queue.queue_id}"
+    in_queue = sorted(
+        r.queue_offset for r in sent if (r.broker, r.queue_id) == (queue.broker, queue.queue_id)
+    )
+    assert len(in_queue) >= 4
+    starting = json.dumps({"spark-offsets": {key: in_queue[1]}})
+    ending = json.dumps({"spark-offsets": {key: in_queue[3]}})
+    rows = read(
+        spark, cluster, "spark-offsets", startingOffsets=starting, endingOffsets=ending
+    ).collect()
+    mine = sorted(r.offset for r in rows if f"{r.broker}:{r.queue}" == key)
+    assert mine == [in_queue[1], in_queue[2]]
+    # Queues the JSON leaves out: earliest to latest, as the Kafka source does.
+    assert len(rows) == 40 - len(in_queue) + 2
+
+
+def test_starting_and_ending_timestamps_select_by_store_time(spark: Any, cluster: Cluster) -> None:
+    early = send_all(cluster, "spark-times", 10)
+    cut_ms = max(r.store_timestamp_ms for r in early) + 1
+    wait_until(lambda: time.time() * 1000 > cut_ms, 5.0, "the wall clock passes the cut")
+    late = send_all(cluster, "spark-times", 10)
+    later = read(spark, cluster, "spark-times", startingTimestamp=str(cut_ms)).collect()
+    assert {r.msg_id for r in later} == {r.msg_id for r in late}
+    earlier = read(spark, cluster, "spark-times", endingTimestamp=str(cut_ms)).collect()
+    assert {r.msg_id for r in earlier} == {r.msg_id for r in early}
+
+
+def test_min_partitions_splits_large_queue_ranges(spark: Any, cluster: Cluster) -> None:
+    send_all(cluster, "spark-split", 80)
+    df = read(spark, cluster, "spark-split", minPartitions="10")
+    assert df.rdd.getNumPartitions() >= 10
+    rows = df.collect()
+    assert len(rows) == 80
+    assert len({(r.broker, r.queue, r.offset) for r in rows}) == 80
+    assert read(spark, cluster, "spark-split").rdd.getNumPartitions() == 4
+
+
+def test_tag_time_and_queue_filters_are_applied_at_the_brokers(
+    spark: Any, cluster: Cluster
+) -> None:
+    send_all(cluster, "spark-push", 90)
+    before = run_async(cluster.pulled("spark-push"))
+    df = read(spark, cluster, "spark-push").where("tags = 'red'")
+    assert "tags" in df._jdf.queryExecution().executedPlan().toString().lower()
+    assert df.count() == 30
+    assert run_async(cluster.pulled("spark-push")) - before == 30
+
+    before = run_async(cluster.pulled("spark-push"))
+    only = read(spark, cluster, "spark-push").where("broker = 'broker-a' AND queue = 1")
+    rows = only.collect()
+    assert rows and {(r.broker, r.queue) for r in rows} == {("broker-a", 1)}
+    assert run_async(cluster.pulled("spark-push")) - before == len(rows)
+
+    everything = read(spark, cluster, "spark-push").collect()
+    newest = max(r.store_timestamp for r in everything)
+    before = run_async(cluster.pulled("spark-push"))
+    recent = read(spark, cluster, "spark-push").where(
+        f"store_timestamp >= timestamp'{newest.isoformat()}'"
+    )
+    assert recent.count() == sum(1 for r in everything if r.store_timestamp >= newest)
+    assert run_async(cluster.pulled("spark-push")) - before < 90
+
+
+@pytest.mark.parametrize(
+    ("options", "words"),
+    [
+        (
+            {"topic": "spark-batch", "startingOffset": "earliest"},
+            ["unknown option", "startingoffset"],
+        ),
+        ({"topic": "spark-batch", "startingOffsets": "{bad"}, ["startingOffsets", "JSON"]),
+        ({"topic": "no-such-topic"}, ["no-such-topic", "does not exist"]),
+        ({"topic": "spark-batch", "nameservers": "127.0.0.1:1"}, ["nameservers", "127.0.0.1:1"]),
+        ({"topic": "spark-batch", "maxMessagesPerTrigger": "lots"}, ["maxMessagesPerTrigger"]),
+    ],
+)
+def test_bad_options_fail_at_planning_naming_the_option(
+    spark: Any, cluster: Cluster, options: dict[str, str], words: list[str]
+) -> None:
+    reader = spark.read.format("metaq").option("nameservers", cluster.nameservers)
+    with pytest.raises(Exception) as failure:
+        reader.options(**options).load().collect()
+    for word in words:
+        assert word in str(failure.value)

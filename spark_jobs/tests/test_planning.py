@@ -1,0 +1,81 @@
+"""Pure planning logic: option validation, range splitting, per-trigger caps, push-down."""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+
+import pytest
+from pyspark.sql.datasource import EqualTo, GreaterThanOrEqual, In, LessThan, StringContains
+
+from metaq.spark.options import OptionError, parse_source_options
+from metaq.spark.plan import QueueRange, split
+from metaq.spark.pushdown import Pushed, push
+from metaq.spark.stream import cap
+
+NS = {"nameservers": "127.0.0.1:9876"}
+
+
+def test_options_are_case_insensitive_and_json_offsets_are_parsed() -> None:
+    options = parse_source_options(
+        {**NS, "TOPICS": "a, b", "startingoffsets": '{"a": {"broker-a:0": 5}}'}, streaming=False
+    )
+    assert options.topics == ("a", "b")
+    assert options.starting == {"a": {"broker-a:0": 5}}
+
+
+@pytest.mark.parametrize(
+    ("options", "words"),
+    [
+        ({"topic": "a", "startingOfsets": "earliest"}, ["unknown option", "startingofsets"]),
+        ({"topic": "a", "topics": "b"}, ["exactly one of", "'topic'", "'topics'"]),
+        ({"topic": "a", "startingOffsets": '{"a": {"0": 1}}'}, ["startingOffsets", "broker:queue"]),
+        ({"topic": "a", "endingOffsets": "earliest"}, ["endingOffsets", "earliest"]),
+        ({"topic": "a", "minPartitions": "0"}, ["minPartitions", "at least 1"]),
+        ({"topic": "a", "failOnDataLoss": "maybe"}, ["failOnDataLoss", "true or false"]),
+        ({"topicPattern": "("}, ["topicPattern", "regex"]),
+    ],
+)
+def test_bad_options_name_the_option(options: dict[str, str], words: list[str]) -> None:
+    with pytest.raises(OptionError) as failure:
+        parse_source_options({**NS, **options}, streaming=False)
+    for word in words:
+        assert word in str(failure.value)
+
+
+def test_min_partitions_cuts_ranges_into_contiguous_pieces() -> None:
+    pieces = split([QueueRange("t", "b", 0, 10, 110), QueueRange("t", "b", 1, 0, 20)], 6)
+    assert len(pieces) >= 6
+    for queue, start, end in ((0, 10, 110), (1, 0, 20)):
+        mine = sorted((p.start, p.end) for p in pieces if p.queue_id == queue)
+        assert mine[0][0] == start and mine[-1][1] == end
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(mine))
+
+
+def test_the_trigger_cap_is_shared_by_what_each_queue_has_waiting() -> None:
+    start = {"t": {"b:0": 0, "b:1": 100}}
+    latest = {"t": {"b:0": 300, "b:1": 200, "b:2": 100}}
+    capped = cap(start, latest, 50)
+    taken = {k: capped["t"][k] - start["t"].get(k, 0) for k in capped["t"]}
+    assert sum(taken.values()) == 50
+    assert taken["b:0"] > taken["b:1"] >= 1 and taken["b:2"] >= 1
+
+
+def test_pushed_filters_become_tags_queues_and_a_time_range() -> None:
+    since = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    filters = [
+        In(("tags",), ("red", "blue")),
+        EqualTo(("queue",), 3),
+        GreaterThanOrEqual(("store_timestamp",), since),
+        LessThan(("store_timestamp",), since + dt.timedelta(seconds=1)),
+        StringContains(("msg_id",), "ab"),
+    ]
+    pushed, rest = push(filters, Pushed())
+    assert pushed.tag_expression("*") == "blue || red"
+    assert pushed.tag_expression("red || green") == "red"
+    assert pushed.tag_expression("green") is None
+    assert pushed.queues == frozenset({3})
+    assert pushed.from_ms == int(since.timestamp() * 1000)
+    assert pushed.until_ms == pushed.from_ms + 1000
+    # Time bounds are checked again by Spark; unsupported filters stay with Spark.
+    assert rest == [filters[2], filters[3], filters[4]]

@@ -1,0 +1,153 @@
+"""Streaming reads through readStream.format("metaq") against a real cluster: triggers,
+restart from a checkpoint into a file sink, read limits, and queues added mid-stream."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from spark_testing import Cluster
+
+from metaq.client.producer import Producer
+from metaq.client.pull_consumer import PullConsumer
+from metaq.common.testing import run_async, wait_until
+
+
+def send(cluster: Cluster, topic: str, bodies: list[str]) -> set[str]:
+    """Send the bodies; the message ids acknowledged."""
+
+    async def go() -> set[str]:
+        async with Producer([cluster.nameservers]) as producer:
+            return {(await producer.send(topic, b.encode())).msg_id for b in bodies}
+
+    return run_async(go())
+
+
+def stream(spark: Any, cluster: Cluster, topic: str, **options: str) -> Any:
+    reader = spark.readStream.format("metaq").option("nameservers", cluster.nameservers)
+    if topic:
+        reader = reader.option("topic", topic)
+    return reader.options(**options).load()
+
+
+def to_parquet(spark: Any, cluster: Cluster, topic: str, out: Path, **options: str) -> None:
+    """Run the stream into Parquet once with availableNow (everything there now)."""
+    query = (
+        stream(spark, cluster, topic, **options)
+        .writeStream.format("parquet")
+        .option("path", str(out / "data"))
+        .option("checkpointLocation", str(out / "checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(120)
+    assert query.exception() is None, query.exception()
+
+
+def parquet_ids(spark: Any, out: Path) -> list[str]:
+    return [r.msg_id for r in spark.read.parquet(str(out / "data")).select("msg_id").collect()]
+
+
+def test_restart_from_checkpoint_reads_only_what_was_not_processed(
+    spark: Any, cluster: Cluster, tmp_path: Path
+) -> None:
+    run_async(cluster.create_topic("stream-restart", queues=2))
+    first = send(cluster, "stream-restart", [f"a{i}" for i in range(30)])
+    to_parquet(spark, cluster, "stream-restart", tmp_path)
+    assert sorted(parquet_ids(spark, tmp_path)) == sorted(first)
+    second = send(cluster, "stream-restart", [f"b{i}" for i in range(25)])
+    to_parquet(spark, cluster, "stream-restart", tmp_path)
+    ids = parquet_ids(spark, tmp_path)
+    assert len(ids) == len(set(ids)), "a message was written twice"
+    assert set(ids) == first | second
+
+
+def test_processing_time_trigger_honours_max_messages_per_trigger(
+    spark: Any, cluster: Cluster
+) -> None:
+    run_async(cluster.create_topic("stream-limit", queues=2))
+    sent = send(cluster, "stream-limit", [f"m{i}" for i in range(50)])
+    query = (
+        stream(spark, cluster, "stream-limit", maxMessagesPerTrigger="12")
+        .writeStream.format("memory")
+        .queryName("stream_limit")
+        .trigger(processingTime="200 milliseconds")
+        .start()
+    )
+    try:
+        wait_until(
+            lambda: spark.sql("select count(*) c from stream_limit").first().c >= 50,
+            90.0,
+            "the stream has read the 50 messages",
+            poll_s=0.2,
+        )
+    finally:
+        query.stop()
+    rows = {r.msg_id for r in spark.sql("select msg_id from stream_limit").collect()}
+    assert rows == sent
+    sizes = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
+    assert max(sizes) <= 12
+    assert sum(sizes) == 50
+
+
+def test_queues_added_mid_stream_are_picked_up(spark: Any, cluster: Cluster) -> None:
+    run_async(cluster.create_topic("stream-grow", queues=1, brokers=["broker-a"]))
+    before = send(cluster, "stream-grow", [f"x{i}" for i in range(10)])
+    query = (
+        stream(spark, cluster, "stream-grow")
+        .writeStream.format("memory")
+        .queryName("stream_grow")
+        .trigger(processingTime="200 milliseconds")
+        .start()
+    )
+
+    def seen() -> set[str]:
+        return {r.msg_id for r in spark.sql("select msg_id from stream_grow").collect()}
+
+    try:
+        wait_until(lambda: seen() >= before, 60.0, "the first queue is read", poll_s=0.2)
+        run_async(cluster.create_topic("stream-grow", queues=3))
+        after = send(cluster, "stream-grow", [f"y{i}" for i in range(40)])
+        wait_until(lambda: seen() >= before | after, 60.0, "the new queues are read", poll_s=0.2)
+    finally:
+        query.stop()
+    rows = spark.sql("select broker, queue, msg_id from stream_grow").collect()
+    assert len(rows) == 50
+    assert len({(r.broker, r.queue) for r in rows}) > 1
+
+
+def test_topic_pattern_picks_up_new_topics_and_commits_the_groups_offsets(
+    spark: Any, cluster: Cluster
+) -> None:
+    run_async(cluster.create_topic("pat-one", queues=1, brokers=["broker-a"]))
+    first = send(cluster, "pat-one", [f"p{i}" for i in range(5)])
+    query = (
+        stream(spark, cluster, "", topicPattern="pat-.*", consumerGroup="pattern-pipeline")
+        .writeStream.format("memory")
+        .queryName("stream_pattern")
+        .trigger(processingTime="200 milliseconds")
+        .start()
+    )
+
+    def seen() -> set[str]:
+        return {r.msg_id for r in spark.sql("select msg_id from stream_pattern").collect()}
+
+    try:
+        wait_until(lambda: seen() >= first, 60.0, "the first topic is read", poll_s=0.2)
+        run_async(cluster.create_topic("pat-two", queues=1, brokers=["broker-b"]))
+        second = send(cluster, "pat-two", [f"q{i}" for i in range(7)])
+        wait_until(lambda: seen() >= first | second, 60.0, "the new topic is read", poll_s=0.2)
+        # Spark commits a batch's end offsets to the source when it starts the next batch.
+        third = send(cluster, "pat-one", ["one more"])
+        wait_until(lambda: seen() >= third, 60.0, "a further batch ran", poll_s=0.2)
+
+        async def committed() -> bool:
+            async with PullConsumer([cluster.nameservers], "pattern-pipeline") as consumer:
+                (queue,) = await consumer.queues("pat-two")
+                return (await consumer.committed("pat-two", queue) or 0) >= 7
+
+        wait_until(
+            lambda: run_async(committed()), 30.0, "the group's offset covers pat-two", poll_s=0.2
+        )
+    finally:
+        query.stop()
