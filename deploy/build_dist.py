@@ -43,13 +43,17 @@ def _uv() -> str:
 
 
 def _pip_python() -> str:
-    """An interpreter with pip: this one, else python3 on PATH (uv's venvs have no pip)."""
+    """An interpreter with pip: this one, else the one its venv was made from, else
+    python3 on PATH (uv's venvs have no pip, and under ``uv run`` PATH starts with one)."""
     if importlib.util.find_spec("pip") is not None:
         return sys.executable
-    found = shutil.which("python3")
-    if found is None:
-        raise SystemExit("build_dist: needs pip (python3 -m pip) to fetch the wheelhouse")
-    return found
+    candidates = [str(Path(sys.base_prefix) / "bin" / "python3"), shutil.which("python3")]
+    for candidate in candidates:
+        if candidate and Path(candidate).exists():
+            probe = subprocess.run([candidate, "-c", "import pip"], capture_output=True)
+            if probe.returncode == 0:
+                return candidate
+    raise SystemExit("build_dist: needs pip (python3 -m pip) to fetch the wheelhouse")
 
 
 def _run(argv: list[str], cwd: Path) -> None:
