@@ -126,7 +126,7 @@ async def elected_after(group: ReplicaGroup, epoch: int) -> int:
             for control in state.groups:
                 if control.epoch > epoch:
                     return int(control.master_id)
-            await asyncio.sleep(0.001)
+            await asyncio.sleep(0.001)  # polling the controller (the caller's deadline bounds it)
 
 
 def took_over_at(broker: BrokerProcess) -> float:
