@@ -343,6 +343,9 @@ def test_switchover_through_a_follower_and_its_refusals(
             await wait_for_isr(slave, 1, (0, 1), SETTLE_S)
             leader = await leader_among(servers, SETTLE_S)
             follower = servers[(leader + 1) % 3].grpc_address
+            # The follower answers from its own copy of the Raft log: wait until it holds
+            # the group's state, or it refuses for not knowing the group at all.
+            await wait_for_state(follower, 1, 0, (0, 1), SETTLE_S)
 
             not_in_sync = await refusal(follower, 2, 1)
             stale_epoch = await refusal(follower, 1, 0)
