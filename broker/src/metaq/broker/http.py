@@ -11,6 +11,8 @@
 - ``GET /messages/{msg_id}`` (32 hex digits) — one stored message, 404 if this broker
   has none; ``GET /messages?topic=T&key=K[&limit=N]`` — messages carrying a key, newest
   first. Bodies come inflated, as text when they are UTF-8, else base64.
+- Per queue and per consumer group, for the nameservers' console: see
+  :mod:`metaq.broker.http_queues`.
 """
 
 from __future__ import annotations
@@ -73,6 +75,10 @@ class HttpServer:
                 web.post("/replication/resume", self.resume_writes),
             ]
         )
+        # Imported here: that module builds on this one's context and message_json.
+        from metaq.broker import http_queues
+
+        http_queues.add_routes(app, context)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
 
     async def start(self, host: str, port: int) -> tuple[str, int]:
@@ -230,7 +236,7 @@ class HttpServer:
             return web.json_response(
                 {"error": f"no message {raw} on broker {self._context.broker_name}"}, status=404
             )
-        return web.json_response(_message_json(found, self._context.broker_name))
+        return web.json_response(message_json(found, self._context.broker_name))
 
     async def messages_by_key(self, request: web.Request) -> web.Response:
         topic = request.query.get("topic", "")
@@ -245,10 +251,10 @@ class HttpServer:
             )
         found = self._context.store.lookup_key(topic, key, limit=limit)
         name = self._context.broker_name
-        return web.json_response({"messages": [_message_json(r, name) for r in found]})
+        return web.json_response({"messages": [message_json(r, name) for r in found]})
 
 
-def _message_json(found: Record, broker_name: str) -> dict[str, Any]:
+def message_json(found: Record, broker_name: str) -> dict[str, Any]:
     """A stored message for people: body inflated, as text if it is UTF-8, else base64."""
     body = found.body
     compressed = bool(found.flags & FLAG_COMPRESSED)
