@@ -117,6 +117,12 @@ class HttpServer:
             "commitlog_durable_offset": c.store.flusher.durable,
             "disk_used_ratio": round(c.store.guard.disk_ratio, 4),
             "disk_available_bytes": c.store.guard.available_bytes,
+            # The thresholds and modes the console shows beside the figures.
+            "disk_clean_ratio": c.store.config.disk_clean_ratio,
+            "disk_full_ratio": c.store.config.disk_full_ratio,
+            "flush_mode": c.store.config.flush_mode.value,
+            "replication_mode": c.role.config.replication_mode.value,
+            "retention_hours": c.store.config.retention_hours,
         }
         return web.json_response(body, status=200 if reason is None else 503)
 

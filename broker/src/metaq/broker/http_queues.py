@@ -10,8 +10,8 @@ web console reads and drives (docs/operations.md, "Console").
 - ``POST /groups/{group}/reset`` ``{"topic": T, "timestamp_ms": n, "dry_run": bool}`` —
   commit, on every read queue of T here, the first offset stored at or after the time;
   a dry run answers the same rows and commits nothing.
-- ``POST /topics/{name}/messages`` ``{"body": text, "tags": t, "keys": [...]}`` — store
-  one message (a test message from the console).
+- ``POST /topics/{name}/messages`` ``{"body": text, "tags": t, "keys": [...],
+  "properties": {...}}`` — store one message (a test message from the console).
 - ``POST /groups/{group}/dlq/resend`` ``{"msg_ids": [...]}`` — store the group's dead
   letters (``%DLQ%group``) in their original topic again, as new messages.
 
@@ -236,13 +236,20 @@ class _Views:
         topic = request.match_info["name"]
         body = await http.json_object(request)
         text, tags, keys = body.get("body"), body.get("tags", ""), body.get("keys", [])
+        properties = body.get("properties", {})
         if (
             not isinstance(text, str)
             or not isinstance(tags, str)
             or not isinstance(keys, list)
             or not all(isinstance(k, str) for k in keys)
+            or not isinstance(properties, dict)
+            or not all(isinstance(v, str) for v in properties.values())
         ):
-            return _error(400, 'expected {"body": text, "tags": text, "keys": [text, ...]}')
+            return _error(
+                400,
+                'expected {"body": text, "tags": text, "keys": [text, ...], '
+                '"properties": {name: text}}',
+            )
         unknown = self._unknown_topic(topic)
         if unknown is not None:
             return unknown
@@ -252,7 +259,7 @@ class _Views:
             return _error(409, f"topic {shown(topic)} takes no writes on this broker")
         queue_id = random.randrange(config.write_queues)
         return await self._store_new(
-            [(topic, queue_id, text.encode(), tags, tuple(keys), {})], request
+            [(topic, queue_id, text.encode(), tags, tuple(keys), properties)], request
         )
 
     async def resend_dead(self, request: web.Request) -> web.Response:

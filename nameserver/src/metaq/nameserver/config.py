@@ -55,6 +55,9 @@ class NameServerConfig:
     # An elected master still live but not reporting it took over this long after its
     # election (a promotion stuck on a dead disk, say) is replaced by another in-sync one.
     takeover_timeout_ms: int = 10000
+    # The web console's bound on each call to a broker's HTTP API: a page shows what it
+    # gathered within it and says which broker did not answer.
+    console_broker_timeout_ms: int = 2000
 
     def __post_init__(self) -> None:
         problems = []
@@ -85,6 +88,8 @@ class NameServerConfig:
             problems.append("bootstrap_grace_ms must not be negative")
         if self.takeover_timeout_ms <= 0:
             problems.append("takeover_timeout_ms must be positive")
+        if self.console_broker_timeout_ms <= 0:
+            problems.append("console_broker_timeout_ms must be positive")
         if problems:
             raise ValueError("invalid nameserver config: " + "; ".join(problems))
 
@@ -115,6 +120,7 @@ _FLAG_TYPES: Final[dict[str, Callable[[str], Any]]] = {
     "bootstrap_grace_ms": int,
     "cluster_secret_file": str,
     "takeover_timeout_ms": int,
+    "console_broker_timeout_ms": int,
 }
 
 

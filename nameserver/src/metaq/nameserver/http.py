@@ -1,4 +1,5 @@
-"""The nameserver's HTTP endpoint for people and scrapers: health, cluster and routes as JSON."""
+"""The nameserver's HTTP endpoint for people and scrapers: health, cluster and routes as JSON,
+and the web console (:mod:`metaq.nameserver.console`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from aiohttp import web
 from metaq.common import http
 from metaq.common.names import shown
 from metaq.common.version import installed_version
+from metaq.nameserver.console import ConsoleContext
+from metaq.nameserver.console import add_routes as add_console_routes
 from metaq.nameserver.registry import Registry
 
 
@@ -25,8 +28,9 @@ def _respond(body: Any, status: int = 200) -> web.Response:
     return web.json_response(body, status=status, dumps=lambda v: json.dumps(v, default=_json))
 
 
-def make_app(registry: Registry) -> web.Application:
-    """``GET /health``, ``GET /cluster``, ``GET /route/{topic}`` (404 for an unknown topic)."""
+def make_app(registry: Registry, console: ConsoleContext | None = None) -> web.Application:
+    """``GET /health``, ``GET /cluster``, ``GET /route/{topic}`` (404 for an unknown topic),
+    and with ``console`` the web console under ``/console/`` (``/`` leads there)."""
 
     async def health(_request: web.Request) -> web.Response:
         return _respond(
@@ -62,4 +66,6 @@ def make_app(registry: Registry) -> web.Application:
             web.get("/route/{topic}", route),
         ]
     )
+    if console is not None:
+        add_console_routes(app, console)
     return app

@@ -12,6 +12,7 @@ from aiohttp import web
 from metaq.common.auth import ClusterSecret, is_loopback, load_secret, require_secret
 from metaq.common.v1 import control_pb2_grpc
 from metaq.nameserver.config import NameServerConfig
+from metaq.nameserver.console import ConsoleContext
 from metaq.nameserver.controller import Controller, ControllerSettings
 from metaq.nameserver.http import make_app
 from metaq.nameserver.registry import Clock, Registry
@@ -88,7 +89,10 @@ class NameServer:
         self.grpc_address = host_port(config.listen_host, port)
         try:
             if config.http_port is not None:
-                runner = web.AppRunner(make_app(self.registry))
+                console = ConsoleContext.of(
+                    self.registry, self.controller, config.console_broker_timeout_ms
+                )
+                runner = web.AppRunner(make_app(self.registry, console))
                 await runner.setup()
                 self._http = runner
                 site = web.TCPSite(runner, config.listen_host, config.http_port)

@@ -1,0 +1,116 @@
+"""What the console's pages read: the registry, the controller, and the brokers' HTTP
+admin APIs through :class:`Brokers`, every call bounded by a timeout."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from metaq.common.http import json_for
+from metaq.nameserver.controller import Controller
+from metaq.nameserver.model import BrokerView, Role
+from metaq.nameserver.registry import Registry
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """A broker's JSON answer, or in plain words why there is none."""
+
+    body: Any = None
+    error: str = ""
+    status: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.error
+
+
+class Brokers:
+    """Calls to brokers' HTTP admin APIs; one aiohttp session, opened on first use."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self._session: aiohttp.ClientSession | None = None
+
+    async def call(self, broker: BrokerView, method: str, path: str, body: Any = None) -> Answer:
+        state = broker.state
+        who = f"broker {state.key} at {state.http_address or state.data_address}"
+        if not state.http_address:
+            return Answer(error=f"{who} has no HTTP address registered (started without one)")
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+        url = f"http://{state.http_address}{path}"
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                async with self._session.request(
+                    method, url, json=json_for(method, body)
+                ) as response:
+                    payload = await response.json(content_type=None)
+        except TimeoutError:
+            return Answer(error=f"{who} did not answer within {self.timeout_s:g} s (down?)")
+        except aiohttp.ClientConnectionError as exc:
+            return Answer(error=f"{who} is unreachable ({exc.__class__.__name__}: {exc})")
+        except ValueError:
+            return Answer(error=f"{who} answered something that is not JSON")
+        if response.status >= 400:
+            reason = payload.get("error") if isinstance(payload, dict) else None
+            return Answer(payload, f"{who}: {reason or f'HTTP {response.status}'}", response.status)
+        return Answer(payload, status=response.status)
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+@dataclass
+class Rates:
+    """Messages per second from two samples of a growing count (TPS in the topic list)."""
+
+    _last: dict[str, tuple[float, int]] = field(default_factory=dict)
+
+    def rate(self, key: str, count: int, now: float | None = None) -> float | None:
+        now = time.monotonic() if now is None else now
+        previous = self._last.get(key)
+        self._last[key] = (now, count)
+        if previous is None or now <= previous[0] or count < previous[1]:
+            return None
+        return (count - previous[1]) / (now - previous[0])
+
+
+@dataclass
+class ConsoleContext:
+    registry: Registry
+    controller: Controller
+    brokers: Brokers
+    rates_in: Rates = field(default_factory=Rates)
+    rates_out: Rates = field(default_factory=Rates)
+
+    @classmethod
+    def of(cls, registry: Registry, controller: Controller, timeout_ms: int) -> ConsoleContext:
+        return cls(registry, controller, Brokers(timeout_ms / 1000))
+
+    def live_brokers(self) -> list[BrokerView]:
+        return [
+            broker for name in self.registry.group_names() for broker in self.registry.members(name)
+        ]
+
+    def masters(self) -> dict[str, BrokerView]:
+        """Each group's master as the routes take it (the controller's, when it manages
+        the group): the broker that takes changes."""
+        found: dict[str, BrokerView] = {}
+        for name in self.registry.group_names():
+            control = self.controller.control(name)
+            for broker in self.registry.members(name):
+                if broker.state.role is not Role.MASTER:
+                    continue
+                if control is None or broker.state.key.broker_id == control.master_id:
+                    found.setdefault(name, broker)
+        return found
+
+    async def close(self) -> None:
+        await self.brokers.close()

@@ -1,0 +1,191 @@
+"""The web console in a real headless Chromium against a real cluster: every page loads
+without errors, and its buttons do what they say (switchover, reset by time, dead-letter
+resend); a broker that does not answer costs a page its timeout, no more, and is named."""
+
+from __future__ import annotations
+
+import re
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+from urllib.parse import quote
+
+from console_support import BROKER_TIMEOUT_MS, GROUPS, QUEUES, TOPIC, Browser, ConsoleCluster, call
+
+from metaq.client.pull_consumer import PullConsumer
+from metaq.common.testing import run_async, wait_until
+
+GROUP = "billing"
+
+
+def send(cluster: ConsoleCluster, group: str, topic: str, body: str, **extra: Any) -> str:
+    """Store one message through the master's admin API; its message id."""
+    master = cluster.master(group)
+    status, answer = call(
+        "POST", f"{master.http_url}/topics/{quote(topic, safe='')}/messages",
+        {"body": body, **extra},
+    )  # fmt: skip
+    assert status == 200, answer
+    return str(answer["stored"][0]["msg_id"])
+
+
+def committed(cluster: ConsoleCluster, group: str, consumer_group: str) -> dict[int, int]:
+    status, answer = call(
+        "GET", f"{cluster.master(group).http_url}/groups/{consumer_group}/offsets"
+    )
+    assert status == 200, answer
+    return {r["queue_id"]: r["offset"] for r in answer["offsets"] if r["topic"] == TOPIC}
+
+
+def commit_to_end(cluster: ConsoleCluster, consumer_group: str) -> None:
+    """The group has consumed everything (a reset to a time after every message)."""
+    future_ms = int(time.time() * 1000) + 3_600_000
+    for group in GROUPS:
+        status, answer = call(
+            "POST", f"{cluster.master(group).http_url}/groups/{consumer_group}/reset",
+            {"topic": TOPIC, "timestamp_ms": future_ms, "dry_run": False},
+        )  # fmt: skip
+        assert status == 200, answer
+
+
+def test_every_page_loads_with_no_console_errors(cluster: ConsoleCluster, browser: Browser) -> None:
+    msg_id = send(cluster, "group-a", TOPIC, '{"order": 1, "items": ["tea"]}', keys=["order-1"])
+    commit_to_end(cluster, GROUP)
+    page, base = browser.page, cluster.console_url
+    page.goto(base + "/")
+    assert page.url.endswith("/console/cluster")
+    for group in GROUPS:
+        assert page.get_by_role("heading", name=f"Group {group}").is_visible()
+    assert page.get_by_text("Raft leader:").is_visible()
+    browser.screenshot("cluster")
+    page.get_by_role("link", name="Topics", exact=True).click()
+    assert page.get_by_role("link", name=TOPIC, exact=True).is_visible()
+    browser.screenshot("topics")
+    page.get_by_role("link", name=TOPIC, exact=True).click()
+    assert page.get_by_role("table", name="Queues").locator("tbody tr").count() == 2 * QUEUES
+    browser.screenshot("topic")
+    page.get_by_role("link", name="Consumer groups").click()
+    page.get_by_role("link", name=GROUP, exact=True).click()
+    assert page.get_by_role("table", name="Committed offsets").is_visible()
+    browser.screenshot("group")
+    page.get_by_role("link", name="Messages").click()
+    page.get_by_label("Message id (32 hex digits)").fill(msg_id)
+    page.get_by_label("Message id (32 hex digits)").press("Enter")
+    page.get_by_role("heading", name=f"Message {msg_id}").wait_for()
+    assert '"items": [' in page.locator("pre").inner_text()  # pretty-printed JSON
+    assert "consumed" in page.get_by_role("table", name="Delivery").inner_text()
+    browser.screenshot("message")
+    page.goto(f"{base}/console/messages?topic={TOPIC}&key=order-1")
+    assert page.get_by_role("heading", name=f"Message {msg_id}").is_visible()
+    page.goto(f"{base}/console/topics/no-such-topic")
+    assert "not served by any live broker" in page.locator(".error").inner_text()
+    # The not-found page above answers 404 on purpose; nothing else may fail.
+    unexpected = [p for p in browser.problems if "no-such-topic" not in p]
+    assert unexpected == []
+
+
+def test_a_reset_by_time_previews_then_changes_the_committed_offsets(
+    cluster: ConsoleCluster, browser: Browser
+) -> None:
+    for n in range(6):
+        send(cluster, GROUPS[n % 2], TOPIC, f"reset-{n}")
+    commit_to_end(cluster, GROUP)
+    before = {g: committed(cluster, g, GROUP) for g in GROUPS}
+    assert all(sum(offsets.values()) > 0 for offsets in before.values())
+    page = browser.page
+    page.goto(f"{cluster.console_url}/console/groups/{GROUP}")
+    page.get_by_label("Topic").select_option(TOPIC)
+    page.get_by_label("Time (UTC, ISO 8601)").fill("2000-01-01T00:00:00")
+    page.get_by_role("button", name="Preview (dry run)").click()
+    preview = page.get_by_role("region", name="Dry run: the offsets a reset would commit")
+    assert preview.locator("tbody tr").count() == 2 * QUEUES
+    assert {g: committed(cluster, g, GROUP) for g in GROUPS} == before, "a dry run changed them"
+    browser.screenshot("reset-preview")
+    page.get_by_label("Time (UTC, ISO 8601)").fill("2000-01-01T00:00:00")
+    page.get_by_role("button", name="Reset offsets").click()
+    page.get_by_role("region", name="Offsets committed").wait_for()
+    for group in GROUPS:
+        assert set(committed(cluster, group, GROUP).values()) == {0}, group
+    assert browser.problems == []
+
+
+def test_resending_a_dead_letter_delivers_it_to_a_consumer(
+    cluster: ConsoleCluster, browser: Browser
+) -> None:
+    dlq = f"%DLQ%{GROUP}"
+    master = cluster.master("group-b")
+    status, answer = call("PUT", f"{master.http_url}/topics/{quote(dlq, safe='')}",
+                          {"read_queues": 1, "write_queues": 1})  # fmt: skip
+    assert status == 200, answer
+    body = f"dead-{time.time_ns()}"
+    send(cluster, "group-b", dlq, body,
+         properties={"RETRY_TOPIC": TOPIC, "LAST_FAILURE": "handler raised KeyError"})  # fmt: skip
+    page = browser.page
+    page.goto(f"{cluster.console_url}/console/groups/{GROUP}")
+    row = page.get_by_role("row").filter(has_text=body)
+    wait_until(lambda: _reloaded_has(page, row), 15, "the dead letter is listed", poll_s=0.5)
+    row.get_by_role("button", name=re.compile("^Resend")).click()
+    assert "resent" in page.get_by_role("status").inner_text()
+    browser.screenshot("dead-letters")
+    assert body in _read_topic(cluster), "the resent message did not reach the topic"
+    assert browser.problems == []
+
+
+def _reloaded_has(page: Any, row: Any) -> bool:
+    if row.count():
+        return True
+    page.reload()
+    return bool(row.count())
+
+
+def _read_topic(cluster: ConsoleCluster) -> list[str]:
+    async def read() -> list[str]:
+        bodies: list[str] = []
+        async with PullConsumer([cluster.nameserver.grpc_address], "console-check") as reader:
+            for queue in await reader.queues(TOPIC):
+                offset = 0
+                while True:
+                    result = await reader.pull(TOPIC, queue, offset, 256, 0)
+                    if not result.messages:
+                        break
+                    bodies += [m.body.decode() for m in result.messages]
+                    offset = result.next_offset
+        return bodies
+
+    # Playwright's sync API keeps an event loop on this thread: the client gets its own.
+    with ThreadPoolExecutor(1) as thread:
+        return thread.submit(lambda: run_async(read())).result()
+
+
+def test_the_switchover_button_moves_the_master(cluster: ConsoleCluster, browser: Browser) -> None:
+    assert cluster.route_master("group-b") == 0
+    page = browser.page
+    page.goto(f"{cluster.console_url}/console/cluster")
+    section = page.get_by_role("table", name="Brokers of group-b")
+    section.get_by_role("link", name="Make master…").click()
+    browser.screenshot("switchover-confirm")
+    page.get_by_role("button", name="Confirm switchover to broker 1").click()
+    assert "broker 1 is master" in page.get_by_role("status").inner_text()
+    wait_until(lambda: cluster.route_master("group-b") == 1, 15,
+               "the nameserver's route names broker 1 master of group-b", poll_s=0.2)  # fmt: skip
+    assert browser.problems == []
+
+
+def test_a_page_with_a_broker_not_answering_says_which_within_the_timeout(
+    cluster: ConsoleCluster, browser: Browser
+) -> None:
+    silent = cluster.brokers[("group-a", 1)]
+    silent.pause()
+    try:
+        page = browser.page
+        started = time.monotonic()
+        page.goto(f"{cluster.console_url}/console/cluster")
+        took_s = time.monotonic() - started
+        alert = page.get_by_role("alert").inner_text()
+        browser.screenshot("broker-down")
+    finally:
+        silent.resume()
+    assert "broker group-a/1" in alert and "did not answer within" in alert, alert
+    # The page waited for the silent broker once, in parallel with the others.
+    assert took_s < BROKER_TIMEOUT_MS / 1000 + 3.0, f"the page took {took_s:.1f} s"
+    assert page.get_by_role("heading", name="Group group-b").is_visible()
