@@ -4,12 +4,16 @@ resend); a broker that does not answer costs a page its timeout, no more, and is
 
 from __future__ import annotations
 
+import json
 import re
 import time
+import urllib.error
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import quote
 
+import pytest
 from console_support import BROKER_TIMEOUT_MS, GROUPS, QUEUES, TOPIC, Browser, ConsoleCluster, call
 
 from metaq.client.pull_consumer import PullConsumer
@@ -82,6 +86,54 @@ def test_every_page_loads_with_no_console_errors(cluster: ConsoleCluster, browse
     # The not-found page above answers 404 on purpose; nothing else may fail.
     unexpected = [p for p in browser.problems if "no-such-topic" not in p]
     assert unexpected == []
+
+
+def test_the_cluster_page_refreshes_itself(cluster: ConsoleCluster, browser: Browser) -> None:
+    page = browser.page
+    page.goto(f"{cluster.console_url}/console/cluster")
+    before = page.get_by_role("table", name="Brokers of group-a").inner_text()
+    send(cluster, "group-a", TOPIC, "moves the commitlog end")
+    # The script refetches the page every few seconds and swaps the live part in place.
+    with page.expect_request(lambda r: r.headers.get("x-console-refresh") == "1", timeout=10_000):
+        pass
+    page.wait_for_function(
+        "before => document.querySelector('table').innerText !== before", arg=before
+    )
+    assert browser.problems == []
+
+
+def test_a_form_posted_from_another_site_is_refused(cluster: ConsoleCluster) -> None:
+    form = b"to=1&epoch=1"
+    for header, value in (("Origin", "http://elsewhere.example"), ("Sec-Fetch-Site", "cross-site")):
+        request = urllib.request.Request(
+            f"{cluster.console_url}/console/cluster/group-a/switchover", data=form, method="POST"
+        )
+        request.add_header("Content-Type", "application/x-www-form-urlencoded")
+        request.add_header(header, value)
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=10)
+        assert refused.value.code == 403
+        assert "only from this site's own pages" in json.load(refused.value)["error"]
+    assert cluster.route_master("group-a") == 0
+
+
+def test_the_broker_endpoints_say_what_was_wrong_with_a_request(cluster: ConsoleCluster) -> None:
+    url = cluster.master("group-a").http_url
+    cases = [
+        ("GET", "/queues?topic=nope", None, 404, "not served by broker"),
+        ("GET", f"/queues/{TOPIC}/0/messages", None, 400, "give either offset or from_ms"),
+        ("GET", f"/queues/{TOPIC}/0/messages?offset=x", None, 400, "are integers"),
+        ("POST", f"/groups/{GROUP}/reset", {"topic": TOPIC}, 400, '"timestamp_ms": integer'),
+        ("POST", f"/topics/{TOPIC}/messages", {"body": 1}, 400, '"body": text'),
+        ("POST", f"/groups/{GROUP}/dlq/resend", {"msg_ids": []}, 400, "msg_ids"),
+        ("POST", "/groups/nobody/dlq/resend", {"msg_ids": ["00"]}, 404, "no dead letters"),
+    ]
+    for method, path, body, status, words in cases:
+        got, answer = call(method, url + path, body)
+        assert (got, words in answer.get("error", "")) == (status, True), (path, answer)
+    slave = cluster.brokers[("group-a", 1)]
+    got, answer = call("POST", f"{slave.http_url}/topics/{TOPIC}/messages", {"body": "x"})
+    assert got == 409 and "not its group's master" in answer["error"], answer
 
 
 def test_a_reset_by_time_previews_then_changes_the_committed_offsets(
