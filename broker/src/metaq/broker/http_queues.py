@@ -30,7 +30,7 @@ from aiohttp import web
 from metaq.broker.http import HttpContext, message_json
 from metaq.broker.store import MessageStore
 from metaq.common import http
-from metaq.common.errors import MetaqError
+from metaq.common.errors import InvalidMessage, MetaqError
 from metaq.common.names import shown
 from metaq.common.record import Record, encode, new_msg_id
 
@@ -337,6 +337,8 @@ class _Views:
                 )
             ]
             appended = store.append(records)
+        except InvalidMessage as exc:
+            return _error(400, str(exc))
         except MetaqError as exc:
             return _error(409, str(exc))
         role.appended()

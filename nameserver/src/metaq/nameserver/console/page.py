@@ -119,6 +119,8 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], caption: str = 
     """Cells are escaped unless they are :class:`Html`."""
     head = "".join(f'<th scope="col">{esc(h)}</th>' for h in headers)
     body = "".join("<tr>" + "".join(f"<td>{cell(c)}</td>" for c in row) + "</tr>" for row in rows)
+    if not body:
+        body = f'<tr><td colspan="{len(headers)}" class="muted">none</td></tr>'
     cap = f"<caption>{esc(caption)}</caption>" if caption else ""
     return f"<table>{cap}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
