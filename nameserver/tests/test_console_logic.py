@@ -6,10 +6,17 @@ import base64
 
 import pytest
 
-from metaq.nameserver.console.context import Rates
-from metaq.nameserver.console.groups import _parse_time
+from metaq.nameserver.console.context import (
+    FORGET_GONE_AFTER_S,
+    Brokers,
+    ConsoleContext,
+    Rates,
+)
 from metaq.nameserver.console.messages import _body
 from metaq.nameserver.console.page import Html, esc, table
+from metaq.nameserver.console.page import parse_time_ms as _parse_time
+from metaq.nameserver.model import BrokerKey, BrokerState, Role
+from metaq.nameserver.registry import Registry
 
 
 def test_a_rate_needs_two_samples_and_restarts_after_a_count_goes_down() -> None:
@@ -44,3 +51,21 @@ def test_table_cells_are_escaped_unless_built_as_markup() -> None:
     html = table(["a", "b"], [["<script>", Html("<b>ok</b>")]])
     assert "&lt;script&gt;" in html and "<b>ok</b>" in html
     assert esc('"x"') == "&quot;x&quot;"
+
+
+def test_a_broker_seen_live_and_then_gone_is_named_until_it_is_back_or_forgotten() -> None:
+    registry = Registry(broker_expiry_s=10)
+    key = BrokerKey("g", 1)
+    state = BrokerState("c", key, Role.SLAVE, "127.0.0.1:1", "127.0.0.1:2")
+    registry.register(state, {})
+    console = ConsoleContext(registry, None, Brokers(1.0))  # type: ignore[arg-type]
+    assert console.gone(now=1000.0) == {}
+    registry.unregister(key)  # its process died: the session ended
+    line = console.gone(now=1030.0)[key]
+    assert "broker g/1 (data 127.0.0.1:1, http 127.0.0.1:2)" in line
+    assert "last seen live 30 s ago" in line
+    registry.register(state, {})
+    assert console.gone(now=1040.0) == {}
+    registry.unregister(key)
+    assert console.gone(now=1040.0 + FORGET_GONE_AFTER_S + 1) == {}
+    assert key not in console.seen

@@ -53,6 +53,13 @@ class ConsoleCluster:
                 return next((b["broker_id"] for b in g["brokers"] if b["role"] == "master"), None)
         return None
 
+    def route_ids(self, group: str, topic: str = TOPIC) -> list[int]:
+        """The ids of the group's brokers in the nameserver's route of ``topic``."""
+        status, route = call("GET", f"{self.console_url}/route/{topic}")
+        assert status == 200, route
+        return [b["broker_id"] for g in route["groups"] if g["broker_name"] == group
+                for b in g["brokers"]]  # fmt: skip
+
     def master(self, group: str) -> BrokerProcess:
         found = self.route_master(group)
         assert found is not None, f"{group} has no master in the route"

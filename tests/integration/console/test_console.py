@@ -23,14 +23,25 @@ GROUP = "billing"
 
 
 def send(cluster: ConsoleCluster, group: str, topic: str, body: str, **extra: Any) -> str:
-    """Store one message through the master's admin API; its message id."""
+    """Store one message through the master's admin API; its message id, once consumers
+    can see it."""
     master = cluster.master(group)
     status, answer = call(
         "POST", f"{master.http_url}/topics/{quote(topic, safe='')}/messages",
         {"body": body, **extra},
     )  # fmt: skip
     assert status == 200, answer
-    return str(answer["stored"][0]["msg_id"])
+    stored = answer["stored"][0]
+
+    def visible() -> bool:
+        # Queues are built from the log just after the append: wait until this one is.
+        got, queues = call("GET", f"{master.http_url}/queues?topic={quote(topic, safe='')}")
+        assert got == 200, queues
+        queue = queues["queues"][stored["queue_id"]]
+        return bool(queue["max_offset"] > stored["queue_offset"])
+
+    wait_until(visible, 10, f"the message sent to {topic} is in its queue", poll_s=0.05)
+    return str(stored["msg_id"])
 
 
 def committed(cluster: ConsoleCluster, group: str, consumer_group: str) -> dict[int, int]:
@@ -241,3 +252,21 @@ def test_a_page_with_a_broker_not_answering_says_which_within_the_timeout(
     # The page waited for the silent broker once, in parallel with the others.
     assert took_s < BROKER_TIMEOUT_MS / 1000 + 3.0, f"the page took {took_s:.1f} s"
     assert page.get_by_role("heading", name="Group group-b").is_visible()
+
+
+def test_a_page_with_a_broker_killed_says_which_broker_is_gone(
+    cluster: ConsoleCluster, browser: Browser
+) -> None:
+    page = browser.page
+    page.goto(f"{cluster.console_url}/console/cluster")  # the console sees it live
+    cluster.brokers[("group-a", 1)].kill()
+    wait_until(lambda: 1 not in cluster.route_ids("group-a"), 15,
+               "the killed slave left the route of group-a", poll_s=0.2)  # fmt: skip
+    started = time.monotonic()
+    page.goto(f"{cluster.console_url}/console/cluster")
+    took_s = time.monotonic() - started
+    alert = page.get_by_role("alert").inner_text()
+    browser.screenshot("broker-killed")
+    assert "broker group-a/1" in alert and "not registered any more" in alert, alert
+    assert took_s < BROKER_TIMEOUT_MS / 1000 + 3.0, f"the page took {took_s:.1f} s"
+    assert browser.problems == []

@@ -473,6 +473,10 @@ class GroupRole:
             return ()
         return tuple(sorted(self.replicas.committed))
 
+    def lag_seconds(self) -> dict[int, float | None]:
+        """Master: seconds since each slave last held its whole log (see ReplicaSet)."""
+        return self.replicas.lag_seconds() if self.replicas is not None else {}
+
     def lag_bytes(self) -> dict[int, int]:
         """Master: bytes each slave is behind. Slave: {own id: bytes behind the master}."""
         if self.replicas is not None:

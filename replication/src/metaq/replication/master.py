@@ -348,6 +348,18 @@ class ReplicaSet:
                 future.set_result(False)
         self._waits.clear()
 
+    def lag_seconds(self) -> dict[int, float | None]:
+        """Seconds since each slave last held everything this master had: 0 while it
+        does, growing while it stays behind (Kafka's measure for replica.lag.time.max);
+        None for one never caught up in this term."""
+        now = self._clock()
+        end = self.log.end_offset
+        return {
+            i: 0.0 if s.offset >= end else (None if s.caught_up < -1e17 else now - s.caught_up)
+            for i, s in sorted(self.slaves.items())
+            if s.connection != NO_CONNECTION
+        }
+
     def lag(self) -> dict[int, int]:
         """Bytes each slave is behind this master's log end."""
         end = self.log.end_offset

@@ -55,8 +55,10 @@ async def cluster_page(
     brokers = [b for g in groups for b in g.brokers]
     answers = await asyncio.gather(*(context.brokers.call(b, "GET", "/health") for b in brokers))
     health = {b.state.key: a for b, a in zip(brokers, answers, strict=True)}
-    problems = [problem] + [a.error for a in answers if a.error and a.status != 503]
-    sections = [_group_section(context, g, health, problems) for g in groups]
+    gone = context.gone()
+    problems = [problem, *gone.values()]
+    problems += [a.error for a in answers if a.error and a.status != 503]
+    sections = [_group_section(context, g, health, problems, set(gone)) for g in groups]
     if not groups:
         sections.append("<p>No broker is registered with this nameserver.</p>")
     body = (
@@ -69,28 +71,37 @@ async def cluster_page(
 
 
 def _group_section(
-    context: ConsoleContext, group: GroupView, health: dict[BrokerKey, Answer], problems: list[str]
+    context: ConsoleContext,
+    group: GroupView,
+    health: dict[BrokerKey, Answer],
+    problems: list[str],
+    gone: set[BrokerKey],
 ) -> str:
     control = context.controller.control(group.broker_name)
     live_ids = {b.state.key.broker_id for b in group.brokers}
     if control is not None:
         for missing in sorted(set(control.in_sync_ids) - live_ids):
+            if BrokerKey(group.broker_name, missing) in gone:
+                continue  # named already, with its addresses
             problems.append(
                 f"broker {group.broker_name}/{missing} is in the controller's in-sync set "
                 "but not registered: it is down or cut off from this nameserver"
             )
     rows = []
     master_id = control.master_id if control is not None else None
-    master_lag: dict[str, int] = {}
+    lag_bytes: dict[str, int] = {}
+    lag_s: dict[str, float | None] = {}
     for broker in group.brokers:
         body = health[broker.state.key].body
         if broker.state.key.broker_id == master_id and isinstance(body, dict):
-            master_lag = body.get("replica_lag_bytes") or {}
+            lag_bytes = body.get("replica_lag_bytes") or {}
+            lag_s = body.get("replica_lag_s") or {}
     for broker in group.brokers:
         state = broker.state
         h = health[state.key].body if isinstance(health[state.key].body, dict) else {}
-        # The master measures each slave's lag (bytes of log the slave has not confirmed).
-        lag = master_lag.get(str(state.key.broker_id))
+        # The master measures each slave's lag: the bytes of log it does not hold yet, and
+        # how long since it last held all of it.
+        lag = _lag(lag_bytes, lag_s, str(state.key.broker_id))
         switch: object = None
         if (
             control is not None
@@ -108,7 +119,7 @@ def _group_section(
                 state.data_address,
                 state.http_address,
                 state.epoch,
-                None if lag is None else f"{lag} B",
+                lag,
                 _disk(h),
                 h.get("flush_mode"),
                 h.get("replication_mode", state.replication_mode.value),
@@ -131,7 +142,7 @@ def _group_section(
             "data address",
             "http address",
             "epoch",
-            "replica lag (bytes behind the master)",
+            "replica lag (behind the master)",
             "disk used (clean at / refuse writes at)",
             "flush",
             "replication",
@@ -142,6 +153,14 @@ def _group_section(
         rows,
         caption=f"Brokers of {group.broker_name}",
     )
+
+
+def _lag(lag_bytes: dict[str, int], lag_s: dict[str, float | None], key: str) -> str | None:
+    if key not in lag_bytes:
+        return None
+    seconds = lag_s.get(key)
+    since = "never caught up this term" if seconds is None else f"{seconds:.1f} s"
+    return f"{lag_bytes[key]} B, {since}"
 
 
 def _disk(h: dict[str, object]) -> str | None:

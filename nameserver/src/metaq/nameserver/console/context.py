@@ -12,7 +12,7 @@ import aiohttp
 
 from metaq.common.http import json_for
 from metaq.nameserver.controller import Controller
-from metaq.nameserver.model import BrokerView, Role
+from metaq.nameserver.model import BrokerKey, BrokerState, BrokerView, Role
 from metaq.nameserver.registry import Registry
 
 
@@ -82,6 +82,11 @@ class Rates:
         return (count - previous[1]) / (now - previous[0])
 
 
+# How long the console keeps naming a broker that left: long enough for an operator to
+# notice, short enough that a broker taken out of service on purpose stops being shown.
+FORGET_GONE_AFTER_S = 3600.0
+
+
 @dataclass
 class ConsoleContext:
     registry: Registry
@@ -89,6 +94,9 @@ class ConsoleContext:
     brokers: Brokers
     rates_in: Rates = field(default_factory=Rates)
     rates_out: Rates = field(default_factory=Rates)
+    # Brokers seen live by this console: a broker whose process died leaves the registry
+    # at once (its session ends), and the page must still say it is gone.
+    seen: dict[BrokerKey, tuple[BrokerState, float]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, registry: Registry, controller: Controller, timeout_ms: int) -> ConsoleContext:
@@ -110,6 +118,27 @@ class ConsoleContext:
                     continue
                 if control is None or broker.state.key.broker_id == control.master_id:
                     found.setdefault(name, broker)
+        return found
+
+    def gone(self, now: float | None = None) -> dict[BrokerKey, str]:
+        """Brokers seen live before and not registered now, each with a plain-words line;
+        remembers the live ones for next time."""
+        now = time.time() if now is None else now
+        live = {b.state.key: b.state for b in self.live_brokers()}
+        for key, state in live.items():
+            self.seen[key] = (state, now)
+        found = {}
+        for key, (state, last) in sorted(self.seen.items()):
+            if key in live:
+                continue
+            if now - last > FORGET_GONE_AFTER_S:
+                del self.seen[key]
+                continue
+            found[key] = (
+                f"broker {key} (data {state.data_address}, http {state.http_address or '-'}) "
+                f"is not registered any more (last seen live {now - last:.0f} s ago): it is "
+                "down or cut off from this nameserver"
+            )
         return found
 
     async def close(self) -> None:

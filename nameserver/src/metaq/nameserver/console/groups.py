@@ -20,8 +20,10 @@ from metaq.nameserver.console.page import (
     field,
     link,
     notice,
+    parse_time_ms,
     render,
     table,
+    when,
 )
 
 CURRENT = "/console/groups"
@@ -90,13 +92,6 @@ async def list_page(context: ConsoleContext) -> web.Response:
 <button type="submit">Open</button></fieldset></form>"""
     )
     return render("Consumer groups", body, current=CURRENT)
-
-
-def _when(ms: int | None) -> str:
-    if ms is None:
-        return "—"
-    stamp = datetime.datetime.fromtimestamp(ms / 1000, datetime.UTC)
-    return stamp.strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def _age(ms: int) -> str:
@@ -197,24 +192,13 @@ positions again. Preview shows the new offsets without changing anything.</p>
 </fieldset></form>"""
 
 
-def _parse_time(text: str) -> int:
-    """ISO 8601 (UTC when it names no zone) or milliseconds since the epoch."""
-    text = text.strip()
-    if text.isdigit():
-        return int(text)
-    stamp = datetime.datetime.fromisoformat(text)
-    if stamp.tzinfo is None:
-        stamp = stamp.replace(tzinfo=datetime.UTC)
-    return int(stamp.timestamp() * 1000)
-
-
 async def _reset(context: ConsoleContext, request: web.Request) -> web.Response:
     group = request.match_info["group"]
     form = await request.post()
     topic = str(form.get("topic", ""))
     dry_run = str(form.get("action", "preview")) != "apply"
     try:
-        stamp = _parse_time(str(form.get("time", "")))
+        stamp = parse_time_ms(str(form.get("time", "")))
     except ValueError:
         return await group_page(
             context,
@@ -250,10 +234,10 @@ async def _reset(context: ConsoleContext, request: web.Request) -> web.Response:
         for q in a.body["queues"]
     ]
     what = "Dry run: the offsets a reset would commit" if dry_run else "Offsets committed"
-    heading = f"{esc(what)} ({esc(topic)}, {esc(_when(stamp))})"
+    heading = f"{esc(what)} ({esc(topic)}, {esc(when(stamp))})"
     preview = f'<section aria-label="{esc(what)}"><h2>{heading}</h2>'
     preview += table(["broker group", "queue", "before", "after"], rows) + "</section>"
-    message = "" if dry_run or problems else f"reset {group} on {topic} to {_when(stamp)}"
+    message = "" if dry_run or problems else f"reset {group} on {topic} to {when(stamp)}"
     return await group_page(
         context, group, message=message, problem="; ".join(problems), preview=preview
     )
@@ -296,7 +280,7 @@ async def _dead_letters(context: ConsoleContext, group: str) -> tuple[str, list[
                     [
                         msg_id,
                         props.get("RETRY_TOPIC", "?"),
-                        _when(m["store_timestamp_ms"]),
+                        when(m["store_timestamp_ms"]),
                         props.get("LAST_FAILURE", ""),
                         m["body"][:80],
                         button,

@@ -13,7 +13,7 @@ from urllib.parse import quote
 from aiohttp import web
 
 from metaq.nameserver.console.context import Answer, ConsoleContext
-from metaq.nameserver.console.page import errors, esc, field, render, table
+from metaq.nameserver.console.page import errors, esc, field, parse_time_ms, render, table
 from metaq.nameserver.model import BrokerView
 
 CURRENT = "/console/messages"
@@ -32,16 +32,6 @@ def _reader(context: ConsoleContext, broker_name: str) -> BrokerView | None:
     return next((b for b in brokers if b.state.role.value == "master"), None) or (
         brokers[0] if brokers else None
     )
-
-
-def _ms(text: str) -> int:
-    text = text.strip()
-    if text.isdigit():
-        return int(text)
-    stamp = datetime.datetime.fromisoformat(text)
-    if stamp.tzinfo is None:
-        stamp = stamp.replace(tzinfo=datetime.UTC)
-    return int(stamp.timestamp() * 1000)
 
 
 async def _search(
@@ -87,9 +77,9 @@ async def _search(
             ]
         elif q.get("from"):
             try:
-                span = f"from_ms={_ms(q['from'])}"
+                span = f"from_ms={parse_time_ms(q['from'])}"
                 if q.get("to"):
-                    span += f"&to_ms={_ms(q['to'])}"
+                    span += f"&to_ms={parse_time_ms(q['to'])}"
             except ValueError:
                 return [], ["times are ISO 8601 (UTC when no zone) or ms since the epoch"], ""
             asked = f"{topic} stored from {q['from']} to {q.get('to') or 'now'}"

@@ -8,6 +8,7 @@ inside one, so nobody loses their place.
 
 from __future__ import annotations
 
+import datetime
 import html
 from collections.abc import Iterable, Sequence
 from typing import Any, Final
@@ -155,3 +156,23 @@ def field(
 
 def ratio(value: float | None) -> str:
     return "—" if value is None else f"{value * 100:.1f} %"
+
+
+def when(ms: int | None) -> str:
+    """A stored timestamp for people: UTC to the second."""
+    if ms is None:
+        return "—"
+    stamp = datetime.datetime.fromtimestamp(ms / 1000, datetime.UTC)
+    return stamp.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def parse_time_ms(text: str) -> int:
+    """What people type for a time: ISO 8601 (UTC when it names no zone) or milliseconds
+    since the epoch. ValueError for anything else."""
+    text = text.strip()
+    if text.isdigit():
+        return int(text)
+    stamp = datetime.datetime.fromisoformat(text)
+    if stamp.tzinfo is None:
+        stamp = stamp.replace(tzinfo=datetime.UTC)
+    return int(stamp.timestamp() * 1000)

@@ -5,7 +5,6 @@ message."""
 from __future__ import annotations
 
 import asyncio
-import datetime
 from urllib.parse import quote
 
 from aiohttp import web
@@ -20,6 +19,7 @@ from metaq.nameserver.console.page import (
     notice,
     render,
     table,
+    when,
 )
 
 CURRENT = "/console/topics"
@@ -238,7 +238,7 @@ async def topic_page(
                     q["queue_id"],
                     q["min_offset"],
                     q["max_offset"],
-                    _when(q["last_stored_ms"]),
+                    when(q["last_stored_ms"]),
                     link(
                         f"/console/messages?topic={quote(topic, safe='')}&broker="
                         f"{quote(name)}&queue_id={q['queue_id']}&offset="
@@ -283,15 +283,6 @@ async def topic_page(
         )
     )
     return render(f"Topic {topic}", body, current=CURRENT)
-
-
-def _when(ms: int | None) -> str | None:
-    if ms is None:
-        return None
-
-    return datetime.datetime.fromtimestamp(ms / 1000, datetime.UTC).strftime(
-        "%Y-%m-%d %H:%M:%S UTC"
-    )
 
 
 async def _send_test(context: ConsoleContext, request: web.Request) -> web.Response:
