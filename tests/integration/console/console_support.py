@@ -3,7 +3,9 @@ drive, and plain HTTP calls to the admin APIs."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
@@ -11,6 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from metaq.broker.testing import BrokerProcess
+from metaq.client.message import Message
+from metaq.client.push_consumer import PushConsumer
+from metaq.common.testing import run_async
 from metaq.nameserver.testing import NameServerProcess
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -93,3 +98,53 @@ class Browser:
         path = RESULTS / f"{name}.png"
         self.page.screenshot(path=str(path), full_page=True)
         return path
+
+
+class LiveConsumer:
+    """A push consumer of the cluster running on its own thread and event loop (the
+    browser's sync API keeps one on the test's thread), until :meth:`stop`."""
+
+    def __init__(self, nameserver: str, group: str, topic: str, room: str) -> None:
+        self.received: list[bytes] = []
+        self.client_id = f"console-test-{room}"
+        self._started = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(
+            target=self._run, args=(nameserver, group, topic, room), daemon=True
+        )
+        self._thread.start()
+        if not self._started.wait(30) or self._error is not None:
+            raise AssertionError(f"the consumer did not start: {self._error!r}")
+
+    def _run(self, nameserver: str, group: str, topic: str, room: str) -> None:
+        async def main() -> None:
+            self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
+            consumer = PushConsumer(
+                [nameserver], group, client_id=self.client_id, computer_room=room
+            )
+
+            async def handle(message: Message) -> None:
+                self.received.append(message.body)
+
+            consumer.subscribe(topic, handle)
+            await consumer.start()
+            self._started.set()
+            try:
+                await self._stop.wait()
+            finally:
+                await consumer.close()
+
+        try:
+            run_async(main(), timeout_s=300)
+        except BaseException as exc:
+            self._error = exc
+            self._started.set()
+
+    def stop(self) -> None:
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(30)
+        if self._error is not None:
+            raise AssertionError(f"the consumer failed: {self._error!r}")

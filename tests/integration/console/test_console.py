@@ -14,7 +14,16 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
-from console_support import BROKER_TIMEOUT_MS, GROUPS, QUEUES, TOPIC, Browser, ConsoleCluster, call
+from console_support import (
+    BROKER_TIMEOUT_MS,
+    GROUPS,
+    QUEUES,
+    TOPIC,
+    Browser,
+    ConsoleCluster,
+    LiveConsumer,
+    call,
+)
 
 from metaq.client.pull_consumer import PullConsumer
 from metaq.common.testing import run_async, wait_until
@@ -145,6 +154,38 @@ def test_the_broker_endpoints_say_what_was_wrong_with_a_request(cluster: Console
     slave = cluster.brokers[("group-a", 1)]
     got, answer = call("POST", f"{slave.http_url}/topics/{TOPIC}/messages", {"body": "x"})
     assert got == 409 and "not its group's master" in answer["error"], answer
+
+
+def test_a_group_page_shows_live_members_and_which_one_reads_each_queue(
+    cluster: ConsoleCluster, browser: Browser
+) -> None:
+    consumer = LiveConsumer(cluster.nameserver.grpc_address, "live-readers", TOPIC, "room-7")
+    try:
+        body = f"for a live reader {time.time_ns()}"
+        send(cluster, "group-a", TOPIC, body)
+        wait_until(lambda: body.encode() in consumer.received, 20, "the consumer got it",
+                   poll_s=0.05)  # fmt: skip
+        page = browser.page
+        page.goto(f"{cluster.console_url}/console/groups/live-readers")
+        members = page.get_by_role("table", name="Members")
+        assert consumer.client_id in members.inner_text()
+        assert "room-7" in members.inner_text()
+        offsets = page.get_by_role("table", name="Committed offsets")
+        # A push consumer pulls every queue it owns (long polls), so each has its owner.
+        wait_until(lambda: _owned(page, consumer.client_id), 15,
+                   "every queue shows the consumer as its owner", poll_s=0.5)  # fmt: skip
+        assert offsets.locator("tbody tr").count() == 2 * QUEUES
+        browser.screenshot("group-live")
+    finally:
+        consumer.stop()
+    assert browser.problems == []
+
+
+def _owned(page: Any, client_id: str) -> bool:
+    page.reload()
+    rows = page.get_by_role("table", name="Committed offsets").locator("tbody tr")
+    texts = [rows.nth(i).inner_text() for i in range(rows.count())]
+    return len(texts) == 2 * QUEUES and all(client_id in t for t in texts)
 
 
 def test_a_reset_by_time_previews_then_changes_the_committed_offsets(

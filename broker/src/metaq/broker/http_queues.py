@@ -6,7 +6,8 @@ web console reads and drives (docs/operations.md, "Console").
 - ``GET /queues/{topic}/{queue_id}/messages?offset=N[&limit=L]`` — stored messages from
   a queue offset; ``?from_ms=A[&to_ms=B][&limit=L]`` — those stored in a time range.
 - ``GET /groups/{group}/offsets`` — the group's committed offset per queue with its lag
-  in messages and in time (age of the oldest message not consumed yet).
+  in messages and in time (age of the oldest message not consumed yet), and its owner:
+  the live member that pulled it last.
 - ``POST /groups/{group}/reset`` ``{"topic": T, "timestamp_ms": n, "dry_run": bool}`` —
   commit, on every read queue of T here, the first offset stored at or after the time;
   a dry run answers the same rows and commits nothing.
@@ -183,6 +184,7 @@ class _Views:
                 "max_offset": store.max_offset(topic, queue_id),
                 "lag": max(store.max_offset(topic, queue_id) - offset, 0),
                 "lag_ms": oldest_unconsumed_age_ms(store, topic, queue_id, offset),
+                "owner": self._c.groups.owner(group, topic, queue_id),
             }
             for (g, topic, queue_id), offset in sorted(self._c.offsets.items())
             if g == group
