@@ -30,6 +30,8 @@ def test_members_are_sorted_by_client_id_whoever_heartbeats_first() -> None:
     assert [m.client_id for m in members] == ["c-1", "c-2", "c-3"]
     assert members[0].computer_room == "hz"
     assert members[1].subscriptions == (("t", "*"),)
+    groups.heartbeat("g", "c-4", connection_id=4, host="10.0.0.7")
+    assert groups.members("g")[-1].host == "10.0.0.7"
 
 
 def test_a_member_silent_past_the_timeout_is_dropped() -> None:

@@ -170,6 +170,7 @@ def test_a_group_page_shows_live_members_and_which_one_reads_each_queue(
         members = page.get_by_role("table", name="Members")
         assert consumer.client_id in members.inner_text()
         assert "room-7" in members.inner_text()
+        assert "127.0.0.1" in members.inner_text()  # its host, as the broker sees it
         offsets = page.get_by_role("table", name="Committed offsets")
         # A push consumer pulls every queue it owns (long polls), so each has its owner.
         wait_until(lambda: _owned(page, consumer.client_id), 15,

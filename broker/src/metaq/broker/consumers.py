@@ -35,6 +35,8 @@ class Member:
     """(topic, tag expression) pairs."""
     connection_id: int
     last_seen_s: float
+    host: str = ""
+    """Where its heartbeats come from, as this broker sees it (the address, no port)."""
 
 
 class ConsumerGroups:
@@ -58,6 +60,7 @@ class ConsumerGroups:
         subscriptions: Sequence[tuple[str, str]] = (),
         connection_id: int = 0,
         leaving: bool = False,
+        host: str = "",
     ) -> list[Member]:
         """Record (or, when ``leaving``, drop) a member; return the group's live members."""
         if group not in self._groups:
@@ -77,6 +80,7 @@ class ConsumerGroups:
                 tuple(subscriptions),
                 connection_id,
                 self._clock(),
+                host,
             )
         return self.members(group)
 

@@ -207,6 +207,7 @@ class HttpServer:
                     {
                         "client_id": m.client_id,
                         "computer_room": m.computer_room,
+                        "host": m.host,
                         "mode": m.mode.value,
                         "subscriptions": [list(s) for s in m.subscriptions],
                     }

@@ -115,6 +115,7 @@ async def group_page(
         for m in (answer.body if answer.ok else {}).get(group, []):
             member_rows[m["client_id"]] = [
                 m["client_id"],
+                m.get("host") or "—",
                 m["computer_room"] or "—",
                 m["mode"],
                 ", ".join(f"{t} ({e or '*'})" for t, e in m["subscriptions"]),
@@ -143,7 +144,7 @@ async def group_page(
         notice(message)
         + f'<div id="group-live" data-live>{errors(problems)}'
         + table(
-            ["client id", "room", "mode", "subscriptions"],
+            ["client id", "host", "room", "mode", "subscriptions"],
             list(member_rows.values()),
             caption="Members",
         )
