@@ -3,6 +3,8 @@ web console reads and drives (docs/operations.md, "Console").
 
 - ``GET /queues?topic=T`` — each queue's min and max offset and when its last message
   was stored; 404 for a topic this broker does not serve.
+- ``GET /queues/stored`` — per topic, the messages stored so far (the sum of its queues'
+  max offsets: the console's rate of messages in).
 - ``GET /queues/{topic}/{queue_id}/messages?offset=N[&limit=L]`` — stored messages from
   a queue offset; ``?from_ms=A[&to_ms=B][&limit=L]`` — those stored in a time range.
 - ``GET /groups/{group}/offsets`` — the group's committed offset per queue with its lag
@@ -53,6 +55,7 @@ def add_routes(app: web.Application, context: HttpContext) -> None:
     app.add_routes(
         [
             web.get("/queues", views.queues),
+            web.get("/queues/stored", views.stored),
             web.get("/queues/{topic}/{queue_id}/messages", views.queue_messages),
             web.get("/groups/{group}/offsets", views.group_offsets),
             web.post("/groups/{group}/reset", views.reset),
@@ -132,6 +135,16 @@ class _Views:
                 }
             )
         return web.json_response({"topic": topic, "config": config.to_json(), "queues": rows})
+
+    async def stored(self, _request: web.Request) -> web.Response:
+        store = self._c.store
+        counts = {
+            t.name: sum(
+                store.max_offset(t.name, q) for q in range(max(t.read_queues, t.write_queues))
+            )
+            for t in self._c.topics.all()
+        }
+        return web.json_response({"topics": counts})
 
     async def queue_messages(self, request: web.Request) -> web.Response:
         topic = request.match_info["topic"]

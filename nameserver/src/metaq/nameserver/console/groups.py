@@ -29,6 +29,8 @@ from metaq.nameserver.console.page import (
 CURRENT = "/console/groups"
 RETRY_PREFIX = "%RETRY%"
 DLQ_PREFIX = "%DLQ%"
+# The newest dead letters listed per queue; older ones are reached on the Messages page.
+DEAD_SHOWN = 100
 
 
 def group_href(group: str) -> str:
@@ -247,53 +249,65 @@ async def _reset(context: ConsoleContext, request: web.Request) -> web.Response:
 
 
 async def _dead_letters(context: ConsoleContext, group: str) -> tuple[str, list[str]]:
-    """The dead-letter table with a resend button per message, and what went wrong."""
+    """The newest dead letters (at most :data:`DEAD_SHOWN` per queue) with a resend
+    button each, and what could not be read."""
     topic = DLQ_PREFIX + group
+    quoted = quote(topic, safe="")
     route = context.registry.route(topic)
     if route is None:
         return "<p>No dead letters.</p>", []
     problems: list[str] = []
-    rows = []
+    readers = []
     for g in route.groups:
-        brokers = context.registry.members(g.broker_name)
-        reader = next((b for b in brokers if b.state.role.value == "master"), None)
+        reader = context.masters().get(g.broker_name)
         if reader is None:
             problems.append(f"group {g.broker_name} has no master: its dead letters are not shown")
+        else:
+            readers.append(reader)
+    bounds = await asyncio.gather(
+        *(context.brokers.call(b, "GET", f"/queues?topic={quoted}") for b in readers)
+    )
+    reads = [
+        (b, f"/queues/{quoted}/{q['queue_id']}/messages?limit={DEAD_SHOWN}&offset="
+            f"{max(q['min_offset'], q['max_offset'] - DEAD_SHOWN)}")
+        for b, answer in zip(readers, bounds, strict=True) if answer.ok
+        for q in answer.body["queues"]
+    ]  # fmt: skip
+    problems += [a.error for a in bounds if a.error]
+    answers = await asyncio.gather(*(context.brokers.call(b, "GET", path) for b, path in reads))
+    rows = []
+    for (broker, _), answer in zip(reads, answers, strict=True):
+        if not answer.ok:
+            problems.append(answer.error)
             continue
-        for queue_id in range(g.read_queues):
-            answer = await context.brokers.call(
-                reader,
-                "GET",
-                f"/queues/{quote(topic, safe='')}/{queue_id}/messages?offset=0&limit=100",
-            )
-            if not answer.ok:
-                problems.append(answer.error)
-                continue
-            for m in answer.body["messages"]:
-                props = m["properties"]
-                msg_id = props.get("ORIGIN_MSG_ID") or m["msg_id"]
-                button = Html(
-                    f'<form class="inline" method="post" action="{group_href(group)}/resend">'
-                    f'<input type="hidden" name="broker" value="{esc(g.broker_name)}">'
-                    f'<input type="hidden" name="msg_id" value="{esc(msg_id)}">'
-                    f'<button type="submit" aria-label="Resend {esc(msg_id)}">Resend</button>'
-                    "</form>"
-                )
-                rows.append(
-                    [
-                        msg_id,
-                        props.get("RETRY_TOPIC", "?"),
-                        when(m["store_timestamp_ms"]),
-                        props.get("LAST_FAILURE", ""),
-                        m["body"][:80],
-                        button,
-                    ]
-                )
+        for m in answer.body["messages"]:
+            rows.append(_dead_row(group, broker.state.key.broker_name, m))
     return table(
         ["message id", "original topic", "dead since", "last failure", "body", ""],
         rows,
         caption="Dead letters",
     ), problems
+
+
+def _dead_row(group: str, broker_name: str, m: dict[str, Any]) -> list[Any]:
+    props = m["properties"]
+    msg_id = props.get("ORIGIN_MSG_ID") or m["msg_id"]
+    button = Html(
+        f'<form class="inline" method="post" action="{group_href(group)}/resend">'
+        f'<input type="hidden" name="broker" value="{esc(broker_name)}">'
+        f'<input type="hidden" name="msg_id" value="{esc(msg_id)}">'
+        f'<button type="submit" aria-label="Resend {esc(msg_id)}">Resend</button>'
+        "</form>"
+    )
+    body = m["body"][:80] if m["body_encoding"] == "text" else "(binary: see Messages)"
+    return [
+        msg_id,
+        props.get("RETRY_TOPIC", "?"),
+        when(m["store_timestamp_ms"]),
+        props.get("LAST_FAILURE", ""),
+        body,
+        button,
+    ]
 
 
 async def _resend(context: ConsoleContext, request: web.Request) -> web.Response:

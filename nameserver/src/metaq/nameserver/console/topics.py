@@ -61,31 +61,19 @@ async def list_page(context: ConsoleContext, message: str = "", problem: str = "
     names = context.registry.topics()
     routes_ = {name: context.registry.route(name) for name in names}
     brokers = list(masters.values())
-    health, offsets = await asyncio.gather(
+    health, offsets, stats = await asyncio.gather(
         asyncio.gather(*(context.brokers.call(b, "GET", "/health") for b in brokers)),
         asyncio.gather(*(context.brokers.call(b, "GET", "/offsets") for b in brokers)),
-    )
-    asks = [
-        (name, b)
-        for name in names
-        for b in brokers
-        if (route := routes_[name])
-        and any(g.broker_name == b.state.key.broker_name for g in route.groups)
-    ]
-    queues = await asyncio.gather(
-        *(context.brokers.call(b, "GET", f"/queues?topic={quote(n, safe='')}") for n, b in asks)
+        asyncio.gather(*(context.brokers.call(b, "GET", "/queues/stored") for b in brokers)),
     )
     problems = [
         problem,
-        *sorted(
-            {a.error for a in [*health, *offsets] if a.error and a.status != 503}
-            | {a.error for a in queues if a.error and a.status != 404}
-        ),
+        *sorted({a.error for a in [*health, *offsets, *stats] if a.error and a.status != 503}),
     ]
     stored: dict[str, int] = {}
-    for (name, _b), answer in zip(asks, queues, strict=True):
-        if answer.ok:
-            stored[name] = stored.get(name, 0) + sum(q["max_offset"] for q in answer.body["queues"])
+    for answer in stats:
+        for name, count in (answer.body["topics"] if answer.ok else {}).items():
+            stored[name] = stored.get(name, 0) + count
     consumed: dict[str, int] = {}
     for answer in offsets:
         for row in answer.body if answer.ok and isinstance(answer.body, list) else []:
