@@ -81,6 +81,11 @@ def test_every_page_loads_with_no_console_errors(cluster: ConsoleCluster, browse
     for group in GROUPS:
         assert page.get_by_role("heading", name=f"Group {group}").is_visible()
     assert page.get_by_text("Raft leader:").is_visible()
+    # Keyboard first: Tab reaches the navigation, and the focus is drawn.
+    page.keyboard.press("Tab")
+    assert page.evaluate("document.activeElement.textContent") == "Cluster"
+    outline = "getComputedStyle(document.activeElement).outlineStyle"
+    assert page.evaluate(outline) == "solid"
     browser.screenshot("cluster")
     page.get_by_role("link", name="Topics", exact=True).click()
     assert page.get_by_role("link", name=TOPIC, exact=True).is_visible()
