@@ -194,6 +194,33 @@ def _owned(page: Any, client_id: str) -> bool:
     return len(texts) == 2 * QUEUES and all(client_id in t for t in texts)
 
 
+def test_a_topic_made_on_the_page_is_routed_and_takes_a_test_message(
+    cluster: ConsoleCluster, browser: Browser
+) -> None:
+    page, topic = browser.page, "made-in-console"
+    page.goto(f"{cluster.console_url}/console/topics")
+    page.get_by_label("Topic").fill(topic)
+    page.get_by_label("Read queues").fill("3")
+    page.get_by_label("Write queues").fill("3")
+    page.get_by_role("button", name="Create or update").click()
+    assert f"topic {topic}: 3 read / 3 write queues" in page.get_by_role("status").inner_text()
+    for group in GROUPS:
+        status, topics = call("GET", f"{cluster.master(group).http_url}/topics")
+        assert status == 200, topics
+        assert topics["topics"][topic]["read_queues"] == 3, (group, topics)
+    wait_until(lambda: len(cluster.route_ids("group-a", topic)) == 2, 15,
+               "the nameserver routes the new topic", poll_s=0.2)  # fmt: skip
+    page.goto(f"{cluster.console_url}/console/topics/{topic}")
+    page.get_by_label("Body").fill("hello from the console")
+    page.get_by_label("Keys (space-separated)").fill("console-key")
+    page.get_by_role("button", name="Send").click()
+    sent = page.get_by_role("status").inner_text()
+    assert sent.startswith("sent: message "), sent
+    page.goto(f"{cluster.console_url}/console/messages?topic={topic}&key=console-key")
+    assert "hello from the console" in page.locator("pre").inner_text()
+    assert browser.problems == []
+
+
 def test_a_reset_by_time_previews_then_changes_the_committed_offsets(
     cluster: ConsoleCluster, browser: Browser
 ) -> None:
