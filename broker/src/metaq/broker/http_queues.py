@@ -12,7 +12,8 @@ web console reads and drives (docs/operations.md, "Console").
   the live member that pulled it last.
 - ``POST /groups/{group}/reset`` ``{"topic": T, "timestamp_ms": n, "dry_run": bool}`` —
   commit, on every read queue of T here, the first offset stored at or after the time;
-  a dry run answers the same rows and commits nothing.
+  a dry run answers the same rows and commits nothing. ``replicated`` is false when,
+  under sync replication, no slave confirmed the commits within the replication timeout.
 - ``POST /topics/{name}/messages`` ``{"body": text, "tags": t, "keys": [...],
   "properties": {...}}`` — store one message (a test message from the console).
 - ``POST /groups/{group}/dlq/resend`` ``{"msg_ids": [...]}`` — store the group's dead
@@ -229,22 +230,33 @@ class _Views:
         config = self._c.topics.get(topic)
         assert config is not None
         store, offsets = self._c.store, self._c.offsets
-        rows = []
-        for queue_id in range(config.read_queues):
-            before = offsets.get(group, topic, queue_id)
-            after = store.offset_for_timestamp(topic, queue_id, stamp)
-            rows.append({"queue_id": queue_id, "before": before, "after": after})
+        new = {q: store.offset_for_timestamp(topic, q, stamp) for q in range(config.read_queues)}
+        rows = [
+            {"queue_id": q, "before": offsets.get(group, topic, q), "after": after}
+            for q, after in new.items()
+        ]
+        replicated = False
         if not dry_run:
             try:
-                for row in rows:
-                    offsets.commit(group, topic, int(row["queue_id"] or 0), int(row["after"] or 0))
-            except MetaqError as exc:
+                for queue_id, after in new.items():
+                    offsets.commit(group, topic, queue_id, after)
+            except MetaqError as exc:  # a new group past max_consumer_groups, say
                 return _error(400, str(exc))
-            journal = self._c.role.journal
-            if journal is not None:
-                journal.write_offsets()
+            role = self._c.role
+            journaled = role.journal.write_offsets() if role.journal is not None else None
+            # As a consumer's commit: under sync replication, answered once a slave that
+            # could be promoted holds it too.
+            replicated = (
+                journaled is None or not role.sync or await role.wait_replicated(journaled.end)
+            )
         return web.json_response(
-            {"group": group, "topic": topic, "dry_run": dry_run, "queues": rows}
+            {
+                "group": group,
+                "topic": topic,
+                "dry_run": dry_run,
+                "queues": rows,
+                "replicated": replicated,
+            }
         )
 
     async def send_test(self, request: web.Request) -> web.Response:

@@ -232,6 +232,12 @@ async def _reset(context: ConsoleContext, request: web.Request) -> web.Response:
     )
     problems = [a.error for a in answers if a.error]
     problems += [f"group {g} has no master now: its queues were not reset" for g in missing]
+    problems += [
+        f"{b.state.key.broker_name}: the reset is committed on the master, but no slave "
+        "confirmed it within the replication timeout: a failover now could lose it"
+        for b, a in zip(targets, answers, strict=True)
+        if a.ok and not dry_run and not a.body.get("replicated", True)
+    ]
     rows = [
         [b.state.key.broker_name, q["queue_id"], q["before"], q["after"]]
         for b, a in zip(targets, answers, strict=True)
