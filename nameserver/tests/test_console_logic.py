@@ -11,6 +11,7 @@ from metaq.nameserver.console.context import (
     Brokers,
     ConsoleContext,
     Rates,
+    durability_warning,
 )
 from metaq.nameserver.console.messages import _body
 from metaq.nameserver.console.page import Html, esc, table
@@ -69,3 +70,10 @@ def test_a_broker_seen_live_and_then_gone_is_named_until_it_is_back_or_forgotten
     registry.unregister(key)
     assert console.gone(now=1040.0 + FORGET_GONE_AFTER_S + 1) == {}
     assert key not in console.seen
+
+
+def test_a_store_short_of_its_durability_says_which_part() -> None:
+    assert durability_warning({"durable": True, "replicated": True}) == ""
+    assert "flush timeout" in durability_warning({"durable": False, "replicated": True})
+    both = durability_warning({"durable": False, "replicated": False})
+    assert "on disk" in both and "confirmed by a slave" in both

@@ -24,6 +24,7 @@ Changes are taken by the group's master only (409 on a slave, naming the master)
 
 from __future__ import annotations
 
+import asyncio
 import random
 import time
 from collections.abc import Iterator
@@ -32,7 +33,7 @@ from typing import Any, Final
 from aiohttp import web
 
 from metaq.broker.http import HttpContext, message_json
-from metaq.broker.store import MessageStore
+from metaq.broker.store import FlushMode, MessageStore
 from metaq.common import http
 from metaq.common.errors import InvalidMessage, MetaqError
 from metaq.common.names import shown
@@ -369,6 +370,11 @@ class _Views:
         except MetaqError as exc:
             return _error(409, str(exc))
         role.appended()
+        # Answered as a producer's send is: once durable under sync flush (waited for on
+        # a worker thread, not the loop) and held by a slave under sync replication.
+        durable = store.config.flush_mode is not FlushMode.SYNC or await asyncio.to_thread(
+            store.wait_durable, appended.end
+        )
         replicated = not role.sync or await role.wait_replicated(appended.end)
         return web.json_response(
             {
@@ -376,6 +382,7 @@ class _Views:
                     {"msg_id": msg_id.hex(), "topic": m[0], "queue_id": m[1], "queue_offset": q}
                     for msg_id, m, q in zip(ids, messages, appended.queue_offsets, strict=True)
                 ],
+                "durable": durable,
                 "replicated": replicated,
             }
         )

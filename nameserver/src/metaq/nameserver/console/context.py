@@ -67,6 +67,17 @@ class Brokers:
             self._session = None
 
 
+def durability_warning(stored: dict[str, Any]) -> str:
+    """What a broker's answer to a store (test message, resend) did not reach, if anything,
+    as the send statuses FLUSH_DISK_TIMEOUT and FLUSH_SLAVE_TIMEOUT would say it."""
+    missing = []
+    if not stored.get("durable", True):
+        missing.append("was not on disk within the flush timeout")
+    if not stored.get("replicated", True):
+        missing.append("was not confirmed by a slave within the replication timeout")
+    return f" — but it {' and '.join(missing)}" if missing else ""
+
+
 @dataclass
 class Rates:
     """Messages per second from two samples of a growing count (TPS in the topic list)."""

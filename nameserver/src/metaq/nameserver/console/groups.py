@@ -12,7 +12,7 @@ from urllib.parse import quote
 from aiohttp import web
 
 from metaq.common.http import takes_forms
-from metaq.nameserver.console.context import Answer, ConsoleContext
+from metaq.nameserver.console.context import Answer, ConsoleContext, durability_warning
 from metaq.nameserver.console.page import (
     Html,
     errors,
@@ -334,5 +334,6 @@ async def _resend(context: ConsoleContext, request: web.Request) -> web.Response
     return await group_page(
         context,
         group,
-        message=f"resent {msg_id} to {stored['topic']} as message {stored['msg_id']}",
+        message=f"resent {msg_id} to {stored['topic']} as message {stored['msg_id']}"
+        + durability_warning(answer.body),
     )

@@ -10,7 +10,7 @@ from urllib.parse import quote
 from aiohttp import web
 
 from metaq.common.http import takes_forms
-from metaq.nameserver.console.context import ConsoleContext
+from metaq.nameserver.console.context import ConsoleContext, durability_warning
 from metaq.nameserver.console.page import (
     errors,
     esc,
@@ -299,5 +299,6 @@ async def _send_test(context: ConsoleContext, request: web.Request) -> web.Respo
         context,
         topic,
         message=f"sent: message {stored['msg_id']} is queue {stored['queue_id']} offset "
-        f"{stored['queue_offset']} on {target.state.key.broker_name}",
+        f"{stored['queue_offset']} on {target.state.key.broker_name}"
+        + durability_warning(answer.body),
     )
