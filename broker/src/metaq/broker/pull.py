@@ -214,7 +214,9 @@ class PullHandler:
             max_offset=result.max_offset,
             record_count=len(records),
         ).SerializeToString()
-        self._metrics.pulled(pull.topic, result.status.value, len(records))
+        self._metrics.pulled(
+            pull.topic, result.status.value, len(records), result.total_bytes if records else 0
+        )
         pull.responder.respond(
             encode_frame(
                 FrameType.PULL,
