@@ -321,6 +321,14 @@ class _StateCollector:
             deleted.add_metric([reason], count)
         yield deleted
         role = state.role
+        info = GaugeMetricFamily(
+            "metaq_broker_info",
+            "Always 1: who this broker is, for joins (`* on (instance) group_left`)",
+            labels=["cluster", "broker_group", "broker_id"],
+        )
+        config = role.config
+        info.add_metric([config.cluster_name, config.broker_name, str(config.broker_id)], 1)
+        yield info
         yield _gauge("metaq_epoch", "The broker group's epoch as this broker knows it", role.epoch)
         yield _gauge(
             "metaq_is_master", "1 while this broker takes writes as its group's master",
