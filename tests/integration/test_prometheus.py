@@ -27,7 +27,7 @@ from replica_group import GROUP, TOPIC, ReplicaGroup
 from metaq.broker.testing import BrokerProcess, DataClient
 from metaq.broker.testing.admin import put_topic
 from metaq.common.record import encode
-from metaq.common.testing import run_async, wait_until
+from metaq.common.testing import run_async, wait_until, wait_until_async
 from metaq.nameserver.testing import NameServerProcess, free_ports, start_nameserver
 
 MONITORING: Final = Path(__file__).resolve().parents[2] / "deploy" / "monitoring"
@@ -80,9 +80,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         group.start_broker(0)
         group.start_broker(1)
         master_id = group.master()
-        run_async(_leave_backlog(group.brokers[master_id]))
         group.wait_in_sync([0, 1])
         group.wait_committed_in_sync([0, 1])
+        run_async(_leave_backlog(group.brokers[master_id]))
         yield Cluster(nameserver, group, master_id)
     finally:
         group.stop()
@@ -94,6 +94,11 @@ async def _leave_backlog(master: BrokerProcess) -> None:
     try:
         records = [encode(TOPIC, b"order-%d" % i) for i in range(SENT)]
         await client.send(TOPIC, 0, records)
+
+        async def dispatched() -> bool:  # consume queues are built after the answer
+            return (await client.query_offset(TOPIC, 0)).max_offset == SENT
+
+        await wait_until_async(dispatched, 10, f"queue 0 of {TOPIC} holds {SENT} messages")
         await client.commit(BACKLOG_GROUP, [(TOPIC, 0, COMMITTED)])
     finally:
         await client.close()
@@ -276,6 +281,16 @@ def test_prometheus_sees_the_backlog_and_the_in_sync_set_shrink_when_the_slave_d
     # The replica alert's condition holds now; alerts_test.yml shows it fire after its
     # minute's grace.
     assert prometheus.query("metaq_in_sync_replicas < metaq_replicas")
+
+    # With its only slave gone, a dead master leaves the group without one.
+    cluster.master.kill()
+    wait_until(
+        lambda: prometheus.value(f'metaq_group_has_master{{broker_group="{GROUP}"}}') == 0
+        and prometheus.value("metaq_controller_groups_without_master") == 1,
+        20,
+        f"prometheus sees group {GROUP} without a master",
+        poll_s=0.2,
+    )
 
     # Every dashboard expression is valid PromQL to a real Prometheus (query() asserts
     # "success"), with Grafana's variables as they are at "All".
