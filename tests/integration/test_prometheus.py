@@ -285,8 +285,10 @@ def test_prometheus_sees_the_backlog_and_the_in_sync_set_shrink_when_the_slave_d
     # With its only slave gone, a dead master leaves the group without one.
     cluster.master.kill()
     wait_until(
-        lambda: prometheus.value(f'metaq_group_has_master{{broker_group="{GROUP}"}}') == 0
-        and prometheus.value("metaq_controller_groups_without_master") == 1,
+        lambda: (
+            prometheus.value(f'metaq_group_has_master{{broker_group="{GROUP}"}}') == 0
+            and prometheus.value("metaq_controller_groups_without_master") == 1
+        ),
         20,
         f"prometheus sees group {GROUP} without a master",
         poll_s=0.2,
