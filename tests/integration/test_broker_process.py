@@ -489,6 +489,12 @@ def test_health_and_metrics_answer(broker: BrokerProcess) -> None:
         assert samples[count] - before.get(count, 0) == 3
         assert samples[inf] - before.get(inf, 0) == 3
         assert samples[("process_resident_memory_bytes", ())] > 0
+
+        async def flushed() -> bool:  # the flusher's next round fsyncs the sends
+            fsyncs = (await scrape(broker.http_url))[("metaq_fsync_latency_seconds_count", ())]
+            return fsyncs > before[("metaq_fsync_latency_seconds_count", ())]
+
+        await wait_until_async(flushed, 10, "the sends' fsync is in the fsync histogram")
         assert ("python_gc_collections_total", (("generation", "0"),)) in samples
         assert samples[("metaq_queue_max_offset", (("queue", "3"), ("topic", "Metered")))] == 7
         assert samples[("metaq_commitlog_write_offset", ())] > 0
