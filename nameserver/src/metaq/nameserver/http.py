@@ -8,10 +8,12 @@ import json
 from typing import Any
 
 from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from metaq.common import http
 from metaq.common.names import shown
 from metaq.common.version import installed_version
+from metaq.nameserver.metrics import NameServerMetrics
 from metaq.nameserver.registry import Registry
 
 
@@ -25,8 +27,9 @@ def _respond(body: Any, status: int = 200) -> web.Response:
     return web.json_response(body, status=status, dumps=lambda v: json.dumps(v, default=_json))
 
 
-def make_app(registry: Registry) -> web.Application:
-    """``GET /health``, ``GET /cluster``, ``GET /route/{topic}`` (404 for an unknown topic)."""
+def make_app(registry: Registry, metrics: NameServerMetrics | None = None) -> web.Application:
+    """``GET /health``, ``GET /cluster``, ``GET /route/{topic}`` (404 for an unknown topic),
+    and with ``metrics`` ``GET /metrics`` (Prometheus text format, open to scrapers)."""
 
     async def health(_request: web.Request) -> web.Response:
         return _respond(
@@ -54,6 +57,12 @@ def make_app(registry: Registry) -> web.Application:
             )
         return _respond(dataclasses.asdict(found))
 
+    async def scrape(_request: web.Request) -> web.Response:
+        assert metrics is not None
+        response = web.Response(body=metrics.render())
+        response.headers["Content-Type"] = CONTENT_TYPE_LATEST
+        return response
+
     app = http.application()
     app.add_routes(
         [
@@ -62,4 +71,6 @@ def make_app(registry: Registry) -> web.Application:
             web.get("/route/{topic}", route),
         ]
     )
+    if metrics is not None:
+        app.add_routes([web.get("/metrics", scrape)])
     return app
