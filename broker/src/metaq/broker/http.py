@@ -109,9 +109,7 @@ class HttpServer:
             "in_sync_ids": list(c.role.in_sync_ids()),
             "electable_ids": list(c.role.electable_ids()),
             "replica_lag_bytes": {str(k): v for k, v in c.role.lag_bytes().items()},
-            "replica_lag_s": {
-                str(k): None if v is None else round(v, 3) for k, v in c.role.lag_seconds().items()
-            },
+            "replica_lag_s": {str(k): round(v, 3) for k, v in c.role.lag_seconds().items()},
             "held_offsets": len(c.offsets.held),
             "verified": c.role.verified,
             "log_check": _log_check(c.role.check, c.store),

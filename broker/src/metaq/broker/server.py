@@ -135,6 +135,7 @@ class DataServer:
             self.budget,
             self.limits.max_connection_write_bytes,
             self.limits.max_connection_inflight_requests,
+            self._metrics.rpc_latency,
         )
 
     def refresh_room(self, open_now: int | None = None) -> None:

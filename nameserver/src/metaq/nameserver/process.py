@@ -15,6 +15,7 @@ from metaq.nameserver.config import NameServerConfig
 from metaq.nameserver.console import ConsoleContext
 from metaq.nameserver.controller import Controller, ControllerSettings
 from metaq.nameserver.http import make_app
+from metaq.nameserver.metrics import NameServerMetrics
 from metaq.nameserver.registry import Clock, Registry
 from metaq.nameserver.service import NameServerService
 from metaq.nameserver.sweeper import ExpirySweeper
@@ -89,10 +90,11 @@ class NameServer:
         self.grpc_address = host_port(config.listen_host, port)
         try:
             if config.http_port is not None:
+                metrics = NameServerMetrics(self.registry, self.controller)
                 console = ConsoleContext.of(
                     self.registry, self.controller, config.console_broker_timeout_ms
                 )
-                runner = web.AppRunner(make_app(self.registry, console))
+                runner = web.AppRunner(make_app(self.registry, metrics, console))
                 await runner.setup()
                 self._http = runner
                 site = web.TCPSite(runner, config.listen_host, config.http_port)

@@ -104,6 +104,7 @@ class ReplicaSet:
         self.committed: frozenset[int] = frozenset(in_sync) | {self_id}
         """The controller's in-sync set (everyone local when there is no controller)."""
         now = clock()
+        self._term_started = now
         for broker_id in sorted(self.committed - {self_id}):
             # In sync when the controller made this term: each holds every acknowledged
             # record, so it stays in sync (counted for writes, waited for, electable)
@@ -348,14 +349,13 @@ class ReplicaSet:
                 future.set_result(False)
         self._waits.clear()
 
-    def lag_seconds(self) -> dict[int, float | None]:
-        """Seconds since each slave last held everything this master had: 0 while it
-        does, growing while it stays behind (Kafka's measure for replica.lag.time.max);
-        None for one never caught up in this term."""
+    def lag_seconds(self) -> dict[int, float]:
+        """Seconds since each connected slave last held all of this master's log (0 when
+        it does as of its last fetch); one never caught up counts from this term's start."""
         now = self._clock()
         end = self.log.end_offset
         return {
-            i: 0.0 if s.offset >= end else (None if s.caught_up < -1e17 else now - s.caught_up)
+            i: 0.0 if s.offset >= end else now - max(s.caught_up, self._term_started)
             for i, s in sorted(self.slaves.items())
             if s.connection != NO_CONNECTION
         }

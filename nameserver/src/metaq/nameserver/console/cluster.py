@@ -90,7 +90,7 @@ def _group_section(
     rows = []
     master_id = control.master_id if control is not None else None
     lag_bytes: dict[str, int] = {}
-    lag_s: dict[str, float | None] = {}
+    lag_s: dict[str, float] = {}
     for broker in group.brokers:
         body = health[broker.state.key].body
         if broker.state.key.broker_id == master_id and isinstance(body, dict):
@@ -155,12 +155,10 @@ def _group_section(
     )
 
 
-def _lag(lag_bytes: dict[str, int], lag_s: dict[str, float | None], key: str) -> str | None:
+def _lag(lag_bytes: dict[str, int], lag_s: dict[str, float], key: str) -> str | None:
     if key not in lag_bytes:
         return None
-    seconds = lag_s.get(key)
-    since = "never caught up this term" if seconds is None else f"{seconds:.1f} s"
-    return f"{lag_bytes[key]} B, {since}"
+    return f"{lag_bytes[key]} B, {lag_s.get(key, 0.0):.1f} s"
 
 
 def _disk(h: dict[str, object]) -> str | None:
