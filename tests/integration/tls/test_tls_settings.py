@@ -28,7 +28,7 @@ def test_verifying_clients_needs_a_ca(pki: Pki) -> None:
     with pytest.raises(ConfigError, match="tls_verify_client needs tls_ca_file"):
         load_config([*flags, "--tls-verify-client"])
     with pytest.raises(ValueError, match="tls_verify_client needs tls_ca_file"):
-        load_nameserver_config([*flags, "--tls-verify-client", "true"])
+        load_nameserver_config([*flags, "--tls-verify-client"])
 
 
 def test_tls_is_off_by_default() -> None:
@@ -80,7 +80,6 @@ def test_a_nameserver_with_a_missing_key_exits_saying_so(pki: Pki, tmp_path: Pat
     )
     assert done.returncode == 2
     assert "gone.key: no such file" in done.stderr
-
 
 
 def test_an_encrypted_key_is_refused_rather_than_prompted_for(pki: Pki, tmp_path: Path) -> None:

@@ -192,11 +192,18 @@ class BrokerConnection(asyncio.Protocol):
             reason = str(exc) or type(exc).__name__
         else:
             reason = "closed"
-        if exc is None and not self._answered and self._pending:
+        if (
+            self.connection_error is None
+            and not self._answered
+            and self._pending
+            and (exc is None or isinstance(exc, ConnectionResetError | ssl.SSLError))
+        ):
             # Closed before a single answer: a TLS listener does that to a plain client,
             # and one verifying clients to a TLS client without a certificate.
             pending, self._pending = self._pending, {}
-            self._explaining = self._loop.create_task(self._explain_unanswered(pending))
+            self._explaining = self._loop.create_task(
+                self._explain_unanswered(pending, reason, exc)
+            )
         else:
             self._fail_all(ConnectionLost(self.address, reason))
         self._can_write.set()
@@ -375,17 +382,29 @@ class BrokerConnection(asyncio.Protocol):
         self.connection_error = self._broker_error(frame)
         log.warning("broker %s closes the connection: %s", self.address, self.connection_error)
 
-    async def _explain_unanswered(self, pending: dict[int, tuple[_Waiter, float]]) -> None:
-        reason = "closed before answering anything"
+    async def _explain_unanswered(
+        self,
+        pending: dict[int, tuple[_Waiter, float]],
+        reason: str,
+        exc: BaseException | None,
+    ) -> None:
+        reason = f"closed before answering anything ({reason})"
         if self._tls is None:
             host, port = split_address(self.address)
             if await speaks_tls(host, port):
                 reason = plain_peer_hint(self.address)
+        elif "CERTIFICATE_REQUIRED" in str(exc).upper():
+            reason = (
+                "the broker requires a client certificate (it verifies clients): pass "
+                "--tls-cert and --tls-key, a certificate signed by its tls_ca_file"
+            )
         elif not self._tls.cert_file:
             reason += (
-                " (over TLS without a client certificate: if the broker verifies clients, "
-                "pass --tls-cert and --tls-key, a certificate its tls_ca_file signed)"
+                "; over TLS without a client certificate: if the broker verifies clients, "
+                "pass --tls-cert and --tls-key, a certificate signed by its tls_ca_file"
             )
+        elif isinstance(exc, ssl.SSLError):
+            reason = tls_peer_hint(self.address, exc)
         error = ConnectionLost(self.address, reason)
         for waiter, _ in pending.values():
             _fail(waiter, error)

@@ -589,7 +589,8 @@ class RouteCache:
                 if status in _FINAL_STATUSES:
                     self._preferred = index
                     raise NameServerError(address, status.name, detail) from None
-                tried.append((address, f"{status.name}: {grpc_hint(address, self.tls, detail)}"))
+                detail = await grpc_hint(address, self.tls, detail)
+                tried.append((address, f"{status.name}: {detail}"))
                 continue
             self._preferred = index
             if answered is not None:

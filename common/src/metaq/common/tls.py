@@ -139,16 +139,21 @@ def grpc_channel(address: str, tls: TlsConfig | None, **kwargs: Any) -> grpc.aio
     return grpc.aio.secure_channel(address, tls.grpc_channel_credentials(), **kwargs)
 
 
-def grpc_hint(address: str, tls: TlsConfig | None, details: str) -> str:
-    """A gRPC UNAVAILABLE's details, with what to do when TLS is the likely cause."""
-    if tls is None and ("Socket closed" in details or "handshake" in details.lower()):
-        return f"{details} ({plain_peer_hint(address, 'nameserver')}?)"
-    if tls is not None and ("handshake" in details.lower() or "SSL" in details):
-        return (
-            f"{details} (TLS with the nameserver at {address} failed: is TLS on there, "
-            "and is its certificate signed by the CA given?)"
-        )
-    return details
+async def grpc_hint(address: str, tls: TlsConfig | None, details: str) -> str:
+    """A failed gRPC call's details, with what to do when TLS is the likely cause."""
+    closed = "Socket closed" in details or "handshake" in details.lower() or "SSL" in details
+    if not closed:
+        return details
+    if tls is None:
+        host, _, port = address.rpartition(":")
+        if port.isdigit() and await speaks_tls(host.strip("[]"), int(port)):
+            return f"{details} ({plain_peer_hint(address, 'nameserver')})"
+        return details
+    hint = f"TLS with the nameserver at {address} failed: is TLS on there, and its "
+    hint += "certificate signed by the CA given?"
+    if not tls.cert_file:
+        hint += " If it verifies clients, pass --tls-cert and --tls-key too"
+    return f"{details} ({hint})"
 
 
 def server_tls(

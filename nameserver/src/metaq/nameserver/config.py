@@ -187,12 +187,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--config", type=Path, help="TOML file with the settings below")
     for name, kind in _FLAG_TYPES.items():
         default = _FIELDS[name].default
+        # A switch alone means true; "--tls-verify-client false" also works.
+        switch: dict[str, Any] = {"nargs": "?", "const": True} if kind is boolean else {}
         p.add_argument(
             "--" + name.replace("_", "-"),
             dest=name,
             type=kind,
             default=None,
             help=f"(default: {default})",
+            **switch,
         )
     return p
 
