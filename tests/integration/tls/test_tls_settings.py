@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 import subprocess
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from metaq.common.testing import secret_env
 from metaq.common.tls import TlsConfig, TlsError
 from metaq.nameserver.config import load_config as load_nameserver_config
 from metaq.nameserver.testing import nameserver_command
+from metaq.spark.options import OptionError, parse_sink_options, parse_source_options
 
 
 def test_a_certificate_without_its_key_is_refused_at_load() -> None:
@@ -91,3 +93,18 @@ def test_an_encrypted_key_is_refused_rather_than_prompted_for(pki: Pki, tmp_path
     )  # fmt: skip
     with pytest.raises(TlsError, match="is encrypted: give it unencrypted"):
         TlsConfig(pki.node.cert_file, str(encrypted)).server_context()
+
+
+def test_spark_options_turn_tls_on_and_name_a_bad_file(pki: Pki, tmp_path: Path) -> None:
+    base = {"nameservers": "127.0.0.1:9876", "topic": "orders"}
+    assert parse_source_options(base, streaming=False).tls is None
+    source = parse_source_options({**base, "tlsCaFile": pki.ca_file}, streaming=False)
+    assert source.tls == TlsConfig(ca_file=pki.ca_file)
+    assert pickle.loads(pickle.dumps(source)) == source  # options travel to executors
+    sink = parse_sink_options(
+        {**base, "tlsCertFile": pki.client.cert_file, "tlsKeyFile": pki.client.key_file}
+    )
+    assert sink.tls == TlsConfig(pki.client.cert_file, pki.client.key_file)
+    assert parse_sink_options({**base, "tls": "true"}).tls == TlsConfig()
+    with pytest.raises(OptionError, match=r"option 'tlsCaFile' .*gone.pem: no such file"):
+        parse_source_options({**base, "tlsCaFile": str(tmp_path / "gone.pem")}, streaming=True)
