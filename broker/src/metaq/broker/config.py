@@ -282,7 +282,9 @@ class BrokerConfig:
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
             problems.append("log_level must be DEBUG, INFO, WARNING or ERROR")
         try:
-            self.tls
+            server_tls(
+                self.tls_cert_file, self.tls_key_file, self.tls_ca_file, self.tls_verify_client
+            )
         except TlsError as exc:
             problems.append(str(exc))
         return problems

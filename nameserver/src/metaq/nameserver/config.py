@@ -69,7 +69,9 @@ class NameServerConfig:
     def __post_init__(self) -> None:
         problems = []
         try:
-            self.tls
+            server_tls(
+                self.tls_cert_file, self.tls_key_file, self.tls_ca_file, self.tls_verify_client
+            )
         except TlsError as exc:
             problems.append(str(exc))
         for name in ("grpc_port", "http_port"):
