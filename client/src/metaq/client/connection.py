@@ -331,6 +331,8 @@ class BrokerConnection(asyncio.Protocol):
             else:
                 self._lost.set_result(None)
         await self._lost
+        if self._explaining is not None:
+            await self._explaining  # what it tells waiters is theirs before close returns
 
     # --- internals --------------------------------------------------------------------
 

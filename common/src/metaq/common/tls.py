@@ -28,9 +28,6 @@ from typing import Any, Final
 import grpc
 
 MIN_VERSION: Final = ssl.TLSVersion.TLSv1_2
-# The first bytes of a TLS record: content type (handshake 22, alert 21), then major
-# version 3. A plain peer that reads these was dialled by, or is answered by, TLS.
-TLS_RECORD_TYPES: Final = frozenset({21, 22})
 
 
 class TlsError(ValueError):
@@ -190,16 +187,11 @@ async def speaks_tls(host: str, port: int, timeout_s: float = 1.0) -> bool:
     return True
 
 
-def looks_like_tls(data: bytes | bytearray | memoryview) -> bool:
-    """Whether ``data``, the first bytes a plain-speaking peer received, is a TLS record."""
-    return len(data) >= 2 and data[0] in TLS_RECORD_TYPES and data[1] == 3
-
-
 def plain_peer_hint(address: str, what: str = "broker") -> str:
     """What to tell a user whose plain connection met a TLS listener."""
     return (
-        f"the {what} at {address} speaks TLS; pass --tls-ca FILE (the CA that signed its "
-        "certificate; the option tls_ca_file / tls=true outside the CLI)"
+        f"the {what} at {address} speaks TLS; pass --tls-ca FILE, the CA that signed its "
+        "certificate (in Python tls=TlsConfig(ca_file=...), in Spark the option tlsCaFile)"
     )
 
 
