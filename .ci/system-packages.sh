@@ -15,6 +15,9 @@ command -v mount >/dev/null 2>&1 || need="$need mount"
 [ -x /usr/sbin/sshd ] || need="$need openssh-server"
 # Java 17 runs Spark for the spark_jobs tests (pyspark 4.3).
 command -v java >/dev/null 2>&1 || need="$need openjdk-17-jre-headless"
+# openssl: the Ansible role's TLS tasks make certificates with it (their test runs them),
+# and a TLS test encrypts a key with it.
+command -v openssl >/dev/null 2>&1 || need="$need openssl"
 [ -z "$need" ] && exit 0
 
 if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
