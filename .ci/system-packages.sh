@@ -19,6 +19,9 @@ command -v java >/dev/null 2>&1 || need="$need openjdk-17-jre-headless"
 # prometheus (with promtool): the monitoring tests scrape a real cluster and run the
 # alert rules' unit tests.
 { command -v prometheus && command -v promtool; } >/dev/null 2>&1 || need="$need prometheus"
+# openssl: the Ansible role's TLS tasks make certificates with it (their test runs them),
+# and a TLS test encrypts a key with it.
+command -v openssl >/dev/null 2>&1 || need="$need openssl"
 [ -z "$need" ] && exit 0
 
 if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
