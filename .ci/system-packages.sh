@@ -20,6 +20,9 @@ command -v java >/dev/null 2>&1 || need="$need openjdk-17-jre-headless"
 # prometheus (with promtool): the monitoring tests scrape a real cluster and run the
 # alert rules' unit tests.
 { command -v prometheus && command -v promtool; } >/dev/null 2>&1 || need="$need prometheus"
+# openssl: the Ansible role's TLS tasks make certificates with it (their test runs them),
+# and a TLS test encrypts a key with it.
+command -v openssl >/dev/null 2>&1 || need="$need openssl"
 # The web console's browser tests drive Debian's Chromium through Playwright (never a
 # browser Playwright downloads).
 [ -x /usr/bin/chromium ] || need="$need chromium"

@@ -50,13 +50,14 @@ from compare_report import (
     SystemInfo,
     chart,
     markdown,
+    ratio_to_plain,
     ratios,
     raw,
     targets_met,
 )
 from machine_stalls import StallWatch
 from metaq_load import Budget, settle_disk
-from metaq_system import Metaq, replicated_pair, single_broker
+from metaq_system import Metaq, replicated_pair, single_broker, tls_broker
 from peer_nats import NatsJetStream
 from peer_rabbitmq import RabbitQuorum, RabbitStream
 from peer_redis import RedisStreams
@@ -75,6 +76,12 @@ Launcher = Callable[[Path], AbstractContextManager[list[System]]]
 @contextmanager
 def _metaq(work: Path) -> Iterator[list[System]]:
     with single_broker(work) as system:
+        yield [system]
+
+
+@contextmanager
+def _metaq_tls(work: Path) -> Iterator[list[System]]:
+    with tls_broker(work) as system:
         yield [system]
 
 
@@ -113,6 +120,7 @@ def _redis(work: Path) -> Iterator[list[System]]:
 LAUNCHERS: Final[dict[str, tuple[Launcher, tuple[str, ...]]]] = {
     "metaq": (_metaq, ("metaq",)),
     "metaq_sync_replicated": (_metaq_replicated, ("metaq_sync_replicated",)),
+    "metaq_tls": (_metaq_tls, ("metaq_tls",)),
     "nats": (_nats, ("nats",)),
     "rabbitmq": (_rabbitmq, ("rabbitmq_stream", "rabbitmq_quorum")),
     "redis": (_redis, ("redis",)),
@@ -234,8 +242,9 @@ def main(argv: list[str]) -> None:
         if k in ("ratio_vs_rabbitmq_stream_batched", "ratio_vs_nats_batched",
                  "ratio_vs_nats_sync", "e2e_p99_vs_best_peer_ratio")
     }  # fmt: skip
+    headline["ratio_tls_vs_plain_batched"] = ratio_to_plain(cells, "metaq_tls", HEADLINE_SIZE)
     headline["targets_met"] = targets_met(headline)
-    ordered = [s for key in ("metaq", "metaq_sync_replicated", *PEERS)
+    ordered = [s for key in ("metaq", "metaq_sync_replicated", "metaq_tls", *PEERS)
                for s in systems if s.key == key]  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     table = markdown(cells, ordered, SIZES, args.rate, headline, when)

@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import base64
+import ssl
 import time
 import zlib
 from collections.abc import Callable
@@ -81,9 +82,12 @@ class HttpServer:
         http_queues.add_routes(app, context)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
 
-    async def start(self, host: str, port: int) -> tuple[str, int]:
+    async def start(
+        self, host: str, port: int, tls: ssl.SSLContext | None = None
+    ) -> tuple[str, int]:
+        """Serve HTTP, or HTTPS with ``tls``."""
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port, reuse_address=True)
+        site = web.TCPSite(self._runner, host, port, reuse_address=True, ssl_context=tls)
         await site.start()
         bound = self._runner.addresses[0]
         return str(bound[0]), int(bound[1])

@@ -11,6 +11,7 @@ from typing import Any
 import aiohttp
 
 from metaq.common.http import json_for
+from metaq.common.tls import TlsConfig
 from metaq.nameserver.controller import Controller
 from metaq.nameserver.model import BrokerKey, BrokerState, BrokerView, Role
 from metaq.nameserver.registry import Registry
@@ -30,10 +31,16 @@ class Answer:
 
 
 class Brokers:
-    """Calls to brokers' HTTP admin APIs; one aiohttp session, opened on first use."""
+    """Calls to brokers' HTTP admin APIs; one aiohttp session, opened on first use.
 
-    def __init__(self, timeout_s: float) -> None:
+    With ``tls`` (the nameserver's own settings: a process that serves TLS dials TLS)
+    the calls are HTTPS, checked against its CA and showing its certificate to brokers
+    that verify clients."""
+
+    def __init__(self, timeout_s: float, tls: TlsConfig | None = None) -> None:
         self.timeout_s = timeout_s
+        self._tls = tls
+        self._scheme = "https" if tls is not None else "http"
         self._session: aiohttp.ClientSession | None = None
 
     async def call(self, broker: BrokerView, method: str, path: str, body: Any = None) -> Answer:
@@ -42,8 +49,11 @@ class Brokers:
         if not state.http_address:
             return Answer(error=f"{who} has no HTTP address registered (started without one)")
         if self._session is None:
-            self._session = aiohttp.ClientSession()
-        url = f"http://{state.http_address}{path}"
+            ssl = self._tls.client_context() if self._tls is not None else None
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(ssl=ssl) if ssl is not None else None
+            )
+        url = f"{self._scheme}://{state.http_address}{path}"
         try:
             async with asyncio.timeout(self.timeout_s):
                 async with self._session.request(
@@ -110,8 +120,14 @@ class ConsoleContext:
     seen: dict[BrokerKey, tuple[BrokerState, float]] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, registry: Registry, controller: Controller, timeout_ms: int) -> ConsoleContext:
-        return cls(registry, controller, Brokers(timeout_ms / 1000))
+    def of(
+        cls,
+        registry: Registry,
+        controller: Controller,
+        timeout_ms: int,
+        tls: TlsConfig | None = None,
+    ) -> ConsoleContext:
+        return cls(registry, controller, Brokers(timeout_ms / 1000, tls))
 
     def live_brokers(self) -> list[BrokerView]:
         return [
