@@ -225,3 +225,21 @@ def test_concurrent_pipelined_requests_share_one_tls_connection(
             await connection.close()
 
     run_async(many())
+
+
+def test_the_console_of_a_tls_nameserver_reads_its_brokers_over_https(
+    pki: Pki, tmp_path: Path, nameserver: NameServerProcess
+) -> None:
+    broker = start_broker(pki, tmp_path, nameserver, 0)
+    try:
+        wait_until(lambda: role(broker) == "master", 30, "the broker is master", poll_s=0.1)
+        context = pki.client_tls(with_cert=True).client_context()
+        url = f"https://{nameserver.http_address}/console/cluster"
+        with urllib.request.urlopen(url, timeout=10, context=context) as answer:
+            page = answer.read().decode()
+        # The broker verifies client certificates: its figures are on the page only if the
+        # console dialled it over HTTPS with the nameserver's certificate.
+        assert 'role="alert"' not in page, page
+        assert "(75.0 % / 90.0 %)" in page  # disk thresholds, from the broker's /health
+    finally:
+        broker.kill()

@@ -204,8 +204,9 @@ class Broker:
             self.transactions,
         )  # fmt: skip
         self._pull = PullHandler(
-            config, self.store, self.topics, self.offsets, self.metrics, self.group_role
-        )
+            config, self.store, self.topics, self.offsets, self.metrics, self.group_role,
+            self.groups,
+        )  # fmt: skip
         self.store.dispatcher.listeners.append(self._pull.long_polls.on_dispatch)
         forwarder = OffsetForwarder(self.offsets, role, config.journal_interval_ms / 1e3)
         handlers = Handlers(

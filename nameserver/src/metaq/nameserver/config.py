@@ -57,6 +57,9 @@ class NameServerConfig:
     # An elected master still live but not reporting it took over this long after its
     # election (a promotion stuck on a dead disk, say) is replaced by another in-sync one.
     takeover_timeout_ms: int = 10000
+    # The web console's bound on each call to a broker's HTTP API: a page shows what it
+    # gathered within it and says which broker did not answer.
+    console_broker_timeout_ms: int = 2000
     # A PEM certificate (chain) and its unencrypted key: gRPC and HTTP serve TLS with
     # them; empty serves both plain. Raft has no TLS (docs/operations.md, "TLS").
     tls_cert_file: str = ""
@@ -101,6 +104,8 @@ class NameServerConfig:
             problems.append("bootstrap_grace_ms must not be negative")
         if self.takeover_timeout_ms <= 0:
             problems.append("takeover_timeout_ms must be positive")
+        if self.console_broker_timeout_ms <= 0:
+            problems.append("console_broker_timeout_ms must be positive")
         if problems:
             raise ValueError("invalid nameserver config: " + "; ".join(problems))
 
@@ -146,6 +151,7 @@ _FLAG_TYPES: Final[dict[str, Callable[[str], Any]]] = {
     "bootstrap_grace_ms": int,
     "cluster_secret_file": str,
     "takeover_timeout_ms": int,
+    "console_broker_timeout_ms": int,
     "tls_cert_file": str,
     "tls_key_file": str,
     "tls_ca_file": str,

@@ -1,4 +1,5 @@
-"""The nameserver's HTTP endpoint for people and scrapers: health, cluster and routes as JSON."""
+"""The nameserver's HTTP endpoint for people and scrapers: health, cluster and routes as JSON,
+and the web console (:mod:`metaq.nameserver.console`)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from metaq.common import http
 from metaq.common.names import shown
 from metaq.common.version import installed_version
+from metaq.nameserver.console import ConsoleContext
+from metaq.nameserver.console import add_routes as add_console_routes
 from metaq.nameserver.metrics import NameServerMetrics
 from metaq.nameserver.registry import Registry
 
@@ -27,9 +30,14 @@ def _respond(body: Any, status: int = 200) -> web.Response:
     return web.json_response(body, status=status, dumps=lambda v: json.dumps(v, default=_json))
 
 
-def make_app(registry: Registry, metrics: NameServerMetrics | None = None) -> web.Application:
+def make_app(
+    registry: Registry,
+    metrics: NameServerMetrics | None = None,
+    console: ConsoleContext | None = None,
+) -> web.Application:
     """``GET /health``, ``GET /cluster``, ``GET /route/{topic}`` (404 for an unknown topic),
-    and with ``metrics`` ``GET /metrics`` (Prometheus text format, open to scrapers)."""
+    with ``metrics`` ``GET /metrics`` (Prometheus text format, open to scrapers), and with
+    ``console`` the web console under ``/console/`` (``/`` leads there)."""
 
     async def health(_request: web.Request) -> web.Response:
         return _respond(
@@ -73,4 +81,6 @@ def make_app(registry: Registry, metrics: NameServerMetrics | None = None) -> we
     )
     if metrics is not None:
         app.add_routes([web.get("/metrics", scrape)])
+    if console is not None:
+        add_console_routes(app, console)
     return app

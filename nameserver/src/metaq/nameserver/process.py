@@ -12,6 +12,7 @@ from aiohttp import web
 from metaq.common.auth import ClusterSecret, is_loopback, load_secret, require_secret
 from metaq.common.v1 import control_pb2_grpc
 from metaq.nameserver.config import NameServerConfig
+from metaq.nameserver.console import ConsoleContext
 from metaq.nameserver.controller import Controller, ControllerSettings
 from metaq.nameserver.http import make_app
 from metaq.nameserver.metrics import NameServerMetrics
@@ -99,7 +100,10 @@ class NameServer:
         try:
             if config.http_port is not None:
                 metrics = NameServerMetrics(self.registry, self.controller)
-                runner = web.AppRunner(make_app(self.registry, metrics))
+                console = ConsoleContext.of(
+                    self.registry, self.controller, config.console_broker_timeout_ms, tls
+                )
+                runner = web.AppRunner(make_app(self.registry, metrics, console))
                 await runner.setup()
                 self._http = runner
                 site = web.TCPSite(
