@@ -56,6 +56,7 @@ from compare_report import (
     SystemInfo,
     chart,
     markdown,
+    ratio_to_plain,
     ratios,
     raw,
     sync_ratios,
@@ -63,7 +64,7 @@ from compare_report import (
 )
 from machine_stalls import StallWatch
 from metaq_load import Budget, settle_disk
-from metaq_system import Metaq, replicated_pair, single_broker
+from metaq_system import Metaq, replicated_pair, single_broker, tls_broker
 from peer_nats import NatsJetStream, NatsJetStreamR3
 from peer_rabbitmq import RabbitQuorum, RabbitQuorumR3, RabbitStream, RabbitStreamR3
 from peer_redis import RedisStreams
@@ -90,6 +91,12 @@ Launcher = Callable[[Path], AbstractContextManager[list[System]]]
 @contextmanager
 def _metaq(work: Path) -> Iterator[list[System]]:
     with single_broker(work) as system:
+        yield [system]
+
+
+@contextmanager
+def _metaq_tls(work: Path) -> Iterator[list[System]]:
+    with tls_broker(work) as system:
         yield [system]
 
 
@@ -145,6 +152,7 @@ def _redis(work: Path) -> Iterator[list[System]]:
 LAUNCHERS: Final[dict[str, tuple[Launcher, tuple[str, ...]]]] = {
     "metaq": (_metaq, ("metaq",)),
     "metaq_sync_replicated": (_metaq_replicated, ("metaq_sync_replicated",)),
+    "metaq_tls": (_metaq_tls, ("metaq_tls",)),
     "nats": (_nats, ("nats",)),
     "rabbitmq": (_rabbitmq, ("rabbitmq_stream", "rabbitmq_quorum")),
     "redis": (_redis, ("redis",)),
@@ -275,6 +283,7 @@ def main(argv: list[str]) -> None:
         if k in ("ratio_vs_rabbitmq_stream_batched", "ratio_vs_nats_batched",
                  "ratio_vs_nats_sync", "e2e_p99_vs_best_peer_ratio")
     }  # fmt: skip
+    headline["ratio_tls_vs_plain_batched"] = ratio_to_plain(cells, "metaq_tls", HEADLINE_SIZE)
     r3_peers = [p for p in R3_PEERS if any(s.key == p for s in systems)]
     headline.update(
         {k: v for k, v in sync_ratios(cells, r3_peers, HEADLINE_SIZE).items()
@@ -282,7 +291,7 @@ def main(argv: list[str]) -> None:
                   "sync_e2e_p99_vs_best_r3_ratio", "sync_vs_async_one_ratio")}
     )  # fmt: skip
     headline["targets_met"] = targets_met(headline)
-    ordered = [s for key in ("metaq", "metaq_sync_replicated", *PEERS, *R3_PEERS)
+    ordered = [s for key in ("metaq", "metaq_sync_replicated", "metaq_tls", *PEERS, *R3_PEERS)
                for s in systems if s.key == key]  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     table = markdown(cells, ordered, SIZES, args.rate, headline, when)

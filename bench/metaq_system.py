@@ -1,11 +1,12 @@
-"""metaq in the side-by-side benchmark: a nameserver and one broker (ASYNC flush), or a
-master/slave group under sync replication, driven by metaq's own client with the load
-shapes of ``bench_e2e.py`` (:mod:`metaq_load`) and, end to end, by
-``bench_e2e_latency.py``'s measurement itself."""
+"""metaq in the side-by-side benchmark: a nameserver and one broker (ASYNC flush), the
+same with TLS on every listener, or a master/slave group under sync replication, driven
+by metaq's own client with the load shapes of ``bench_e2e.py`` (:mod:`metaq_load`) and,
+end to end, by ``bench_e2e_latency.py``'s measurement itself."""
 
 from __future__ import annotations
 
 import asyncio
+import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,6 +20,7 @@ from metaq.broker.testing import BrokerProcess
 from metaq.broker.testing.admin import put_topic
 from metaq.client.producer import Producer
 from metaq.common.testing import wait_until
+from metaq.common.tls import TlsConfig
 from metaq.nameserver.testing import NameServerProcess, start_nameserver
 
 TOPIC: Final = "BenchCompare"
@@ -38,12 +40,21 @@ class Metaq:
 
     in_flight_how = f"{BATCH_CALLERS} callers × send_batch of {IN_FLIGHT // BATCH_CALLERS}"
 
-    def __init__(self, key: str, label: str, durability: str, nameserver: str, http_url: str):
+    def __init__(
+        self,
+        key: str,
+        label: str,
+        durability: str,
+        nameserver: str,
+        http_url: str,
+        tls: TlsConfig | None = None,
+    ):
         self.key = key
         self.label = label
         self.durability = durability
         self.nameserver = nameserver
         self.http_url = http_url
+        self.tls = tls
         self._producer: Producer | None = None
 
     @property
@@ -52,9 +63,10 @@ class Metaq:
         return self._producer
 
     async def open(self) -> None:
-        await put_topic(self.http_url, TOPIC, read_queues=QUEUES, write_queues=QUEUES)
-        await wait_routed(self.nameserver, TOPIC, QUEUES)
-        self._producer = await ready_producer(self.nameserver, TOPIC)
+        tls = self.tls
+        await put_topic(self.http_url, TOPIC, read_queues=QUEUES, write_queues=QUEUES, tls=tls)
+        await wait_routed(self.nameserver, TOPIC, QUEUES, tls=tls)
+        self._producer = await ready_producer(self.nameserver, TOPIC, tls=tls)
 
     async def close(self) -> None:
         if self._producer is not None:
@@ -74,7 +86,7 @@ class Metaq:
     async def end_to_end(self, size: int, rate: float, seconds: float) -> EndToEnd:
         figures = await measure_e2e(
             self.nameserver, self.http_url, rate=rate, seconds=seconds, warmup_s=1.0,
-            size=size, queues=QUEUES,
+            size=size, queues=QUEUES, tls=self.tls,
         )  # fmt: skip
         return EndToEnd(
             offered_msgs_s=figures["sent_msgs_per_s"],
@@ -98,6 +110,48 @@ def single_broker(work: Path) -> Iterator[Metaq]:
             yield Metaq(
                 "metaq", "metaq", f"1 copy; {ASYNC_FLUSH}",
                 nameserver.grpc_address, broker.http_url,
+            )  # fmt: skip
+    finally:
+        nameserver.stop()
+
+
+def _openssl(*args: str) -> None:
+    subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60)
+
+
+def make_certificates(directory: Path) -> TlsConfig:
+    """A CA and a certificate for 127.0.0.1 it signs (OpenSSL 3), as a server's settings."""
+    directory.mkdir(parents=True, exist_ok=True)
+    ca, node = directory / "ca", directory / "node"
+    key = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-noenc", "-days", "2")
+    _openssl("req", "-x509", *key, "-keyout", f"{ca}.key", "-out", f"{ca}.crt",
+             "-subj", "/CN=bench CA", "-addext", "basicConstraints=critical,CA:TRUE")  # fmt: skip
+    _openssl("req", "-x509", *key, "-keyout", f"{node}.key", "-out", f"{node}.crt",
+             "-subj", "/CN=127.0.0.1", "-CA", f"{ca}.crt", "-CAkey", f"{ca}.key",
+             "-addext", "subjectAltName=IP:127.0.0.1")  # fmt: skip
+    return TlsConfig(f"{node}.crt", f"{node}.key", f"{ca}.crt")
+
+
+@contextmanager
+def tls_broker(work: Path) -> Iterator[Metaq]:
+    """As :func:`single_broker`, with TLS on the data plane, HTTP and gRPC (the client
+    verifies the servers; the servers do not ask for client certificates)."""
+    tls = make_certificates(work / "tls")
+    flags = ("--tls-cert-file", tls.cert_file, "--tls-key-file", tls.key_file)
+    client = TlsConfig(ca_file=tls.ca_file)
+    nameserver = start_nameserver(work / "ns", *flags)
+    try:
+        with BrokerProcess.start(
+            work / "broker",
+            *("--nameserver", nameserver.grpc_address, "--flush-mode", "async", *STORE),
+            *flags, "--tls-ca-file", tls.ca_file,
+            small_store=False,
+            ready_timeout_s=60,
+            tls=client,
+        ) as broker:  # fmt: skip
+            yield Metaq(
+                "metaq_tls", "metaq, TLS", f"1 copy; {ASYNC_FLUSH}; TLS 1.2+ on every listener",
+                nameserver.grpc_address, broker.http_url, client,
             )  # fmt: skip
     finally:
         nameserver.stop()

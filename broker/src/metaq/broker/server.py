@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -90,7 +91,10 @@ class DataServer:
             lambda: sum("inflight" in c.blocked for c in self.connections)
         )
 
-    async def bind(self, host: str, port: int) -> tuple[str, int]:
+    async def bind(
+        self, host: str, port: int, tls: ssl.SSLContext | None = None
+    ) -> tuple[str, int]:
+        """Bind the data port, serving TLS with ``tls``."""
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
             self._new_connection,
@@ -99,6 +103,10 @@ class DataServer:
             start_serving=False,
             reuse_address=True,
             backlog=1024,
+            ssl=tls,
+            # A peer that never finishes its handshake holds a descriptor, not memory
+            # of the request budget: give it as long as an incomplete frame gets.
+            ssl_handshake_timeout=self.limits.request_arrival_window_s if tls else None,
         )
         bound = self._server.sockets[0].getsockname()
         return str(bound[0]), int(bound[1])
@@ -135,6 +143,7 @@ class DataServer:
             self.budget,
             self.limits.max_connection_write_bytes,
             self.limits.max_connection_inflight_requests,
+            self._metrics.rpc_latency,
         )
 
     def refresh_room(self, open_now: int | None = None) -> None:

@@ -62,6 +62,7 @@ from metaq.common import record
 from metaq.common.errors import InvalidMessage, MetaqError
 from metaq.common.framing import Buffer
 from metaq.common.names import check_group
+from metaq.common.tls import TlsConfig
 
 log = logging.getLogger(__name__)
 
@@ -164,6 +165,7 @@ class Producer:
         queue_selector: QueueSelector | None = None,
         config: ProducerConfig | None = None,
         routes: RouteCache | None = None,
+        tls: TlsConfig | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
@@ -179,10 +181,13 @@ class Producer:
             )
         config.validate()
         self.config = config
+        self.tls = tls
+        """Set: nameservers and brokers are dialled over TLS (``metaq.common.tls``)."""
         self._owns_routes = routes is None
         self.routes = routes or RouteCache(
             [nameservers] if isinstance(nameservers, str) else nameservers,
             refresh_interval_s=config.route_refresh_interval_s,
+            tls=tls,
         )
         self.selector: QueueSelector = queue_selector or RoundRobinSelector()
         self._sticky = queue_selector is None
@@ -216,7 +221,7 @@ class Producer:
         )
         self._sender = Sender(
             accumulator,
-            ConnectionPool(connect_timeout_s=c.connect_timeout_s),
+            ConnectionPool(connect_timeout_s=c.connect_timeout_s, tls=self.tls),
             self.health,
             producer_group=c.group,
             timeout_s=c.send_timeout_s,

@@ -23,6 +23,7 @@ from metaq.client.tags import TagFilter
 from metaq.common.errors import ErrorCode, MetaqError
 from metaq.common.framing import FrameType
 from metaq.common.names import check_group
+from metaq.common.tls import TlsConfig
 from metaq.common.v1.data_pb2 import (
     CommitOffsetRequest,
     LockQueuesRequest,
@@ -107,14 +108,15 @@ class PullConsumer:
         routes: RouteCache | None = None,
         connections: ConnectionPool | None = None,
         request_timeout_s: float = 5.0,
+        tls: TlsConfig | None = None,
     ) -> None:
         check_group(group)
         self.group = group
         self.request_timeout_s = request_timeout_s
         self._own_routes = routes is None
         self._own_connections = connections is None
-        self.routes = routes if routes is not None else RouteCache(nameservers)
-        self.connections = connections if connections is not None else ConnectionPool()
+        self.routes = routes if routes is not None else RouteCache(nameservers, tls=tls)
+        self.connections = connections if connections is not None else ConnectionPool(tls=tls)
 
     async def start(self) -> None:
         if self._own_routes:

@@ -31,6 +31,7 @@ from metaq.client.errors import NoNameServer, UnknownTopic
 from metaq.common.auth import ClusterSecret, call_metadata
 from metaq.common.errors import ErrorCode, MetaqError
 from metaq.common.service import PeriodicService
+from metaq.common.tls import TlsConfig, grpc_channel, grpc_hint
 from metaq.common.v1 import control_pb2 as pb
 from metaq.common.v1.control_pb2_grpc import NameServerStub
 
@@ -334,6 +335,7 @@ class RouteCache:
         *,
         refresh_interval_s: float = 30.0,
         rpc_timeout_s: float = 3.0,
+        tls: TlsConfig | None = None,
     ) -> None:
         if isinstance(nameservers, str):
             nameservers = [nameservers]
@@ -341,6 +343,8 @@ class RouteCache:
         if not self.nameservers:
             raise ValueError("at least one nameserver address is needed")
         self.rpc_timeout_s = rpc_timeout_s
+        self.tls = tls
+        """Set: the nameservers are called over TLS (see :mod:`metaq.common.tls`)."""
         self._routes: dict[str, TopicRoute] = {}
         self._fetched_at: dict[str, float] = {}
         self._fetching: dict[str, asyncio.Future[TopicRoute]] = {}
@@ -557,7 +561,7 @@ class RouteCache:
     def _channel(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.get(address)
         if channel is None:
-            channel = grpc.aio.insecure_channel(address)
+            channel = grpc_channel(address, self.tls)
             self._channels[address] = channel
         return channel
 
@@ -585,6 +589,7 @@ class RouteCache:
                 if status in _FINAL_STATUSES:
                     self._preferred = index
                     raise NameServerError(address, status.name, detail) from None
+                detail = await grpc_hint(address, self.tls, detail)
                 tried.append((address, f"{status.name}: {detail}"))
                 continue
             self._preferred = index

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from metaq.common.tls import TlsConfig, TlsError, server_tls
+
 DEFAULT_GRPC_PORT: Final = 9876
 LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR")
 
@@ -55,9 +57,26 @@ class NameServerConfig:
     # An elected master still live but not reporting it took over this long after its
     # election (a promotion stuck on a dead disk, say) is replaced by another in-sync one.
     takeover_timeout_ms: int = 10000
+    # The web console's bound on each call to a broker's HTTP API: a page shows what it
+    # gathered within it and says which broker did not answer.
+    console_broker_timeout_ms: int = 2000
+    # A PEM certificate (chain) and its unencrypted key: gRPC and HTTP serve TLS with
+    # them; empty serves both plain. Raft has no TLS (docs/operations.md, "TLS").
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    # The CA (PEM) that signs client certificates under tls_verify_client.
+    tls_ca_file: str = ""
+    # Refuse gRPC and HTTP clients without a certificate signed by tls_ca_file (mTLS).
+    tls_verify_client: bool = False
 
     def __post_init__(self) -> None:
         problems = []
+        try:
+            server_tls(
+                self.tls_cert_file, self.tls_key_file, self.tls_ca_file, self.tls_verify_client
+            )
+        except TlsError as exc:
+            problems.append(str(exc))
         for name in ("grpc_port", "http_port"):
             port = getattr(self, name)
             if port is not None and not 0 <= port <= 65535:
@@ -85,13 +104,30 @@ class NameServerConfig:
             problems.append("bootstrap_grace_ms must not be negative")
         if self.takeover_timeout_ms <= 0:
             problems.append("takeover_timeout_ms must be positive")
+        if self.console_broker_timeout_ms <= 0:
+            problems.append("console_broker_timeout_ms must be positive")
         if problems:
             raise ValueError("invalid nameserver config: " + "; ".join(problems))
+
+    @property
+    def tls(self) -> TlsConfig | None:
+        """The TLS settings, None when gRPC and HTTP are served plain."""
+        return server_tls(
+            self.tls_cert_file, self.tls_key_file, self.tls_ca_file, self.tls_verify_client
+        )
 
 
 def _is_host_port(address: str) -> bool:
     host, _, port = address.rpartition(":")
     return bool(host) and port.isdigit() and 0 < int(port) < 65536
+
+
+def boolean(value: str) -> bool:
+    """A flag's true/false (also yes/no, 1/0)."""
+    lowered = value.strip().lower()
+    if lowered not in ("true", "false", "yes", "no", "1", "0"):
+        raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
+    return lowered in ("true", "yes", "1")
 
 
 def addresses(value: str) -> tuple[str, ...]:
@@ -115,6 +151,11 @@ _FLAG_TYPES: Final[dict[str, Callable[[str], Any]]] = {
     "bootstrap_grace_ms": int,
     "cluster_secret_file": str,
     "takeover_timeout_ms": int,
+    "console_broker_timeout_ms": int,
+    "tls_cert_file": str,
+    "tls_key_file": str,
+    "tls_ca_file": str,
+    "tls_verify_client": boolean,
 }
 
 
@@ -134,6 +175,10 @@ def from_toml(path: Path) -> dict[str, Any]:
                 raise ValueError(f"{path}: {name} must be a list of strings, not {value!r}")
             settings[name] = tuple(value)
             continue
+        if name == "tls_verify_client":
+            if not isinstance(value, bool):
+                raise ValueError(f"{path}: {name} must be true or false, not {value!r}")
+            continue
         kind = _FLAG_TYPES[name]
         assert isinstance(kind, type)
         accepted = (int, float) if kind is float else (kind,)
@@ -150,12 +195,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--config", type=Path, help="TOML file with the settings below")
     for name, kind in _FLAG_TYPES.items():
         default = _FIELDS[name].default
+        # A switch alone means true; "--tls-verify-client false" also works.
+        switch: dict[str, Any] = {"nargs": "?", "const": True} if kind is boolean else {}
         p.add_argument(
             "--" + name.replace("_", "-"),
             dest=name,
             type=kind,
             default=None,
             help=f"(default: {default})",
+            **switch,
         )
     return p
 

@@ -1,4 +1,5 @@
-"""The nameserver's HTTP endpoint for people and scrapers: health, cluster and routes as JSON."""
+"""The nameserver's HTTP endpoint for people and scrapers: health, cluster and routes as JSON,
+and the web console (:mod:`metaq.nameserver.console`)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,14 @@ import json
 from typing import Any
 
 from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from metaq.common import http
 from metaq.common.names import shown
 from metaq.common.version import installed_version
+from metaq.nameserver.console import ConsoleContext
+from metaq.nameserver.console import add_routes as add_console_routes
+from metaq.nameserver.metrics import NameServerMetrics
 from metaq.nameserver.registry import Registry
 
 
@@ -25,8 +30,14 @@ def _respond(body: Any, status: int = 200) -> web.Response:
     return web.json_response(body, status=status, dumps=lambda v: json.dumps(v, default=_json))
 
 
-def make_app(registry: Registry) -> web.Application:
-    """``GET /health``, ``GET /cluster``, ``GET /route/{topic}`` (404 for an unknown topic)."""
+def make_app(
+    registry: Registry,
+    metrics: NameServerMetrics | None = None,
+    console: ConsoleContext | None = None,
+) -> web.Application:
+    """``GET /health``, ``GET /cluster``, ``GET /route/{topic}`` (404 for an unknown topic),
+    with ``metrics`` ``GET /metrics`` (Prometheus text format, open to scrapers), and with
+    ``console`` the web console under ``/console/`` (``/`` leads there)."""
 
     async def health(_request: web.Request) -> web.Response:
         return _respond(
@@ -54,6 +65,12 @@ def make_app(registry: Registry) -> web.Application:
             )
         return _respond(dataclasses.asdict(found))
 
+    async def scrape(_request: web.Request) -> web.Response:
+        assert metrics is not None
+        response = web.Response(body=metrics.render())
+        response.headers["Content-Type"] = CONTENT_TYPE_LATEST
+        return response
+
     app = http.application()
     app.add_routes(
         [
@@ -62,4 +79,8 @@ def make_app(registry: Registry) -> web.Application:
             web.get("/route/{topic}", route),
         ]
     )
+    if metrics is not None:
+        app.add_routes([web.get("/metrics", scrape)])
+    if console is not None:
+        add_console_routes(app, console)
     return app

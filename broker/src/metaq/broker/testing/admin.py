@@ -8,13 +8,18 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from metaq.common import http
+from metaq.common.tls import TlsConfig
 
 
-async def http_json(method: str, url: str, body: Any = None) -> tuple[int, Any]:
-    """(status, parsed JSON body) of one request; the session is closed before returning."""
+async def http_json(
+    method: str, url: str, body: Any = None, *, tls: TlsConfig | None = None
+) -> tuple[int, Any]:
+    """(status, parsed JSON body) of one request (HTTPS trusting ``tls``'s CA when given);
+    the session is closed before returning."""
+    ssl = tls.client_context() if tls is not None else True
     async with (
         aiohttp.ClientSession() as session,
-        session.request(method, url, json=http.json_for(method, body)) as response,
+        session.request(method, url, json=http.json_for(method, body), ssl=ssl) as response,
     ):
         return response.status, await response.json()
 
@@ -26,11 +31,13 @@ async def put_topic(
     read_queues: int = 4,
     write_queues: int = 4,
     perm: str = "read-write",
+    tls: TlsConfig | None = None,
 ) -> None:
     status, body = await http_json(
         "PUT",
         f"{http_url}/topics/{name}",
         {"read_queues": read_queues, "write_queues": write_queues, "perm": perm},
+        tls=tls,
     )
     if status != 200:
         raise AssertionError(f"creating topic {name} failed: {status} {body}")

@@ -15,6 +15,7 @@ from metaq.client.cli.support import (
     nameservers,
     print_json,
     table,
+    tls_settings,
     topic_name,
 )
 from metaq.client.producer import Producer
@@ -104,7 +105,9 @@ async def send_messages(args: argparse.Namespace) -> int:
     body = _body(args)
     keys = tuple(k for value in args.keys for k in value.split(",") if k)
     properties = _properties(args.property)
-    producer = Producer(nameservers(args), group=args.group, send_timeout_s=args.timeout)
+    producer = Producer(
+        nameservers(args), group=args.group, send_timeout_s=args.timeout, tls=tls_settings(args)
+    )
     async with producer:
         futures = [
             producer.send_async(
