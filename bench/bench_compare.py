@@ -1,5 +1,6 @@
 """metaq side by side with NATS JetStream, RabbitMQ (stream and quorum queue) and Redis
-streams, on this machine, in one run.
+streams, on this machine, in one run; and metaq's sync-replicated pair beside the same
+peers replicating three ways (NATS JetStream on 3 servers, RabbitMQ on 3 nodes).
 
 Every server runs on loopback with its data under one temporary directory, started here
 and stopped here by process id however the run ends (``peer_servers.py``). Each system
@@ -13,13 +14,17 @@ gets the same workload, 128 B and 1 KiB bodies of random bytes, and three modes:
 
 Each cell is bounded in time (``--seconds``, at most 15) and count; each (b) cell comes
 after ``WARMUP_S`` of the same load, unmeasured. metaq runs twice:
-one broker under ASYNC flush (the row the ratios use) and a master/slave pair under sync
-replication. Each row states its durability.
+one broker under ASYNC flush (its ratios are to the one-replica peers) and a master/slave
+pair under sync replication (its ratios are to the three-replica peers, whose
+acknowledgement also waits for a second copy: a majority of three). Each row states its
+durability.
 
 Writes ``compare.md``, ``compare.png`` and ``compare.json`` to ``--out``; the last line
 printed is the JSON object (``ratio_vs_rabbitmq_stream_batched``,
-``ratio_vs_nats_batched``, ``ratio_vs_nats_sync``, ``e2e_p99_vs_best_peer_ratio``, the
-targets met, and every cell).
+``ratio_vs_nats_batched``, ``ratio_vs_nats_sync``, ``e2e_p99_vs_best_peer_ratio``,
+``sync_vs_best_r3_batched_ratio``, ``sync_vs_best_r3_one_ratio``,
+``sync_e2e_p99_vs_best_r3_ratio``, ``sync_vs_async_one_ratio``, the targets met, and
+every cell).
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ from compare_harness import Latencies as Lat
 from compare_harness import System
 from compare_report import (
     HEADLINE_SIZE,
+    R3_PEERS,
     Cell,
     SystemInfo,
     chart,
@@ -53,15 +59,24 @@ from compare_report import (
     ratio_to_plain,
     ratios,
     raw,
+    sync_ratios,
     targets_met,
 )
 from machine_stalls import StallWatch
 from metaq_load import Budget, settle_disk
 from metaq_system import Metaq, replicated_pair, single_broker, tls_broker
-from peer_nats import NatsJetStream
-from peer_rabbitmq import RabbitQuorum, RabbitStream
+from peer_nats import NatsJetStream, NatsJetStreamR3
+from peer_rabbitmq import RabbitQuorum, RabbitQuorumR3, RabbitStream, RabbitStreamR3
 from peer_redis import RedisStreams
-from peer_servers import ServerProcess, running, start_nats, start_rabbitmq, start_redis
+from peer_servers import (
+    ServerProcess,
+    running,
+    start_nats,
+    start_nats_cluster,
+    start_rabbitmq,
+    start_rabbitmq_cluster,
+    start_redis,
+)
 
 SIZES: Final = (128, 1024)
 MAX_CELL_S: Final = 15.0
@@ -109,6 +124,23 @@ def _rabbitmq(work: Path) -> Iterator[list[System]]:
 
 
 @contextmanager
+def _nats_r3(work: Path) -> Iterator[list[System]]:
+    servers: list[ServerProcess] = []
+    with running(servers):
+        servers.extend(start_nats_cluster(work))
+        yield [NatsJetStreamR3(servers[0].ports["client"])]
+
+
+@contextmanager
+def _rabbitmq_r3(work: Path) -> Iterator[list[System]]:
+    servers: list[ServerProcess] = []
+    with running(servers):
+        servers.extend(start_rabbitmq_cluster(work))
+        node = servers[1]  # the first node (servers[0] is epmd)
+        yield [RabbitStreamR3(node.ports["stream"]), RabbitQuorumR3(node.ports["amqp"])]
+
+
+@contextmanager
 def _redis(work: Path) -> Iterator[list[System]]:
     servers: list[ServerProcess] = []
     with running(servers):
@@ -124,6 +156,8 @@ LAUNCHERS: Final[dict[str, tuple[Launcher, tuple[str, ...]]]] = {
     "nats": (_nats, ("nats",)),
     "rabbitmq": (_rabbitmq, ("rabbitmq_stream", "rabbitmq_quorum")),
     "redis": (_redis, ("redis",)),
+    "nats_r3": (_nats_r3, ("nats_r3",)),
+    "rabbitmq_r3": (_rabbitmq_r3, ("rabbitmq_stream_r3", "rabbitmq_quorum_r3")),
 }
 
 
@@ -207,6 +241,13 @@ def main(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     if not 0 < args.seconds <= MAX_CELL_S or not 0 < args.e2e_seconds + 1 <= MAX_CELL_S:
         parser.error(f"every cell must take at most {MAX_CELL_S:.0f} s")
+    names = [name.strip() for name in args.only.split(",") if name.strip()]
+    unknown = [name for name in names if name not in LAUNCHERS]
+    if unknown or not names:
+        parser.error(
+            f"--only {args.only!r}: unknown {', '.join(unknown) or '(nothing named)'}; "
+            f"name one or more of {', '.join(LAUNCHERS)}, comma-separated"
+        )
 
     # A SIGTERM (a timeout, a CI cancel) unwinds like Ctrl-C, so every server is stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
@@ -216,7 +257,7 @@ def main(argv: list[str]) -> None:
     systems: list[SystemInfo] = []
     with StallWatch() as stalls:
         try:
-            for name in args.only.split(","):
+            for name in names:
                 print(f"{name}: starting", file=sys.stderr, flush=True)
                 launcher, keys = LAUNCHERS[name]
                 driven: set[str] = set()
@@ -243,8 +284,14 @@ def main(argv: list[str]) -> None:
                  "ratio_vs_nats_sync", "e2e_p99_vs_best_peer_ratio")
     }  # fmt: skip
     headline["ratio_tls_vs_plain_batched"] = ratio_to_plain(cells, "metaq_tls", HEADLINE_SIZE)
+    r3_peers = [p for p in R3_PEERS if any(s.key == p for s in systems)]
+    headline.update(
+        {k: v for k, v in sync_ratios(cells, r3_peers, HEADLINE_SIZE).items()
+         if k in ("sync_vs_best_r3_batched_ratio", "sync_vs_best_r3_one_ratio",
+                  "sync_e2e_p99_vs_best_r3_ratio", "sync_vs_async_one_ratio")}
+    )  # fmt: skip
     headline["targets_met"] = targets_met(headline)
-    ordered = [s for key in ("metaq", "metaq_sync_replicated", "metaq_tls", *PEERS)
+    ordered = [s for key in ("metaq", "metaq_sync_replicated", "metaq_tls", *PEERS, *R3_PEERS)
                for s in systems if s.key == key]  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     table = markdown(cells, ordered, SIZES, args.rate, headline, when)
@@ -257,7 +304,10 @@ def main(argv: list[str]) -> None:
             "seconds_per_cell": args.seconds,
             "e2e_seconds": args.e2e_seconds,
             "e2e_offered_msgs_s": args.rate,
-            **{f"{size}b": ratios(cells, peers, size) for size in SIZES},
+            **{
+                f"{size}b": {**ratios(cells, peers, size), **sync_ratios(cells, r3_peers, size)}
+                for size in SIZES
+            },
             **raw(cells, ordered),
         }
     )

@@ -1,5 +1,7 @@
 """The side-by-side benchmark's output: a markdown table, a chart and a JSON file of the
-raw figures, with metaq's ratio to each peer taken from cells of the same run."""
+raw figures, with metaq's ratio to each peer taken from cells of the same run: one broker
+(ASYNC flush) against the one-replica peers, the sync-replicated pair against the
+three-replica ones."""
 
 from __future__ import annotations
 
@@ -23,6 +25,10 @@ HEADLINE_SIZE: Final = 1024
 SATURATED_MS: Final = 100.0
 """An end-to-end p50 above this means the system did not keep up with the offered rate."""
 METAQ: Final = "metaq"
+METAQ_SYNC: Final = "metaq_sync_replicated"
+R3_PEERS: Final = ("nats_r3", "rabbitmq_stream_r3", "rabbitmq_quorum_r3")
+"""Peers replicating three ways, acknowledging once a majority (two copies) hold a
+message: what metaq's sync-replicated pair (two copies before the answer) is set against."""
 TARGETS: Final = {
     "ratio_vs_rabbitmq_stream_batched": (">=", 1.0),
     "ratio_vs_nats_batched": (">=", 3.0),
@@ -30,6 +36,10 @@ TARGETS: Final = {
     "e2e_p99_vs_best_peer_ratio": ("<=", 1.0),
     # What TLS on every listener costs: at most 35 % off the plain (b) figure.
     "ratio_tls_vs_plain_batched": (">=", 0.65),
+    "sync_vs_best_r3_batched_ratio": (">=", 1.0),
+    "sync_vs_best_r3_one_ratio": (">=", 1.3),
+    "sync_e2e_p99_vs_best_r3_ratio": ("<=", 1.0),
+    "sync_vs_async_one_ratio": (">=", 0.3),
 }
 
 
@@ -96,6 +106,41 @@ def ratios(cells: Sequence[Cell], peers: Sequence[str], size: int) -> dict[str, 
     peer_p99s = [p for p in (_p99(cells, peer, size) for peer in peers) if p is not None]
     out["e2e_p99_vs_best_peer_ratio"] = _ratio(
         _p99(cells, METAQ, size), min(peer_p99s) if peer_p99s else None
+    )
+    return out
+
+
+def _best(values: Sequence[float | None], pick: Any) -> float | None:
+    known = [v for v in values if v is not None and not math.isnan(v)]
+    return pick(known) if known else None
+
+
+def sync_ratios(cells: Sequence[Cell], peers: Sequence[str], size: int) -> dict[str, float | None]:
+    """metaq's sync-replicated pair ÷ each three-replica peer and ÷ the best of them
+    (the highest throughput, the lowest e2e p99), and ÷ metaq's own one broker (a)."""
+    out: dict[str, float | None] = {}
+    mine_one = _throughput(cells, METAQ_SYNC, "one_at_a_time", size)
+    mine_many = _throughput(cells, METAQ_SYNC, "in_flight", size)
+    mine_p99 = _p99(cells, METAQ_SYNC, size)
+    for peer in peers:
+        out[f"sync_vs_{peer}_one_ratio"] = _ratio(
+            mine_one, _throughput(cells, peer, "one_at_a_time", size)
+        )
+        out[f"sync_vs_{peer}_batched_ratio"] = _ratio(
+            mine_many, _throughput(cells, peer, "in_flight", size)
+        )
+        out[f"sync_e2e_p99_vs_{peer}_ratio"] = _ratio(mine_p99, _p99(cells, peer, size))
+    out["sync_vs_best_r3_one_ratio"] = _ratio(
+        mine_one, _best([_throughput(cells, p, "one_at_a_time", size) for p in peers], max)
+    )
+    out["sync_vs_best_r3_batched_ratio"] = _ratio(
+        mine_many, _best([_throughput(cells, p, "in_flight", size) for p in peers], max)
+    )
+    out["sync_e2e_p99_vs_best_r3_ratio"] = _ratio(
+        mine_p99, _best([_p99(cells, p, size) for p in peers], min)
+    )
+    out["sync_vs_async_one_ratio"] = _ratio(
+        mine_one, _throughput(cells, METAQ, "one_at_a_time", size)
     )
     return out
 
@@ -206,7 +251,7 @@ def markdown(
             f"- {labels.get(cell.system, cell.system)}, {cell.size} B: {_num(cell.msgs_s)} msgs/s "
             f"(send p50 {_num(cell.latency.p50_ms, 2)} ms, p99 {_num(cell.latency.p99_ms, 2)} ms)"
         )
-    peers = [s.key for s in systems if not s.key.startswith(METAQ)]
+    peers = [s.key for s in systems if not s.key.startswith(METAQ) and s.key not in R3_PEERS]
     lines += [
         "",
         "## metaq (one broker, ASYNC flush) ÷ each peer, same run",
@@ -225,6 +270,30 @@ def markdown(
                 f"| {_ratio_text(r[f'ratio_vs_{peer}_batched'])} "
                 f"| {_ratio_text(r[f'e2e_p99_vs_{peer}_ratio'])} |"
             )
+    r3_peers = [s.key for s in systems if s.key in R3_PEERS]
+    lines += [
+        "",
+        "## metaq (master and slave, sync replication) ÷ each three-replica peer, same run",
+        "",
+        "Each side answers once two copies hold a message (metaq: the master and its "
+        "slave; the peers: a majority of three). Throughput: metaq ÷ peer (above 1: metaq "
+        "faster). End-to-end p99: metaq ÷ peer (below 1: metaq lower).",
+        "",
+        "| peer | size | (a) one at a time | (b) in flight | (c) e2e p99 |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for peer in r3_peers:
+        for size in sizes:
+            r = sync_ratios(cells, [peer], size)
+            lines.append(
+                f"| {labels[peer]} | {size} B | {_ratio_text(r[f'sync_vs_{peer}_one_ratio'])} "
+                f"| {_ratio_text(r[f'sync_vs_{peer}_batched_ratio'])} "
+                f"| {_ratio_text(r[f'sync_e2e_p99_vs_{peer}_ratio'])} |"
+            )
+    for size in sizes:
+        own = sync_ratios(cells, [], size)["sync_vs_async_one_ratio"]
+        lines.append(f"\nmetaq's own (a), sync replication ÷ one broker, {size} B: "
+                     f"{_ratio_text(own)}")  # fmt: skip
     lines += [
         "",
         "## Targets (1 KiB)",

@@ -1,5 +1,6 @@
-"""NATS JetStream driven by nats-py: a file-storage stream of one replica; publishes wait
-for the server's PubAck."""
+"""NATS JetStream driven by nats-py: a file-storage stream of one replica, or of three
+on a three-server cluster; publishes wait for the PubAck (from the stream's leader, once
+a majority of its replicas stored the message)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,13 @@ from typing import Any, Final
 import nats
 from compare_harness import IN_FLIGHT, EndToEnd, OpenLoop
 from metaq_load import Budget
+from nats.errors import Error as NatsError
 from nats.js.api import DeliverPolicy, StorageType
 
 STREAM: Final = "BENCH"
 ACK_WAIT_S: Final = 30.0
+READY_S: Final = 60.0
+"""How long a fresh cluster may take to elect the JetStream leader that creates streams."""
 
 
 class NatsJetStream:
@@ -27,6 +31,7 @@ class NatsJetStream:
 
     def __init__(self, port: int) -> None:
         self.url = f"nats://127.0.0.1:{port}"
+        self.replicas = 1
         self._nc: Any = None
         self._js: Any = None
         self._errors = 0
@@ -34,7 +39,20 @@ class NatsJetStream:
     async def open(self) -> None:
         self._nc = await nats.connect(self.url)
         self._js = self._nc.jetstream(publish_async_max_pending=IN_FLIGHT)
-        await self._js.add_stream(name=STREAM, subjects=["bench.>"], storage=StorageType.FILE)
+        deadline = time.monotonic() + READY_S
+        while True:
+            try:
+                await self._js.add_stream(
+                    name=STREAM, subjects=["bench.>"], storage=StorageType.FILE,
+                    num_replicas=self.replicas,
+                )  # fmt: skip
+                return
+            except NatsError:
+                # A new cluster answers "JetStream system temporarily unavailable" (or
+                # times out) until its servers have elected a meta leader.
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.5)  # retry interval of a deadline-bound wait
 
     async def close(self) -> None:
         if self._nc is not None:
@@ -82,3 +100,16 @@ class NatsJetStream:
             return await run.run(send)
         finally:
             await subscription.unsubscribe()
+
+
+class NatsJetStreamR3(NatsJetStream):
+    key = "nats_r3"
+    label = "NATS JetStream, 3 replicas"
+    durability = (
+        "file store, 3 replicas on 3 servers: acked once a majority (2) wrote it to their "
+        "files (page cache); no fsync before the ack"
+    )
+
+    def __init__(self, port: int) -> None:
+        super().__init__(port)
+        self.replicas = 3

@@ -1,5 +1,7 @@
 """RabbitMQ two ways: a stream through the stream protocol (rstream, publish confirms)
-and a quorum queue through AMQP 0-9-1 (aio-pika, publisher confirms)."""
+and a quorum queue through AMQP 0-9-1 (aio-pika, publisher confirms); each of one replica
+on one node, or of three on a three-node cluster (``*R3``), where a confirm comes once a
+majority of the replicas hold the message."""
 
 from __future__ import annotations
 
@@ -29,6 +31,8 @@ class RabbitStream:
     )
     in_flight_how = f"{WINDOWS} callers × send_batch of {IN_FLIGHT // WINDOWS}, awaiting confirms"
 
+    replicas = 1
+
     def __init__(self, port: int) -> None:
         self.port = port
         self._producer: Any = None
@@ -46,7 +50,9 @@ class RabbitStream:
     async def _stream(self) -> Any:
         """A fresh stream per cell, deleted after it: the disk fills up otherwise."""
         name = next(self._names)
-        await self._producer.create_stream(name, exists_ok=True)
+        await self._producer.create_stream(
+            name, arguments={"x-initial-cluster-size": self.replicas}, exists_ok=True
+        )
         try:
             yield name
         finally:
@@ -117,6 +123,8 @@ class RabbitQuorum:
     )
     in_flight_how = f"{IN_FLIGHT:,} concurrent publishes, each awaiting its confirm"
 
+    replicas = 1
+
     def __init__(self, port: int) -> None:
         self.url = f"amqp://{USER}:{USER}@127.0.0.1:{port}/"
         self._connection: Any = None
@@ -135,7 +143,9 @@ class RabbitQuorum:
     async def _queue(self) -> Any:
         name = next(self._names)
         queue = await self._channel.declare_queue(
-            name, durable=True, arguments={"x-queue-type": "quorum"}
+            name,
+            durable=True,
+            arguments={"x-queue-type": "quorum", "x-quorum-initial-group-size": self.replicas},
         )
         try:
             yield queue
@@ -186,3 +196,23 @@ class RabbitQuorum:
                 if pending:
                     await asyncio.wait(pending, timeout=10)
                 await consuming.close()
+
+
+class RabbitStreamR3(RabbitStream):
+    key = "rabbitmq_stream_r3"
+    label = "RabbitMQ stream, 3 replicas"
+    durability = (
+        "segment files, 3 replicas on 3 nodes: confirmed once a majority (2) wrote it to "
+        "the stream's file (page cache); no fsync before the confirm"
+    )
+    replicas = 3
+
+
+class RabbitQuorumR3(RabbitQuorum):
+    key = "rabbitmq_quorum_r3"
+    label = "RabbitMQ quorum queue, 3 replicas"
+    durability = (
+        "quorum queue, 3 replicas on 3 nodes: confirmed once a majority (2) fsynced its "
+        "write-ahead log (persistent messages)"
+    )
+    replicas = 3

@@ -454,6 +454,43 @@ def test_a_slave_in_sync_at_the_term_start_that_never_fetches_drops_out_after_th
         master.check_writable()
 
 
+def test_a_send_waiting_for_copies_is_answered_while_the_acknowledging_fetch_is_handled() -> None:
+    async def scenario() -> None:
+        master_log = MemoryLog()
+        master = ReplicaSet(
+            master_log, EpochHistory(), self_id=0, epoch=1, min_in_sync=2, clock=Clock()
+        )
+        caught_up = ReplicaFetchRequest(
+            broker_id=1, epoch=1, segment_bytes=master_log.segment_bytes,
+        )  # fmt: skip
+        await master.fetch(caught_up)
+        master_log.append(b"sync-replicated")
+        answers: list[bool] = []
+        master.when_replicated(master_log.end_offset, 5.0, answers.append)
+        assert answers == []  # the slave does not hold it yet
+
+        ack = ReplicaFetchRequest(
+            broker_id=1, epoch=1, offset=master_log.end_offset,
+            acked_offset=master_log.end_offset, segment_bytes=master_log.segment_bytes,
+        )  # fmt: skip
+        handling = asyncio.ensure_future(master.fetch(ack))
+        await asyncio.sleep(0)  # one loop turn: the fetch is handled and parks
+
+        # Answered by the fetch's own handling, before it parked: no task of the send's
+        # needed another turn, and its timeout no longer fires.
+        assert answers == [True]
+        master.close()
+        await handling
+        assert answers == [True]
+
+        master_log.append(b"never copied")
+        master.when_replicated(master_log.end_offset, 0.01, answers.append)
+        await until(lambda: len(answers) == 2, "the wait timed out")
+        assert answers == [True, False]
+
+    run_async(scenario())
+
+
 def test_lag_in_seconds_counts_from_when_the_slave_last_held_the_whole_log() -> None:
     async def scenario() -> None:
         clock = Clock()

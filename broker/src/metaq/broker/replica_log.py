@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from metaq.broker.store import FlushMode, MessageStore
 from metaq.broker.store.flush import AsyncDurability
 from metaq.common.framing import Buffer
@@ -13,6 +15,7 @@ class StoreLog:
         self._durability = durability
         self._sync = store.config.flush_mode is FlushMode.SYNC
         self._flush_timeout_s = store.config.flush_timeout_ms / 1e3
+        self._dispatch_scheduled = False
 
     @property
     def segment_bytes(self) -> int:
@@ -30,7 +33,22 @@ class StoreLog:
         return self._store.commitlog.read_chunk(offset, max_bytes)
 
     def write(self, offset: int, data: Buffer) -> None:
-        self._store.append_replicated(offset, data)
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self._store.append_replicated(offset, data)
+            return
+        self._store.append_replicated(offset, data, wake_dispatcher=False)
+        # Indexing the bytes waits for the loop's next turn: by then the fetch that
+        # acknowledges them has gone out (the follower sends it before it yields), so a
+        # sync-replicated send waits neither for the dispatch nor for waking its thread.
+        if not self._dispatch_scheduled:
+            self._dispatch_scheduled = True
+            loop.call_soon(self._dispatch)
+
+    def _dispatch(self) -> None:
+        self._dispatch_scheduled = False
+        self._store.dispatch_appended()
 
     def truncate(self, offset: int) -> None:
         self._store.truncate(offset)

@@ -262,6 +262,14 @@ class GroupRole:
             return False
         return await replicas.wait_replicated(offset, self.config.replication_timeout_ms / 1e3)
 
+    def when_replicated(self, offset: int, done: Callable[[bool], None]) -> None:
+        """``done(replicated)`` as :meth:`wait_replicated` returns it, called back."""
+        replicas = self.replicas
+        if replicas is None:
+            done(False)
+            return
+        replicas.when_replicated(offset, self.config.replication_timeout_ms / 1e3, done)
+
     # --- slaves' fetches ----------------------------------------------------------------
 
     def handle_fetch(self, responder: Responder, frame: Frame) -> None:

@@ -109,8 +109,9 @@ class SendHandler:
         self._sync = config.store.flush_mode is FlushMode.SYNC
         self._flush_timeout_s = config.store.flush_timeout_ms / 1e3
         self._loop = asyncio.get_running_loop()
-        self.inflight: set[asyncio.Task[None]] = set()
-        """Sends waiting for durability; shutdown waits for them (bounded)."""
+        self.inflight: set[asyncio.Future[None]] = set()
+        """Sends waiting for durability or their slaves' copies; shutdown waits for them
+        (bounded)."""
         self.draining = False
         self._dispatch_scheduled = False
 
@@ -150,14 +151,37 @@ class SendHandler:
         self._metrics.appended(topic.name, len(msg_ids), frame.payload.nbytes)
         if frame.is_one_way:
             return
-        if (self._sync or self._role.sync) and not request.flags & SendRequest.FLAG_NO_WAIT_STORE:
+        if request.flags & SendRequest.FLAG_NO_WAIT_STORE or not (self._sync or self._role.sync):
+            responder.respond(_response(frame.request_id, SendResponse.OK, appended, msg_ids))
+        elif not self._sync:
+            self._answer_when_replicated(responder, frame.request_id, appended, msg_ids)
+        else:
             task = self._loop.create_task(
                 self._answer_when_stored(responder, frame.request_id, appended, msg_ids)
             )
             self.inflight.add(task)
             task.add_done_callback(self.inflight.discard)
-        else:
-            responder.respond(_response(frame.request_id, SendResponse.OK, appended, msg_ids))
+
+    def _answer_when_replicated(
+        self, responder: Responder, request_id: int, appended: Appended, msg_ids: list[bytes]
+    ) -> None:
+        """Answer an ASYNC-flush send once its slaves hold it: called back by the
+        replica set as the acknowledging fetch is handled, not by a task a turn later."""
+        pending: asyncio.Future[None] = self._loop.create_future()
+
+        def done(replicated: bool) -> None:
+            if pending.done():
+                return  # given up on at shutdown
+            pending.set_result(None)
+            self.inflight.discard(pending)
+            status = SendResponse.OK
+            if not replicated:
+                self._metrics.replication_timeouts.inc()
+                status = SendResponse.FLUSH_SLAVE_TIMEOUT
+            responder.respond(_response(request_id, status, appended, msg_ids))
+
+        self.inflight.add(pending)
+        self._role.when_replicated(appended.end, done)
 
     def _dispatch_soon(self) -> None:
         """Dispatch this loop turn's appends once their answers are written."""

@@ -18,6 +18,7 @@ import contextlib
 import itertools
 import socket
 import ssl as ssl_module
+from collections.abc import Awaitable
 from dataclasses import dataclass
 
 from metaq.common import auth
@@ -161,9 +162,17 @@ class DataPlaneChannel:
         )
         await self._exchange(FrameType.REPLICA_AUTH, done, _AUTH_TIMEOUT_S)
 
-    async def fetch(self, request: ReplicaFetchRequest) -> tuple[ReplicaFetchResponse, Buffer]:
+    def fetch(self, request: ReplicaFetchRequest) -> Awaitable[tuple[ReplicaFetchResponse, Buffer]]:
+        """Send the fetch now, before the caller yields (it acknowledges what the slave
+        wrote: a sync-replicated send waits for it); await the answer."""
+        request_id = self._send(FrameType.REPLICA_FETCH, request.SerializeToString())
         # The master holds a fetch for up to wait_ms; beyond that plus slack it is gone.
-        frame = await self._exchange(FrameType.REPLICA_FETCH, request, request.wait_ms / 1e3 + 5.0)
+        return self._fetched(request_id, request.wait_ms / 1e3 + 5.0)
+
+    async def _fetched(
+        self, request_id: int, timeout_s: float
+    ) -> tuple[ReplicaFetchResponse, Buffer]:
+        frame = await self._answer(FrameType.REPLICA_FETCH, request_id, timeout_s)
         return ReplicaFetchResponse.FromString(frame.header), frame.payload
 
     async def _exchange(
@@ -178,8 +187,14 @@ class DataPlaneChannel:
     async def request(self, frame_type: FrameType, header: bytes, timeout_s: float) -> Frame:
         """Any other request on this connection, answered before the next one is sent (a
         slave forwarding its consumers' offset commits); an ERROR frame raises FetchError."""
+        return await self._answer(frame_type, self._send(frame_type, header), timeout_s)
+
+    def _send(self, frame_type: FrameType, header: bytes) -> int:
         request_id = next(self._ids)
         self._writer.writelines(encode_frame(frame_type, request_id, header))
+        return request_id
+
+    async def _answer(self, frame_type: FrameType, request_id: int, timeout_s: float) -> Frame:
         async with asyncio.timeout(timeout_s):
             while True:
                 chunk = await self._reader.read(1 << 20)

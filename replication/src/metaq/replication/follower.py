@@ -29,7 +29,9 @@ log = logging.getLogger(__name__)
 
 
 class FetchChannel(Protocol):
-    async def fetch(self, request: ReplicaFetchRequest) -> tuple[ReplicaFetchResponse, Buffer]: ...
+    def fetch(self, request: ReplicaFetchRequest) -> Awaitable[tuple[ReplicaFetchResponse, Buffer]]:
+        """The answer to ``request``; a channel sends it as soon as called."""
+        ...
 
     async def close(self) -> None: ...
 
@@ -123,15 +125,14 @@ class Follower:
 
     async def _session(self, address: str) -> None:
         channel = await self._connect(address)
+        # One watcher for the whole session, not one per fetch: a fetch per message is
+        # the sync-replicated send's path, and each task costs it.
+        changed = asyncio.ensure_future(self._changed.wait())
         try:
             while not self._changed.is_set():
                 request = self.request()
-                changed = asyncio.ensure_future(self._changed.wait())
                 fetched = asyncio.ensure_future(channel.fetch(request))
-                try:
-                    await asyncio.wait({changed, fetched}, return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    changed.cancel()
+                await asyncio.wait({changed, fetched}, return_when=asyncio.FIRST_COMPLETED)
                 if self._changed.is_set():
                     # Pointed elsewhere (or promoted): not one more byte from this master.
                     fetched.cancel()
@@ -146,6 +147,7 @@ class Follower:
                 self.apply(response, payload)
                 await self.log.hold(self.log.end_offset)
         finally:
+            changed.cancel()
             await channel.close()
 
     def request(self) -> ReplicaFetchRequest:

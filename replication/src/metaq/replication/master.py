@@ -49,6 +49,24 @@ NO_CONNECTION: Final = -1
 """A slave's connection before its first fetch in this term."""
 
 
+class _Wait:
+    """One caller waiting for the slaves' copies of an offset, answered once."""
+
+    __slots__ = ("done", "finished", "timer")
+
+    def __init__(self, done: Callable[[bool], None]) -> None:
+        self.done = done
+        self.timer: asyncio.TimerHandle | None = None
+        self.finished = False
+
+    def finish(self, replicated: bool) -> None:
+        if not self.finished:
+            self.finished = True
+            if self.timer is not None:
+                self.timer.cancel()
+            self.done(replicated)
+
+
 @dataclass(slots=True)
 class SlaveState:
     broker_id: int
@@ -115,7 +133,7 @@ class ReplicaSet:
         """Under a controller: slaves seen in sync since its last commit."""
         self._on_confirmed = on_confirmed
         self._confirmed = 0
-        self._waits: list[tuple[int, int, asyncio.Future[bool]]] = []
+        self._waits: list[tuple[int, int, _Wait]] = []
         self._order = itertools.count()
         self.closed = False
 
@@ -323,31 +341,45 @@ class ReplicaSet:
         if self.replicated(offset):
             return True
         future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        heapq.heappush(self._waits, (offset, next(self._order), future))
-        try:
-            async with asyncio.timeout(timeout_s):
-                return await future
-        except TimeoutError:
-            return False
+
+        def done(replicated: bool) -> None:
+            if not future.done():
+                future.set_result(replicated)
+
+        self.when_replicated(offset, timeout_s, done)
+        return await future
+
+    def when_replicated(self, offset: int, timeout_s: float, done: Callable[[bool], None]) -> None:
+        """Call ``done(True)`` once every required slave holds the log up to ``offset``
+        (at once if they do), ``done(False)`` after ``timeout_s`` or when this term ends.
+
+        ``done`` runs inside the handling of the slave's fetch that acknowledged the
+        offset, so the send waiting on it is answered in that same loop turn, with no
+        task or future of its own to wake.
+        """
+        if self.replicated(offset):
+            done(True)
+            return
+        wait = _Wait(done)
+        wait.timer = asyncio.get_running_loop().call_later(timeout_s, wait.finish, False)
+        heapq.heappush(self._waits, (offset, next(self._order), wait))
 
     def _settle(self) -> None:
         waits = self._waits
         while waits:
-            offset, _, future = waits[0]
-            if not future.done() and not self.replicated(offset):
+            offset, _, wait = waits[0]
+            if not wait.finished and not self.replicated(offset):
                 break
             heapq.heappop(waits)
-            if not future.done():
-                future.set_result(True)
+            wait.finish(True)
 
     def close(self) -> None:
         """No longer master: wake everyone; pending waits fail."""
         self.closed = True
         self.appended()
-        for _, _, future in self._waits:
-            if not future.done():
-                future.set_result(False)
-        self._waits.clear()
+        waits, self._waits = self._waits, []
+        for _, _, wait in waits:
+            wait.finish(False)
 
     def lag_seconds(self) -> dict[int, float]:
         """Seconds since each connected slave last held all of this master's log (0 when

@@ -369,14 +369,21 @@ class MessageStore:
 
     # --- replication ------------------------------------------------------------------
 
-    def append_replicated(self, offset: int, data: bytes | bytearray | memoryview) -> None:
-        """A slave writes bytes its master read (``CommitLog.read_chunk``), verbatim."""
+    def append_replicated(
+        self, offset: int, data: bytes | bytearray | memoryview, *, wake_dispatcher: bool = True
+    ) -> None:
+        """A slave writes bytes its master read (``CommitLog.read_chunk``), verbatim.
+
+        With ``wake_dispatcher=False`` the caller calls :meth:`dispatch_appended` itself,
+        after its acknowledgement of the bytes went out.
+        """
         self.ensure_writable()
         try:
             self.commitlog.write_raw(offset, data)
         except OSError as exc:
             raise self._write_failed(exc) from exc
-        self.dispatch_service.wakeup()
+        if wake_dispatcher:
+            self.dispatch_service.wakeup()
         if self.config.flush_mode is FlushMode.SYNC:
             self.flusher.request()
         else:
