@@ -45,6 +45,8 @@ class Metaq:
         self.nameserver = nameserver
         self.http_url = http_url
         self._producer: Producer | None = None
+        self.broker_pid: int | None = None
+        """The (master) broker's process id, for what reads its /proc entry or profiles it."""
 
     @property
     def producer(self) -> Producer:
@@ -95,10 +97,12 @@ def single_broker(work: Path) -> Iterator[Metaq]:
             small_store=False,
             ready_timeout_s=60,
         ) as broker:
-            yield Metaq(
+            system = Metaq(
                 "metaq", "metaq", f"1 copy; {ASYNC_FLUSH}",
                 nameserver.grpc_address, broker.http_url,
             )  # fmt: skip
+            system.broker_pid = broker.proc.pid
+            yield system
     finally:
         nameserver.stop()
 
