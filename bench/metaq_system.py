@@ -6,7 +6,7 @@ shapes of ``bench_e2e.py`` (:mod:`metaq_load`) and, end to end, by
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Final
@@ -87,13 +87,14 @@ class Metaq:
 
 
 @contextmanager
-def single_broker(work: Path) -> Iterator[Metaq]:
-    """One nameserver and one broker, ASYNC flush; stopped however the block ends."""
+def single_broker(work: Path, store: Sequence[str] = STORE) -> Iterator[Metaq]:
+    """One nameserver and one broker, ASYNC flush, with ``store``'s settings (flags);
+    stopped however the block ends."""
     nameserver = start_nameserver(work / "ns")
     try:
         with BrokerProcess.start(
             work / "broker",
-            *("--nameserver", nameserver.grpc_address, "--flush-mode", "async", *STORE),
+            *("--nameserver", nameserver.grpc_address, "--flush-mode", "async", *store),
             small_store=False,
             ready_timeout_s=60,
         ) as broker:
