@@ -265,10 +265,14 @@ def profiling(out: Path | None, pids: dict[str, int], seconds: float) -> Iterato
         notes.extend(str(out / f"{name}.svg") for name in pids)
 
 
+def cold_backlog_bytes(args: argparse.Namespace) -> int:
+    return int(args.cold_gib * 2**30) if args.cold_gib else int(mem_total_bytes() * COLD_FACTOR)
+
+
 def cold(work: Path, args: argparse.Namespace) -> dict[str, Any]:
     memory = mem_total_bytes()
-    backlog_bytes = int(args.cold_gib * 2**30) if args.cold_gib else int(memory * COLD_FACTOR)
-    check_cold_space(work.parent, backlog_bytes)
+    backlog_bytes = cold_backlog_bytes(args)
+    check_cold_space(work.parent, backlog_bytes)  # again: the warm phase used some
     messages = backlog_bytes // COLD_SIZE
     figures: dict[str, Any] = {
         "mem_total_gib": round(memory / 2**30, 1),
@@ -435,6 +439,10 @@ def main(argv: list[str]) -> None:
     # A SIGTERM (a timeout, a CI cancel) unwinds like Ctrl-C: servers stopped, data deleted.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    run_cold = "cold" in only and not args.skip_cold
+    if run_cold:
+        # Before anything else runs: a full run should not find out after ten minutes.
+        check_cold_space(Path(tempfile.gettempdir()), cold_backlog_bytes(args))
     work = Path(tempfile.mkdtemp(prefix="metaq-bench-accumulation-"))
     warm: dict[str, Any] = {}
     cold_figures: dict[str, Any] | None = None
@@ -451,7 +459,7 @@ def main(argv: list[str]) -> None:
             finally:
                 shutil.rmtree(work / name, ignore_errors=True)
             log(f"  {name}: {warm[name]}")
-        if "cold" in only and not args.skip_cold:
+        if run_cold:
             log("cold")
             cold_figures = cold(work / "cold", args)
     finally:
