@@ -39,13 +39,17 @@ async def fill_metaq(nameserver: str, topic: str, body: bytes, messages: int) ->
 
 
 async def metaq_stored(nameserver: str, topic: str, group: str) -> tuple[int, int]:
-    """(messages stored in ``topic``, of which ``group`` committed past)."""
+    """(messages written to the new ``topic``, of which ``group`` committed past).
+
+    Counted from offset 0, not the queues' minimum: under disk pressure the broker
+    deletes segments every group has consumed, and the minimum moves up behind a drain.
+    """
     async with PullConsumer([nameserver], group) as consumer:
         stored = committed = 0
         for queue in await consumer.queues(topic, refresh=True):
             offsets = await consumer.query(topic, queue)
-            stored += offsets.max_offset - offsets.min_offset
-            committed += (offsets.committed or offsets.min_offset) - offsets.min_offset
+            stored += offsets.max_offset
+            committed += offsets.committed or 0
         return stored, committed
 
 
