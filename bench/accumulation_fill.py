@@ -53,6 +53,18 @@ async def metaq_stored(nameserver: str, topic: str, group: str) -> tuple[int, in
         return stored, committed
 
 
+async def claim_backlog(nameserver: str, topic: str, group: str) -> None:
+    """Commit ``group``'s offsets at the start of every queue of ``topic``.
+
+    Until a group has committed, the broker does not know it still needs the backlog:
+    with only a group at the topic's end, the segments count as consumed, and under disk
+    pressure (``store.disk_clean_ratio``) they are deleted before the drain begins.
+    """
+    async with PullConsumer([nameserver], group) as consumer:
+        for queue in await consumer.queues(topic, refresh=True):
+            await consumer.commit(topic, queue, (await consumer.query(topic, queue)).min_offset)
+
+
 async def fill_rabbitmq_stream(port: int, stream: str, body: bytes, messages: int) -> int:
     """Messages stored: ``messages``, rounded up to whole batches (as for Redis)."""
     from rstream import Producer as StreamProducer

@@ -51,6 +51,7 @@ from typing import Any, Final
 import uvloop
 from accumulation_fill import (
     Role,
+    claim_backlog,
     cpu_seconds,
     disk_read_mb_s,
     drop_page_cache,
@@ -81,6 +82,7 @@ LIVE_SIZE: Final = 1024
 TOPIC: Final = "Accumulation"
 COLD_TOPIC: Final = "ColdBacklog"
 GROUP: Final = "drain"
+COLD_GROUP: Final = "cold-drain"
 DRAIN_TIMEOUT_S: Final = 600.0
 COLD_HEADROOM_BYTES: Final = 4 << 30
 """Beyond the backlog: the producer's own messages, indexes, the peers' logs."""
@@ -288,6 +290,7 @@ def cold(work: Path, args: argparse.Namespace) -> dict[str, Any]:
         began = time.monotonic()
         run(fill_metaq(metaq.nameserver, COLD_TOPIC, os.urandom(COLD_SIZE), messages))
         figures["fill_s"] = round(time.monotonic() - began, 1)
+        run(claim_backlog(metaq.nameserver, COLD_TOPIC, COLD_GROUP))
         segments = _segments(work / "broker")
         os.sync()
         rate, how = disk_read_mb_s(segments, 4 << 30)
@@ -299,7 +302,7 @@ def cold(work: Path, args: argparse.Namespace) -> dict[str, Any]:
         common = {"nameserver": metaq.nameserver, "topic": COLD_TOPIC}
         producer = Role.start("cold_producer", rate=args.cold_rate, size=LIVE_SIZE, **common)
         realtime = Role.start("cold_realtime", group="realtime", queues=QUEUES, **common)
-        drain = Role.start("metaq", group="cold-drain", **common)
+        drain = Role.start("metaq", group=COLD_GROUP, **common)
         started += [producer, realtime, drain]
         for role in started:
             role.wait_ready(60)
