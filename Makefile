@@ -18,7 +18,7 @@ STAMP := .venv/.setup-stamp
 
 PYTEST_ARGS ?=
 
-.PHONY: setup ci-deps test lint dist deploy-lint deploy-test generate check-generated run store-demo spark-demo bench-spark bench-store bench-framing bench-idle-poll bench-e2e bench-failover bench-features bench-compare bench-metaq2 chaos clean
+.PHONY: setup ci-deps test lint dist deploy-lint deploy-test generate check-generated run store-demo spark-demo bench-spark bench-store bench-framing bench-idle-poll bench-e2e bench-failover bench-features bench-compare bench-accumulation bench-metaq2 chaos clean
 
 setup: $(STAMP)
 
@@ -122,6 +122,17 @@ bench-compare: setup
 	sh bench/install_peers.sh
 	$(UV) sync --frozen --all-packages --group bench
 	$(UV) run --frozen --group bench python bench/bench_compare.py $(COMPARE_ARGS)
+
+# Consumers catching up on a backlog (docs/benchmarks.md): warm, beside RabbitMQ stream,
+# NATS JetStream and Redis streams, and cold (1.5x memory on disk, page cache dropped)
+# while a producer sends at 20,000 msgs/s. Needs root for the peers' packages and the
+# cache drop, and about 40 GB free for the cold phase; the last line is a JSON object.
+# make bench-accumulation ACCUMULATION_ARGS="--warm-messages 200000 --cold-gib 2"
+ACCUMULATION_ARGS ?=
+bench-accumulation: setup
+	sh bench/install_peers.sh
+	$(UV) sync --frozen --all-packages --group bench
+	$(UV) run --frozen --group bench python bench/bench_accumulation.py $(ACCUMULATION_ARGS)
 
 # MetaQ 2.0's performance table (flush mode x partitions x size) run against metaq here,
 # printed beside the original figures; the last line is a JSON object.

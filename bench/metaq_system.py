@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Final
@@ -56,6 +56,8 @@ class Metaq:
         self.http_url = http_url
         self.tls = tls
         self._producer: Producer | None = None
+        self.broker_pid: int | None = None
+        """The (master) broker's process id, for what reads its /proc entry or profiles it."""
 
     @property
     def producer(self) -> Producer:
@@ -97,20 +99,23 @@ class Metaq:
 
 
 @contextmanager
-def single_broker(work: Path) -> Iterator[Metaq]:
-    """One nameserver and one broker, ASYNC flush; stopped however the block ends."""
+def single_broker(work: Path, store: Sequence[str] = STORE) -> Iterator[Metaq]:
+    """One nameserver and one broker, ASYNC flush, with ``store``'s settings (flags);
+    stopped however the block ends."""
     nameserver = start_nameserver(work / "ns")
     try:
         with BrokerProcess.start(
             work / "broker",
-            *("--nameserver", nameserver.grpc_address, "--flush-mode", "async", *STORE),
+            *("--nameserver", nameserver.grpc_address, "--flush-mode", "async", *store),
             small_store=False,
             ready_timeout_s=60,
         ) as broker:
-            yield Metaq(
+            system = Metaq(
                 "metaq", "metaq", f"1 copy; {ASYNC_FLUSH}",
                 nameserver.grpc_address, broker.http_url,
             )  # fmt: skip
+            system.broker_pid = broker.proc.pid
+            yield system
     finally:
         nameserver.stop()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import zlib
 
@@ -183,3 +184,12 @@ def test_every_record_of_a_buffer_can_be_re_aimed_at_another_queue() -> None:
     assert [r.queue_id for r in records] == [5, 5, 5]
     # A batch's ids are consecutive and named by the first one's number.
     assert [r.msg_id.hex() for r in records] == [msg_id_hex(first + n) for n in range(3)]
+
+
+def test_a_decoded_message_is_as_frozen_as_one_built_by_hand() -> None:
+    message = decode_message(_sealed(RecordEncoder().encode("orders", b"hello", 1, "", (), {})))
+
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        message.body = b"changed"  # type: ignore[misc]
+    assert dataclasses.replace(message, body=b"other").topic == "orders"
+    assert repr(message).startswith("Message(topic='orders', body=b'hello'")

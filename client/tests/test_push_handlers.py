@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from metaq.client.handlers import ConsumeStats, HandlerPool
 from metaq.client.message import Message
@@ -166,3 +167,56 @@ def test_the_byte_budget_blocks_pulling_too() -> None:
     assert not queue.full
     _messages(queue, 1, size=10)
     assert queue.full
+
+
+def test_a_backlog_runs_on_at_most_concurrency_tasks_not_one_per_message() -> None:
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        created = 0
+
+        def counting_factory(loop: asyncio.AbstractEventLoop, coro: Any) -> asyncio.Task[Any]:
+            nonlocal created
+            created += 1
+            return asyncio.Task(coro, loop=loop)
+
+        pool = HandlerPool(4, max_attempts=1, retry_backoff_s=0, stats=ConsumeStats())
+        queue = _queue(max_messages=2000)
+        handled = 0
+
+        async def handler() -> None:
+            nonlocal handled
+            handled += 1
+
+        loop.set_task_factory(counting_factory)
+        for message in _messages(queue, 1000):
+            pool.submit(queue, [message], handler)
+        await pool.drain(5)
+        loop.set_task_factory(None)
+        assert handled == 1000
+        assert created <= 4, f"{created} tasks for 1,000 messages"
+        assert queue.offsets.commit_offset == 1000
+
+    asyncio.run(scenario())
+
+
+def test_a_call_submitted_as_the_last_worker_ends_is_still_run() -> None:
+    async def scenario() -> None:
+        pool = HandlerPool(1, max_attempts=1, retry_backoff_s=0, stats=ConsumeStats())
+        queue = _queue()
+        first, second = _messages(queue, 2)
+        done: list[int] = []
+
+        async def record_first() -> None:
+            done.append(first.queue_offset)
+
+        async def record_second() -> None:
+            done.append(second.queue_offset)
+
+        pool.submit(queue, [first], record_first)
+        await pool.drain(5)  # the worker took the call and ended: the FIFO was empty
+        pool.submit(queue, [second], record_second)
+        await pool.drain(5)
+        assert done == [0, 1]
+        assert queue.offsets.commit_offset == 2
+
+    asyncio.run(scenario())

@@ -166,6 +166,12 @@ class BrokerMetrics:
             "PULLs answered at once with nothing because max_parked_pulls were parked",
             registry=r,
         )
+        self.pulls_read_in = Counter(
+            "metaq_pulls_read_in",
+            "PULLs for records behind the page-cache window, read in from disk on a "
+            "reader thread before the answer",
+            registry=r,
+        )
         self.idle_polled = Counter(
             "metaq_idle_poll_seconds",
             "Seconds the event loop polled for a next request instead of sleeping (idle_poll_us)",

@@ -309,6 +309,7 @@ class Broker:
             released = self._pull.long_polls.release_all()
             if released:
                 log.info("answered %d parked long polls", released)
+            self._pull.cold_reads.close()
         if self._data is not None:
             await self._data.close_connections(grace_s)
         if self._http is not None:

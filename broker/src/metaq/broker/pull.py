@@ -7,6 +7,11 @@ records exactly as stored: memoryviews of the mapped commitlog handed to
 :class:`LongPolls` until the dispatcher adds entries to that queue or its time is up;
 once ``max_parked_pulls`` are parked, such a pull is answered at once instead.
 
+A pull for records the broker no longer keeps in the page cache (a group catching up
+on a backlog) is read in from disk on a reader thread before it is answered
+(:mod:`metaq.broker.cold_reads`), so its page faults never stop the loop that serves
+sends and the other pulls.
+
 A master serves records only up to what every slave that could be elected holds
 (:meth:`GroupRole.readable_end`): a record past that may be cut by a failover and its
 queue offset reused by another message, which a consumer that had read the first would
@@ -21,6 +26,7 @@ import bisect
 import logging
 from typing import Final
 
+from metaq.broker.cold_reads import ColdReads
 from metaq.broker.config import BrokerConfig
 from metaq.broker.connection import Responder
 from metaq.broker.consumers import ConsumerGroups
@@ -74,6 +80,12 @@ class PullHandler:
         """Set at shutdown: pulls are answered at once, never parked."""
         self._refused_groups: set[str] = set()
         """Groups whose piggybacked commits were refused and logged (counted always)."""
+        # With no window (commitlog_cache_bytes = 0) the kernel alone decides what stays
+        # cached: nothing is known cold.
+        window = store.page_cache
+        self.cold_reads = ColdReads(
+            store.commitlog.segments, lambda: window.released if window.keep_bytes else 0
+        )
 
     def handle(self, responder: Responder, frame: Frame) -> None:
         request = PullRequest.FromString(frame.header)
@@ -214,6 +226,15 @@ class PullHandler:
             )
 
     def _answer(self, pull: PendingPull, result: GetResult) -> None:
+        if result.records and self.cold_reads.is_cold(result.log_start):
+            self._metrics.pulls_read_in.inc()
+            self.cold_reads.read_then(
+                result.log_start, result.log_end, lambda: self._respond(pull, result)
+            )
+            return
+        self._respond(pull, result)
+
+    def _respond(self, pull: PendingPull, result: GetResult) -> None:
         records = result.records
         header = PullResponse(
             status=_STATUS[result.status],

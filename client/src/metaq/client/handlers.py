@@ -1,8 +1,8 @@
 """Running a push consumer's handlers: bounded concurrency, bounded retries, offsets finished.
 
-Each message (or batch, for ``subscribe_batch``) a pull loop hands over becomes one task
-that waits for one of ``concurrency`` slots, calls the handler, and on an exception
-calls it again after a back-off (the slot is given back while it waits, so a failing
+Each message (or batch, for ``subscribe_batch``) a pull loop hands over becomes one call
+in a FIFO that at most ``concurrency`` worker tasks take from; a call whose handler
+raises is queued again after a back-off (no worker waits meanwhile, so a failing
 message never holds up the others) up to ``max_attempts`` calls in all. Then — success
 or not — the messages are marked finished in their queue, which lets the committed
 offset move past them.
@@ -13,8 +13,9 @@ finished; when it cannot be sent back it is retried here after a back-off until 
 can. Without the hook (broadcasting) it gets ``max_attempts`` calls, an ERROR log line
 naming its topic, queue, offset and message id, and is then skipped.
 
-A handler task cancelled at close (it outlived ``close_timeout_s``) does **not** mark its
-messages finished, so the offset stops below them and they are delivered again later.
+A handler call cancelled at close (it outlived ``close_timeout_s``), or not started by
+then, does **not** mark its messages finished, so the offset stops below them and they
+are delivered again later.
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from metaq.client.message import Message
@@ -70,8 +72,28 @@ class ConsumeStats:
     """Rebalances that changed this consumer's queues."""
 
 
+@dataclass(slots=True, eq=False)
+class _Call:
+    """One submitted handler call and how it fared so far."""
+
+    queue: ProcessQueue[Any]
+    messages: Sequence[Message]
+    call: Callable[[], Awaitable[object]]
+    attempt: int = 0
+    sent: set[int] = field(default_factory=set)
+    """Indexes of ``messages`` already sent back for a retry."""
+    timer: asyncio.TimerHandle | None = None
+    """While backing off: what queues the call again."""
+
+
 class HandlerPool:
-    """Runs handler calls as tasks, at most ``concurrency`` at a time."""
+    """Runs handler calls on at most ``concurrency`` worker tasks.
+
+    Workers take calls from one FIFO and live while it has any: a backlog of a million
+    messages costs ``concurrency`` tasks, not one task (and its scheduling, and its
+    done-callback) per message. A worker that finds the FIFO empty ends, so an idle
+    consumer holds no tasks.
+    """
 
     def __init__(
         self,
@@ -82,18 +104,22 @@ class HandlerPool:
         send_back: SendBackHook | None = None,
     ) -> None:
         self._send_back = send_back
-        self._slots = asyncio.Semaphore(concurrency)
+        self._concurrency = concurrency
         self._max_attempts = max_attempts
         self._retry_backoff_s = retry_backoff_s
         self._stats = stats
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._ready: deque[_Call] = deque()
+        self._workers: set[asyncio.Task[None]] = set()
+        self._busy = 0
+        """Calls a worker took and has not finished."""
+        self._backing_off: set[_Call] = set()
         self._idle = asyncio.Event()
         self._idle.set()
 
     @property
     def running(self) -> int:
-        """Handler tasks not finished yet (running, waiting for a slot or backing off)."""
-        return len(self._tasks)
+        """Handler calls not finished yet (running, waiting for a worker or backing off)."""
+        return len(self._ready) + self._busy + len(self._backing_off)
 
     def submit(
         self,
@@ -102,68 +128,94 @@ class HandlerPool:
         call: Callable[[], Awaitable[object]],
     ) -> None:
         """Run ``call`` for ``messages`` of ``queue``, which are already in its in-flight set."""
-        task = asyncio.get_running_loop().create_task(self._run(queue, messages, call))
-        self._tasks.add(task)
-        self._idle.clear()
-        task.add_done_callback(self._done)
+        self._enqueue(_Call(queue, messages, call))
 
-    def _done(self, task: asyncio.Task[None]) -> None:
-        self._tasks.discard(task)
-        if not self._tasks:
+    def _enqueue(self, item: _Call) -> None:
+        self._ready.append(item)
+        self._idle.clear()
+        if len(self._workers) < self._concurrency and len(self._ready) > self._waiting_workers:
+            self._workers.add(asyncio.get_running_loop().create_task(self._work()))
+
+    @property
+    def _waiting_workers(self) -> int:
+        """Workers that will take a call without a new one being started."""
+        return len(self._workers) - self._busy
+
+    def _check_idle(self) -> None:
+        if not self.running:
             self._idle.set()
 
-    async def _run(
-        self,
-        queue: ProcessQueue[Any],
-        messages: Sequence[Message],
-        call: Callable[[], Awaitable[object]],
-    ) -> None:
-        # Cancellation (close after its timeout) skips the finishing below on purpose.
-        sent: set[int] = set()
-        attempt = 0
-        while True:
-            attempt += 1
-            async with self._slots:
+    async def _work(self) -> None:
+        ready = self._ready
+        try:
+            while ready:
+                item = ready.popleft()
+                self._busy += 1
                 try:
-                    if await call() is LATER:
-                        raise ReconsumeLater("the handler asked to see the message later")
-                except Exception as exc:
-                    self._stats.failed_attempts += 1
-                    failure: Exception = exc
-                else:
-                    self._stats.handled += len(messages)
-                    break
-            if self._send_back is not None:
-                # Sent back, a message counts as consumed: its retry comes later.
-                for index, message in enumerate(messages):
-                    if index not in sent and await self._send_back(queue, message, failure):
-                        sent.add(index)
-                if len(sent) == len(messages):
-                    self._stats.sent_back += len(messages)
-                    break
-            elif attempt >= self._max_attempts:
-                self._stats.skipped += len(messages)
-                log.error(
-                    "handler failed %d times for %s; skipping it: %r",
-                    self._max_attempts,
-                    _describe(queue, messages),
-                    failure,
-                )
-                break
-            log.warning(
-                "handler failed for %s (attempt %d), retrying here: %r",
-                _describe(queue, messages),
-                attempt,
+                    await self._attempt(item)
+                finally:
+                    # Cancelled (close after its timeout): its messages stay unfinished.
+                    self._busy -= 1
+                    self._check_idle()
+        finally:
+            # Out of the set before the task ends, not in a done callback: a call
+            # submitted in between must not count on this worker to take it.
+            self._workers.discard(asyncio.current_task())
+
+    async def _attempt(self, item: _Call) -> None:
+        item.attempt += 1
+        try:
+            if await item.call() is LATER:
+                raise ReconsumeLater("the handler asked to see the message later")
+        except Exception as exc:
+            self._stats.failed_attempts += 1
+            if not await self._failed(item, exc):
+                return  # tried again after a back-off
+        else:
+            self._stats.handled += len(item.messages)
+        for message in item.messages:
+            item.queue.finish(message.queue_offset)
+
+    async def _failed(self, item: _Call, failure: Exception) -> bool:
+        """True when the call's messages are done with (sent back or skipped); otherwise
+        the call is queued again after a back-off (no worker waits meanwhile)."""
+        messages = item.messages
+        if self._send_back is not None:
+            # Sent back, a message counts as consumed: its retry comes later.
+            for index, message in enumerate(messages):
+                if index not in item.sent and await self._send_back(item.queue, message, failure):
+                    item.sent.add(index)
+            if len(item.sent) == len(messages):
+                self._stats.sent_back += len(messages)
+                return True
+        elif item.attempt >= self._max_attempts:
+            self._stats.skipped += len(messages)
+            log.error(
+                "handler failed %d times for %s; skipping it: %r",
+                self._max_attempts,
+                _describe(item.queue, messages),
                 failure,
             )
-            await asyncio.sleep(min(self._retry_backoff_s * 2 ** (attempt - 1), 5.0))
-        for message in messages:
-            queue.finish(message.queue_offset)
+            return True
+        log.warning(
+            "handler failed for %s (attempt %d), retrying here: %r",
+            _describe(item.queue, messages),
+            item.attempt,
+            failure,
+        )
+        delay = min(self._retry_backoff_s * 2 ** (item.attempt - 1), 5.0)
+        self._backing_off.add(item)
+        item.timer = asyncio.get_running_loop().call_later(delay, self._retry, item)
+        return False
+
+    def _retry(self, item: _Call) -> None:
+        self._backing_off.discard(item)
+        self._enqueue(item)
 
     async def drain(self, timeout_s: float) -> int:
-        """Wait for every handler task; cancel those still running after ``timeout_s``.
+        """Wait for every handler call; cancel those still running after ``timeout_s``.
 
-        Returns how many were cancelled (their messages stay uncommitted).
+        Returns how many were unfinished (their messages stay uncommitted).
         """
         try:
             async with asyncio.timeout(timeout_s):
@@ -171,15 +223,24 @@ class HandlerPool:
             return 0
         except TimeoutError:
             pass
-        tasks = list(self._tasks)
-        for task in tasks:
+        for item in self._backing_off:
+            if item.timer is not None:
+                item.timer.cancel()
+        # Calls not started yet are dropped with the ones cancelled: no worker takes them.
+        unfinished = self.running
+        self._backing_off.clear()
+        self._ready.clear()
+        workers = list(self._workers)
+        for task in workers:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        if tasks:
+        await asyncio.gather(*workers, return_exceptions=True)
+        if unfinished:
             log.warning(
-                "%d message handlers outlived the close timeout and were cancelled", len(tasks)
+                "%d message handler calls outlived the close timeout and were cancelled",
+                unfinished,
             )
-        return len(tasks)
+        self._idle.set()
+        return unfinished
 
 
 def _describe(queue: ProcessQueue[Any], messages: Sequence[Message]) -> str:

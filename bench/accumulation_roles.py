@@ -1,0 +1,373 @@
+"""The processes ``bench_accumulation.py`` starts: one consumer draining a backlog (metaq's
+push consumer, RabbitMQ stream, NATS JetStream, Redis streams), and the cold phase's
+open-loop producer and real-time consumer.
+
+Run as ``python accumulation_roles.py ROLE 'JSON'``. Every role speaks the same line
+protocol with its parent, so the parent times each system alike:
+
+- the role prints ``ready`` once connected and set up, then waits for a ``go JSON`` line
+  (the schedule, in ``time.monotonic()`` seconds: one clock for every process here);
+- a drain prints ``progress COUNT BYTES LAST ENDS`` every :data:`PROGRESS_S` (messages
+  and body bytes so far, when the last arrived, and for metaq a JSON map of queue id to
+  one past the highest queue offset received: how the parent tells that two processes
+  of a group have drained everything, since a rebalance makes them repeat some);
+- on ``stop`` it stops consuming and prints ``result JSON``, its last line.
+
+A drain's consumer is what a user of that system gets by default, or the way its docs
+drain a backlog: nothing here is tuned for the benchmark.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import struct
+import sys
+import threading
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, Final
+
+import uvloop
+
+PROGRESS_S: Final = 0.1
+STAMP: Final = struct.Struct("<BQ")
+"""The cold phase's bodies begin with (phase, scheduled send time in ns)."""
+PHASES: Final = {1: "baseline", 2: "cold"}
+TICK_S: Final = 0.001
+ANSWER_WAIT_S: Final = 30.0
+"""How long the producer waits for its last sends' answers after the schedule ends."""
+
+
+class Parent:
+    """The stdin/stdout protocol, from the child's side."""
+
+    def __init__(self) -> None:
+        self.go: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self.stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+
+        def read() -> None:  # a thread: stdin is a blocking pipe
+            for line in sys.stdin:
+                word, _, rest = line.strip().partition(" ")
+                if word == "go":
+                    loop.call_soon_threadsafe(self.go.set_result, json.loads(rest or "{}"))
+                elif word == "stop":
+                    loop.call_soon_threadsafe(self.stop.set)
+            loop.call_soon_threadsafe(self.stop.set)  # the parent went away
+
+        threading.Thread(target=read, daemon=True).start()
+
+    @staticmethod
+    def say(*words: object) -> None:
+        print(*words, flush=True)
+
+
+class Counter:
+    """Messages and body bytes received, and when the last one came."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.bytes = 0
+        self.last = 0.0
+        self.ends: dict[int, int] = {}
+
+    def add(self, size: int, n: int = 1) -> None:
+        self.count += n
+        self.bytes += size
+        self.last = time.monotonic()
+
+    def reached(self, queue_id: int, offset: int) -> None:
+        if offset >= self.ends.get(queue_id, 0):
+            self.ends[queue_id] = offset + 1
+
+    async def report(self, parent: Parent) -> None:
+        while not parent.stop.is_set():
+            parent.say("progress", self.count, self.bytes, self.last, json.dumps(self.ends))
+            await asyncio.sleep(PROGRESS_S)  # the report's period, not synchronisation
+
+
+async def _drain(
+    parent: Parent, counter: Counter, consume: Callable[[], Coroutine[Any, Any, None]]
+) -> dict[str, Any]:
+    """Run ``consume`` from ``go`` until ``stop``, reporting progress meanwhile."""
+    parent.say("ready")
+    await parent.go
+    cpu_began = time.process_time()
+    reporter = asyncio.create_task(counter.report(parent))
+    task = asyncio.create_task(consume())
+    stopped = asyncio.create_task(parent.stop.wait())
+    await asyncio.wait([task, stopped], return_when=asyncio.FIRST_COMPLETED)
+    if task.done():
+        task.result()  # a consumer that died says why
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    await reporter
+    return {
+        "cpu_s": time.process_time() - cpu_began,
+        "count": counter.count,
+        "bytes": counter.bytes,
+        "last": counter.last,
+        "ends": counter.ends,
+    }
+
+
+async def metaq_drain(args: dict[str, Any]) -> dict[str, Any]:
+    """metaq's push consumer with its default settings (it commits every second, on
+    pulls and at close)."""
+    from metaq.client.consumer import Message, PushConsumer
+
+    parent, counter = Parent(), Counter()
+    consumer = PushConsumer([args["nameserver"]], args["group"])
+
+    async def handle(message: Message) -> None:
+        counter.add(len(message.body))
+        counter.reached(message.queue_id, message.queue_offset)
+
+    consumer.subscribe(args["topic"], handle)
+
+    async def consume() -> None:
+        await consumer.start()
+        await asyncio.Event().wait()  # the handlers run until stopped
+
+    try:
+        return await _drain(parent, counter, consume)
+    finally:
+        await consumer.close()  # commits what was handled
+
+
+async def rabbitmq_stream_drain(args: dict[str, Any]) -> dict[str, Any]:
+    """rstream's consumer from the stream's first offset, default credit."""
+    from rstream import Consumer, ConsumerOffsetSpecification, OffsetType
+
+    parent, counter = Parent(), Counter()
+    consumer = Consumer("127.0.0.1", args["port"], username="guest", password="guest")
+
+    def handle(message: Any, _context: Any) -> None:
+        counter.add(len(message))
+
+    async def consume() -> None:
+        await consumer.start()
+        first = ConsumerOffsetSpecification(OffsetType.FIRST, None)
+        await consumer.subscribe(args["stream"], handle, offset_specification=first)
+        await asyncio.Event().wait()
+
+    try:
+        return await _drain(parent, counter, consume)
+    finally:
+        await consumer.close()
+
+
+async def nats_drain(args: dict[str, Any]) -> dict[str, Any]:
+    """A durable JetStream pull consumer fetching batches, acknowledging each batch by its
+    last message (``AckPolicy.ALL``: the stream's equivalent of committing an offset)."""
+    import nats
+    from nats.errors import TimeoutError as NatsTimeout
+    from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+    parent, counter = Parent(), Counter()
+    nc = await nats.connect(f"nats://127.0.0.1:{args['port']}")
+    js = nc.jetstream()
+    config = ConsumerConfig(ack_policy=AckPolicy.ALL, deliver_policy=DeliverPolicy.ALL)
+    subscription = await js.pull_subscribe(
+        args["subject"], durable="drain", stream=args["stream"], config=config
+    )
+
+    async def consume() -> None:
+        while True:
+            try:
+                batch = await subscription.fetch(args["batch"], timeout=5)
+            except NatsTimeout:
+                continue
+            for message in batch:
+                counter.add(len(message.data))
+            await batch[-1].ack()
+
+    try:
+        return await _drain(parent, counter, consume)
+    finally:
+        await nc.close()
+
+
+async def redis_drain(args: dict[str, Any]) -> dict[str, Any]:
+    """XRANGE in batches from the stream's start, each from just past the last id."""
+    import redis.asyncio as aioredis
+
+    parent, counter = Parent(), Counter()
+    client: Any = aioredis.Redis(host="127.0.0.1", port=args["port"])
+    stream, batch = args["stream"], args["batch"]
+
+    async def consume() -> None:
+        start = "-"
+        while True:
+            entries = await client.xrange(stream, min=start, count=batch)
+            if not entries:
+                await asyncio.sleep(0.01)  # at the end: what a poller does
+                continue
+            for _id, fields in entries:
+                counter.add(len(fields[b"d"]))
+            start = b"(" + entries[-1][0]
+
+    try:
+        return await _drain(parent, counter, consume)
+    finally:
+        await client.aclose()
+
+
+def _percentiles(latencies_ns: list[int]) -> dict[str, float | int]:
+    ordered = sorted(latencies_ns)
+    if not ordered:
+        return {"n": 0, "p50_ms": float("nan"), "p99_ms": float("nan")}
+
+    def at(fraction: float) -> float:
+        return round(ordered[min(len(ordered) - 1, int(len(ordered) * fraction))] / 1e6, 3)
+
+    return {"n": len(ordered), "p50_ms": at(0.5), "p99_ms": at(0.99), "max_ms": at(1.0)}
+
+
+def _phase_of(sched: float, go: dict[str, Any]) -> int:
+    if go["baseline"][0] <= sched < go["baseline"][1]:
+        return 1
+    if go["cold"][0] <= sched < go["cold"][1]:
+        return 2
+    return 0
+
+
+async def cold_producer(args: dict[str, Any]) -> dict[str, Any]:
+    """Sends ``rate`` msgs/s open loop (each message at its scheduled time, whether or not
+    earlier ones were answered) from ``go["start"]`` to ``go["end"]``; a send's latency
+    runs from its scheduled time to its acknowledgement."""
+    from ticker import Ticker
+
+    from metaq.client.producer import Producer
+
+    parent = Parent()
+    rate, size, topic = args["rate"], args["size"], args["topic"]
+    padding = b"x" * (size - STAMP.size)
+    latencies: dict[int, list[int]] = {1: [], 2: [], 0: []}
+    acked_last: dict[int, int] = {1: 0, 2: 0, 0: 0}
+    errors = 0
+    behind_max_s = 0.0
+    async with Producer([args["nameserver"]], linger_ms=0.5) as producer:
+        await producer.send(topic, STAMP.pack(0, time.monotonic_ns()) + padding)  # warm
+        parent.say("ready")
+        go = await parent.go
+
+        def acked(sched_ns: int, phase: int, future: asyncio.Future[Any]) -> None:
+            nonlocal errors
+            if future.exception() is not None:
+                errors += 1
+                return
+            now = time.monotonic_ns()
+            latencies[phase].append(now - sched_ns)
+            acked_last[phase] = max(acked_last[phase], now)
+
+        start, end = go["start"], go["end"]
+        sent = 0
+        pending: list[asyncio.Future[Any]] = []
+        with Ticker(TICK_S, start) as ticker:
+            await ticker.wait()
+            while (now := time.monotonic()) < end:
+                due = int((now - start) * rate) + 1
+                if sent < due:
+                    behind_max_s = max(behind_max_s, now - (start + sent / rate))
+                for index in range(sent, due):
+                    sched = start + index / rate
+                    sched_ns = int(sched * 1e9)
+                    phase = _phase_of(sched, go)
+                    future = producer.send_async(topic, STAMP.pack(phase, sched_ns) + padding)
+                    future.add_done_callback(
+                        lambda f, s=sched_ns, p=phase: acked(s, p, f)  # type: ignore[misc]
+                    )
+                    pending.append(future)
+                sent = max(sent, due)
+                if len(pending) > 100_000:
+                    pending = [f for f in pending if not f.done()]
+                await ticker.wait()
+        # Bounded: a producer starved of CPU may have fallen minutes behind.
+        pending = [f for f in pending if not f.done()]
+        unanswered = 0
+        if pending:
+            _, late = await asyncio.wait(pending, timeout=ANSWER_WAIT_S)
+            unanswered = len(late)
+    result: dict[str, Any] = {
+        "sent": sent,
+        "errors": errors,
+        "unanswered": unanswered,
+        "behind_max_s": round(behind_max_s, 3),
+    }
+    for phase, name in PHASES.items():
+        window = go[name][1] - go[name][0]
+        figures = _percentiles(latencies[phase])
+        # Acknowledged per second over the phase's schedule, to the last acknowledgement.
+        took = max(window, acked_last[phase] / 1e9 - go[name][0]) if latencies[phase] else window
+        figures["acked_msgs_s"] = round(len(latencies[phase]) / took, 1)
+        result[name] = figures
+    parent.say("result", json.dumps(result))
+    await parent.stop.wait()
+    return result
+
+
+async def cold_realtime(args: dict[str, Any]) -> dict[str, Any]:
+    """A push consumer (default settings) of its own group, from the topic's end: each
+    message's end-to-end latency, scheduled send to handler."""
+    from metaq.client.consumer import LAST, Message, PushConsumer
+
+    parent = Parent()
+    latencies: dict[int, list[int]] = {1: [], 2: [], 0: []}
+    consumer = PushConsumer([args["nameserver"]], args["group"], consume_from=LAST)
+
+    async def handle(message: Message) -> None:
+        phase, sched_ns = STAMP.unpack_from(message.body)
+        latencies.get(phase, latencies[0]).append(time.monotonic_ns() - sched_ns)
+
+    consumer.subscribe(args["topic"], handle)
+    await consumer.start()
+    try:
+        deadline = time.monotonic() + 30
+        # Ready once every queue is taken with its start committed: nothing sent from
+        # now on is missed.
+        while not (
+            len(consumer.assigned_queues) == args["queues"]
+            and all(
+                (q := consumer.queue_state(k)) is not None and q.committed is not None
+                for k in consumer.assigned_queues
+            )
+        ):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the real-time consumer did not take every queue in 30 s")
+            await asyncio.sleep(0.01)  # poll interval of a deadline-bound wait
+        parent.say("ready")
+        await parent.go
+        await parent.stop.wait()
+    finally:
+        await consumer.close()
+    result = {name: _percentiles(latencies[phase]) for phase, name in PHASES.items()}
+    parent.say("result", json.dumps(result))
+    return result
+
+
+ROLES: Final[dict[str, Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]]] = {
+    "metaq": metaq_drain,
+    "rabbitmq_stream": rabbitmq_stream_drain,
+    "nats": nats_drain,
+    "redis": redis_drain,
+    "cold_producer": cold_producer,
+    "cold_realtime": cold_realtime,
+}
+
+
+def main() -> None:
+    role, args = sys.argv[1], json.loads(sys.argv[2])
+
+    async def run() -> None:
+        result = await ROLES[role](args)
+        if role not in ("cold_producer", "cold_realtime"):
+            Parent.say("result", json.dumps(result))
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(run())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""A pull for records the broker handed back from the page cache is read in on a reader
+thread before its answer, and one at the log's head is answered straight away."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from metaq.broker.testing import BrokerProcess, DataClient, run_async
+from metaq.broker.testing.admin import put_topic, scrape
+from metaq.common.record import encode, iter_records
+from metaq.common.testing import wait_until_async
+from metaq.common.v1.data_pb2 import PullResponse
+
+TOPIC = "Backlog"
+BODY_BYTES = 4000
+BATCH = 50
+RECORDS = 5000
+"""About 20 MiB: five 4 MiB segments, four of them behind a 4 MiB page-cache window."""
+
+
+async def _read_in(broker: BrokerProcess) -> float:
+    return (await scrape(broker.http_url)).get(("metaq_pulls_read_in_total", ()), 0.0)
+
+
+def test_a_lagging_pull_is_read_in_off_the_loop_and_a_tailing_one_is_not(
+    start_broker: Callable[..., BrokerProcess],
+) -> None:
+    broker = start_broker(
+        *("--set", "store.commitlog_cache_bytes=4194304"),
+        *("--set", "store.flush_interval_ms=20"),
+    )
+
+    async def scenario() -> None:
+        await put_topic(broker.http_url, TOPIC, read_queues=1, write_queues=1)
+        client = await DataClient.connect(broker.data_host, broker.data_port)
+        try:
+            for first in range(0, RECORDS, BATCH):
+                records = [
+                    encode(TOPIC, n.to_bytes(4, "little") * (BODY_BYTES // 4), queue_id=0)
+                    for n in range(first, first + BATCH)
+                ]
+                await client.send(TOPIC, 0, records)
+
+            async def released() -> bool:
+                samples = await scrape(broker.http_url)
+                return samples[("metaq_commitlog_page_cache_released_bytes_total", ())] > 0
+
+            await wait_until_async(released, 20, "the flusher handed pages back")
+            assert await _read_in(broker) == 0
+
+            # At the head: inside the window, answered on the loop as before.
+            response, payload = await client.pull(TOPIC, 0, RECORDS - 10, max_messages=10)
+            assert response.status == PullResponse.FOUND
+            assert await _read_in(broker) == 0
+
+            # From the start: behind the window, read in first; the same bytes come back.
+            offset = 0
+            while offset < 600:
+                response, payload = await client.pull(TOPIC, 0, offset, max_messages=256)
+                assert response.status == PullResponse.FOUND, response
+                for record in iter_records(payload):
+                    assert record.body == offset.to_bytes(4, "little") * (BODY_BYTES // 4)
+                    offset += 1
+            assert await _read_in(broker) >= 3
+        finally:
+            await client.close()
+
+    run_async(scenario())
