@@ -18,10 +18,13 @@ def test_records_equal_the_per_row_encoding() -> None:
     expected = [
         bytes(
             record.encode(
-                "orders", body, queue_id=int(q), msg_id=prefix + (41 + i).to_bytes(8, "big"),
+                "orders",
+                body,
+                queue_id=int(q),
+                msg_id=prefix + (41 + i).to_bytes(8, "big"),
                 born_timestamp_ms=1_700_000,
             )
-        )  # fmt: skip
+        )
         for i, (body, q) in enumerate(zip(bodies, queue_ids, strict=True))
     ]
     assert records.to_pylist() == expected

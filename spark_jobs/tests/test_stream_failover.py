@@ -4,35 +4,20 @@ query keeps going, and the sink ends with every acknowledged message exactly onc
 from __future__ import annotations
 
 import asyncio
-import importlib.util
-import sys
 import threading
 from collections import Counter
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
+from spark_testing import integration_module
+
 from metaq.common.testing import wait_until
-
-
-def _integration_module(name: str) -> ModuleType:
-    """The replica-group fixture of tests/integration (imported by path: tests import in
-    importlib mode)."""
-    if name in sys.modules:
-        return sys.modules[name]
-    path = Path(__file__).parents[2] / "tests" / "integration" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_killing_the_sync_master_mid_stream_loses_and_repeats_nothing(
     spark: Any, tmp_path: Path
 ) -> None:
-    rg = _integration_module("replica_group")
+    rg = integration_module("replica_group")
     group = rg.start_group(tmp_path / "group")
     history = rg.History()
     stop = asyncio.Event()
