@@ -29,6 +29,7 @@ from metaq.common.record import (
     new_msg_id,
     seal,
     tag_code,
+    topic_of,
 )
 
 # --- strategies -------------------------------------------------------------------------
@@ -328,3 +329,12 @@ def test_encode_rejects_text_that_is_not_utf8_encodable(field: str) -> None:
     }[field]
     with pytest.raises(InvalidMessage, match="UTF-8"):
         encode("T", b"body", **kwargs)  # type: ignore[arg-type]
+
+
+def test_topic_of_reads_the_topic_without_decoding_the_record() -> None:
+    first = encode("orders", b"x" * 100)
+    second = encode("audit-log", b"")
+    joined = bytes(first + second)
+    assert topic_of(first) == "orders"
+    assert topic_of(joined, len(first)) == "audit-log"
+    assert topic_of(memoryview(joined)[len(first) :]) == "audit-log"

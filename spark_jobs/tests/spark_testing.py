@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import os
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from metaq.broker.testing import BrokerProcess
@@ -117,3 +119,17 @@ def start_cluster(
         cluster.stop()
         raise
     return cluster
+
+
+def integration_module(name: str) -> ModuleType:
+    """A fixture module of tests/integration, such as ``replica_group`` (imported by path:
+    tests import in importlib mode)."""
+    if name in sys.modules:
+        return sys.modules[name]
+    path = Path(__file__).parents[2] / "tests" / "integration" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module

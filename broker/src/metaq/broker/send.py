@@ -29,7 +29,7 @@ from metaq.broker.topics import TopicConfig, TopicTable
 from metaq.broker.transactions import Transactions, to_half
 from metaq.common.errors import InvalidMessage, MetaqError, StoreUnavailable
 from metaq.common.framing import FLAG_RESPONSE, Buffer, Frame, FrameType, encode_frame
-from metaq.common.record import FLAG_DELAYED, FLAG_TRANSACTION, HEADER_SIZE, Record, decode
+from metaq.common.record import FLAG_DELAYED, FLAG_TRANSACTION, HEADER_SIZE, Record, topic_of
 from metaq.common.v1.data_pb2 import SendRequest, SendResponse
 
 log = logging.getLogger(__name__)
@@ -226,7 +226,7 @@ class SendHandler:
         found: list[Record | None] = []
         for raw in records:
             # Its topic as it will be stored (a delayed message's is the delay topic).
-            topic = decode(raw, verify=False).topic
+            topic = topic_of(raw)
             stored = store.lookup_id(bytes(raw[_MSG_ID_AT : _MSG_ID_AT + 16]), topic)
             found.append(stored if stored and stored.store_timestamp_ms >= oldest else None)
         missing = [raw for raw, stored in zip(records, found, strict=True) if stored is None]

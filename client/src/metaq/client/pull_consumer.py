@@ -75,6 +75,19 @@ class PullResult:
 
 
 @dataclass(frozen=True, slots=True)
+class RawPullResult:
+    """One pull's answer with its records undecoded: ``payload`` holds ``record_count``
+    commitlog records back to back, exactly as stored (see :class:`PullResult`)."""
+
+    status: PullStatus
+    payload: memoryview
+    record_count: int
+    next_offset: int
+    min_offset: int
+    max_offset: int
+
+
+@dataclass(frozen=True, slots=True)
 class QueueOffsets:
     """A queue's bounds and, when asked, the group's position and a timestamp's offset."""
 
@@ -164,6 +177,41 @@ class PullConsumer:
         ``commit_offset`` stores the group's offset for the queue in the same round trip.
         """
         tag_filter = tags if isinstance(tags, TagFilter) else TagFilter.parse(tags)
+        raw = await self.pull_records(
+            topic, queue, offset, max_messages, timeout_s,
+            tags=tag_filter, max_bytes=max_bytes, commit_offset=commit_offset,
+        )  # fmt: skip
+        status = raw.status
+        messages: list[Message] = []
+        filtered = 0
+        if raw.record_count:
+            for message in iter_messages(raw.payload):
+                if tag_filter.matches(message.tags):
+                    messages.append(message)
+                else:
+                    filtered += 1
+            if not messages and status is PullStatus.FOUND:
+                status = PullStatus.NO_MATCHED_MESSAGE
+        return PullResult(
+            status, messages, raw.next_offset, raw.min_offset, raw.max_offset, filtered
+        )
+
+    async def pull_records(
+        self,
+        topic: str,
+        queue: QueueRoute,
+        offset: int,
+        max_messages: int = 32,
+        timeout_s: float = 0.0,
+        *,
+        tags: TagFilter | str | Sequence[str] | None = None,
+        max_bytes: int = 0,
+        commit_offset: int | None = None,
+    ) -> RawPullResult:
+        """:meth:`pull`, with the records left as the broker sent them: for readers that
+        decode a whole payload at once (the Spark source builds Arrow columns from it).
+        The caller checks CRCs and the tags itself (hashes collide at the broker)."""
+        tag_filter = tags if isinstance(tags, TagFilter) else TagFilter.parse(tags)
         request = PullRequest(
             consumer_group=self.group,
             topic=topic,
@@ -184,19 +232,13 @@ class PullConsumer:
             timeout_s=timeout_s + self.request_timeout_s,
         )
         header = PullResponse.FromString(frame.header)
-        status = PullStatus(header.status)
-        messages: list[Message] = []
-        filtered = 0
-        if header.record_count:
-            for message in iter_messages(frame.payload):
-                if tag_filter.matches(message.tags):
-                    messages.append(message)
-                else:
-                    filtered += 1
-            if not messages and status is PullStatus.FOUND:
-                status = PullStatus.NO_MATCHED_MESSAGE
-        return PullResult(
-            status, messages, header.next_offset, header.min_offset, header.max_offset, filtered
+        return RawPullResult(
+            PullStatus(header.status),
+            frame.payload,
+            header.record_count,
+            header.next_offset,
+            header.min_offset,
+            header.max_offset,
         )
 
     async def commit(self, topic: str, queue: QueueRoute, offset: int) -> None:

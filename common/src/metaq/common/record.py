@@ -308,6 +308,17 @@ def _decode(build: RecordBuilder[T], view: memoryview, at: int, verify: bool) ->
     return built, total
 
 
+_TOPIC_LEN_AT: Final = 88
+
+
+def topic_of(buf: bytes | bytearray | memoryview, at: int = 0) -> str:
+    """The topic of the well-formed record at ``buf[at:]``, read from its header without
+    decoding the rest (a full decode copies the body)."""
+    (length,) = struct.unpack_from("<H", buf, at + _TOPIC_LEN_AT)
+    start = at + HEADER_SIZE
+    return str(memoryview(buf)[start : start + length], "utf-8")
+
+
 def tag_code(tags: bytes | str) -> int:
     """The tag hash stored in consume-queue entries; equal tags give equal codes."""
     if isinstance(tags, str):

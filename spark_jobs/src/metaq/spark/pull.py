@@ -16,14 +16,13 @@ from typing import Final
 
 import pyarrow as pa
 
-from metaq.client.message import Message
 from metaq.client.pull_consumer import PullConsumer, PullStatus, QueueNotRouted
 from metaq.client.routes import QueueRoute
 from metaq.client.tags import TagFilter
 from metaq.common.errors import MetaqError
+from metaq.spark.arrow_records import to_arrow
 from metaq.spark.options import SourceOptions
 from metaq.spark.plan import QueueRange
-from metaq.spark.schema import ARROW_SCHEMA
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +32,9 @@ FAILOVER_WAIT_S: Final = 60.0
 """How long a read follows a queue whose broker is unreachable before failing the task
 (Spark retries it): long enough for the controller to promote a slave."""
 _RETRY_PAUSE_S: Final = 0.2
+BATCH_BYTES: Final = 8 * 1024 * 1024
+"""Pulled bytes gathered into one Arrow batch: few, large batches cost Spark less per row
+than one per pull (a pull is at most the broker's ``max_pull_messages``)."""
 
 
 class DataLoss(MetaqError):
@@ -52,14 +54,22 @@ def read_range(options: SourceOptions, rng: QueueRange, tags: str) -> Iterator[p
         request_timeout_s=options.request_timeout_s,
         tls=options.tls,
     )
+    tag_filter = TagFilter.parse(tags)
     try:
-        reader = _RangeReader(options, rng, TagFilter.parse(tags), consumer)
+        reader = _RangeReader(options, rng, tag_filter, consumer)
         while True:
-            messages = loop.run_until_complete(reader.next_batch())
-            if messages is None:
+            payloads = loop.run_until_complete(reader.next_payloads(BATCH_BYTES))
+            if not payloads:
                 return
-            if messages:
-                yield to_arrow(rng.broker, messages)
+            batch = to_arrow(
+                rng.broker,
+                rng.topic,
+                memoryview(payloads[0] if len(payloads) == 1 else b"".join(payloads)),
+                tags=tag_filter.tags,
+                end_offset=rng.end,
+            )
+            if batch.num_rows:
+                yield batch
     finally:
         loop.run_until_complete(consumer.close())
         loop.close()
@@ -76,15 +86,27 @@ class _RangeReader:
         self.offset = rng.start
         self.queue: QueueRoute | None = None
 
-    async def next_batch(self) -> list[Message] | None:
-        """The next messages of the range; None once it is done."""
+    async def next_payloads(self, max_bytes: int) -> list[memoryview]:
+        """Pulled records of the range, about ``max_bytes`` of them; none once it is done."""
+        payloads: list[memoryview] = []
+        size = 0
+        while size < max_bytes:
+            payload = await self.next_payload()
+            if payload is None:
+                break
+            payloads.append(payload)
+            size += len(payload)
+        return payloads
+
+    async def next_payload(self) -> memoryview | None:
+        """The records of the range's next pull; None once it is done."""
         rng = self.rng
         deadline = time.monotonic() + FAILOVER_WAIT_S
         while self.offset < rng.end:
             try:
                 if self.queue is None:
                     self.queue = await self._locate()
-                result = await self.consumer.pull(
+                result = await self.consumer.pull_records(
                     rng.topic,
                     self.queue,
                     self.offset,
@@ -102,10 +124,10 @@ class _RangeReader:
                 continue
             status = result.status
             if status is PullStatus.FOUND or status is PullStatus.NO_MATCHED_MESSAGE:
-                messages = [m for m in result.messages if m.queue_offset < rng.end]
+                # Rows past the range's end and tag-hash collisions are cut by to_arrow.
                 self.offset = min(max(result.next_offset, self.offset), rng.end)
-                if messages:
-                    return messages
+                if result.record_count:
+                    return result.payload
                 continue
             if status in (PullStatus.OFFSET_TOO_SMALL, PullStatus.OFFSET_MOVED):
                 self._lost(result.next_offset)
@@ -143,30 +165,3 @@ class _RangeReader:
                 return queue
         # The group has no readable broker right now (both gone, or not yet re-registered).
         raise QueueNotRouted(rng.topic, QueueRoute(rng.broker, "", rng.queue_id, ""))
-
-
-def to_arrow(broker: str, messages: list[Message]) -> pa.RecordBatch:
-    """Messages as one Arrow batch in :data:`~metaq.spark.schema.ARROW_SCHEMA`."""
-    n = len(messages)
-    columns = [
-        pa.array([m.topic for m in messages], pa.string()),
-        pa.array([broker] * n, pa.string()),
-        pa.array([m.queue_id for m in messages], pa.int32()),
-        pa.array([m.queue_offset for m in messages], pa.int64()),
-        pa.array([m.msg_id for m in messages], pa.string()),
-        pa.array([list(m.keys) for m in messages], ARROW_SCHEMA.field("keys").type),
-        pa.array([m.tags for m in messages], pa.string()),
-        pa.array(
-            [list(m.properties.items()) for m in messages], ARROW_SCHEMA.field("properties").type
-        ),
-        pa.array([m.body for m in messages], pa.binary()),
-        pa.array(
-            [m.born_timestamp_ms * 1000 for m in messages],
-            ARROW_SCHEMA.field("born_timestamp").type,
-        ),
-        pa.array(
-            [m.store_timestamp_ms * 1000 for m in messages],
-            ARROW_SCHEMA.field("store_timestamp").type,
-        ),
-    ]
-    return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)

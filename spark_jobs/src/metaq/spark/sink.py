@@ -13,10 +13,14 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
+import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql.types import (
     ArrayType,
     BinaryType,
@@ -33,6 +37,7 @@ from metaq.client.routes import QueueRoute, TopicRoute
 from metaq.client.selection import shard_queue
 from metaq.common import record
 from metaq.common.errors import InvalidMessage
+from metaq.spark.arrow_encode import derived_ids, encode_bodies, payload
 from metaq.spark.options import OptionError, SinkOptions
 
 COLUMNS: Final[dict[str, tuple[DataType, ...]]] = {
@@ -49,6 +54,10 @@ COLUMNS: Final[dict[str, tuple[DataType, ...]]] = {
 }
 """The columns a write uses and the types each may have; other columns are ignored (a
 DataFrame read from metaq can be written back as it is)."""
+_PER_ROW: Final = ("keys", "tags", "properties", "sharding_key", "msg_id")
+"""Columns whose values send a batch through the per-row encoder."""
+MAX_IN_FLIGHT: Final = 16
+"""SENDs a task keeps unanswered: enough to keep the brokers busy while it encodes."""
 
 
 class RowError(ValueError):
@@ -97,6 +106,59 @@ class RowSender:
         self.in_flight: list[asyncio.Future[Any]] = []
         self.stats = WriteStats()
 
+    async def add_arrow(self, batch: pa.RecordBatch) -> None:
+        """Send the rows of ``batch``: all at once when they carry only bodies (and one
+        topic), else row by row through :meth:`add`."""
+        by_name = {name.lower(): batch.column(i) for i, name in enumerate(batch.schema.names)}
+        n = batch.num_rows
+        topic = self._one_topic(by_name.get("topic"), n)
+        if topic is None or any(
+            by_name[c].null_count < n for c in _PER_ROW if c in by_name
+        ):  # fmt: skip
+            await self.add({c: a.to_pylist() for c, a in by_name.items()}, n)
+            return
+        bodies = by_name["body"]
+        if bodies.null_count:
+            first = pc.index(pc.is_null(bodies), True).as_py()
+            raise RowError(
+                f"column 'body' is null in row {self.row + first} of this task; every "
+                "message needs a body (filter or coalesce the nulls)"
+            )
+        if pa.types.is_string(bodies.type):
+            bodies = bodies.cast(pa.binary())  # the same bytes: UTF-8 is what add() sends
+        route = self.routes.get(topic) or await self._route(topic)
+        try:
+            record.check_topic(topic)
+        except InvalidMessage as exc:
+            raise RowError(f"column 'topic': {exc}") from None
+        queues = route.write_queues
+        ids = derived_ids(self.prefix, self.row, n)
+        raw = ids.tobytes()
+        # shard_queue's choice, by the id, for every row: a retry goes where the first try went.
+        picks = np.array([zlib.crc32(raw[i : i + 16]) for i in range(0, 16 * n, 16)], np.int64)
+        picks %= len(queues)
+        queue_ids = np.array([q.queue_id for q in queues], np.int32)[picks]
+        records = encode_bodies(topic, bodies, ids, queue_ids, time.time_ns() // 1_000_000)
+        self.row += n
+        size = self.options.batch_messages
+        for k, queue in enumerate(queues):
+            rows = np.flatnonzero(picks == k)
+            for at in range(0, len(rows), size):
+                chosen = records.take(pa.array(rows[at : at + size]))
+                self._send_payload(topic, queue, payload(chosen), len(chosen))
+        await self._throttle()
+
+    def _one_topic(self, column: pa.Array | None, n: int) -> str | None:
+        """The topic of every row, when it is one; None when rows differ (or name none)."""
+        if column is None or column.null_count == n:
+            return self.options.topic or None
+        if column.null_count or not n:
+            return None
+        first = column[0].as_py()
+        if first and pc.all(pc.equal(column, first)).as_py():
+            return str(first)
+        return None
+
     async def add(self, columns: Mapping[str, Sequence[Any]], count: int) -> None:
         """Encode ``count`` rows given column by column, sending full batches."""
         topics = columns.get("topic")
@@ -141,8 +203,7 @@ class RowSender:
             batch.append(rec)
             if len(batch) >= self.options.batch_messages:
                 self._send(topic, queue, self.pending.pop((topic, queue)))
-        if len(self.in_flight) > 8:
-            await self._settle()
+        await self._throttle()
 
     async def finish(self) -> WriteStats:
         for (topic, queue), records in list(self.pending.items()):
@@ -152,17 +213,29 @@ class RowSender:
         return self.stats
 
     def _send(self, topic: str, queue: QueueRoute, records: list[bytearray]) -> None:
+        self._send_payload(topic, queue, b"".join(records), len(records))
+
+    def _send_payload(
+        self, topic: str, queue: QueueRoute, records: bytes | memoryview, count: int
+    ) -> None:
         batch = Batch(topic, queue, asyncio.get_running_loop().time(), coalesced=False)
-        batch.records.append(b"".join(records))
-        batch.count = len(records)
-        batch.nbytes = len(batch.records[0])
+        batch.records.append(records)
+        batch.count = count
+        batch.nbytes = len(records)
         batch.retry = True  # the broker stores only ids it does not hold yet
         self.in_flight.append(self.producer.sender.submit(batch))
-        self.stats.rows += len(records)
+        self.stats.rows += count
+
+    async def _throttle(self) -> None:
+        """Wait for the oldest SENDs while more than :data:`MAX_IN_FLIGHT` are unanswered."""
+        while len(self.in_flight) > MAX_IN_FLIGHT:
+            self._settled(await asyncio.gather(self.in_flight.pop(0), return_exceptions=True))
 
     async def _settle(self) -> None:
         flights, self.in_flight = self.in_flight, []
-        outcomes = await asyncio.gather(*flights, return_exceptions=True)
+        self._settled(await asyncio.gather(*flights, return_exceptions=True))
+
+    def _settled(self, outcomes: Sequence[Any]) -> None:
         for outcome in outcomes:
             if isinstance(outcome, BaseException):
                 raise outcome  # the task fails; Spark runs it again, ids and all

@@ -58,11 +58,7 @@ def write_partition(
         try:
             sender = RowSender(options, producer, prefix)
             for batch in batches:
-                columns = {
-                    name.lower(): batch.column(i).to_pylist()
-                    for i, name in enumerate(batch.schema.names)
-                }
-                await sender.add(columns, batch.num_rows)
+                await sender.add_arrow(batch)
             return await sender.finish()
         finally:
             await producer.close()

@@ -1,0 +1,79 @@
+"""Arrow rows that carry only a body into commitlog records, without a Python object per row.
+
+The common write (a ``body`` column, the topic from the option or one value of the
+``topic`` column, ids derived from the row numbers) builds every record's fixed part --
+header, id, topic -- as one numpy structured array, and Arrow's C++ joins each with its
+body; the records of one queue are then one take of that array. Rows with keys, tags,
+properties, a sharding key or a given message id go through the per-row encoder of
+:mod:`metaq.spark.sink` instead.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from metaq.common import record
+
+_FIELDS: Final = [
+    ("total", "<u4"), ("magic", "<u4"), ("crc", "<u4"), ("flags", "<u4"),
+    ("commitlog_offset", "<i8"), ("queue_offset", "<i8"), ("store_timestamp", "<i8"),
+    ("store_host", "V8"), ("queue_id", "<i4"), ("reconsume_times", "<i4"),
+    ("born_timestamp", "<i8"), ("msg_id", "V16"), ("born_host", "V8"),
+    ("topic_len", "<u2"), ("tags_len", "<u2"), ("keys_len", "<u2"), ("props_len", "<u2"),
+    ("body_len", "<u4"),
+]  # fmt: skip
+"""``record.HEADER``'s fields, as a packed numpy dtype (checked against it below)."""
+_HEADER_DTYPE: Final = np.dtype(_FIELDS)
+assert _HEADER_DTYPE.itemsize == record.HEADER_SIZE
+
+
+def derived_ids(prefix: bytes, first_row: int, count: int) -> np.ndarray:
+    """``count`` 16-byte ids: ``prefix`` (8 bytes) and the big-endian row number, as
+    :class:`~metaq.spark.sink.RowSender` derives one per row."""
+    ids = np.empty((count, 16), np.uint8)
+    ids[:, :8] = np.frombuffer(prefix, np.uint8)
+    ids[:, 8:] = np.arange(first_row, first_row + count, dtype=">u8").view(np.uint8).reshape(-1, 8)
+    return ids
+
+
+def encode_bodies(
+    topic: str, bodies: pa.Array, ids: np.ndarray, queue_ids: np.ndarray, born_timestamp_ms: int
+) -> pa.Array:
+    """One record per body, as a producer sends it (broker fields zero, CRC unset): a
+    binary array whose values are the records, so a take of it gathers a queue's batch.
+    ``topic`` must have passed :func:`record.check_topic`; ``bodies`` has no nulls."""
+    n = len(bodies)
+    name = topic.encode()
+    lengths = pc.binary_length(bodies).to_numpy(zero_copy_only=False).astype(np.int64)
+    fixed = np.zeros(n, np.dtype([("header", _HEADER_DTYPE), ("topic", f"V{len(name)}")]))
+    header = fixed["header"]
+    header["total"] = record.HEADER_SIZE + len(name) + lengths
+    header["magic"] = record.MAGIC
+    header["commitlog_offset"] = -1
+    header["queue_offset"] = -1
+    header["queue_id"] = queue_ids
+    header["born_timestamp"] = born_timestamp_ms
+    header["msg_id"] = ids.view("V16").reshape(-1)
+    header["topic_len"] = len(name)
+    header["body_len"] = lengths
+    fixed["topic"] = np.frombuffer(name, f"V{len(name)}")[0]
+    width = fixed.dtype.itemsize
+    heads = pa.Array.from_buffers(
+        pa.binary(),
+        n,
+        [None, pa.py_buffer(np.arange(n + 1, dtype=np.int32) * width), pa.py_buffer(fixed)],
+    )
+    joined: pa.Array = pc.binary_join_element_wise(heads, bodies, b"")
+    return joined
+
+
+def payload(records: pa.Array) -> memoryview:
+    """The values of a binary array back to back: the records of one SEND."""
+    offsets = records.buffers()[1]
+    data = records.buffers()[2]
+    first, last = np.frombuffer(offsets, np.int32)[[records.offset, records.offset + len(records)]]
+    return memoryview(data)[first:last] if data is not None else memoryview(b"")
