@@ -44,6 +44,8 @@ from metaq.broker.store import MessageStore
 from metaq.broker.store.flush import AsyncDurability
 from metaq.broker.topics import TopicTable
 from metaq.broker.transactions import Transactions, TransactionService
+from metaq.broker.user_auth import UserGate, denied_counter
+from metaq.common.acl_source import AclReloader, AclSource, open_source
 from metaq.common.auth import ClusterSecret, is_loopback, load_secret, require_secret
 from metaq.common.framing import FrameType
 from metaq.common.service import PeriodicService
@@ -102,6 +104,8 @@ class Broker:
         self.transactions: Transactions | None = None
         self.registrar: Registrar | None = None
         self.secret: ClusterSecret | None = None
+        self.acl: AclSource | None = None
+        self.user_gate: UserGate | None = None
         self._registrar_factory = registrar_factory
         self._handlers: dict[FrameType, Handler] = {}
         self._data: DataServer | None = None
@@ -115,6 +119,12 @@ class Broker:
     async def start(self) -> None:
         config = self.config
         self.secret = cluster_secret(config)  # before anything listens
+        self.acl = open_source(config.auth_enabled, config.auth_acl_file, "the broker")
+        user_gate = self.user_gate = UserGate(
+            self.acl,
+            lambda c: self.group_role is not None and self.group_role.gate.proven(c),
+            denied_counter(self.metrics.registry),
+        )
         config.data_dir.mkdir(parents=True, exist_ok=True)
         self.topics = TopicTable(
             config.data_dir,
@@ -144,6 +154,7 @@ class Broker:
             self._connection_lost,
             idle_poll,
             limits,
+            user_gate,
         )
         host, port = await self._data.bind(config.listen_host, config.data_port)
         self.data_address = f"{host}:{port}"
@@ -203,6 +214,7 @@ class Broker:
             self.group_role, journal, self.transactions, forwarder,
         )  # fmt: skip
         self._handlers.update(handlers.table())
+        self._handlers[FrameType.AUTH] = user_gate.handle
         pull = self._pull
         self.metrics.watch(
             BrokerState(
@@ -242,6 +254,8 @@ class Broker:
             DelayService(self.delays),
             TransactionService(self.transactions),
         ]
+        if self.acl is not None:
+            self._services.append(AclReloader(self.acl))
         for service in self._services:
             service.start()
 
@@ -261,6 +275,8 @@ class Broker:
 
     def _connection_lost(self, connection_id: int) -> None:
         self.groups.drop_connection(connection_id)
+        if self.user_gate is not None:
+            self.user_gate.connection_lost(connection_id)
         if self.group_role is not None:
             self.group_role.gate.connection_lost(connection_id)
         if self.transactions is not None:

@@ -18,22 +18,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import hmac
 import logging
 import socket
+import time
 from collections.abc import Callable, Sequence
 from typing import Final, cast
 
 from metaq.client.errors import BrokerError, ConnectionLost, RequestTimeout
+from metaq.common import frame_auth
 from metaq.common.errors import ErrorCode, ProtocolError
 from metaq.common.framing import (
     FLAG_ONE_WAY,
+    FLAG_SIGNED,
     Buffer,
     Frame,
     FrameDecoder,
     FrameType,
     encode_frame,
 )
-from metaq.common.v1.data_pb2 import ErrorResponse
+from metaq.common.users import Credentials, prove
+from metaq.common.v1.data_pb2 import AuthRequest, AuthResponse, ErrorResponse
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +65,8 @@ class BrokerConnection(asyncio.Protocol):
 
     def __init__(self, address: str) -> None:
         self.address = address
+        # The session key once AUTH proved a user here: every request is signed with it.
+        self._session_key: bytes | None = None
         self._loop = asyncio.get_running_loop()
         self._decoder = FrameDecoder()
         self._transport: asyncio.Transport | None = None
@@ -79,8 +87,17 @@ class BrokerConnection(asyncio.Protocol):
         """The CONNECTION error the broker sent before closing, if it sent one."""
 
     @classmethod
-    async def open(cls, address: str, *, connect_timeout_s: float = 3.0) -> BrokerConnection:
-        """Connect to a broker's data port; ConnectionLost if that fails or takes too long."""
+    async def open(
+        cls,
+        address: str,
+        *,
+        connect_timeout_s: float = 3.0,
+        credentials: Credentials | None = None,
+    ) -> BrokerConnection:
+        """Connect to a broker's data port; ConnectionLost if that fails or takes too long.
+
+        With ``credentials``, prove them (AUTH) before returning; BrokerError
+        NO_PERMISSION when the broker refuses them."""
         host, port = split_address(address)
         loop = asyncio.get_running_loop()
         try:
@@ -93,7 +110,59 @@ class BrokerConnection(asyncio.Protocol):
             raise ConnectionLost(
                 address, f"cannot connect: {exc.strerror or exc}", never_sent=True
             ) from None
+        if credentials is not None:
+            try:
+                await protocol._authenticate(credentials, connect_timeout_s)
+            except BaseException:
+                await protocol.close()
+                raise
         return protocol
+
+    async def _authenticate(self, credentials: Credentials, timeout_s: float) -> None:
+        """The AUTH handshake (``metaq.common.frame_auth``); then every request is signed."""
+        nonce = frame_auth.new_nonce()
+        first = AuthRequest(access_key=credentials.access_key, client_nonce=nonce)
+        frame = await self.request(FrameType.AUTH, first.SerializeToString(), timeout_s=timeout_s)
+        server_nonce = AuthResponse.FromString(frame.header).server_nonce
+        if not server_nonce:
+            log.debug("broker %s does not check credentials (auth_enabled is off)", self.address)
+            return
+        key = credentials.key()
+        message = frame_auth.auth_message(credentials.access_key, nonce, server_nonce)
+        second = AuthRequest(
+            access_key=credentials.access_key, client_nonce=nonce, client_proof=prove(key, message)
+        )
+        frame = await self.request(FrameType.AUTH, second.SerializeToString(), timeout_s=timeout_s)
+        signature = AuthResponse.FromString(frame.header).server_signature
+        expected = hmac.new(credentials.server_key(), message, hashlib.sha256).digest()
+        if not hmac.compare_digest(signature, expected):
+            raise BrokerError(
+                ErrorCode.NO_PERMISSION,
+                f"broker {self.address} could not prove it holds user "
+                f"{credentials.access_key}'s verifier: it is not this cluster's broker, or its "
+                "ACL file is stale",
+                retriable=False,
+                broker=self.address,
+            )
+        self._session_key = frame_auth.session_key(key, credentials.access_key, nonce, server_nonce)
+
+    def _encode(
+        self,
+        frame_type: FrameType,
+        request_id: int,
+        header: bytes,
+        payload: Sequence[Buffer],
+        flags: int = 0,
+    ) -> list[Buffer]:
+        key = self._session_key
+        if key is None:
+            return encode_frame(frame_type, request_id, header, payload, flags)
+        flags |= FLAG_SIGNED
+        parts = [payload] if isinstance(payload, bytes | bytearray | memoryview) else payload
+        trailer = frame_auth.sign(
+            key, frame_type, request_id, flags, header, parts, time.time_ns() // 1_000_000
+        )
+        return encode_frame(frame_type, request_id, header, [*parts, trailer], flags)
 
     # --- asyncio.Protocol -------------------------------------------------------------
 
@@ -202,7 +271,7 @@ class BrokerConnection(asyncio.Protocol):
             return future
         request_id = self._next_id
         self._next_id = request_id + 1 if request_id < _U32_MAX else 1
-        self._out += encode_frame(frame_type, request_id, header, payload)
+        self._out += self._encode(frame_type, request_id, header, payload)
         deadline = self._loop.time() + timeout_s
         self._pending[request_id] = (future, deadline)
         if self._timer is None or deadline < self._timer_at:
@@ -232,7 +301,7 @@ class BrokerConnection(asyncio.Protocol):
             return
         request_id = self._next_id
         self._next_id = request_id + 1 if request_id < _U32_MAX else 1
-        self._out += encode_frame(frame_type, request_id, header, payload)
+        self._out += self._encode(frame_type, request_id, header, payload)
         deadline = self._loop.time() + timeout_s
         self._pending[request_id] = (callback, deadline)
         if self._timer is None or deadline < self._timer_at:
@@ -268,7 +337,7 @@ class BrokerConnection(asyncio.Protocol):
         # Id 0 is reserved for connection errors, so one-way requests take ids too.
         request_id = self._next_id
         self._next_id = request_id + 1 if request_id < _U32_MAX else 1
-        self._out += encode_frame(frame_type, request_id, header, payload, FLAG_ONE_WAY)
+        self._out += self._encode(frame_type, request_id, header, payload, FLAG_ONE_WAY)
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self._loop.call_soon(self.flush)
@@ -374,8 +443,12 @@ class ConnectionPool:
     """One live connection per broker address, opened on first use and reopened after
     it closed. Concurrent ``get`` calls for an address share one connect attempt."""
 
-    def __init__(self, *, connect_timeout_s: float = 3.0) -> None:
+    def __init__(
+        self, *, connect_timeout_s: float = 3.0, credentials: Credentials | None = None
+    ) -> None:
         self.connect_timeout_s = connect_timeout_s
+        self.credentials = credentials
+        """Proved on every connection opened (AUTH) when set."""
         self.on_request: RequestHook | None = None
         """Given to every connection: what to do with requests brokers send."""
         self._connections: dict[str, BrokerConnection] = {}
@@ -400,7 +473,9 @@ class ConnectionPool:
             self._opening[address] = opening
             try:
                 connection = await BrokerConnection.open(
-                    address, connect_timeout_s=self.connect_timeout_s
+                    address,
+                    connect_timeout_s=self.connect_timeout_s,
+                    credentials=self.credentials,
                 )
             except BaseException as exc:
                 del self._opening[address]

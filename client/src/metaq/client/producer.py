@@ -62,6 +62,7 @@ from metaq.common import record
 from metaq.common.errors import InvalidMessage, MetaqError
 from metaq.common.framing import Buffer
 from metaq.common.names import check_group
+from metaq.common.users import Credentials, load_credentials
 
 log = logging.getLogger(__name__)
 
@@ -164,6 +165,9 @@ class Producer:
         queue_selector: QueueSelector | None = None,
         config: ProducerConfig | None = None,
         routes: RouteCache | None = None,
+        access_key: str = "",
+        secret_key: str = "",
+        credentials: Credentials | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
@@ -179,6 +183,9 @@ class Producer:
             )
         config.validate()
         self.config = config
+        self.credentials = credentials or load_credentials(access_key, secret_key)
+        """The user proved to brokers (else METAQ_ACCESS_KEY / METAQ_SECRET_KEY or
+        METAQ_CREDENTIALS_FILE); None on a cluster without auth."""
         self._owns_routes = routes is None
         self.routes = routes or RouteCache(
             [nameservers] if isinstance(nameservers, str) else nameservers,
@@ -216,7 +223,7 @@ class Producer:
         )
         self._sender = Sender(
             accumulator,
-            ConnectionPool(connect_timeout_s=c.connect_timeout_s),
+            ConnectionPool(connect_timeout_s=c.connect_timeout_s, credentials=self.credentials),
             self.health,
             producer_group=c.group,
             timeout_s=c.send_timeout_s,

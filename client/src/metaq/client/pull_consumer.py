@@ -23,6 +23,7 @@ from metaq.client.tags import TagFilter
 from metaq.common.errors import ErrorCode, MetaqError
 from metaq.common.framing import FrameType
 from metaq.common.names import check_group
+from metaq.common.users import Credentials, load_credentials
 from metaq.common.v1.data_pb2 import (
     CommitOffsetRequest,
     LockQueuesRequest,
@@ -107,6 +108,9 @@ class PullConsumer:
         routes: RouteCache | None = None,
         connections: ConnectionPool | None = None,
         request_timeout_s: float = 5.0,
+        access_key: str = "",
+        secret_key: str = "",
+        credentials: Credentials | None = None,
     ) -> None:
         check_group(group)
         self.group = group
@@ -114,7 +118,11 @@ class PullConsumer:
         self._own_routes = routes is None
         self._own_connections = connections is None
         self.routes = routes if routes is not None else RouteCache(nameservers)
-        self.connections = connections if connections is not None else ConnectionPool()
+        if connections is None:
+            # Else METAQ_ACCESS_KEY / METAQ_SECRET_KEY or METAQ_CREDENTIALS_FILE.
+            credentials = credentials or load_credentials(access_key, secret_key)
+            connections = ConnectionPool(credentials=credentials)
+        self.connections = connections
 
     async def start(self) -> None:
         if self._own_routes:

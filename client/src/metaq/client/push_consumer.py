@@ -77,6 +77,7 @@ from metaq.client.retry import SendBack, as_original, retry_topic
 from metaq.client.routes import QueueRoute, RouteCache, TopicRoute
 from metaq.client.tags import TagFilter
 from metaq.common.service import PeriodicService
+from metaq.common.users import Credentials
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +138,9 @@ class PushConsumer:
         *,
         routes: RouteCache | None = None,
         connections: ConnectionPool | None = None,
+        access_key: str = "",
+        secret_key: str = "",
+        credentials: Credentials | None = None,
         **options: Any,
     ) -> None:
         self.config = PushConsumerConfig(group=group, **options)
@@ -150,6 +154,9 @@ class PushConsumer:
             routes=routes,
             connections=connections,
             request_timeout_s=self.config.request_timeout_s,
+            access_key=access_key,
+            secret_key=secret_key,
+            credentials=credentials,
         )
         self._routes = self._puller.routes
         self._subscriptions: dict[str, _Subscription] = {}

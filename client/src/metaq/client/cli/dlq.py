@@ -22,6 +22,7 @@ from metaq.client.cli.support import (
     CliError,
     add_command,
     add_group,
+    credentials,
     group_name,
     nameservers,
     print_json,
@@ -63,7 +64,9 @@ def register(subparsers: Any) -> None:
 async def dead_letters(args: argparse.Namespace) -> list[Message]:
     topic = dlq_topic(args.group)
     found: list[Message] = []
-    async with PullConsumer(nameservers(args), f"{args.group}-dlq-tool") as reader:
+    async with PullConsumer(
+        nameservers(args), f"{args.group}-dlq-tool", credentials=credentials(args)
+    ) as reader:
         try:
             route = await reader.routes.route(topic)
         except MetaqError as exc:
@@ -142,7 +145,7 @@ async def resend(args: argparse.Namespace) -> int:
     missing = wanted - {m.properties.get(PROP_ORIGIN_MSG_ID, m.msg_id) for m in chosen}
     if missing:
         raise CliError(f"no dead letter of group {args.group!r} has id {sorted(missing)}")
-    async with Producer(nameservers(args)) as producer:
+    async with Producer(nameservers(args), credentials=credentials(args)) as producer:
         for message in chosen:
             topic = message.properties[PROP_RETRY_TOPIC]
             properties = {k: v for k, v in message.properties.items() if k not in _RETRY_PROPS}

@@ -12,6 +12,7 @@ from typing import Any, Final
 from metaq.client.cli.support import (
     CliError,
     add_command,
+    credentials,
     nameservers,
     print_json,
     table,
@@ -104,7 +105,12 @@ async def send_messages(args: argparse.Namespace) -> int:
     body = _body(args)
     keys = tuple(k for value in args.keys for k in value.split(",") if k)
     properties = _properties(args.property)
-    producer = Producer(nameservers(args), group=args.group, send_timeout_s=args.timeout)
+    producer = Producer(
+        nameservers(args),
+        group=args.group,
+        send_timeout_s=args.timeout,
+        credentials=credentials(args),
+    )
     async with producer:
         futures = [
             producer.send_async(

@@ -16,6 +16,7 @@ from metaq.common.auth import ENV_VAR, ClusterSecret, SecretError, load_secret
 from metaq.common.errors import InvalidMessage
 from metaq.common.names import check_group
 from metaq.common.record import check_topic
+from metaq.common.users import Credentials, CredentialsError, load_credentials
 
 if TYPE_CHECKING:
     import aiohttp
@@ -57,7 +58,23 @@ def common_options() -> argparse.ArgumentParser:
         help="seconds to wait for any one answer (default: 5)",
     )
     group.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    group.add_argument(
+        "--credentials-file",
+        default="",
+        metavar="FILE",
+        help="the user to prove on a cluster with auth (what `metaq acl add-user --out` "
+        "writes; default: $METAQ_CREDENTIALS_FILE, else $METAQ_ACCESS_KEY and "
+        "$METAQ_SECRET_KEY)",
+    )
     return parent
+
+
+def credentials(args: argparse.Namespace) -> Credentials | None:
+    """The user this command proves, if any was given (see ``--credentials-file``)."""
+    try:
+        return load_credentials(file=getattr(args, "credentials_file", ""))
+    except CredentialsError as exc:
+        raise CliError(str(exc), code=2) from None
 
 
 def topic_name(value: str) -> str:
