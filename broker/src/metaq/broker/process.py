@@ -48,6 +48,7 @@ from metaq.broker.user_auth import UserGate, denied_counter
 from metaq.common.acl_source import AclReloader, AclSource, open_source
 from metaq.common.auth import ClusterSecret, is_loopback, load_secret, require_secret
 from metaq.common.framing import FrameType
+from metaq.common.http_auth import HttpAuth
 from metaq.common.service import PeriodicService
 
 log = logging.getLogger(__name__)
@@ -241,6 +242,7 @@ class Broker:
                 self.metrics,
                 self.started_monotonic,
                 lambda: self._stopping,
+                HttpAuth(self.acl, user_gate.count) if self.acl is not None else None,
             )
         )
         http_host, http_port = await self._http.start(config.listen_host, config.http_port)

@@ -198,8 +198,12 @@ class UserGate:
 
     # --- internals ----------------------------------------------------------------------
 
+    def count(self, reason: str) -> None:
+        """Count a refusal (also the HTTP admin API's) in metaq_auth_denied_total."""
+        self._denied.labels(reason).inc()
+
     def _refuse(self, exc: PermissionDenied, who: str) -> PermissionDenied:
-        self._denied.labels(exc.reason).inc()
+        self.count(exc.reason)
         log.warning("refused %s: %s", who or "an unauthenticated peer", exc)
         return exc
 

@@ -190,6 +190,7 @@ class Producer:
         self.routes = routes or RouteCache(
             [nameservers] if isinstance(nameservers, str) else nameservers,
             refresh_interval_s=config.route_refresh_interval_s,
+            credentials=self.credentials,
         )
         self.selector: QueueSelector = queue_selector or RoundRobinSelector()
         self._sticky = queue_selector is None

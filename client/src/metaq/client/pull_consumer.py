@@ -117,10 +117,12 @@ class PullConsumer:
         self.request_timeout_s = request_timeout_s
         self._own_routes = routes is None
         self._own_connections = connections is None
-        self.routes = routes if routes is not None else RouteCache(nameservers)
+        # Else METAQ_ACCESS_KEY / METAQ_SECRET_KEY or METAQ_CREDENTIALS_FILE.
+        credentials = credentials or load_credentials(access_key, secret_key)
+        if routes is None:
+            routes = RouteCache(nameservers, credentials=credentials)
+        self.routes = routes
         if connections is None:
-            # Else METAQ_ACCESS_KEY / METAQ_SECRET_KEY or METAQ_CREDENTIALS_FILE.
-            credentials = credentials or load_credentials(access_key, secret_key)
             connections = ConnectionPool(credentials=credentials)
         self.connections = connections
 

@@ -28,9 +28,11 @@ if TYPE_CHECKING:
     from metaq.common.v1.control_pb2_grpc import NameServerAsyncStub
 
 from metaq.client.errors import NoNameServer, UnknownTopic
+from metaq.client.user_calls import UserSigningInterceptor
 from metaq.common.auth import ClusterSecret, call_metadata
 from metaq.common.errors import ErrorCode, MetaqError
 from metaq.common.service import PeriodicService
+from metaq.common.users import Credentials
 from metaq.common.v1 import control_pb2 as pb
 from metaq.common.v1.control_pb2_grpc import NameServerStub
 
@@ -334,6 +336,7 @@ class RouteCache:
         *,
         refresh_interval_s: float = 30.0,
         rpc_timeout_s: float = 3.0,
+        credentials: Credentials | None = None,
     ) -> None:
         if isinstance(nameservers, str):
             nameservers = [nameservers]
@@ -341,6 +344,8 @@ class RouteCache:
         if not self.nameservers:
             raise ValueError("at least one nameserver address is needed")
         self.rpc_timeout_s = rpc_timeout_s
+        self.credentials = credentials
+        """The user whose key signs every call (nameservers with auth require it)."""
         self._routes: dict[str, TopicRoute] = {}
         self._fetched_at: dict[str, float] = {}
         self._fetching: dict[str, asyncio.Future[TopicRoute]] = {}
@@ -557,7 +562,8 @@ class RouteCache:
     def _channel(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.get(address)
         if channel is None:
-            channel = grpc.aio.insecure_channel(address)
+            signing = [UserSigningInterceptor(self.credentials)] if self.credentials else None
+            channel = grpc.aio.insecure_channel(address, interceptors=signing)
             self._channels[address] = channel
         return channel
 

@@ -218,3 +218,73 @@ def _read_file(file: str) -> Credentials:
 def credentials_text(credentials: Credentials) -> str:
     """A credentials file's content for ``credentials``."""
     return f'access_key = "{credentials.access_key}"\nsecret_key = "{credentials.secret_key}"\n'
+
+
+# --- one-shot proofs: gRPC calls and HTTP requests ---------------------------------------
+
+USER_METADATA_KEY: Final = "x-metaq-user"
+"""gRPC metadata (and, as ``X-Metaq-User``, an HTTP header) of a user's proof:
+``v1:ACCESS_KEY:STAMP_MS:PROOF_HEX``."""
+MAX_CLOCK_SKEW_S: Final = 120.0
+
+
+class ProofError(ValueError):
+    """A one-shot proof is missing, malformed, stale or wrong; the message says which
+    (never anything secret). ``reason`` is the metric label."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def sign_request(credentials: Credentials, purpose: str, body: bytes, now_s: float) -> str:
+    """A proof that ``credentials``' user made this one request: ``purpose`` names it
+    (``"grpc /metaq.v1.NameServer/GetRoute"``, ``"http GET /topics"``), ``body`` is its
+    bytes (the serialized request, the HTTP body)."""
+    stamp = str(int(now_s * 1000))
+    msg = message(purpose, credentials.access_key.encode(), stamp.encode(), body)
+    return f"v1:{credentials.access_key}:{stamp}:{prove(credentials.key(), msg).hex()}"
+
+
+def parse_proof(value: str | None) -> tuple[str, str, bytes]:
+    """(access key, stamp, proof) of a :func:`sign_request` value; ProofError if malformed."""
+    if not value:
+        raise ProofError(
+            "this server requires a user's proof and the request carried none; give the "
+            "client an access_key and secret_key (or METAQ_ACCESS_KEY / METAQ_SECRET_KEY)",
+            "unauthenticated",
+        )
+    parts = value.split(":")
+    if len(parts) != 4 or parts[0] != "v1" or not parts[2].isdigit():
+        raise ProofError("the user proof is malformed (expected v1:USER:MS:HEX)", "bad_proof")
+    try:
+        proof = bytes.fromhex(parts[3])
+    except ValueError:
+        raise ProofError("the user proof is malformed (not hex)", "bad_proof") from None
+    return parts[1], parts[2], proof
+
+
+def verify_request(
+    verifier: Verifier | None,
+    access_key: str,
+    stamp: str,
+    proof: bytes,
+    purpose: str,
+    body: bytes,
+    now_s: float,
+) -> None:
+    """Raise ProofError unless ``proof`` is the user's for this request, in the window."""
+    skew = abs(int(stamp) / 1000 - now_s)
+    if skew > MAX_CLOCK_SKEW_S:
+        raise ProofError(
+            f"the proof of {access_key} is dated {skew:.0f} s from this server's clock (at "
+            f"most {MAX_CLOCK_SKEW_S:.0f} s); synchronise the clocks (NTP)",
+            "clock",
+        )
+    msg = message(purpose, access_key.encode(), stamp.encode(), body)
+    if verifier is None or verifier.recover(msg, proof) is None:
+        raise ProofError(
+            f"access key {access_key}: unknown user or wrong secret key (or the request "
+            "was altered); check the client's access_key/secret_key",
+            "unauthenticated",
+        )

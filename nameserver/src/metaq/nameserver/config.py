@@ -55,6 +55,12 @@ class NameServerConfig:
     # An elected master still live but not reporting it took over this long after its
     # election (a promotion stuck on a dead disk, say) is replaced by another in-sync one.
     takeover_timeout_ms: int = 10000
+    # Serve only users who prove an access key (and cluster members proving the cluster
+    # secret), within their grants (docs/operations.md, Security). Off by default, with a
+    # warning at start-up. In TOML also [auth] enabled / acl_file.
+    auth_enabled: bool = False
+    # The users and grants file (`metaq acl init ADMIN --file FILE`); reread on change.
+    auth_acl_file: str = ""
 
     def __post_init__(self) -> None:
         problems = []
@@ -85,6 +91,10 @@ class NameServerConfig:
             problems.append("bootstrap_grace_ms must not be negative")
         if self.takeover_timeout_ms <= 0:
             problems.append("takeover_timeout_ms must be positive")
+        if self.auth_enabled and not self.auth_acl_file:
+            problems.append(
+                "auth_enabled needs auth_acl_file (create it with metaq acl init ADMIN --file FILE)"
+            )
         if problems:
             raise ValueError("invalid nameserver config: " + "; ".join(problems))
 
@@ -97,6 +107,13 @@ def _is_host_port(address: str) -> bool:
 def addresses(value: str) -> tuple[str, ...]:
     """A comma-separated list of host:port, as the ``--controller-peers`` flag takes it."""
     return tuple(part.strip() for part in value.split(",") if part.strip())
+
+
+def boolean(value: str) -> bool:
+    """``true``/``false`` (also 1/0, yes/no), as the ``--auth-enabled`` flag takes it."""
+    if value.lower() in ("true", "1", "yes", "false", "0", "no"):
+        return value.lower() in ("true", "1", "yes")
+    raise argparse.ArgumentTypeError(f"{value!r} is not true or false")
 
 
 _FIELDS: Final = {f.name: f for f in dataclasses.fields(NameServerConfig)}
@@ -115,6 +132,8 @@ _FLAG_TYPES: Final[dict[str, Callable[[str], Any]]] = {
     "bootstrap_grace_ms": int,
     "cluster_secret_file": str,
     "takeover_timeout_ms": int,
+    "auth_enabled": boolean,
+    "auth_acl_file": str,
 }
 
 
@@ -122,6 +141,12 @@ def from_toml(path: Path) -> dict[str, Any]:
     """The settings in a TOML file; unknown keys are an error naming the known ones."""
     with path.open("rb") as file:
         settings = tomllib.load(file)
+    auth = settings.pop("auth", None)
+    if isinstance(auth, dict):
+        # [auth] enabled = true is auth_enabled = true.
+        settings.update({f"auth_{k}": v for k, v in auth.items()})
+    elif auth is not None:
+        raise ValueError(f"{path}: auth must be a table ([auth])")
     unknown = sorted(set(settings) - set(_FIELDS))
     if unknown:
         raise ValueError(
@@ -135,6 +160,10 @@ def from_toml(path: Path) -> dict[str, Any]:
             settings[name] = tuple(value)
             continue
         kind = _FLAG_TYPES[name]
+        if kind is boolean:
+            if not isinstance(value, bool):
+                raise ValueError(f"{path}: {name} must be true or false, not {value!r}")
+            continue
         assert isinstance(kind, type)
         accepted = (int, float) if kind is float else (kind,)
         if isinstance(value, bool) or not isinstance(value, accepted):

@@ -5,11 +5,14 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
 
 from metaq.common import http
+from metaq.common.acl_source import AclSource
+from metaq.common.http_auth import HttpAuth
 from metaq.common.names import shown
 from metaq.common.version import installed_version
 from metaq.nameserver.registry import Registry
@@ -25,8 +28,11 @@ def _respond(body: Any, status: int = 200) -> web.Response:
     return web.json_response(body, status=status, dumps=lambda v: json.dumps(v, default=_json))
 
 
-def make_app(registry: Registry) -> web.Application:
-    """``GET /health``, ``GET /cluster``, ``GET /route/{topic}`` (404 for an unknown topic)."""
+def make_app(
+    registry: Registry, acl: AclSource | None = None, count: Callable[[str], None] | None = None
+) -> web.Application:
+    """``GET /health``, ``GET /cluster``, ``GET /route/{topic}`` (404 for an unknown topic);
+    with ``acl``, all but /health need a user (``metaq.common.http_auth``)."""
 
     async def health(_request: web.Request) -> web.Response:
         return _respond(
@@ -54,7 +60,7 @@ def make_app(registry: Registry) -> web.Application:
             )
         return _respond(dataclasses.asdict(found))
 
-    app = http.application()
+    app = http.application(HttpAuth(acl, count) if acl is not None else None)
     app.add_routes(
         [
             web.get("/health", health),

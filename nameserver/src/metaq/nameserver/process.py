@@ -9,6 +9,7 @@ from collections.abc import Mapping
 import grpc
 from aiohttp import web
 
+from metaq.common.acl_source import AclReloader, open_source
 from metaq.common.auth import ClusterSecret, is_loopback, load_secret, require_secret
 from metaq.common.v1 import control_pb2_grpc
 from metaq.nameserver.config import NameServerConfig
@@ -18,6 +19,7 @@ from metaq.nameserver.registry import Clock, Registry
 from metaq.nameserver.service import NameServerService
 from metaq.nameserver.sweeper import ExpirySweeper
 from metaq.nameserver.undecodable import RejectUndecodable
+from metaq.nameserver.user_auth import UserCalls
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +57,8 @@ class NameServer:
     ) -> None:
         self.config = config
         self.secret = cluster_secret(config, env)
+        self.acl = open_source(config.auth_enabled, config.auth_acl_file, "the nameserver")
+        self._acl_reloader = AclReloader(self.acl) if self.acl is not None else None
         self.registry = Registry(config.broker_expiry_s, clock)
         self._sweeper = ExpirySweeper(self.registry, config.expiry_scan_interval_s)
         password = self.secret.raft_password() if self.secret is not None else None
@@ -70,7 +74,8 @@ class NameServer:
         server = grpc.aio.server(
             interceptors=[RejectUndecodable()], options=[("grpc.so_reuseport", 0)]
         )
-        service = NameServerService(self.registry, self.controller, self.secret)
+        users = UserCalls(self.acl, self.secret)
+        service = NameServerService(self.registry, self.controller, self.secret, users)
         control_pb2_grpc.add_NameServerServicer_to_server(service, server)
         address = host_port(config.listen_host, config.grpc_port)
         try:
@@ -88,7 +93,7 @@ class NameServer:
         self.grpc_address = host_port(config.listen_host, port)
         try:
             if config.http_port is not None:
-                runner = web.AppRunner(make_app(self.registry))
+                runner = web.AppRunner(make_app(self.registry, self.acl, users.count))
                 await runner.setup()
                 self._http = runner
                 site = web.TCPSite(runner, config.listen_host, config.http_port)
@@ -96,6 +101,8 @@ class NameServer:
                 bound = runner.addresses[0]
                 self.http_address = host_port(config.listen_host, bound[1])
             self._sweeper.start()
+            if self._acl_reloader is not None:
+                self._acl_reloader.start()
         except BaseException:
             await self.stop()
             raise
@@ -113,6 +120,8 @@ class NameServer:
         if self.controller.running:
             await self.controller.stop()
         await self._sweeper.stop()
+        if self._acl_reloader is not None:
+            await self._acl_reloader.stop()
         if self._http is not None:
             await self._http.cleanup()
             self._http = None

@@ -8,15 +8,17 @@ import os
 import shutil
 import sys
 import textwrap
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final, TextIO
+from urllib.parse import urlsplit
 
 from metaq.client.routes import BrokerInfo, ClusterView, RouteCache
 from metaq.common.auth import ENV_VAR, ClusterSecret, SecretError, load_secret
 from metaq.common.errors import InvalidMessage
 from metaq.common.names import check_group
 from metaq.common.record import check_topic
-from metaq.common.users import Credentials, CredentialsError, load_credentials
+from metaq.common.users import Credentials, CredentialsError, load_credentials, sign_request
 
 if TYPE_CHECKING:
     import aiohttp
@@ -172,7 +174,7 @@ def cluster_secret(args: argparse.Namespace) -> ClusterSecret | None:
 
 
 def route_cache(args: argparse.Namespace) -> RouteCache:
-    return RouteCache(nameservers(args), rpc_timeout_s=args.timeout)
+    return RouteCache(nameservers(args), rpc_timeout_s=args.timeout, credentials=credentials(args))
 
 
 def choose_masters(view: ClusterView, brokers: Sequence[str] | None) -> list[BrokerInfo]:
@@ -206,9 +208,19 @@ async def http_json(
     import aiohttp  # only commands that call HTTP pay for the import
 
     from metaq.common import http
+    from metaq.common.http_auth import HEADER, signed_purpose
 
+    payload_json = http.json_for(method, body)
+    data = json.dumps(payload_json).encode() if payload_json is not None else b""
+    headers = {"Content-Type": http.JSON_TYPE} if payload_json is not None else {}
+    signer = load_credentials()  # --credentials-file is in the environment by now
+    if signer is not None:
+        parts = urlsplit(url)
+        path_qs = parts.path + (f"?{parts.query}" if parts.query else "")
+        purpose = signed_purpose(method, path_qs)
+        headers[HEADER] = sign_request(signer, purpose, data, time.time())
     try:
-        async with session.request(method, url, json=http.json_for(method, body)) as response:
+        async with session.request(method, url, data=data or None, headers=headers) as response:
             try:
                 payload = await response.json(content_type=None)
             except (json.JSONDecodeError, aiohttp.ContentTypeError):
