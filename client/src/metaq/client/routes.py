@@ -45,8 +45,15 @@ _READABLE: Final = frozenset(
     {pb.PERMISSION_READ_ONLY, pb.PERMISSION_READ_WRITE, pb.PERMISSION_WRITE_WIPE}
 )
 # Not worth asking another nameserver: the request itself is wrong.
+# Another nameserver would answer the same: say so at once. (Auth refusals too: every
+# nameserver reads the same ACL file.)
 _FINAL_STATUSES: Final = frozenset(
-    {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION}
+    {
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.UNAUTHENTICATED,
+        grpc.StatusCode.PERMISSION_DENIED,
+    }
 )
 
 PERMISSION_NAMES: Final[dict[int, str]] = {
