@@ -12,9 +12,10 @@ gets the same workload, 128 B and 1 KiB bodies of random bytes, and three modes:
   process, latency from scheduled send to the consumer's callback (p50/p99/p99.9).
 
 Each cell is bounded in time (``--seconds``, at most 15) and count; each (b) cell comes
-after ``WARMUP_S`` of the same load, unmeasured. metaq runs twice:
-one broker under ASYNC flush (the row the ratios use) and a master/slave pair under sync
-replication. Each row states its durability.
+after ``WARMUP_S`` of the same load, unmeasured. metaq runs three times:
+one broker under ASYNC flush (the row the ratios use), the same with auth on (users and
+signed frames: what auth costs) and a master/slave pair under sync replication. Each row
+states its durability.
 
 Writes ``compare.md``, ``compare.png`` and ``compare.json`` to ``--out``; the last line
 printed is the JSON object (``ratio_vs_rabbitmq_stream_batched``,
@@ -56,7 +57,7 @@ from compare_report import (
 )
 from machine_stalls import StallWatch
 from metaq_load import Budget, settle_disk
-from metaq_system import Metaq, replicated_pair, single_broker
+from metaq_system import Metaq, replicated_pair, single_broker, single_broker_auth
 from peer_nats import NatsJetStream
 from peer_rabbitmq import RabbitQuorum, RabbitStream
 from peer_redis import RedisStreams
@@ -75,6 +76,12 @@ Launcher = Callable[[Path], AbstractContextManager[list[System]]]
 @contextmanager
 def _metaq(work: Path) -> Iterator[list[System]]:
     with single_broker(work) as system:
+        yield [system]
+
+
+@contextmanager
+def _metaq_auth(work: Path) -> Iterator[list[System]]:
+    with single_broker_auth(work) as system:
         yield [system]
 
 
@@ -112,6 +119,7 @@ def _redis(work: Path) -> Iterator[list[System]]:
 # What starts each server (or servers), and the keys of the systems it yields.
 LAUNCHERS: Final[dict[str, tuple[Launcher, tuple[str, ...]]]] = {
     "metaq": (_metaq, ("metaq",)),
+    "metaq_auth": (_metaq_auth, ("metaq_auth",)),
     "metaq_sync_replicated": (_metaq_replicated, ("metaq_sync_replicated",)),
     "nats": (_nats, ("nats",)),
     "rabbitmq": (_rabbitmq, ("rabbitmq_stream", "rabbitmq_quorum")),
@@ -235,7 +243,7 @@ def main(argv: list[str]) -> None:
                  "ratio_vs_nats_sync", "e2e_p99_vs_best_peer_ratio")
     }  # fmt: skip
     headline["targets_met"] = targets_met(headline)
-    ordered = [s for key in ("metaq", "metaq_sync_replicated", *PEERS)
+    ordered = [s for key in ("metaq", "metaq_auth", "metaq_sync_replicated", *PEERS)
                for s in systems if s.key == key]  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     table = markdown(cells, ordered, SIZES, args.rate, headline, when)

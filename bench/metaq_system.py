@@ -6,6 +6,7 @@ shapes of ``bench_e2e.py`` (:mod:`metaq_load`) and, end to end, by
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,7 +19,10 @@ from metaq_load import Budget, batched, one_at_a_time, pipelined, ready_producer
 from metaq.broker.testing import BrokerProcess
 from metaq.broker.testing.admin import put_topic
 from metaq.client.producer import Producer
+from metaq.common import acl
+from metaq.common.acl import Acl, Grant, User
 from metaq.common.testing import wait_until
+from metaq.common.users import ACCESS_KEY_ENV, SECRET_KEY_ENV, Credentials, Verifier
 from metaq.nameserver.testing import NameServerProcess, start_nameserver
 
 TOPIC: Final = "BenchCompare"
@@ -38,8 +42,18 @@ class Metaq:
 
     in_flight_how = f"{BATCH_CALLERS} callers × send_batch of {IN_FLIGHT // BATCH_CALLERS}"
 
-    def __init__(self, key: str, label: str, durability: str, nameserver: str, http_url: str):
+    def __init__(
+        self,
+        key: str,
+        label: str,
+        durability: str,
+        nameserver: str,
+        http_url: str,
+        admin: Credentials | None = None,
+    ):
         self.key = key
+        self.admin = admin
+        """Who creates the topic on a broker with auth_enabled."""
         self.label = label
         self.durability = durability
         self.nameserver = nameserver
@@ -52,7 +66,9 @@ class Metaq:
         return self._producer
 
     async def open(self) -> None:
-        await put_topic(self.http_url, TOPIC, read_queues=QUEUES, write_queues=QUEUES)
+        await put_topic(
+            self.http_url, TOPIC, read_queues=QUEUES, write_queues=QUEUES, credentials=self.admin
+        )
         await wait_routed(self.nameserver, TOPIC, QUEUES)
         self._producer = await ready_producer(self.nameserver, TOPIC)
 
@@ -101,6 +117,46 @@ def single_broker(work: Path) -> Iterator[Metaq]:
             )  # fmt: skip
     finally:
         nameserver.stop()
+
+
+BENCH_USER: Final = Credentials("bench", "bench-user-secret-key-not-for-real-use")
+
+
+@contextmanager
+def single_broker_auth(work: Path) -> Iterator[Metaq]:
+    """:func:`single_broker` with auth_enabled on both servers: every connection proves a
+    user (AUTH) and every frame is signed. The clients find the user in the environment
+    (METAQ_ACCESS_KEY / METAQ_SECRET_KEY), set here for the block's length."""
+    work.mkdir(parents=True, exist_ok=True)
+    acl_file = work / "acl.json"
+    user = User(BENCH_USER.access_key, Verifier.make(BENCH_USER.access_key, BENCH_USER.secret_key))
+    acl.save(acl_file, Acl().with_user(user).grant(user.access_key, Grant("admin", "cluster")))
+    saved = {k: os.environ.get(k) for k in (ACCESS_KEY_ENV, SECRET_KEY_ENV)}
+    os.environ[ACCESS_KEY_ENV], os.environ[SECRET_KEY_ENV] = (
+        BENCH_USER.access_key, BENCH_USER.secret_key,
+    )  # fmt: skip
+    nameserver = start_nameserver(
+        work / "ns", "--auth-enabled", "true", "--auth-acl-file", str(acl_file)
+    )
+    try:
+        with BrokerProcess.start(
+            work / "broker",
+            *("--nameserver", nameserver.grpc_address, "--flush-mode", "async", *STORE),
+            *("--set", "auth_enabled=true", "--set", f"auth_acl_file={acl_file}"),
+            small_store=False,
+            ready_timeout_s=60,
+        ) as broker:
+            yield Metaq(
+                "metaq_auth", "metaq auth", f"1 copy; {ASYNC_FLUSH}; users and signed frames",
+                nameserver.grpc_address, broker.http_url, BENCH_USER,
+            )  # fmt: skip
+    finally:
+        nameserver.stop()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def _is_master(broker: BrokerProcess) -> bool:

@@ -138,7 +138,7 @@ def test_signed_frames_are_checked_for_mac_time_and_rising_ids() -> None:
     with pytest.raises(PermissionDenied, match="clock"):
         verifier.verify(late, now)
     tampered = bytearray(_signed(key, 7, b"records", now))
-    tampered[-45] ^= 1  # a payload byte
+    tampered[-frame_auth.TRAILER - 1] ^= 1  # the last payload byte
     (bad,) = FrameDecoder().feed(bytes(tampered))
     with pytest.raises(PermissionDenied, match="altered"):
         verifier.verify(bad, now)

@@ -4,14 +4,18 @@ After AUTH (``AuthRequest`` in data.proto) client and broker share a session key
 only they know: it is derived from the user's ClientKey (``metaq.common.users``), which
 the client holds and the broker recovers from the proof, and from both nonces, so every
 connection has its own. Each later request frame is ``FLAG_SIGNED``: its payload ends
-with a :data:`TRAILER` of a u64 timestamp (ms since the Unix epoch) and an
-HMAC-SHA256 with the session key over the request id, type, flags, timestamp, header and
-payload. The broker refuses a frame whose MAC does not match, whose timestamp is more
-than :data:`MAX_CLOCK_SKEW_MS` from its clock, or whose request id is not above the last
-one it took on the connection: a frame replayed on the same connection reuses an id, and
-on another connection the session key differs.
+with a :data:`TRAILER` of a u64 timestamp (ms since the Unix epoch) and a Poly1305 tag
+over the request id, type, flags, timestamp, header and payload, keyed by a one-time key
+``HMAC-SHA256(session key, request id, timestamp)``. Poly1305 because it runs at
+gigabytes per second where HMAC-SHA256 manages about half of one on the machines this is
+measured on, which at 1 KiB messages would cost more than the broker's own work per
+message; a one-time key per frame because Poly1305 must never reuse one, and request ids
+never repeat on a connection. The broker refuses a frame whose tag does not match, whose
+timestamp is more than :data:`MAX_CLOCK_SKEW_MS` from its clock, or whose request id is
+not above the last one it took on the connection: a frame replayed on the same
+connection reuses an id, and on another connection the session key differs.
 
-One HMAC per frame, however many messages a batch carries. Responses are not signed.
+One tag per frame, however many messages a batch carries. Responses are not signed.
 No I/O here.
 """
 
@@ -24,18 +28,22 @@ import struct
 from collections.abc import Sequence
 from typing import Final
 
+from cryptography.hazmat.primitives.poly1305 import Poly1305
+
 from metaq.common.acl import PermissionDenied
 from metaq.common.framing import Buffer, Frame, FrameType
 from metaq.common.users import message
 
 NONCE_BYTES: Final = 16
-MAC_BYTES: Final = 32
+MAC_BYTES: Final = 16
 _STAMP: Final = struct.Struct("<Q")
 TRAILER: Final = _STAMP.size + MAC_BYTES
 """Bytes a signature adds to the end of a FLAG_SIGNED frame's payload."""
 MAX_CLOCK_SKEW_MS: Final = 120_000
 """A signed frame is taken this far either side of the broker's clock."""
 _PREFIX: Final = struct.Struct("<IBHQ")
+_FRAME_KEY: Final = struct.Struct("<IQ")
+_JOIN_OVER_PARTS: Final = 8
 
 
 def new_nonce() -> bytes:
@@ -66,12 +74,18 @@ def _mac(
     header: Buffer,
     payload: Sequence[Buffer],
 ) -> bytes:
-    h = hmac.new(key, _PREFIX.pack(request_id, frame_type, flags, stamp_ms), hashlib.sha256)
-    h.update(len(header).to_bytes(4, "little"))
-    h.update(header)
-    for part in payload:
-        h.update(part)
-    return h.digest()
+    one_time = hmac.new(key, _FRAME_KEY.pack(request_id, stamp_ms), hashlib.sha256).digest()
+    tag = Poly1305(one_time)
+    tag.update(_PREFIX.pack(request_id, frame_type, flags, stamp_ms))
+    tag.update(len(header).to_bytes(4, "little"))
+    tag.update(header)
+    if len(payload) > _JOIN_OVER_PARTS:
+        # One update over a copy beats hundreds of calls: records are separate buffers.
+        tag.update(b"".join(payload))
+    else:
+        for part in payload:
+            tag.update(part)
+    return tag.finalize()
 
 
 def sign(

@@ -2,19 +2,33 @@
 
 from __future__ import annotations
 
+import json
+import time
 from typing import Any
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
+from yarl import URL
 
 from metaq.common import http
+from metaq.common.http_auth import HEADER, signed_purpose
+from metaq.common.users import Credentials, sign_request
 
 
-async def http_json(method: str, url: str, body: Any = None) -> tuple[int, Any]:
-    """(status, parsed JSON body) of one request; the session is closed before returning."""
+async def http_json(
+    method: str, url: str, body: Any = None, credentials: Credentials | None = None
+) -> tuple[int, Any]:
+    """(status, parsed JSON body) of one request; the session is closed before returning.
+    With ``credentials`` the request is signed (a broker with auth_enabled needs it)."""
+    sent = http.json_for(method, body)
+    data = json.dumps(sent).encode() if sent is not None else b""
+    headers = {"Content-Type": http.JSON_TYPE} if sent is not None else {}
+    if credentials is not None:
+        path = URL(url).path_qs
+        headers[HEADER] = sign_request(credentials, signed_purpose(method, path), data, time.time())
     async with (
         aiohttp.ClientSession() as session,
-        session.request(method, url, json=http.json_for(method, body)) as response,
+        session.request(method, url, data=data or None, headers=headers) as response,
     ):
         return response.status, await response.json()
 
@@ -26,11 +40,13 @@ async def put_topic(
     read_queues: int = 4,
     write_queues: int = 4,
     perm: str = "read-write",
+    credentials: Credentials | None = None,
 ) -> None:
     status, body = await http_json(
         "PUT",
         f"{http_url}/topics/{name}",
         {"read_queues": read_queues, "write_queues": write_queues, "perm": perm},
+        credentials,
     )
     if status != 200:
         raise AssertionError(f"creating topic {name} failed: {status} {body}")

@@ -995,7 +995,8 @@ class AuthRequest(_message.Message):
          answers with server_signature = HMAC(ServerKey, AuthMessage), proving it holds the
          user's verifier.
     Both sides then derive a session key, HMAC(ClientKey, "session" and the same fields),
-    and every later request frame of the client is FLAG_SIGNED with it.
+    and every later request frame of the client is FLAG_SIGNED: a Poly1305 tag in a
+    trailer of its payload (docs/protocol.md).
     """
 
     DESCRIPTOR: _descriptor.Descriptor
