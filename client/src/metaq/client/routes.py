@@ -32,7 +32,7 @@ from metaq.client.user_calls import UserSigningInterceptor
 from metaq.common.auth import ClusterSecret, call_metadata
 from metaq.common.errors import ErrorCode, MetaqError
 from metaq.common.service import PeriodicService
-from metaq.common.users import Credentials
+from metaq.common.users import Credentials, load_credentials
 from metaq.common.v1 import control_pb2 as pb
 from metaq.common.v1.control_pb2_grpc import NameServerStub
 
@@ -351,8 +351,9 @@ class RouteCache:
         if not self.nameservers:
             raise ValueError("at least one nameserver address is needed")
         self.rpc_timeout_s = rpc_timeout_s
-        self.credentials = credentials
-        """The user whose key signs every call (nameservers with auth require it)."""
+        self.credentials = credentials or load_credentials()
+        """The user whose key signs every call (nameservers with auth require it); by
+        default from METAQ_ACCESS_KEY / METAQ_SECRET_KEY or METAQ_CREDENTIALS_FILE."""
         self._routes: dict[str, TopicRoute] = {}
         self._fetched_at: dict[str, float] = {}
         self._fetching: dict[str, asyncio.Future[TopicRoute]] = {}
