@@ -25,6 +25,8 @@ def test_auth_on_needs_an_existing_acl_file(tmp_path: Path) -> None:
         open_source(True, "", "the broker")
     with pytest.raises(AuthConfigError, match="does not exist: create it with"):
         open_source(True, str(tmp_path / "missing.json"), "the broker")
+    with pytest.raises(AuthConfigError, match="needs the cluster secret as well"):
+        open_source(True, str(tmp_path / "missing.json"), "the broker", False)
 
 
 def test_a_change_is_taken_and_a_broken_file_keeps_the_last_good_acl(

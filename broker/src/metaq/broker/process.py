@@ -120,7 +120,9 @@ class Broker:
     async def start(self) -> None:
         config = self.config
         self.secret = cluster_secret(config)  # before anything listens
-        self.acl = open_source(config.auth_enabled, config.auth_acl_file, "the broker")
+        self.acl = open_source(
+            config.auth_enabled, config.auth_acl_file, "the broker", self.secret is not None
+        )
         user_gate = self.user_gate = UserGate(
             self.acl,
             lambda c: self.group_role is not None and self.group_role.gate.proven(c),

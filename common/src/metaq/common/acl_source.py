@@ -95,8 +95,13 @@ class AclReloader(PeriodicService):
         self._source.refresh()
 
 
-def open_source(enabled: bool, acl_file: str, component: str) -> AclSource | None:
-    """The ACL source when ``enabled``; else None, with a WARNING that anyone is served."""
+def open_source(
+    enabled: bool, acl_file: str, component: str, has_cluster_secret: bool = True
+) -> AclSource | None:
+    """The ACL source when ``enabled``; else None, with a WARNING that anyone is served.
+
+    Auth needs the cluster secret too: it is what tells the cluster's own traffic (slaves
+    fetching the log and forwarding commits, brokers registering) from users'."""
     if not enabled:
         log.warning(
             "%s runs with auth_enabled = false: it serves ANYONE who reaches its ports "
@@ -105,6 +110,12 @@ def open_source(enabled: bool, acl_file: str, component: str) -> AclSource | Non
             component,
         )
         return None
+    if not has_cluster_secret:
+        raise AuthConfigError(
+            f"{component}: auth_enabled = true needs the cluster secret as well "
+            "(cluster_secret_file or METAQ_CLUSTER_SECRET): brokers and nameservers prove "
+            "it to each other, where clients prove a user"
+        )
     if not acl_file:
         raise AuthConfigError(
             f"{component}: auth_enabled = true needs auth_acl_file, the users and grants "

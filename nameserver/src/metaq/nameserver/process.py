@@ -57,7 +57,9 @@ class NameServer:
     ) -> None:
         self.config = config
         self.secret = cluster_secret(config, env)
-        self.acl = open_source(config.auth_enabled, config.auth_acl_file, "the nameserver")
+        self.acl = open_source(
+            config.auth_enabled, config.auth_acl_file, "the nameserver", self.secret is not None
+        )
         self._acl_reloader = AclReloader(self.acl) if self.acl is not None else None
         self.registry = Registry(config.broker_expiry_s, clock)
         self._sweeper = ExpirySweeper(self.registry, config.expiry_scan_interval_s)
