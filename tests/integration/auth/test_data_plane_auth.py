@@ -275,3 +275,33 @@ def test_pub_on_a_prefix_and_retry_topics_follow_the_group(
             await connection.close()
 
     run_async(scenario())
+
+
+def test_a_user_limited_to_other_networks_is_refused_at_the_handshake(
+    broker: BrokerProcess, acl_setup: tuple[Path, Credentials, Credentials]
+) -> None:
+    acl_file = acl_setup[0]
+    secret_file = acl_file.parent / "remote.secret"
+    secret_file.write_text(APP_SECRET)
+    acl_cli(acl_file, "add-user", "remote", "--secret-key-file", str(secret_file))
+    acl_cli(acl_file, "cidrs", "remote", "10.0.0.0/8")
+    remote = Credentials("remote", APP_SECRET)
+
+    async def scenario() -> None:
+        refusal: list[str] = []
+
+        async def refused_for_its_network() -> bool:
+            try:
+                connection = await BrokerConnection.open(_address(broker), credentials=remote)
+            except ClientBrokerError as exc:
+                refusal[:] = [exc.detail]
+                return "may not connect from 127.0.0.1" in exc.detail
+            await connection.close()
+            return False
+
+        # The broker rereads the file within a second of the change.
+        await wait_until_async(refused_for_its_network, 10, "the allow-list is in force")
+        assert "10.0.0.0/8" in refusal[0]
+
+    run_async(scenario())
+    assert _denied(broker, "address") >= 1
