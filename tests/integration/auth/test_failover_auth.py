@@ -4,6 +4,7 @@ the cluster secret neither fetch the log nor take the group over."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -163,3 +164,28 @@ def test_no_commitlog_for_strangers_nor_users_and_no_takeover_without_the_secret
         assert sorted(control.in_sync_ids) == [0, 1]
     finally:
         forged.kill()
+
+
+def test_an_admin_user_may_switch_the_master_over_and_others_may_not(
+    group: ReplicaGroup, tmp_path: Path
+) -> None:
+    def switchover(credentials: Credentials, to: int) -> subprocess.CompletedProcess[str]:
+        file = tmp_path / f"{credentials.access_key}.credentials"
+        file.write_text(credentials_text(credentials))
+        env = {k: v for k, v in os.environ.items() if k != ENV_VAR}  # no cluster secret
+        return subprocess.run(
+            [sys.executable, "-m", "metaq.client.cli", "cluster", "switchover", "--group", GROUP,
+             "--to", str(to), "-n", group.nameserver_addresses[0],
+             "--credentials-file", str(file)],
+            capture_output=True, text=True, timeout=60, check=False, env=env,
+        )  # fmt: skip
+
+    master = group.master()
+    other = 1 - master
+    refused = switchover(APP1, other)
+    assert refused.returncode == 1
+    assert "lacks admin on cluster" in refused.stderr, refused.stderr
+    assert group.master() == master
+    moved = switchover(ADMIN, other)
+    assert moved.returncode == 0, moved.stderr
+    assert group.master(20, other_than=master) == other

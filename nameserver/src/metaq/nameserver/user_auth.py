@@ -47,6 +47,10 @@ class UserCalls:
         self.denied: dict[str, int] = {}
         """Refusals by reason (for ``metaq_auth_denied_total``)."""
 
+    @property
+    def enabled(self) -> bool:
+        return self._source is not None
+
     async def check(self, context: Any, method: str, body: bytes, need: Check) -> None:
         """Return when the call may go on; else end it with the status saying why."""
         source = self._source
