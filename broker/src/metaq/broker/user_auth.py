@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Final
+from typing import Final, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter
 
@@ -40,13 +40,12 @@ _CLUSTER_TYPES: Final = frozenset(
 )
 
 
-class _Pending:
-    __slots__ = ("access_key", "client_nonce", "server_nonce")
+class _Pending(NamedTuple):
+    """The first AUTH step on a connection, until the second."""
 
-    def __init__(self, access_key: str, client_nonce: bytes, server_nonce: bytes) -> None:
-        self.access_key = access_key
-        self.client_nonce = client_nonce
-        self.server_nonce = server_nonce
+    access_key: str
+    client_nonce: bytes
+    server_nonce: bytes
 
 
 def denied_counter(registry: CollectorRegistry) -> Counter:
@@ -73,11 +72,6 @@ class UserGate:
         self._denied = denied
         self._pending: dict[int, _Pending] = {}
         self._sessions: dict[int, FrameVerifier] = {}
-        self._peer_hosts: dict[int, str] = {}
-
-    @property
-    def enabled(self) -> bool:
-        return self._source is not None
 
     # --- AUTH ---------------------------------------------------------------------------
 
