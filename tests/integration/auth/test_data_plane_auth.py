@@ -7,6 +7,7 @@ every frame, and stay within its grants.
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -15,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from metaq.broker.testing import BrokerError, BrokerProcess, DataClient
-from metaq.client.connection import BrokerConnection
+from metaq.client.connection import BrokerConnection, ConnectionPool
 from metaq.client.errors import BrokerError as ClientBrokerError
+from metaq.client.errors import ConnectionLost
 from metaq.common.errors import ErrorCode
 from metaq.common.framing import FrameType
 from metaq.common.record import encode
@@ -305,3 +307,34 @@ def test_a_user_limited_to_other_networks_is_refused_at_the_handshake(
 
     run_async(scenario())
     assert _denied(broker, "address") >= 1
+
+
+def test_a_connection_that_used_every_request_id_retires_and_a_new_one_works(
+    broker: BrokerProcess, acl_setup: tuple[Path, Credentials, Credentials]
+) -> None:
+    app1 = acl_setup[2]
+
+    async def scenario() -> None:
+        pool = ConnectionPool(credentials=app1)
+        try:
+            connection = await pool.get(_address(broker))
+            connection._next_id = 0xFFFFFFFF  # the last id there is
+            with contextlib.suppress(ConnectionLost):
+                await connection.request(
+                    FrameType.SEND, _send_header("A"), [encode("A", b"last id")], timeout_s=5
+                )
+
+            async def retired() -> bool:
+                return connection.closed
+
+            await wait_until_async(retired, 5, "the used-up connection is closed")
+            fresh = await pool.get(_address(broker))
+            assert fresh is not connection
+            frame = await fresh.request(
+                FrameType.SEND, _send_header("A"), [encode("A", b"next")], timeout_s=5
+            )
+            assert SendResponse.FromString(frame.header).status is SendResponse.OK
+        finally:
+            await pool.close()
+
+    run_async(scenario())

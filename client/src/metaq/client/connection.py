@@ -146,6 +146,24 @@ class BrokerConnection(asyncio.Protocol):
             )
         self._session_key = frame_auth.session_key(key, credentials.access_key, nonce, server_nonce)
 
+    def _take_id(self) -> int:
+        request_id = self._next_id
+        if request_id < _U32_MAX:
+            self._next_id = request_id + 1
+        else:
+            self._next_id = 1
+            if self._session_key is not None:
+                # A broker checking signatures takes no id at or below the last one: the
+                # connection is used up. Requests in flight fail ConnectionLost (retriable)
+                # and the pool opens a new one.
+                self._loop.call_soon(self._retire)
+        return request_id
+
+    def _retire(self) -> None:
+        self.flush()
+        if self._transport is not None:
+            self._transport.close()
+
     def _encode(
         self,
         frame_type: FrameType,
@@ -269,8 +287,7 @@ class BrokerConnection(asyncio.Protocol):
         if self._closed:
             future.set_exception(ConnectionLost(self.address, "the connection is closed"))
             return future
-        request_id = self._next_id
-        self._next_id = request_id + 1 if request_id < _U32_MAX else 1
+        request_id = self._take_id()
         self._out += self._encode(frame_type, request_id, header, payload)
         deadline = self._loop.time() + timeout_s
         self._pending[request_id] = (future, deadline)
@@ -299,8 +316,7 @@ class BrokerConnection(asyncio.Protocol):
         if self._closed:
             callback(None, ConnectionLost(self.address, "the connection is closed"))
             return
-        request_id = self._next_id
-        self._next_id = request_id + 1 if request_id < _U32_MAX else 1
+        request_id = self._take_id()
         self._out += self._encode(frame_type, request_id, header, payload)
         deadline = self._loop.time() + timeout_s
         self._pending[request_id] = (callback, deadline)
@@ -335,8 +351,7 @@ class BrokerConnection(asyncio.Protocol):
         if self._closed:
             raise ConnectionLost(self.address, "the connection is closed")
         # Id 0 is reserved for connection errors, so one-way requests take ids too.
-        request_id = self._next_id
-        self._next_id = request_id + 1 if request_id < _U32_MAX else 1
+        request_id = self._take_id()
         self._out += self._encode(frame_type, request_id, header, payload, FLAG_ONE_WAY)
         if not self._flush_scheduled:
             self._flush_scheduled = True
