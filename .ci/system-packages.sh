@@ -3,8 +3,9 @@
 # nftables (nft: the chaos suite's partitions and packet loss), iproute2 (ip, tc: its
 # network namespaces), e2fsprogs and mount (mkfs.ext4, mount: the disk-full scenario's
 # small loop-mounted filesystem), openssh-server (sshd: the Ansible deploy test's hosts,
-# one sshd per network namespace). Without them those scenarios skip and say why, so a
-# machine that cannot install (not root, no apt-get) gets a note and the suite runs on.
+# one sshd per network namespace), prometheus (with promtool: the monitoring tests).
+# Without them those scenarios skip and say why, so a machine that cannot install (not
+# root, no apt-get) gets a note and the suite runs on.
 set -eu
 
 need=""
@@ -15,6 +16,9 @@ command -v mount >/dev/null 2>&1 || need="$need mount"
 [ -x /usr/sbin/sshd ] || need="$need openssh-server"
 # Java 17 runs Spark for the spark_jobs tests (pyspark 4.3).
 command -v java >/dev/null 2>&1 || need="$need openjdk-17-jre-headless"
+# prometheus (with promtool): the monitoring tests scrape a real cluster and run the
+# alert rules' unit tests.
+{ command -v prometheus && command -v promtool; } >/dev/null 2>&1 || need="$need prometheus"
 [ -z "$need" ] && exit 0
 
 if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then

@@ -99,7 +99,7 @@ class Cluster:
         total = 0.0
         for broker in self.brokers.values():
             for (name, labels), value in (await scrape(broker.http_url)).items():
-                if name == "metaq_messages_pulled_total" and ("topic", topic) in labels:
+                if name == "metaq_messages_out_total" and ("topic", topic) in labels:
                     total += value
         return int(total)
 

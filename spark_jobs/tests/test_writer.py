@@ -65,7 +65,7 @@ def test_a_task_failed_mid_write_stores_each_row_once(
             for url in metrics:
                 text = urllib.request.urlopen(url, timeout=5).read().decode()
                 for found in re.finditer(
-                    r'^metaq_messages_appended_total\{topic="write-retry"\} (\S+)$', text, re.M
+                    r'^metaq_messages_in_total\{topic="write-retry"\} (\S+)$', text, re.M
                 ):
                     total += float(found.group(1))
             return total

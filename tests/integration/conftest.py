@@ -23,6 +23,7 @@ def _register_sibling(name: str) -> None:
 
 
 _register_sibling("consumer_cluster")
+_register_sibling("impostor")
 _register_sibling("producer_cluster")
 _register_sibling("replica_group")
 

@@ -406,7 +406,9 @@ def test_committed_offsets_and_queue_bounds_are_queryable(broker: BrokerProcess)
             await client.close()
         samples = await scrape(broker.http_url)
         lag = (("group", "readers"), ("queue", "0"), ("topic", "Committed"))
-        assert samples[("metaq_consumer_lag", lag)] == 1
+        assert samples[("metaq_consumer_lag_messages", lag)] == 1
+        # The one unconsumed message's age: stored during this test, so under a minute.
+        assert 0 < samples[("metaq_consumer_lag_latency_seconds", lag)] < 60
 
     run_async(scenario())
 
@@ -453,18 +455,47 @@ def test_health_and_metrics_answer(broker: BrokerProcess) -> None:
         assert health["uptime_s"] >= 0
 
         await put_topic(broker.http_url, "Metered")
+        before = await scrape(broker.http_url)  # the broker is shared with other tests
         client = await connect(broker)
         try:
             records = [encode("Metered", b"x" * 100, queue_id=3) for _ in range(7)]
             await client.send("Metered", 3, records)
             await pull_all(client, "Metered", 3, 7)
+            await client.send("%DLQ%payments", 0, [encode("%DLQ%payments", b"dead")] * 2)
+            with pytest.raises(BrokerError) as caught:
+                await client.send("Metered", 2, records[:1])  # the record says queue 3
+            assert caught.value.code is ErrorCode.INVALID_MESSAGE
         finally:
             await client.close()
         samples = await scrape(broker.http_url)
         topic = (("topic", "Metered"),)
-        assert samples[("metaq_messages_appended_total", topic)] == 7
-        assert samples[("metaq_bytes_appended_total", topic)] == sum(len(r) for r in records)
-        assert samples[("metaq_messages_pulled_total", topic)] == 7
+        assert samples[("metaq_messages_in_total", topic)] == 7
+        assert samples[("metaq_throughput_in_bytes_total", topic)] == sum(len(r) for r in records)
+        assert samples[("metaq_messages_out_total", topic)] == 7
+        assert samples[("metaq_throughput_out_bytes_total", topic)] == sum(map(len, records))
+        assert samples[("metaq_send_to_dlq_messages_total", (("group", "payments"),))] == 2
+        rejected = (("reason", "invalid_message"),)
+        refused = ("metaq_rejected_writes_total", rejected)
+        assert samples[refused] - before.get(refused, 0) == 1
+        # One histogram observation per request frame, refused ones included.
+        sends = (("request_type", "SEND"),)
+        count, inf = (
+            ("metaq_rpc_latency_seconds_count", sends),
+            (
+                "metaq_rpc_latency_seconds_bucket",
+                (("le", "+Inf"), *sends),
+            ),
+        )
+        assert samples[count] - before.get(count, 0) == 3
+        assert samples[inf] - before.get(inf, 0) == 3
+        assert samples[("process_resident_memory_bytes", ())] > 0
+
+        async def flushed() -> bool:  # the flusher's next round fsyncs the sends
+            fsyncs = (await scrape(broker.http_url))[("metaq_fsync_latency_seconds_count", ())]
+            return fsyncs > before[("metaq_fsync_latency_seconds_count", ())]
+
+        await wait_until_async(flushed, 10, "the sends' fsync is in the fsync histogram")
+        assert ("python_gc_collections_total", (("generation", "0"),)) in samples
         assert samples[("metaq_queue_max_offset", (("queue", "3"), ("topic", "Metered")))] == 7
         assert samples[("metaq_commitlog_write_offset", ())] > 0
         assert samples[("metaq_dispatch_backlog_bytes", ())] >= 0

@@ -10,17 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import secrets
-from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from impostor import Impostor
 from replica_group import GROUP, TOPIC, health, start_group
 
 from metaq.broker.testing import BrokerError, BrokerProcess, DataClient
 from metaq.broker.testing.admin import put_topic
 from metaq.common.errors import ErrorCode, NotAuthenticated
-from metaq.common.framing import FLAG_RESPONSE, FrameDecoder, FrameType, encode_frame
+from metaq.common.framing import FrameDecoder, FrameType
 from metaq.common.record import encode, iter_records
 from metaq.common.testing import (
     cluster_secret_for_tests,
@@ -33,7 +32,6 @@ from metaq.common.v1.data_pb2 import (
     EpochEntry,
     PullResponse,
     ReplicaAuthRequest,
-    ReplicaAuthResponse,
     ReplicaFetchRequest,
     ReplicaFetchResponse,
     SendResponse,
@@ -155,49 +153,16 @@ def test_an_unauthenticated_fetch_does_not_hold_back_consumers(tmp_path: Path) -
 # --- a forged master ---------------------------------------------------------------------
 
 
-class _Impostor:
-    """Answers on a master's address without the secret: it bluffs the handshake and
-    tells any fetch that the group moved on to a new epoch with an empty log."""
-
-    def __init__(self) -> None:
-        self.seen: list[FrameType] = []
-        self._server: asyncio.Server | None = None
-
-    async def start(self, host: str, port: int) -> None:
-        self._server = await asyncio.start_server(self._serve, host, port)
-
-    async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        decoder = FrameDecoder()
-        try:
-            while chunk := await reader.read(1 << 16):
-                for frame in decoder.feed(chunk):
-                    self.seen.append(frame.type)
-                    writer.writelines(self._answer(frame.type, frame.request_id, frame.header))
-        except ConnectionError:
-            pass
-        finally:
-            writer.close()
-
-    @staticmethod
-    def _answer(frame_type: FrameType, request_id: int, header: bytes) -> Sequence[bytes]:
-        if frame_type is FrameType.REPLICA_FETCH:
-            request = ReplicaFetchRequest.FromString(header)
-            newer = request.epoch + 5
-            answer = ReplicaFetchResponse(
-                epoch=newer, offset=request.offset, master_end=0, min_offset=0,
-                epochs=[EpochEntry(epoch=newer, start_offset=0)],
-            ).SerializeToString()  # fmt: skip
-        else:  # the handshake: a nonce and a made-up proof
-            bluff = ReplicaAuthResponse(
-                master_nonce=secrets.token_bytes(16), master_proof=secrets.token_bytes(32)
-            )
-            answer = bluff.SerializeToString()
-        return [bytes(b) for b in encode_frame(frame_type, request_id, answer, flags=FLAG_RESPONSE)]
+def _newer_epoch(frame_type: FrameType, header: bytes) -> bytes | None:
+    """Tells any fetch that the group moved on to a new epoch with an empty log."""
+    if frame_type is not FrameType.REPLICA_FETCH:
+        return None
+    request = ReplicaFetchRequest.FromString(header)
+    newer = request.epoch + 5
+    return ReplicaFetchResponse(
+        epoch=newer, offset=request.offset, master_end=0, min_offset=0,
+        epochs=[EpochEntry(epoch=newer, start_offset=0)],
+    ).SerializeToString()  # fmt: skip
 
 
 def test_a_slave_cuts_nothing_for_a_master_that_cannot_prove_the_secret(tmp_path: Path) -> None:
@@ -232,11 +197,11 @@ def test_a_slave_cuts_nothing_for_a_master_that_cannot_prove_the_secret(tmp_path
         master.kill()
 
         async def impersonate() -> list[FrameType]:
-            impostor = _Impostor()
+            impostor = Impostor(_newer_epoch)
             # The slave goes on following the dead master's address: take it over.
             await impostor.start(master.data_host, master.data_port)
             try:
-                await wait_until_async(_asked(impostor), 20, "the slave connects to the impostor")
+                await wait_until_async(impostor.asked, 20, "the slave connects to the impostor")
                 await asyncio.to_thread(
                     holds_for,
                     lambda: health(slave)["commitlog_write_offset"] == end,
@@ -264,13 +229,6 @@ def test_a_slave_cuts_nothing_for_a_master_that_cannot_prove_the_secret(tmp_path
         for broker in brokers:
             broker.kill()
         nameserver.stop()
-
-
-def _asked(impostor: _Impostor) -> object:
-    async def holds() -> bool:
-        return bool(impostor.seen)
-
-    return holds
 
 
 # --- a relay at a stale master address -------------------------------------------------------

@@ -8,23 +8,22 @@ re-read 295,204 messages after one consumer restart."""
 from __future__ import annotations
 
 import asyncio
-import secrets
 from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from impostor import Impostor
 from replica_group import TOPIC, ReplicaGroup, health, start_group
 
 from metaq.broker.testing import BrokerError, BrokerProcess, DataClient
 from metaq.broker.testing.admin import put_topic, scrape
 from metaq.client.cli.progress import group_progress
-from metaq.common.framing import FLAG_RESPONSE, FrameDecoder, FrameType, encode_frame
+from metaq.common.framing import FrameType
 from metaq.common.record import encode
 from metaq.common.testing import holds_for, run_async, wait_until, wait_until_async
 from metaq.common.v1.data_pb2 import (
     CommitOffsetRequest,
     CommitOffsetResponse,
-    ReplicaAuthResponse,
     SendResponse,
 )
 from metaq.nameserver.testing import NameServerProcess, start_nameserver
@@ -254,52 +253,15 @@ def _master_and_slave(
     return nameserver, group, master, slave
 
 
-class _Impostor:
-    """Listens on a dead master's address without the cluster secret: it bluffs the
-    handshake and answers any forwarded commit with offset 0 for every queue."""
-
-    def __init__(self) -> None:
-        self.seen: list[FrameType] = []
-        self._server: asyncio.Server | None = None
-
-    async def start(self, host: str, port: int) -> None:
-        self._server = await asyncio.start_server(self._serve, host, port)
-
-    async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        decoder = FrameDecoder()
-        try:
-            while chunk := await reader.read(1 << 16):
-                for frame in decoder.feed(chunk):
-                    self.seen.append(frame.type)
-                    answer = self._answer(frame.type, frame.header)
-                    if answer is not None:
-                        writer.writelines(
-                            encode_frame(frame.type, frame.request_id, answer, flags=FLAG_RESPONSE)
-                        )
-        except ConnectionError:
-            pass
-        finally:
-            writer.close()
-
-    @staticmethod
-    def _answer(frame_type: FrameType, header: bytes) -> bytes | None:
-        if frame_type is FrameType.REPLICA_AUTH:
-            bluff = ReplicaAuthResponse(
-                master_nonce=secrets.token_bytes(16), master_proof=secrets.token_bytes(32)
-            )
-            return bluff.SerializeToString()
-        if frame_type is FrameType.COMMIT_OFFSET:
-            request = CommitOffsetRequest.FromString(header)
-            answer = CommitOffsetResponse()
-            for entry in request.offsets:
-                answer.offsets.add(topic=entry.topic, queue_id=entry.queue_id, offset=0)
-            return answer.SerializeToString()
-        return None  # a fetch: let it time out
+def _commits_at_zero(frame_type: FrameType, header: bytes) -> bytes | None:
+    """Answers any forwarded commit with offset 0 for every queue."""
+    if frame_type is FrameType.COMMIT_OFFSET:
+        request = CommitOffsetRequest.FromString(header)
+        answer = CommitOffsetResponse()
+        for entry in request.offsets:
+            answer.offsets.add(topic=entry.topic, queue_id=entry.queue_id, offset=0)
+        return answer.SerializeToString()
+    return None  # a fetch: let it time out
 
 
 def test_a_slave_forwards_held_commits_only_to_a_master_that_proves_the_secret(
@@ -310,15 +272,11 @@ def test_a_slave_forwards_held_commits_only_to_a_master_that_proves_the_secret(
         master.kill()
 
         async def impersonate() -> list[FrameType]:
-            impostor = _Impostor()
+            impostor = Impostor(_commits_at_zero)
             # The slave goes on following the dead master's address: take it over.
             await impostor.start(master.data_host, master.data_port)
             try:
-
-                async def asked() -> bool:
-                    return bool(impostor.seen)
-
-                await wait_until_async(asked, 20, "the slave connects to the impostor")
+                await wait_until_async(impostor.asked, 20, "the slave connects to the impostor")
                 await asyncio.to_thread(commit, slave, 50)
 
                 def kept() -> bool:

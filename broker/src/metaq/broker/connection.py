@@ -33,12 +33,14 @@ import contextlib
 import itertools
 import logging
 import socket
+import struct
 import time
 from collections.abc import Callable, Mapping
 from typing import Final, Protocol, cast
 
 from google.protobuf.message import DecodeError
 
+from metaq.broker.latency import Latency, LatencyFamily
 from metaq.broker.limits import RequestBudget
 from metaq.common.errors import ErrorCode, MetaqError, ProtocolError
 from metaq.common.framing import (
@@ -53,6 +55,8 @@ from metaq.common.framing import (
 log = logging.getLogger(__name__)
 
 _ids: Final = itertools.count(1)
+# A frame's request id, after its length, version, type and flags (see framing.PREFIX).
+_REQUEST_ID: Final = struct.Struct("<I")
 TURN_S: Final = 0.005
 """How long one connection's frames may be handled before the loop serves the others.
 Sends and small requests never reach it (a read of them takes well under a
@@ -105,6 +109,7 @@ class Connection(asyncio.Protocol):
         budget: RequestBudget,
         max_write_bytes: int,
         max_inflight: int,
+        latency: LatencyFamily | None = None,
         gate: Gate | None = None,
     ) -> None:
         self.connection_id = next(_ids)
@@ -149,6 +154,10 @@ class Connection(asyncio.Protocol):
         rate is being judged (see :meth:`arrived_in_window`)."""
         self.lost = self._loop.create_future()
         """Resolves once the transport is gone (for a bounded shutdown)."""
+        self._latency_family = latency
+        self._latency: dict[FrameType, Latency] = {}
+        # Request id -> its type's histogram and when it was read, until it is answered.
+        self._started: dict[int, tuple[Latency, float]] = {}
 
     # --- asyncio.Protocol -------------------------------------------------------------
 
@@ -177,6 +186,7 @@ class Connection(asyncio.Protocol):
         self._closed = True
         self._out = []
         self._stash = []
+        self._started = {}
         self._transport = None
         if self._reserved:
             self._budget.release(self._reserved)
@@ -329,6 +339,9 @@ class Connection(asyncio.Protocol):
             return
         if parts[0][6] & FLAG_RESPONSE and self.unanswered:
             self.unanswered -= 1
+            started = self._started.pop(_REQUEST_ID.unpack_from(parts[0], 8)[0], None)
+            if started is not None:
+                started[0].observe(time.perf_counter() - started[1])
             if not self.unanswered:
                 # Idle time counts from the last answer too: a long poll answered after
                 # more than idle_timeout_s leaves its peer time for the next request.
@@ -386,6 +399,13 @@ class Connection(asyncio.Protocol):
             return
         if not frame.is_one_way:
             self.unanswered += 1
+            if self._latency_family is not None:
+                latency = self._latency.get(frame.type)
+                if latency is None:  # a histogram only for the request types seen
+                    latency = self._latency[frame.type] = self._latency_family.child(
+                        frame.type.name
+                    )
+                self._started[frame.request_id] = (latency, time.perf_counter())
         try:
             if self._gate is not None:
                 frame = self._gate.admit(self, frame)

@@ -1,9 +1,16 @@
 """Prometheus metrics of one broker: request counters kept on the hot path, store and
 consumer state read at scrape time.
 
+Names follow RocketMQ 5's (``messages_in_total``, ``throughput_in_bytes_total``,
+``consumer_lag_messages``, ``rpc_latency_seconds`` ...) with the ``metaq_`` prefix and
+Prometheus' rules: units in the name, ``_total`` on counters (prometheus_client adds it
+to a Counter's name), base units. docs/operations.md lists them all.
+
 Each broker has its own registry (never the library's global one), so several brokers
-can live in one process in tests. Counters by topic keep their labelled children in a
-dict: a send costs two dict lookups and two increments, not a label resolution.
+can live in one process in tests; the process, platform and GC collectors are registered
+on it too. Counters by topic keep their labelled children in a dict: a send costs a dict
+lookup and two increments, not a label resolution. Histograms are observed per request
+frame or per fsync, never per message (see :mod:`metaq.broker.latency`).
 """
 
 from __future__ import annotations
@@ -11,17 +18,41 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Final
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from metaq.broker.consumers import ConsumerGroups
 from metaq.broker.delay import DelayScheduler
+from metaq.broker.latency import FSYNC_BUCKETS_S, RPC_BUCKETS_S, LatencyFamily, SingleLatency
 from metaq.broker.offsets import ConsumerOffsets
 from metaq.broker.role import GroupRole
 from metaq.broker.store import MessageStore
 from metaq.broker.transactions import Transactions
+from metaq.common.errors import ErrorCode, MetaqError
+
+DLQ_PREFIX: Final = "%DLQ%"
+MAX_LAG_LOOKUPS: Final = 10_000
+"""Consumer lag in time reads one record header per (group, topic, queue) with a
+backlog; past this many a scrape reports the rest in messages only, so a broker with
+huge numbers of groups is not stalled by its scraper."""
+
+
+def standard_collectors(registry: CollectorRegistry) -> None:
+    """process_* (CPU, memory, open fds), python_info and python_gc_* on ``registry``."""
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
 
 
 class BrokerMetrics:
@@ -30,16 +61,54 @@ class BrokerMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         r = self.registry
+        standard_collectors(r)
         self._messages = Counter(
-            "metaq_messages_appended", "Messages appended, by topic", ["topic"], registry=r
+            "metaq_messages_in", "Messages appended by sends, by topic", ["topic"], registry=r
         )
         self._bytes = Counter(
-            "metaq_bytes_appended", "Record bytes appended, by topic", ["topic"], registry=r
+            "metaq_throughput_in_bytes",
+            "Record bytes appended by sends, by topic",
+            ["topic"],
+            registry=r,
+        )
+        self._dlq = Counter(
+            "metaq_send_to_dlq_messages",
+            "Messages sent to a consumer group's dead-letter topic, by group",
+            ["group"],
+            registry=r,
         )
         self._pulls = Counter("metaq_pulls", "PULL answers, by status", ["status"], registry=r)
         self._pulled = Counter(
-            "metaq_messages_pulled", "Messages returned by pulls, by topic", ["topic"], registry=r
+            "metaq_messages_out", "Messages returned by pulls, by topic", ["topic"], registry=r
         )
+        self._pulled_bytes = Counter(
+            "metaq_throughput_out_bytes",
+            "Record bytes returned by pulls, by topic",
+            ["topic"],
+            registry=r,
+        )
+        self._rejected = Counter(
+            "metaq_rejected_writes",
+            "SEND requests refused, by reason: not_master, not_enough_replicas, disk_full, "
+            "io_errors, service_dead, unavailable (starting or stopping), and the error "
+            "code of any other refusal (invalid_message, unknown_topic, no_permission ...)",
+            ["reason"],
+            registry=r,
+        )
+        self.rpc_latency = LatencyFamily(
+            "metaq_rpc_latency_seconds",
+            "Data-plane requests from read to answer, by request type (a PULL's includes "
+            "its time parked as a long poll)",
+            "request_type",
+            RPC_BUCKETS_S,
+        )
+        r.register(self.rpc_latency)
+        self.fsync_latency = SingleLatency(
+            "metaq_fsync_latency_seconds",
+            "Commitlog flushes: the fsyncs of one flush of the written tail",
+            FSYNC_BUCKETS_S,
+        )
+        r.register(self.fsync_latency)
         self.flush_timeouts = Counter(
             "metaq_flush_disk_timeouts", "SYNC sends answered FLUSH_DISK_TIMEOUT", registry=r
         )
@@ -102,25 +171,41 @@ class BrokerMetrics:
             "Seconds the event loop polled for a next request instead of sleeping (idle_poll_us)",
             registry=r,
         )
-        self._appended_children: dict[str, tuple[Counter, Counter]] = {}
-        self._pull_children: dict[tuple[str, str], tuple[Counter, Counter]] = {}
+        self._appended_children: dict[str, tuple[Counter, Counter, Counter | None]] = {}
+        self._pull_children: dict[tuple[str, str], tuple[Counter, Counter, Counter]] = {}
 
     def appended(self, topic: str, messages: int, nbytes: int) -> None:
         children = self._appended_children.get(topic)
         if children is None:
-            children = (self._messages.labels(topic), self._bytes.labels(topic))
+            dlq = topic.startswith(DLQ_PREFIX)
+            children = (
+                self._messages.labels(topic),
+                self._bytes.labels(topic),
+                self._dlq.labels(topic[len(DLQ_PREFIX) :]) if dlq else None,
+            )
             self._appended_children[topic] = children
         children[0].inc(messages)
         children[1].inc(nbytes)
+        if children[2] is not None:
+            children[2].inc(messages)
 
-    def pulled(self, topic: str, status: str, messages: int) -> None:
+    def pulled(self, topic: str, status: str, messages: int, nbytes: int) -> None:
         children = self._pull_children.get((topic, status))
         if children is None:
-            children = (self._pulls.labels(status), self._pulled.labels(topic))
+            children = (
+                self._pulls.labels(status),
+                self._pulled.labels(topic),
+                self._pulled_bytes.labels(topic),
+            )
             self._pull_children[(topic, status)] = children
         children[0].inc()
         if messages:
             children[1].inc(messages)
+            children[2].inc(nbytes)
+
+    def write_rejected(self, error: MetaqError, store: MessageStore) -> None:
+        """Count a refused SEND under a reason an alert can name."""
+        self._rejected.labels(rejection_reason(error, store)).inc()
 
     def watch(self, state: BrokerState) -> None:
         """Report ``state`` at every scrape."""
@@ -128,6 +213,19 @@ class BrokerMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def rejection_reason(error: MetaqError, store: MessageStore) -> str:
+    """The ``reason`` label of a refused write: the store's own refusals told apart."""
+    if error.code is not ErrorCode.STORE_UNAVAILABLE:
+        return error.code.name.lower()
+    if store.dead_service is not None:
+        return "service_dead"
+    if store.guard.io_refused:
+        return "io_errors"
+    if store.guard.reason is not None:
+        return "disk_full"
+    return "unavailable"
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,9 +286,24 @@ class _StateCollector:
         released.add_metric([], store.page_cache.released_bytes)
         yield released
         yield _gauge(
+            "metaq_flush_behind_bytes",
+            "Commitlog bytes written but not yet fsynced",
+            max(0, store.commitlog.write_offset - store.flusher.durable),
+        )
+        yield _gauge(
+            "metaq_storage_size_bytes",
+            "Bytes of the commitlog's segment files",
+            len(store.commitlog.segments.segments) * store.commitlog.segments.segment_bytes,
+        )
+        yield _gauge(
             "metaq_disk_used_ratio",
             "Used fraction of the data directory's disk",
             store.guard.disk_ratio,
+        )
+        yield _gauge(
+            "metaq_disk_full_ratio",
+            "Disk use at which the store refuses writes (store.disk_full_ratio)",
+            store.config.disk_full_ratio,
         )
         if store.guard.available_bytes is not None:
             yield _gauge(
@@ -208,6 +321,14 @@ class _StateCollector:
             deleted.add_metric([reason], count)
         yield deleted
         role = state.role
+        info = GaugeMetricFamily(
+            "metaq_broker_info",
+            "Always 1: who this broker is, for joins (`* on (instance) group_left`)",
+            labels=["cluster", "broker_group", "broker_id"],
+        )
+        config = role.config
+        info.add_metric([config.cluster_name, config.broker_name, str(config.broker_id)], 1)
+        yield info
         yield _gauge("metaq_epoch", "The broker group's epoch as this broker knows it", role.epoch)
         yield _gauge(
             "metaq_is_master", "1 while this broker takes writes as its group's master",
@@ -221,6 +342,26 @@ class _StateCollector:
         for broker_id, behind in role.lag_bytes().items():
             lag.add_metric([str(broker_id)], behind)
         yield lag
+        lag_s = GaugeMetricFamily(
+            "metaq_replica_lag_seconds",
+            "Master: seconds since each connected slave last held the whole log",
+            labels=["broker_id"],
+        )
+        for broker_id, seconds in role.lag_seconds().items():
+            lag_s.add_metric([str(broker_id)], seconds)
+        yield lag_s
+        if role.replicas is not None:
+            yield _gauge(
+                "metaq_in_sync_replicas",
+                "Master: copies of the log in sync, its own included",
+                len(role.in_sync_ids()),
+            )
+            yield _gauge(
+                "metaq_replicas",
+                "Master: copies of the log it knows this term (its own and every slave "
+                "that fetched or was in sync), in sync or not",
+                role.replica_count(),
+            )
         delays = state.delays
         yield _gauge("metaq_delayed_pending", "Delayed messages not delivered yet (master)",
                      delays.pending())  # fmt: skip
@@ -250,21 +391,50 @@ class _StateCollector:
         for (topic_b, queue_id), queue in list(store.queues.queues.items()):
             queues.add_metric([topic_b.decode(), str(queue_id)], queue.max_offset)
         yield queues
-        lag = GaugeMetricFamily(
-            "metaq_consumer_lag",
-            "Messages not yet consumed: queue max offset minus committed offset",
-            labels=["group", "topic", "queue"],
-        )
-        for (group, topic, queue_id), offset in state.offsets.items():
-            behind = max(store.max_offset(topic, queue_id) - offset, 0)
-            lag.add_metric([group, topic, str(queue_id)], behind)
-        yield lag
+        yield from _consumer_lag(state)
         members = GaugeMetricFamily(
             "metaq_consumer_group_members", "Live consumers per group", labels=["group"]
         )
         for group, live in state.groups.groups().items():
             members.add_metric([group], len(live))
         yield members
+
+
+def _consumer_lag(state: BrokerState) -> Iterable[Metric]:
+    """Lag per (group, topic, queue) in messages, and in time: the age of the oldest
+    unconsumed message, from the store timestamp of the one at the committed offset (0
+    with nothing unconsumed). One consume-queue entry and one record header per queue
+    with a backlog, at most MAX_LAG_LOOKUPS of them a scrape."""
+    store = state.store
+    messages = GaugeMetricFamily(
+        "metaq_consumer_lag_messages",
+        "Messages not yet consumed: queue max offset minus committed offset",
+        labels=["group", "topic", "queue"],
+    )
+    latency = GaugeMetricFamily(
+        "metaq_consumer_lag_latency_seconds",
+        "Age of the oldest unconsumed message (its store time to now; 0 when none)",
+        labels=["group", "topic", "queue"],
+    )
+    now_ms = time.time_ns() // 1_000_000
+    lookups = 0
+    for (group, topic, queue_id), offset in state.offsets.items():
+        labels = [group, topic, str(queue_id)]
+        behind = max(store.max_offset(topic, queue_id) - offset, 0)
+        messages.add_metric(labels, behind)
+        if not behind:
+            latency.add_metric(labels, 0.0)
+            continue
+        if lookups >= MAX_LAG_LOOKUPS:
+            continue
+        lookups += 1
+        # Below the queue's min offset (retention deleted it) the oldest is the first kept.
+        oldest = max(offset, store.min_offset(topic, queue_id))
+        stored_ms = store.store_timestamp_at(topic, queue_id, oldest)
+        if stored_ms is not None:
+            latency.add_metric(labels, max(0.0, (now_ms - stored_ms) / 1e3))
+    yield messages
+    yield latency
 
 
 def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:

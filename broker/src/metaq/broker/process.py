@@ -168,6 +168,7 @@ class Broker:
             keep_damaged_records=config.controlled,
         )
         self.store = MessageStore(store_config)
+        self.store.flusher.observe_fsync = self.metrics.fsync_latency.latency.observe
         report = self.store.start()
         idle_poll.busy = self.store.background_busy
         log.info(

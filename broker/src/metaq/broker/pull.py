@@ -214,7 +214,7 @@ class PullHandler:
             max_offset=result.max_offset,
             record_count=len(records),
         ).SerializeToString()
-        self._metrics.pulled(pull.topic, result.status.value, len(records))
+        self._metrics.pulled(pull.topic, result.status.value, len(records), sum(map(len, records)))
         pull.responder.respond(
             encode_frame(
                 FrameType.PULL,

@@ -473,6 +473,14 @@ class GroupRole:
             return ()
         return tuple(sorted(self.replicas.committed))
 
+    def lag_seconds(self) -> dict[int, float]:
+        """Master: seconds each slave is behind (see ReplicaSet.lag_seconds); else empty."""
+        return self.replicas.lag_seconds() if self.replicas is not None else {}
+
+    def replica_count(self) -> int:
+        """Master: itself and every slave that fetched (or was in sync) this term; else 0."""
+        return 1 + len(self.replicas.slaves) if self.replicas is not None else 0
+
     def lag_bytes(self) -> dict[int, int]:
         """Master: bytes each slave is behind. Slave: {own id: bytes behind the master}."""
         if self.replicas is not None:

@@ -27,7 +27,7 @@ from metaq.broker.store.commitlog import Appended
 from metaq.broker.store.flush import AsyncDurability
 from metaq.broker.topics import TopicConfig, TopicTable
 from metaq.broker.transactions import Transactions, to_half
-from metaq.common.errors import InvalidMessage, StoreUnavailable
+from metaq.common.errors import InvalidMessage, MetaqError, StoreUnavailable
 from metaq.common.framing import FLAG_RESPONSE, Buffer, Frame, FrameType, encode_frame
 from metaq.common.record import FLAG_DELAYED, FLAG_TRANSACTION, HEADER_SIZE, Record, decode
 from metaq.common.v1.data_pb2 import SendRequest, SendResponse
@@ -115,6 +115,13 @@ class SendHandler:
         self._dispatch_scheduled = False
 
     def handle(self, responder: Responder, frame: Frame) -> None:
+        try:
+            self._handle(responder, frame)
+        except MetaqError as exc:
+            self._metrics.write_rejected(exc, self._store)
+            raise
+
+    def _handle(self, responder: Responder, frame: Frame) -> None:
         self._role.check_writable()
         if self.draining:
             raise StoreUnavailable("the broker is shutting down; send to another broker")

@@ -137,6 +137,7 @@ class DataServer:
             self.budget,
             self.limits.max_connection_write_bytes,
             self.limits.max_connection_inflight_requests,
+            self._metrics.rpc_latency,
             self._gate,
         )
 

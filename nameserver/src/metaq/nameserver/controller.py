@@ -99,6 +99,8 @@ class Controller(PeriodicService):
         self._committed: Snapshot = {}
         self._listeners: list[Listener] = []
         self._event_loop: asyncio.AbstractEventLoop | None = None
+        self.master_changes: dict[str, int] = {}
+        """Committed master changes applied here, by group (the failovers metric)."""
 
     # --- life ---------------------------------------------------------------------------
 
@@ -213,6 +215,8 @@ class Controller(PeriodicService):
             if new == old:
                 continue
             self._registry.set_control(new)
+            if old is not None and old.master_id != new.master_id:
+                self.master_changes[name] = self.master_changes.get(name, 0) + 1
             _log_change(old, new)
             for listener in self._listeners:
                 listener(new)

@@ -9,12 +9,14 @@ from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from metaq.common import http
 from metaq.common.acl_source import AclSource
 from metaq.common.http_auth import HttpAuth
 from metaq.common.names import shown
 from metaq.common.version import installed_version
+from metaq.nameserver.metrics import NameServerMetrics
 from metaq.nameserver.registry import Registry
 
 
@@ -29,10 +31,14 @@ def _respond(body: Any, status: int = 200) -> web.Response:
 
 
 def make_app(
-    registry: Registry, acl: AclSource | None = None, count: Callable[[str], None] | None = None
+    registry: Registry,
+    metrics: NameServerMetrics | None = None,
+    acl: AclSource | None = None,
+    count: Callable[[str], None] | None = None,
 ) -> web.Application:
-    """``GET /health``, ``GET /cluster``, ``GET /route/{topic}`` (404 for an unknown topic);
-    with ``acl``, all but /health need a user (``metaq.common.http_auth``)."""
+    """``GET /health``, ``GET /cluster``, ``GET /route/{topic}`` (404 for an unknown topic),
+    and with ``metrics`` ``GET /metrics`` (Prometheus text format, open to scrapers); with
+    ``acl``, all but /health and /metrics need a user (``metaq.common.http_auth``)."""
 
     async def health(_request: web.Request) -> web.Response:
         return _respond(
@@ -60,6 +66,12 @@ def make_app(
             )
         return _respond(dataclasses.asdict(found))
 
+    async def scrape(_request: web.Request) -> web.Response:
+        assert metrics is not None
+        response = web.Response(body=metrics.render())
+        response.headers["Content-Type"] = CONTENT_TYPE_LATEST
+        return response
+
     app = http.application(HttpAuth(acl, count) if acl is not None else None)
     app.add_routes(
         [
@@ -68,4 +80,6 @@ def make_app(
             web.get("/route/{topic}", route),
         ]
     )
+    if metrics is not None:
+        app.add_routes([web.get("/metrics", scrape)])
     return app

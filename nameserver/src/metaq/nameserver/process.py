@@ -15,6 +15,7 @@ from metaq.common.v1 import control_pb2_grpc
 from metaq.nameserver.config import NameServerConfig
 from metaq.nameserver.controller import Controller, ControllerSettings
 from metaq.nameserver.http import make_app
+from metaq.nameserver.metrics import NameServerMetrics
 from metaq.nameserver.registry import Clock, Registry
 from metaq.nameserver.service import NameServerService
 from metaq.nameserver.sweeper import ExpirySweeper
@@ -95,7 +96,9 @@ class NameServer:
         self.grpc_address = host_port(config.listen_host, port)
         try:
             if config.http_port is not None:
-                runner = web.AppRunner(make_app(self.registry, self.acl, users.count))
+                metrics = NameServerMetrics(self.registry, self.controller)
+                users.export_to(metrics.registry)
+                runner = web.AppRunner(make_app(self.registry, metrics, self.acl, users.count))
                 await runner.setup()
                 self._http = runner
                 site = web.TCPSite(runner, config.listen_host, config.http_port)

@@ -213,6 +213,13 @@ class Registry:
         """Every group with a registered broker (live or not yet swept), sorted."""
         return sorted(self._groups)
 
+    def has_master(self, broker_name: str) -> bool:
+        """Whether the group's routes have a master to write to now (see ``_master``)."""
+        group = self._groups.get(broker_name)
+        if not group:
+            return False
+        return self._master(broker_name, self._live(group, self._clock())) is not None
+
     def members(self, broker_name: str) -> list[BrokerView]:
         """The group's live brokers by id, with how long ago each was heard from."""
         now = self._clock()

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 import grpc
+from prometheus_client import CollectorRegistry, Counter
 
 from metaq.common.acl import PermissionDenied, User
 from metaq.common.acl_source import AclSource
@@ -45,7 +46,19 @@ class UserCalls:
         self._source = source
         self._secret = secret
         self.denied: dict[str, int] = {}
-        """Refusals by reason (for ``metaq_auth_denied_total``)."""
+        """Refusals by reason, also in ``metaq_auth_denied_total`` once exported."""
+        self._counter: Counter | None = None
+
+    def export_to(self, registry: CollectorRegistry) -> None:
+        """Count refusals in ``metaq_auth_denied_total{reason}`` of ``registry`` too."""
+        self._counter = Counter(
+            "metaq_auth_denied",
+            "Requests refused by authentication or authorization, by reason",
+            ["reason"],
+            registry=registry,
+        )
+        for reason, count in self.denied.items():
+            self._counter.labels(reason).inc(count)
 
     @property
     def enabled(self) -> bool:
@@ -81,6 +94,8 @@ class UserCalls:
 
     def count(self, reason: str) -> None:
         self.denied[reason] = self.denied.get(reason, 0) + 1
+        if self._counter is not None:
+            self._counter.labels(reason).inc()
 
     async def _refuse(
         self, context: Any, method: str, who: str, why: str, reason: str, unauthenticated: bool

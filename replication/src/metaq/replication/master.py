@@ -104,6 +104,7 @@ class ReplicaSet:
         self.committed: frozenset[int] = frozenset(in_sync) | {self_id}
         """The controller's in-sync set (everyone local when there is no controller)."""
         now = clock()
+        self._term_started = now
         for broker_id in sorted(self.committed - {self_id}):
             # In sync when the controller made this term: each holds every acknowledged
             # record, so it stays in sync (counted for writes, waited for, electable)
@@ -347,6 +348,17 @@ class ReplicaSet:
             if not future.done():
                 future.set_result(False)
         self._waits.clear()
+
+    def lag_seconds(self) -> dict[int, float]:
+        """Seconds since each connected slave last held all of this master's log (0 when
+        it does as of its last fetch); one never caught up counts from this term's start."""
+        now = self._clock()
+        end = self.log.end_offset
+        return {
+            i: 0.0 if s.offset >= end else now - max(s.caught_up, self._term_started)
+            for i, s in sorted(self.slaves.items())
+            if s.connection != NO_CONNECTION
+        }
 
     def lag(self) -> dict[int, int]:
         """Bytes each slave is behind this master's log end."""

@@ -12,6 +12,7 @@ import asyncio
 import heapq
 import itertools
 import threading
+import time
 from collections.abc import Callable
 
 from metaq.broker.store.commitlog import CommitLog
@@ -20,6 +21,10 @@ from metaq.broker.store.retention import WriteGuard
 from metaq.broker.store.service import Service
 
 FlushListener = Callable[[int], None]
+
+
+def _ignore(_seconds: float) -> None:
+    pass
 
 
 class CommitLogFlusher(Service):
@@ -32,6 +37,8 @@ class CommitLogFlusher(Service):
         self.config = config
         self.durable = commitlog.write_offset
         self.listeners: list[FlushListener] = []
+        self.observe_fsync: Callable[[float], None] = _ignore
+        """Told how long each flush's fsyncs took (seconds), on the flusher's thread."""
         # Work for the flusher's thread after each interval's flush, once the listeners
         # heard of it, under ``lock``; called with the durable offset.
         self.after_flush: list[FlushListener] = []
@@ -74,6 +81,7 @@ class CommitLogFlusher(Service):
             return self.durable
         segments = self.commitlog.segments
         offset = self.durable
+        started = time.perf_counter()
         try:
             while offset < target:
                 segment = segments.find(offset)
@@ -85,6 +93,7 @@ class CommitLogFlusher(Service):
         except OSError as exc:
             self._guard.record_io_error(exc)
             return self.durable
+        self.observe_fsync(time.perf_counter() - started)
         self._guard.record_io_success()
         with self._cond:
             self.durable = target

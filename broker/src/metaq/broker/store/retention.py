@@ -140,6 +140,11 @@ class WriteGuard:
         return None
 
     @property
+    def io_refused(self) -> bool:
+        """Writes are refused for repeated I/O errors (not for space)."""
+        return self._io_reason is not None
+
+    @property
     def reason(self) -> str | None:
         if self._io_reason is not None:
             return self._io_reason

@@ -15,6 +15,7 @@ import os
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Final
 
 from metaq.broker.store.checkpoint import AbortMarker, Checkpoint, read_checkpoint, write_checkpoint
 from metaq.broker.store.commitlog import Appended, CommitLog, RecordBatch
@@ -37,9 +38,13 @@ from metaq.broker.store.retention import (
 from metaq.broker.store.segment import Disk, RealDisk
 from metaq.broker.store.service import Service
 from metaq.common.errors import StoreUnavailable
-from metaq.common.record import Record, decode, encode
+from metaq.common.record import STAMP_AT, Record, decode, encode
 
 log = logging.getLogger(__name__)
+
+# The store timestamp's place in a record: stamped on append after the commitlog and
+# queue offsets (two int64s).
+_STORE_TIMESTAMP_AT: Final = STAMP_AT + 16
 
 
 class PutStatus(enum.Enum):
@@ -511,6 +516,18 @@ class MessageStore:
             if len(offsets) < want:
                 return found
             want *= 4
+
+    def store_timestamp_at(self, topic: str, queue_id: int, queue_offset: int) -> int | None:
+        """When the message at ``queue_offset`` was stored (ms since the epoch), read from
+        its header alone; None if there is no such entry or its record is gone."""
+        queue = self.queues.get(topic.encode(), queue_id)
+        if queue is None or not queue.min_offset <= queue_offset < queue.max_offset:
+            return None
+        offset, _, _ = queue.entry(queue_offset)
+        view = self.commitlog.slice(offset + _STORE_TIMESTAMP_AT, 8)
+        if view is None or len(view) < 8:
+            return None
+        return int.from_bytes(view, "little", signed=True)
 
     def record_at(self, offset: int) -> Record | None:
         """The record at commitlog ``offset``, CRC-checked; None if none is (intact) there."""
