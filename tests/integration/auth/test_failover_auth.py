@@ -147,9 +147,12 @@ def test_no_commitlog_for_strangers_nor_users_and_no_takeover_without_the_secret
     run_async(fetch())
     # A broker without the cluster secret claiming to be the group's master: its
     # nameserver session is refused, so it never joins, and the real master stays.
+    # (It runs without auth itself: a server with auth_enabled refuses to start without
+    # the secret, and an impostor configures whatever suits it.)
     forged = BrokerProcess.start(
         tmp_path / "forged", "--broker-name", GROUP, "--broker-id", "0",
-        *group.broker_args, env={ENV_VAR: ""}, wait_for_master=False,
+        "--nameserver", group.nameserver_addresses[0], env={ENV_VAR: ""},
+        wait_for_master=False,
     )  # fmt: skip
     try:
         wait_until(lambda: "UNAUTHENTICATED" in forged.output, 20, "the forged broker is refused")
