@@ -175,6 +175,10 @@ def test_http_admin_needs_an_admin_user_and_refuses_replays(cluster: AuthCluster
     moved = _signed(ADMIN, "GET", f"{cluster.broker.http_url}/topics/B")
     status, _, _ = _http(delete, "DELETE", moved)
     assert status == 401
+    # /metrics stays open to scrapers and counts the refusals.
+    with urllib.request.urlopen(f"http://{cluster.nameserver.http_address}/metrics") as r:
+        scraped = r.read().decode()
+    assert 'metaq_auth_denied_total{reason="permission"}' in scraped
 
 
 def test_login_sets_a_strict_http_only_cookie_and_refuses_cross_site_changes(
