@@ -3,9 +3,10 @@
 # nftables (nft: the chaos suite's partitions and packet loss), iproute2 (ip, tc: its
 # network namespaces), e2fsprogs and mount (mkfs.ext4, mount: the disk-full scenario's
 # small loop-mounted filesystem), openssh-server (sshd: the Ansible deploy test's hosts,
-# one sshd per network namespace), prometheus (with promtool: the monitoring tests).
-# Without them those scenarios skip and say why, so a machine that cannot install (not
-# root, no apt-get) gets a note and the suite runs on.
+# one sshd per network namespace), prometheus (with promtool: the monitoring tests),
+# chromium (the web console's browser tests). Without them those scenarios skip and
+# say why, so a machine that cannot install (not root, no apt-get) gets a note and
+# the suite runs on.
 set -eu
 
 need=""
@@ -19,6 +20,12 @@ command -v java >/dev/null 2>&1 || need="$need openjdk-17-jre-headless"
 # prometheus (with promtool): the monitoring tests scrape a real cluster and run the
 # alert rules' unit tests.
 { command -v prometheus && command -v promtool; } >/dev/null 2>&1 || need="$need prometheus"
+# openssl: the Ansible role's TLS tasks make certificates with it (their test runs them),
+# and a TLS test encrypts a key with it.
+command -v openssl >/dev/null 2>&1 || need="$need openssl"
+# The web console's browser tests drive Debian's Chromium through Playwright (never a
+# browser Playwright downloads).
+[ -x /usr/bin/chromium ] || need="$need chromium"
 [ -z "$need" ] && exit 0
 
 if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then

@@ -51,13 +51,14 @@ from compare_report import (
     SystemInfo,
     chart,
     markdown,
+    ratio_to_plain,
     ratios,
     raw,
     targets_met,
 )
 from machine_stalls import StallWatch
 from metaq_load import Budget, settle_disk
-from metaq_system import Metaq, replicated_pair, single_broker, single_broker_auth
+from metaq_system import Metaq, replicated_pair, single_broker, single_broker_auth, tls_broker
 from peer_nats import NatsJetStream
 from peer_rabbitmq import RabbitQuorum, RabbitStream
 from peer_redis import RedisStreams
@@ -82,6 +83,12 @@ def _metaq(work: Path) -> Iterator[list[System]]:
 @contextmanager
 def _metaq_auth(work: Path) -> Iterator[list[System]]:
     with single_broker_auth(work) as system:
+        yield [system]
+
+
+@contextmanager
+def _metaq_tls(work: Path) -> Iterator[list[System]]:
+    with tls_broker(work) as system:
         yield [system]
 
 
@@ -121,6 +128,7 @@ LAUNCHERS: Final[dict[str, tuple[Launcher, tuple[str, ...]]]] = {
     "metaq": (_metaq, ("metaq",)),
     "metaq_auth": (_metaq_auth, ("metaq_auth",)),
     "metaq_sync_replicated": (_metaq_replicated, ("metaq_sync_replicated",)),
+    "metaq_tls": (_metaq_tls, ("metaq_tls",)),
     "nats": (_nats, ("nats",)),
     "rabbitmq": (_rabbitmq, ("rabbitmq_stream", "rabbitmq_quorum")),
     "redis": (_redis, ("redis",)),
@@ -242,8 +250,9 @@ def main(argv: list[str]) -> None:
         if k in ("ratio_vs_rabbitmq_stream_batched", "ratio_vs_nats_batched",
                  "ratio_vs_nats_sync", "e2e_p99_vs_best_peer_ratio")
     }  # fmt: skip
+    headline["ratio_tls_vs_plain_batched"] = ratio_to_plain(cells, "metaq_tls", HEADLINE_SIZE)
     headline["targets_met"] = targets_met(headline)
-    ordered = [s for key in ("metaq", "metaq_auth", "metaq_sync_replicated", *PEERS)
+    ordered = [s for key in ("metaq", "metaq_auth", "metaq_sync_replicated", "metaq_tls", *PEERS)
                for s in systems if s.key == key]  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     table = markdown(cells, ordered, SIZES, args.rate, headline, when)

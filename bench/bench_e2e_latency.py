@@ -39,13 +39,14 @@ from metaq.broker.testing.admin import put_topic
 from metaq.client.consumer import LAST, Message, PushConsumer
 from metaq.client.producer import Producer
 from metaq.client.routes import RouteCache
+from metaq.common.tls import TlsConfig
 from metaq.nameserver.testing import start_nameserver
 
 TOPIC = "BenchE2ELatency"
 
 
-async def _wait_routed(nameserver: str, queues: int) -> None:
-    routes = RouteCache([nameserver])
+async def _wait_routed(nameserver: str, queues: int, tls: TlsConfig | None = None) -> None:
+    routes = RouteCache([nameserver], tls=tls)
     try:
         deadline = time.monotonic() + 20
         while True:
@@ -64,25 +65,26 @@ async def _wait_routed(nameserver: str, queues: int) -> None:
 
 async def measure(
     nameserver: str, http_url: str, *, rate: float, seconds: float, warmup_s: float, size: int,
-    queues: int, gc_freeze: bool = True,
+    queues: int, gc_freeze: bool = True, tls: TlsConfig | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """Run the measurement against a running nameserver and broker; the figures."""
-    await put_topic(http_url, TOPIC, read_queues=queues, write_queues=queues)
-    await _wait_routed(nameserver, queues)
+    """Run the measurement against a running nameserver and broker (over TLS with
+    ``tls``); the figures."""
+    await put_topic(http_url, TOPIC, read_queues=queues, write_queues=queues, tls=tls)
+    await _wait_routed(nameserver, queues, tls)
     run = OpenLoop(rate, seconds, size, warmup_s=warmup_s, drain_timeout_s=30.0,
                    gc_freeze=gc_freeze)  # fmt: skip
 
     async def handle(message: Message) -> None:
         run.on_message(message.body)
 
-    consumer = PushConsumer([nameserver], "bench-e2e-latency", consume_from=LAST)
+    consumer = PushConsumer([nameserver], "bench-e2e-latency", consume_from=LAST, tls=tls)
     consumer.subscribe(TOPIC, handle)
 
     def count_error(future: asyncio.Future[Any]) -> None:
         if future.exception() is not None:
             run.errors += 1
 
-    async with Producer([nameserver], linger_ms=0.5) as producer:
+    async with Producer([nameserver], linger_ms=0.5, tls=tls) as producer:
 
         async def send(bodies: list[bytes]) -> None:
             for body in bodies:

@@ -28,6 +28,8 @@ TARGETS: Final = {
     "ratio_vs_nats_batched": (">=", 3.0),
     "ratio_vs_nats_sync": (">=", 1.3),
     "e2e_p99_vs_best_peer_ratio": ("<=", 1.0),
+    # What TLS on every listener costs: at most 35 % off the plain (b) figure.
+    "ratio_tls_vs_plain_batched": (">=", 0.65),
 }
 
 
@@ -96,6 +98,13 @@ def ratios(cells: Sequence[Cell], peers: Sequence[str], size: int) -> dict[str, 
         _p99(cells, METAQ, size), min(peer_p99s) if peer_p99s else None
     )
     return out
+
+
+def ratio_to_plain(cells: Sequence[Cell], key: str, size: int) -> float | None:
+    """``key``'s (b) ÷ plain metaq's (b), measured in the same run: what a feature costs."""
+    return _ratio(
+        _throughput(cells, key, "in_flight", size), _throughput(cells, METAQ, "in_flight", size)
+    )
 
 
 def targets_met(headline: dict[str, float | None]) -> dict[str, bool | None]:

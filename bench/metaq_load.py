@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from metaq.client.errors import UnknownTopic
 from metaq.client.producer import Producer
 from metaq.client.routes import RouteCache
+from metaq.common.tls import TlsConfig
 
 UNBOUNDED = 1 << 62
 
@@ -127,9 +128,11 @@ async def batched(
     return await run_workers(budget, worker, callers)
 
 
-async def wait_routed(nameserver: str, topic: str, queues: int, timeout_s: float = 30.0) -> None:
+async def wait_routed(
+    nameserver: str, topic: str, queues: int, timeout_s: float = 30.0, tls: TlsConfig | None = None
+) -> None:
     """Until the nameserver routes ``queues`` writable queues of ``topic``."""
-    async with RouteCache([nameserver]) as routes:
+    async with RouteCache([nameserver], tls=tls) as routes:
         deadline = time.monotonic() + timeout_s
         while True:
             with contextlib.suppress(UnknownTopic):
@@ -142,11 +145,16 @@ async def wait_routed(nameserver: str, topic: str, queues: int, timeout_s: float
 
 
 async def ready_producer(
-    nameserver: str, topic: str, *, linger_ms: float = 2.0, timeout_s: float = 30.0
+    nameserver: str,
+    topic: str,
+    *,
+    linger_ms: float = 2.0,
+    timeout_s: float = 30.0,
+    tls: TlsConfig | None = None,
 ) -> Producer:
     """A started Producer whose first send to ``topic`` went through (route cached,
     connection open), retrying while a new master or topic settles."""
-    producer = Producer([nameserver], linger_ms=linger_ms)
+    producer = Producer([nameserver], linger_ms=linger_ms, tls=tls)
     await producer.start()
     deadline = time.monotonic() + timeout_s
     while True:

@@ -1,12 +1,13 @@
-"""metaq in the side-by-side benchmark: a nameserver and one broker (ASYNC flush), or a
-master/slave group under sync replication, driven by metaq's own client with the load
-shapes of ``bench_e2e.py`` (:mod:`metaq_load`) and, end to end, by
-``bench_e2e_latency.py``'s measurement itself."""
+"""metaq in the side-by-side benchmark: a nameserver and one broker (ASYNC flush), the
+same with TLS on every listener, or a master/slave group under sync replication, driven
+by metaq's own client with the load shapes of ``bench_e2e.py`` (:mod:`metaq_load`) and,
+end to end, by ``bench_e2e_latency.py``'s measurement itself."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,6 +23,7 @@ from metaq.client.producer import Producer
 from metaq.common import acl
 from metaq.common.acl import Acl, Grant, User
 from metaq.common.testing import wait_until
+from metaq.common.tls import TlsConfig
 from metaq.common.users import ACCESS_KEY_ENV, SECRET_KEY_ENV, Credentials, Verifier
 from metaq.nameserver.testing import NameServerProcess, start_nameserver
 
@@ -49,7 +51,9 @@ class Metaq:
         durability: str,
         nameserver: str,
         http_url: str,
+        *,
         admin: Credentials | None = None,
+        tls: TlsConfig | None = None,
     ):
         self.key = key
         self.admin = admin
@@ -58,6 +62,7 @@ class Metaq:
         self.durability = durability
         self.nameserver = nameserver
         self.http_url = http_url
+        self.tls = tls
         self._producer: Producer | None = None
 
     @property
@@ -66,11 +71,17 @@ class Metaq:
         return self._producer
 
     async def open(self) -> None:
+        tls = self.tls
         await put_topic(
-            self.http_url, TOPIC, read_queues=QUEUES, write_queues=QUEUES, credentials=self.admin
+            self.http_url,
+            TOPIC,
+            read_queues=QUEUES,
+            write_queues=QUEUES,
+            credentials=self.admin,
+            tls=tls,
         )
-        await wait_routed(self.nameserver, TOPIC, QUEUES)
-        self._producer = await ready_producer(self.nameserver, TOPIC)
+        await wait_routed(self.nameserver, TOPIC, QUEUES, tls=tls)
+        self._producer = await ready_producer(self.nameserver, TOPIC, tls=tls)
 
     async def close(self) -> None:
         if self._producer is not None:
@@ -90,7 +101,7 @@ class Metaq:
     async def end_to_end(self, size: int, rate: float, seconds: float) -> EndToEnd:
         figures = await measure_e2e(
             self.nameserver, self.http_url, rate=rate, seconds=seconds, warmup_s=1.0,
-            size=size, queues=QUEUES,
+            size=size, queues=QUEUES, tls=self.tls,
         )  # fmt: skip
         return EndToEnd(
             offered_msgs_s=figures["sent_msgs_per_s"],
@@ -148,7 +159,7 @@ def single_broker_auth(work: Path) -> Iterator[Metaq]:
         ) as broker:
             yield Metaq(
                 "metaq_auth", "metaq auth", f"1 copy; {ASYNC_FLUSH}; users and signed frames",
-                nameserver.grpc_address, broker.http_url, BENCH_USER,
+                nameserver.grpc_address, broker.http_url, admin=BENCH_USER,
             )  # fmt: skip
     finally:
         nameserver.stop()
@@ -157,6 +168,48 @@ def single_broker_auth(work: Path) -> Iterator[Metaq]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+def _openssl(*args: str) -> None:
+    subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60)
+
+
+def make_certificates(directory: Path) -> TlsConfig:
+    """A CA and a certificate for 127.0.0.1 it signs (OpenSSL 3), as a server's settings."""
+    directory.mkdir(parents=True, exist_ok=True)
+    ca, node = directory / "ca", directory / "node"
+    key = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-noenc", "-days", "2")
+    _openssl("req", "-x509", *key, "-keyout", f"{ca}.key", "-out", f"{ca}.crt",
+             "-subj", "/CN=bench CA", "-addext", "basicConstraints=critical,CA:TRUE")  # fmt: skip
+    _openssl("req", "-x509", *key, "-keyout", f"{node}.key", "-out", f"{node}.crt",
+             "-subj", "/CN=127.0.0.1", "-CA", f"{ca}.crt", "-CAkey", f"{ca}.key",
+             "-addext", "subjectAltName=IP:127.0.0.1")  # fmt: skip
+    return TlsConfig(f"{node}.crt", f"{node}.key", f"{ca}.crt")
+
+
+@contextmanager
+def tls_broker(work: Path) -> Iterator[Metaq]:
+    """As :func:`single_broker`, with TLS on the data plane, HTTP and gRPC (the client
+    verifies the servers; the servers do not ask for client certificates)."""
+    tls = make_certificates(work / "tls")
+    flags = ("--tls-cert-file", tls.cert_file, "--tls-key-file", tls.key_file)
+    client = TlsConfig(ca_file=tls.ca_file)
+    nameserver = start_nameserver(work / "ns", *flags)
+    try:
+        with BrokerProcess.start(
+            work / "broker",
+            *("--nameserver", nameserver.grpc_address, "--flush-mode", "async", *STORE),
+            *flags, "--tls-ca-file", tls.ca_file,
+            small_store=False,
+            ready_timeout_s=60,
+            tls=client,
+        ) as broker:  # fmt: skip
+            yield Metaq(
+                "metaq_tls", "metaq, TLS", f"1 copy; {ASYNC_FLUSH}; TLS 1.2+ on every listener",
+                nameserver.grpc_address, broker.http_url, tls=client,
+            )  # fmt: skip
+    finally:
+        nameserver.stop()
 
 
 def _is_master(broker: BrokerProcess) -> bool:

@@ -25,11 +25,13 @@ from pathlib import Path
 from typing import Final
 
 NAMESERVER_PORT: Final = 9876
+NAMESERVER_HTTP_PORT: Final = 9880
 GRACE_S: Final = 30.0
 READY_TIMEOUT_S: Final = 60.0
 BANNER: Final = """
 local cluster up: nameserver 127.0.0.1:9876; brokers broker-a (data 10911, HTTP 10912)
-and broker-b (data 11011, HTTP 11012). In another terminal:
+and broker-b (data 11011, HTTP 11012). Web console: http://127.0.0.1:9880/console/
+In another terminal:
   uv run metaq cluster list
   uv run metaq topic create demo
   uv run metaq send demo 'hello'
@@ -114,6 +116,8 @@ def _nodes(data_root: Path, flush: str, secret: Path) -> list[Node]:
                 _tool("metaq-nameserver"),
                 "--grpc-port",
                 str(NAMESERVER_PORT),
+                "--http-port",
+                str(NAMESERVER_HTTP_PORT),
                 "--cluster-secret-file",
                 str(secret),
             ],

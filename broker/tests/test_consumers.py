@@ -30,6 +30,8 @@ def test_members_are_sorted_by_client_id_whoever_heartbeats_first() -> None:
     assert [m.client_id for m in members] == ["c-1", "c-2", "c-3"]
     assert members[0].computer_room == "hz"
     assert members[1].subscriptions == (("t", "*"),)
+    groups.heartbeat("g", "c-4", connection_id=4, host="10.0.0.7")
+    assert groups.members("g")[-1].host == "10.0.0.7"
 
 
 def test_a_member_silent_past_the_timeout_is_dropped() -> None:
@@ -74,3 +76,23 @@ def test_a_member_that_moved_to_another_connection_stays_when_the_old_one_closes
 def test_bad_names_are_refused(group: str, client: str) -> None:
     with pytest.raises(InvalidMessage):
         ConsumerGroups(timeout_s=30).heartbeat(group, client)
+
+
+def test_a_queue_is_owned_by_the_live_member_that_pulled_it_last() -> None:
+    clock = FakeClock()
+    groups = ConsumerGroups(timeout_s=30, clock=clock)
+    groups.heartbeat("g", "c-1", connection_id=1)
+    groups.heartbeat("g", "c-2", connection_id=2)
+    assert groups.owner("g", "t", 0) is None  # nobody pulled it yet
+    groups.pulled("g", "t", 0, connection_id=1)
+    assert groups.owner("g", "t", 0) == "c-1"
+    groups.pulled("g", "t", 0, connection_id=2)  # a rebalance gave it to c-2
+    assert groups.owner("g", "t", 0) == "c-2"
+    groups.drop_connection(2)
+    assert groups.owner("g", "t", 0) is None  # its reader is gone
+    groups.pulled("g", "t", 1, connection_id=1)
+    clock.now += 31
+    groups.heartbeat("g", "c-1", connection_id=1)
+    assert groups.owner("g", "t", 1) is None  # not pulled for longer than the timeout
+    groups.expire()
+    assert groups._pulls == {}

@@ -452,3 +452,30 @@ def test_a_slave_in_sync_at_the_term_start_that_never_fetches_drops_out_after_th
     assert master.in_sync() == {0}
     with pytest.raises(NotEnoughReplicas):
         master.check_writable()
+
+
+def test_lag_in_seconds_counts_from_when_the_slave_last_held_the_whole_log() -> None:
+    async def scenario() -> None:
+        clock = Clock()
+        master_log = MemoryLog()
+        master_log.append(b"first")
+        master = ReplicaSet(
+            master_log, EpochHistory(entries=[Epoch(1, 0)]), self_id=0, epoch=1, clock=clock
+        )
+        assert master.lag_seconds() == {}  # no slave heard from yet
+        request = ReplicaFetchRequest(
+            broker_id=1, epoch=1, offset=master_log.end_offset,
+            acked_offset=master_log.end_offset, segment_bytes=master_log.segment_bytes,
+            epochs=[EpochEntry(epoch=1, start_offset=0)],
+        )  # fmt: skip
+        await master.fetch(request, connection=1)
+        assert master.lag_seconds() == {1: 0.0}
+        clock.now += 5
+        master_log.append(b"second, not copied yet")
+        clock.now += 2
+        assert master.lag_seconds() == {1: pytest.approx(7.0)}
+        request.offset = request.acked_offset = master_log.end_offset
+        await master.fetch(request, connection=1)
+        assert master.lag_seconds() == {1: 0.0}
+
+    run_async(scenario())

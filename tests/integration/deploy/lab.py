@@ -219,6 +219,8 @@ class Lab:
                     "metaq_cluster_secret_local_file": str(self.work / "cluster-secret"),
                     "metaq_admin_secret_local_file": str(self.admin_secret_file),
                     "metaq_replication_mode": "sync",
+                    # The workload and checks here dial plain; TLS has its own tests.
+                    "metaq_tls": False,
                     "metaq_nofile": 65536,
                     "metaq_wait_timeout_s": 90,
                     "metaq_broker_settings": BROKER_SETTINGS,

@@ -55,6 +55,8 @@ def test_every_broker_key_renders_and_loads_back(tmp_path: Path) -> None:
         flush_mode=FlushMode.SYNC, auto_create_topics=True,
         idle_timeout_s=7.5, cluster_secret_file="/etc/metaq/cluster-secret",
         auth_enabled=True, auth_acl_file="/etc/metaq/acl.json",
+        tls_cert_file="/etc/metaq/tls/node.crt", tls_key_file="/etc/metaq/tls/node.key",
+        tls_ca_file="/etc/metaq/tls/ca.crt", tls_verify_client=True,
         store=StoreConfig(data_dir=Path("."), commitlog_segment_bytes=8 << 20,
                           retention_hours=12.5, prefault_segments=False),
     )  # fmt: skip
@@ -73,6 +75,8 @@ def test_every_nameserver_key_renders_and_loads_back(tmp_path: Path) -> None:
         controller_dir="/var/lib/metaq/nameserver", cluster_secret_file="/etc/metaq/s",
         master_detection_ms=4000, log_level="DEBUG", auth_enabled=True,
         auth_acl_file="/etc/metaq/acl.json",
+        tls_cert_file="/etc/metaq/tls/node.crt", tls_key_file="/etc/metaq/tls/node.key",
+        tls_ca_file="/etc/metaq/tls/ca.crt", tls_verify_client=True,
     )  # fmt: skip
     settings = {f.name: toml_value(getattr(expected, f.name))
                 for f in dataclasses.fields(NameServerConfig)}  # fmt: skip

@@ -82,6 +82,7 @@ def nameserver_registrar(broker: Broker) -> NameServerRegistrar:
         config.heartbeat_interval_ms / 1e3,
         on_answer=group.on_answer,
         secret=broker.secret,
+        tls=config.tls,
     )
     broker.topics.listeners.append(registrar.refresh)
     group.on_change = registrar.refresh

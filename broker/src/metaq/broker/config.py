@@ -25,6 +25,7 @@ from metaq.broker.delay import DEFAULT_LEVELS, parse_levels
 from metaq.broker.store.config import MIB, FlushMode, StoreConfig
 from metaq.common.framing import MAX_FRAME_BYTES
 from metaq.common.record import HEADER_SIZE
+from metaq.common.tls import TlsConfig, TlsError, server_tls
 
 _NAME: Final = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _ADDRESS: Final = re.compile(r"(?P<host>[^\s:]+|\[[0-9A-Fa-f:.]+\]):(?P<port>\d{1,5})")
@@ -175,6 +176,18 @@ class BrokerConfig:
     auth_acl_file: str = ""
     """The users and grants file (``metaq acl init ADMIN --file FILE`` makes it); reread
     when it changes. Required with ``auth_enabled``. In TOML also ``[auth] acl_file``."""
+    tls_cert_file: str = ""
+    """A PEM certificate (chain) the data plane and HTTP serve TLS with; empty serves
+    them plain. With it set the broker also dials its nameservers and its master over
+    TLS, showing this certificate to those that verify clients."""
+    tls_key_file: str = ""
+    """The unencrypted PEM private key of ``tls_cert_file``."""
+    tls_ca_file: str = ""
+    """The CA (PEM) the nameservers' and master's certificates must chain to, and that
+    signs client certificates under ``tls_verify_client``; empty trusts the system's."""
+    tls_verify_client: bool = False
+    """Refuse data-plane and HTTP clients without a certificate signed by
+    ``tls_ca_file`` (mutual TLS)."""
     store: StoreConfig = field(default_factory=_default_store)
 
     def __post_init__(self) -> None:
@@ -278,7 +291,20 @@ class BrokerConfig:
             )
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
             problems.append("log_level must be DEBUG, INFO, WARNING or ERROR")
+        try:
+            server_tls(
+                self.tls_cert_file, self.tls_key_file, self.tls_ca_file, self.tls_verify_client
+            )
+        except TlsError as exc:
+            problems.append(str(exc))
         return problems
+
+    @property
+    def tls(self) -> TlsConfig | None:
+        """The TLS settings, None when the broker serves and dials plain."""
+        return server_tls(
+            self.tls_cert_file, self.tls_key_file, self.tls_ca_file, self.tls_verify_client
+        )
 
     @property
     def is_master(self) -> bool:
@@ -320,6 +346,10 @@ def build_parser() -> argparse.ArgumentParser:
     add("--default-queue-count")
     add("--log-level")
     add("--cluster-secret-file", help="file holding the cluster secret")
+    add("--tls-cert-file", help="PEM certificate: serve TLS on every listener")
+    add("--tls-key-file", help="PEM private key of --tls-cert-file")
+    add("--tls-ca-file", help="PEM CA: trusted for servers dialled and client certificates")
+    add("--tls-verify-client", action=argparse.BooleanOptionalAction, default=None)
     add(
         "--set",
         action="append",

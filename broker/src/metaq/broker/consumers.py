@@ -35,6 +35,8 @@ class Member:
     """(topic, tag expression) pairs."""
     connection_id: int
     last_seen_s: float
+    host: str = ""
+    """Where its heartbeats come from, as this broker sees it (the address, no port)."""
 
 
 class ConsumerGroups:
@@ -44,6 +46,9 @@ class ConsumerGroups:
         self.timeout_s = timeout_s
         self._clock = clock
         self._groups: dict[str, dict[str, Member]] = {}
+        # (group, topic, queue) -> (connection, when) of its last pull: which member
+        # reads a queue, for admin views (the clients share queues out among themselves).
+        self._pulls: dict[tuple[str, str, int], tuple[int, float]] = {}
 
     def heartbeat(
         self,
@@ -55,6 +60,7 @@ class ConsumerGroups:
         subscriptions: Sequence[tuple[str, str]] = (),
         connection_id: int = 0,
         leaving: bool = False,
+        host: str = "",
     ) -> list[Member]:
         """Record (or, when ``leaving``, drop) a member; return the group's live members."""
         if group not in self._groups:
@@ -74,6 +80,7 @@ class ConsumerGroups:
                 tuple(subscriptions),
                 connection_id,
                 self._clock(),
+                host,
             )
         return self.members(group)
 
@@ -97,6 +104,20 @@ class ConsumerGroups:
                 result[group] = members
         return result
 
+    def pulled(self, group: str, topic: str, queue_id: int, connection_id: int) -> None:
+        """A member of ``group`` pulled the queue over ``connection_id`` just now."""
+        self._pulls[(group, topic, queue_id)] = (connection_id, self._clock())
+
+    def owner(self, group: str, topic: str, queue_id: int) -> str | None:
+        """The client id of the live member that pulled the queue last, within the
+        member timeout; None when no live member has."""
+        found = self._pulls.get((group, topic, queue_id))
+        if found is None or found[1] < self._clock() - self.timeout_s:
+            return None
+        connection_id = found[0]
+        members = self._groups.get(group, {})
+        return next((c for c, m in members.items() if m.connection_id == connection_id), None)
+
     def drop_connection(self, connection_id: int) -> int:
         """Forget the members whose last heartbeat came over this (now closed) connection."""
         dropped = 0
@@ -109,6 +130,9 @@ class ConsumerGroups:
 
     def expire(self) -> None:
         self.groups()
+        deadline = self._clock() - self.timeout_s
+        for key in [k for k, (_, at) in self._pulls.items() if at < deadline]:
+            del self._pulls[key]
 
 
 class ConsumerExpiryService(PeriodicService):

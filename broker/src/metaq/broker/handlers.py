@@ -293,6 +293,7 @@ class Handlers:
             subscriptions=[(s.topic, s.tag_expression) for s in request.subscriptions],
             connection_id=responder.connection_id,
             leaving=request.leaving,
+            host=responder.peer.rpartition(":")[0].strip("[]"),
         )
         if frame.is_one_way:
             return

@@ -11,11 +11,14 @@
 - ``GET /messages/{msg_id}`` (32 hex digits) — one stored message, 404 if this broker
   has none; ``GET /messages?topic=T&key=K[&limit=N]`` — messages carrying a key, newest
   first. Bodies come inflated, as text when they are UTF-8, else base64.
+- Per queue and per consumer group, for the nameservers' console: see
+  :mod:`metaq.broker.http_queues`.
 """
 
 from __future__ import annotations
 
 import base64
+import ssl
 import time
 import zlib
 from collections.abc import Callable
@@ -76,11 +79,18 @@ class HttpServer:
                 web.post("/replication/resume", self.resume_writes),
             ]
         )
+        # Imported here: that module builds on this one's context and message_json.
+        from metaq.broker import http_queues
+
+        http_queues.add_routes(app, context)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
 
-    async def start(self, host: str, port: int) -> tuple[str, int]:
+    async def start(
+        self, host: str, port: int, tls: ssl.SSLContext | None = None
+    ) -> tuple[str, int]:
+        """Serve HTTP, or HTTPS with ``tls``."""
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port, reuse_address=True)
+        site = web.TCPSite(self._runner, host, port, reuse_address=True, ssl_context=tls)
         await site.start()
         bound = self._runner.addresses[0]
         return str(bound[0]), int(bound[1])
@@ -106,6 +116,7 @@ class HttpServer:
             "in_sync_ids": list(c.role.in_sync_ids()),
             "electable_ids": list(c.role.electable_ids()),
             "replica_lag_bytes": {str(k): v for k, v in c.role.lag_bytes().items()},
+            "replica_lag_s": {str(k): round(v, 3) for k, v in c.role.lag_seconds().items()},
             "held_offsets": len(c.offsets.held),
             "verified": c.role.verified,
             "log_check": _log_check(c.role.check, c.store),
@@ -114,6 +125,12 @@ class HttpServer:
             "commitlog_durable_offset": c.store.flusher.durable,
             "disk_used_ratio": round(c.store.guard.disk_ratio, 4),
             "disk_available_bytes": c.store.guard.available_bytes,
+            # The thresholds and modes the console shows beside the figures.
+            "disk_clean_ratio": c.store.config.disk_clean_ratio,
+            "disk_full_ratio": c.store.config.disk_full_ratio,
+            "flush_mode": c.store.config.flush_mode.value,
+            "replication_mode": c.role.config.replication_mode.value,
+            "retention_hours": c.store.config.retention_hours,
         }
         return web.json_response(body, status=200 if reason is None else 503)
 
@@ -195,6 +212,7 @@ class HttpServer:
                     {
                         "client_id": m.client_id,
                         "computer_room": m.computer_room,
+                        "host": m.host,
                         "mode": m.mode.value,
                         "subscriptions": [list(s) for s in m.subscriptions],
                     }
@@ -233,7 +251,7 @@ class HttpServer:
             return web.json_response(
                 {"error": f"no message {raw} on broker {self._context.broker_name}"}, status=404
             )
-        return web.json_response(_message_json(found, self._context.broker_name))
+        return web.json_response(message_json(found, self._context.broker_name))
 
     async def messages_by_key(self, request: web.Request) -> web.Response:
         topic = request.query.get("topic", "")
@@ -248,10 +266,10 @@ class HttpServer:
             )
         found = self._context.store.lookup_key(topic, key, limit=limit)
         name = self._context.broker_name
-        return web.json_response({"messages": [_message_json(r, name) for r in found]})
+        return web.json_response({"messages": [message_json(r, name) for r in found]})
 
 
-def _message_json(found: Record, broker_name: str) -> dict[str, Any]:
+def message_json(found: Record, broker_name: str) -> dict[str, Any]:
     """A stored message for people: body inflated, as text if it is UTF-8, else base64."""
     body = found.body
     compressed = bool(found.flags & FLAG_COMPRESSED)

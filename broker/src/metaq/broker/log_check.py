@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 from collections.abc import Callable
 from typing import Final
 
@@ -48,8 +49,10 @@ class LogCheck:
         on_progress: Callable[[], None],
         on_verified: Callable[[], None],
         secret: ClusterSecret | None = None,
+        dial_tls: ssl.SSLContext | None = None,
     ) -> None:
         self._store = store
+        self._dial_tls = dial_tls
         self._identity = SlaveIdentity(broker_name, broker_id, data_address, secret)
         self._history = history
         self._broker_name = broker_name
@@ -111,7 +114,9 @@ class LogCheck:
         if not address:
             return
         try:
-            channel = await DataPlaneChannel.open(address, identity=self._identity)
+            channel = await DataPlaneChannel.open(
+                address, identity=self._identity, ssl=self._dial_tls
+            )
         except (OSError, TimeoutError, MetaqError) as exc:
             log.warning("repair: cannot reach master %s: %s", address, exc)
             return

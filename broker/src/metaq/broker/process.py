@@ -128,6 +128,10 @@ class Broker:
             lambda c: self.group_role is not None and self.group_role.gate.proven(c),
             denied_counter(self.metrics.registry),
         )
+        # Every TLS file is read now: a bad one stops the start with its reason.
+        tls = config.tls
+        serve_tls = tls.server_context() if tls is not None else None
+        dial_tls = tls.client_context() if tls is not None else None
         config.data_dir.mkdir(parents=True, exist_ok=True)
         self.topics = TopicTable(
             config.data_dir,
@@ -159,7 +163,7 @@ class Broker:
             limits,
             user_gate,
         )
-        host, port = await self._data.bind(config.listen_host, config.data_port)
+        host, port = await self._data.bind(config.listen_host, config.data_port, serve_tls)
         self.data_address = f"{host}:{port}"
 
         store_config = dataclasses.replace(
@@ -182,7 +186,12 @@ class Broker:
         loop = asyncio.get_running_loop()
         self._durability = AsyncDurability(loop, self.store.flusher)
         self.group_role = GroupRole(
-            config, self.store, self._durability, self.secret, data_address=self.data_address
+            config,
+            self.store,
+            self._durability,
+            self.secret,
+            data_address=self.data_address,
+            dial_tls=dial_tls,
         )
         role = self.group_role
         journal = Journal(self.store, self.topics, self.offsets, lambda: role.takes_writes)
@@ -209,8 +218,9 @@ class Broker:
             self.transactions,
         )  # fmt: skip
         self._pull = PullHandler(
-            config, self.store, self.topics, self.offsets, self.metrics, self.group_role
-        )
+            config, self.store, self.topics, self.offsets, self.metrics, self.group_role,
+            self.groups,
+        )  # fmt: skip
         self.store.dispatcher.listeners.append(self._pull.long_polls.on_dispatch)
         forwarder = OffsetForwarder(self.offsets, role, config.journal_interval_ms / 1e3)
         handlers = Handlers(
@@ -248,7 +258,9 @@ class Broker:
                 HttpAuth(self.acl, user_gate.count) if self.acl is not None else None,
             )
         )
-        http_host, http_port = await self._http.start(config.listen_host, config.http_port)
+        http_host, http_port = await self._http.start(
+            config.listen_host, config.http_port, serve_tls
+        )
         self.http_address = f"{http_host}:{http_port}"
 
         self._services = [

@@ -23,6 +23,7 @@ from typing import Final
 
 from metaq.broker.config import BrokerConfig
 from metaq.broker.connection import Responder
+from metaq.broker.consumers import ConsumerGroups
 from metaq.broker.long_poll import LongPolls, PendingPull, QueueKey
 from metaq.broker.metrics import BrokerMetrics
 from metaq.broker.offsets import ConsumerOffsets
@@ -54,8 +55,10 @@ class PullHandler:
         offsets: ConsumerOffsets,
         metrics: BrokerMetrics,
         role: GroupRole | None = None,
+        groups: ConsumerGroups | None = None,
     ) -> None:
         self._config = config
+        self._groups = groups
         self._store = store
         self._topics = topics
         self._offsets = offsets
@@ -75,6 +78,11 @@ class PullHandler:
     def handle(self, responder: Responder, frame: Frame) -> None:
         request = PullRequest.FromString(frame.header)
         self._topics.resolve_pull(request.topic, request.queue_id)
+        if self._groups is not None and request.consumer_group:
+            # Which member reads the queue, for admin views (one dict entry per queue).
+            self._groups.pulled(
+                request.consumer_group, request.topic, request.queue_id, responder.connection_id
+            )
         if (
             request.HasField("commit_offset")
             and request.consumer_group

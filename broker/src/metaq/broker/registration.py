@@ -33,6 +33,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 from tenacity.wait import wait_random_exponential
 
 from metaq.common.auth import ClusterSecret, call_metadata, session_identity, session_metadata
+from metaq.common.tls import TlsConfig, grpc_channel
 from metaq.common.v1 import control_pb2 as pb
 from metaq.common.v1 import control_pb2_grpc
 
@@ -200,7 +201,7 @@ class _Link:
         body = request.SerializeToString(deterministic=True)
         metadata = call_metadata(self._registrar.secret, "UnregisterBroker", body, time.time())
         try:
-            async with grpc.aio.insecure_channel(self.address) as channel:
+            async with grpc_channel(self.address, self._registrar.tls) as channel:
                 stub = control_pb2_grpc.NameServerStub(channel)
                 await stub.UnregisterBroker(request, timeout=timeout_s, metadata=metadata)
         except grpc.aio.AioRpcError as exc:
@@ -244,7 +245,7 @@ class _Link:
         established = False
         answered = asyncio.Event()
         try:
-            async with grpc.aio.insecure_channel(self.address) as channel:
+            async with grpc_channel(self.address, registrar.tls) as channel:
                 # The proof names this broker: the stream can register no other.
                 me = registrar.describe()
                 identity = session_identity(
@@ -348,6 +349,7 @@ class NameServerRegistrar:
         max_backoff_s: float = 2.0,
         unregister_timeout_s: float = 1.0,
         secret: ClusterSecret | None = None,
+        tls: TlsConfig | None = None,
     ) -> None:
         if not addresses:
             raise ValueError("need at least one nameserver address")
@@ -365,6 +367,8 @@ class NameServerRegistrar:
         self.unregister_timeout_s = unregister_timeout_s
         self.secret = secret
         """Proven on every session and unregistration (nameservers with one require it)."""
+        self.tls = tls
+        """How the nameservers are dialled (None: plain gRPC)."""
         self._links: list[_Link] = []
 
     @property

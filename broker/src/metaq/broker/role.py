@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import enum
 import logging
+import ssl
 import time
 from collections.abc import Callable, Iterable
 from typing import Final
@@ -65,8 +66,11 @@ class GroupRole:
         secret: ClusterSecret | None = None,
         *,
         data_address: str,
+        dial_tls: ssl.SSLContext | None = None,
     ) -> None:
         self.config = config
+        self._dial_tls = dial_tls
+        """How this broker, as a slave, dials its master (None: plain)."""
         self.gate = ReplicaGate(secret, config.broker_name, data_address)
         """As master: which connections' slaves proved the cluster secret."""
         self._identity = SlaveIdentity(config.broker_name, config.broker_id, data_address, secret)
@@ -122,13 +126,14 @@ class GroupRole:
                 on_progress=lambda: self.on_confirmed(),
                 on_verified=lambda: self.on_change(),
                 secret=secret,
+                dial_tls=dial_tls,
             )
 
     async def connect(self, address: str) -> DataPlaneChannel:
         """A connection to the master at ``address`` as this slave: with a cluster secret
         the master proves it before we take, cut or adopt anything it says, and we prove
         it before it serves us (raises NotAuthenticated otherwise)."""
-        return await DataPlaneChannel.open(address, identity=self._identity)
+        return await DataPlaneChannel.open(address, identity=self._identity, ssl=self._dial_tls)
 
     # --- lifecycle ----------------------------------------------------------------------
 

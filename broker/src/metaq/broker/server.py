@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -92,7 +93,10 @@ class DataServer:
             lambda: sum("inflight" in c.blocked for c in self.connections)
         )
 
-    async def bind(self, host: str, port: int) -> tuple[str, int]:
+    async def bind(
+        self, host: str, port: int, tls: ssl.SSLContext | None = None
+    ) -> tuple[str, int]:
+        """Bind the data port, serving TLS with ``tls``."""
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
             self._new_connection,
@@ -101,6 +105,10 @@ class DataServer:
             start_serving=False,
             reuse_address=True,
             backlog=1024,
+            ssl=tls,
+            # A peer that never finishes its handshake holds a descriptor, not memory
+            # of the request budget: give it as long as an incomplete frame gets.
+            ssl_handshake_timeout=self.limits.request_arrival_window_s if tls else None,
         )
         bound = self._server.sockets[0].getsockname()
         return str(bound[0]), int(bound[1])

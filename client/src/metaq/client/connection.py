@@ -12,6 +12,11 @@ Failures, as the caller sees them:
 - the connection drops, or could not be opened → :class:`ConnectionLost` (retriable; a
   send in flight may still have been stored);
 - no answer in time → :class:`RequestTimeout`, a ``TimeoutError`` (retriable).
+
+Over TLS (a :class:`~metaq.common.tls.TlsConfig` given to the pool) the same, and a
+connection that cannot be made says why in words: the broker's certificate is not
+trusted (pass its CA), the broker's port is plain, or (a plain connection closed before
+any answer, and a TLS handshake there succeeds) the broker speaks TLS.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import hashlib
 import hmac
 import logging
 import socket
+import ssl
 import time
 from collections.abc import Callable, Sequence
 from typing import Final, cast
@@ -38,6 +44,7 @@ from metaq.common.framing import (
     FrameType,
     encode_frame,
 )
+from metaq.common.tls import TlsConfig, plain_peer_hint, speaks_tls, tls_peer_hint
 from metaq.common.users import Credentials, prove
 from metaq.common.v1.data_pb2 import AuthRequest, AuthResponse, ErrorResponse
 
@@ -63,10 +70,14 @@ class BrokerConnection(asyncio.Protocol):
     the caller must not change them until the request is answered.
     """
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, tls: TlsConfig | None = None) -> None:
         self.address = address
         # The session key once AUTH proved a user here: every request is signed with it.
         self._session_key: bytes | None = None
+        self._tls = tls
+        self._answered = False
+        """Any frame came from the broker: the connection was up end to end."""
+        self._explaining: asyncio.Task[None] | None = None
         self._loop = asyncio.get_running_loop()
         self._decoder = FrameDecoder()
         self._transport: asyncio.Transport | None = None
@@ -93,18 +104,31 @@ class BrokerConnection(asyncio.Protocol):
         *,
         connect_timeout_s: float = 3.0,
         credentials: Credentials | None = None,
+        tls: TlsConfig | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> BrokerConnection:
-        """Connect to a broker's data port; ConnectionLost if that fails or takes too long.
+        """Connect to a broker's data port, over TLS with ``tls`` (``ssl_context``, when
+        given, is its client context made once); ConnectionLost if that fails or takes too
+        long.
 
         With ``credentials``, prove them (AUTH) before returning; BrokerError
         NO_PERMISSION when the broker refuses them."""
         host, port = split_address(address)
         loop = asyncio.get_running_loop()
+        if tls is not None and ssl_context is None:
+            ssl_context = tls.client_context()
         try:
             async with asyncio.timeout(connect_timeout_s):
-                _, protocol = await loop.create_connection(lambda: cls(address), host, port)
+                _, protocol = await loop.create_connection(
+                    lambda: cls(address, tls), host, port, ssl=ssl_context
+                )
         except TimeoutError:
             why = f"connect timed out after {connect_timeout_s} s"
+            if tls is not None:
+                why += " (no TLS handshake: is the broker's port plain, or TLS off there?)"
+            raise ConnectionLost(address, why, never_sent=True) from None
+        except ssl.SSLError as exc:
+            why = tls_peer_hint(address, exc)
             raise ConnectionLost(address, why, never_sent=True) from None
         except OSError as exc:
             raise ConnectionLost(
@@ -202,6 +226,7 @@ class BrokerConnection(asyncio.Protocol):
             if self._transport is not None:
                 self._transport.abort()
             return
+        self._answered = True
         pending = self._pending
         for frame in frames:
             if not frame.is_response:
@@ -249,7 +274,20 @@ class BrokerConnection(asyncio.Protocol):
             reason = str(exc) or type(exc).__name__
         else:
             reason = "closed"
-        self._fail_all(ConnectionLost(self.address, reason))
+        if (
+            self.connection_error is None
+            and not self._answered
+            and self._pending
+            and (exc is None or isinstance(exc, ConnectionResetError | ssl.SSLError))
+        ):
+            # Closed before a single answer: a TLS listener does that to a plain client,
+            # and one verifying clients to a TLS client without a certificate.
+            pending, self._pending = self._pending, {}
+            self._explaining = self._loop.create_task(
+                self._explain_unanswered(pending, reason, exc)
+            )
+        else:
+            self._fail_all(ConnectionLost(self.address, reason))
         self._can_write.set()
         if not self._lost.done():
             self._lost.set_result(None)
@@ -372,6 +410,8 @@ class BrokerConnection(asyncio.Protocol):
             else:
                 self._lost.set_result(None)
         await self._lost
+        if self._explaining is not None:
+            await self._explaining  # what it tells waiters is theirs before close returns
 
     # --- internals --------------------------------------------------------------------
 
@@ -423,6 +463,33 @@ class BrokerConnection(asyncio.Protocol):
         self.connection_error = self._broker_error(frame)
         log.warning("broker %s closes the connection: %s", self.address, self.connection_error)
 
+    async def _explain_unanswered(
+        self,
+        pending: dict[int, tuple[_Waiter, float]],
+        reason: str,
+        exc: BaseException | None,
+    ) -> None:
+        reason = f"closed before answering anything ({reason})"
+        if self._tls is None:
+            host, port = split_address(self.address)
+            if await speaks_tls(host, port):
+                reason = plain_peer_hint(self.address)
+        elif "CERTIFICATE_REQUIRED" in str(exc).upper():
+            reason = (
+                "the broker requires a client certificate (it verifies clients): pass "
+                "--tls-cert and --tls-key, a certificate signed by its tls_ca_file"
+            )
+        elif not self._tls.cert_file:
+            reason += (
+                "; over TLS without a client certificate: if the broker verifies clients, "
+                "pass --tls-cert and --tls-key, a certificate signed by its tls_ca_file"
+            )
+        elif isinstance(exc, ssl.SSLError):
+            reason = tls_peer_hint(self.address, exc)
+        error = ConnectionLost(self.address, reason)
+        for waiter, _ in pending.values():
+            _fail(waiter, error)
+
     def _fail_all(self, exc: Exception) -> None:
         pending, self._pending = self._pending, {}
         for waiter, _ in pending.values():
@@ -459,11 +526,18 @@ class ConnectionPool:
     it closed. Concurrent ``get`` calls for an address share one connect attempt."""
 
     def __init__(
-        self, *, connect_timeout_s: float = 3.0, credentials: Credentials | None = None
+        self,
+        *,
+        connect_timeout_s: float = 3.0,
+        credentials: Credentials | None = None,
+        tls: TlsConfig | None = None,
     ) -> None:
         self.connect_timeout_s = connect_timeout_s
         self.credentials = credentials
         """Proved on every connection opened (AUTH) when set."""
+        self.tls = tls
+        """Set: brokers are dialled over TLS (see :mod:`metaq.common.tls`)."""
+        self._ssl = tls.client_context() if tls is not None else None
         self.on_request: RequestHook | None = None
         """Given to every connection: what to do with requests brokers send."""
         self._connections: dict[str, BrokerConnection] = {}
@@ -491,6 +565,8 @@ class ConnectionPool:
                     address,
                     connect_timeout_s=self.connect_timeout_s,
                     credentials=self.credentials,
+                    tls=self.tls,
+                    ssl_context=self._ssl,
                 )
             except BaseException as exc:
                 del self._opening[address]

@@ -19,7 +19,7 @@ from typing import cast
 from metaq.client.errors import UnknownTopic
 from metaq.client.routes import GroupRoute, QueueRoute, TopicRoute
 from metaq.common import record
-from metaq.common.errors import ErrorCode
+from metaq.common.errors import ErrorCode, ProtocolError
 from metaq.common.framing import Frame, FrameDecoder, FrameType, encode_error, encode_frame
 from metaq.common.v1 import control_pb2 as pb
 from metaq.common.v1.data_pb2 import SendRequest, SendResponse
@@ -113,7 +113,15 @@ class _Protocol(asyncio.Protocol):
         self.broker._transports.append(self.transport)
 
     def data_received(self, data: bytes) -> None:
-        for frame in self.decoder.feed(data):
+        try:
+            frames = self.decoder.feed(data)
+        except ProtocolError:
+            # Bytes that are not frames (a client's TLS probe after a Drop, say): closed,
+            # as a real broker closes such a connection.
+            assert self.transport is not None
+            self.transport.abort()
+            return
+        for frame in frames:
             self.handle(frame)
 
     def handle(self, frame: Frame) -> None:

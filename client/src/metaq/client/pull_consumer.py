@@ -23,6 +23,7 @@ from metaq.client.tags import TagFilter
 from metaq.common.errors import ErrorCode, MetaqError
 from metaq.common.framing import FrameType
 from metaq.common.names import check_group
+from metaq.common.tls import TlsConfig
 from metaq.common.users import Credentials, load_credentials
 from metaq.common.v1.data_pb2 import (
     CommitOffsetRequest,
@@ -111,6 +112,7 @@ class PullConsumer:
         access_key: str = "",
         secret_key: str = "",
         credentials: Credentials | None = None,
+        tls: TlsConfig | None = None,
     ) -> None:
         check_group(group)
         self.group = group
@@ -120,10 +122,10 @@ class PullConsumer:
         # Else METAQ_ACCESS_KEY / METAQ_SECRET_KEY or METAQ_CREDENTIALS_FILE.
         credentials = credentials or load_credentials(access_key, secret_key)
         if routes is None:
-            routes = RouteCache(nameservers, credentials=credentials)
+            routes = RouteCache(nameservers, credentials=credentials, tls=tls)
         self.routes = routes
         if connections is None:
-            connections = ConnectionPool(credentials=credentials)
+            connections = ConnectionPool(credentials=credentials, tls=tls)
         self.connections = connections
 
     async def start(self) -> None:

@@ -77,6 +77,7 @@ from metaq.client.retry import SendBack, as_original, retry_topic
 from metaq.client.routes import QueueRoute, RouteCache, TopicRoute
 from metaq.client.tags import TagFilter
 from metaq.common.service import PeriodicService
+from metaq.common.tls import TlsConfig
 from metaq.common.users import Credentials
 
 log = logging.getLogger(__name__)
@@ -141,6 +142,7 @@ class PushConsumer:
         access_key: str = "",
         secret_key: str = "",
         credentials: Credentials | None = None,
+        tls: TlsConfig | None = None,
         **options: Any,
     ) -> None:
         self.config = PushConsumerConfig(group=group, **options)
@@ -157,6 +159,7 @@ class PushConsumer:
             access_key=access_key,
             secret_key=secret_key,
             credentials=credentials,
+            tls=tls,
         )
         self._routes = self._puller.routes
         self._subscriptions: dict[str, _Subscription] = {}

@@ -32,6 +32,7 @@ from metaq.client.user_calls import UserSigningInterceptor
 from metaq.common.auth import ClusterSecret, call_metadata
 from metaq.common.errors import ErrorCode, MetaqError
 from metaq.common.service import PeriodicService
+from metaq.common.tls import TlsConfig, grpc_channel, grpc_hint
 from metaq.common.users import Credentials, load_credentials
 from metaq.common.v1 import control_pb2 as pb
 from metaq.common.v1.control_pb2_grpc import NameServerStub
@@ -344,6 +345,7 @@ class RouteCache:
         refresh_interval_s: float = 30.0,
         rpc_timeout_s: float = 3.0,
         credentials: Credentials | None = None,
+        tls: TlsConfig | None = None,
     ) -> None:
         if isinstance(nameservers, str):
             nameservers = [nameservers]
@@ -354,6 +356,8 @@ class RouteCache:
         self.credentials = credentials or load_credentials()
         """The user whose key signs every call (nameservers with auth require it); by
         default from METAQ_ACCESS_KEY / METAQ_SECRET_KEY or METAQ_CREDENTIALS_FILE."""
+        self.tls = tls
+        """Set: the nameservers are called over TLS (see :mod:`metaq.common.tls`)."""
         self._routes: dict[str, TopicRoute] = {}
         self._fetched_at: dict[str, float] = {}
         self._fetching: dict[str, asyncio.Future[TopicRoute]] = {}
@@ -571,7 +575,7 @@ class RouteCache:
         channel = self._channels.get(address)
         if channel is None:
             signing = [UserSigningInterceptor(self.credentials)] if self.credentials else None
-            channel = grpc.aio.insecure_channel(address, interceptors=signing)
+            channel = grpc_channel(address, self.tls, interceptors=signing)
             self._channels[address] = channel
         return channel
 
@@ -599,6 +603,7 @@ class RouteCache:
                 if status in _FINAL_STATUSES:
                     self._preferred = index
                     raise NameServerError(address, status.name, detail) from None
+                detail = await grpc_hint(address, self.tls, detail)
                 tried.append((address, f"{status.name}: {detail}"))
                 continue
             self._preferred = index

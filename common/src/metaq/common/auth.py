@@ -17,11 +17,11 @@ for, so a proof taken from one place is worthless in another.
   conversation, and a proof passed on by a relay names an address the slave did not dial.
 - Raft (pysyncobj): its own password, derived here (:meth:`ClusterSecret.raft_password`).
 
-What this is not: there is no TLS, so anyone who can read the traffic reads the messages,
-and an attacker on the path can replay a control call within the skew window (a
-Session only for the broker it was captured from) or tamper with data-plane frames after
-the handshake. The secret
-keeps strangers who can merely reach a port from joining, taking over or wiping a group.
+What this is not: encryption. Without TLS (:mod:`metaq.common.tls`) anyone who can read
+the traffic reads the messages, and an attacker on the path can replay a control call
+within the skew window (a Session only for the broker it was captured from) or tamper with
+data-plane frames after the handshake. The secret keeps strangers who can merely reach a
+port from joining, taking over or wiping a group.
 
 Apart from :func:`load_secret` reading one file, nothing here does I/O.
 """

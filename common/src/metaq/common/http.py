@@ -9,6 +9,9 @@
 - Bodies are at most :data:`MAX_BODY_BYTES` (413 beyond) and must be a JSON object;
   malformed, non-UTF-8 or too deeply nested JSON gets 400 saying which, never a 500.
 - Errors are JSON ``{"error": "..."}`` like every other answer of the admin APIs.
+- A handler made with :func:`takes_forms` (the web console's buttons) takes an HTML form
+  instead, but only from a page of the same site: a browser says where a request comes
+  from (``Sec-Fetch-Site``, ``Origin``), and a form posted from anywhere else gets 403.
 """
 
 from __future__ import annotations
@@ -61,11 +64,45 @@ def _error_response(status: int, message: str) -> web.Response:
     return web.json_response({"error": message}, status=status)
 
 
+_FORMS_ATTRIBUTE: Final = "_metaq_takes_forms"
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def takes_forms(handler: Handler) -> Handler:
+    """Mark a handler that takes HTML form posts (see the module docstring)."""
+    setattr(handler, _FORMS_ATTRIBUTE, True)
+    return handler
+
+
+def same_site(request: web.Request) -> bool:
+    """Whether the browser says the request comes from a page of this site. Browsers
+    send ``Sec-Fetch-Site``; older ones only ``Origin``; a request with neither is not
+    from a browser page at all (curl, a script), which a cross-site page cannot make."""
+    fetch_site = request.headers.get("Sec-Fetch-Site")
+    if fetch_site is not None:
+        return fetch_site in ("same-origin", "none")
+    origin = request.headers.get("Origin")
+    if origin is None or origin == "null":
+        return origin is None
+    return origin.partition("://")[2] == request.host
+
+
 @web.middleware
 async def _require_json(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
 ) -> web.StreamResponse:
-    if request.method not in _SAFE_METHODS and request.content_type != JSON_TYPE:
+    if request.method in _SAFE_METHODS:
+        return await handler(request)
+    # The route's own handler: ``handler`` may be another middleware wrapping it.
+    if getattr(request.match_info.handler, _FORMS_ATTRIBUTE, False):
+        if not same_site(request):
+            return _error_response(
+                403,
+                f"{request.method} {shown(request.path)} is taken only from this site's own "
+                "pages; open the console here and use its form",
+            )
+        return await handler(request)
+    if request.content_type != JSON_TYPE:
         sent = request.headers.get("Content-Type")
         return _error_response(
             415,

@@ -59,7 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     try:
-        server = NameServer(config)  # reads the cluster secret: a bad one stops us here
+        server = NameServer(config)  # reads the secret and TLS files: a bad one stops us here
     except ValueError as exc:
         print(f"metaq-nameserver: {exc}", file=sys.stderr)
         return 2

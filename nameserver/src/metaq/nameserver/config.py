@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from metaq.common.tls import TlsConfig, TlsError, server_tls
+
 DEFAULT_GRPC_PORT: Final = 9876
 LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR")
 
@@ -55,6 +57,17 @@ class NameServerConfig:
     # An elected master still live but not reporting it took over this long after its
     # election (a promotion stuck on a dead disk, say) is replaced by another in-sync one.
     takeover_timeout_ms: int = 10000
+    # The web console's bound on each call to a broker's HTTP API: a page shows what it
+    # gathered within it and says which broker did not answer.
+    console_broker_timeout_ms: int = 2000
+    # A PEM certificate (chain) and its unencrypted key: gRPC and HTTP serve TLS with
+    # them; empty serves both plain. Raft has no TLS (docs/operations.md, "TLS").
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    # The CA (PEM) that signs client certificates under tls_verify_client.
+    tls_ca_file: str = ""
+    # Refuse gRPC and HTTP clients without a certificate signed by tls_ca_file (mTLS).
+    tls_verify_client: bool = False
     # Serve only users who prove an access key (and cluster members proving the cluster
     # secret), within their grants (docs/operations.md, Security). Off by default, with a
     # warning at start-up. In TOML also [auth] enabled / acl_file.
@@ -64,6 +77,12 @@ class NameServerConfig:
 
     def __post_init__(self) -> None:
         problems = []
+        try:
+            server_tls(
+                self.tls_cert_file, self.tls_key_file, self.tls_ca_file, self.tls_verify_client
+            )
+        except TlsError as exc:
+            problems.append(str(exc))
         for name in ("grpc_port", "http_port"):
             port = getattr(self, name)
             if port is not None and not 0 <= port <= 65535:
@@ -91,6 +110,8 @@ class NameServerConfig:
             problems.append("bootstrap_grace_ms must not be negative")
         if self.takeover_timeout_ms <= 0:
             problems.append("takeover_timeout_ms must be positive")
+        if self.console_broker_timeout_ms <= 0:
+            problems.append("console_broker_timeout_ms must be positive")
         if self.auth_enabled and not self.auth_acl_file:
             problems.append(
                 "auth_enabled needs auth_acl_file (create it with metaq acl init ADMIN --file FILE)"
@@ -98,22 +119,30 @@ class NameServerConfig:
         if problems:
             raise ValueError("invalid nameserver config: " + "; ".join(problems))
 
+    @property
+    def tls(self) -> TlsConfig | None:
+        """The TLS settings, None when gRPC and HTTP are served plain."""
+        return server_tls(
+            self.tls_cert_file, self.tls_key_file, self.tls_ca_file, self.tls_verify_client
+        )
+
 
 def _is_host_port(address: str) -> bool:
     host, _, port = address.rpartition(":")
     return bool(host) and port.isdigit() and 0 < int(port) < 65536
 
 
+def boolean(value: str) -> bool:
+    """A flag's true/false (also yes/no, 1/0)."""
+    lowered = value.strip().lower()
+    if lowered not in ("true", "false", "yes", "no", "1", "0"):
+        raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
+    return lowered in ("true", "yes", "1")
+
+
 def addresses(value: str) -> tuple[str, ...]:
     """A comma-separated list of host:port, as the ``--controller-peers`` flag takes it."""
     return tuple(part.strip() for part in value.split(",") if part.strip())
-
-
-def boolean(value: str) -> bool:
-    """``true``/``false`` (also 1/0, yes/no), as the ``--auth-enabled`` flag takes it."""
-    if value.lower() in ("true", "1", "yes", "false", "0", "no"):
-        return value.lower() in ("true", "1", "yes")
-    raise argparse.ArgumentTypeError(f"{value!r} is not true or false")
 
 
 _FIELDS: Final = {f.name: f for f in dataclasses.fields(NameServerConfig)}
@@ -132,6 +161,11 @@ _FLAG_TYPES: Final[dict[str, Callable[[str], Any]]] = {
     "bootstrap_grace_ms": int,
     "cluster_secret_file": str,
     "takeover_timeout_ms": int,
+    "console_broker_timeout_ms": int,
+    "tls_cert_file": str,
+    "tls_key_file": str,
+    "tls_ca_file": str,
+    "tls_verify_client": boolean,
     "auth_enabled": boolean,
     "auth_acl_file": str,
 }
@@ -179,12 +213,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--config", type=Path, help="TOML file with the settings below")
     for name, kind in _FLAG_TYPES.items():
         default = _FIELDS[name].default
+        # A switch alone means true; "--tls-verify-client false" also works.
+        switch: dict[str, Any] = {"nargs": "?", "const": True} if kind is boolean else {}
         p.add_argument(
             "--" + name.replace("_", "-"),
             dest=name,
             type=kind,
             default=None,
             help=f"(default: {default})",
+            **switch,
         )
     return p
 

@@ -1,4 +1,5 @@
-"""The nameserver's HTTP endpoint for people and scrapers: health, cluster and routes as JSON."""
+"""The nameserver's HTTP endpoint for people and scrapers: health, cluster and routes as JSON,
+and the web console (:mod:`metaq.nameserver.console`)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from metaq.common.acl_source import AclSource
 from metaq.common.http_auth import HttpAuth
 from metaq.common.names import shown
 from metaq.common.version import installed_version
+from metaq.nameserver.console import ConsoleContext
+from metaq.nameserver.console import add_routes as add_console_routes
 from metaq.nameserver.metrics import NameServerMetrics
 from metaq.nameserver.registry import Registry
 
@@ -35,10 +38,12 @@ def make_app(
     metrics: NameServerMetrics | None = None,
     acl: AclSource | None = None,
     count: Callable[[str], None] | None = None,
+    console: ConsoleContext | None = None,
 ) -> web.Application:
     """``GET /health``, ``GET /cluster``, ``GET /route/{topic}`` (404 for an unknown topic),
-    and with ``metrics`` ``GET /metrics`` (Prometheus text format, open to scrapers); with
-    ``acl``, all but /health and /metrics need a user (``metaq.common.http_auth``)."""
+    with ``metrics`` ``GET /metrics`` (Prometheus text format, open to scrapers), and with
+    ``console`` the web console under ``/console/`` (``/`` leads there); with ``acl``, all
+    but /health and /metrics need a user (``metaq.common.http_auth``)."""
 
     async def health(_request: web.Request) -> web.Response:
         return _respond(
@@ -82,4 +87,6 @@ def make_app(
     )
     if metrics is not None:
         app.add_routes([web.get("/metrics", scrape)])
+    if console is not None:
+        add_console_routes(app, console)
     return app

@@ -13,6 +13,7 @@ from metaq.common.acl_source import AclReloader, open_source
 from metaq.common.auth import ClusterSecret, is_loopback, load_secret, require_secret
 from metaq.common.v1 import control_pb2_grpc
 from metaq.nameserver.config import NameServerConfig
+from metaq.nameserver.console import ConsoleContext
 from metaq.nameserver.controller import Controller, ControllerSettings
 from metaq.nameserver.http import make_app
 from metaq.nameserver.metrics import NameServerMetrics
@@ -47,7 +48,8 @@ class NameServer:
     ``grpc_address`` / ``http_address`` carry the bound ports once started (port 0 in the
     config picks a free one); ``controller`` is this nameserver's part of the failover
     controller. Raises SecretError when the cluster secret is required but missing,
-    unreadable or too short (see :func:`cluster_secret`).
+    unreadable or too short (see :func:`cluster_secret`), TlsError when a TLS file is
+    missing, unreadable or does not match.
     """
 
     def __init__(
@@ -62,6 +64,8 @@ class NameServer:
             config.auth_enabled, config.auth_acl_file, "the nameserver", self.secret is not None
         )
         self._acl_reloader = AclReloader(self.acl) if self.acl is not None else None
+        if config.tls is not None:
+            config.tls.server_context()  # TlsError now, naming the file, not at start()
         self.registry = Registry(config.broker_expiry_s, clock)
         self._sweeper = ExpirySweeper(self.registry, config.expiry_scan_interval_s)
         password = self.secret.raft_password() if self.secret is not None else None
@@ -81,8 +85,14 @@ class NameServer:
         service = NameServerService(self.registry, self.controller, self.secret, users)
         control_pb2_grpc.add_NameServerServicer_to_server(service, server)
         address = host_port(config.listen_host, config.grpc_port)
+        tls = config.tls
+        # Every TLS file is read now: a bad one stops the start with its reason.
+        http_tls = tls.server_context() if tls is not None else None
         try:
-            port = server.add_insecure_port(address)
+            if tls is None:
+                port = server.add_insecure_port(address)
+            else:
+                port = server.add_secure_port(address, tls.grpc_server_credentials())
         except RuntimeError as exc:  # grpc says only "Failed to bind"
             raise OSError(f"cannot listen for gRPC on {address}: {exc}") from exc
         try:
@@ -98,10 +108,17 @@ class NameServer:
             if config.http_port is not None:
                 metrics = NameServerMetrics(self.registry, self.controller)
                 users.export_to(metrics.registry)
-                runner = web.AppRunner(make_app(self.registry, metrics, self.acl, users.count))
+                console = ConsoleContext.of(
+                    self.registry, self.controller, config.console_broker_timeout_ms, tls
+                )
+                runner = web.AppRunner(
+                    make_app(self.registry, metrics, self.acl, users.count, console)
+                )
                 await runner.setup()
                 self._http = runner
-                site = web.TCPSite(runner, config.listen_host, config.http_port)
+                site = web.TCPSite(
+                    runner, config.listen_host, config.http_port, ssl_context=http_tls
+                )
                 await site.start()
                 bound = runner.addresses[0]
                 self.http_address = host_port(config.listen_host, bound[1])

@@ -7,7 +7,8 @@ it in turn before the master serves it. The master's proof names its own adverti
 address, checked against the address dialled here, so a process at another address
 cannot pass a real master's proof through to the slave (a relay at a stale address).
 What the handshake does not cover: the frames after it; a man in the middle on the
-path itself can alter them (TLS would).
+path itself can alter them, unless the connection runs over TLS (``ssl``: the broker's
+``tls_*`` settings, docs/operations.md).
 """
 
 from __future__ import annotations
@@ -16,12 +17,14 @@ import asyncio
 import contextlib
 import itertools
 import socket
+import ssl as ssl_module
 from dataclasses import dataclass
 
 from metaq.common import auth
 from metaq.common.auth import ClusterSecret
 from metaq.common.errors import ErrorCode, MetaqError, NotAuthenticated
 from metaq.common.framing import Buffer, Frame, FrameDecoder, FrameType, encode_frame
+from metaq.common.tls import tls_peer_hint
 from metaq.common.v1.data_pb2 import (
     ErrorResponse,
     ReplicaAuthRequest,
@@ -65,6 +68,7 @@ class DataPlaneChannel:
         self._decoder = FrameDecoder()
         self._ids = itertools.count(1)
         self.address = address
+        self._answered = False
 
     @property
     def closed(self) -> bool:
@@ -73,13 +77,29 @@ class DataPlaneChannel:
 
     @classmethod
     async def open(
-        cls, address: str, timeout_s: float = 3.0, *, identity: SlaveIdentity | None = None
+        cls,
+        address: str,
+        timeout_s: float = 3.0,
+        *,
+        identity: SlaveIdentity | None = None,
+        ssl: ssl_module.SSLContext | None = None,
     ) -> DataPlaneChannel:
-        """Connect to the master at ``address``; with ``identity.secret``, authenticate
-        both ways first (raises NotAuthenticated when the master cannot prove it)."""
+        """Connect to the master at ``address`` (over TLS with ``ssl``); with
+        ``identity.secret``, authenticate both ways first (raises NotAuthenticated when
+        the master cannot prove it)."""
         host, _, port = address.rpartition(":")
-        async with asyncio.timeout(timeout_s):
-            reader, writer = await asyncio.open_connection(host.strip("[]"), int(port))
+        try:
+            async with asyncio.timeout(timeout_s):
+                reader, writer = await asyncio.open_connection(host.strip("[]"), int(port), ssl=ssl)
+        except ssl_module.SSLError as exc:
+            raise ConnectionError(tls_peer_hint(address, exc, "master")) from None
+        except TimeoutError:
+            if ssl is None:
+                raise
+            raise TimeoutError(
+                f"no TLS handshake with the master at {address} within {timeout_s} s: its "
+                "port may be plain (is TLS on there?) or it is overloaded"
+            ) from None
         sock = writer.get_extra_info("socket")
         if sock is not None:
             with contextlib.suppress(OSError):
@@ -164,7 +184,14 @@ class DataPlaneChannel:
             while True:
                 chunk = await self._reader.read(1 << 20)
                 if not chunk:
+                    if not self._answered and self._writer.get_extra_info("sslcontext") is None:
+                        raise ConnectionError(
+                            f"master {self.address} closed the connection before answering "
+                            "anything: if it serves TLS, give this broker the tls_* "
+                            "settings too (tls_ca_file to trust it)"
+                        )
                     raise ConnectionError(f"master {self.address} closed the connection")
+                self._answered = True
                 for frame in self._decoder.feed(chunk):
                     if frame.is_error:
                         error = ErrorResponse.FromString(frame.header)

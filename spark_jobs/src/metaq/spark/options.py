@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from metaq.client.tags import TagFilter
+from metaq.common.tls import TlsConfig, TlsError
 
 EARLIEST: Final = -2
 LATEST: Final = -1
@@ -47,6 +48,9 @@ class SourceOptions:
     fail_on_data_loss: bool = True
     pull_batch_messages: int = 1024
     request_timeout_s: float = 10.0
+    tls: TlsConfig | None = None
+    """Set: nameservers and brokers are reached over TLS (options ``tls``, ``tlsCaFile``,
+    ``tlsCertFile``, ``tlsKeyFile``; the files at the same paths on every executor)."""
 
     def matches(self, topic: str) -> bool:
         if self.topic_pattern:
@@ -64,8 +68,10 @@ class SinkOptions:
     producer_group: str = "spark-writer"
     batch_messages: int = 256
     request_timeout_s: float = 10.0
+    tls: TlsConfig | None = None
 
 
+_TLS_KEYS: Final = ("tls", "tlscafile", "tlscertfile", "tlskeyfile")
 _SOURCE_KEYS: Final = {
     "nameservers",
     "topic",
@@ -82,9 +88,17 @@ _SOURCE_KEYS: Final = {
     "failondataloss",
     "pullbatchmessages",
     "requesttimeoutms",
+    *_TLS_KEYS,
 }
 _SPARK_KEYS: Final = ("path", "checkpointlocation", "queryname")
-_SINK_KEYS: Final = {"nameservers", "topic", "producergroup", "batchmessages", "requesttimeoutms"}
+_SINK_KEYS: Final = {
+    "nameservers",
+    "topic",
+    "producergroup",
+    "batchmessages",
+    "requesttimeoutms",
+    *_TLS_KEYS,
+}
 
 
 def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> SourceOptions:
@@ -152,6 +166,7 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
         pull_batch_messages=_int(opts, "pullbatchmessages", "pullBatchMessages", 1024, 1) or 1024,
         request_timeout_s=(_int(opts, "requesttimeoutms", "requestTimeoutMs", 10_000, 1) or 1)
         / 1000,
+        tls=_tls(opts),
     )
 
 
@@ -164,7 +179,30 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
         batch_messages=_int(opts, "batchmessages", "batchMessages", 256, 1) or 256,
         request_timeout_s=(_int(opts, "requesttimeoutms", "requestTimeoutMs", 10_000, 1) or 1)
         / 1000,
+        tls=_tls(opts),
     )
+
+
+def _tls(opts: Mapping[str, str]) -> TlsConfig | None:
+    """TLS when ``tls`` is true or any of its files is named; the files are read here, on
+    the driver, so a wrong path fails the job at planning."""
+    files = [opts.get(key, "").strip() for key in ("tlscafile", "tlscertfile", "tlskeyfile")]
+    if not (_bool(opts, "tls", "tls", False) or any(files)):
+        return None
+    ca, cert, key = files
+    try:
+        tls = TlsConfig(cert_file=cert, key_file=key, ca_file=ca)
+        tls.check()
+    except TlsError as exc:
+        message = str(exc)
+        for setting, option in (
+            ("tls_ca_file", "tlsCaFile"),
+            ("tls_cert_file", "tlsCertFile"),
+            ("tls_key_file", "tlsKeyFile"),
+        ):
+            message = message.replace(setting, f"option {option!r}")
+        raise OptionError(message) from None
+    return tls
 
 
 def _lower(options: Mapping[str, str], known: set[str]) -> dict[str, str]:

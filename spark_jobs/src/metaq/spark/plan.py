@@ -80,14 +80,17 @@ async def resolve_topics(options: SourceOptions, routes: RouteCache) -> list[str
         return list(options.topics)
     view = await _cluster(options, routes)
     found: set[str] = set()
+    tls = options.tls
+    scheme = "https" if tls is not None else "http"
     async with aiohttp.ClientSession(
-        timeout=aiohttp.ClientTimeout(total=options.request_timeout_s)
+        timeout=aiohttp.ClientTimeout(total=options.request_timeout_s),
+        connector=aiohttp.TCPConnector(ssl=tls.client_context()) if tls is not None else None,
     ) as session:
         for broker in view.brokers():
             if not broker.http_address:
                 continue
             try:
-                async with session.get(f"http://{broker.http_address}/topics") as response:
+                async with session.get(f"{scheme}://{broker.http_address}/topics") as response:
                     body = await response.json(content_type=None)
             except (aiohttp.ClientError, TimeoutError) as exc:
                 log.warning("topic list of broker %s failed: %s", broker.broker_name, exc)

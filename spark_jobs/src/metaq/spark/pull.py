@@ -47,7 +47,10 @@ def read_range(options: SourceOptions, rng: QueueRange, tags: str) -> Iterator[p
         return
     loop = asyncio.new_event_loop()
     consumer = PullConsumer(
-        options.nameservers, READER_GROUP, request_timeout_s=options.request_timeout_s
+        options.nameservers,
+        READER_GROUP,
+        request_timeout_s=options.request_timeout_s,
+        tls=options.tls,
     )
     try:
         reader = _RangeReader(options, rng, TagFilter.parse(tags), consumer)

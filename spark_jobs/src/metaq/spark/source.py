@@ -97,10 +97,12 @@ class MetaqBatchReader(DataSourceReader):
 async def plan_batch(options: SourceOptions, pushed: Pushed) -> list[QueueRange]:
     """The queue ranges of a batch read: starting to ending offsets (or timestamps),
     narrowed by the pushed filters."""
-    async with RouteCache(options.nameservers, rpc_timeout_s=options.request_timeout_s) as routes:
+    async with RouteCache(
+        options.nameservers, rpc_timeout_s=options.request_timeout_s, tls=options.tls
+    ) as routes:
         consumer = PullConsumer(
             options.nameservers, PLANNER_GROUP, routes=routes,
-            request_timeout_s=options.request_timeout_s,
+            request_timeout_s=options.request_timeout_s, tls=options.tls,
         )  # fmt: skip
         try:
             topics = await plan.resolve_topics(options, routes)

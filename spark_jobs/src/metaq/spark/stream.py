@@ -86,10 +86,16 @@ class MetaqStreamReader(DataSourceStreamReader):
                     "committing offsets for %s failed: %s", self.options.consumer_group, exc
                 )
 
+    def _routes(self) -> RouteCache:
+        o = self.options
+        return RouteCache(o.nameservers, rpc_timeout_s=o.request_timeout_s, tls=o.tls)
+
     async def _initial(self) -> StreamOffset:
         o = self.options
-        async with RouteCache(o.nameservers, rpc_timeout_s=o.request_timeout_s) as routes:
-            consumer = PullConsumer(o.nameservers, PLANNER_GROUP, routes=routes)
+        async with RouteCache(
+            o.nameservers, rpc_timeout_s=o.request_timeout_s, tls=o.tls
+        ) as routes:
+            consumer = PullConsumer(o.nameservers, PLANNER_GROUP, routes=routes, tls=o.tls)
             try:
                 topics = await plan.resolve_topics(o, routes)
                 states = await plan.queue_states(o, routes, consumer, topics)
@@ -105,8 +111,10 @@ class MetaqStreamReader(DataSourceStreamReader):
 
     async def _states(self) -> list[QueueState]:
         o = self.options
-        async with RouteCache(o.nameservers, rpc_timeout_s=o.request_timeout_s) as routes:
-            consumer = PullConsumer(o.nameservers, PLANNER_GROUP, routes=routes)
+        async with RouteCache(
+            o.nameservers, rpc_timeout_s=o.request_timeout_s, tls=o.tls
+        ) as routes:
+            consumer = PullConsumer(o.nameservers, PLANNER_GROUP, routes=routes, tls=o.tls)
             try:
                 topics = await plan.resolve_topics(o, routes)
                 return await plan.queue_states(o, routes, consumer, topics, tolerate_failures=True)
@@ -115,8 +123,10 @@ class MetaqStreamReader(DataSourceStreamReader):
 
     async def _commit(self, end: StreamOffset) -> None:
         o = self.options
-        async with RouteCache(o.nameservers, rpc_timeout_s=o.request_timeout_s) as routes:
-            consumer = PullConsumer(o.nameservers, o.consumer_group, routes=routes)
+        async with RouteCache(
+            o.nameservers, rpc_timeout_s=o.request_timeout_s, tls=o.tls
+        ) as routes:
+            consumer = PullConsumer(o.nameservers, o.consumer_group, routes=routes, tls=o.tls)
             try:
                 by_address: dict[str, list[tuple[str, int, int]]] = {}
                 for topic, queues in end.items():

@@ -52,6 +52,7 @@ def write_partition(
             list(options.nameservers),
             group=options.producer_group,
             send_timeout_s=options.request_timeout_s,
+            tls=options.tls,
         )
         await producer.start()
         try:

@@ -12,23 +12,31 @@ from yarl import URL
 
 from metaq.common import http
 from metaq.common.http_auth import HEADER, signed_purpose
+from metaq.common.tls import TlsConfig
 from metaq.common.users import Credentials, sign_request
 
 
 async def http_json(
-    method: str, url: str, body: Any = None, credentials: Credentials | None = None
+    method: str,
+    url: str,
+    body: Any = None,
+    credentials: Credentials | None = None,
+    *,
+    tls: TlsConfig | None = None,
 ) -> tuple[int, Any]:
-    """(status, parsed JSON body) of one request; the session is closed before returning.
-    With ``credentials`` the request is signed (a broker with auth_enabled needs it)."""
+    """(status, parsed JSON body) of one request (HTTPS trusting ``tls``'s CA when given);
+    the session is closed before returning. With ``credentials`` the request is signed (a
+    broker with auth_enabled needs it)."""
     sent = http.json_for(method, body)
     data = json.dumps(sent).encode() if sent is not None else b""
     headers = {"Content-Type": http.JSON_TYPE} if sent is not None else {}
     if credentials is not None:
         path = URL(url).path_qs
         headers[HEADER] = sign_request(credentials, signed_purpose(method, path), data, time.time())
+    ssl = tls.client_context() if tls is not None else True
     async with (
         aiohttp.ClientSession() as session,
-        session.request(method, url, data=data or None, headers=headers) as response,
+        session.request(method, url, data=data or None, headers=headers, ssl=ssl) as response,
     ):
         return response.status, await response.json()
 
@@ -41,12 +49,14 @@ async def put_topic(
     write_queues: int = 4,
     perm: str = "read-write",
     credentials: Credentials | None = None,
+    tls: TlsConfig | None = None,
 ) -> None:
     status, body = await http_json(
         "PUT",
         f"{http_url}/topics/{name}",
         {"read_queues": read_queues, "write_queues": write_queues, "perm": perm},
         credentials,
+        tls=tls,
     )
     if status != 200:
         raise AssertionError(f"creating topic {name} failed: {status} {body}")

@@ -15,6 +15,7 @@ import json
 import os
 import re
 import signal
+import ssl
 import subprocess
 import sys
 import threading
@@ -27,6 +28,7 @@ from types import TracebackType
 from typing import Any, Final
 
 from metaq.common.testing import secret_env, wait_until
+from metaq.common.tls import TlsConfig
 
 _READY: Final = re.compile(r"metaq-broker ready data=(\S+):(\d+) http=(\S+):(\d+)")
 # Small files everywhere: start-up stays fast and nothing preallocates a gigabyte.
@@ -56,8 +58,12 @@ class BrokerProcess:
         args: Sequence[str],
         command: Sequence[str] | None = None,
         env: Mapping[str, str] | None = None,
+        tls: TlsConfig | None = None,
     ) -> None:
         self.data_dir = data_dir
+        self.tls = tls
+        """How the tests reach a broker serving TLS (its HTTP port included)."""
+        self._http_tls: ssl.SSLContext | None = tls.client_context() if tls else None
         self.args = list(args)
         self.command = list(command) if command is not None else broker_command()
         self.lines: list[str] = []
@@ -87,6 +93,7 @@ class BrokerProcess:
         wait_for_master: bool | None = None,
         command: Sequence[str] | None = None,
         env: Mapping[str, str] | None = None,
+        tls: TlsConfig | None = None,
     ) -> BrokerProcess:
         """Start a broker and wait for its readiness line.
 
@@ -100,6 +107,9 @@ class BrokerProcess:
         A broker with nameservers is controlled: it takes writes (and topic changes) only
         once the controller names it master. ``wait_for_master`` (by default: with
         nameservers and no ``--broker-id``, i.e. a deployed master) also waits for that.
+
+        ``tls`` is how the tests themselves reach a broker started with ``--tls-*`` flags:
+        its ``/health`` over HTTPS, with a client certificate if the broker wants one.
         """
         if wait_for_master is None:
             wait_for_master = "--nameserver" in args and "--broker-id" not in args
@@ -110,7 +120,7 @@ class BrokerProcess:
         if small_store:
             for setting in SMALL_STORE:
                 argv += ["--set", setting]
-        broker = cls(data_dir, [*argv, *args], command, env)
+        broker = cls(data_dir, [*argv, *args], command, env, tls)
         try:
             broker.wait_ready(ready_timeout_s)
             if wait_for_master:
@@ -167,7 +177,9 @@ class BrokerProcess:
         if self.proc.poll() is not None:
             return None
         try:
-            with urllib.request.urlopen(f"{self.http_url}/health", timeout=timeout_s) as answer:
+            with urllib.request.urlopen(
+                f"{self.http_url}/health", timeout=timeout_s, context=self._http_tls
+            ) as answer:
                 body: dict[str, Any] = json.load(answer)
         except urllib.error.HTTPError as answered:
             body = json.load(answered)
@@ -188,7 +200,8 @@ class BrokerProcess:
 
     @property
     def http_url(self) -> str:
-        return f"http://{self.http_host}:{self.http_port}"
+        scheme = "https" if self.tls is not None else "http"
+        return f"{scheme}://{self.http_host}:{self.http_port}"
 
     @property
     def abort_marker(self) -> Path:

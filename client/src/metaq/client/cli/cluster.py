@@ -15,6 +15,7 @@ from metaq.client.cli.support import (
     add_secret_option,
     cluster_secret,
     http_json,
+    http_scheme,
     http_session,
     print_json,
     route_cache,
@@ -112,7 +113,7 @@ async def switchover(args: argparse.Namespace) -> int:
                 f"{args.group!r}; wait until it has caught up"
             )
         started = time.monotonic()
-        base = f"http://{master.http_address}/replication"
+        base = f"{http_scheme(args)}://{master.http_address}/replication"
         async with http_session(args) as session:
             timeout_ms = round(args.catch_up_timeout * 1000)
             body = {"to": args.to, "timeout_ms": timeout_ms, "fence_ms": timeout_ms + 10_000}

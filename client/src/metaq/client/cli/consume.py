@@ -25,10 +25,18 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
-from metaq.client.cli.support import CliError, common_options, group_name, nameservers, topic_name
+from metaq.client.cli.support import (
+    CliError,
+    common_options,
+    group_name,
+    nameservers,
+    tls_settings,
+    topic_name,
+)
 from metaq.client.consume_options import FIRST, LAST, TIMESTAMP, ConsumeFrom
 from metaq.client.message import Message
 from metaq.client.push_consumer import PushConsumer
+from metaq.common.tls import TlsConfig
 
 
 def register(subparsers: Any) -> None:
@@ -75,6 +83,7 @@ async def run(args: argparse.Namespace) -> int:
         count=args.count,
         timeout_s=args.timeout,
         render=message_json if args.json else format_message,
+        tls=tls_settings(args),
     )
     return 0
 
@@ -151,6 +160,7 @@ async def consume(
     timeout_s: float | None = None,
     out: TextIO | None = None,
     render: Callable[[Message], str] = format_message,
+    tls: TlsConfig | None = None,
 ) -> int:
     """Print messages until ``count`` were printed or ``timeout_s`` passed; how many."""
     printed = 0
@@ -167,7 +177,7 @@ async def consume(
             enough.set()
 
     consumer = PushConsumer(
-        nameservers, group, consume_from=start, concurrency=1, close_timeout_s=0.2
+        nameservers, group, tls=tls, consume_from=start, concurrency=1, close_timeout_s=0.2
     )
     consumer.subscribe(topic, show, tags=tags)
     loop = asyncio.get_running_loop()

@@ -22,10 +22,12 @@ from metaq.client.cli.support import (
     nameservers,
     print_json,
     table,
+    tls_settings,
     topic_name,
 )
 from metaq.client.pull_consumer import PullConsumer, QueueOffsets
 from metaq.client.routes import QueueRoute
+from metaq.common.tls import TlsConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,17 +54,24 @@ def register(subparsers: Any) -> None:
 
 
 async def group_progress(
-    nameservers: Sequence[str], group: str, topic: str, *, timeout_s: float = 5.0
+    nameservers: Sequence[str],
+    group: str,
+    topic: str,
+    *,
+    timeout_s: float = 5.0,
+    tls: TlsConfig | None = None,
 ) -> list[QueueProgress]:
     """Every readable queue of ``topic`` with the group's position in it."""
-    async with PullConsumer(nameservers, group, request_timeout_s=timeout_s) as consumer:
+    async with PullConsumer(nameservers, group, request_timeout_s=timeout_s, tls=tls) as consumer:
         queues = await consumer.queues(topic)
         answers = await asyncio.gather(*(consumer.query(topic, q) for q in queues))
     return [QueueProgress(q, a) for q, a in zip(queues, answers, strict=True)]
 
 
 async def run(args: argparse.Namespace) -> int:
-    rows = await group_progress(nameservers(args), args.group, args.topic, timeout_s=args.timeout)
+    rows = await group_progress(
+        nameservers(args), args.group, args.topic, timeout_s=args.timeout, tls=tls_settings(args)
+    )
     total = sum(row.lag for row in rows)
     if args.json:
         print_json(

@@ -13,6 +13,7 @@ from metaq.client.cli.support import (
     add_command,
     add_group,
     http_json,
+    http_scheme,
     http_session,
     key_values,
     print_json,
@@ -75,7 +76,9 @@ async def query_id(args: argparse.Namespace) -> int:
         for broker in brokers:
             try:
                 status, body = await http_json(
-                    session, "GET", f"http://{broker.http_address}/messages/{raw.hex()}"
+                    session,
+                    "GET",
+                    f"{http_scheme(args)}://{broker.http_address}/messages/{raw.hex()}",
                 )
             except CliError as exc:
                 unreachable.append(f"{broker.broker_name}: {exc}")
@@ -131,7 +134,7 @@ async def query_key(args: argparse.Namespace) -> int:
     found: list[dict[str, Any]] = []
     async with http_session(args) as session:
         for name in sorted(brokers):
-            url = f"http://{brokers[name].http_address}/messages?{query}"
+            url = f"{http_scheme(args)}://{brokers[name].http_address}/messages?{query}"
             status, body = await http_json(session, "GET", url)
             if status != 200:
                 raise CliError(f"broker {name} answered HTTP {status}: {body}")

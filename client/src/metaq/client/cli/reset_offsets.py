@@ -23,10 +23,12 @@ from metaq.client.cli.support import (
     nameservers,
     print_json,
     table,
+    tls_settings,
     topic_name,
 )
 from metaq.client.pull_consumer import PullConsumer
 from metaq.client.routes import QueueRoute
+from metaq.common.tls import TlsConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,9 +65,10 @@ async def reset_offsets(
     timestamp_ms: int,
     *,
     timeout_s: float = 5.0,
+    tls: TlsConfig | None = None,
 ) -> list[QueueReset]:
     """Commit, on every queue of ``topic``, the first offset stored at or after the time."""
-    async with PullConsumer(nameservers, group, request_timeout_s=timeout_s) as consumer:
+    async with PullConsumer(nameservers, group, request_timeout_s=timeout_s, tls=tls) as consumer:
         queues = await consumer.queues(topic)
 
         async def one(queue: QueueRoute) -> QueueReset:
@@ -79,7 +82,12 @@ async def reset_offsets(
 
 async def run(args: argparse.Namespace) -> int:
     rows = await reset_offsets(
-        nameservers(args), args.group, args.topic, args.to_time, timeout_s=args.timeout
+        nameservers(args),
+        args.group,
+        args.topic,
+        args.to_time,
+        timeout_s=args.timeout,
+        tls=tls_settings(args),
     )
     if args.json:
         print_json(

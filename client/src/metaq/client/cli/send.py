@@ -16,6 +16,7 @@ from metaq.client.cli.support import (
     nameservers,
     print_json,
     table,
+    tls_settings,
     topic_name,
 )
 from metaq.client.producer import Producer
@@ -110,6 +111,7 @@ async def send_messages(args: argparse.Namespace) -> int:
         group=args.group,
         send_timeout_s=args.timeout,
         credentials=credentials(args),
+        tls=tls_settings(args),
     )
     async with producer:
         futures = [

@@ -18,6 +18,7 @@ from metaq.common.auth import ENV_VAR, ClusterSecret, SecretError, load_secret
 from metaq.common.errors import InvalidMessage
 from metaq.common.names import check_group
 from metaq.common.record import check_topic
+from metaq.common.tls import TlsConfig, TlsError
 from metaq.common.users import Credentials, CredentialsError, load_credentials, sign_request
 
 if TYPE_CHECKING:
@@ -68,6 +69,17 @@ def common_options() -> argparse.ArgumentParser:
         "writes; default: $METAQ_CREDENTIALS_FILE, else $METAQ_ACCESS_KEY and "
         "$METAQ_SECRET_KEY)",
     )
+    tls = parent.add_argument_group("TLS (on when any of these is given)")
+    tls.add_argument("--tls", action="store_true", help="speak TLS, trusting the system's CAs")
+    tls.add_argument(
+        "--tls-ca", metavar="FILE", help="the CA (PEM) the servers' certificates chain to"
+    )
+    tls.add_argument(
+        "--tls-cert",
+        metavar="FILE",
+        help="a client certificate (PEM), for servers that verify clients",
+    )
+    tls.add_argument("--tls-key", metavar="FILE", help="the private key of --tls-cert")
     return parent
 
 
@@ -77,6 +89,29 @@ def credentials(args: argparse.Namespace) -> Credentials | None:
         return load_credentials(file=getattr(args, "credentials_file", ""))
     except CredentialsError as exc:
         raise CliError(str(exc), code=2) from None
+
+
+_TLS_FLAGS: Final = (
+    ("tls_cert_file", "--tls-cert"),
+    ("tls_key_file", "--tls-key"),
+    ("tls_ca_file", "--tls-ca"),
+)
+
+
+def tls_settings(args: argparse.Namespace) -> TlsConfig | None:
+    """The TLS options as a client's settings (files checked now), None for plain."""
+    ca, cert, key = (getattr(args, name, None) or "" for name in ("tls_ca", "tls_cert", "tls_key"))
+    if not (getattr(args, "tls", False) or ca or cert or key):
+        return None
+    try:
+        tls = TlsConfig(cert_file=cert, key_file=key, ca_file=ca)
+        tls.check()
+    except TlsError as exc:
+        message = (
+            str(exc).replace("tls_cert_file", "--tls-cert").replace("tls_key_file", "--tls-key")
+        )
+        raise CliError(message.replace("tls_ca_file", "--tls-ca"), code=2) from None
+    return tls
 
 
 def topic_name(value: str) -> str:
@@ -174,7 +209,12 @@ def cluster_secret(args: argparse.Namespace) -> ClusterSecret | None:
 
 
 def route_cache(args: argparse.Namespace) -> RouteCache:
-    return RouteCache(nameservers(args), rpc_timeout_s=args.timeout, credentials=credentials(args))
+    return RouteCache(
+        nameservers(args),
+        rpc_timeout_s=args.timeout,
+        credentials=credentials(args),
+        tls=tls_settings(args),
+    )
 
 
 def choose_masters(view: ClusterView, brokers: Sequence[str] | None) -> list[BrokerInfo]:
@@ -234,15 +274,25 @@ async def http_json(
 def http_session(args: argparse.Namespace) -> aiohttp.ClientSession:
     import aiohttp
 
-    return aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=args.timeout))
+    tls = tls_settings(args)
+    connector = aiohttp.TCPConnector(ssl=tls.client_context()) if tls is not None else None
+    return aiohttp.ClientSession(
+        timeout=aiohttp.ClientTimeout(total=args.timeout), connector=connector
+    )
 
 
-def http_url(broker: BrokerInfo) -> str:
+def http_url(broker: BrokerInfo, args: argparse.Namespace | None = None) -> str:
+    """The broker's admin API: HTTPS when ``args`` ask for TLS."""
     if not broker.http_address:
         raise CliError(
             f"broker {broker.broker_name} ({broker.data_address}) has no HTTP admin address"
         )
-    return f"http://{broker.http_address}"
+    return f"{http_scheme(args) if args is not None else 'http'}://{broker.http_address}"
+
+
+def http_scheme(args: argparse.Namespace) -> str:
+    """https when the command was given TLS options (the brokers serve HTTPS then)."""
+    return "https" if tls_settings(args) is not None else "http"
 
 
 # --- output ---------------------------------------------------------------------------

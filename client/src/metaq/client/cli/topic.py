@@ -27,6 +27,7 @@ from metaq.client.cli.support import (
     route_cache,
     split_names,
     table,
+    tls_settings,
     topic_name,
 )
 from metaq.client.connection import ConnectionPool
@@ -148,8 +149,10 @@ def _settings(args: argparse.Namespace, current: dict[str, Any]) -> dict[str, An
     return body
 
 
-async def _broker_topics(session: Any, broker: BrokerInfo) -> dict[str, dict[str, Any]]:
-    status, body = await http_json(session, "GET", f"{http_url(broker)}/topics")
+async def _broker_topics(
+    session: Any, broker: BrokerInfo, args: argparse.Namespace
+) -> dict[str, dict[str, Any]]:
+    status, body = await http_json(session, "GET", f"{http_url(broker, args)}/topics")
     if status != 200:
         raise CliError(f"broker {broker.broker_name} answered {status} to GET /topics: {body}")
     topics: dict[str, dict[str, Any]] = body.get("topics", {})
@@ -164,7 +167,7 @@ async def _put(args: argparse.Namespace, *, create: bool) -> int:
         async with http_session(args) as session:
             plans = []
             for broker in masters:
-                existing = (await _broker_topics(session, broker)).get(args.topic)
+                existing = (await _broker_topics(session, broker, args)).get(args.topic)
                 if create and existing is not None:
                     raise CliError(
                         f"topic {args.topic} already exists on {broker.broker_name}; "
@@ -183,7 +186,7 @@ async def _put(args: argparse.Namespace, *, create: bool) -> int:
                 }
                 plans.append((broker, _settings(args, base)))
             for broker, body in plans:
-                url = f"{http_url(broker)}/topics/{args.topic}"
+                url = f"{http_url(broker, args)}/topics/{args.topic}"
                 status, answer = await http_json(session, "PUT", url, body)
                 if status != 200:
                     error = answer.get("error", answer) if isinstance(answer, dict) else answer
@@ -259,7 +262,7 @@ async def delete_topic(args: argparse.Namespace) -> int:
     deleted = []
     async with http_session(args) as session:
         for broker in masters:
-            url = f"{http_url(broker)}/topics/{args.topic}"
+            url = f"{http_url(broker, args)}/topics/{args.topic}"
             status, answer = await http_json(session, "DELETE", url)
             if status == 200:
                 deleted.append(broker.broker_name)
@@ -281,7 +284,7 @@ async def list_topics(args: argparse.Namespace) -> int:
     rows: list[list[object]] = []
     async with http_session(args) as session:
         for broker in masters:
-            for name, config in sorted((await _broker_topics(session, broker)).items()):
+            for name, config in sorted((await _broker_topics(session, broker, args)).items()):
                 rows.append(
                     [
                         name,
@@ -332,7 +335,9 @@ async def show_route(args: argparse.Namespace) -> int:
 async def topic_stats(args: argparse.Namespace) -> int:
     async with route_cache(args) as routes:
         route = await routes.route(args.topic)
-    pool = ConnectionPool(connect_timeout_s=args.timeout, credentials=credentials(args))
+    pool = ConnectionPool(
+        connect_timeout_s=args.timeout, credentials=credentials(args), tls=tls_settings(args)
+    )
     try:
         answers = await asyncio.gather(
             *(_query_offsets(pool, args, q.address, q.queue_id) for q in route.read_queues)

@@ -1,0 +1,268 @@
+"""The cluster page: broker groups, their brokers and replication, the controller's Raft
+group, and a planned switchover per group (a confirmation page, then a POST)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from aiohttp import web
+
+from metaq.common.http import takes_forms
+from metaq.nameserver.console.context import Answer, ConsoleContext
+from metaq.nameserver.console.page import (
+    Html,
+    errors,
+    esc,
+    notice,
+    ratio,
+    render,
+    table,
+)
+from metaq.nameserver.controller import ControllerUnavailable, SwitchoverRefused
+from metaq.nameserver.model import BrokerKey, BrokerView, GroupView
+
+CURRENT = "/console/cluster"
+# The old master refuses writes while the slave catches up; past the fence it takes them
+# again by itself, should this nameserver never get to the controller's answer.
+CATCH_UP_TIMEOUT_MS = 5000
+FENCE_MS = CATCH_UP_TIMEOUT_MS + 10_000
+
+
+def routes(context: ConsoleContext) -> list[web.RouteDef]:
+    async def page(_request: web.Request) -> web.Response:
+        return await cluster_page(context)
+
+    async def confirm(request: web.Request) -> web.Response:
+        return _confirm_page(context, request)
+
+    @takes_forms
+    async def switchover(request: web.Request) -> web.Response:
+        return await _switchover(context, request)
+
+    return [
+        web.get(CURRENT, page),
+        web.get(CURRENT + "/{group}/switchover", confirm),
+        web.post(CURRENT + "/{group}/switchover", switchover),
+    ]
+
+
+async def cluster_page(
+    context: ConsoleContext, message: str = "", problem: str = ""
+) -> web.Response:
+    views = context.registry.cluster_info()
+    groups = [g for view in views for g in view.groups]
+    brokers = [b for g in groups for b in g.brokers]
+    answers = await asyncio.gather(*(context.brokers.call(b, "GET", "/health") for b in brokers))
+    health = {b.state.key: a for b, a in zip(brokers, answers, strict=True)}
+    gone = context.gone()
+    problems = [problem, *gone.values()]
+    problems += [a.error for a in answers if a.error and a.status != 503]
+    sections = [_group_section(context, g, health, problems, set(gone)) for g in groups]
+    if not groups:
+        sections.append("<p>No broker is registered with this nameserver.</p>")
+    body = (
+        notice(message)
+        + f'<div id="cluster-live" data-live>{errors(problems)}{"".join(sections)}'
+        + _controller_section(context)
+        + "</div>"
+    )
+    return render("Cluster", body, current=CURRENT)
+
+
+def _group_section(
+    context: ConsoleContext,
+    group: GroupView,
+    health: dict[BrokerKey, Answer],
+    problems: list[str],
+    gone: set[BrokerKey],
+) -> str:
+    control = context.controller.control(group.broker_name)
+    live_ids = {b.state.key.broker_id for b in group.brokers}
+    if control is not None:
+        for missing in sorted(set(control.in_sync_ids) - live_ids):
+            if BrokerKey(group.broker_name, missing) in gone:
+                continue  # named already, with its addresses
+            problems.append(
+                f"broker {group.broker_name}/{missing} is in the controller's in-sync set "
+                "but not registered: it is down or cut off from this nameserver"
+            )
+    rows = []
+    master_id = control.master_id if control is not None else None
+    lag_bytes: dict[str, int] = {}
+    lag_s: dict[str, float] = {}
+    for broker in group.brokers:
+        body = health[broker.state.key].body
+        if broker.state.key.broker_id == master_id and isinstance(body, dict):
+            lag_bytes = body.get("replica_lag_bytes") or {}
+            lag_s = body.get("replica_lag_s") or {}
+    for broker in group.brokers:
+        state = broker.state
+        h = health[state.key].body if isinstance(health[state.key].body, dict) else {}
+        # The master measures each slave's lag: the bytes of log it does not hold yet, and
+        # how long since it last held all of it.
+        lag = _lag(lag_bytes, lag_s, str(state.key.broker_id))
+        switch: object = None
+        if (
+            control is not None
+            and state.key.broker_id != master_id
+            and state.key.broker_id in control.in_sync_ids
+        ):
+            switch = Html(
+                f'<a href="{CURRENT}/{esc(group.broker_name)}/switchover?to='
+                f'{state.key.broker_id}">Make master…</a>'
+            )
+        rows.append(
+            [
+                state.key.broker_id,
+                state.role.value,
+                state.data_address,
+                state.http_address,
+                state.epoch,
+                lag,
+                _disk(h),
+                h.get("flush_mode"),
+                h.get("replication_mode", state.replication_mode.value),
+                h.get("commitlog_write_offset", state.commitlog_max_offset),
+                f"{broker.last_heartbeat_age_s:.1f} s ago",
+                switch,
+            ]
+        )
+    in_sync = ", ".join(map(str, control.in_sync_ids)) if control else "not managed"
+    master = f"broker {master_id}" if master_id is not None else "—"
+    title = (
+        f"<h2>Group {esc(group.broker_name)}</h2><p>master: {esc(master)} · epoch "
+        f"{group.epoch} · in sync (controller): {esc(in_sync)} · room "
+        f"{esc(group.computer_room or '—')}</p>"
+    )
+    return title + table(
+        [
+            "id",
+            "role",
+            "data address",
+            "http address",
+            "epoch",
+            "replica lag (behind the master)",
+            "disk used (clean at / refuse writes at)",
+            "flush",
+            "replication",
+            "commitlog end",
+            "last heartbeat",
+            "switchover",
+        ],
+        rows,
+        caption=f"Brokers of {group.broker_name}",
+    )
+
+
+def _lag(lag_bytes: dict[str, int], lag_s: dict[str, float], key: str) -> str | None:
+    if key not in lag_bytes:
+        return None
+    return f"{lag_bytes[key]} B, {lag_s.get(key, 0.0):.1f} s"
+
+
+def _disk(h: dict[str, object]) -> str | None:
+    used = h.get("disk_used_ratio")
+    if not isinstance(used, float | int):
+        return None
+    clean, full = h.get("disk_clean_ratio"), h.get("disk_full_ratio")
+    limits = ""
+    if isinstance(clean, float | int) and isinstance(full, float | int):
+        limits = f" ({ratio(float(clean))} / {ratio(float(full))})"
+    return ratio(float(used)) + limits
+
+
+def _controller_section(context: ConsoleContext) -> str:
+    controller = context.controller
+    members = controller.settings.peers or (controller.address,)
+    rows = [
+        [
+            m,
+            "leader" if m == controller.leader else "follower",
+            "this nameserver" if m == controller.address else "",
+        ]
+        for m in members
+    ]
+    leader = controller.leader or "none known (no majority?)"
+    return f"<h2>Controller</h2><p>Raft leader: {esc(leader)}</p>" + table(
+        ["member", "role", ""], rows, caption="Controller members"
+    )
+
+
+def _broker(context: ConsoleContext, group: str, broker_id: int) -> BrokerView | None:
+    return next(
+        (b for b in context.registry.members(group) if b.state.key.broker_id == broker_id), None
+    )
+
+
+def _confirm_page(context: ConsoleContext, request: web.Request) -> web.Response:
+    group = request.match_info["group"]
+    control = context.controller.control(group)
+    try:
+        target = int(request.query.get("to", ""))
+    except ValueError:
+        return render(
+            "Switchover",
+            errors(["say which broker id to make master (?to=N)"]),
+            current=CURRENT,
+            status=400,
+        )
+    if control is None:
+        return render(
+            "Switchover",
+            errors([f"group {group!r} is not managed by the controller"]),
+            current=CURRENT,
+            status=404,
+        )
+    body = f"""<p>Make broker <strong>{target}</strong> the master of group
+<strong>{esc(group)}</strong> (now broker {control.master_id}, epoch {control.epoch})?
+The master stops taking writes until broker {target} holds its whole log (at most
+{CATCH_UP_TIMEOUT_MS / 1000:g} s), then the controller makes broker {target} master at
+epoch {control.epoch + 1}. Nothing is lost.</p>
+<form method="post" action="{CURRENT}/{esc(group)}/switchover">
+<input type="hidden" name="to" value="{target}">
+<input type="hidden" name="epoch" value="{control.epoch}">
+<button type="submit">Confirm switchover to broker {target}</button>
+<a href="{CURRENT}">Cancel</a>
+</form>"""
+    return render(f"Switchover of {group}", body, current=CURRENT)
+
+
+async def _switchover(context: ConsoleContext, request: web.Request) -> web.Response:
+    group = request.match_info["group"]
+    form = await request.post()
+    try:
+        target = int(str(form.get("to", "")))
+        epoch = int(str(form.get("epoch", "")))
+    except ValueError:
+        return await cluster_page(
+            context, problem="the switchover form lacks its broker id or epoch"
+        )
+    master = context.masters().get(group)
+    if master is None:
+        return await cluster_page(
+            context, problem=f"group {group!r} has no master to hand over from"
+        )
+    started = time.monotonic()
+    handed = await context.brokers.call(
+        master,
+        "POST",
+        "/replication/handover",
+        {"to": target, "timeout_ms": CATCH_UP_TIMEOUT_MS, "fence_ms": FENCE_MS},
+    )
+    if not handed.ok:
+        return await cluster_page(
+            context, problem=f"the master refused the handover: {handed.error}"
+        )
+    try:
+        control = await context.controller.switchover(group, target, epoch)
+    except (SwitchoverRefused, ControllerUnavailable) as exc:
+        resumed = await context.brokers.call(master, "POST", "/replication/resume")
+        tail = "" if resumed.ok else f"; writes resume by themselves later ({resumed.error})"
+        return await cluster_page(context, problem=f"the controller refused: {exc}{tail}")
+    elapsed_ms = (time.monotonic() - started) * 1000
+    return await cluster_page(
+        context,
+        message=f"{group}: broker {control.master_id} is master at epoch {control.epoch} "
+        f"(handed over in {elapsed_ms:.0f} ms)",
+    )

@@ -1,0 +1,172 @@
+"""What the console's pages read: the registry, the controller, and the brokers' HTTP
+admin APIs through :class:`Brokers`, every call bounded by a timeout."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from metaq.common.http import json_for
+from metaq.common.tls import TlsConfig
+from metaq.nameserver.controller import Controller
+from metaq.nameserver.model import BrokerKey, BrokerState, BrokerView, Role
+from metaq.nameserver.registry import Registry
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """A broker's JSON answer, or in plain words why there is none."""
+
+    body: Any = None
+    error: str = ""
+    status: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.error
+
+
+class Brokers:
+    """Calls to brokers' HTTP admin APIs; one aiohttp session, opened on first use.
+
+    With ``tls`` (the nameserver's own settings: a process that serves TLS dials TLS)
+    the calls are HTTPS, checked against its CA and showing its certificate to brokers
+    that verify clients."""
+
+    def __init__(self, timeout_s: float, tls: TlsConfig | None = None) -> None:
+        self.timeout_s = timeout_s
+        self._tls = tls
+        self._scheme = "https" if tls is not None else "http"
+        self._session: aiohttp.ClientSession | None = None
+
+    async def call(self, broker: BrokerView, method: str, path: str, body: Any = None) -> Answer:
+        state = broker.state
+        who = f"broker {state.key} at {state.http_address or state.data_address}"
+        if not state.http_address:
+            return Answer(error=f"{who} has no HTTP address registered (started without one)")
+        if self._session is None:
+            ssl = self._tls.client_context() if self._tls is not None else None
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(ssl=ssl) if ssl is not None else None
+            )
+        url = f"{self._scheme}://{state.http_address}{path}"
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                async with self._session.request(
+                    method, url, json=json_for(method, body)
+                ) as response:
+                    payload = await response.json(content_type=None)
+        except TimeoutError:
+            return Answer(error=f"{who} did not answer within {self.timeout_s:g} s (down?)")
+        except aiohttp.ClientConnectionError as exc:
+            return Answer(error=f"{who} is unreachable ({exc.__class__.__name__}: {exc})")
+        except ValueError:
+            return Answer(error=f"{who} answered something that is not JSON")
+        if response.status >= 400:
+            reason = payload.get("error") if isinstance(payload, dict) else None
+            return Answer(payload, f"{who}: {reason or f'HTTP {response.status}'}", response.status)
+        return Answer(payload, status=response.status)
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+def durability_warning(stored: dict[str, Any]) -> str:
+    """What a broker's answer to a store (test message, resend) did not reach, if anything,
+    as the send statuses FLUSH_DISK_TIMEOUT and FLUSH_SLAVE_TIMEOUT would say it."""
+    missing = []
+    if not stored.get("durable", True):
+        missing.append("was not on disk within the flush timeout")
+    if not stored.get("replicated", True):
+        missing.append("was not confirmed by a slave within the replication timeout")
+    return f" — but it {' and '.join(missing)}" if missing else ""
+
+
+@dataclass
+class Rates:
+    """Messages per second from two samples of a growing count (TPS in the topic list)."""
+
+    _last: dict[str, tuple[float, int]] = field(default_factory=dict)
+
+    def rate(self, key: str, count: int, now: float | None = None) -> float | None:
+        now = time.monotonic() if now is None else now
+        previous = self._last.get(key)
+        self._last[key] = (now, count)
+        if previous is None or now <= previous[0] or count < previous[1]:
+            return None
+        return (count - previous[1]) / (now - previous[0])
+
+
+# How long the console keeps naming a broker that left: long enough for an operator to
+# notice, short enough that a broker taken out of service on purpose stops being shown.
+FORGET_GONE_AFTER_S = 3600.0
+
+
+@dataclass
+class ConsoleContext:
+    registry: Registry
+    controller: Controller
+    brokers: Brokers
+    rates_in: Rates = field(default_factory=Rates)
+    rates_out: Rates = field(default_factory=Rates)
+    # Brokers seen live by this console: a broker whose process died leaves the registry
+    # at once (its session ends), and the page must still say it is gone.
+    seen: dict[BrokerKey, tuple[BrokerState, float]] = field(default_factory=dict)
+
+    @classmethod
+    def of(
+        cls,
+        registry: Registry,
+        controller: Controller,
+        timeout_ms: int,
+        tls: TlsConfig | None = None,
+    ) -> ConsoleContext:
+        return cls(registry, controller, Brokers(timeout_ms / 1000, tls))
+
+    def live_brokers(self) -> list[BrokerView]:
+        return [
+            broker for name in self.registry.group_names() for broker in self.registry.members(name)
+        ]
+
+    def masters(self) -> dict[str, BrokerView]:
+        """Each group's master as the routes take it (the controller's, when it manages
+        the group): the broker that takes changes."""
+        found: dict[str, BrokerView] = {}
+        for name in self.registry.group_names():
+            control = self.controller.control(name)
+            for broker in self.registry.members(name):
+                if broker.state.role is not Role.MASTER:
+                    continue
+                if control is None or broker.state.key.broker_id == control.master_id:
+                    found.setdefault(name, broker)
+        return found
+
+    def gone(self, now: float | None = None) -> dict[BrokerKey, str]:
+        """Brokers seen live before and not registered now, each with a plain-words line;
+        remembers the live ones for next time."""
+        now = time.time() if now is None else now
+        live = {b.state.key: b.state for b in self.live_brokers()}
+        for key, state in live.items():
+            self.seen[key] = (state, now)
+        found = {}
+        for key, (state, last) in sorted(self.seen.items()):
+            if key in live:
+                continue
+            if now - last > FORGET_GONE_AFTER_S:
+                del self.seen[key]
+                continue
+            found[key] = (
+                f"broker {key} (data {state.data_address}, http {state.http_address or '-'}) "
+                f"is not registered any more (last seen live {now - last:.0f} s ago): it is "
+                "down or cut off from this nameserver"
+            )
+        return found
+
+    async def close(self) -> None:
+        await self.brokers.close()

@@ -1,0 +1,339 @@
+"""Consumer group pages: the list, one group (members, committed offsets, lag in messages
+and in time), a reset of its offsets by time (a dry run first), and its retry and
+dead-letter topics with browse and resend."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+from typing import Any
+from urllib.parse import quote
+
+from aiohttp import web
+
+from metaq.common.http import takes_forms
+from metaq.nameserver.console.context import Answer, ConsoleContext, durability_warning
+from metaq.nameserver.console.page import (
+    Html,
+    errors,
+    esc,
+    field,
+    link,
+    notice,
+    parse_time_ms,
+    render,
+    table,
+    when,
+)
+
+CURRENT = "/console/groups"
+RETRY_PREFIX = "%RETRY%"
+DLQ_PREFIX = "%DLQ%"
+# The newest dead letters listed per queue; older ones are reached on the Messages page.
+DEAD_SHOWN = 100
+
+
+def group_href(group: str) -> str:
+    return f"{CURRENT}/{quote(group, safe='')}"
+
+
+def routes(context: ConsoleContext) -> list[web.RouteDef]:
+    async def listing(request: web.Request) -> web.Response:
+        if request.query.get("group"):
+            raise web.HTTPFound(group_href(request.query["group"]))
+        return await list_page(context)
+
+    async def one(request: web.Request) -> web.Response:
+        return await group_page(context, request.match_info["group"])
+
+    @takes_forms
+    async def reset(request: web.Request) -> web.Response:
+        return await _reset(context, request)
+
+    @takes_forms
+    async def resend(request: web.Request) -> web.Response:
+        return await _resend(context, request)
+
+    return [
+        web.get(CURRENT, listing),
+        web.get(CURRENT + "/{group}", one),
+        web.post(CURRENT + "/{group}/reset", reset),
+        web.post(CURRENT + "/{group}/resend", resend),
+    ]
+
+
+async def _from_masters(context: ConsoleContext, path: str) -> list[tuple[str, Answer]]:
+    masters = context.masters()
+    answers = await asyncio.gather(
+        *(context.brokers.call(b, "GET", path) for b in masters.values())
+    )
+    return list(zip(masters, answers, strict=True))
+
+
+async def list_page(context: ConsoleContext) -> web.Response:
+    offsets, consumers = await asyncio.gather(
+        _from_masters(context, "/offsets"), _from_masters(context, "/consumers")
+    )
+    problems = [a.error for _, a in [*offsets, *consumers] if a.error]
+    lag: dict[str, int] = {}
+    for _, answer in offsets:
+        for row in answer.body if answer.ok else []:
+            lag[row["group"]] = lag.get(row["group"], 0) + row["lag"]
+    members: dict[str, set[str]] = {}
+    for _, answer in consumers:
+        for group, found in (answer.body if answer.ok else {}).items():
+            members.setdefault(group, set()).update(m["client_id"] for m in found)
+    names = sorted(set(lag) | set(members))
+    rows = [[link(group_href(g), g), len(members.get(g, ())), lag.get(g)] for g in names]
+    body = (
+        f'<div id="groups-live" data-live>{errors(problems)}'
+        + table(["group", "live members", "lag (messages)"], rows, caption="Consumer groups")
+        + "</div>"
+        + f"""<form method="get" action="{CURRENT}"><fieldset><legend>Open a group</legend>
+{field("group", "Group", required="required")}
+<button type="submit">Open</button></fieldset></form>"""
+    )
+    return render("Consumer groups", body, current=CURRENT)
+
+
+def _age(ms: int) -> str:
+    return "—" if ms <= 0 else f"{ms / 1000:.1f} s"
+
+
+async def group_page(
+    context: ConsoleContext,
+    group: str,
+    message: str = "",
+    problem: str = "",
+    preview: str = "",
+) -> web.Response:
+    quoted = quote(group, safe="")
+    offsets, consumers = await asyncio.gather(
+        _from_masters(context, f"/groups/{quoted}/offsets"), _from_masters(context, "/consumers")
+    )
+    problems = [problem] + [a.error for _, a in [*offsets, *consumers] if a.error]
+    member_rows: dict[str, list[Any]] = {}
+    for _, answer in consumers:
+        for m in (answer.body if answer.ok else {}).get(group, []):
+            member_rows[m["client_id"]] = [
+                m["client_id"],
+                m.get("host") or "—",
+                m["computer_room"] or "—",
+                m["mode"],
+                ", ".join(f"{t} ({e or '*'})" for t, e in m["subscriptions"]),
+            ]
+    offset_rows = []
+    topics: set[str] = set()
+    for broker_name, answer in offsets:
+        for row in answer.body["offsets"] if answer.ok else []:
+            topics.add(row["topic"])
+            offset_rows.append(
+                [
+                    broker_name,
+                    row["topic"],
+                    row["queue_id"],
+                    row.get("owner"),
+                    row["offset"],
+                    row["max_offset"],
+                    row["lag"],
+                    _age(row["lag_ms"]),
+                ]
+            )
+    routes_ = {t: context.registry.route(t) for t in (RETRY_PREFIX + group, DLQ_PREFIX + group)}
+    dlq = await _dead_letters(context, group)
+    problems += dlq[1]
+    body = (
+        notice(message)
+        + f'<div id="group-live" data-live>{errors(problems)}'
+        + table(
+            ["client id", "host", "room", "mode", "subscriptions"],
+            list(member_rows.values()),
+            caption="Members",
+        )
+        + table(
+            [
+                "broker group",
+                "topic",
+                "queue",
+                "owner (last pulled by)",
+                "committed offset",
+                "max offset",
+                "lag (messages)",
+                "lag (time: oldest unconsumed)",
+            ],
+            offset_rows,
+            caption="Committed offsets",
+        )
+        + "</div>"
+        + preview
+        + _reset_form(group, sorted(topics))
+        + "<h2>Retry and dead letters</h2><p>"
+        + " · ".join(
+            f"{esc(name)}: "
+            + (
+                "not created (nothing failed yet)"
+                if r is None
+                else f"{sum(g.read_queues for g in r.groups)} queue(s)"
+            )
+            for name, r in routes_.items()
+        )
+        + "</p>"
+        + dlq[0]
+    )
+    return render(f"Consumer group {group}", body, current=CURRENT)
+
+
+def _reset_form(group: str, topics: list[str]) -> str:
+    options = "".join(f'<option value="{esc(t)}">{esc(t)}</option>' for t in topics)
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    return f"""<form method="post" action="{group_href(group)}/reset"><fieldset>
+<legend>Reset offsets by time</legend>
+<label for="f-topic">Topic</label><select id="f-topic" name="topic">{options}</select>
+{field("time", "Time (UTC, ISO 8601)", now, required="required")}
+<button type="submit" name="action" value="preview">Preview (dry run)</button>
+<button type="submit" name="action" value="apply">Reset offsets</button>
+<p class="muted">Stop the group's consumers first: running members commit their own
+positions again. Preview shows the new offsets without changing anything.</p>
+</fieldset></form>"""
+
+
+async def _reset(context: ConsoleContext, request: web.Request) -> web.Response:
+    group = request.match_info["group"]
+    form = await request.post()
+    topic = str(form.get("topic", ""))
+    dry_run = str(form.get("action", "preview")) != "apply"
+    try:
+        stamp = parse_time_ms(str(form.get("time", "")))
+    except ValueError:
+        return await group_page(
+            context,
+            group,
+            problem="the time is neither ISO 8601 "
+            "(2024-05-01T12:00:00) nor milliseconds since the epoch",
+        )
+    route = context.registry.route(topic)
+    if route is None:
+        return await group_page(
+            context, group, problem=f"topic {topic!r} is not served by any live broker"
+        )
+    masters = context.masters()
+    targets = [masters[g.broker_name] for g in route.groups if g.broker_name in masters]
+    missing = [g.broker_name for g in route.groups if g.broker_name not in masters]
+    answers = await asyncio.gather(
+        *(
+            context.brokers.call(
+                b,
+                "POST",
+                f"/groups/{quote(group, safe='')}/reset",
+                {"topic": topic, "timestamp_ms": stamp, "dry_run": dry_run},
+            )
+            for b in targets
+        )
+    )
+    problems = [a.error for a in answers if a.error]
+    problems += [f"group {g} has no master now: its queues were not reset" for g in missing]
+    problems += [
+        f"{b.state.key.broker_name}: the reset is committed on the master, but no slave "
+        "confirmed it within the replication timeout: a failover now could lose it"
+        for b, a in zip(targets, answers, strict=True)
+        if a.ok and not dry_run and not a.body.get("replicated", True)
+    ]
+    rows = [
+        [b.state.key.broker_name, q["queue_id"], q["before"], q["after"]]
+        for b, a in zip(targets, answers, strict=True)
+        if a.ok
+        for q in a.body["queues"]
+    ]
+    what = "Dry run: the offsets a reset would commit" if dry_run else "Offsets committed"
+    heading = f"{esc(what)} ({esc(topic)}, {esc(when(stamp))})"
+    preview = f'<section aria-label="{esc(what)}"><h2>{heading}</h2>'
+    preview += table(["broker group", "queue", "before", "after"], rows) + "</section>"
+    message = "" if dry_run or problems else f"reset {group} on {topic} to {when(stamp)}"
+    return await group_page(
+        context, group, message=message, problem="; ".join(problems), preview=preview
+    )
+
+
+async def _dead_letters(context: ConsoleContext, group: str) -> tuple[str, list[str]]:
+    """The newest dead letters (at most :data:`DEAD_SHOWN` per queue) with a resend
+    button each, and what could not be read."""
+    topic = DLQ_PREFIX + group
+    quoted = quote(topic, safe="")
+    route = context.registry.route(topic)
+    if route is None:
+        return "<p>No dead letters.</p>", []
+    problems: list[str] = []
+    readers = []
+    for g in route.groups:
+        reader = context.masters().get(g.broker_name)
+        if reader is None:
+            problems.append(f"group {g.broker_name} has no master: its dead letters are not shown")
+        else:
+            readers.append(reader)
+    bounds = await asyncio.gather(
+        *(context.brokers.call(b, "GET", f"/queues?topic={quoted}") for b in readers)
+    )
+    reads = [
+        (b, f"/queues/{quoted}/{q['queue_id']}/messages?limit={DEAD_SHOWN}&offset="
+            f"{max(q['min_offset'], q['max_offset'] - DEAD_SHOWN)}")
+        for b, answer in zip(readers, bounds, strict=True) if answer.ok
+        for q in answer.body["queues"]
+    ]  # fmt: skip
+    problems += [a.error for a in bounds if a.error]
+    answers = await asyncio.gather(*(context.brokers.call(b, "GET", path) for b, path in reads))
+    rows = []
+    for (broker, _), answer in zip(reads, answers, strict=True):
+        if not answer.ok:
+            problems.append(answer.error)
+            continue
+        for m in answer.body["messages"]:
+            rows.append(_dead_row(group, broker.state.key.broker_name, m))
+    return table(
+        ["message id", "original topic", "dead since", "last failure", "body", ""],
+        rows,
+        caption="Dead letters",
+    ), problems
+
+
+def _dead_row(group: str, broker_name: str, m: dict[str, Any]) -> list[Any]:
+    props = m["properties"]
+    msg_id = props.get("ORIGIN_MSG_ID") or m["msg_id"]
+    button = Html(
+        f'<form class="inline" method="post" action="{group_href(group)}/resend">'
+        f'<input type="hidden" name="broker" value="{esc(broker_name)}">'
+        f'<input type="hidden" name="msg_id" value="{esc(msg_id)}">'
+        f'<button type="submit" aria-label="Resend {esc(msg_id)}">Resend</button>'
+        "</form>"
+    )
+    body = m["body"][:80] if m["body_encoding"] == "text" else "(binary: see Messages)"
+    return [
+        msg_id,
+        props.get("RETRY_TOPIC", "?"),
+        when(m["store_timestamp_ms"]),
+        props.get("LAST_FAILURE", ""),
+        body,
+        button,
+    ]
+
+
+async def _resend(context: ConsoleContext, request: web.Request) -> web.Response:
+    group = request.match_info["group"]
+    form = await request.post()
+    broker_name, msg_id = str(form.get("broker", "")), str(form.get("msg_id", ""))
+    master = context.masters().get(broker_name)
+    if master is None:
+        return await group_page(
+            context, group, problem=f"group {broker_name!r} has no master now; retry later"
+        )
+    answer = await context.brokers.call(
+        master, "POST", f"/groups/{quote(group, safe='')}/dlq/resend", {"msg_ids": [msg_id]}
+    )
+    if not answer.ok:
+        return await group_page(context, group, problem=answer.error)
+    stored = answer.body["stored"][0]
+    return await group_page(
+        context,
+        group,
+        message=f"resent {msg_id} to {stored['topic']} as message {stored['msg_id']}"
+        + durability_warning(answer.body),
+    )

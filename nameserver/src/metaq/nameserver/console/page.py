@@ -1,0 +1,178 @@
+"""The console's page frame, its stylesheet and script, and small HTML helpers.
+
+Everything is escaped on the way in (:func:`esc`); a page is a title, a body of HTML and
+the navigation. Elements with ``data-live`` are refetched every few seconds by the script
+(the whole page is fetched and that element swapped), except while the keyboard focus is
+inside one, so nobody loses their place.
+"""
+
+from __future__ import annotations
+
+import datetime
+import html
+from collections.abc import Iterable, Sequence
+from typing import Any, Final
+
+from aiohttp import web
+
+REFRESH_MS: Final = 5000
+_NAV: Final = (
+    ("/console/cluster", "Cluster"),
+    ("/console/topics", "Topics"),
+    ("/console/groups", "Consumer groups"),
+    ("/console/messages", "Messages"),
+)
+
+CSS: Final = """
+body { font: 15px/1.45 system-ui, sans-serif; margin: 0; color: #1b1f24; }
+header { background: #1f3a5f; color: #fff; padding: .5rem 1rem; display: flex; gap: 1.5rem;
+  align-items: center; }
+header a { color: #fff; }
+header a[aria-current=page] { font-weight: bold; text-decoration-thickness: 3px; }
+main { padding: 1rem; max-width: 80rem; }
+table { border-collapse: collapse; margin: .5rem 0 1rem; }
+th, td { border: 1px solid #c8ced6; padding: .25rem .5rem; text-align: left;
+  vertical-align: top; }
+th { background: #eef2f6; }
+.error { background: #fdecea; border: 1px solid #d93025; padding: .5rem; margin: .5rem 0; }
+.notice { background: #e6f4ea; border: 1px solid #188038; padding: .5rem; margin: .5rem 0; }
+.muted { color: #5f6b7a; }
+pre { background: #f6f8fa; padding: .5rem; overflow: auto; max-width: 70rem; }
+form.inline { display: inline; }
+fieldset { margin: .5rem 0 1rem; border: 1px solid #c8ced6; }
+label { margin-right: .5rem; }
+a:focus-visible, button:focus-visible, input:focus-visible, select:focus-visible,
+textarea:focus-visible { outline: 3px solid #f9ab00; outline-offset: 2px; }
+"""
+
+SCRIPT: Final = """
+(function () {
+  const live = document.querySelectorAll('[data-live]');
+  if (!live.length) return;
+  async function refresh() {
+    for (const el of live) {
+      if (el.contains(document.activeElement)) return;
+    }
+    try {
+      const answer = await fetch(location.href, {headers: {'X-Console-Refresh': '1'}});
+      if (!answer.ok) return;
+      const page = new DOMParser().parseFromString(await answer.text(), 'text/html');
+      for (const el of live) {
+        const fresh = page.getElementById(el.id);
+        if (fresh) el.innerHTML = fresh.innerHTML;
+      }
+    } catch (e) { /* the next tick tries again */ }
+  }
+  setInterval(refresh, Number(document.body.dataset.refreshMs || 5000));
+})();
+"""
+
+
+def esc(value: object) -> str:
+    return html.escape("" if value is None else str(value), quote=True)
+
+
+def static_routes() -> list[web.RouteDef]:
+    async def css(_request: web.Request) -> web.Response:
+        return web.Response(text=CSS, content_type="text/css")
+
+    async def script(_request: web.Request) -> web.Response:
+        return web.Response(text=SCRIPT, content_type="text/javascript")
+
+    return [
+        web.get("/console/static/console.css", css),
+        web.get("/console/static/console.js", script),
+    ]
+
+
+def render(title: str, body: str, *, current: str = "", status: int = 200) -> web.Response:
+    nav = " ".join(
+        f'<a href="{href}"{" aria-current=page" if href == current else ""}>{esc(label)}</a>'
+        for href, label in _NAV
+    )
+    page = f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{esc(title)} · metaq console</title>
+<link rel="icon" href="data:,">
+<link rel="stylesheet" href="/console/static/console.css">
+</head><body data-refresh-ms="{REFRESH_MS}">
+<header><strong>metaq</strong><nav aria-label="Console">{nav}</nav></header>
+<main><h1>{esc(title)}</h1>
+{body}
+</main>
+<script src="/console/static/console.js"></script>
+</body></html>"""
+    return web.Response(text=page, content_type="text/html", status=status)
+
+
+def errors(messages: Iterable[str]) -> str:
+    """A list of what could not be gathered, in plain words."""
+    items = "".join(f"<li>{esc(m)}</li>" for m in messages if m)
+    return f'<div class="error" role="alert"><ul>{items}</ul></div>' if items else ""
+
+
+def notice(message: str) -> str:
+    return f'<div class="notice" role="status">{esc(message)}</div>' if message else ""
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], caption: str = "") -> str:
+    """Cells are escaped unless they are :class:`Html`."""
+    head = "".join(f'<th scope="col">{esc(h)}</th>' for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{cell(c)}</td>" for c in row) + "</tr>" for row in rows)
+    if not body:
+        body = f'<tr><td colspan="{len(headers)}" class="muted">none</td></tr>'
+    cap = f"<caption>{esc(caption)}</caption>" if caption else ""
+    return f"<table>{cap}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+class Html(str):
+    """Markup already built (escaped where it had to be)."""
+
+
+def cell(value: object) -> str:
+    if isinstance(value, Html):
+        return str(value)
+    if value is None:
+        return "—"
+    return esc(value)
+
+
+def link(href: str, text: object) -> Html:
+    return Html(f'<a href="{esc(href)}">{esc(text)}</a>')
+
+
+def field(
+    name: str, label: str, value: object = "", *, kind: str = "text", form: str = "", **attrs: str
+) -> str:
+    """A labelled input; ``form`` keeps ids unique when several forms ask for one name."""
+    extra = "".join(f' {k.replace("_", "-")}="{esc(v)}"' for k, v in attrs.items())
+    ident = f"f-{form}{name}"
+    return (
+        f'<label for="{esc(ident)}">{esc(label)}</label>'
+        f'<input id="{esc(ident)}" name="{esc(name)}" type="{kind}" value="{esc(value)}"{extra}> '
+    )
+
+
+def ratio(value: float | None) -> str:
+    return "—" if value is None else f"{value * 100:.1f} %"
+
+
+def when(ms: int | None) -> str:
+    """A stored timestamp for people: UTC to the second."""
+    if ms is None:
+        return "—"
+    stamp = datetime.datetime.fromtimestamp(ms / 1000, datetime.UTC)
+    return stamp.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def parse_time_ms(text: str) -> int:
+    """What people type for a time: ISO 8601 (UTC when it names no zone) or milliseconds
+    since the epoch. ValueError for anything else."""
+    text = text.strip()
+    if text.isdigit():
+        return int(text)
+    stamp = datetime.datetime.fromisoformat(text)
+    if stamp.tzinfo is None:
+        stamp = stamp.replace(tzinfo=datetime.UTC)
+    return int(stamp.timestamp() * 1000)

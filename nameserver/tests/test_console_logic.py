@@ -1,0 +1,79 @@
+"""The console's pure parts: rates from samples, times people type, how bodies show."""
+
+from __future__ import annotations
+
+import base64
+
+import pytest
+
+from metaq.nameserver.console.context import (
+    FORGET_GONE_AFTER_S,
+    Brokers,
+    ConsoleContext,
+    Rates,
+    durability_warning,
+)
+from metaq.nameserver.console.messages import _body
+from metaq.nameserver.console.page import Html, esc, table
+from metaq.nameserver.console.page import parse_time_ms as _parse_time
+from metaq.nameserver.model import BrokerKey, BrokerState, Role
+from metaq.nameserver.registry import Registry
+
+
+def test_a_rate_needs_two_samples_and_restarts_after_a_count_goes_down() -> None:
+    rates = Rates()
+    assert rates.rate("t", 100, now=10.0) is None
+    assert rates.rate("t", 160, now=12.0) == pytest.approx(30.0)
+    # A broker restarted or left: the count fell, so no rate rather than a negative one.
+    assert rates.rate("t", 20, now=13.0) is None
+    assert rates.rate("t", 30, now=14.0) == pytest.approx(10.0)
+
+
+def test_times_are_utc_iso_8601_or_epoch_milliseconds() -> None:
+    assert _parse_time("1700000000000") == 1_700_000_000_000
+    assert _parse_time("2023-11-14T22:13:20") == 1_700_000_000_000
+    assert _parse_time("2023-11-14T23:13:20+01:00") == 1_700_000_000_000
+    with pytest.raises(ValueError):
+        _parse_time("yesterday")
+
+
+def _message(body: str, encoding: str = "text") -> dict[str, object]:
+    return {"body": body, "body_encoding": encoding}
+
+
+def test_bodies_show_as_text_pretty_json_or_hex() -> None:
+    assert _body(_message("plain words")) == "plain words"
+    assert _body(_message('{"a":[1,2]}')) == 'JSON:\n{\n  "a": [\n    1,\n    2\n  ]\n}'
+    raw = base64.b64encode(b"\x00\xffA").decode()
+    assert _body(_message(raw, "base64")) == "hex: 00 ff 41"
+
+
+def test_table_cells_are_escaped_unless_built_as_markup() -> None:
+    html = table(["a", "b"], [["<script>", Html("<b>ok</b>")]])
+    assert "&lt;script&gt;" in html and "<b>ok</b>" in html
+    assert esc('"x"') == "&quot;x&quot;"
+
+
+def test_a_broker_seen_live_and_then_gone_is_named_until_it_is_back_or_forgotten() -> None:
+    registry = Registry(broker_expiry_s=10)
+    key = BrokerKey("g", 1)
+    state = BrokerState("c", key, Role.SLAVE, "127.0.0.1:1", "127.0.0.1:2")
+    registry.register(state, {})
+    console = ConsoleContext(registry, None, Brokers(1.0))  # type: ignore[arg-type]
+    assert console.gone(now=1000.0) == {}
+    registry.unregister(key)  # its process died: the session ended
+    line = console.gone(now=1030.0)[key]
+    assert "broker g/1 (data 127.0.0.1:1, http 127.0.0.1:2)" in line
+    assert "last seen live 30 s ago" in line
+    registry.register(state, {})
+    assert console.gone(now=1040.0) == {}
+    registry.unregister(key)
+    assert console.gone(now=1040.0 + FORGET_GONE_AFTER_S + 1) == {}
+    assert key not in console.seen
+
+
+def test_a_store_short_of_its_durability_says_which_part() -> None:
+    assert durability_warning({"durable": True, "replicated": True}) == ""
+    assert "flush timeout" in durability_warning({"durable": False, "replicated": True})
+    both = durability_warning({"durable": False, "replicated": False})
+    assert "on disk" in both and "confirmed by a slave" in both

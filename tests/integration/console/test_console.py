@@ -1,0 +1,346 @@
+"""The web console in a real headless Chromium against a real cluster: every page loads
+without errors, and its buttons do what they say (switchover, reset by time, dead-letter
+resend); a broker that does not answer costs a page its timeout, no more, and is named."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+from console_support import (
+    BROKER_TIMEOUT_MS,
+    GROUPS,
+    QUEUES,
+    TOPIC,
+    Browser,
+    ConsoleCluster,
+    LiveConsumer,
+    call,
+)
+
+from metaq.client.pull_consumer import PullConsumer
+from metaq.common.testing import run_async, wait_until
+
+GROUP = "billing"
+
+
+def send(cluster: ConsoleCluster, group: str, topic: str, body: str, **extra: Any) -> str:
+    """Store one message through the master's admin API; its message id, once consumers
+    can see it."""
+    master = cluster.master(group)
+    status, answer = call(
+        "POST", f"{master.http_url}/topics/{quote(topic, safe='')}/messages",
+        {"body": body, **extra},
+    )  # fmt: skip
+    assert status == 200, answer
+    stored = answer["stored"][0]
+
+    def visible() -> bool:
+        # Queues are built from the log just after the append: wait until this one is.
+        got, queues = call("GET", f"{master.http_url}/queues?topic={quote(topic, safe='')}")
+        assert got == 200, queues
+        queue = queues["queues"][stored["queue_id"]]
+        return bool(queue["max_offset"] > stored["queue_offset"])
+
+    wait_until(visible, 10, f"the message sent to {topic} is in its queue", poll_s=0.05)
+    return str(stored["msg_id"])
+
+
+def committed(cluster: ConsoleCluster, group: str, consumer_group: str) -> dict[int, int]:
+    status, answer = call(
+        "GET", f"{cluster.master(group).http_url}/groups/{consumer_group}/offsets"
+    )
+    assert status == 200, answer
+    return {r["queue_id"]: r["offset"] for r in answer["offsets"] if r["topic"] == TOPIC}
+
+
+def commit_to_end(cluster: ConsoleCluster, consumer_group: str) -> None:
+    """The group has consumed everything (a reset to a time after every message)."""
+    future_ms = int(time.time() * 1000) + 3_600_000
+    for group in GROUPS:
+        status, answer = call(
+            "POST", f"{cluster.master(group).http_url}/groups/{consumer_group}/reset",
+            {"topic": TOPIC, "timestamp_ms": future_ms, "dry_run": False},
+        )  # fmt: skip
+        assert status == 200, answer
+
+
+def test_every_page_loads_with_no_console_errors(cluster: ConsoleCluster, browser: Browser) -> None:
+    msg_id = send(cluster, "group-a", TOPIC, '{"order": 1, "items": ["tea"]}', keys=["order-1"])
+    commit_to_end(cluster, GROUP)
+    page, base = browser.page, cluster.console_url
+    page.goto(base + "/")
+    assert page.url.endswith("/console/cluster")
+    for group in GROUPS:
+        assert page.get_by_role("heading", name=f"Group {group}").is_visible()
+    assert page.get_by_text("Raft leader:").is_visible()
+    # Keyboard first: Tab reaches the navigation, and the focus is drawn.
+    page.keyboard.press("Tab")
+    assert page.evaluate("document.activeElement.textContent") == "Cluster"
+    outline = "getComputedStyle(document.activeElement).outlineStyle"
+    assert page.evaluate(outline) == "solid"
+    browser.screenshot("cluster")
+    page.get_by_role("link", name="Topics", exact=True).click()
+    assert page.get_by_role("link", name=TOPIC, exact=True).is_visible()
+    browser.screenshot("topics")
+    page.get_by_role("link", name=TOPIC, exact=True).click()
+    assert page.get_by_role("table", name="Queues").locator("tbody tr").count() == 2 * QUEUES
+    browser.screenshot("topic")
+    page.get_by_role("link", name="Consumer groups").click()
+    page.get_by_role("link", name=GROUP, exact=True).click()
+    assert page.get_by_role("table", name="Committed offsets").is_visible()
+    browser.screenshot("group")
+    page.get_by_role("link", name="Messages").click()
+    page.get_by_label("Message id (32 hex digits)").fill(msg_id)
+    page.get_by_label("Message id (32 hex digits)").press("Enter")
+    page.get_by_role("heading", name=f"Message {msg_id}").wait_for()
+    assert '"items": [' in page.locator("pre").inner_text()  # pretty-printed JSON
+    assert "consumed" in page.get_by_role("table", name="Delivery").inner_text()
+    browser.screenshot("message")
+    page.goto(f"{base}/console/messages?topic={TOPIC}&key=order-1")
+    assert page.get_by_role("heading", name=f"Message {msg_id}").is_visible()
+    page.goto(f"{base}/console/topics/no-such-topic")
+    assert "not served by any live broker" in page.locator(".error").inner_text()
+    # The not-found page above answers 404 on purpose; nothing else may fail.
+    unexpected = [p for p in browser.problems if "no-such-topic" not in p]
+    assert unexpected == []
+
+
+def test_the_cluster_page_refreshes_itself(cluster: ConsoleCluster, browser: Browser) -> None:
+    page = browser.page
+    page.goto(f"{cluster.console_url}/console/cluster")
+    before = page.get_by_role("table", name="Brokers of group-a").inner_text()
+    send(cluster, "group-a", TOPIC, "moves the commitlog end")
+    # The script refetches the page every few seconds and swaps the live part in place.
+    with page.expect_request(lambda r: r.headers.get("x-console-refresh") == "1", timeout=10_000):
+        pass
+    page.wait_for_function(
+        "before => document.querySelector('table').innerText !== before", arg=before
+    )
+    assert browser.problems == []
+
+
+def test_a_form_posted_from_another_site_is_refused(cluster: ConsoleCluster) -> None:
+    form = b"to=1&epoch=1"
+    for header, value in (("Origin", "http://elsewhere.example"), ("Sec-Fetch-Site", "cross-site")):
+        request = urllib.request.Request(
+            f"{cluster.console_url}/console/cluster/group-a/switchover", data=form, method="POST"
+        )
+        request.add_header("Content-Type", "application/x-www-form-urlencoded")
+        request.add_header(header, value)
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=10)
+        assert refused.value.code == 403
+        assert "only from this site's own pages" in json.load(refused.value)["error"]
+    assert cluster.route_master("group-a") == 0
+
+
+def test_the_broker_endpoints_say_what_was_wrong_with_a_request(cluster: ConsoleCluster) -> None:
+    url = cluster.master("group-a").http_url
+    cases = [
+        ("GET", "/queues?topic=nope", None, 404, "not served by broker"),
+        ("GET", f"/queues/{TOPIC}/0/messages", None, 400, "give either offset or from_ms"),
+        ("GET", f"/queues/{TOPIC}/0/messages?offset=x", None, 400, "are integers"),
+        ("POST", f"/groups/{GROUP}/reset", {"topic": TOPIC}, 400, '"timestamp_ms": integer'),
+        ("POST", f"/topics/{TOPIC}/messages", {"body": 1}, 400, '"body": text'),
+        ("POST", f"/groups/{GROUP}/dlq/resend", {"msg_ids": []}, 400, "msg_ids"),
+        ("POST", "/groups/nobody/dlq/resend", {"msg_ids": ["00"]}, 404, "no dead letters"),
+    ]
+    for method, path, body, status, words in cases:
+        got, answer = call(method, url + path, body)
+        assert (got, words in answer.get("error", "")) == (status, True), (path, answer)
+    slave = cluster.brokers[("group-a", 1)]
+    got, answer = call("POST", f"{slave.http_url}/topics/{TOPIC}/messages", {"body": "x"})
+    assert got == 409 and "not its group's master" in answer["error"], answer
+
+
+def test_a_group_page_shows_live_members_and_which_one_reads_each_queue(
+    cluster: ConsoleCluster, browser: Browser
+) -> None:
+    consumer = LiveConsumer(cluster.nameserver.grpc_address, "live-readers", TOPIC, "room-7")
+    try:
+        body = f"for a live reader {time.time_ns()}"
+        send(cluster, "group-a", TOPIC, body)
+        wait_until(lambda: body.encode() in consumer.received, 20, "the consumer got it",
+                   poll_s=0.05)  # fmt: skip
+        page = browser.page
+        page.goto(f"{cluster.console_url}/console/groups/live-readers")
+        members = page.get_by_role("table", name="Members")
+        assert consumer.client_id in members.inner_text()
+        assert "room-7" in members.inner_text()
+        assert "127.0.0.1" in members.inner_text()  # its host, as the broker sees it
+        offsets = page.get_by_role("table", name="Committed offsets")
+        # A push consumer pulls every queue it owns (long polls), so each has its owner.
+        wait_until(lambda: _owned(page, consumer.client_id), 15,
+                   "every queue shows the consumer as its owner", poll_s=0.5)  # fmt: skip
+        assert offsets.locator("tbody tr").count() == 2 * QUEUES
+        browser.screenshot("group-live")
+    finally:
+        consumer.stop()
+    assert browser.problems == []
+
+
+def _owned(page: Any, client_id: str) -> bool:
+    page.reload()
+    rows = page.get_by_role("table", name="Committed offsets").locator("tbody tr")
+    texts = [rows.nth(i).inner_text() for i in range(rows.count())]
+    return len(texts) == 2 * QUEUES and all(client_id in t for t in texts)
+
+
+def test_a_topic_made_on_the_page_is_routed_and_takes_a_test_message(
+    cluster: ConsoleCluster, browser: Browser
+) -> None:
+    page, topic = browser.page, "made-in-console"
+    page.goto(f"{cluster.console_url}/console/topics")
+    page.get_by_label("Topic").fill(topic)
+    page.get_by_label("Read queues").fill("3")
+    page.get_by_label("Write queues").fill("3")
+    page.get_by_role("button", name="Create or update").click()
+    assert f"topic {topic}: 3 read / 3 write queues" in page.get_by_role("status").inner_text()
+    for group in GROUPS:
+        status, topics = call("GET", f"{cluster.master(group).http_url}/topics")
+        assert status == 200, topics
+        assert topics["topics"][topic]["read_queues"] == 3, (group, topics)
+    wait_until(lambda: len(cluster.route_ids("group-a", topic)) == 2, 15,
+               "the nameserver routes the new topic", poll_s=0.2)  # fmt: skip
+    page.goto(f"{cluster.console_url}/console/topics/{topic}")
+    page.get_by_label("Body").fill("hello from the console")
+    page.get_by_label("Keys (space-separated)").fill("console-key")
+    page.get_by_role("button", name="Send").click()
+    sent = page.get_by_role("status").inner_text()
+    assert sent.startswith("sent: message "), sent
+    page.goto(f"{cluster.console_url}/console/messages?topic={topic}&key=console-key")
+    assert "hello from the console" in page.locator("pre").inner_text()
+    assert browser.problems == []
+
+
+def test_a_reset_by_time_previews_then_changes_the_committed_offsets(
+    cluster: ConsoleCluster, browser: Browser
+) -> None:
+    for n in range(6):
+        send(cluster, GROUPS[n % 2], TOPIC, f"reset-{n}")
+    commit_to_end(cluster, GROUP)
+    before = {g: committed(cluster, g, GROUP) for g in GROUPS}
+    assert all(sum(offsets.values()) > 0 for offsets in before.values())
+    page = browser.page
+    page.goto(f"{cluster.console_url}/console/groups/{GROUP}")
+    page.get_by_label("Topic").select_option(TOPIC)
+    page.get_by_label("Time (UTC, ISO 8601)").fill("2000-01-01T00:00:00")
+    page.get_by_role("button", name="Preview (dry run)").click()
+    preview = page.get_by_role("region", name="Dry run: the offsets a reset would commit")
+    assert preview.locator("tbody tr").count() == 2 * QUEUES
+    assert {g: committed(cluster, g, GROUP) for g in GROUPS} == before, "a dry run changed them"
+    browser.screenshot("reset-preview")
+    page.get_by_label("Time (UTC, ISO 8601)").fill("2000-01-01T00:00:00")
+    page.get_by_role("button", name="Reset offsets").click()
+    page.get_by_role("region", name="Offsets committed").wait_for()
+    for group in GROUPS:
+        assert set(committed(cluster, group, GROUP).values()) == {0}, group
+    assert browser.problems == []
+
+
+def test_resending_a_dead_letter_delivers_it_to_a_consumer(
+    cluster: ConsoleCluster, browser: Browser
+) -> None:
+    dlq = f"%DLQ%{GROUP}"
+    master = cluster.master("group-b")
+    status, answer = call("PUT", f"{master.http_url}/topics/{quote(dlq, safe='')}",
+                          {"read_queues": 1, "write_queues": 1})  # fmt: skip
+    assert status == 200, answer
+    body = f"dead-{time.time_ns()}"
+    send(cluster, "group-b", dlq, body,
+         properties={"RETRY_TOPIC": TOPIC, "LAST_FAILURE": "handler raised KeyError"})  # fmt: skip
+    page = browser.page
+    page.goto(f"{cluster.console_url}/console/groups/{GROUP}")
+    row = page.get_by_role("row").filter(has_text=body)
+    wait_until(lambda: _reloaded_has(page, row), 15, "the dead letter is listed", poll_s=0.5)
+    row.get_by_role("button", name=re.compile("^Resend")).click()
+    assert "resent" in page.get_by_role("status").inner_text()
+    browser.screenshot("dead-letters")
+    assert body in _read_topic(cluster), "the resent message did not reach the topic"
+    assert browser.problems == []
+
+
+def _reloaded_has(page: Any, row: Any) -> bool:
+    if row.count():
+        return True
+    page.reload()
+    return bool(row.count())
+
+
+def _read_topic(cluster: ConsoleCluster) -> list[str]:
+    async def read() -> list[str]:
+        bodies: list[str] = []
+        async with PullConsumer([cluster.nameserver.grpc_address], "console-check") as reader:
+            for queue in await reader.queues(TOPIC):
+                offset = 0
+                while True:
+                    result = await reader.pull(TOPIC, queue, offset, 256, 0)
+                    if not result.messages:
+                        break
+                    bodies += [m.body.decode() for m in result.messages]
+                    offset = result.next_offset
+        return bodies
+
+    # Playwright's sync API keeps an event loop on this thread: the client gets its own.
+    with ThreadPoolExecutor(1) as thread:
+        return thread.submit(lambda: run_async(read())).result()
+
+
+def test_the_switchover_button_moves_the_master(cluster: ConsoleCluster, browser: Browser) -> None:
+    assert cluster.route_master("group-b") == 0
+    page = browser.page
+    page.goto(f"{cluster.console_url}/console/cluster")
+    section = page.get_by_role("table", name="Brokers of group-b")
+    section.get_by_role("link", name="Make master…").click()
+    browser.screenshot("switchover-confirm")
+    page.get_by_role("button", name="Confirm switchover to broker 1").click()
+    assert "broker 1 is master" in page.get_by_role("status").inner_text()
+    wait_until(lambda: cluster.route_master("group-b") == 1, 15,
+               "the nameserver's route names broker 1 master of group-b", poll_s=0.2)  # fmt: skip
+    assert browser.problems == []
+
+
+def test_a_page_with_a_broker_not_answering_says_which_within_the_timeout(
+    cluster: ConsoleCluster, browser: Browser
+) -> None:
+    silent = cluster.brokers[("group-a", 1)]
+    silent.pause()
+    try:
+        page = browser.page
+        started = time.monotonic()
+        page.goto(f"{cluster.console_url}/console/cluster")
+        took_s = time.monotonic() - started
+        alert = page.get_by_role("alert").inner_text()
+        browser.screenshot("broker-down")
+    finally:
+        silent.resume()
+    assert "broker group-a/1" in alert and "did not answer within" in alert, alert
+    # The page waited for the silent broker once, in parallel with the others.
+    assert took_s < BROKER_TIMEOUT_MS / 1000 + 3.0, f"the page took {took_s:.1f} s"
+    assert page.get_by_role("heading", name="Group group-b").is_visible()
+
+
+def test_a_page_with_a_broker_killed_says_which_broker_is_gone(
+    cluster: ConsoleCluster, browser: Browser
+) -> None:
+    page = browser.page
+    page.goto(f"{cluster.console_url}/console/cluster")  # the console sees it live
+    cluster.brokers[("group-a", 1)].kill()
+    wait_until(lambda: 1 not in cluster.route_ids("group-a"), 15,
+               "the killed slave left the route of group-a", poll_s=0.2)  # fmt: skip
+    started = time.monotonic()
+    page.goto(f"{cluster.console_url}/console/cluster")
+    took_s = time.monotonic() - started
+    alert = page.get_by_role("alert").inner_text()
+    browser.screenshot("broker-killed")
+    assert "broker group-a/1" in alert and "not registered any more" in alert, alert
+    assert took_s < BROKER_TIMEOUT_MS / 1000 + 3.0, f"the page took {took_s:.1f} s"
+    assert browser.problems == []

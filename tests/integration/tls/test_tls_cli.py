@@ -1,0 +1,61 @@
+"""The ``metaq`` CLI against a cluster whose every listener speaks TLS and verifies clients."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tls_certs import Pki
+
+from metaq.broker.testing import BrokerProcess
+from metaq.nameserver.testing import start_nameserver
+
+
+def metaq(nameserver: str, *args: str) -> subprocess.CompletedProcess[str]:
+    script = Path(sys.executable).with_name("metaq")
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "metaq.client.cli"]
+    return subprocess.run(
+        [*command, *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "METAQ_NAMESERVERS": nameserver},
+        timeout=60,
+        check=False,
+    )
+
+
+def test_the_cli_creates_sends_and_reads_over_tls_and_tells_a_plain_user_what_to_pass(
+    pki: Pki, tmp_path: Path
+) -> None:
+    server = start_nameserver(tmp_path / "ns", *pki.server_flags(verify_client=True))
+    try:
+        with BrokerProcess.start(
+            tmp_path / "broker",
+            "--nameserver", server.grpc_address,
+            *pki.server_flags(verify_client=True),
+            tls=pki.client_tls(with_cert=True),
+        ):  # fmt: skip
+            name = server.grpc_address
+            tls = [
+                "--tls-ca", pki.ca_file,
+                "--tls-cert", pki.client.cert_file, "--tls-key", pki.client.key_file,
+            ]  # fmt: skip
+            created = metaq(name, "topic", "create", "cli-tls", "--queues", "2", *tls)
+            assert created.returncode == 0, created.stderr
+            sent = metaq(name, "send", "cli-tls", "over tls", *tls)
+            assert sent.returncode == 0, sent.stderr
+            assert sent.stdout.splitlines()[1].split()[0] == "OK"
+            read = metaq(name, "consume", "cli-tls", "-g", "cli", "--count", "1", *tls)
+            assert read.returncode == 0, read.stderr
+            assert "over tls" in read.stdout
+
+            plain = metaq(name, "send", "cli-tls", "in the clear")
+            assert plain.returncode != 0
+            assert f"the nameserver at {name} speaks TLS; pass --tls-ca FILE" in plain.stderr
+            missing = metaq(name, "send", "cli-tls", "x", "--tls-ca", str(tmp_path / "no.pem"))
+            assert missing.returncode == 2
+            assert "--tls-ca" in missing.stderr and "no.pem: no such file" in missing.stderr
+    finally:
+        server.stop()

@@ -1,0 +1,245 @@
+"""A cluster with TLS on every listener (real nameserver and brokers, certificates made
+by the test): the whole produce/consume/failover path, and what a client without the
+right TLS settings is told."""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from tls_certs import Pki
+
+from metaq.broker.testing import BrokerProcess
+from metaq.client.connection import BrokerConnection
+from metaq.client.errors import ConnectionLost, NoNameServer
+from metaq.client.producer import Producer
+from metaq.client.pull_consumer import PullConsumer, PullStatus
+from metaq.client.results import SendStatus
+from metaq.client.routes import RouteCache
+from metaq.common.framing import FrameType
+from metaq.common.testing import run_async, wait_until
+from metaq.common.tls import TlsConfig, grpc_channel
+from metaq.common.v1 import control_pb2 as pb
+from metaq.common.v1 import control_pb2_grpc
+from metaq.nameserver.testing import NameServerProcess, start_nameserver
+
+GROUP = "broker-tls"
+TOPIC = "orders"
+QUEUES = 2
+# Quick to leave the in-sync set and to time a send out, so that failover is quick too.
+FAST = ("--set", "replica_lag_max_ms=2000", "--set", "replication_timeout_ms=1000")
+
+
+@pytest.fixture
+def nameserver(pki: Pki, tmp_path: Path) -> Iterator[NameServerProcess]:
+    server = start_nameserver(
+        tmp_path / "ns", "--http-port", "0", *pki.server_flags(verify_client=True)
+    )
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def start_broker(
+    pki: Pki, tmp_path: Path, nameserver: NameServerProcess, broker_id: int
+) -> BrokerProcess:
+    return BrokerProcess.start(
+        tmp_path / f"broker-{broker_id}",
+        "--broker-name", GROUP, "--broker-id", str(broker_id),
+        "--nameserver", nameserver.grpc_address,
+        *pki.server_flags(verify_client=True), *FAST,
+        tls=pki.client_tls(with_cert=True),
+    )  # fmt: skip
+
+
+def role(broker: BrokerProcess) -> str | None:
+    state = broker.health()
+    return None if state is None else str(state["role"])
+
+
+async def put_topic(broker: BrokerProcess, tls: TlsConfig) -> None:
+    url = f"{broker.http_url}/topics/{TOPIC}"
+    body = {"read_queues": QUEUES, "write_queues": QUEUES, "perm": "read-write"}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.put(url, json=body, ssl=tls.client_context()) as answer,
+    ):
+        assert answer.status == 200, await answer.text()
+
+
+async def controller_in_sync(address: str, tls: TlsConfig) -> list[int]:
+    async with grpc_channel(address, tls) as channel:
+        state = await control_pb2_grpc.NameServerStub(channel).GetControllerState(
+            pb.GetControllerStateRequest(), timeout=5
+        )
+    return sorted(g.in_sync_ids for g in state.groups if g.broker_name == GROUP)[0] or []
+
+
+async def send_all(nameservers: list[str], tls: TlsConfig, bodies: list[bytes]) -> None:
+    async with Producer(nameservers, tls=tls, send_timeout_s=3.0, retries=5) as producer:
+        for body in bodies:
+            result = await producer.send(TOPIC, body)
+            assert result.status is SendStatus.OK, result
+
+
+async def read_all(nameservers: list[str], tls: TlsConfig) -> list[bytes]:
+    bodies: list[bytes] = []
+    async with PullConsumer(nameservers, "tls-readers", tls=tls) as consumer:
+        for queue in await consumer.queues(TOPIC, refresh=True):
+            offset = 0
+            while True:
+                found = await consumer.pull(TOPIC, queue, offset, max_messages=256)
+                if found.status is not PullStatus.FOUND:
+                    break
+                bodies += [bytes(m.body) for m in found.messages]
+                offset = found.next_offset
+    return bodies
+
+
+def https_get(url: str, context: ssl.SSLContext | None) -> Any:
+    with urllib.request.urlopen(url, timeout=5, context=context) as answer:
+        return answer.status
+
+
+def test_produce_consume_and_failover_with_tls_on_every_listener(
+    pki: Pki, tmp_path: Path, nameserver: NameServerProcess
+) -> None:
+    tls = pki.client_tls(with_cert=True)
+    names = [nameserver.grpc_address]
+    # HTTP: the nameserver's /health answers over HTTPS only.
+    assert https_get(f"https://{nameserver.http_address}/health", tls.client_context()) == 200
+    with pytest.raises((urllib.error.URLError, ConnectionError)):
+        https_get(f"http://{nameserver.http_address}/health", None)
+
+    brokers = {i: start_broker(pki, tmp_path, nameserver, i) for i in (0, 1)}
+    try:
+        # gRPC: both brokers registered over TLS, with their certificates (the nameserver
+        # verifies clients), so the controller could name a master and see the slave.
+        wait_until(lambda: role(brokers[0]) == "master", 30, "broker 0 is master")
+        run_async(put_topic(brokers[0], tls))
+        wait_until(
+            lambda: run_async(controller_in_sync(names[0], tls)) == [0, 1],
+            30, "the controller has both brokers in sync", poll_s=0.2,
+        )  # fmt: skip
+
+        first = [b"before-%04d" % n for n in range(200)]
+        run_async(send_all(names, tls, first))
+        # Replication: the slave fetched the log over TLS (with its client certificate).
+        wait_until(
+            lambda: (brokers[1].health() or {}).get("commitlog_write_offset")
+            == (brokers[0].health() or {}).get("commitlog_write_offset"),
+            20, "the slave caught up with the master", poll_s=0.1,
+        )  # fmt: skip
+        assert sorted(run_async(read_all(names, tls))) == sorted(first)
+
+        brokers[0].kill()
+        wait_until(lambda: role(brokers[1]) == "master", 30, "the slave was promoted", poll_s=0.2)
+        after = [b"after-%04d" % n for n in range(100)]
+        run_async(send_all(names, tls, after), timeout_s=60)
+        assert sorted(run_async(read_all(names, tls))) == sorted(first + after)
+    finally:
+        for broker in brokers.values():
+            broker.kill()
+
+
+@pytest.fixture
+def lone_broker(pki: Pki, tmp_path: Path) -> Iterator[BrokerProcess]:
+    """A broker without nameservers whose listeners verify client certificates."""
+    with BrokerProcess.start(
+        tmp_path / "lone",
+        *pki.server_flags(verify_client=True),
+        tls=pki.client_tls(with_cert=True),
+    ) as broker:
+        yield broker
+
+
+async def heartbeat(address: str, tls: TlsConfig | None, timeout_s: float = 3.0) -> None:
+    connection = await BrokerConnection.open(address, tls=tls, connect_timeout_s=timeout_s)
+    try:
+        await connection.request(FrameType.HEARTBEAT, b"", timeout_s=timeout_s)
+    finally:
+        await connection.close()
+
+
+def test_clients_without_the_right_tls_settings_are_refused_and_told_why(
+    pki: Pki, lone_broker: BrokerProcess
+) -> None:
+    address = f"{lone_broker.data_host}:{lone_broker.data_port}"
+    run_async(heartbeat(address, pki.client_tls(with_cert=True)))  # the right settings work
+
+    with pytest.raises(ConnectionLost, match=f"the broker at {address} speaks TLS; pass --tls-ca"):
+        run_async(heartbeat(address, None))
+    with pytest.raises(ConnectionLost, match=r"is not trusted .* pass the CA that signed it"):
+        run_async(heartbeat(address, TlsConfig(ca_file=pki.other_ca_file)))
+    with pytest.raises(ConnectionLost, match="client certificate"):
+        run_async(heartbeat(address, pki.client_tls()))
+    stranger = TlsConfig(pki.stranger.cert_file, pki.stranger.key_file, pki.ca_file)
+    with pytest.raises(ConnectionLost):
+        run_async(heartbeat(address, stranger))
+    # HTTP wants the client certificate too.
+    with pytest.raises((urllib.error.URLError, ssl.SSLError, ConnectionError)):
+        https_get(f"{lone_broker.http_url}/health", pki.client_tls().client_context())
+
+
+def test_a_tls_client_on_a_plain_broker_is_told_the_port_is_plain(tmp_path: Path) -> None:
+    with BrokerProcess.start(tmp_path / "plain") as broker:
+        address = f"{broker.data_host}:{broker.data_port}"
+        with pytest.raises(ConnectionLost, match=r"does not speak TLS \(its port is plain\)"):
+            run_async(heartbeat(address, TlsConfig(), timeout_s=1.0))
+
+
+def test_a_plain_client_of_a_tls_nameserver_is_told_to_pass_the_ca(
+    pki: Pki, nameserver: NameServerProcess
+) -> None:
+    async def route(tls: TlsConfig | None) -> None:
+        async with RouteCache([nameserver.grpc_address], rpc_timeout_s=3, tls=tls) as routes:
+            await routes.cluster()
+
+    with pytest.raises(NoNameServer, match="speaks TLS; pass --tls-ca"):
+        run_async(route(None))
+    with pytest.raises(NoNameServer, match=r"TLS with the nameserver at .* failed"):
+        run_async(route(pki.client_tls()))  # no client certificate, and it verifies clients
+    run_async(route(pki.client_tls(with_cert=True)))
+
+
+def test_concurrent_pipelined_requests_share_one_tls_connection(
+    pki: Pki, lone_broker: BrokerProcess
+) -> None:
+    address = f"{lone_broker.data_host}:{lone_broker.data_port}"
+
+    async def many() -> None:
+        connection = await BrokerConnection.open(address, tls=pki.client_tls(with_cert=True))
+        try:
+            await asyncio.gather(
+                *(connection.request(FrameType.HEARTBEAT, b"", timeout_s=5) for _ in range(500))
+            )
+        finally:
+            await connection.close()
+
+    run_async(many())
+
+
+def test_the_console_of_a_tls_nameserver_reads_its_brokers_over_https(
+    pki: Pki, tmp_path: Path, nameserver: NameServerProcess
+) -> None:
+    broker = start_broker(pki, tmp_path, nameserver, 0)
+    try:
+        wait_until(lambda: role(broker) == "master", 30, "the broker is master", poll_s=0.1)
+        context = pki.client_tls(with_cert=True).client_context()
+        url = f"https://{nameserver.http_address}/console/cluster"
+        with urllib.request.urlopen(url, timeout=10, context=context) as answer:
+            page = answer.read().decode()
+        # The broker verifies client certificates: its figures are on the page only if the
+        # console dialled it over HTTPS with the nameserver's certificate.
+        assert 'role="alert"' not in page, page
+        assert "(75.0 % / 90.0 %)" in page  # disk thresholds, from the broker's /health
+    finally:
+        broker.kill()
