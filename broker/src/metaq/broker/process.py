@@ -255,7 +255,7 @@ class Broker:
                 self.metrics,
                 self.started_monotonic,
                 lambda: self._stopping,
-                HttpAuth(self.acl, user_gate.count) if self.acl is not None else None,
+                HttpAuth(self.acl, user_gate.count, self.secret) if self.acl is not None else None,
             )
         )
         http_host, http_port = await self._http.start(

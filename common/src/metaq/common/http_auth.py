@@ -11,9 +11,15 @@ cluster``, proven one of two ways:
   refused).
 - **People** log in: ``POST /login`` with JSON ``{"access_key", "secret_key"}`` (the
   ``GET /login`` page does it) sets a random session cookie, HttpOnly, SameSite=Strict,
-  expiring after :data:`SESSION_TTL_S`. A request that changes something on a cookie
-  must also come from the same origin (``Sec-Fetch-Site`` / ``Origin``), so another site
-  cannot make a logged-in browser act (CSRF), on top of SameSite and the JSON-only rule.
+  ``Secure`` when the listener serves TLS, expiring after :data:`SESSION_TTL_S`. A
+  browser asking for a page without a session is sent to ``/login?next=PATH``, which
+  returns it there once logged in. A request that changes something on a session must
+  come from this site's own pages, by the one rule the console's forms also follow
+  (:func:`metaq.common.http.same_site`), so another site cannot make a logged-in browser
+  act (CSRF), on top of SameSite and the JSON-only rule.
+- **Cluster members** (the nameservers' console calling a broker) sign each request
+  with the cluster secret: header :data:`metaq.common.auth.HTTP_HEADER` made by
+  :func:`metaq.common.auth.sign_http`, taken once, as a user's signature is.
 
 Refusals are 401 (who are you) or 403 (not allowed), JSON ``{"error": ...}`` saying what
 to do, counted by reason and logged without any key.
@@ -27,14 +33,15 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable
 from typing import Final
-from urllib.parse import urlsplit
+from urllib.parse import quote
 
 from aiohttp import web
 
 from metaq.common import acl
 from metaq.common.acl import PermissionDenied, User
 from metaq.common.acl_source import AclSource
-from metaq.common.http import json_object
+from metaq.common.auth import HTTP_HEADER, AuthFailed, ClusterSecret, verify_http
+from metaq.common.http import json_object, same_site
 from metaq.common.users import (
     MAX_CLOCK_SKEW_S,
     USER_METADATA_KEY,
@@ -53,8 +60,9 @@ COOKIE: Final = "metaq_session"
 SESSION_TTL_S: Final = 8 * 3600.0
 MAX_SESSIONS: Final = 10_000
 _SAFE_METHODS: Final = frozenset({"GET", "HEAD", "OPTIONS"})
-_LOGIN_PAGE: Final = """<!doctype html>
+_LOGIN_PAGE: Final = r"""<!doctype html>
 <title>metaq login</title>
+<link rel="icon" href="data:,">
 <form id="f"><label>access key <input name="access_key" autocomplete="username"></label>
 <label>secret key <input name="secret_key" type="password"
 autocomplete="current-password"></label><button>log in</button></form><p id="m"></p>
@@ -64,7 +72,12 @@ document.getElementById("f").onsubmit = async (e) => {
   const d = Object.fromEntries(new FormData(e.target));
   const r = await fetch("/login", {method: "POST", headers: {"Content-Type":
     "application/json"}, body: JSON.stringify(d)});
-  document.getElementById("m").textContent = r.ok ? "logged in" : (await r.json()).error;
+  const a = await r.json();  // read to the end, so that leaving does not abort it
+  if (!r.ok) { document.getElementById("m").textContent = a.error; return; }
+  // Only a path of this site: "//host" or "/\host" would leave it.
+  const next = new URLSearchParams(location.search).get("next") || "";
+  if (/^\/(?![\/\\])/.test(next)) { location.assign(next); return; }
+  document.getElementById("m").textContent = "logged in";
 };
 </script>
 """
@@ -83,9 +96,16 @@ def signed_purpose(method: str, path_qs: str) -> str:
 class HttpAuth:
     """The middleware and the ``/login`` handlers, over one :class:`AclSource`."""
 
-    def __init__(self, source: AclSource, count: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        source: AclSource,
+        count: Callable[[str], None] | None = None,
+        secret: ClusterSecret | None = None,
+    ) -> None:
         self._source = source
         self._count = count or (lambda _reason: None)
+        self._secret = secret
+        """Set: requests signed with the cluster secret are a cluster member's, admitted."""
         # token -> (access key, expiry, monotonic)
         self._sessions: dict[str, tuple[str, float]] = {}
         # proofs taken within the window -> when they stop mattering
@@ -99,13 +119,43 @@ class HttpAuth:
         if request.path in OPEN_PATHS:
             return await handler(request)
         try:
-            user = await self._user(request)
-            acl.check(user, "admin", "cluster", "")
+            if not await self._cluster_member(request):
+                acl.check(await self._user(request), "admin", "cluster", "")
         except ProofError as exc:
+            if self._wants_page(request, exc):
+                # A person at a browser: the login page, and back here afterwards.
+                raise web.HTTPSeeOther(f"/login?next={quote(request.path_qs, safe='')}") from None
             return self._refuse(request, 401, str(exc), exc.reason)
         except PermissionDenied as exc:
             return self._refuse(request, 403, str(exc), exc.reason)
         return await handler(request)
+
+    async def _cluster_member(self, request: web.Request) -> bool:
+        proof = request.headers.get(HTTP_HEADER)
+        if proof is None:
+            return False
+        if self._secret is None:
+            raise ProofError(
+                f"this server holds no cluster secret, so the {HTTP_HEADER} header proves "
+                "nothing here; sign as a user (X-Metaq-User)",
+                "bad_signature",
+            )
+        body = await request.read()
+        try:
+            verify_http(self._secret, request.method, request.path_qs, body, proof, time.time())
+        except AuthFailed as exc:
+            raise ProofError(str(exc), "bad_signature") from None
+        self._once(proof.encode())
+        return True
+
+    @staticmethod
+    def _wants_page(request: web.Request, refusal: ProofError) -> bool:
+        return (
+            refusal.reason == "unauthenticated"
+            and request.method == "GET"
+            and HEADER not in request.headers
+            and "text/html" in request.headers.get("Accept", "")
+        )
 
     async def _user(self, request: web.Request) -> User:
         header = request.headers.get(HEADER)
@@ -129,8 +179,12 @@ class HttpAuth:
                 "does it with credentials)",
                 "unauthenticated",
             )
-        if request.method not in _SAFE_METHODS:
-            self._same_origin(request)
+        if request.method not in _SAFE_METHODS and not same_site(request):
+            raise PermissionDenied(
+                f"a {request.method} from another site's page is refused (CSRF): make "
+                "changes from this site's own pages",
+                "csrf",
+            )
         user = self._source.acl.user(session[0])
         if user is None:
             raise ProofError(f"user {session[0]} was removed; log in again", "unauthenticated")
@@ -143,19 +197,6 @@ class HttpAuth:
         if self._seen.get(proof, 0.0) > now:
             raise ProofError("this signed request was already taken: a replay", "replay")
         self._seen[proof] = now + 2 * MAX_CLOCK_SKEW_S
-
-    @staticmethod
-    def _same_origin(request: web.Request) -> None:
-        site = request.headers.get("Sec-Fetch-Site")
-        origin = request.headers.get("Origin")
-        if site is not None and site not in ("same-origin", "none"):
-            raise PermissionDenied(
-                f"a {request.method} from another site ({site}) is refused (CSRF)", "csrf"
-            )
-        if origin is not None and urlsplit(origin).netloc != request.host:
-            raise PermissionDenied(
-                f"a {request.method} from origin {origin[:100]} is refused (CSRF)", "csrf"
-            )
 
     def _refuse(self, request: web.Request, status: int, why: str, reason: str) -> web.Response:
         self._count(reason)
@@ -194,6 +235,6 @@ class HttpAuth:
         response = web.json_response({"user": access_key, "expires_in_s": SESSION_TTL_S})
         response.set_cookie(
             COOKIE, token, max_age=int(SESSION_TTL_S), httponly=True, samesite="Strict",
-            path="/",
+            path="/", secure=request.secure,  # a TLS listener's cookie never goes out plain
         )  # fmt: skip
         return response

@@ -109,7 +109,11 @@ class NameServer:
                 metrics = NameServerMetrics(self.registry, self.controller)
                 users.export_to(metrics.registry)
                 console = ConsoleContext.of(
-                    self.registry, self.controller, config.console_broker_timeout_ms, tls
+                    self.registry,
+                    self.controller,
+                    config.console_broker_timeout_ms,
+                    tls,
+                    self.secret,
                 )
                 runner = web.AppRunner(
                     make_app(self.registry, metrics, self.acl, users.count, console)
