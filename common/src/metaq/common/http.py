@@ -12,6 +12,8 @@
 - A handler made with :func:`takes_forms` (the web console's buttons) takes an HTML form
   instead, but only from a page of the same site: a browser says where a request comes
   from (``Sec-Fetch-Site``, ``Origin``), and a form posted from anywhere else gets 403.
+  :func:`same_site` is the one rule: the auth middleware (``metaq.common.http_auth``)
+  holds every change made on a login session to it too.
 """
 
 from __future__ import annotations
