@@ -14,6 +14,8 @@ from tls_certs import Pki
 
 from metaq.broker.testing import BrokerProcess
 from metaq.broker.testing.admin import http_json
+from metaq.client.connection import BrokerConnection
+from metaq.client.errors import ConnectionLost
 from metaq.client.producer import Producer
 from metaq.client.pull_consumer import PullConsumer, PullStatus
 from metaq.client.results import SendStatus
@@ -123,6 +125,10 @@ def test_a_user_produces_and_consumes_through_failover_with_tls_and_auth_on(
                 *FAST, *auth, tls=tls,
             )  # fmt: skip
         wait_until(lambda: role(brokers[0]) == "master", 30, "broker 0 is master")
+        # Credentials without TLS: the AUTH step cannot start, and the client says why.
+        address = f"{brokers[0].data_host}:{brokers[0].data_port}"
+        with pytest.raises(ConnectionLost, match=f"the broker at {address} speaks TLS"):
+            run_async(BrokerConnection.open(address, credentials=APP))
         status, body = run_async(
             http_json(
                 "PUT", f"{brokers[0].http_url}/topics/{TOPIC}",
