@@ -5,6 +5,9 @@ the cluster secret."""
 
 from __future__ import annotations
 
+import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -17,7 +20,8 @@ from metaq.broker.testing import BrokerProcess
 from metaq.broker.testing.admin import http_json
 from metaq.common import acl
 from metaq.common.acl import Acl, Grant, User
-from metaq.common.testing import run_async, wait_until
+from metaq.common.auth import HTTP_HEADER, sign_http
+from metaq.common.testing import cluster_secret_for_tests, run_async, wait_until
 from metaq.common.users import Credentials, Verifier
 from metaq.nameserver.testing import NameServerProcess, start_nameserver
 
@@ -85,3 +89,17 @@ def test_the_console_sends_a_browser_to_log_in_and_its_forms_work_after(
                "the cluster page lists the broker group", poll_s=0.2)  # fmt: skip
     assert "401" not in page.locator("main").inner_text()
     assert browser.problems == []
+
+
+def test_both_servers_take_a_cluster_members_signed_call_and_no_unsigned_one(
+    secured: AuthConsole,
+) -> None:
+    for base, path in ((secured.console_url, "/cluster"), (secured.broker.http_url, "/topics")):
+        proof = sign_http(cluster_secret_for_tests(), "GET", path, b"", time.time())
+        signed = urllib.request.Request(f"{base}{path}", headers={HTTP_HEADER: proof})
+        with urllib.request.urlopen(signed, timeout=5) as answer:
+            assert answer.status == 200, (base, path)
+        with pytest.raises(urllib.error.HTTPError) as unsigned:
+            urllib.request.urlopen(f"{base}{path}", timeout=5)
+        assert unsigned.value.code == 401
+        unsigned.value.close()

@@ -116,7 +116,7 @@ class NameServer:
                     self.secret,
                 )
                 runner = web.AppRunner(
-                    make_app(self.registry, metrics, self.acl, users.count, console)
+                    make_app(self.registry, metrics, self.acl, users.count, console, self.secret)
                 )
                 await runner.setup()
                 self._http = runner
