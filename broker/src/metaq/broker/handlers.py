@@ -92,8 +92,10 @@ class Handlers:
             FrameType.LOCK_QUEUES: self.lock_queues,
             FrameType.END_TRANSACTION: self.end_transaction,
         }
-        # CONNECTION is never a request; CHECK_TRANSACTION goes from brokers to clients.
-        missing = set(FrameType) - set(table) - {FrameType.CONNECTION, FrameType.CHECK_TRANSACTION}
+        # CONNECTION is never a request; CHECK_TRANSACTION goes from brokers to clients;
+        # AUTH is the user gate's (user_auth), which the broker adds itself.
+        missing = set(FrameType) - set(table)
+        missing -= {FrameType.CONNECTION, FrameType.CHECK_TRANSACTION, FrameType.AUTH}
         if missing:
             raise RuntimeError(f"frame types without a handler: {sorted(missing)}")
         return table
