@@ -4,6 +4,7 @@ master's address and check that a slave trusts nothing it says."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 from collections.abc import Callable
 
@@ -23,20 +24,28 @@ class Impostor:
         self.seen: list[FrameType] = []
         self._answer = answer
         self._server: asyncio.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
 
     async def start(self, host: str, port: int) -> None:
         self._server = await asyncio.start_server(self._serve, host, port)
 
     async def close(self) -> None:
+        """Stops listening and closes the connections it took: a server's close leaves
+        them open, and a socket still open when the test's loop ends is a warning."""
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
+        for writer in list(self._writers):
+            writer.close()
+            with contextlib.suppress(ConnectionError):
+                await writer.wait_closed()
 
     async def asked(self) -> bool:
         """For ``wait_until_async``: some frame has arrived."""
         return bool(self.seen)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._writers.add(writer)
         decoder = FrameDecoder()
         try:
             while chunk := await reader.read(1 << 16):
@@ -54,6 +63,7 @@ class Impostor:
         except ConnectionError:
             pass
         finally:
+            self._writers.discard(writer)
             writer.close()
 
 
