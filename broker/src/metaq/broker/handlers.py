@@ -12,6 +12,7 @@ from metaq.broker.connection import Handler, Responder
 from metaq.broker.consumers import ConsumeMode, ConsumerGroups
 from metaq.broker.held_offsets import takes_forwarded
 from metaq.broker.journal import Journal
+from metaq.broker.member_notices import MemberChangeNotices
 from metaq.broker.offset_forward import OffsetForwarder
 from metaq.broker.offsets import ConsumerOffsets
 from metaq.broker.pull import PullHandler
@@ -65,6 +66,7 @@ class Handlers:
         journal: Journal,
         transactions: Transactions,
         forwarder: OffsetForwarder,
+        notices: MemberChangeNotices | None = None,
     ) -> None:
         self._store = store
         self._topics = topics
@@ -76,6 +78,7 @@ class Handlers:
         self._journal = journal
         self._transactions = transactions
         self.forwarder = forwarder
+        self._notices = notices
         self._tasks: set[asyncio.Task[None]] = set()
 
     def table(self) -> dict[FrameType, Handler]:
@@ -92,8 +95,10 @@ class Handlers:
             FrameType.LOCK_QUEUES: self.lock_queues,
             FrameType.END_TRANSACTION: self.end_transaction,
         }
-        # CONNECTION is never a request; CHECK_TRANSACTION goes from brokers to clients.
-        missing = set(FrameType) - set(table) - {FrameType.CONNECTION, FrameType.CHECK_TRANSACTION}
+        # CONNECTION is never a request; CHECK_TRANSACTION and CONSUMER_IDS_CHANGED go
+        # from brokers to clients.
+        to_clients = {FrameType.CHECK_TRANSACTION, FrameType.CONSUMER_IDS_CHANGED}
+        missing = set(FrameType) - set(table) - {FrameType.CONNECTION} - to_clients
         if missing:
             raise RuntimeError(f"frame types without a handler: {sorted(missing)}")
         return table
@@ -283,6 +288,8 @@ class Handlers:
         request = ConsumerHeartbeatRequest.FromString(frame.header)
         if request.mode not in _MODES:
             raise InvalidMessage(f"unknown consume mode {request.mode}")
+        if request.notify_member_changes and self._notices is not None and not request.leaving:
+            self._notices.listen(responder)
         members = self._groups.heartbeat(
             request.consumer_group,
             request.client_id,

@@ -69,7 +69,11 @@ class FrameType(enum.IntEnum):
     """A transactional producer commits or rolls back a half message."""
     CHECK_TRANSACTION = 9
     """The broker asks a producer (one-way) how a half message's transaction ended."""
-    # 10-15: further client operations; 16-31: replication (master <-> slave).
+    # 10 is reserved for AUTH.
+    CONSUMER_IDS_CHANGED = 11
+    """The broker tells a consumer (one-way) that its group's members changed; only sent
+    to a consumer whose heartbeat asked for it."""
+    # 12-15: further client operations; 16-31: replication (master <-> slave).
     REPLICA_FETCH = 16
     """A slave asks its master for the log from where its own ends, reporting how far it
     holds it."""
