@@ -64,3 +64,21 @@ def test_members_that_asked_are_told_once_per_window_and_the_joiner_is_not() -> 
         notices.close()
 
     asyncio.run(scenario())
+
+
+def test_a_join_that_told_no_one_does_not_hold_back_the_next_notice() -> None:
+    async def scenario() -> None:
+        groups = ConsumerGroups(timeout_s=30)
+        notices = MemberChangeNotices(groups, window_s=30)
+        first = FakeResponder(1)
+        notices.listen(first)
+        groups.heartbeat("g", "first", connection_id=1)
+        await until(lambda: "g" not in notices._scheduled, "the first join's turn passed")
+        assert first.told == []
+
+        groups.heartbeat("g", "second", connection_id=2)
+        # Far within the 30 s window: no notice was written, so none was open.
+        await until(lambda: len(first.told) == 1, "the first member was told at once")
+        notices.close()
+
+    asyncio.run(scenario())

@@ -76,12 +76,9 @@ class MemberChangeNotices:
     def _send(self, group: str) -> None:
         del self._scheduled[group]
         cause = self._pending.pop(group, _NO_CAUSE)
-        self._last_sent[group] = self._loop.time()
-        members = self._groups.members(group)
-        if not members:
-            self._last_sent.pop(group, None)
         header = ConsumerIdsChangedNotice(consumer_group=group).SerializeToString()
-        for member in members:
+        written = 0
+        for member in self._groups.members(group):
             if member.connection_id == cause:
                 continue
             responder = self._listeners.get(member.connection_id)
@@ -91,4 +88,11 @@ class MemberChangeNotices:
             responder.respond(
                 encode_frame(FrameType.CONSUMER_IDS_CHANGED, 1, header, flags=FLAG_ONE_WAY)
             )
-            self.sent += 1
+            written += 1
+        self.sent += written
+        # Only a notice written opens a window: the first member's join tells no one, and
+        # the second's must not wait behind it while both pull the same queues.
+        if written:
+            self._last_sent[group] = self._loop.time()
+        else:
+            self._last_sent.pop(group, None)
