@@ -13,9 +13,10 @@ gets the same workload, 128 B and 1 KiB bodies of random bytes, and three modes:
   process, latency from scheduled send to the consumer's callback (p50/p99/p99.9).
 
 Each cell is bounded in time (``--seconds``, at most 15) and count; each (b) cell comes
-after ``WARMUP_S`` of the same load, unmeasured. metaq runs twice:
-one broker under ASYNC flush (its ratios are to the one-replica peers) and a master/slave
-pair under sync replication (its ratios are to the three-replica peers, whose
+after ``WARMUP_S`` of the same load, unmeasured. metaq runs four times:
+one broker under ASYNC flush (its ratios are to the one-replica peers), the same with auth
+on (users and signed frames: what auth costs), the same with TLS on every listener, and a
+master/slave pair under sync replication (its ratios are to the three-replica peers, whose
 acknowledgement also waits for a second copy: a majority of three). Each row states its
 durability.
 
@@ -64,7 +65,7 @@ from compare_report import (
 )
 from machine_stalls import StallWatch
 from metaq_load import Budget, settle_disk
-from metaq_system import Metaq, replicated_pair, single_broker, tls_broker
+from metaq_system import Metaq, replicated_pair, single_broker, single_broker_auth, tls_broker
 from peer_nats import NatsJetStream, NatsJetStreamR3
 from peer_rabbitmq import RabbitQuorum, RabbitQuorumR3, RabbitStream, RabbitStreamR3
 from peer_redis import RedisStreams
@@ -91,6 +92,12 @@ Launcher = Callable[[Path], AbstractContextManager[list[System]]]
 @contextmanager
 def _metaq(work: Path) -> Iterator[list[System]]:
     with single_broker(work) as system:
+        yield [system]
+
+
+@contextmanager
+def _metaq_auth(work: Path) -> Iterator[list[System]]:
+    with single_broker_auth(work) as system:
         yield [system]
 
 
@@ -151,6 +158,7 @@ def _redis(work: Path) -> Iterator[list[System]]:
 # What starts each server (or servers), and the keys of the systems it yields.
 LAUNCHERS: Final[dict[str, tuple[Launcher, tuple[str, ...]]]] = {
     "metaq": (_metaq, ("metaq",)),
+    "metaq_auth": (_metaq_auth, ("metaq_auth",)),
     "metaq_sync_replicated": (_metaq_replicated, ("metaq_sync_replicated",)),
     "metaq_tls": (_metaq_tls, ("metaq_tls",)),
     "nats": (_nats, ("nats",)),
@@ -283,6 +291,7 @@ def main(argv: list[str]) -> None:
         if k in ("ratio_vs_rabbitmq_stream_batched", "ratio_vs_nats_batched",
                  "ratio_vs_nats_sync", "e2e_p99_vs_best_peer_ratio")
     }  # fmt: skip
+    headline["ratio_auth_vs_plain_batched"] = ratio_to_plain(cells, "metaq_auth", HEADLINE_SIZE)
     headline["ratio_tls_vs_plain_batched"] = ratio_to_plain(cells, "metaq_tls", HEADLINE_SIZE)
     r3_peers = [p for p in R3_PEERS if any(s.key == p for s in systems)]
     headline.update(
@@ -291,7 +300,8 @@ def main(argv: list[str]) -> None:
                   "sync_e2e_p99_vs_best_r3_ratio", "sync_vs_async_one_ratio")}
     )  # fmt: skip
     headline["targets_met"] = targets_met(headline)
-    ordered = [s for key in ("metaq", "metaq_sync_replicated", "metaq_tls", *PEERS, *R3_PEERS)
+    ordered = [s for key in ("metaq", "metaq_auth", "metaq_sync_replicated", "metaq_tls",
+                             *PEERS, *R3_PEERS)
                for s in systems if s.key == key]  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     table = markdown(cells, ordered, SIZES, args.rate, headline, when)

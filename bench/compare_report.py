@@ -34,6 +34,8 @@ TARGETS: Final = {
     "ratio_vs_nats_batched": (">=", 3.0),
     "ratio_vs_nats_sync": (">=", 1.3),
     "e2e_p99_vs_best_peer_ratio": ("<=", 1.0),
+    # What auth (users, signed frames) costs: at most 20 % off the plain (b) figure.
+    "ratio_auth_vs_plain_batched": (">=", 0.8),
     # What TLS on every listener costs: at most 35 % off the plain (b) figure.
     "ratio_tls_vs_plain_batched": (">=", 0.65),
     "sync_vs_best_r3_batched_ratio": (">=", 1.0),

@@ -6,6 +6,7 @@ end to end, by ``bench_e2e_latency.py``'s measurement itself."""
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -19,8 +20,11 @@ from metaq_load import Budget, batched, one_at_a_time, pipelined, ready_producer
 from metaq.broker.testing import BrokerProcess
 from metaq.broker.testing.admin import put_topic
 from metaq.client.producer import Producer
+from metaq.common import acl
+from metaq.common.acl import Acl, Grant, User
 from metaq.common.testing import wait_until
 from metaq.common.tls import TlsConfig
+from metaq.common.users import ACCESS_KEY_ENV, SECRET_KEY_ENV, Credentials, Verifier
 from metaq.nameserver.testing import NameServerProcess, start_nameserver
 
 TOPIC: Final = "BenchCompare"
@@ -47,9 +51,13 @@ class Metaq:
         durability: str,
         nameserver: str,
         http_url: str,
+        *,
+        admin: Credentials | None = None,
         tls: TlsConfig | None = None,
     ):
         self.key = key
+        self.admin = admin
+        """Who creates the topic on a broker with auth_enabled."""
         self.label = label
         self.durability = durability
         self.nameserver = nameserver
@@ -66,7 +74,14 @@ class Metaq:
 
     async def open(self) -> None:
         tls = self.tls
-        await put_topic(self.http_url, TOPIC, read_queues=QUEUES, write_queues=QUEUES, tls=tls)
+        await put_topic(
+            self.http_url,
+            TOPIC,
+            read_queues=QUEUES,
+            write_queues=QUEUES,
+            credentials=self.admin,
+            tls=tls,
+        )
         await wait_routed(self.nameserver, TOPIC, QUEUES, tls=tls)
         self._producer = await ready_producer(self.nameserver, TOPIC, tls=tls)
 
@@ -120,6 +135,46 @@ def single_broker(work: Path, store: Sequence[str] = STORE) -> Iterator[Metaq]:
         nameserver.stop()
 
 
+BENCH_USER: Final = Credentials("bench", "bench-user-secret-key-not-for-real-use")
+
+
+@contextmanager
+def single_broker_auth(work: Path) -> Iterator[Metaq]:
+    """:func:`single_broker` with auth_enabled on both servers: every connection proves a
+    user (AUTH) and every frame is signed. The clients find the user in the environment
+    (METAQ_ACCESS_KEY / METAQ_SECRET_KEY), set here for the block's length."""
+    work.mkdir(parents=True, exist_ok=True)
+    acl_file = work / "acl.json"
+    user = User(BENCH_USER.access_key, Verifier.make(BENCH_USER.access_key, BENCH_USER.secret_key))
+    acl.save(acl_file, Acl().with_user(user).grant(user.access_key, Grant("admin", "cluster")))
+    saved = {k: os.environ.get(k) for k in (ACCESS_KEY_ENV, SECRET_KEY_ENV)}
+    os.environ[ACCESS_KEY_ENV], os.environ[SECRET_KEY_ENV] = (
+        BENCH_USER.access_key, BENCH_USER.secret_key,
+    )  # fmt: skip
+    nameserver = start_nameserver(
+        work / "ns", "--auth-enabled", "true", "--auth-acl-file", str(acl_file)
+    )
+    try:
+        with BrokerProcess.start(
+            work / "broker",
+            *("--nameserver", nameserver.grpc_address, "--flush-mode", "async", *STORE),
+            *("--set", "auth_enabled=true", "--set", f"auth_acl_file={acl_file}"),
+            small_store=False,
+            ready_timeout_s=60,
+        ) as broker:
+            yield Metaq(
+                "metaq_auth", "metaq auth", f"1 copy; {ASYNC_FLUSH}; users and signed frames",
+                nameserver.grpc_address, broker.http_url, admin=BENCH_USER,
+            )  # fmt: skip
+    finally:
+        nameserver.stop()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 def _openssl(*args: str) -> None:
     subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60)
 
@@ -156,7 +211,7 @@ def tls_broker(work: Path) -> Iterator[Metaq]:
         ) as broker:  # fmt: skip
             yield Metaq(
                 "metaq_tls", "metaq, TLS", f"1 copy; {ASYNC_FLUSH}; TLS 1.2+ on every listener",
-                nameserver.grpc_address, broker.http_url, client,
+                nameserver.grpc_address, broker.http_url, tls=client,
             )  # fmt: skip
     finally:
         nameserver.stop()

@@ -16,7 +16,9 @@ from metaq.common.auth import (
     load_secret,
     require_secret,
     sign_call,
+    sign_http,
     verify_call,
+    verify_http,
 )
 
 SECRET = ClusterSecret(b"0123456789abcdef0123", "test")
@@ -57,6 +59,27 @@ def test_a_missing_or_malformed_proof_is_refused_saying_what_to_configure(
         verify_call(SECRET, "Switchover", b"", proof, NOW)
 
     assert "Switchover" in str(caught.value)
+
+
+def test_an_http_proof_covers_method_path_and_body_and_is_no_grpc_proof() -> None:
+    proof = sign_http(SECRET, "PUT", "/topics/A?x=1", b"{}", NOW)
+
+    verify_http(SECRET, "PUT", "/topics/A?x=1", b"{}", proof, NOW + 5)
+    for method, path, body in (("DELETE", "/topics/A?x=1", b"{}"), ("PUT", "/topics/B", b"{}"),
+                               ("PUT", "/topics/A?x=1", b'{"perm": "read-only"}')):  # fmt: skip
+        with pytest.raises(AuthFailed, match="does not match this server's cluster secret"):
+            verify_http(SECRET, method, path, body, proof, NOW)
+    with pytest.raises(AuthFailed, match="does not match"):
+        verify_call(SECRET, "PUT /topics/A?x=1", b"{}", proof, NOW)
+    with pytest.raises(AuthFailed, match="does not match"):
+        verify_http(
+            SECRET,
+            "PUT",
+            "/topics/A?x=1",
+            b"{}",
+            sign_call(SECRET, "PUT /topics/A?x=1", b"{}", NOW),
+            NOW,
+        )
 
 
 def test_no_secret_sends_no_metadata() -> None:

@@ -14,6 +14,7 @@ from metaq.common.framing import (
     FLAG_ERROR,
     FLAG_ONE_WAY,
     FLAG_RESPONSE,
+    FLAG_SIGNED,
     MAX_FRAME_BYTES,
     MIN_LENGTH,
     PREFIX,
@@ -399,7 +400,7 @@ def test_a_header_filling_the_whole_frame_is_fine() -> None:
     assert decode([data]) == [(FrameType.SEND, 0, 1, b"0123456789", b"")]
 
 
-@pytest.mark.parametrize("type_code", [10, 18, 200, 255])
+@pytest.mark.parametrize("type_code", [12, 18, 200, 255])
 def test_an_unknown_frame_type_is_refused_and_the_known_ones_listed(type_code: int) -> None:
     error = protocol_error(prefix(frame_type=type_code))
 
@@ -413,7 +414,8 @@ def test_an_unknown_frame_type_is_refused_and_the_known_ones_listed(type_code: i
     [
         (FrameType.SEND, FLAG_ERROR),  # an error that is not a response
         (FrameType.SEND, FLAG_RESPONSE | FLAG_ONE_WAY),
-        (FrameType.PULL, 0x8),  # a reserved bit
+        (FrameType.PULL, 0x10),  # a reserved bit
+        (FrameType.PULL, FLAG_SIGNED | FLAG_RESPONSE),  # answers are not signed
         (FrameType.HEARTBEAT, 0x8000),
         (FrameType.CONNECTION, 0),  # the connection only ever gets errors
         (FrameType.CONNECTION, FLAG_RESPONSE),

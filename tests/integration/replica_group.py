@@ -15,8 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import grpc
-
 from metaq.broker.testing import BrokerProcess, DataClient
 from metaq.broker.testing.admin import put_topic
 from metaq.client.producer import Producer
@@ -25,7 +23,12 @@ from metaq.common.record import Record
 from metaq.common.testing import wait_until
 from metaq.common.v1 import control_pb2 as pb
 from metaq.common.v1 import control_pb2_grpc
-from metaq.nameserver.testing import NameServerProcess, start_controller_group, start_nameserver
+from metaq.nameserver.testing import (
+    NameServerProcess,
+    signed_channel,
+    start_controller_group,
+    start_nameserver,
+)
 
 GROUP = "broker-g"
 TOPIC = "orders"
@@ -33,7 +36,8 @@ QUEUES = 4
 
 
 async def controller_state(address: str) -> pb.GetControllerStateResponse:
-    async with grpc.aio.insecure_channel(address) as channel:
+    # Signed with the cluster secret, as a cluster member's call: answered with auth on too.
+    async with signed_channel(address) as channel:
         stub = control_pb2_grpc.NameServerStub(channel)
         response: pb.GetControllerStateResponse = await stub.GetControllerState(
             pb.GetControllerStateRequest(), timeout=5

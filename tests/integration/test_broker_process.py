@@ -328,7 +328,7 @@ BROKEN_STREAMS = {
         ErrorCode.FRAME_TOO_LARGE,
         "limit of 1048576 bytes (max_frame_bytes)",
     ),
-    "illegal flags": (_prefix(flags=0x8), ErrorCode.MALFORMED_FRAME, "flags"),
+    "illegal flags": (_prefix(flags=0x10), ErrorCode.MALFORMED_FRAME, "flags"),
     "request id 0": (_prefix(request_id=0), ErrorCode.MALFORMED_FRAME, "request id 0"),
 }
 

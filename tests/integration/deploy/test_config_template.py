@@ -54,6 +54,7 @@ def test_every_broker_key_renders_and_loads_back(tmp_path: Path) -> None:
         data_dir=Path("/data/metaq"), listen_host="10.0.0.5", nameservers=("a:1", "b:2"),
         flush_mode=FlushMode.SYNC, auto_create_topics=True,
         idle_timeout_s=7.5, cluster_secret_file="/etc/metaq/cluster-secret",
+        auth_enabled=True, auth_acl_file="/etc/metaq/acl.json",
         tls_cert_file="/etc/metaq/tls/node.crt", tls_key_file="/etc/metaq/tls/node.key",
         tls_ca_file="/etc/metaq/tls/ca.crt", tls_verify_client=True,
         store=StoreConfig(data_dir=Path("."), commitlog_segment_bytes=8 << 20,
@@ -72,7 +73,8 @@ def test_every_nameserver_key_renders_and_loads_back(tmp_path: Path) -> None:
         listen_host="10.0.0.7", grpc_port=9999, http_port=9998, broker_expiry_s=12.0,
         controller_address="10.0.0.7:9877", controller_peers=("10.0.0.8:9877", "10.0.0.9:9877"),
         controller_dir="/var/lib/metaq/nameserver", cluster_secret_file="/etc/metaq/s",
-        master_detection_ms=4000, log_level="DEBUG",
+        master_detection_ms=4000, log_level="DEBUG", auth_enabled=True,
+        auth_acl_file="/etc/metaq/acl.json",
         tls_cert_file="/etc/metaq/tls/node.crt", tls_key_file="/etc/metaq/tls/node.key",
         tls_ca_file="/etc/metaq/tls/ca.crt", tls_verify_client=True,
     )  # fmt: skip

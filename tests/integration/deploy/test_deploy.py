@@ -86,12 +86,15 @@ def test_rendered_configs_load_with_the_programs_own_loaders(lab: Lab) -> None:
         assert config.listen_host == lab.net.address(host)
         assert len(config.controller_peers) == 2
         assert Path(config.cluster_secret_file).stat().st_mode & 0o777 == 0o600
+        assert config.auth_enabled
+        assert Path(config.auth_acl_file).stat().st_mode & 0o777 == 0o600
     for host, (group, broker_id) in BROKERS.items():
         config = load_broker_config(["--config", str(lab.root(host) / "etc/metaq/broker.toml")])
         assert (config.broker_name, config.broker_id) == (group, broker_id)
         assert config.replication_mode.value == "sync"
         assert config.store.commitlog_segment_bytes == 8388608
         assert len(config.nameservers) == 3
+        assert config.auth_enabled and Path(config.auth_acl_file).exists()
 
 
 def test_site_again_changes_nothing_and_check_mode_reports_no_change(lab: Lab) -> None:
@@ -121,7 +124,8 @@ def test_rolling_restart_loses_no_acknowledged_message(lab: Lab) -> None:
     argv = ["env", python_path(), sys.executable, "-m", "chaoslib.workload", str(spec_path)]
     with (lab.work / "roll-workload.log").open("wb") as log:
         workload = subprocess.Popen(lab.net.command(CLIENT, argv), stdout=log,
-                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)  # fmt: skip
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env={**os.environ, **lab.client_env()})  # fmt: skip
     try:
         wait_until(lambda: _acked(history) >= 40, 60, "the producer's first sends are acknowledged")
         run = lab.playbook("rolling_restart.yml")

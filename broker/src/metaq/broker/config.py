@@ -170,6 +170,12 @@ class BrokerConfig:
     proves to the nameservers and to its master or slaves (``metaq.common.auth``); empty
     reads the ``METAQ_CLUSTER_SECRET`` environment variable instead. Required when
     ``listen_host`` is not a loopback address."""
+    auth_enabled: bool = False
+    """Serve only users who prove an access key on the data plane and HTTP, within their
+    grants (docs/operations.md, Security). Off by default, with a warning at start-up."""
+    auth_acl_file: str = ""
+    """The users and grants file (``metaq acl init ADMIN --file FILE`` makes it); reread
+    when it changes. Required with ``auth_enabled``. In TOML also ``[auth] acl_file``."""
     tls_cert_file: str = ""
     """A PEM certificate (chain) the data plane and HTTP serve TLS with; empty serves
     them plain. With it set the broker also dials its nameservers and its master over
@@ -279,6 +285,10 @@ class BrokerConfig:
             parse_levels(self.delay_levels)
         except ValueError as exc:
             problems.append(f"delay_levels: {exc}")
+        if self.auth_enabled and not self.auth_acl_file:
+            problems.append(
+                "auth_enabled needs auth_acl_file (create it with metaq acl init ADMIN --file FILE)"
+            )
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
             problems.append("log_level must be DEBUG, INFO, WARNING or ERROR")
         try:
@@ -364,9 +374,11 @@ def config_from(args: argparse.Namespace) -> BrokerConfig:
         if not sep:
             raise ConfigError(f"--set {item!r}: expected KEY=VALUE")
         section, dot, name = key.strip().rpartition(".")
-        if dot and section != "store":
-            raise ConfigError(f"--set {item!r}: only the 'store.' prefix is known")
-        (store if dot else top)[name] = (value.strip(), f"flag --set {key.strip()}")
+        if dot and section not in ("store", "auth"):
+            raise ConfigError(f"--set {item!r}: only the 'store.' and 'auth.' prefixes are known")
+        if section == "auth":
+            section, name = "", f"auth_{name}"
+        (store if section else top)[name] = (value.strip(), f"flag --set {key.strip()}")
     return build_config(top, store)
 
 
@@ -388,6 +400,10 @@ def _read_file(path: Path, top: dict[str, Any], store: dict[str, Any]) -> None:
                 raise ConfigError(f"{path}: 'store' must be a table ([store])")
             for name, inner in value.items():
                 store[name] = (inner, f"{path}: store.{name}")
+        elif key == "auth" and isinstance(value, dict):
+            # [auth] enabled = true is auth_enabled = true.
+            for name, inner in value.items():
+                top[f"auth_{name}"] = (inner, f"{path}: auth.{name}")
         else:
             top[key] = (value, f"{path}: {key}")
 

@@ -85,6 +85,13 @@ Handler = Callable[[Responder, Frame], None]
 MetaqError that the connection turns into an ERROR frame for that request."""
 
 
+class Gate(Protocol):
+    """Checks each request before its handler sees it (``user_auth.UserGate``)."""
+
+    def admit(self, responder: Responder, frame: Frame) -> Frame:
+        """The frame to handle, or raise a MetaqError that refuses the request."""
+
+
 class ConnectionHooks(Protocol):
     def connection_made(self, connection: Connection) -> str | None:
         """Take the connection, or return why it is refused (it is then told and closed)."""
@@ -108,8 +115,10 @@ class Connection(asyncio.Protocol):
         max_write_bytes: int,
         max_inflight: int,
         latency: LatencyFamily | None = None,
+        gate: Gate | None = None,
     ) -> None:
         self.connection_id = next(_ids)
+        self._gate = gate
         self.peer = "?"
         self._handlers = handlers
         self._hooks = hooks
@@ -403,6 +412,8 @@ class Connection(asyncio.Protocol):
                     )
                 self._started[frame.request_id] = (latency, time.perf_counter())
         try:
+            if self._gate is not None:
+                frame = self._gate.admit(self, frame)
             handler(self, frame)
         except MetaqError as exc:
             self._request_failed(frame, exc.code, str(exc), exc.retriable)

@@ -96,9 +96,11 @@ class Handlers:
             FrameType.END_TRANSACTION: self.end_transaction,
         }
         # CONNECTION is never a request; CHECK_TRANSACTION and CONSUMER_IDS_CHANGED go
-        # from brokers to clients.
-        to_clients = {FrameType.CHECK_TRANSACTION, FrameType.CONSUMER_IDS_CHANGED}
-        missing = set(FrameType) - set(table) - {FrameType.CONNECTION} - to_clients
+        # from brokers to clients; AUTH is the user gate's (user_auth), which the broker
+        # adds itself.
+        missing = set(FrameType) - set(table)
+        missing -= {FrameType.CONNECTION, FrameType.AUTH}
+        missing -= {FrameType.CHECK_TRANSACTION, FrameType.CONSUMER_IDS_CHANGED}
         if missing:
             raise RuntimeError(f"frame types without a handler: {sorted(missing)}")
         return table

@@ -37,6 +37,7 @@ from metaq.broker.store import MessageStore
 from metaq.broker.topics import Permission, TopicConfig, TopicTable
 from metaq.common import http
 from metaq.common.errors import InvalidMessage, MetaqError
+from metaq.common.http_auth import HttpAuth
 from metaq.common.names import shown
 from metaq.common.record import FLAG_COMPRESSED, Record
 from metaq.common.version import installed_version
@@ -53,6 +54,8 @@ class HttpContext:
     metrics: BrokerMetrics
     started_monotonic: float
     stopping: Callable[[], bool]
+    auth: HttpAuth | None = None
+    """With auth_enabled: who may use the admin API (``metaq.common.http_auth``)."""
 
 
 class HttpServer:
@@ -60,7 +63,7 @@ class HttpServer:
 
     def __init__(self, context: HttpContext) -> None:
         self._context = context
-        app = http.application()
+        app = http.application(context.auth)
         app.add_routes(
             [
                 web.get("/health", self.health),

@@ -45,8 +45,11 @@ from metaq.broker.store import MessageStore
 from metaq.broker.store.flush import AsyncDurability
 from metaq.broker.topics import TopicTable
 from metaq.broker.transactions import Transactions, TransactionService
+from metaq.broker.user_auth import UserGate, denied_counter
+from metaq.common.acl_source import AclReloader, AclSource, open_source
 from metaq.common.auth import ClusterSecret, is_loopback, load_secret, require_secret
 from metaq.common.framing import FrameType
+from metaq.common.http_auth import HttpAuth
 from metaq.common.service import PeriodicService
 
 log = logging.getLogger(__name__)
@@ -104,6 +107,8 @@ class Broker:
         self.transactions: Transactions | None = None
         self.registrar: Registrar | None = None
         self.secret: ClusterSecret | None = None
+        self.acl: AclSource | None = None
+        self.user_gate: UserGate | None = None
         self._registrar_factory = registrar_factory
         self._handlers: dict[FrameType, Handler] = {}
         self._data: DataServer | None = None
@@ -117,6 +122,14 @@ class Broker:
     async def start(self) -> None:
         config = self.config
         self.secret = cluster_secret(config)  # before anything listens
+        self.acl = open_source(
+            config.auth_enabled, config.auth_acl_file, "the broker", self.secret is not None
+        )
+        user_gate = self.user_gate = UserGate(
+            self.acl,
+            lambda c: self.group_role is not None and self.group_role.gate.proven(c),
+            denied_counter(self.metrics.registry),
+        )
         # Every TLS file is read now: a bad one stops the start with its reason.
         tls = config.tls
         serve_tls = tls.server_context() if tls is not None else None
@@ -150,6 +163,7 @@ class Broker:
             self._connection_lost,
             idle_poll,
             limits,
+            user_gate,
         )
         host, port = await self._data.bind(config.listen_host, config.data_port, serve_tls)
         self.data_address = f"{host}:{port}"
@@ -217,6 +231,7 @@ class Broker:
             self.group_role, journal, self.transactions, forwarder, self.member_notices,
         )  # fmt: skip
         self._handlers.update(handlers.table())
+        self._handlers[FrameType.AUTH] = user_gate.handle
         pull = self._pull
         self.metrics.watch(
             BrokerState(
@@ -243,6 +258,7 @@ class Broker:
                 self.metrics,
                 self.started_monotonic,
                 lambda: self._stopping,
+                HttpAuth(self.acl, user_gate.count, self.secret) if self.acl is not None else None,
             )
         )
         http_host, http_port = await self._http.start(
@@ -258,6 +274,8 @@ class Broker:
             DelayService(self.delays),
             TransactionService(self.transactions),
         ]
+        if self.acl is not None:
+            self._services.append(AclReloader(self.acl))
         for service in self._services:
             service.start()
 
@@ -279,6 +297,8 @@ class Broker:
         self.groups.drop_connection(connection_id)
         if self.member_notices is not None:
             self.member_notices.connection_lost(connection_id)
+        if self.user_gate is not None:
+            self.user_gate.connection_lost(connection_id)
         if self.group_role is not None:
             self.group_role.gate.connection_lost(connection_id)
         if self.transactions is not None:

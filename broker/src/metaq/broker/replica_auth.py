@@ -145,6 +145,10 @@ class ReplicaGate:
             f"slave with the cluster's secret: {auth.HOW_TO}"
         )
 
+    def proven(self, connection_id: int) -> bool:
+        """Whether a slave of this group proved the cluster secret on the connection."""
+        return connection_id in self._proven
+
     def connection_lost(self, connection_id: int) -> None:
         self._pending.pop(connection_id, None)
         self._proven.pop(connection_id, None)

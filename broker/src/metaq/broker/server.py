@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from metaq.broker.connection import Connection, Handler
+from metaq.broker.connection import Connection, Gate, Handler
 from metaq.broker.idle_poll import IdlePoll
 from metaq.broker.limits import RequestBudget, connection_room, open_fds, too_slow
 from metaq.broker.metrics import BrokerMetrics
@@ -64,8 +64,10 @@ class DataServer:
         on_connection_lost: Callable[[int], None],
         idle_poll: IdlePoll,
         limits: ConnectionLimits | None = None,
+        gate: Gate | None = None,
     ) -> None:
         self._handlers = handlers
+        self._gate = gate
         self._max_frame_bytes = max_frame_bytes
         self._metrics = metrics
         self._on_connection_lost = on_connection_lost
@@ -144,6 +146,7 @@ class DataServer:
             self.limits.max_connection_write_bytes,
             self.limits.max_connection_inflight_requests,
             self._metrics.rpc_latency,
+            self._gate,
         )
 
     def refresh_room(self, open_now: int | None = None) -> None:

@@ -23,16 +23,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import hmac
 import logging
 import socket
 import ssl
+import time
 from collections.abc import Callable, Sequence
 from typing import Final, cast
 
 from metaq.client.errors import BrokerError, ConnectionLost, RequestTimeout
+from metaq.common import frame_auth
 from metaq.common.errors import ErrorCode, ProtocolError
 from metaq.common.framing import (
     FLAG_ONE_WAY,
+    FLAG_SIGNED,
     Buffer,
     Frame,
     FrameDecoder,
@@ -40,7 +45,8 @@ from metaq.common.framing import (
     encode_frame,
 )
 from metaq.common.tls import TlsConfig, plain_peer_hint, speaks_tls, tls_peer_hint
-from metaq.common.v1.data_pb2 import ErrorResponse
+from metaq.common.users import Credentials, prove
+from metaq.common.v1.data_pb2 import AuthRequest, AuthResponse, ErrorResponse
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +72,8 @@ class BrokerConnection(asyncio.Protocol):
 
     def __init__(self, address: str, tls: TlsConfig | None = None) -> None:
         self.address = address
+        # The session key once AUTH proved a user here: every request is signed with it.
+        self._session_key: bytes | None = None
         self._tls = tls
         self._answered = False
         """Any frame came from the broker: the connection was up end to end."""
@@ -95,12 +103,16 @@ class BrokerConnection(asyncio.Protocol):
         address: str,
         *,
         connect_timeout_s: float = 3.0,
+        credentials: Credentials | None = None,
         tls: TlsConfig | None = None,
         ssl_context: ssl.SSLContext | None = None,
     ) -> BrokerConnection:
         """Connect to a broker's data port, over TLS with ``tls`` (``ssl_context``, when
         given, is its client context made once); ConnectionLost if that fails or takes too
-        long."""
+        long.
+
+        With ``credentials``, prove them (AUTH) before returning; BrokerError
+        NO_PERMISSION when the broker refuses them."""
         host, port = split_address(address)
         loop = asyncio.get_running_loop()
         if tls is not None and ssl_context is None:
@@ -122,7 +134,77 @@ class BrokerConnection(asyncio.Protocol):
             raise ConnectionLost(
                 address, f"cannot connect: {exc.strerror or exc}", never_sent=True
             ) from None
+        if credentials is not None:
+            try:
+                await protocol._authenticate(credentials, connect_timeout_s)
+            except BaseException:
+                await protocol.close()
+                raise
         return protocol
+
+    async def _authenticate(self, credentials: Credentials, timeout_s: float) -> None:
+        """The AUTH handshake (``metaq.common.frame_auth``); then every request is signed."""
+        nonce = frame_auth.new_nonce()
+        first = AuthRequest(access_key=credentials.access_key, client_nonce=nonce)
+        frame = await self.request(FrameType.AUTH, first.SerializeToString(), timeout_s=timeout_s)
+        server_nonce = AuthResponse.FromString(frame.header).server_nonce
+        if not server_nonce:
+            log.debug("broker %s does not check credentials (auth_enabled is off)", self.address)
+            return
+        key = credentials.key()
+        message = frame_auth.auth_message(credentials.access_key, nonce, server_nonce)
+        second = AuthRequest(
+            access_key=credentials.access_key, client_nonce=nonce, client_proof=prove(key, message)
+        )
+        frame = await self.request(FrameType.AUTH, second.SerializeToString(), timeout_s=timeout_s)
+        signature = AuthResponse.FromString(frame.header).server_signature
+        expected = hmac.new(credentials.server_key(), message, hashlib.sha256).digest()
+        if not hmac.compare_digest(signature, expected):
+            raise BrokerError(
+                ErrorCode.NO_PERMISSION,
+                f"broker {self.address} could not prove it holds user "
+                f"{credentials.access_key}'s verifier: it is not this cluster's broker, or its "
+                "ACL file is stale",
+                retriable=False,
+                broker=self.address,
+            )
+        self._session_key = frame_auth.session_key(key, credentials.access_key, nonce, server_nonce)
+
+    def _take_id(self) -> int:
+        request_id = self._next_id
+        if request_id < _U32_MAX:
+            self._next_id = request_id + 1
+        else:
+            self._next_id = 1
+            if self._session_key is not None:
+                # A broker checking signatures takes no id at or below the last one: the
+                # connection is used up. Requests in flight fail ConnectionLost (retriable)
+                # and the pool opens a new one.
+                self._loop.call_soon(self._retire)
+        return request_id
+
+    def _retire(self) -> None:
+        self.flush()
+        if self._transport is not None:
+            self._transport.close()
+
+    def _encode(
+        self,
+        frame_type: FrameType,
+        request_id: int,
+        header: bytes,
+        payload: Sequence[Buffer],
+        flags: int = 0,
+    ) -> list[Buffer]:
+        key = self._session_key
+        if key is None:
+            return encode_frame(frame_type, request_id, header, payload, flags)
+        flags |= FLAG_SIGNED
+        parts = [payload] if isinstance(payload, bytes | bytearray | memoryview) else payload
+        trailer = frame_auth.sign(
+            key, frame_type, request_id, flags, header, parts, time.time_ns() // 1_000_000
+        )
+        return encode_frame(frame_type, request_id, header, [*parts, trailer], flags)
 
     # --- asyncio.Protocol -------------------------------------------------------------
 
@@ -243,9 +325,8 @@ class BrokerConnection(asyncio.Protocol):
         if self._closed:
             future.set_exception(ConnectionLost(self.address, "the connection is closed"))
             return future
-        request_id = self._next_id
-        self._next_id = request_id + 1 if request_id < _U32_MAX else 1
-        self._out += encode_frame(frame_type, request_id, header, payload)
+        request_id = self._take_id()
+        self._out += self._encode(frame_type, request_id, header, payload)
         deadline = self._loop.time() + timeout_s
         self._pending[request_id] = (future, deadline)
         if self._timer is None or deadline < self._timer_at:
@@ -273,9 +354,8 @@ class BrokerConnection(asyncio.Protocol):
         if self._closed:
             callback(None, ConnectionLost(self.address, "the connection is closed"))
             return
-        request_id = self._next_id
-        self._next_id = request_id + 1 if request_id < _U32_MAX else 1
-        self._out += encode_frame(frame_type, request_id, header, payload)
+        request_id = self._take_id()
+        self._out += self._encode(frame_type, request_id, header, payload)
         deadline = self._loop.time() + timeout_s
         self._pending[request_id] = (callback, deadline)
         if self._timer is None or deadline < self._timer_at:
@@ -309,9 +389,8 @@ class BrokerConnection(asyncio.Protocol):
         if self._closed:
             raise ConnectionLost(self.address, "the connection is closed")
         # Id 0 is reserved for connection errors, so one-way requests take ids too.
-        request_id = self._next_id
-        self._next_id = request_id + 1 if request_id < _U32_MAX else 1
-        self._out += encode_frame(frame_type, request_id, header, payload, FLAG_ONE_WAY)
+        request_id = self._take_id()
+        self._out += self._encode(frame_type, request_id, header, payload, FLAG_ONE_WAY)
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self._loop.call_soon(self.flush)
@@ -446,8 +525,16 @@ class ConnectionPool:
     """One live connection per broker address, opened on first use and reopened after
     it closed. Concurrent ``get`` calls for an address share one connect attempt."""
 
-    def __init__(self, *, connect_timeout_s: float = 3.0, tls: TlsConfig | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        connect_timeout_s: float = 3.0,
+        credentials: Credentials | None = None,
+        tls: TlsConfig | None = None,
+    ) -> None:
         self.connect_timeout_s = connect_timeout_s
+        self.credentials = credentials
+        """Proved on every connection opened (AUTH) when set."""
         self.tls = tls
         """Set: brokers are dialled over TLS (see :mod:`metaq.common.tls`)."""
         self._ssl = tls.client_context() if tls is not None else None
@@ -488,6 +575,7 @@ class ConnectionPool:
                 connection = await BrokerConnection.open(
                     address,
                     connect_timeout_s=self.connect_timeout_s,
+                    credentials=self.credentials,
                     tls=self.tls,
                     ssl_context=self._ssl,
                 )

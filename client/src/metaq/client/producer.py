@@ -63,6 +63,7 @@ from metaq.common.errors import InvalidMessage, MetaqError
 from metaq.common.framing import Buffer
 from metaq.common.names import check_group
 from metaq.common.tls import TlsConfig
+from metaq.common.users import Credentials, load_credentials
 
 log = logging.getLogger(__name__)
 
@@ -165,6 +166,9 @@ class Producer:
         queue_selector: QueueSelector | None = None,
         config: ProducerConfig | None = None,
         routes: RouteCache | None = None,
+        access_key: str = "",
+        secret_key: str = "",
+        credentials: Credentials | None = None,
         tls: TlsConfig | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
@@ -181,12 +185,16 @@ class Producer:
             )
         config.validate()
         self.config = config
+        self.credentials = credentials or load_credentials(access_key, secret_key)
+        """The user proved to brokers (else METAQ_ACCESS_KEY / METAQ_SECRET_KEY or
+        METAQ_CREDENTIALS_FILE); None on a cluster without auth."""
         self.tls = tls
         """Set: nameservers and brokers are dialled over TLS (``metaq.common.tls``)."""
         self._owns_routes = routes is None
         self.routes = routes or RouteCache(
             [nameservers] if isinstance(nameservers, str) else nameservers,
             refresh_interval_s=config.route_refresh_interval_s,
+            credentials=self.credentials,
             tls=tls,
         )
         self.selector: QueueSelector = queue_selector or RoundRobinSelector()
@@ -221,7 +229,9 @@ class Producer:
         )
         self._sender = Sender(
             accumulator,
-            ConnectionPool(connect_timeout_s=c.connect_timeout_s, tls=self.tls),
+            ConnectionPool(
+                connect_timeout_s=c.connect_timeout_s, credentials=self.credentials, tls=self.tls
+            ),
             self.health,
             producer_group=c.group,
             timeout_s=c.send_timeout_s,

@@ -24,6 +24,7 @@ from metaq.common.errors import ErrorCode, MetaqError
 from metaq.common.framing import FrameType
 from metaq.common.names import check_group
 from metaq.common.tls import TlsConfig
+from metaq.common.users import Credentials, load_credentials
 from metaq.common.v1.data_pb2 import (
     CommitOffsetRequest,
     LockQueuesRequest,
@@ -121,6 +122,9 @@ class PullConsumer:
         routes: RouteCache | None = None,
         connections: ConnectionPool | None = None,
         request_timeout_s: float = 5.0,
+        access_key: str = "",
+        secret_key: str = "",
+        credentials: Credentials | None = None,
         tls: TlsConfig | None = None,
     ) -> None:
         check_group(group)
@@ -128,8 +132,14 @@ class PullConsumer:
         self.request_timeout_s = request_timeout_s
         self._own_routes = routes is None
         self._own_connections = connections is None
-        self.routes = routes if routes is not None else RouteCache(nameservers, tls=tls)
-        self.connections = connections if connections is not None else ConnectionPool(tls=tls)
+        # Else METAQ_ACCESS_KEY / METAQ_SECRET_KEY or METAQ_CREDENTIALS_FILE.
+        credentials = credentials or load_credentials(access_key, secret_key)
+        if routes is None:
+            routes = RouteCache(nameservers, credentials=credentials, tls=tls)
+        self.routes = routes
+        if connections is None:
+            connections = ConnectionPool(credentials=credentials, tls=tls)
+        self.connections = connections
 
     async def start(self) -> None:
         if self._own_routes:

@@ -78,6 +78,7 @@ from metaq.client.routes import QueueRoute, RouteCache, TopicRoute
 from metaq.client.tags import TagFilter
 from metaq.common.service import PeriodicService
 from metaq.common.tls import TlsConfig
+from metaq.common.users import Credentials
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +139,9 @@ class PushConsumer:
         *,
         routes: RouteCache | None = None,
         connections: ConnectionPool | None = None,
+        access_key: str = "",
+        secret_key: str = "",
+        credentials: Credentials | None = None,
         tls: TlsConfig | None = None,
         **options: Any,
     ) -> None:
@@ -152,6 +156,9 @@ class PushConsumer:
             routes=routes,
             connections=connections,
             request_timeout_s=self.config.request_timeout_s,
+            access_key=access_key,
+            secret_key=secret_key,
+            credentials=credentials,
             tls=tls,
         )
         self._routes = self._puller.routes

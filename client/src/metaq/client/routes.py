@@ -28,10 +28,12 @@ if TYPE_CHECKING:
     from metaq.common.v1.control_pb2_grpc import NameServerAsyncStub
 
 from metaq.client.errors import NoNameServer, UnknownTopic
+from metaq.client.user_calls import UserSigningInterceptor
 from metaq.common.auth import ClusterSecret, call_metadata
 from metaq.common.errors import ErrorCode, MetaqError
 from metaq.common.service import PeriodicService
 from metaq.common.tls import TlsConfig, grpc_channel, grpc_hint
+from metaq.common.users import Credentials, load_credentials
 from metaq.common.v1 import control_pb2 as pb
 from metaq.common.v1.control_pb2_grpc import NameServerStub
 
@@ -44,8 +46,15 @@ _READABLE: Final = frozenset(
     {pb.PERMISSION_READ_ONLY, pb.PERMISSION_READ_WRITE, pb.PERMISSION_WRITE_WIPE}
 )
 # Not worth asking another nameserver: the request itself is wrong.
+# Another nameserver would answer the same: say so at once. (Auth refusals too: every
+# nameserver reads the same ACL file.)
 _FINAL_STATUSES: Final = frozenset(
-    {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION}
+    {
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.UNAUTHENTICATED,
+        grpc.StatusCode.PERMISSION_DENIED,
+    }
 )
 
 PERMISSION_NAMES: Final[dict[int, str]] = {
@@ -335,6 +344,7 @@ class RouteCache:
         *,
         refresh_interval_s: float = 30.0,
         rpc_timeout_s: float = 3.0,
+        credentials: Credentials | None = None,
         tls: TlsConfig | None = None,
     ) -> None:
         if isinstance(nameservers, str):
@@ -343,6 +353,9 @@ class RouteCache:
         if not self.nameservers:
             raise ValueError("at least one nameserver address is needed")
         self.rpc_timeout_s = rpc_timeout_s
+        self.credentials = credentials or load_credentials()
+        """The user whose key signs every call (nameservers with auth require it); by
+        default from METAQ_ACCESS_KEY / METAQ_SECRET_KEY or METAQ_CREDENTIALS_FILE."""
         self.tls = tls
         """Set: the nameservers are called over TLS (see :mod:`metaq.common.tls`)."""
         self._routes: dict[str, TopicRoute] = {}
@@ -561,7 +574,8 @@ class RouteCache:
     def _channel(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.get(address)
         if channel is None:
-            channel = grpc_channel(address, self.tls)
+            signing = [UserSigningInterceptor(self.credentials)] if self.credentials else None
+            channel = grpc_channel(address, self.tls, interceptors=signing)
             self._channels[address] = channel
         return channel
 

@@ -48,6 +48,8 @@ MIN_SECRET_BYTES: Final = 16
 """Shorter secrets are refused: an HMAC is only as strong as the guessing of its key."""
 MAX_SECRET_BYTES: Final = 4096
 METADATA_KEY: Final = "x-metaq-auth"
+HTTP_HEADER: Final = "X-Metaq-Cluster"
+"""The HTTP header of :func:`sign_http` proofs."""
 """The gRPC metadata key of a call's proof (lowercase, as gRPC requires)."""
 SESSION_IDENTITY_KEY: Final = "x-metaq-broker-bin"
 """Binary gRPC metadata a Session opens with: the broker it speaks for, a serialized
@@ -184,8 +186,19 @@ def require_secret(
 def sign_call(secret: ClusterSecret, method: str, request: bytes, now_s: float) -> str:
     """The ``x-metaq-auth`` value proving the secret for one call of ``method``
     (e.g. ``"Switchover"``) with ``request`` (``SerializeToString(deterministic=True)``)."""
+    return _sign(secret, "grpc", method, request, now_s)
+
+
+def sign_http(secret: ClusterSecret, method: str, path_qs: str, body: bytes, now_s: float) -> str:
+    """The :data:`HTTP_HEADER` value proving the secret for one HTTP request (the
+    nameservers' console calling a broker's admin API): over the method, the path with its
+    query (as sent, percent-encoded) and the body. Worthless as a gRPC proof and back."""
+    return _sign(secret, "http", f"{method} {path_qs}", body, now_s)
+
+
+def _sign(secret: ClusterSecret, domain: str, what: str, request: bytes, now_s: float) -> str:
     stamp = str(int(now_s * 1000))
-    digest = secret.mac("grpc", method.encode(), stamp.encode(), request)
+    digest = secret.mac(domain, what.encode(), stamp.encode(), request)
     return f"{_VERSION}:{stamp}:{digest.hex()}"
 
 
@@ -227,20 +240,39 @@ def verify_call(
             f"{method} needs proof of the cluster secret ({METADATA_KEY} metadata) and the "
             f"call carried none; {HOW_TO}"
         )
+    return _verify(secret, "grpc", method, request, proof, now_s, "this nameserver")
+
+
+def verify_http(
+    secret: ClusterSecret, method: str, path_qs: str, body: bytes, proof: str, now_s: float
+) -> float:
+    """:func:`verify_call` for a :func:`sign_http` proof (a server's HTTP admin API)."""
+    return _verify(secret, "http", f"{method} {path_qs}", body, proof, now_s, "this server")
+
+
+def _verify(
+    secret: ClusterSecret,
+    domain: str,
+    what: str,
+    request: bytes,
+    proof: str,
+    now_s: float,
+    where: str,
+) -> float:
     version, _, rest = proof.partition(":")
     stamp, _, digest = rest.partition(":")
     if version != _VERSION or not stamp.isdigit():
-        raise AuthFailed(f"{method}: the {METADATA_KEY} metadata is malformed")
+        raise AuthFailed(f"{what}: the cluster-secret proof is malformed")
     skew_s = abs(int(stamp) / 1000 - now_s)
     if skew_s > MAX_CLOCK_SKEW_S:
         raise AuthFailed(
-            f"{method}: the proof is dated {skew_s:.0f} s away from this nameserver's clock "
+            f"{what}: the proof is dated {skew_s:.0f} s away from {where}'s clock "
             f"(at most {MAX_CLOCK_SKEW_S:.0f} s); synchronise the clocks (NTP)"
         )
-    expected = secret.mac("grpc", method.encode(), stamp.encode(), request).hex()
+    expected = secret.mac(domain, what.encode(), stamp.encode(), request).hex()
     if not hmac.compare_digest(expected, digest):
         raise AuthFailed(
-            f"{method}: the proof does not match this nameserver's cluster secret; "
+            f"{what}: the proof does not match {where}'s cluster secret; "
             "the caller holds a different secret"
         )
     return int(stamp) / 1000

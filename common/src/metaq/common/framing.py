@@ -44,6 +44,9 @@ FLAG_ONE_WAY: Final = 0x2
 """A request that wants no answer, not even an error."""
 FLAG_ERROR: Final = 0x4
 """A response whose header is an ErrorResponse; always together with FLAG_RESPONSE."""
+FLAG_SIGNED: Final = 0x8
+"""A request whose payload ends with a signature trailer (``metaq.common.frame_auth``):
+sent once the client proved a user's key on the connection (AUTH)."""
 
 Buffer: TypeAlias = bytes | bytearray | memoryview
 
@@ -69,7 +72,8 @@ class FrameType(enum.IntEnum):
     """A transactional producer commits or rolls back a half message."""
     CHECK_TRANSACTION = 9
     """The broker asks a producer (one-way) how a half message's transaction ended."""
-    # 10 is reserved for AUTH.
+    AUTH = 10
+    """A client proves a user's key, once per connection (``metaq.common.frame_auth``)."""
     CONSUMER_IDS_CHANGED = 11
     """The broker tells a consumer (one-way) that its group's members changed; only sent
     to a consumer whose heartbeat asked for it."""
@@ -81,7 +85,14 @@ class FrameType(enum.IntEnum):
     """Slave and master prove the cluster secret to each other, once per connection."""
 
 
-_OPERATION_FLAGS: Final = (0, FLAG_ONE_WAY, FLAG_RESPONSE, FLAG_RESPONSE | FLAG_ERROR)
+_OPERATION_FLAGS: Final = (
+    0,
+    FLAG_ONE_WAY,
+    FLAG_SIGNED,
+    FLAG_SIGNED | FLAG_ONE_WAY,
+    FLAG_RESPONSE,
+    FLAG_RESPONSE | FLAG_ERROR,
+)
 # Every legal (type, flags) pair, keyed as type << 16 | flags, so the hot loop checks the
 # type and the flags with one dict lookup that also yields the enum member.
 _KINDS: Final[dict[int, FrameType]] = {
@@ -251,7 +262,7 @@ def _check_prefix(buf: Buffer, at: int, avail: int, max_length: int) -> int:
         allowed = (
             "RESPONSE|ERROR only"
             if frame_type is FrameType.CONNECTION
-            else "none, ONE_WAY, RESPONSE or RESPONSE|ERROR"
+            else "none, ONE_WAY, SIGNED, SIGNED|ONE_WAY, RESPONSE or RESPONSE|ERROR"
         )
         raise ProtocolError(
             ErrorCode.MALFORMED_FRAME,

@@ -12,17 +12,22 @@
 - A handler made with :func:`takes_forms` (the web console's buttons) takes an HTML form
   instead, but only from a page of the same site: a browser says where a request comes
   from (``Sec-Fetch-Site``, ``Origin``), and a form posted from anywhere else gets 403.
+  :func:`same_site` is the one rule: the auth middleware (``metaq.common.http_auth``)
+  holds every change made on a login session to it too.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from aiohttp import web
 
 from metaq.common.names import shown
+
+if TYPE_CHECKING:
+    from metaq.common.http_auth import HttpAuth
 
 MAX_BODY_BYTES: Final = 64 * 1024
 """Admin bodies are a few small fields; nothing legitimate comes near this."""
@@ -38,9 +43,17 @@ _JSON_KINDS: Final[dict[type, str]] = {
 }
 
 
-def application() -> web.Application:
-    """An aiohttp application with the body limit and the JSON-only rule for changes."""
-    return web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_require_json])
+def application(auth: HttpAuth | None = None) -> web.Application:
+    """An aiohttp application with the body limit and the JSON-only rule for changes;
+    with ``auth``, every route but /health, /metrics and /login, including those added
+    later, needs a user (``metaq.common.http_auth``)."""
+    if auth is None:
+        return web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_require_json])
+    app = web.Application(
+        client_max_size=MAX_BODY_BYTES, middlewares=[auth.middleware, _require_json]
+    )
+    app.add_routes(auth.routes())
+    return app
 
 
 def json_for(method: str, body: Any) -> Any:

@@ -68,6 +68,12 @@ class NameServerConfig:
     tls_ca_file: str = ""
     # Refuse gRPC and HTTP clients without a certificate signed by tls_ca_file (mTLS).
     tls_verify_client: bool = False
+    # Serve only users who prove an access key (and cluster members proving the cluster
+    # secret), within their grants (docs/operations.md, Security). Off by default, with a
+    # warning at start-up. In TOML also [auth] enabled / acl_file.
+    auth_enabled: bool = False
+    # The users and grants file (`metaq acl init ADMIN --file FILE`); reread on change.
+    auth_acl_file: str = ""
 
     def __post_init__(self) -> None:
         problems = []
@@ -106,6 +112,10 @@ class NameServerConfig:
             problems.append("takeover_timeout_ms must be positive")
         if self.console_broker_timeout_ms <= 0:
             problems.append("console_broker_timeout_ms must be positive")
+        if self.auth_enabled and not self.auth_acl_file:
+            problems.append(
+                "auth_enabled needs auth_acl_file (create it with metaq acl init ADMIN --file FILE)"
+            )
         if problems:
             raise ValueError("invalid nameserver config: " + "; ".join(problems))
 
@@ -156,6 +166,8 @@ _FLAG_TYPES: Final[dict[str, Callable[[str], Any]]] = {
     "tls_key_file": str,
     "tls_ca_file": str,
     "tls_verify_client": boolean,
+    "auth_enabled": boolean,
+    "auth_acl_file": str,
 }
 
 
@@ -163,6 +175,12 @@ def from_toml(path: Path) -> dict[str, Any]:
     """The settings in a TOML file; unknown keys are an error naming the known ones."""
     with path.open("rb") as file:
         settings = tomllib.load(file)
+    auth = settings.pop("auth", None)
+    if isinstance(auth, dict):
+        # [auth] enabled = true is auth_enabled = true.
+        settings.update({f"auth_{k}": v for k, v in auth.items()})
+    elif auth is not None:
+        raise ValueError(f"{path}: auth must be a table ([auth])")
     unknown = sorted(set(settings) - set(_FIELDS))
     if unknown:
         raise ValueError(
@@ -175,11 +193,11 @@ def from_toml(path: Path) -> dict[str, Any]:
                 raise ValueError(f"{path}: {name} must be a list of strings, not {value!r}")
             settings[name] = tuple(value)
             continue
-        if name == "tls_verify_client":
+        kind = _FLAG_TYPES[name]
+        if kind is boolean:
             if not isinstance(value, bool):
                 raise ValueError(f"{path}: {name} must be true or false, not {value!r}")
             continue
-        kind = _FLAG_TYPES[name]
         assert isinstance(kind, type)
         accepted = (int, float) if kind is float else (kind,)
         if isinstance(value, bool) or not isinstance(value, accepted):

@@ -6,12 +6,16 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from metaq.common import http
+from metaq.common.acl_source import AclSource
+from metaq.common.auth import ClusterSecret
+from metaq.common.http_auth import HttpAuth
 from metaq.common.names import shown
 from metaq.common.version import installed_version
 from metaq.nameserver.console import ConsoleContext
@@ -33,11 +37,16 @@ def _respond(body: Any, status: int = 200) -> web.Response:
 def make_app(
     registry: Registry,
     metrics: NameServerMetrics | None = None,
+    acl: AclSource | None = None,
+    count: Callable[[str], None] | None = None,
     console: ConsoleContext | None = None,
+    secret: ClusterSecret | None = None,
 ) -> web.Application:
     """``GET /health``, ``GET /cluster``, ``GET /route/{topic}`` (404 for an unknown topic),
     with ``metrics`` ``GET /metrics`` (Prometheus text format, open to scrapers), and with
-    ``console`` the web console under ``/console/`` (``/`` leads there)."""
+    ``console`` the web console under ``/console/`` (``/`` leads there); with ``acl``, all
+    but /health and /metrics need a user or, with ``secret``, a cluster member's signature
+    (``metaq.common.http_auth``)."""
 
     async def health(_request: web.Request) -> web.Response:
         return _respond(
@@ -71,7 +80,7 @@ def make_app(
         response.headers["Content-Type"] = CONTENT_TYPE_LATEST
         return response
 
-    app = http.application()
+    app = http.application(HttpAuth(acl, count, secret) if acl is not None else None)
     app.add_routes(
         [
             web.get("/health", health),

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 import grpc
 from aiohttp import web
 
+from metaq.common.acl_source import AclReloader, open_source
 from metaq.common.auth import ClusterSecret, is_loopback, load_secret, require_secret
 from metaq.common.v1 import control_pb2_grpc
 from metaq.nameserver.config import NameServerConfig
@@ -20,6 +21,7 @@ from metaq.nameserver.registry import Clock, Registry
 from metaq.nameserver.service import NameServerService
 from metaq.nameserver.sweeper import ExpirySweeper
 from metaq.nameserver.undecodable import RejectUndecodable
+from metaq.nameserver.user_auth import UserCalls
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +60,10 @@ class NameServer:
     ) -> None:
         self.config = config
         self.secret = cluster_secret(config, env)
+        self.acl = open_source(
+            config.auth_enabled, config.auth_acl_file, "the nameserver", self.secret is not None
+        )
+        self._acl_reloader = AclReloader(self.acl) if self.acl is not None else None
         if config.tls is not None:
             config.tls.server_context()  # TlsError now, naming the file, not at start()
         self.registry = Registry(config.broker_expiry_s, clock)
@@ -75,7 +81,8 @@ class NameServer:
         server = grpc.aio.server(
             interceptors=[RejectUndecodable()], options=[("grpc.so_reuseport", 0)]
         )
-        service = NameServerService(self.registry, self.controller, self.secret)
+        users = UserCalls(self.acl, self.secret)
+        service = NameServerService(self.registry, self.controller, self.secret, users)
         control_pb2_grpc.add_NameServerServicer_to_server(service, server)
         address = host_port(config.listen_host, config.grpc_port)
         tls = config.tls
@@ -100,10 +107,17 @@ class NameServer:
         try:
             if config.http_port is not None:
                 metrics = NameServerMetrics(self.registry, self.controller)
+                users.export_to(metrics.registry)
                 console = ConsoleContext.of(
-                    self.registry, self.controller, config.console_broker_timeout_ms, tls
+                    self.registry,
+                    self.controller,
+                    config.console_broker_timeout_ms,
+                    tls,
+                    self.secret,
                 )
-                runner = web.AppRunner(make_app(self.registry, metrics, console))
+                runner = web.AppRunner(
+                    make_app(self.registry, metrics, self.acl, users.count, console, self.secret)
+                )
                 await runner.setup()
                 self._http = runner
                 site = web.TCPSite(
@@ -113,6 +127,8 @@ class NameServer:
                 bound = runner.addresses[0]
                 self.http_address = host_port(config.listen_host, bound[1])
             self._sweeper.start()
+            if self._acl_reloader is not None:
+                self._acl_reloader.start()
         except BaseException:
             await self.stop()
             raise
@@ -130,6 +146,8 @@ class NameServer:
         if self.controller.running:
             await self.controller.stop()
         await self._sweeper.stop()
+        if self._acl_reloader is not None:
+            await self._acl_reloader.stop()
         if self._http is not None:
             await self._http.cleanup()
             self._http = None

@@ -36,6 +36,8 @@ from typing import TypeAlias
 import grpc
 from google.protobuf.message import DecodeError, Message
 
+from metaq.common import acl
+from metaq.common.acl import PermissionDenied, User
 from metaq.common.auth import (
     METADATA_KEY,
     SESSION_IDENTITY_KEY,
@@ -59,6 +61,7 @@ from metaq.nameserver.model import (
     TopicRoute,
 )
 from metaq.nameserver.registry import RegistrationRefused, Registry, readable_queues
+from metaq.nameserver.user_auth import Check, UserCalls
 
 log = logging.getLogger(__name__)
 
@@ -95,9 +98,14 @@ class NameServerService(control_pb2_grpc.NameServerServicer):
     """Answers brokers and clients from one :class:`Registry` and the failover controller."""
 
     def __init__(
-        self, registry: Registry, controller: Controller, secret: ClusterSecret | None = None
+        self,
+        registry: Registry,
+        controller: Controller,
+        secret: ClusterSecret | None = None,
+        users: UserCalls | None = None,
     ) -> None:
         self._registry = registry
+        self._users = users or UserCalls(None, secret)
         self._controller = controller
         self._secret = secret
         self._sessions = itertools.count(1)
@@ -298,12 +306,14 @@ class NameServerService(control_pb2_grpc.NameServerServicer):
     # --- clients ------------------------------------------------------------------------
 
     async def GetRoute(self, request: pb.GetRouteRequest, context: Context) -> pb.GetRouteResponse:
+        await self._user(context, "GetRoute", request, _topic_user(request.topic))
         route = await self._route(request.topic, context)
         return pb.GetRouteResponse(route=convert.route_out(route))
 
     async def GetClusterInfo(
         self, request: pb.GetClusterInfoRequest, context: Context
     ) -> pb.GetClusterInfoResponse:
+        await self._user(context, "GetClusterInfo", request, _anyone)
         return pb.GetClusterInfoResponse(
             clusters=convert.clusters_out(
                 self._registry.cluster_info(request.cluster), self._group_control
@@ -314,6 +324,7 @@ class NameServerService(control_pb2_grpc.NameServerServicer):
     async def GetAssignment(
         self, request: pb.GetAssignmentRequest, context: Context
     ) -> pb.GetAssignmentResponse:
+        await self._user(context, "GetAssignment", request, _group_member(request.consumer_group))
         assignment = await self._assign(request, context)
         return pb.GetAssignmentResponse(
             assignment=[
@@ -328,6 +339,8 @@ class NameServerService(control_pb2_grpc.NameServerServicer):
     async def GetAssignmentFor(
         self, request: pb.GetAssignmentForRequest, context: Context
     ) -> pb.GetAssignmentForResponse:
+        group = request.request.consumer_group
+        await self._user(context, "GetAssignmentFor", request, _group_member(group))
         if not any(m.consumer_id == request.consumer_id for m in request.request.members):
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT,
@@ -344,6 +357,7 @@ class NameServerService(control_pb2_grpc.NameServerServicer):
     async def GetControllerState(
         self, request: pb.GetControllerStateRequest, context: Context
     ) -> pb.GetControllerStateResponse:
+        await self._user(context, "GetControllerState", request, _anyone)
         controller = self._controller
         controls = controller.controls
         return pb.GetControllerStateResponse(
@@ -355,7 +369,11 @@ class NameServerService(control_pb2_grpc.NameServerServicer):
     async def Switchover(
         self, request: pb.SwitchoverRequest, context: Context
     ) -> pb.SwitchoverResponse:
-        await self._authorize(context, "Switchover", request)
+        if self._users.enabled and self._metadata(context, METADATA_KEY) is None:
+            # With users, an admin may move a master without holding the cluster secret.
+            await self._user(context, "Switchover", request, _admin)
+        else:
+            await self._authorize(context, "Switchover", request)
         try:
             convert.check_text(request.broker_name, "broker_name")
         except InvalidRequest as exc:
@@ -389,6 +407,12 @@ class NameServerService(control_pb2_grpc.NameServerServicer):
         except AuthFailed as exc:
             log.warning("refused %s from %s: %s", method, context.peer(), exc)
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(exc))
+
+    async def _user(self, context: Context, method: str, request: Message, need: Check) -> None:
+        """With auth on, end the call unless a user allowed to make it (or a cluster
+        member) signed it (``user_auth``)."""
+        body = request.SerializeToString(deterministic=True)
+        await self._users.check(context, method, body, need)
 
     @staticmethod
     def _metadata(context: Context, key: str) -> str | bytes | None:
@@ -490,3 +514,35 @@ class NameServerService(control_pb2_grpc.NameServerServicer):
     def _log_fenced(registered: Registered) -> None:
         for key in registered.fenced:
             log.warning("broker %s left the routes: a master of a higher epoch registered", key)
+
+
+def _anyone(user: User) -> None:
+    """Any authenticated user may ask."""
+
+
+def _admin(user: User) -> None:
+    acl.check(user, "admin", "cluster", "")
+
+
+def _topic_user(topic: str) -> Check:
+    """A topic's route is for whoever may publish to or consume it."""
+
+    def need(user: User) -> None:
+        if not user.allows("pub", "topic", topic):
+            try:
+                acl.check(user, "sub", "topic", topic)
+            except PermissionDenied as exc:
+                raise PermissionDenied(
+                    f"user {user.access_key} lacks pub and sub on topic {topic}; grant one "
+                    f"with metaq acl grant {user.access_key} pub topic:{topic}",
+                    exc.reason,
+                ) from None
+
+    return need
+
+
+def _group_member(group: str) -> Check:
+    def need(user: User) -> None:
+        acl.check(user, "sub", "group", group)
+
+    return need

@@ -2,24 +2,41 @@
 
 from __future__ import annotations
 
+import json
+import time
 from typing import Any
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
+from yarl import URL
 
 from metaq.common import http
+from metaq.common.http_auth import HEADER, signed_purpose
 from metaq.common.tls import TlsConfig
+from metaq.common.users import Credentials, sign_request
 
 
 async def http_json(
-    method: str, url: str, body: Any = None, *, tls: TlsConfig | None = None
+    method: str,
+    url: str,
+    body: Any = None,
+    credentials: Credentials | None = None,
+    *,
+    tls: TlsConfig | None = None,
 ) -> tuple[int, Any]:
     """(status, parsed JSON body) of one request (HTTPS trusting ``tls``'s CA when given);
-    the session is closed before returning."""
+    the session is closed before returning. With ``credentials`` the request is signed (a
+    broker with auth_enabled needs it)."""
+    sent = http.json_for(method, body)
+    data = json.dumps(sent).encode() if sent is not None else b""
+    headers = {"Content-Type": http.JSON_TYPE} if sent is not None else {}
+    if credentials is not None:
+        path = URL(url).path_qs
+        headers[HEADER] = sign_request(credentials, signed_purpose(method, path), data, time.time())
     ssl = tls.client_context() if tls is not None else True
     async with (
         aiohttp.ClientSession() as session,
-        session.request(method, url, json=http.json_for(method, body), ssl=ssl) as response,
+        session.request(method, url, data=data or None, headers=headers, ssl=ssl) as response,
     ):
         return response.status, await response.json()
 
@@ -31,12 +48,14 @@ async def put_topic(
     read_queues: int = 4,
     write_queues: int = 4,
     perm: str = "read-write",
+    credentials: Credentials | None = None,
     tls: TlsConfig | None = None,
 ) -> None:
     status, body = await http_json(
         "PUT",
         f"{http_url}/topics/{name}",
         {"read_queues": read_queues, "write_queues": write_queues, "perm": perm},
+        credentials,
         tls=tls,
     )
     if status != 200:

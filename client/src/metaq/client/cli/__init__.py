@@ -13,12 +13,14 @@ import argparse
 import asyncio
 import importlib
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from typing import Final
 
 from metaq.client.cli.support import CliError
 from metaq.common.errors import MetaqError
+from metaq.common.users import CREDENTIALS_FILE_ENV
 
 COMMAND_MODULES: Final = (
     "cluster",
@@ -29,6 +31,7 @@ COMMAND_MODULES: Final = (
     "progress",
     "reset_offsets",
     "dlq",
+    "acl",
 )
 """Modules of ``metaq.client.cli`` whose ``register(subparsers)`` adds commands, in help
 order."""
@@ -71,6 +74,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.handler is None:
         args.group_parser.print_help(sys.stderr)
         return 2
+    if getattr(args, "credentials_file", ""):
+        # Commands that build clients from nameservers alone find it there too.
+        os.environ[CREDENTIALS_FILE_ENV] = args.credentials_file
     try:
         code: int = asyncio.run(args.handler(args))
     except CliError as exc:

@@ -22,6 +22,7 @@ from metaq.client.cli.support import (
     CliError,
     add_command,
     add_group,
+    credentials,
     group_name,
     nameservers,
     print_json,
@@ -65,7 +66,10 @@ async def dead_letters(args: argparse.Namespace) -> list[Message]:
     topic = dlq_topic(args.group)
     found: list[Message] = []
     async with PullConsumer(
-        nameservers(args), f"{args.group}-dlq-tool", tls=tls_settings(args)
+        nameservers(args),
+        f"{args.group}-dlq-tool",
+        credentials=credentials(args),
+        tls=tls_settings(args),
     ) as reader:
         try:
             route = await reader.routes.route(topic)
@@ -145,7 +149,9 @@ async def resend(args: argparse.Namespace) -> int:
     missing = wanted - {m.properties.get(PROP_ORIGIN_MSG_ID, m.msg_id) for m in chosen}
     if missing:
         raise CliError(f"no dead letter of group {args.group!r} has id {sorted(missing)}")
-    async with Producer(nameservers(args), tls=tls_settings(args)) as producer:
+    async with Producer(
+        nameservers(args), credentials=credentials(args), tls=tls_settings(args)
+    ) as producer:
         for message in chosen:
             topic = message.properties[PROP_RETRY_TOPIC]
             properties = {k: v for k, v in message.properties.items() if k not in _RETRY_PROPS}

@@ -12,6 +12,7 @@ from typing import Any, Final
 from metaq.client.cli.support import (
     CliError,
     add_command,
+    credentials,
     nameservers,
     print_json,
     table,
@@ -106,7 +107,11 @@ async def send_messages(args: argparse.Namespace) -> int:
     keys = tuple(k for value in args.keys for k in value.split(",") if k)
     properties = _properties(args.property)
     producer = Producer(
-        nameservers(args), group=args.group, send_timeout_s=args.timeout, tls=tls_settings(args)
+        nameservers(args),
+        group=args.group,
+        send_timeout_s=args.timeout,
+        credentials=credentials(args),
+        tls=tls_settings(args),
     )
     async with producer:
         futures = [

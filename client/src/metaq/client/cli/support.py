@@ -8,8 +8,10 @@ import os
 import shutil
 import sys
 import textwrap
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final, TextIO
+from urllib.parse import urlsplit
 
 from metaq.client.routes import BrokerInfo, ClusterView, RouteCache
 from metaq.common.auth import ENV_VAR, ClusterSecret, SecretError, load_secret
@@ -17,6 +19,7 @@ from metaq.common.errors import InvalidMessage
 from metaq.common.names import check_group
 from metaq.common.record import check_topic
 from metaq.common.tls import TlsConfig, TlsError
+from metaq.common.users import Credentials, CredentialsError, load_credentials, sign_request
 
 if TYPE_CHECKING:
     import aiohttp
@@ -58,6 +61,14 @@ def common_options() -> argparse.ArgumentParser:
         help="seconds to wait for any one answer (default: 5)",
     )
     group.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    group.add_argument(
+        "--credentials-file",
+        default="",
+        metavar="FILE",
+        help="the user to prove on a cluster with auth (what `metaq acl add-user --out` "
+        "writes; default: $METAQ_CREDENTIALS_FILE, else $METAQ_ACCESS_KEY and "
+        "$METAQ_SECRET_KEY)",
+    )
     tls = parent.add_argument_group("TLS (on when any of these is given)")
     tls.add_argument("--tls", action="store_true", help="speak TLS, trusting the system's CAs")
     tls.add_argument(
@@ -70,6 +81,14 @@ def common_options() -> argparse.ArgumentParser:
     )
     tls.add_argument("--tls-key", metavar="FILE", help="the private key of --tls-cert")
     return parent
+
+
+def credentials(args: argparse.Namespace) -> Credentials | None:
+    """The user this command proves, if any was given (see ``--credentials-file``)."""
+    try:
+        return load_credentials(file=getattr(args, "credentials_file", ""))
+    except CredentialsError as exc:
+        raise CliError(str(exc), code=2) from None
 
 
 _TLS_FLAGS: Final = (
@@ -190,7 +209,12 @@ def cluster_secret(args: argparse.Namespace) -> ClusterSecret | None:
 
 
 def route_cache(args: argparse.Namespace) -> RouteCache:
-    return RouteCache(nameservers(args), rpc_timeout_s=args.timeout, tls=tls_settings(args))
+    return RouteCache(
+        nameservers(args),
+        rpc_timeout_s=args.timeout,
+        credentials=credentials(args),
+        tls=tls_settings(args),
+    )
 
 
 def choose_masters(view: ClusterView, brokers: Sequence[str] | None) -> list[BrokerInfo]:
@@ -224,9 +248,19 @@ async def http_json(
     import aiohttp  # only commands that call HTTP pay for the import
 
     from metaq.common import http
+    from metaq.common.http_auth import HEADER, signed_purpose
 
+    payload_json = http.json_for(method, body)
+    data = json.dumps(payload_json).encode() if payload_json is not None else b""
+    headers = {"Content-Type": http.JSON_TYPE} if payload_json is not None else {}
+    signer = load_credentials()  # --credentials-file is in the environment by now
+    if signer is not None:
+        parts = urlsplit(url)
+        path_qs = parts.path + (f"?{parts.query}" if parts.query else "")
+        purpose = signed_purpose(method, path_qs)
+        headers[HEADER] = sign_request(signer, purpose, data, time.time())
     try:
-        async with session.request(method, url, json=http.json_for(method, body)) as response:
+        async with session.request(method, url, data=data or None, headers=headers) as response:
             try:
                 payload = await response.json(content_type=None)
             except (json.JSONDecodeError, aiohttp.ContentTypeError):

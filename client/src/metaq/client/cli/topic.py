@@ -19,6 +19,7 @@ from metaq.client.cli.support import (
     add_command,
     add_group,
     choose_masters,
+    credentials,
     http_json,
     http_session,
     http_url,
@@ -334,7 +335,9 @@ async def show_route(args: argparse.Namespace) -> int:
 async def topic_stats(args: argparse.Namespace) -> int:
     async with route_cache(args) as routes:
         route = await routes.route(args.topic)
-    pool = ConnectionPool(connect_timeout_s=args.timeout, tls=tls_settings(args))
+    pool = ConnectionPool(
+        connect_timeout_s=args.timeout, credentials=credentials(args), tls=tls_settings(args)
+    )
     try:
         answers = await asyncio.gather(
             *(_query_offsets(pool, args, q.address, q.queue_id) for q in route.read_queues)

@@ -25,6 +25,7 @@ Which header a frame carries follows from its type and flags:
   CONSUMER_IDS_CHANGED ConsumerIdsChangedNotice  (none: one-way, broker to consumer)
   REPLICA_FETCH       ReplicaFetchRequest        ReplicaFetchResponse       ErrorResponse
   REPLICA_AUTH        ReplicaAuthRequest         ReplicaAuthResponse        ErrorResponse
+  AUTH                AuthRequest                AuthResponse               ErrorResponse
   CONNECTION          -                          -                          ErrorResponse (id 0)
 
 Every enum's zero value is UNSPECIFIED, so a header that lost a field is recognisable
@@ -990,6 +991,69 @@ class ReplicaAuthResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ReplicaAuthResponse: _TypeAlias = ReplicaAuthResponse  # noqa: Y015
+
+@_typing.final
+class AuthRequest(_message.Message):
+    """AUTH request, client to broker, no payload: a user proves its secret key once per
+    connection, SCRAM-SHA-256 style (docs/protocol.md, "AUTH"). Two steps:
+      1. access_key and a fresh client_nonce; the broker answers with its own server_nonce;
+      2. the same again with client_proof = ClientKey XOR HMAC(StoredKey, AuthMessage),
+         AuthMessage covering "data-plane", the access key and both nonces; the broker
+         answers with server_signature = HMAC(ServerKey, AuthMessage), proving it holds the
+         user's verifier.
+    Both sides then derive a session key, HMAC(ClientKey, "session" and the same fields),
+    and every later request frame of the client is FLAG_SIGNED: a Poly1305 tag in a
+    trailer of its payload (docs/protocol.md).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ACCESS_KEY_FIELD_NUMBER: _builtins.int
+    CLIENT_NONCE_FIELD_NUMBER: _builtins.int
+    CLIENT_PROOF_FIELD_NUMBER: _builtins.int
+    access_key: _builtins.str
+    client_nonce: _builtins.bytes
+    """16 random bytes, the same in both steps."""
+    client_proof: _builtins.bytes
+    """Step 2 only: 32 bytes."""
+    def __init__(
+        self,
+        *,
+        access_key: _builtins.str = ...,
+        client_nonce: _builtins.bytes = ...,
+        client_proof: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["access_key", b"access_key", "client_nonce", b"client_nonce", "client_proof", b"client_proof"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AuthRequest: _TypeAlias = AuthRequest  # noqa: Y015
+
+@_typing.final
+class AuthResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SERVER_NONCE_FIELD_NUMBER: _builtins.int
+    SERVER_SIGNATURE_FIELD_NUMBER: _builtins.int
+    server_nonce: _builtins.bytes
+    """Step 1: 16 random bytes."""
+    server_signature: _builtins.bytes
+    """Step 2: 32 bytes."""
+    def __init__(
+        self,
+        *,
+        server_nonce: _builtins.bytes = ...,
+        server_signature: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["server_nonce", b"server_nonce", "server_signature", b"server_signature"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AuthResponse: _TypeAlias = AuthResponse  # noqa: Y015
 
 @_typing.final
 class QueueRef(_message.Message):

@@ -4,13 +4,16 @@ admin APIs through :class:`Brokers`, every call bounded by a timeout."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+from yarl import URL
 
-from metaq.common.http import json_for
+from metaq.common.auth import HTTP_HEADER, ClusterSecret, sign_http
+from metaq.common.http import JSON_TYPE, json_for
 from metaq.common.tls import TlsConfig
 from metaq.nameserver.controller import Controller
 from metaq.nameserver.model import BrokerKey, BrokerState, BrokerView, Role
@@ -35,11 +38,17 @@ class Brokers:
 
     With ``tls`` (the nameserver's own settings: a process that serves TLS dials TLS)
     the calls are HTTPS, checked against its CA and showing its certificate to brokers
-    that verify clients."""
+    that verify clients. With ``secret`` every call is signed with the cluster secret
+    (:func:`metaq.common.auth.sign_http`): brokers with ``auth_enabled`` take the console
+    as a cluster member, whoever is logged in to it (the console itself admits only users
+    holding ``admin cluster``)."""
 
-    def __init__(self, timeout_s: float, tls: TlsConfig | None = None) -> None:
+    def __init__(
+        self, timeout_s: float, tls: TlsConfig | None = None, secret: ClusterSecret | None = None
+    ) -> None:
         self.timeout_s = timeout_s
         self._tls = tls
+        self._secret = secret
         self._scheme = "https" if tls is not None else "http"
         self._session: aiohttp.ClientSession | None = None
 
@@ -53,11 +62,19 @@ class Brokers:
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(ssl=ssl) if ssl is not None else None
             )
-        url = f"{self._scheme}://{state.http_address}{path}"
+        url = URL(f"{self._scheme}://{state.http_address}{path}")
+        sent = json_for(method, body)
+        data = json.dumps(sent).encode() if sent is not None else b""
+        headers = {"Content-Type": JSON_TYPE} if sent is not None else {}
+        if self._secret is not None:
+            # Over the path as it goes on the wire (percent-encoded), as the broker sees it.
+            headers[HTTP_HEADER] = sign_http(
+                self._secret, method, url.raw_path_qs, data, time.time()
+            )
         try:
             async with asyncio.timeout(self.timeout_s):
                 async with self._session.request(
-                    method, url, json=json_for(method, body)
+                    method, url, data=data or None, headers=headers
                 ) as response:
                     payload = await response.json(content_type=None)
         except TimeoutError:
@@ -126,8 +143,9 @@ class ConsoleContext:
         controller: Controller,
         timeout_ms: int,
         tls: TlsConfig | None = None,
+        secret: ClusterSecret | None = None,
     ) -> ConsoleContext:
-        return cls(registry, controller, Brokers(timeout_ms / 1000, tls))
+        return cls(registry, controller, Brokers(timeout_ms / 1000, tls, secret))
 
     def live_brokers(self) -> list[BrokerView]:
         return [

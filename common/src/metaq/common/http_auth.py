@@ -1,0 +1,240 @@
+"""Users on the HTTP admin APIs and console of brokers and nameservers.
+
+With ``auth_enabled`` the middleware of :func:`metaq.common.http.application` lets
+through only ``/health``, ``/metrics`` and ``/login`` unauthenticated; every other route,
+including ones added to the app later (the console), needs a user holding ``admin
+cluster``, proven one of two ways:
+
+- **Tools** sign each request: header ``X-Metaq-User`` with
+  :func:`metaq.common.users.sign_request` over ``"http METHOD PATH?QUERY"`` and the body,
+  within the clock window; each proof is taken once (a replay within the window is
+  refused).
+- **People** log in: ``POST /login`` with JSON ``{"access_key", "secret_key"}`` (the
+  ``GET /login`` page does it) sets a random session cookie, HttpOnly, SameSite=Strict,
+  ``Secure`` when the listener serves TLS, expiring after :data:`SESSION_TTL_S`. A
+  browser asking for a page without a session is sent to ``/login?next=PATH``, which
+  returns it there once logged in. A request that changes something on a session must
+  come from this site's own pages, by the one rule the console's forms also follow
+  (:func:`metaq.common.http.same_site`), so another site cannot make a logged-in browser
+  act (CSRF), on top of SameSite and the JSON-only rule.
+- **Cluster members** (the nameservers' console calling a broker) sign each request
+  with the cluster secret: header :data:`metaq.common.auth.HTTP_HEADER` made by
+  :func:`metaq.common.auth.sign_http`, taken once, as a user's signature is.
+
+Refusals are 401 (who are you) or 403 (not allowed), JSON ``{"error": ...}`` saying what
+to do, counted by reason and logged without any key.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from typing import Final
+from urllib.parse import quote
+
+from aiohttp import web
+
+from metaq.common import acl
+from metaq.common.acl import PermissionDenied, User
+from metaq.common.acl_source import AclSource
+from metaq.common.auth import HTTP_HEADER, AuthFailed, ClusterSecret, verify_http
+from metaq.common.http import json_object, same_site
+from metaq.common.users import (
+    MAX_CLOCK_SKEW_S,
+    USER_METADATA_KEY,
+    ProofError,
+    Verifier,
+    parse_proof,
+    verify_request,
+)
+
+log = logging.getLogger(__name__)
+
+OPEN_PATHS: Final = frozenset({"/health", "/metrics", "/login"})
+HEADER: Final = "X-Metaq-User"
+assert HEADER.lower() == USER_METADATA_KEY
+COOKIE: Final = "metaq_session"
+SESSION_TTL_S: Final = 8 * 3600.0
+MAX_SESSIONS: Final = 10_000
+_SAFE_METHODS: Final = frozenset({"GET", "HEAD", "OPTIONS"})
+_LOGIN_PAGE: Final = r"""<!doctype html>
+<title>metaq login</title>
+<link rel="icon" href="data:,">
+<form id="f"><label>access key <input name="access_key" autocomplete="username"></label>
+<label>secret key <input name="secret_key" type="password"
+autocomplete="current-password"></label><button>log in</button></form><p id="m"></p>
+<script>
+document.getElementById("f").onsubmit = async (e) => {
+  e.preventDefault();
+  const d = Object.fromEntries(new FormData(e.target));
+  const r = await fetch("/login", {method: "POST", headers: {"Content-Type":
+    "application/json"}, body: JSON.stringify(d)});
+  const a = await r.json();  // read to the end, so that leaving does not abort it
+  if (!r.ok) { document.getElementById("m").textContent = a.error; return; }
+  // Only a path of this site: "//host" or "/\host" would leave it.
+  const next = new URLSearchParams(location.search).get("next") || "";
+  if (/^\/(?![\/\\])/.test(next)) { location.assign(next); return; }
+  document.getElementById("m").textContent = "logged in";
+};
+</script>
+"""
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _refusal(status: int, message: str) -> web.Response:
+    return web.json_response({"error": message}, status=status)
+
+
+def signed_purpose(method: str, path_qs: str) -> str:
+    return f"http {method} {path_qs}"
+
+
+class HttpAuth:
+    """The middleware and the ``/login`` handlers, over one :class:`AclSource`."""
+
+    def __init__(
+        self,
+        source: AclSource,
+        count: Callable[[str], None] | None = None,
+        secret: ClusterSecret | None = None,
+    ) -> None:
+        self._source = source
+        self._count = count or (lambda _reason: None)
+        self._secret = secret
+        """Set: requests signed with the cluster secret are a cluster member's, admitted."""
+        # token -> (access key, expiry, monotonic)
+        self._sessions: dict[str, tuple[str, float]] = {}
+        # proofs taken within the window -> when they stop mattering
+        self._seen: dict[bytes, float] = {}
+
+    def routes(self) -> list[web.RouteDef]:
+        return [web.get("/login", self._login_page), web.post("/login", self._login)]
+
+    @web.middleware
+    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path in OPEN_PATHS:
+            return await handler(request)
+        try:
+            if not await self._cluster_member(request):
+                acl.check(await self._user(request), "admin", "cluster", "")
+        except ProofError as exc:
+            if self._wants_page(request, exc):
+                # A person at a browser: the login page, and back here afterwards.
+                raise web.HTTPSeeOther(f"/login?next={quote(request.path_qs, safe='')}") from None
+            return self._refuse(request, 401, str(exc), exc.reason)
+        except PermissionDenied as exc:
+            return self._refuse(request, 403, str(exc), exc.reason)
+        return await handler(request)
+
+    async def _cluster_member(self, request: web.Request) -> bool:
+        proof = request.headers.get(HTTP_HEADER)
+        if proof is None:
+            return False
+        if self._secret is None:
+            raise ProofError(
+                f"this server holds no cluster secret, so the {HTTP_HEADER} header proves "
+                "nothing here; sign as a user (X-Metaq-User)",
+                "bad_signature",
+            )
+        body = await request.read()
+        try:
+            verify_http(self._secret, request.method, request.path_qs, body, proof, time.time())
+        except AuthFailed as exc:
+            raise ProofError(str(exc), "bad_signature") from None
+        self._once(proof.encode())
+        return True
+
+    @staticmethod
+    def _wants_page(request: web.Request, refusal: ProofError) -> bool:
+        return (
+            refusal.reason == "unauthenticated"
+            and request.method == "GET"
+            and HEADER not in request.headers
+            and "text/html" in request.headers.get("Accept", "")
+        )
+
+    async def _user(self, request: web.Request) -> User:
+        header = request.headers.get(HEADER)
+        if header is not None:
+            access_key, stamp, proof = parse_proof(header)
+            user = self._source.acl.user(access_key)
+            body = await request.read()
+            verify_request(
+                user.verifier if user else None, access_key, stamp, proof,
+                signed_purpose(request.method, request.path_qs), body, time.time(),
+            )  # fmt: skip
+            self._once(proof)
+            assert user is not None
+            return user
+        token = request.cookies.get(COOKIE)
+        session = self._sessions.get(token) if token else None
+        if session is None or session[1] < time.monotonic():
+            raise ProofError(
+                f"{request.method} {request.path} needs a user with admin on the cluster: "
+                "log in at /login, or sign the request (X-Metaq-User header; the metaq CLI "
+                "does it with credentials)",
+                "unauthenticated",
+            )
+        if request.method not in _SAFE_METHODS and not same_site(request):
+            raise PermissionDenied(
+                f"a {request.method} from another site's page is refused (CSRF): make "
+                "changes from this site's own pages",
+                "csrf",
+            )
+        user = self._source.acl.user(session[0])
+        if user is None:
+            raise ProofError(f"user {session[0]} was removed; log in again", "unauthenticated")
+        return user
+
+    def _once(self, proof: bytes) -> None:
+        now = time.monotonic()
+        if len(self._seen) > 4 * MAX_SESSIONS:
+            self._seen = {p: t for p, t in self._seen.items() if t > now}
+        if self._seen.get(proof, 0.0) > now:
+            raise ProofError("this signed request was already taken: a replay", "replay")
+        self._seen[proof] = now + 2 * MAX_CLOCK_SKEW_S
+
+    def _refuse(self, request: web.Request, status: int, why: str, reason: str) -> web.Response:
+        self._count(reason)
+        log.warning("refused HTTP %s %s from %s: %s", request.method, request.path,
+                    request.remote, why)  # fmt: skip
+        return _refusal(status, why)
+
+    # --- /login -------------------------------------------------------------------------
+
+    async def _login_page(self, _request: web.Request) -> web.Response:
+        return web.Response(text=_LOGIN_PAGE, content_type="text/html")
+
+    async def _login(self, request: web.Request) -> web.Response:
+        body = await json_object(request)
+        access_key, secret = body.get("access_key"), body.get("secret_key")
+        if not isinstance(access_key, str) or not isinstance(secret, str):
+            return _refusal(400, 'send {"access_key": "...", "secret_key": "..."} as JSON')
+        user = self._source.acl.user(access_key)
+        ok = False
+        if user is not None:
+            try:
+                made = Verifier.make(access_key, secret, user.verifier.iterations)
+                ok = hmac.compare_digest(made.stored_key, user.verifier.stored_key)
+            except ValueError:
+                ok = False
+        if not ok or user is None:
+            return self._refuse(request, 401, "unknown user or wrong secret key", "unauthenticated")
+        now = time.monotonic()
+        if len(self._sessions) >= MAX_SESSIONS:
+            self._sessions = {t: s for t, s in self._sessions.items() if s[1] > now}
+            while len(self._sessions) >= MAX_SESSIONS:
+                self._sessions.pop(next(iter(self._sessions)))
+        token = secrets.token_urlsafe(32)
+        self._sessions[token] = (access_key, now + SESSION_TTL_S)
+        log.info("user %s logged in over HTTP from %s", access_key, request.remote)
+        response = web.json_response({"user": access_key, "expires_in_s": SESSION_TTL_S})
+        response.set_cookie(
+            COOKIE, token, max_age=int(SESSION_TTL_S), httponly=True, samesite="Strict",
+            path="/", secure=request.secure,  # a TLS listener's cookie never goes out plain
+        )  # fmt: skip
+        return response

@@ -1,0 +1,112 @@
+"""The HTTP auth middleware on an app: routes added later are covered too."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+
+from metaq.common import acl, http
+from metaq.common.acl import Acl, Grant, User
+from metaq.common.acl_source import AclSource
+from metaq.common.auth import HTTP_HEADER, ClusterSecret, sign_http
+from metaq.common.http_auth import HEADER, HttpAuth, signed_purpose
+from metaq.common.testing import run_async
+from metaq.common.users import Credentials, Verifier, sign_request
+
+ADMIN = Credentials("admin", "admin-secret-key-for-http-tests")
+
+
+def test_a_route_added_after_the_app_was_made_needs_a_user(tmp_path: Path) -> None:
+    path = tmp_path / "acl.json"
+    table = Acl().with_user(User("admin", Verifier.make("admin", ADMIN.secret_key)))
+    acl.save(path, table.grant("admin", Grant("admin", "cluster")))
+    refusals: list[str] = []
+    app = http.application(HttpAuth(AclSource(path), refusals.append))
+
+    async def console(_request: web.Request) -> web.Response:
+        return web.json_response({"console": True})
+
+    app.add_routes([web.get("/console/", console), web.get("/health", console)])
+
+    async def scenario() -> None:
+        async with TestClient(TestServer(app)) as client:
+            response = await client.get("/console/")
+            assert response.status == 401
+            assert refusals == ["unauthenticated"]
+            assert (await client.get("/health")).status == 200
+            proof = sign_request(ADMIN, signed_purpose("GET", "/console/"), b"", time.time())
+            response = await client.get("/console/", headers={HEADER: proof})
+            assert response.status == 200, await response.text()
+
+    run_async(scenario())
+
+
+SECRET = ClusterSecret(b"0123456789abcdef0123", "test")
+
+
+def _app(tmp_path: Path, refusals: list[str]) -> web.Application:
+    path = tmp_path / "acl.json"
+    table = Acl().with_user(User("admin", Verifier.make("admin", ADMIN.secret_key)))
+    acl.save(path, table.grant("admin", Grant("admin", "cluster")))
+    app = http.application(HttpAuth(AclSource(path), refusals.append, SECRET))
+
+    @http.takes_forms
+    async def form(_request: web.Request) -> web.Response:
+        return web.json_response({"posted": True})
+
+    async def page(_request: web.Request) -> web.Response:
+        return web.json_response({"page": True})
+
+    app.add_routes([web.get("/console/topics", page), web.post("/console/topics", form)])
+    return app
+
+
+def test_a_cluster_member_signs_with_the_secret_once(tmp_path: Path) -> None:
+    refusals: list[str] = []
+
+    async def scenario() -> None:
+        async with TestClient(TestServer(_app(tmp_path, refusals))) as client:
+            proof = sign_http(SECRET, "GET", "/console/topics", b"", time.time())
+            response = await client.get("/console/topics", headers={HTTP_HEADER: proof})
+            assert response.status == 200, await response.text()
+            response = await client.get("/console/topics", headers={HTTP_HEADER: proof})
+            assert response.status == 401 and "replay" in await response.text()
+            other = ClusterSecret(b"fedcba9876543210fedc", "test")
+            forged = sign_http(other, "GET", "/console/topics", b"", time.time())
+            response = await client.get("/console/topics", headers={HTTP_HEADER: forged})
+            assert response.status == 401 and "cluster secret" in await response.text()
+
+    run_async(scenario())
+    assert refusals == ["replay", "bad_signature"]
+
+
+def test_a_browser_goes_to_login_and_a_session_posts_forms_only_from_this_site(
+    tmp_path: Path,
+) -> None:
+    async def scenario() -> None:
+        async with TestClient(TestServer(_app(tmp_path, []))) as client:
+            page = await client.get(
+                "/console/topics?x=1", headers={"Accept": "text/html"}, allow_redirects=False
+            )
+            assert page.status == 303
+            assert page.headers["Location"] == "/login?next=/console/topics?x%3D1"
+            # A tool asking for JSON gets the 401 saying what to do instead.
+            assert (await client.get("/console/topics")).status == 401
+            login = await client.post(
+                "/login", json={"access_key": "admin", "secret_key": ADMIN.secret_key}
+            )
+            assert login.status == 200
+            assert "Secure" not in login.headers["Set-Cookie"]  # plain HTTP here
+            for headers, status in (
+                ({"Sec-Fetch-Site": "same-origin"}, 200),
+                ({"Sec-Fetch-Site": "cross-site"}, 403),
+                ({"Origin": "http://evil.example"}, 403),
+                ({"Origin": "null"}, 403),
+            ):
+                posted = await client.post("/console/topics", data={"a": "1"}, headers=headers)
+                assert posted.status == status, (headers, await posted.text())
+
+    run_async(scenario())

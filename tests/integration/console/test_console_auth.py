@@ -1,0 +1,105 @@
+"""The console behind the users' middleware (``auth_enabled``) in a real Chromium: a
+browser without a session is sent to the login page and back, and after logging in as an
+admin the console's pages and forms work, its calls to the brokers' admin APIs signed with
+the cluster secret."""
+
+from __future__ import annotations
+
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from console_support import BROKER_TIMEOUT_MS, Browser
+
+from metaq.broker.testing import BrokerProcess
+from metaq.broker.testing.admin import http_json
+from metaq.common import acl
+from metaq.common.acl import Acl, Grant, User
+from metaq.common.auth import HTTP_HEADER, sign_http
+from metaq.common.testing import cluster_secret_for_tests, run_async, wait_until
+from metaq.common.users import Credentials, Verifier
+from metaq.nameserver.testing import NameServerProcess, start_nameserver
+
+ADMIN = Credentials("console-admin", "console-admin-secret-key-for-tests")
+GROUP = "secured"
+
+
+@dataclass
+class AuthConsole:
+    nameserver: NameServerProcess
+    broker: BrokerProcess
+
+    @property
+    def console_url(self) -> str:
+        return f"http://{self.nameserver.http_address}"
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AuthConsole]:
+    work: Path = tmp_path_factory.mktemp("console-auth")
+    acl_file = work / "acl.json"
+    user = User(ADMIN.access_key, Verifier.make(ADMIN.access_key, ADMIN.secret_key))
+    acl.save(acl_file, Acl().with_user(user).grant(ADMIN.access_key, Grant("admin", "cluster")))
+    auth = ("--set", "auth_enabled=true", "--set", f"auth_acl_file={acl_file}")
+    nameserver = start_nameserver(
+        work / "ns", "--http-port", "0", "--console-broker-timeout-ms", str(BROKER_TIMEOUT_MS),
+        "--auth-enabled", "true", "--auth-acl-file", str(acl_file),
+    )  # fmt: skip
+    try:
+        with BrokerProcess.start(
+            work / "broker", "--broker-name", GROUP, "--nameserver", nameserver.grpc_address,
+            *auth,
+        ) as broker:  # fmt: skip
+            yield AuthConsole(nameserver, broker)
+    finally:
+        nameserver.stop()
+
+
+def test_the_console_sends_a_browser_to_log_in_and_its_forms_work_after(
+    secured: AuthConsole, browser: Browser
+) -> None:
+    page, topic = browser.page, "made-behind-login"
+    page.goto(f"{secured.console_url}/console/topics")
+    assert "/login?next=" in page.url, page.url
+    page.get_by_label("access key").fill(ADMIN.access_key)
+    page.get_by_label("secret key").fill(ADMIN.secret_key)
+    page.get_by_role("button", name="log in").click()
+    page.wait_for_url(f"{secured.console_url}/console/topics")
+    browser.screenshot("login-topics")
+    # A POST form: the console creates the topic through the broker's admin API, which
+    # takes it only signed (by the nameserver, with the cluster secret).
+    page.get_by_label("Topic").fill(topic)
+    page.get_by_label("Read queues").fill("2")
+    page.get_by_label("Write queues").fill("2")
+    page.get_by_role("button", name="Create or update").click()
+    status_line = page.get_by_role("status").inner_text()
+    assert f"topic {topic}: 2 read / 2 write queues" in status_line, status_line
+    # On a thread of its own: Playwright's sync API holds this thread's event loop.
+    with ThreadPoolExecutor(1) as thread:
+        asked = http_json("GET", f"{secured.broker.http_url}/topics", credentials=ADMIN)
+        code, topics = thread.submit(run_async, asked).result()
+    assert code == 200 and topics["topics"][topic]["write_queues"] == 2, topics
+    page.goto(f"{secured.console_url}/console/cluster")
+    wait_until(lambda: GROUP in page.locator("main").inner_text(), 10,
+               "the cluster page lists the broker group", poll_s=0.2)  # fmt: skip
+    assert "401" not in page.locator("main").inner_text()
+    assert browser.problems == []
+
+
+def test_both_servers_take_a_cluster_members_signed_call_and_no_unsigned_one(
+    secured: AuthConsole,
+) -> None:
+    for base, path in ((secured.console_url, "/cluster"), (secured.broker.http_url, "/topics")):
+        proof = sign_http(cluster_secret_for_tests(), "GET", path, b"", time.time())
+        signed = urllib.request.Request(f"{base}{path}", headers={HTTP_HEADER: proof})
+        with urllib.request.urlopen(signed, timeout=5) as answer:
+            assert answer.status == 200, (base, path)
+        with pytest.raises(urllib.error.HTTPError) as unsigned:
+            urllib.request.urlopen(f"{base}{path}", timeout=5)
+        assert unsigned.value.code == 401
+        unsigned.value.close()

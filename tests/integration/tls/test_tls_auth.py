@@ -1,0 +1,161 @@
+"""TLS and users together on a real cluster (nameserver, master, slave; every listener on
+TLS with client certificates, auth_enabled everywhere): a user produces and consumes
+through a kill -9 of the master, and the login cookie of an HTTPS listener is Secure."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from tls_certs import Pki
+
+from metaq.broker.testing import BrokerProcess
+from metaq.broker.testing.admin import http_json
+from metaq.client.connection import BrokerConnection
+from metaq.client.errors import ConnectionLost
+from metaq.client.producer import Producer
+from metaq.client.pull_consumer import PullConsumer, PullStatus
+from metaq.client.results import SendStatus
+from metaq.client.user_calls import UserSigningInterceptor
+from metaq.common import acl
+from metaq.common.acl import Acl, Grant, User
+from metaq.common.testing import run_async, wait_until
+from metaq.common.tls import TlsConfig, grpc_channel
+from metaq.common.users import Credentials, Verifier
+from metaq.common.v1 import control_pb2 as pb
+from metaq.common.v1 import control_pb2_grpc
+from metaq.nameserver.testing import NameServerProcess, start_nameserver
+
+GROUP = "broker-tls-auth"
+TOPIC = "secured-orders"
+ADMIN = Credentials("admin", "admin-secret-key-for-the-tls-auth-test")
+APP = Credentials("app1", "app1-secret-key-for-the-tls-auth-test")
+# Quick to leave the in-sync set and to time a send out, so that failover is quick too.
+FAST = ("--set", "replica_lag_max_ms=2000", "--set", "replication_timeout_ms=1000")
+
+
+@pytest.fixture
+def acl_file(tmp_path: Path) -> Path:
+    table = Acl()
+    for c in (ADMIN, APP):
+        table = table.with_user(User(c.access_key, Verifier.make(c.access_key, c.secret_key)))
+    table = table.grant("admin", Grant("admin", "cluster"))
+    for perm, resource in (("pub", f"topic:{TOPIC}"), ("sub", f"topic:{TOPIC}"),
+                           ("sub", "group:readers")):  # fmt: skip
+        table = table.grant("app1", Grant.parse(perm, resource))
+    path = tmp_path / "acl.json"
+    acl.save(path, table)
+    return path
+
+
+@pytest.fixture
+def nameserver(pki: Pki, tmp_path: Path, acl_file: Path) -> Iterator[NameServerProcess]:
+    server = start_nameserver(
+        tmp_path / "ns", "--http-port", "0", *pki.server_flags(verify_client=True),
+        "--auth-enabled", "true", "--auth-acl-file", str(acl_file),
+    )  # fmt: skip
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+async def send_all(nameservers: list[str], tls: TlsConfig, bodies: list[bytes]) -> None:
+    async with Producer(
+        nameservers, tls=tls, credentials=APP, send_timeout_s=3.0, retries=5
+    ) as producer:
+        for body in bodies:
+            result = await producer.send(TOPIC, body)
+            assert result.status is SendStatus.OK, result
+
+
+async def read_all(nameservers: list[str], tls: TlsConfig) -> list[bytes]:
+    bodies: list[bytes] = []
+    async with PullConsumer(nameservers, "readers", tls=tls, credentials=APP) as consumer:
+        for queue in await consumer.queues(TOPIC, refresh=True):
+            offset = 0
+            while True:
+                found = await consumer.pull(TOPIC, queue, offset, max_messages=256)
+                if found.status is not PullStatus.FOUND:
+                    break
+                bodies += [bytes(m.body) for m in found.messages]
+                offset = found.next_offset
+    return bodies
+
+
+async def controller_in_sync(address: str, tls: TlsConfig) -> list[int]:
+    signing = [UserSigningInterceptor(ADMIN)]
+    async with grpc_channel(address, tls, interceptors=signing) as channel:
+        state = await control_pb2_grpc.NameServerStub(channel).GetControllerState(
+            pb.GetControllerStateRequest(), timeout=5
+        )
+    return sorted(g.in_sync_ids for g in state.groups if g.broker_name == GROUP)[0] or []
+
+
+def role(broker: BrokerProcess) -> str | None:
+    state = broker.health()
+    return None if state is None else str(state["role"])
+
+
+def test_a_user_produces_and_consumes_through_failover_with_tls_and_auth_on(
+    pki: Pki, tmp_path: Path, nameserver: NameServerProcess, acl_file: Path
+) -> None:
+    tls = pki.client_tls(with_cert=True)
+    names = [nameserver.grpc_address]
+    login = json.dumps({"access_key": ADMIN.access_key, "secret_key": ADMIN.secret_key})
+    request = urllib.request.Request(
+        f"https://{nameserver.http_address}/login", data=login.encode(), method="POST",
+        headers={"Content-Type": "application/json"},
+    )  # fmt: skip
+    with urllib.request.urlopen(request, timeout=5, context=tls.client_context()) as answer:
+        cookie = answer.headers["Set-Cookie"]
+    # Over HTTPS the browser must never send the session on a plain connection.
+    assert "Secure" in cookie and "HttpOnly" in cookie, cookie
+
+    auth = ("--set", "auth_enabled=true", "--set", f"auth_acl_file={acl_file}")
+    brokers: dict[int, BrokerProcess] = {}
+    try:
+        for i in (0, 1):
+            brokers[i] = BrokerProcess.start(
+                tmp_path / f"broker-{i}", "--broker-name", GROUP, "--broker-id", str(i),
+                "--nameserver", nameserver.grpc_address, *pki.server_flags(verify_client=True),
+                *FAST, *auth, tls=tls,
+            )  # fmt: skip
+        wait_until(lambda: role(brokers[0]) == "master", 30, "broker 0 is master")
+        # Credentials without TLS: the AUTH step cannot start, and the client says why.
+        address = f"{brokers[0].data_host}:{brokers[0].data_port}"
+        with pytest.raises(ConnectionLost, match=f"the broker at {address} speaks TLS"):
+            run_async(BrokerConnection.open(address, credentials=APP))
+        status, body = run_async(
+            http_json(
+                "PUT", f"{brokers[0].http_url}/topics/{TOPIC}",
+                {"read_queues": 2, "write_queues": 2}, ADMIN, tls=tls,
+            )
+        )  # fmt: skip
+        assert status == 200, body
+        wait_until(
+            lambda: run_async(controller_in_sync(names[0], tls)) == [0, 1],
+            30, "the controller has the slave in sync (it fetches over TLS with the secret)",
+            poll_s=0.2,
+        )  # fmt: skip
+
+        first = [b"before-%03d" % n for n in range(100)]
+        run_async(send_all(names, tls, first))
+        wait_until(
+            lambda: (brokers[1].health() or {}).get("commitlog_write_offset")
+            == (brokers[0].health() or {}).get("commitlog_write_offset"),
+            20, "the slave caught up with the master", poll_s=0.1,
+        )  # fmt: skip
+        assert sorted(run_async(read_all(names, tls))) == sorted(first)
+
+        brokers[0].kill()
+        wait_until(lambda: role(brokers[1]) == "master", 30, "the slave was promoted", poll_s=0.2)
+        after = [b"after-%03d" % n for n in range(50)]
+        run_async(send_all(names, tls, after), timeout_s=60)
+        assert sorted(run_async(read_all(names, tls))) == sorted(first + after)
+    finally:
+        for broker in brokers.values():
+            broker.kill()
