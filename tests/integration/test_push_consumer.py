@@ -154,6 +154,13 @@ def test_members_rebalance_at_once_on_the_brokers_notice_when_one_joins_or_leave
 
     joined, left, notices = run_async(scenario())
     assert notices >= 2, "the member rebalanced without a notice: the test proves nothing"
+    sent = sum(
+        run_async(scrape(cluster.brokers[b].http_url)).get(
+            ("metaq_consumer_change_notices_total", ()), 0
+        )
+        for b in ("broker-a", "broker-b")
+    )
+    assert sent >= notices
     print(f"rebalanced {joined:.3f} s after a join, {left:.3f} s after a leave")
 
 

@@ -233,6 +233,7 @@ class Broker:
         self._handlers.update(handlers.table())
         self._handlers[FrameType.AUTH] = user_gate.handle
         pull = self._pull
+        notices = self.member_notices
         self.metrics.watch(
             BrokerState(
                 self.store,
@@ -244,6 +245,7 @@ class Broker:
                 self.group_role,
                 self.delays,
                 self.transactions,
+                lambda: notices.sent,
             )
         )
 
