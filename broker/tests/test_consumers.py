@@ -96,3 +96,25 @@ def test_a_queue_is_owned_by_the_live_member_that_pulled_it_last() -> None:
     assert groups.owner("g", "t", 1) is None  # not pulled for longer than the timeout
     groups.expire()
     assert groups._pulls == {}
+
+
+def test_every_change_of_a_groups_member_set_is_heard_and_nothing_else() -> None:
+    clock = FakeClock()
+    groups = ConsumerGroups(timeout_s=30, clock=clock)
+    heard: list[tuple[str, int]] = []
+    groups.on_change = lambda group, cause: heard.append((group, cause))
+
+    groups.heartbeat("g", "a", connection_id=1)
+    groups.heartbeat("g", "b", connection_id=2)
+    groups.heartbeat("g", "a", connection_id=1)  # a heartbeat: no change
+    groups.heartbeat("g", "a", connection_id=3)  # moved connection: no change
+    groups.heartbeat("g", "nobody", connection_id=4, leaving=True)  # not a member
+    assert heard == [("g", 1), ("g", 2)]
+
+    groups.heartbeat("g", "b", connection_id=2, leaving=True)
+    groups.heartbeat("g", "c", connection_id=5)
+    groups.drop_connection(5)
+    clock.now += 31
+    groups.expire()
+    assert heard[2:] == [("g", 2), ("g", 5), ("g", 0), ("g", 0)]
+    assert groups.groups() == {}

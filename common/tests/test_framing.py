@@ -400,7 +400,7 @@ def test_a_header_filling_the_whole_frame_is_fine() -> None:
     assert decode([data]) == [(FrameType.SEND, 0, 1, b"0123456789", b"")]
 
 
-@pytest.mark.parametrize("type_code", [11, 18, 200, 255])
+@pytest.mark.parametrize("type_code", [12, 18, 200, 255])
 def test_an_unknown_frame_type_is_refused_and_the_known_ones_listed(type_code: int) -> None:
     error = protocol_error(prefix(frame_type=type_code))
 

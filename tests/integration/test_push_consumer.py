@@ -15,6 +15,7 @@ import pytest
 from metaq.broker.testing import BrokerProcess, run_async
 from metaq.broker.testing.admin import scrape
 from metaq.client import cli
+from metaq.client.connection import BrokerConnection
 from metaq.client.consumer import (
     BROADCASTING,
     LAST,
@@ -26,7 +27,9 @@ from metaq.client.consumer import (
 from metaq.client.errors import BrokerError
 from metaq.client.message import Message
 from metaq.client.offset_store import LocalOffsetStore
+from metaq.common.framing import FrameType
 from metaq.common.testing import wait_until_async
+from metaq.common.v1.data_pb2 import ConsumerHeartbeatRequest
 
 # Fast heartbeats so membership changes are seen within a fraction of a second.
 FAST = {"heartbeat_interval_s": 0.2, "commit_interval_s": 0.2, "close_timeout_s": 5.0}
@@ -112,6 +115,93 @@ def test_a_group_consumes_each_message_once_and_loses_none_when_members_change(
 
     report = run_async(scenario(), timeout_s=90)
     print(f"rebalance checker: {report}")
+
+
+# Heartbeats (and periodic rebalances) far apart: only the brokers' CONSUMER_IDS_CHANGED
+# notices can tell a member of a change within the deadlines below.
+SLOW = {**FAST, "heartbeat_interval_s": 30.0, "rebalance_interval_s": 60.0}
+
+
+def test_members_rebalance_at_once_on_the_brokers_notice_when_one_joins_or_leaves(
+    cluster: cc.Cluster,
+) -> None:
+    topic, group = "NoticeOrders", "notice-orders"
+
+    async def scenario() -> tuple[float, float, int]:
+        await cc.create_topic(cluster, topic, ["broker-a", "broker-b"])
+        first = PushConsumer(cluster.nameservers, group, **SLOW)
+        first.subscribe(topic, _ignore)
+        second = PushConsumer(cluster.nameservers, group, **SLOW)
+        second.subscribe(topic, _ignore)
+        try:
+            await first.start()
+            await cc.wait_for(lambda: _partitioned([first], 8), 10, "the first member owns all")
+            await second.start()
+            joined = await cc.wait_for(
+                lambda: _partitioned([first, second], 8) and len(first.assigned_queues) == 4,
+                1.5,
+                "the first member gave up half its queues to the one that joined",
+            )
+            await second.close()
+            left = await cc.wait_for(
+                lambda: _partitioned([first], 8), 1.5, "the first member took back every queue"
+            )
+            assert first._membership is not None
+            return joined, left, first._membership.notices
+        finally:
+            await second.close()
+            await first.close()
+
+    joined, left, notices = run_async(scenario())
+    assert notices >= 2, "the member rebalanced without a notice: the test proves nothing"
+    sent = sum(
+        run_async(scrape(cluster.brokers[b].http_url)).get(
+            ("metaq_consumer_change_notices_total", ()), 0
+        )
+        for b in ("broker-a", "broker-b")
+    )
+    assert sent >= notices
+    print(f"rebalanced {joined:.3f} s after a join, {left:.3f} s after a leave")
+
+
+def test_a_consumer_that_did_not_ask_for_notices_is_sent_none(cluster: cc.Cluster) -> None:
+    """A client from before CONSUMER_IDS_CHANGED would refuse the unknown frame type and
+    lose its connection: the broker sends notices only to heartbeats that ask."""
+    group = "notice-old-client"
+    address = cluster.address("broker-a")
+
+    async def heartbeat(connection: BrokerConnection, client_id: str, notify: bool) -> None:
+        request = ConsumerHeartbeatRequest(
+            consumer_group=group, client_id=client_id, notify_member_changes=notify
+        )
+        await connection.request(
+            FrameType.CONSUMER_HEARTBEAT, request.SerializeToString(), timeout_s=5
+        )
+
+    async def scenario() -> tuple[list[FrameType], list[FrameType]]:
+        old, new, joiner = [await BrokerConnection.open(address) for _ in range(3)]
+        seen: dict[BrokerConnection, list[FrameType]] = {old: [], new: []}
+        for connection in (old, new):
+            connection.on_request = lambda c, frame: seen[c].append(frame.type)
+        try:
+            await heartbeat(old, "old", notify=False)
+            await heartbeat(new, "new", notify=True)
+            await heartbeat(joiner, "joiner", notify=True)
+            await cc.wait_for(lambda: bool(seen[new]), 2, "the new client got a notice")
+            # Answered after anything the broker wrote to it before: a notice would be in.
+            await old.request(FrameType.HEARTBEAT, b"", timeout_s=5)
+            return seen[old], seen[new]
+        finally:
+            for connection in (old, new, joiner):
+                await connection.close()
+
+    to_old, to_new = run_async(scenario())
+    assert to_old == []
+    assert FrameType.CONSUMER_IDS_CHANGED in to_new
+
+
+async def _ignore(_message: Message) -> None:
+    return None
 
 
 def test_broadcasting_delivers_every_message_to_every_member(

@@ -4,6 +4,9 @@ Each consumer heartbeats every broker serving its topics. A member is dropped af
 ``timeout_s`` without a heartbeat, at once when the connection it last heartbeat on
 closes, or when it says it is leaving. Members are listed sorted by client id, so every
 member of a group that asks gets the same list and computes the same assignment.
+``on_change`` hears of every change of a group's member set (a join, a leave, an expiry,
+a closed connection), so the other members can be told at once (see
+:mod:`metaq.broker.member_notices`).
 """
 
 from __future__ import annotations
@@ -49,6 +52,13 @@ class ConsumerGroups:
         # (group, topic, queue) -> (connection, when) of its last pull: which member
         # reads a queue, for admin views (the clients share queues out among themselves).
         self._pulls: dict[tuple[str, str, int], tuple[int, float]] = {}
+        self.on_change: Callable[[str, int], None] | None = None
+        """Called with the group and the connection whose heartbeat changed its member
+        set (0 when none did); it must not call back into this object synchronously."""
+
+    def _changed(self, group: str, cause_connection_id: int = 0) -> None:
+        if self.on_change is not None:
+            self.on_change(group, cause_connection_id)
 
     def heartbeat(
         self,
@@ -71,8 +81,11 @@ class ConsumerGroups:
             check_topic(topic)
         members = self._groups.setdefault(group, {})
         if leaving:
-            members.pop(client_id, None)
+            if members.pop(client_id, None) is not None:
+                self._changed(group, connection_id)
         else:
+            if client_id not in members:
+                self._changed(group, connection_id)
             members[client_id] = Member(
                 client_id,
                 computer_room,
@@ -91,8 +104,11 @@ class ConsumerGroups:
             self._groups.pop(group, None)
             return []
         deadline = self._clock() - self.timeout_s
-        for client_id in [c for c, m in members.items() if m.last_seen_s < deadline]:
+        expired = [c for c, m in members.items() if m.last_seen_s < deadline]
+        for client_id in expired:
             del members[client_id]
+        if expired:
+            self._changed(group)
         return sorted(members.values(), key=lambda m: m.client_id)
 
     def groups(self) -> dict[str, list[Member]]:
@@ -121,10 +137,12 @@ class ConsumerGroups:
     def drop_connection(self, connection_id: int) -> int:
         """Forget the members whose last heartbeat came over this (now closed) connection."""
         dropped = 0
-        for members in self._groups.values():
+        for group, members in self._groups.items():
             gone = [c for c, m in members.items() if m.connection_id == connection_id]
             for client_id in gone:
                 del members[client_id]
+            if gone:
+                self._changed(group)
             dropped += len(gone)
         return dropped
 

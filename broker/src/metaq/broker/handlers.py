@@ -12,6 +12,7 @@ from metaq.broker.connection import Handler, Responder
 from metaq.broker.consumers import ConsumeMode, ConsumerGroups
 from metaq.broker.held_offsets import takes_forwarded
 from metaq.broker.journal import Journal
+from metaq.broker.member_notices import MemberChangeNotices
 from metaq.broker.offset_forward import OffsetForwarder
 from metaq.broker.offsets import ConsumerOffsets
 from metaq.broker.pull import PullHandler
@@ -65,6 +66,7 @@ class Handlers:
         journal: Journal,
         transactions: Transactions,
         forwarder: OffsetForwarder,
+        notices: MemberChangeNotices | None = None,
     ) -> None:
         self._store = store
         self._topics = topics
@@ -76,6 +78,7 @@ class Handlers:
         self._journal = journal
         self._transactions = transactions
         self.forwarder = forwarder
+        self._notices = notices
         self._tasks: set[asyncio.Task[None]] = set()
 
     def table(self) -> dict[FrameType, Handler]:
@@ -92,10 +95,12 @@ class Handlers:
             FrameType.LOCK_QUEUES: self.lock_queues,
             FrameType.END_TRANSACTION: self.end_transaction,
         }
-        # CONNECTION is never a request; CHECK_TRANSACTION goes from brokers to clients;
-        # AUTH is the user gate's (user_auth), which the broker adds itself.
+        # CONNECTION is never a request; CHECK_TRANSACTION and CONSUMER_IDS_CHANGED go
+        # from brokers to clients; AUTH is the user gate's (user_auth), which the broker
+        # adds itself.
         missing = set(FrameType) - set(table)
-        missing -= {FrameType.CONNECTION, FrameType.CHECK_TRANSACTION, FrameType.AUTH}
+        missing -= {FrameType.CONNECTION, FrameType.AUTH}
+        missing -= {FrameType.CHECK_TRANSACTION, FrameType.CONSUMER_IDS_CHANGED}
         if missing:
             raise RuntimeError(f"frame types without a handler: {sorted(missing)}")
         return table
@@ -285,6 +290,8 @@ class Handlers:
         request = ConsumerHeartbeatRequest.FromString(frame.header)
         if request.mode not in _MODES:
             raise InvalidMessage(f"unknown consume mode {request.mode}")
+        if request.notify_member_changes and self._notices is not None and not request.leaving:
+            self._notices.listen(responder)
         members = self._groups.heartbeat(
             request.consumer_group,
             request.client_id,

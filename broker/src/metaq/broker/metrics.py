@@ -247,6 +247,7 @@ class BrokerState:
     role: GroupRole
     delays: DelayScheduler
     transactions: Transactions
+    member_notices_sent: Callable[[], int] = lambda: 0
 
 
 class _StateCollector:
@@ -269,6 +270,12 @@ class _StateCollector:
         woken = CounterMetricFamily("metaq_long_polls_woken", "Parked PULLs woken by new messages")
         woken.add_metric([], state.long_polls_woken())
         yield woken
+        notices = CounterMetricFamily(
+            "metaq_consumer_change_notices",
+            "CONSUMER_IDS_CHANGED notices sent to consumers when their group's members changed",
+        )
+        notices.add_metric([], state.member_notices_sent())
+        yield notices
         yield _gauge(
             "metaq_dispatch_backlog_bytes",
             "Commitlog bytes not yet dispatched to consume queues",

@@ -33,6 +33,7 @@ from metaq.broker.http import HttpContext, HttpServer
 from metaq.broker.idle_poll import IdlePoll
 from metaq.broker.journal import Journal, JournalService
 from metaq.broker.limits import raise_nofile_limit
+from metaq.broker.member_notices import MemberChangeNotices
 from metaq.broker.metrics import BrokerMetrics, BrokerState
 from metaq.broker.offset_forward import OffsetForwarder
 from metaq.broker.offsets import ConsumerOffsets, OffsetSnapshotService
@@ -101,6 +102,7 @@ class Broker:
         self.offsets: ConsumerOffsets | None = None
         self.store: MessageStore | None = None
         self.group_role: GroupRole | None = None
+        self.member_notices: MemberChangeNotices | None = None
         self.delays: DelayScheduler | None = None
         self.transactions: Transactions | None = None
         self.registrar: Registrar | None = None
@@ -223,13 +225,15 @@ class Broker:
         )  # fmt: skip
         self.store.dispatcher.listeners.append(self._pull.long_polls.on_dispatch)
         forwarder = OffsetForwarder(self.offsets, role, config.journal_interval_ms / 1e3)
+        self.member_notices = MemberChangeNotices(self.groups)
         handlers = Handlers(
             self.store, self.topics, self.offsets, self.groups, self._send, self._pull,
-            self.group_role, journal, self.transactions, forwarder,
+            self.group_role, journal, self.transactions, forwarder, self.member_notices,
         )  # fmt: skip
         self._handlers.update(handlers.table())
         self._handlers[FrameType.AUTH] = user_gate.handle
         pull = self._pull
+        notices = self.member_notices
         self.metrics.watch(
             BrokerState(
                 self.store,
@@ -241,6 +245,7 @@ class Broker:
                 self.group_role,
                 self.delays,
                 self.transactions,
+                lambda: notices.sent,
             )
         )
 
@@ -292,6 +297,8 @@ class Broker:
 
     def _connection_lost(self, connection_id: int) -> None:
         self.groups.drop_connection(connection_id)
+        if self.member_notices is not None:
+            self.member_notices.connection_lost(connection_id)
         if self.user_gate is not None:
             self.user_gate.connection_lost(connection_id)
         if self.group_role is not None:
@@ -332,6 +339,8 @@ class Broker:
             self._pull.cold_reads.close()
         if self._data is not None:
             await self._data.close_connections(grace_s)
+        if self.member_notices is not None:
+            self.member_notices.close()
         if self._http is not None:
             await self._http.stop()
         for service in reversed(self._services):

@@ -538,11 +538,22 @@ class ConnectionPool:
         self.tls = tls
         """Set: brokers are dialled over TLS (see :mod:`metaq.common.tls`)."""
         self._ssl = tls.client_context() if tls is not None else None
-        self.on_request: RequestHook | None = None
-        """Given to every connection: what to do with requests brokers send."""
+        self._on_request: RequestHook | None = None
         self._connections: dict[str, BrokerConnection] = {}
         self._opening: dict[str, asyncio.Future[BrokerConnection]] = {}
         self._closed = False
+
+    @property
+    def on_request(self) -> RequestHook | None:
+        """Given to every connection: what to do with requests brokers send."""
+        return self._on_request
+
+    @on_request.setter
+    def on_request(self, hook: RequestHook | None) -> None:
+        # Connections opened before the hook was set take it too.
+        self._on_request = hook
+        for connection in self._connections.values():
+            connection.on_request = hook
 
     def peek(self, address: str) -> BrokerConnection | None:
         """The open connection to ``address``, if there is one, without connecting."""

@@ -6,6 +6,10 @@ answer lists the group's live members sorted by client id. The union of the answ
 (:func:`~metaq.client.rebalance.merge_members`) is the member list the consumer
 rebalances over; when it differs from the last one, ``on_change`` is called so the
 consumer rebalances at once instead of at its next periodic round.
+
+The heartbeats ask brokers for CONSUMER_IDS_CHANGED notices: a broker sends one when a
+member joins, leaves, expires or loses its connection, and the consumer heartbeats at
+once on it, so it learns of the change within a round trip rather than an interval.
 """
 
 from __future__ import annotations
@@ -14,15 +18,19 @@ import asyncio
 import logging
 from collections.abc import Callable, Sequence
 
-from metaq.client.connection import ConnectionPool
+from metaq.client.connection import BrokerConnection, ConnectionPool
 from metaq.client.consume_options import ConsumeMode
 from metaq.client.errors import UnknownTopic
 from metaq.client.rebalance import Member, merge_members
 from metaq.client.routes import RouteCache
 from metaq.client.tags import TagFilter
-from metaq.common.framing import FrameType
+from metaq.common.framing import Frame, FrameType
 from metaq.common.service import PeriodicService
-from metaq.common.v1.data_pb2 import ConsumerHeartbeatRequest, ConsumerHeartbeatResponse
+from metaq.common.v1.data_pb2 import (
+    ConsumerHeartbeatRequest,
+    ConsumerHeartbeatResponse,
+    ConsumerIdsChangedNotice,
+)
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +70,22 @@ class GroupMembership(PeriodicService):
         self.subscriptions: dict[str, TagFilter] = {}
         self.members: tuple[Member, ...] = ()
         """The group's members as last learnt; empty until a broker answered."""
+        self.notices = 0
+        """CONSUMER_IDS_CHANGED notices taken."""
+        self._other_requests = connections.on_request
+        connections.on_request = self._on_request
+
+    def _on_request(self, connection: BrokerConnection, frame: Frame) -> None:
+        if frame.type is not FrameType.CONSUMER_IDS_CHANGED:
+            if self._other_requests is not None:
+                self._other_requests(connection, frame)
+            return
+        if ConsumerIdsChangedNotice.FromString(frame.header).consumer_group != self.group:
+            return
+        self.notices += 1
+        # Heartbeat now rather than at the end of the interval: the answer has the
+        # members, and a different list wakes the rebalance.
+        self.wakeup()
 
     async def run_once(self) -> None:
         await self.heartbeat()
@@ -85,6 +109,7 @@ class GroupMembership(PeriodicService):
             computer_room=self.computer_room,
             mode=_MODES[self.mode],
             leaving=leaving,
+            notify_member_changes=True,
         )
         for topic, tags in sorted(self.subscriptions.items()):
             request.subscriptions.add(topic=topic, tag_expression=tags.expression)

@@ -72,12 +72,15 @@ class FrameType(enum.IntEnum):
     """A transactional producer commits or rolls back a half message."""
     CHECK_TRANSACTION = 9
     """The broker asks a producer (one-way) how a half message's transaction ended."""
-    # 10-15: further client operations; 16-31: replication (master <-> slave).
+    AUTH = 10
+    """A client proves a user's key, once per connection (``metaq.common.frame_auth``)."""
+    CONSUMER_IDS_CHANGED = 11
+    """The broker tells a consumer (one-way) that its group's members changed; only sent
+    to a consumer whose heartbeat asked for it."""
+    # 12-15: further client operations; 16-31: replication (master <-> slave).
     REPLICA_FETCH = 16
     """A slave asks its master for the log from where its own ends, reporting how far it
     holds it."""
-    AUTH = 10
-    """A client proves a user's key, once per connection (``metaq.common.frame_auth``)."""
     REPLICA_AUTH = 17
     """Slave and master prove the cluster secret to each other, once per connection."""
 

@@ -22,6 +22,7 @@ Which header a frame carries follows from its type and flags:
   LOCK_QUEUES         LockQueuesRequest          LockQueuesResponse         ErrorResponse
   END_TRANSACTION     EndTransactionRequest      EndTransactionResponse     ErrorResponse
   CHECK_TRANSACTION   CheckTransactionRequest    (none: one-way, broker to producer)
+  CONSUMER_IDS_CHANGED ConsumerIdsChangedNotice  (none: one-way, broker to consumer)
   REPLICA_FETCH       ReplicaFetchRequest        ReplicaFetchResponse       ErrorResponse
   REPLICA_AUTH        ReplicaAuthRequest         ReplicaAuthResponse        ErrorResponse
   AUTH                AuthRequest                AuthResponse               ErrorResponse
@@ -573,6 +574,7 @@ class ConsumerHeartbeatRequest(_message.Message):
     SUBSCRIPTIONS_FIELD_NUMBER: _builtins.int
     MODE_FIELD_NUMBER: _builtins.int
     LEAVING_FIELD_NUMBER: _builtins.int
+    NOTIFY_MEMBER_CHANGES_FIELD_NUMBER: _builtins.int
     consumer_group: _builtins.str
     client_id: _builtins.str
     """Unique per consumer instance (e.g. host@pid); the order members are listed in."""
@@ -581,6 +583,10 @@ class ConsumerHeartbeatRequest(_message.Message):
     mode: Global___ConsumerHeartbeatRequest.Mode.ValueType
     leaving: _builtins.bool
     """A consumer shutting down cleanly: drop it from the group now, not after the timeout."""
+    notify_member_changes: _builtins.bool
+    """The consumer takes CONSUMER_IDS_CHANGED notices on this connection. A client that
+    does not set it is never sent one: its framing would refuse the unknown frame type.
+    """
     @_builtins.property
     def subscriptions(self) -> _containers.RepeatedCompositeFieldContainer[Global___Subscription]: ...
     def __init__(
@@ -592,10 +598,11 @@ class ConsumerHeartbeatRequest(_message.Message):
         subscriptions: _abc.Iterable[Global___Subscription] | None = ...,
         mode: Global___ConsumerHeartbeatRequest.Mode.ValueType = ...,
         leaving: _builtins.bool = ...,
+        notify_member_changes: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "computer_room", b"computer_room", "consumer_group", b"consumer_group", "leaving", b"leaving", "mode", b"mode", "subscriptions", b"subscriptions"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "computer_room", b"computer_room", "consumer_group", b"consumer_group", "leaving", b"leaving", "mode", b"mode", "notify_member_changes", b"notify_member_changes", "subscriptions", b"subscriptions"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1242,3 +1249,29 @@ class CheckTransactionRequest(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CheckTransactionRequest: _TypeAlias = CheckTransactionRequest  # noqa: Y015
+
+@_typing.final
+class ConsumerIdsChangedNotice(_message.Message):
+    """CONSUMER_IDS_CHANGED: sent one-way by the broker to the members of a consumer group
+    (those whose heartbeat set notify_member_changes) when a member joined, left, expired
+    or lost its connection; at most one per group per coalescing window. No payload. The
+    consumer heartbeats at once to learn the members and rebalances (RocketMQ's
+    NOTIFY_CONSUMER_IDS_CHANGED).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONSUMER_GROUP_FIELD_NUMBER: _builtins.int
+    consumer_group: _builtins.str
+    def __init__(
+        self,
+        *,
+        consumer_group: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["consumer_group", b"consumer_group"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ConsumerIdsChangedNotice: _TypeAlias = ConsumerIdsChangedNotice  # noqa: Y015
