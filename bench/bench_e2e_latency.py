@@ -40,6 +40,7 @@ from metaq.client.consumer import LAST, Message, PushConsumer
 from metaq.client.producer import Producer
 from metaq.client.routes import RouteCache
 from metaq.common.tls import TlsConfig
+from metaq.common.users import Credentials
 from metaq.nameserver.testing import start_nameserver
 
 TOPIC = "BenchE2ELatency"
@@ -66,10 +67,14 @@ async def _wait_routed(nameserver: str, queues: int, tls: TlsConfig | None = Non
 async def measure(
     nameserver: str, http_url: str, *, rate: float, seconds: float, warmup_s: float, size: int,
     queues: int, gc_freeze: bool = True, tls: TlsConfig | None = None,
+    credentials: Credentials | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Run the measurement against a running nameserver and broker (over TLS with
-    ``tls``); the figures."""
-    await put_topic(http_url, TOPIC, read_queues=queues, write_queues=queues, tls=tls)
+    ``tls``; the topic made as ``credentials``' user when auth is on, the clients finding
+    theirs in the environment); the figures."""
+    await put_topic(
+        http_url, TOPIC, read_queues=queues, write_queues=queues, credentials=credentials, tls=tls
+    )
     await _wait_routed(nameserver, queues, tls)
     run = OpenLoop(rate, seconds, size, warmup_s=warmup_s, drain_timeout_s=30.0,
                    gc_freeze=gc_freeze)  # fmt: skip

@@ -103,7 +103,7 @@ class Metaq:
     async def end_to_end(self, size: int, rate: float, seconds: float) -> EndToEnd:
         figures = await measure_e2e(
             self.nameserver, self.http_url, rate=rate, seconds=seconds, warmup_s=1.0,
-            size=size, queues=QUEUES, tls=self.tls,
+            size=size, queues=QUEUES, tls=self.tls, credentials=self.admin,
         )  # fmt: skip
         return EndToEnd(
             offered_msgs_s=figures["sent_msgs_per_s"],
