@@ -90,7 +90,7 @@ def test_a_batch_read_while_the_master_is_down_returns_every_acknowledged_messag
         pulled_from_slave = sum(
             value
             for (name, labels), value in run_async(scrape(slave.http_url)).items()
-            if name == "metaq_messages_pulled_total" and ("topic", rg.TOPIC) in labels
+            if name == "metaq_messages_out_total" and ("topic", rg.TOPIC) in labels
         )
     finally:
         group.stop()
