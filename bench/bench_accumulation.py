@@ -65,6 +65,7 @@ from accumulation_fill import (
     roles,
 )
 from accumulation_roles import ANSWER_WAIT_S
+from compare_report import strict_json
 from metaq_load import wait_routed
 from metaq_system import QUEUES, single_broker
 from peer_servers import ServerProcess, running, start_nats, start_rabbitmq, start_redis
@@ -403,17 +404,6 @@ def headline(warm: dict[str, Any], cold_figures: dict[str, Any] | None) -> dict[
     return figures
 
 
-def _clean(value: Any) -> Any:
-    """NaN as null, so the line is strict JSON."""
-    if isinstance(value, float) and math.isnan(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_clean(v) for v in value]
-    return value
-
-
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -468,7 +458,7 @@ def main(argv: list[str]) -> None:
     finally:
         shutil.rmtree(work, ignore_errors=True)  # tens of gigabytes in the cold phase
 
-    figures = _clean(
+    figures = strict_json(
         {
             **headline(warm, cold_figures),
             "measured_at": when,

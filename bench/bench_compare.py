@@ -34,7 +34,6 @@ import argparse
 import asyncio
 import datetime
 import json
-import math
 import os
 import shutil
 import signal
@@ -60,6 +59,7 @@ from compare_report import (
     ratio_to_plain,
     ratios,
     raw,
+    strict_json,
     sync_ratios,
     targets_met,
 )
@@ -226,17 +226,6 @@ def _info(system: System) -> SystemInfo:
     return SystemInfo(system.key, system.label, system.durability, system.in_flight_how)
 
 
-def _clean(value: Any) -> Any:
-    """NaN as null, so the file is strict JSON."""
-    if isinstance(value, float) and math.isnan(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_clean(v) for v in value]
-    return value
-
-
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -307,7 +296,7 @@ def main(argv: list[str]) -> None:
     table = markdown(cells, ordered, SIZES, args.rate, headline, when)
     (args.out / "compare.md").write_text(table)
     chart(cells, ordered, SIZES, args.out / "compare.png")
-    figures = _clean(
+    figures = strict_json(
         {
             **headline,
             "measured_at": when,

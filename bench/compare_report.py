@@ -364,3 +364,14 @@ def raw(cells: Sequence[Cell], systems: Sequence[SystemInfo]) -> dict[str, Any]:
         "cells": [asdict(cell) for cell in cells],
         "systems": {s.key: asdict(s) for s in systems},
     }
+
+
+def strict_json(value: Any) -> Any:
+    """``value`` with every NaN as None, so what json.dumps writes is strict JSON."""
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {k: strict_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [strict_json(v) for v in value]
+    return value
