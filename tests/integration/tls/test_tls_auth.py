@@ -10,15 +10,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from failover_path import produce_fail_over_and_read, role
 from tls_certs import Pki
 
 from metaq.broker.testing import BrokerProcess
 from metaq.broker.testing.admin import http_json
 from metaq.client.connection import BrokerConnection
 from metaq.client.errors import ConnectionLost
-from metaq.client.producer import Producer
-from metaq.client.pull_consumer import PullConsumer, PullStatus
-from metaq.client.results import SendStatus
 from metaq.client.user_calls import UserSigningInterceptor
 from metaq.common import acl
 from metaq.common.acl import Acl, Grant, User
@@ -63,29 +61,6 @@ def nameserver(pki: Pki, tmp_path: Path, acl_file: Path) -> Iterator[NameServerP
         server.stop()
 
 
-async def send_all(nameservers: list[str], tls: TlsConfig, bodies: list[bytes]) -> None:
-    async with Producer(
-        nameservers, tls=tls, credentials=APP, send_timeout_s=3.0, retries=5
-    ) as producer:
-        for body in bodies:
-            result = await producer.send(TOPIC, body)
-            assert result.status is SendStatus.OK, result
-
-
-async def read_all(nameservers: list[str], tls: TlsConfig) -> list[bytes]:
-    bodies: list[bytes] = []
-    async with PullConsumer(nameservers, "readers", tls=tls, credentials=APP) as consumer:
-        for queue in await consumer.queues(TOPIC, refresh=True):
-            offset = 0
-            while True:
-                found = await consumer.pull(TOPIC, queue, offset, max_messages=256)
-                if found.status is not PullStatus.FOUND:
-                    break
-                bodies += [bytes(m.body) for m in found.messages]
-                offset = found.next_offset
-    return bodies
-
-
 async def controller_in_sync(address: str, tls: TlsConfig) -> list[int]:
     signing = [UserSigningInterceptor(ADMIN)]
     async with grpc_channel(address, tls, interceptors=signing) as channel:
@@ -93,11 +68,6 @@ async def controller_in_sync(address: str, tls: TlsConfig) -> list[int]:
             pb.GetControllerStateRequest(), timeout=5
         )
     return sorted(g.in_sync_ids for g in state.groups if g.broker_name == GROUP)[0] or []
-
-
-def role(broker: BrokerProcess) -> str | None:
-    state = broker.health()
-    return None if state is None else str(state["role"])
 
 
 def test_a_user_produces_and_consumes_through_failover_with_tls_and_auth_on(
@@ -142,20 +112,9 @@ def test_a_user_produces_and_consumes_through_failover_with_tls_and_auth_on(
             poll_s=0.2,
         )  # fmt: skip
 
-        first = [b"before-%03d" % n for n in range(100)]
-        run_async(send_all(names, tls, first))
-        wait_until(
-            lambda: (brokers[1].health() or {}).get("commitlog_write_offset")
-            == (brokers[0].health() or {}).get("commitlog_write_offset"),
-            20, "the slave caught up with the master", poll_s=0.1,
-        )  # fmt: skip
-        assert sorted(run_async(read_all(names, tls))) == sorted(first)
-
-        brokers[0].kill()
-        wait_until(lambda: role(brokers[1]) == "master", 30, "the slave was promoted", poll_s=0.2)
-        after = [b"after-%03d" % n for n in range(50)]
-        run_async(send_all(names, tls, after), timeout_s=60)
-        assert sorted(run_async(read_all(names, tls))) == sorted(first + after)
+        produce_fail_over_and_read(
+            names, TOPIC, "readers", tls, brokers[0], brokers[1], 100, 50, APP
+        )
     finally:
         for broker in brokers.values():
             broker.kill()

@@ -14,14 +14,12 @@ from typing import Any
 
 import aiohttp
 import pytest
+from failover_path import produce_fail_over_and_read, role
 from tls_certs import Pki
 
 from metaq.broker.testing import BrokerProcess
 from metaq.client.connection import BrokerConnection
 from metaq.client.errors import ConnectionLost, NoNameServer
-from metaq.client.producer import Producer
-from metaq.client.pull_consumer import PullConsumer, PullStatus
-from metaq.client.results import SendStatus
 from metaq.client.routes import RouteCache
 from metaq.common.framing import FrameType
 from metaq.common.testing import run_async, wait_until
@@ -60,11 +58,6 @@ def start_broker(
     )  # fmt: skip
 
 
-def role(broker: BrokerProcess) -> str | None:
-    state = broker.health()
-    return None if state is None else str(state["role"])
-
-
 async def put_topic(broker: BrokerProcess, tls: TlsConfig) -> None:
     url = f"{broker.http_url}/topics/{TOPIC}"
     body = {"read_queues": QUEUES, "write_queues": QUEUES, "perm": "read-write"}
@@ -81,27 +74,6 @@ async def controller_in_sync(address: str, tls: TlsConfig) -> list[int]:
             pb.GetControllerStateRequest(), timeout=5
         )
     return sorted(g.in_sync_ids for g in state.groups if g.broker_name == GROUP)[0] or []
-
-
-async def send_all(nameservers: list[str], tls: TlsConfig, bodies: list[bytes]) -> None:
-    async with Producer(nameservers, tls=tls, send_timeout_s=3.0, retries=5) as producer:
-        for body in bodies:
-            result = await producer.send(TOPIC, body)
-            assert result.status is SendStatus.OK, result
-
-
-async def read_all(nameservers: list[str], tls: TlsConfig) -> list[bytes]:
-    bodies: list[bytes] = []
-    async with PullConsumer(nameservers, "tls-readers", tls=tls) as consumer:
-        for queue in await consumer.queues(TOPIC, refresh=True):
-            offset = 0
-            while True:
-                found = await consumer.pull(TOPIC, queue, offset, max_messages=256)
-                if found.status is not PullStatus.FOUND:
-                    break
-                bodies += [bytes(m.body) for m in found.messages]
-                offset = found.next_offset
-    return bodies
 
 
 def https_get(url: str, context: ssl.SSLContext | None) -> Any:
@@ -130,21 +102,9 @@ def test_produce_consume_and_failover_with_tls_on_every_listener(
             30, "the controller has both brokers in sync", poll_s=0.2,
         )  # fmt: skip
 
-        first = [b"before-%04d" % n for n in range(200)]
-        run_async(send_all(names, tls, first))
-        # Replication: the slave fetched the log over TLS (with its client certificate).
-        wait_until(
-            lambda: (brokers[1].health() or {}).get("commitlog_write_offset")
-            == (brokers[0].health() or {}).get("commitlog_write_offset"),
-            20, "the slave caught up with the master", poll_s=0.1,
-        )  # fmt: skip
-        assert sorted(run_async(read_all(names, tls))) == sorted(first)
-
-        brokers[0].kill()
-        wait_until(lambda: role(brokers[1]) == "master", 30, "the slave was promoted", poll_s=0.2)
-        after = [b"after-%04d" % n for n in range(100)]
-        run_async(send_all(names, tls, after), timeout_s=60)
-        assert sorted(run_async(read_all(names, tls))) == sorted(first + after)
+        produce_fail_over_and_read(
+            names, TOPIC, "tls-readers", tls, brokers[0], brokers[1], 200, 100
+        )
     finally:
         for broker in brokers.values():
             broker.kill()
