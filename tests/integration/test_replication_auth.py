@@ -153,6 +153,31 @@ def test_an_unauthenticated_fetch_does_not_hold_back_consumers(tmp_path: Path) -
 # --- a forged master ---------------------------------------------------------------------
 
 
+def _held_by_both(master: BrokerProcess, slave: BrokerProcess) -> tuple[list[bytes], int]:
+    """Five messages sent to queue 0 of the master and held by its slave too; their
+    bodies and the master's log end."""
+    bodies = [b"acked-%d" % n for n in range(5)]
+
+    async def produce() -> None:
+        await put_topic(master.http_url, TOPIC, read_queues=1, write_queues=1)
+        client = await DataClient.connect(master.data_host, master.data_port)
+        try:
+            for body in bodies:
+                sent = await client.send(TOPIC, 0, [encode(TOPIC, body, queue_id=0)])
+                assert sent.status == SendResponse.OK
+        finally:
+            await client.close()
+
+    run_async(produce())
+    end = int(health(master)["commitlog_write_offset"])
+    wait_until(
+        lambda: health(slave)["commitlog_write_offset"] == end,
+        20,
+        "the slave holds the master's whole log",
+    )
+    return bodies, end
+
+
 def _newer_epoch(frame_type: FrameType, header: bytes) -> bytes | None:
     """Tells any fetch that the group moved on to a new epoch with an empty log."""
     if frame_type is not FrameType.REPLICA_FETCH:
@@ -175,25 +200,7 @@ def test_a_slave_cuts_nothing_for_a_master_that_cannot_prove_the_secret(tmp_path
         brokers.append(master)
         slave = BrokerProcess.start(tmp_path / "slave", *common, "--broker-id", "1")
         brokers.append(slave)
-        bodies = [b"acked-%d" % n for n in range(5)]
-
-        async def produce() -> None:
-            await put_topic(master.http_url, TOPIC, read_queues=1, write_queues=1)
-            client = await DataClient.connect(master.data_host, master.data_port)
-            try:
-                for body in bodies:
-                    sent = await client.send(TOPIC, 0, [encode(TOPIC, body, queue_id=0)])
-                    assert sent.status == SendResponse.OK
-            finally:
-                await client.close()
-
-        run_async(produce())
-        end = health(master)["commitlog_write_offset"]
-        wait_until(
-            lambda: health(slave)["commitlog_write_offset"] == end,
-            20,
-            "the slave holds the master's whole log",
-        )
+        bodies, end = _held_by_both(master, slave)
         master.kill()
 
         async def impersonate() -> list[FrameType]:
@@ -299,25 +306,7 @@ def test_a_slave_refuses_a_masters_proof_relayed_from_another_address(tmp_path: 
         # A real master of the same group, with the secret and an empty log, elsewhere.
         other = BrokerProcess.start(tmp_path / "other", "--broker-name", GROUP)
         brokers.append(other)
-        bodies = [b"acked-%d" % n for n in range(5)]
-
-        async def produce() -> None:
-            await put_topic(master.http_url, TOPIC, read_queues=1, write_queues=1)
-            client = await DataClient.connect(master.data_host, master.data_port)
-            try:
-                for body in bodies:
-                    sent = await client.send(TOPIC, 0, [encode(TOPIC, body, queue_id=0)])
-                    assert sent.status == SendResponse.OK
-            finally:
-                await client.close()
-
-        run_async(produce())
-        end = health(master)["commitlog_write_offset"]
-        wait_until(
-            lambda: health(slave)["commitlog_write_offset"] == end,
-            20,
-            "the slave holds the master's whole log",
-        )
+        bodies, end = _held_by_both(master, slave)
         master.kill()
         stale = f"{master.data_host}:{master.data_port}"
         other_address = f"{other.data_host}:{other.data_port}"
