@@ -260,8 +260,13 @@ def test_prometheus_sees_the_backlog_and_the_in_sync_set_shrink_when_the_slave_d
     assert age is not None and 0 < age < 120
     in_sync = f'metaq_in_sync_replicas{{instance="{master}"}}'
     controller = f'metaq_controller_in_sync_replicas{{broker_group="{GROUP}"}}'
-    assert prometheus.value(in_sync) == 2
-    assert prometheus.value(controller) == 2
+    # The nameserver is scraped on its own schedule: its first sample may not be in yet.
+    wait_until(
+        lambda: prometheus.value(in_sync) == 2 and prometheus.value(controller) == 2,
+        15,
+        "prometheus sees both replicas in sync, at the master and at the controller",
+        poll_s=0.2,
+    )
 
     cluster.slave.kill()
     wait_until(
