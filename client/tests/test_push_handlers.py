@@ -220,3 +220,62 @@ def test_a_call_submitted_as_the_last_worker_ends_is_still_run() -> None:
         assert queue.offsets.commit_offset == 2
 
     asyncio.run(scenario())
+
+
+def test_a_pulls_messages_run_concurrently_and_a_failing_one_is_retried_alone() -> None:
+    """submit_each: one run per pull, yet each message is its own handler call."""
+
+    async def scenario() -> None:
+        stats = ConsumeStats()
+        pool = HandlerPool(4, max_attempts=3, retry_backoff_s=0.001, stats=stats)
+        queue = _queue()
+        messages = _messages(queue, 10)
+        release = asyncio.Event()
+        running = peak = 0
+        calls: list[int] = []
+
+        async def handler(message: Message) -> None:
+            nonlocal running, peak
+            calls.append(message.queue_offset)
+            running += 1
+            peak = max(peak, running)
+            try:
+                await release.wait()
+                if message.queue_offset == 3 and calls.count(3) < 3:
+                    raise RuntimeError("flaky")
+            finally:
+                running -= 1
+
+        pool.submit_each(queue, messages, handler)
+        assert pool.running == 10
+        while running < 4:
+            await asyncio.sleep(0)
+        assert peak == 4, "the pool's concurrency bounds a run's messages too"
+        assert queue.commit_due() == 0, "nothing finished yet: the commit stays at 0"
+        release.set()
+        assert await pool.drain(5) == 0
+        assert sorted(set(calls)) == list(range(10))
+        assert calls.count(3) == 3 and len(calls) == 12
+        assert (stats.handled, stats.failed_attempts, stats.skipped) == (10, 2, 0)
+        assert queue.commit_due() == 10
+
+    asyncio.run(scenario())
+
+
+def test_a_run_cancelled_at_close_leaves_its_untaken_messages_uncommitted() -> None:
+    async def scenario() -> None:
+        pool = HandlerPool(1, max_attempts=1, retry_backoff_s=0, stats=ConsumeStats())
+        queue = _queue()
+        messages = _messages(queue, 3)
+        never = asyncio.Event()
+
+        async def handler(message: Message) -> None:
+            if message.queue_offset == 1:
+                await never.wait()
+
+        pool.submit_each(queue, messages, handler)
+        assert await pool.drain(0.05) == 2, "the hung call and the one never started"
+        assert queue.offsets.commit_offset == 1
+        assert pool.running == 0
+
+    asyncio.run(scenario())

@@ -1,7 +1,9 @@
 """Running a push consumer's handlers: bounded concurrency, bounded retries, offsets finished.
 
 Each message (or batch, for ``subscribe_batch``) a pull loop hands over becomes one call
-in a FIFO that at most ``concurrency`` worker tasks take from; a call whose handler
+in a FIFO that at most ``concurrency`` worker tasks take from (a pull's messages for a
+one-message handler enter the FIFO as one run, which the workers take message by
+message: no object per message until its handler fails); a call whose handler
 raises is queued again after a back-off (no worker waits meanwhile, so a failing
 message never holds up the others) up to ``max_attempts`` calls in all. Then — success
 or not — the messages are marked finished in their queue, which lets the committed
@@ -86,6 +88,20 @@ class _Call:
     """While backing off: what queues the call again."""
 
 
+@dataclass(slots=True, eq=False)
+class _Run:
+    """A pull's messages for a one-message handler, taken one by one by the workers.
+
+    Several workers may take from one run at once, so ``concurrency`` still bounds the
+    handlers running, not the pulls being worked on."""
+
+    queue: ProcessQueue[Any]
+    messages: Sequence[Message]
+    handler: Callable[[Message], Awaitable[object]]
+    next: int = 0
+    """Index of the next message no worker has taken yet."""
+
+
 class HandlerPool:
     """Runs handler calls on at most ``concurrency`` worker tasks.
 
@@ -108,7 +124,9 @@ class HandlerPool:
         self._max_attempts = max_attempts
         self._retry_backoff_s = retry_backoff_s
         self._stats = stats
-        self._ready: deque[_Call] = deque()
+        self._ready: deque[_Call | _Run] = deque()
+        self._queued = 0
+        """Handler calls in ``_ready`` no worker took yet (a run counts each message)."""
         self._workers: set[asyncio.Task[None]] = set()
         self._busy = 0
         """Calls a worker took and has not finished."""
@@ -119,7 +137,7 @@ class HandlerPool:
     @property
     def running(self) -> int:
         """Handler calls not finished yet (running, waiting for a worker or backing off)."""
-        return len(self._ready) + self._busy + len(self._backing_off)
+        return self._queued + self._busy + len(self._backing_off)
 
     def submit(
         self,
@@ -130,11 +148,29 @@ class HandlerPool:
         """Run ``call`` for ``messages`` of ``queue``, which are already in its in-flight set."""
         self._enqueue(_Call(queue, messages, call))
 
+    def submit_each(
+        self,
+        queue: ProcessQueue[Any],
+        messages: Sequence[Message],
+        handler: Callable[[Message], Awaitable[object]],
+    ) -> None:
+        """Call ``handler(message)`` for each of ``messages`` of ``queue`` (already in its
+        in-flight set), each call on its own like :meth:`submit`'s."""
+        if messages:
+            self._ready.append(_Run(queue, messages, handler))
+            self._queued += len(messages)
+            self._more_work()
+
     def _enqueue(self, item: _Call) -> None:
         self._ready.append(item)
+        self._queued += 1
+        self._more_work()
+
+    def _more_work(self) -> None:
         self._idle.clear()
-        if len(self._workers) < self._concurrency and len(self._ready) > self._waiting_workers:
-            self._workers.add(asyncio.get_running_loop().create_task(self._work()))
+        workers = self._workers
+        while len(workers) < self._concurrency and self._queued > self._waiting_workers:
+            workers.add(asyncio.get_running_loop().create_task(self._work()))
 
     @property
     def _waiting_workers(self) -> int:
@@ -147,12 +183,36 @@ class HandlerPool:
 
     async def _work(self) -> None:
         ready = self._ready
+        stats = self._stats
         try:
             while ready:
-                item = ready.popleft()
+                item = ready[0]
+                self._queued -= 1
                 self._busy += 1
                 try:
-                    await self._attempt(item)
+                    if type(item) is _Call:
+                        ready.popleft()
+                        await self._attempt(item)
+                        continue
+                    # A run's message, called here rather than through a _Call: a
+                    # drain hands out hundreds of thousands a second.
+                    assert isinstance(item, _Run)
+                    index = item.next
+                    item.next = index + 1
+                    if index + 1 == len(item.messages):
+                        ready.popleft()
+                    message = item.messages[index]
+                    try:
+                        if await item.handler(message) is LATER:
+                            raise ReconsumeLater("the handler asked to see the message later")
+                    except Exception as exc:
+                        stats.failed_attempts += 1
+                        call = _Call(item.queue, (message,), _bind(item.handler, message), 1)
+                        if await self._failed(call, exc):
+                            item.queue.finish(message.queue_offset)
+                    else:
+                        stats.handled += 1
+                        item.queue.finish(message.queue_offset)
                 finally:
                     # Cancelled (close after its timeout): its messages stay unfinished.
                     self._busy -= 1
@@ -230,6 +290,7 @@ class HandlerPool:
         unfinished = self.running
         self._backing_off.clear()
         self._ready.clear()
+        self._queued = 0
         workers = list(self._workers)
         for task in workers:
             task.cancel()
@@ -241,6 +302,12 @@ class HandlerPool:
             )
         self._idle.set()
         return unfinished
+
+
+def _bind(
+    handler: Callable[[Message], Awaitable[object]], message: Message
+) -> Callable[[], Awaitable[object]]:
+    return lambda: handler(message)
 
 
 def _describe(queue: ProcessQueue[Any], messages: Sequence[Message]) -> str:

@@ -710,9 +710,7 @@ class PushConsumer:
         self, queue: ProcessQueue[QueueRoute], sub: _Subscription, messages: list[Message]
     ) -> None:
         if sub.handler is not None:
-            handler = sub.handler
-            for message in messages:
-                self._handlers.submit(queue, (message,), _bind(handler, message))
+            self._handlers.submit_each(queue, messages, sub.handler)
             return
         assert sub.batch_handler is not None
         size = self.config.consume_batch_size
