@@ -23,6 +23,7 @@ from metaq.common.record import (
     crc_ok,
     decode,
     decode_properties,
+    decode_run,
     encode,
     encode_properties,
     iter_records,
@@ -122,6 +123,53 @@ def test_back_to_back_records_iterate_in_order(
         (m["topic"], m["body"], m["keys"], m["msg_id"]) for m, _ in batch
     ]
     assert sum(r.size for r in decoded) == len(run)
+
+
+@given(
+    batch=st.lists(st.tuples(messages(), stamps()), min_size=1, max_size=5),
+    verify=st.booleans(),
+)
+@settings(suppress_health_check=[HealthCheck.too_slow])
+def test_decode_run_gives_exactly_what_iter_records_gives(
+    batch: list[tuple[dict[str, object], tuple[int, int, int, bytes]]], verify: bool
+) -> None:
+    run = bytearray()
+    for message, stamp in batch:
+        run += stamp_and_seal(encode(**message), stamp)  # type: ignore[arg-type]
+
+    assert decode_run(Record, run, verify=verify) == list(iter_records(run, verify=verify))
+
+
+@given(
+    message=messages(),
+    patches=st.lists(st.tuples(st.integers(0, 10_000), st.binary(min_size=1, max_size=8))),
+    reseal=st.booleans(),
+    verify=st.booleans(),
+)
+def test_decode_run_refuses_a_mangled_run_as_decode_does(
+    message: dict[str, object],
+    patches: list[tuple[int, bytes]],
+    reseal: bool,
+    verify: bool,
+) -> None:
+    """Same records, or the same InvalidRecord (same words) at the first bad one."""
+    good = sealed(**message)  # type: ignore[arg-type]
+    buf = bytearray(good)
+    for at, raw in patches:
+        at %= len(buf)
+        buf[at : at + len(raw)] = raw[: len(buf) - at]
+    if reseal and len(buf) >= HEADER_SIZE:
+        seal(buf, 0, len(buf))
+    run = bytes(good) + bytes(buf)
+    try:
+        expected: list[Record] | str = list(iter_records(run, verify=verify))
+    except InvalidRecord as exc:
+        expected = str(exc)
+    try:
+        got: list[Record] | str = decode_run(Record, run, verify=verify)
+    except InvalidRecord as exc:
+        got = str(exc)
+    assert got == expected
 
 
 @given(message=messages())

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 
 from metaq.client.connection import ConnectionPool
-from metaq.client.message import Message, iter_messages
+from metaq.client.message import Message, decode_messages
 from metaq.client.routes import QueueRoute, RouteCache
 from metaq.client.tags import TagFilter
 from metaq.common.errors import ErrorCode, MetaqError
@@ -195,11 +195,11 @@ class PullConsumer:
         messages: list[Message] = []
         filtered = 0
         if raw.record_count:
-            for message in iter_messages(raw.payload):
-                if tag_filter.matches(message.tags):
-                    messages.append(message)
-                else:
-                    filtered += 1
+            messages = decode_messages(raw.payload)
+            if tag_filter.tags is not None:
+                decoded = len(messages)
+                messages = [m for m in messages if tag_filter.matches(m.tags)]
+                filtered = decoded - len(messages)
             if not messages and status is PullStatus.FOUND:
                 status = PullStatus.NO_MATCHED_MESSAGE
         return PullResult(

@@ -14,7 +14,7 @@ import re
 import struct
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Final, Protocol, TypeVar
+from typing import Final, NoReturn, Protocol, TypeVar
 
 # zlib-ng's CRC-32 (the same checksum as zlib's) runs about five times faster on a KiB,
 # and every consumer checks every record it receives.
@@ -270,6 +270,69 @@ def iter_built(
         built, size = _decode(build, view, at, verify)
         yield built
         at += size
+
+
+def decode_run(
+    build: RecordBuilder[T], buf: bytes | bytearray | memoryview, *, verify: bool = True
+) -> list[T]:
+    """:func:`iter_built` as a list, with :func:`_decode`'s checks inlined in one loop.
+
+    A consumer decodes every record it receives: a generator step, a call and a tuple
+    per record were a tenth of its CPU. The checks and errors are ``_decode``'s.
+    """
+    view = memoryview(buf)
+    end = len(view)
+    unpack = HEADER.unpack_from
+    built: list[T] = []
+    append = built.append
+    at = 0
+    while at < end:
+        if end - at < HEADER_SIZE:
+            _reject(build, view, at, verify)
+        (
+            total, magic, crc, flags, cl_off, q_off, store_ts, store_host, queue_id, reconsume,
+            born_ts, msg_id, born_host, topic_len, tags_len, keys_len, props_len, body_len,
+        ) = unpack(view, at)  # fmt: skip
+        props_end = at + HEADER_SIZE + topic_len + tags_len + keys_len + props_len
+        record_end = at + total
+        if (
+            magic != MAGIC
+            or record_end != props_end + body_len
+            or record_end > end
+            or (verify and crc != crc32(view[at + CRC_START : record_end]))
+        ):
+            _reject(build, view, at, verify)
+        topic_end = at + HEADER_SIZE + topic_len
+        try:
+            topic = str(view[topic_end - topic_len : topic_end], "utf-8")
+            if tags_len or keys_len or props_len:
+                tags_end = topic_end + tags_len
+                keys_end = tags_end + keys_len
+                tags = str(view[topic_end:tags_end], "utf-8") if tags_len else ""
+                keys = (
+                    str(view[tags_end:keys_end], "utf-8").split(_KEY_SEPARATOR) if keys_len else ()
+                )
+                properties = decode_properties(bytes(view[keys_end:props_end])) if props_len else {}
+            else:
+                tags, keys, properties = "", (), {}
+        except UnicodeDecodeError as exc:
+            raise InvalidRecord(f"a text field of the record is not UTF-8: {exc}") from None
+        append(
+            build(
+                topic, bytes(view[props_end:record_end]), queue_id, tags, tuple(keys),
+                properties, flags, msg_id, born_ts, born_host, reconsume, cl_off, q_off,
+                store_ts, store_host, total,
+            )
+        )  # fmt: skip
+        at = record_end
+    return built
+
+
+def _reject(build: RecordBuilder[T], view: memoryview, at: int, verify: bool) -> NoReturn:
+    """Raise InvalidRecord saying what is wrong with the record at ``at``: the one
+    place that words those errors is :func:`_decode`."""
+    _decode(build, view, at, verify)
+    raise AssertionError(f"decode_run refused the record at byte {at}, which _decode takes")
 
 
 def _decode(build: RecordBuilder[T], view: memoryview, at: int, verify: bool) -> tuple[T, int]:
