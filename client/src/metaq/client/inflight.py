@@ -82,15 +82,19 @@ class InflightOffsets:
         ValueError if an offset is not above every offset added before, or
         ``next_offset`` does not lie past them.
         """
-        last = next(reversed(self._pending), -1)
+        pending = self._pending
+        last = next(reversed(pending), -1)
+        added = 0
         for offset, size in messages:
-            if offset <= last or offset < 0:
+            if offset <= last:  # last is at least -1: a negative offset fails here too
+                self._bytes += added
                 raise ValueError(
                     f"offset {offset} is not above the offsets already in flight (last {last})"
                 )
-            self._pending[offset] = size
-            self._bytes += size
+            pending[offset] = size
+            added += size
             last = offset
+        self._bytes += added
         if next_offset <= last:
             raise ValueError(f"next offset {next_offset} does not lie past offset {last}")
         self._position = next_offset

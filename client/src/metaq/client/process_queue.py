@@ -56,11 +56,18 @@ class ProcessQueue(Generic[R]):
 
     def finish(self, offset: int) -> None:
         """A handler is done with the message at ``offset`` (successfully or given up)."""
-        self.offsets.finish(offset)
-        if not self.full:
-            self._room.set()
-        if not self.offsets.count:
+        # Called once per message consumed: the checks are spelled out rather than
+        # going through ``full`` and setting events that are already set.
+        offsets = self.offsets
+        offsets.finish(offset)
+        count = offsets.count
+        if not count:
             self._idle.set()
+            self._room.set()
+        elif (
+            not self._room.is_set() and count < self.max_messages and offsets.bytes < self.max_bytes
+        ):
+            self._room.set()
 
     def reposition(self, offset: int) -> None:
         self.offsets.reposition(offset)
