@@ -488,6 +488,57 @@ def test_tag_filtered_subscriptions_get_only_their_tags(cluster: cc.Cluster) -> 
     run_async(scenario(), timeout_s=60)
 
 
+def test_a_backlog_drains_within_the_in_flight_limit_and_commits_its_end(
+    cluster: cc.Cluster,
+) -> None:
+    """A pull's messages go to the handlers as one run; the queue's in-flight limit
+    still stops the pulling while they are held, and every offset is committed after."""
+    topic, group = "Backlog", "group-backlog"
+    limit, batch, total = 40, 32, 300
+
+    async def scenario() -> None:
+        await cc.create_topic(cluster, topic, ["broker-b"], queues=1)
+        sender = cc.Sender(cluster)
+        sent = await sender.send(topic, [("broker-b", 0)], total)
+        release = asyncio.Event()
+        seen: list[str] = []
+
+        async def handle(message: Message) -> None:
+            seen.append(message.msg_id)
+            await release.wait()
+
+        consumer = PushConsumer(
+            cluster.nameservers, group, max_inflight_messages=limit, pull_batch_size=batch,
+            concurrency=4, **FAST,
+        )  # fmt: skip
+        consumer.subscribe(topic, handle)
+        key = (topic, "broker-b", 0)
+        try:
+            await consumer.start()
+            await cc.wait_for(
+                lambda: (q := consumer.queue_state(key)) is not None and q.full,
+                10,
+                "the queue holds its limit of unfinished messages",
+            )
+            queue = consumer.queue_state(key)
+            assert queue is not None
+            # Pulled only while under the limit: at most one pull past it.
+            assert limit <= queue.offsets.count < limit + batch
+            assert consumer.stats.pulled == queue.offsets.count
+            await cc.wait_for(lambda: len(seen) == 4, 10, "four handlers run")
+            assert len(seen) == 4, "four handlers at once, whatever a pull returned"
+            release.set()
+            await cc.wait_for(lambda: len(seen) >= total, 20, "the backlog is handled")
+            await cc.wait_for(lambda: queue.committed == total, 10, "its end is committed")
+            assert sorted(seen) == sorted(sent)
+            assert consumer.stats.handled == total
+        finally:
+            await consumer.close()
+            await sender.close()
+
+    run_async(scenario(), timeout_s=60)
+
+
 def test_the_cli_tails_a_topic_shows_the_group_progress_and_resets_it(
     cluster: cc.Cluster, capsys: pytest.CaptureFixture[str]
 ) -> None:
