@@ -5,12 +5,14 @@ and a wheelhouse of their pinned dependencies (the versions and hashes of uv.loc
 
 Output: ``<out>/wheels/*.whl`` (metaq-common, -replication, -client, -broker,
 -nameserver; the Spark member is not deployed), ``<out>/wheelhouse/*.whl`` and
-``<out>/requirements.txt`` (every pinned dependency, with hashes), ``<out>/VERSION``,
-and both folders in one ``<out>/metaq-<version>.tar`` (what the roles copy).
+``<out>/requirements.txt`` (every pinned dependency, with hashes), ``<out>/bin/uv``
+(the installer the roles make each release's venv with: uv.lock's ``deploy`` group),
+``<out>/VERSION``, and the three folders in one ``<out>/metaq-<version>.tar`` (what the
+roles copy).
 ``--version`` rebuilds the wheels under another version string from a copy of the
 sources (the tree itself is left alone), which is what an upgrade rehearsal needs.
 The wheelhouse comes from PyPI (pip's cache makes a second build quick); hosts then
-install with ``pip --no-index --find-links`` and reach no index at all.
+install with ``uv pip install --offline --no-index --find-links`` and reach no index.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import zipfile
 from pathlib import Path
 from typing import Final
 
@@ -102,14 +105,33 @@ def build(out: Path, version: str | None) -> None:
     _run([_pip_python(), "-m", "pip", "wheel", "--quiet", "--disable-pip-version-check",
           "--no-deps", "--require-hashes", "-r", str(requirements),
           "--wheel-dir", str(wheelhouse)], ROOT)  # fmt: skip
+    _fetch_uv(uv, out / "bin", Path(_pip_python()))
     shown = version or _checkout_version()
     (out / "VERSION").write_text(shown + "\n")
     # One file to copy per host rather than a task round trip per wheel.
     with tarfile.open(out / f"metaq-{shown}.tar", "w") as bundle:
-        for folder in (wheels, wheelhouse):
+        for folder in (wheels, wheelhouse, out / "bin"):
             bundle.add(folder, arcname=folder.name)
     count = len(list(wheelhouse.glob("*.whl")))
     print(f"dist {shown}: {len(PACKAGES)} wheels in {wheels}, {count} in {wheelhouse}")
+
+
+def _fetch_uv(uv: str, bin_dir: Path, pip_python: Path) -> None:
+    """uv's binary, from the wheel uv.lock's ``deploy`` group pins (hash-checked): the
+    roles install with it, in a fraction of pip's time (and no pip in the venvs)."""
+    with tempfile.TemporaryDirectory(prefix="metaq-uv-") as scratch:
+        requirements = Path(scratch) / "requirements.txt"
+        _run([uv, "export", "--frozen", "--only-group", "deploy", "--no-emit-workspace",
+              "--quiet", "--output-file", str(requirements)], ROOT)  # fmt: skip
+        _run([str(pip_python), "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
+              "--no-deps", "--only-binary", ":all:", "--require-hashes", "-r", str(requirements),
+              "--dest", scratch], ROOT)  # fmt: skip
+        (wheel,) = Path(scratch).glob("uv-*.whl")
+        with zipfile.ZipFile(wheel) as archive:
+            (member,) = [n for n in archive.namelist() if n.endswith(".data/scripts/uv")]
+            bin_dir.mkdir(parents=True, exist_ok=True)
+            (bin_dir / "uv").write_bytes(archive.read(member))
+    (bin_dir / "uv").chmod(0o755)
 
 
 def _checkout_version() -> str:
