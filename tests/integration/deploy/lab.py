@@ -105,6 +105,8 @@ class Lab:
     hosts: list[str]
     sshd: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     timings: list[tuple[str, float]] = field(default_factory=list)
+    broker_settings: dict[str, object] = field(default_factory=lambda: dict(BROKER_SETTINGS))
+    scaled_out: bool = False
 
     # --- making and unmaking ------------------------------------------------------------
 
@@ -223,7 +225,7 @@ class Lab:
                     "metaq_tls": False,
                     "metaq_nofile": 65536,
                     "metaq_wait_timeout_s": 90,
-                    "metaq_broker_settings": BROKER_SETTINGS,
+                    "metaq_broker_settings": self.broker_settings,
                     "metaq_broker_store_settings": STORE_SETTINGS,
                 },
                 "children": {
@@ -244,7 +246,13 @@ class Lab:
         (self.work / "hosts.yml").write_text(json.dumps(inventory, indent=2))
 
     def scale_out(self) -> None:
+        self.scaled_out = True
         self._write_inventory(scale_out=True)
+
+    def change_broker_settings(self, **changes: object) -> None:
+        """What an operator does to change a broker key: edit the inventory (then site.yml)."""
+        self.broker_settings.update(changes)
+        self._write_inventory(scale_out=self.scaled_out)
 
     # --- running things -----------------------------------------------------------------
 
