@@ -1,0 +1,102 @@
+"""What the lab cannot run, exercised without touching this machine: the lab has no
+systemd (network namespaces, no init) and the ``vm.*`` sysctls are global to the kernel.
+
+- The role's systemd unit, rendered by ansible-playbook from the role's template and
+  defaults, passes ``systemd-analyze verify`` (which reads unit files offline, no
+  running systemd needed): every key known, ``ExecStart`` an executable that exists.
+- The role's OS-tuning tasks (``metaq_tune_os: true``), run in ``--check --diff`` mode
+  against this machine: the diff shows the sysctls and open-file limits they would
+  write, the handler that would apply the sysctls is reached and, in check mode, runs
+  nothing; no file is written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from lab import PLAYBOOKS, VENV_BIN
+
+SYSTEMD_ANALYZE = "/usr/bin/systemd-analyze"
+
+
+def run_playbook(work: Path, tasks: list[dict[str, Any]], *args: str,
+                 **settings: object) -> subprocess.CompletedProcess[str]:  # fmt: skip
+    playbook = work / "play.yml"
+    play = {"name": "metaq_common on this machine", "hosts": "localhost", "connection": "local",
+            "gather_facts": False,
+            "vars": {"ansible_python_interpreter": sys.executable, **settings},
+            "tasks": [{"name": "Load the metaq_common variables",
+                       "ansible.builtin.include_role": {"name": "metaq_common",
+                                                        "tasks_from": "noop.yml",
+                                                        "public": True}},
+                      *tasks]}  # fmt: skip
+    playbook.write_text(json.dumps([play]))
+    env = {
+        **os.environ,
+        "ANSIBLE_CONFIG": str(PLAYBOOKS / "ansible.cfg"),
+        "ANSIBLE_LOCAL_TEMP": str(work / "ansible-tmp"),
+        "ANSIBLE_NOCOLOR": "1",
+    }
+    return subprocess.run(
+        [str(VENV_BIN / "ansible-playbook"), "-i", "localhost,", str(playbook), *args],
+        capture_output=True, text=True, env=env, cwd=PLAYBOOKS, timeout=120, check=False,
+    )  # fmt: skip
+
+
+@pytest.mark.skipif(not Path(SYSTEMD_ANALYZE).exists(),
+                    reason="needs systemd-analyze (make ci-deps installs systemd)")  # fmt: skip
+def test_the_role_s_systemd_units_pass_systemd_analyze_verify(tmp_path: Path) -> None:
+    root = tmp_path / "host"
+    # ExecStart must name an executable: the release's venv is this checkout's.
+    (root / "opt/metaq/current").mkdir(parents=True)
+    (root / "opt/metaq/current/venv").symlink_to(VENV_BIN.parent)
+    units = tmp_path / "units"
+    units.mkdir()
+    render = [
+        {"name": f"Render the {service} unit",
+         "ansible.builtin.template": {
+             "src": str(PLAYBOOKS / "roles/metaq_common/templates/service.unit.j2"),
+             "dest": f"{units}/metaq-{service}.service", "mode": "0644"},
+         "vars": {"metaq_service": service}}
+        for service in ("nameserver", "broker")
+    ]  # fmt: skip
+    run = run_playbook(tmp_path, render, metaq_root=str(root), metaq_user="root",
+                       metaq_group="root")  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    for service in ("nameserver", "broker"):
+        unit = units / f"metaq-{service}.service"
+        text = unit.read_text()
+        assert "Restart=on-failure" in text and "LimitNOFILE=131072" in text, text
+        verify = subprocess.run([SYSTEMD_ANALYZE, "verify", "--man=no", str(unit)],
+                                capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+        # verify warns on stderr (an unknown key, a missing binary) and still exits 0.
+        assert verify.returncode == 0 and verify.stderr == "", f"{unit}:\n{text}\n{verify.stderr}"
+
+
+def test_os_tuning_in_check_mode_shows_the_sysctls_and_limits_and_writes_nothing(
+    tmp_path: Path,
+) -> None:
+    if shutil.which("sysctl") is None:
+        pytest.skip("needs sysctl (procps)")
+    root = tmp_path / "host"
+    for folder in ("etc/sysctl.d", "etc/security/limits.d"):
+        (root / folder).mkdir(parents=True)
+    tune = [{"name": "Tune the OS", "ansible.builtin.include_role": {
+        "name": "metaq_common", "tasks_from": "tune.yml"}}]  # fmt: skip
+    run = run_playbook(tmp_path, tune, "--check", "--diff", metaq_root=str(root),
+                       metaq_user="metaq")  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    for line in ("+vm.dirty_background_ratio = 10", "+vm.dirty_ratio = 40",
+                 "+vm.max_map_count = 655360", "+vm.swappiness = 0",
+                 "+metaq soft nofile 131072", "+metaq hard nofile 131072"):  # fmt: skip
+        assert line in run.stdout, run.stdout
+    assert "RUNNING HANDLER [metaq_common : Apply sysctl settings]" in run.stdout, run.stdout
+    assert "changed=" in run.stdout and "failed=0" in run.stdout, run.stdout
+    assert not any(root.rglob("*.conf")), list(root.rglob("*"))
