@@ -491,6 +491,49 @@ def test_a_send_waiting_for_copies_is_answered_while_the_acknowledging_fetch_is_
     run_async(scenario())
 
 
+def test_a_parked_fetch_is_answered_with_the_new_bytes_inside_the_append() -> None:
+    async def scenario() -> None:
+        master_log = MemoryLog()
+        master_log.append(b"held by both")
+        master = ReplicaSet(
+            master_log, EpochHistory(), self_id=0, epoch=1, min_in_sync=2, clock=Clock()
+        )
+        answers: list[tuple[ReplicaFetchResponse, bytes]] = []
+
+        def answer(response: ReplicaFetchResponse, payload: Buffer) -> None:
+            answers.append((response, bytes(payload)))
+
+        at_end = ReplicaFetchRequest(
+            broker_id=1, epoch=1, offset=master_log.end_offset, wait_ms=60_000,
+            segment_bytes=master_log.segment_bytes,
+        )  # fmt: skip
+        master.serve_fetch(at_end, answer)
+        assert answers == []  # nothing new: parked
+
+        offset = master_log.end_offset
+        master_log.append(b"sync-replicated")
+        master.appended()
+        # Answered before appended() returned: the push leaves in the send's own loop
+        # turn, with no task of the fetch's to be scheduled first.
+        assert len(answers) == 1
+        response, payload = answers[0]
+        assert response.offset == offset
+        assert payload == bytes(master_log.read(offset, 1 << 20))
+
+        master.appended()  # nothing parked now: nothing answered twice
+        assert len(answers) == 1
+
+        master.serve_fetch(ReplicaFetchRequest(
+            broker_id=1, epoch=1, offset=master_log.end_offset, wait_ms=10,
+            segment_bytes=master_log.segment_bytes,
+        ), answer)  # fmt: skip
+        await until(lambda: len(answers) == 2, "the parked fetch timed out")
+        assert answers[1][1] == b""  # its wait_ms ran out with nothing new
+        master.close()
+
+    run_async(scenario())
+
+
 def test_lag_in_seconds_counts_from_when_the_slave_last_held_the_whole_log() -> None:
     async def scenario() -> None:
         clock = Clock()
