@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import pytest
 
@@ -89,6 +90,48 @@ def test_a_slave_copies_the_log_byte_for_byte_across_segments() -> None:
             assert follower.history.entries == [Epoch(1, 0)]
         finally:
             await follower.stop()
+
+    run_async(scenario())
+
+
+def test_a_follower_creates_no_task_per_fetch() -> None:
+    async def scenario() -> None:
+        master_log, slave_log = MemoryLog(), MemoryLog()
+        master, follower = pair(master_log, slave_log)
+        fetches = 0
+        fetch = master.fetch
+
+        async def counted(
+            request: ReplicaFetchRequest, connection: int = 0
+        ) -> tuple[ReplicaFetchResponse, Buffer]:
+            nonlocal fetches
+            fetches += 1
+            return await fetch(request, connection)
+
+        master.fetch = counted  # type: ignore[method-assign]
+        loop = asyncio.get_running_loop()
+        tasks: list[str] = []
+
+        def factory(
+            loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any], **kwargs: Any
+        ) -> asyncio.Task[Any]:
+            tasks.append(coro.__qualname__)
+            return asyncio.Task(coro, loop=loop, **kwargs)
+
+        loop.set_task_factory(factory)
+        follower.start()
+        try:
+            for i in range(20):  # one at a time, as sync sends come
+                master_log.append(b"message-%02d" % i)
+                master.appended()
+                await until(lambda: slave_log.end_offset == master_log.end_offset)
+        finally:
+            await follower.stop()
+            loop.set_task_factory(None)
+        # The slave's fetch per message is a sync send's path: a task per fetch costs
+        # it a loop turn each time. One for the follower, one for the session.
+        assert fetches >= 20
+        assert tasks == ["Follower._run", "Follower._session"]
 
     run_async(scenario())
 
