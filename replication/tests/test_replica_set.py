@@ -577,6 +577,36 @@ def test_a_parked_fetch_is_answered_with_the_new_bytes_inside_the_append() -> No
     run_async(scenario())
 
 
+def test_a_failing_answer_to_one_slave_neither_fails_the_append_nor_skips_another_slave(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def scenario() -> None:
+        master_log = MemoryLog()
+        master = ReplicaSet(
+            master_log, EpochHistory(), self_id=0, epoch=1, min_in_sync=2, clock=Clock()
+        )
+        answered: list[int] = []
+
+        def broken(response: ReplicaFetchResponse, payload: Buffer) -> None:
+            raise OSError("connection reset")
+
+        def fine(response: ReplicaFetchResponse, payload: Buffer) -> None:
+            answered.append(len(payload))
+
+        for broker_id, answer in ((1, broken), (2, fine)):
+            master.serve_fetch(ReplicaFetchRequest(
+                broker_id=broker_id, epoch=1, wait_ms=60_000,
+                segment_bytes=master_log.segment_bytes,
+            ), answer)  # fmt: skip
+        master_log.append(b"stored")
+        master.appended()  # the send that appended is answered as usual: no raise here
+        assert answered == [master_log.end_offset]
+        assert "answering slave 1's fetch failed" in caplog.text
+        master.close()
+
+    run_async(scenario())
+
+
 def test_lag_in_seconds_counts_from_when_the_slave_last_held_the_whole_log() -> None:
     async def scenario() -> None:
         clock = Clock()

@@ -300,7 +300,13 @@ class ReplicaSet:
         """New bytes are in the log: answer the parked fetches with them, now."""
         for slave in self.slaves.values():
             if slave.parked is not None:
-                self._release(slave, slave.parked)
+                try:
+                    self._release(slave, slave.parked)
+                except Exception:
+                    # Not the append's failure: the bytes are stored, and the caller's
+                    # send must not be refused for them. The slave fetches again once its
+                    # own wait for this answer runs out.
+                    log.exception("answering slave %d's fetch failed", slave.broker_id)
 
     # --- in-sync set --------------------------------------------------------------------
 
