@@ -18,7 +18,7 @@ STAMP := .venv/.setup-stamp
 
 PYTEST_ARGS ?=
 
-.PHONY: setup ci-deps test lint dist deploy-lint deploy-test generate check-generated run store-demo spark-demo bench-spark bench-store bench-framing bench-idle-poll bench-e2e bench-failover bench-features bench-compare bench-accumulation bench-metaq2 chaos clean
+.PHONY: setup ci-deps test lint dist deploy-lint deploy-test generate check-generated run store-demo spark-demo bench-spark bench-store bench-framing bench-idle-poll bench-sync-one bench-e2e bench-failover bench-features bench-compare bench-accumulation bench-metaq2 chaos clean
 
 setup: $(STAMP)
 
@@ -101,6 +101,11 @@ bench-framing: setup
 # (the broker's IdlePoll): what a sleeping CPU's wake-up costs.
 bench-idle-poll: setup
 	$(UV) run --frozen python bench/bench_idle_poll.py
+
+# make bench-sync-one SYNC_ONE_ARGS="--rounds 5" (--one-broker for the one-broker row)
+SYNC_ONE_ARGS ?=
+bench-sync-one: setup
+	$(UV) run --frozen python bench/bench_sync_one.py $(SYNC_ONE_ARGS)
 
 # Producer throughput and send latency against a real nameserver + broker (ASYNC flush).
 bench-e2e: setup

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import pytest
 
@@ -89,6 +90,48 @@ def test_a_slave_copies_the_log_byte_for_byte_across_segments() -> None:
             assert follower.history.entries == [Epoch(1, 0)]
         finally:
             await follower.stop()
+
+    run_async(scenario())
+
+
+def test_a_follower_creates_no_task_per_fetch() -> None:
+    async def scenario() -> None:
+        master_log, slave_log = MemoryLog(), MemoryLog()
+        master, follower = pair(master_log, slave_log)
+        fetches = 0
+        fetch = master.fetch
+
+        async def counted(
+            request: ReplicaFetchRequest, connection: int = 0
+        ) -> tuple[ReplicaFetchResponse, Buffer]:
+            nonlocal fetches
+            fetches += 1
+            return await fetch(request, connection)
+
+        master.fetch = counted  # type: ignore[method-assign]
+        loop = asyncio.get_running_loop()
+        tasks: list[str] = []
+
+        def factory(
+            loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any], **kwargs: Any
+        ) -> asyncio.Task[Any]:
+            tasks.append(coro.__qualname__)
+            return asyncio.Task(coro, loop=loop, **kwargs)
+
+        loop.set_task_factory(factory)
+        follower.start()
+        try:
+            for i in range(20):  # one at a time, as sync sends come
+                master_log.append(b"message-%02d" % i)
+                master.appended()
+                await until(lambda: slave_log.end_offset == master_log.end_offset)
+        finally:
+            await follower.stop()
+            loop.set_task_factory(None)
+        # The slave's fetch per message is a sync send's path: a task per fetch costs
+        # it a loop turn each time. One for the follower, one for the session.
+        assert fetches >= 20
+        assert tasks == ["Follower._run", "Follower._session"]
 
     run_async(scenario())
 
@@ -487,6 +530,79 @@ def test_a_send_waiting_for_copies_is_answered_while_the_acknowledging_fetch_is_
         master.when_replicated(master_log.end_offset, 0.01, answers.append)
         await until(lambda: len(answers) == 2, "the wait timed out")
         assert answers == [True, False]
+
+    run_async(scenario())
+
+
+def test_a_parked_fetch_is_answered_with_the_new_bytes_inside_the_append() -> None:
+    async def scenario() -> None:
+        master_log = MemoryLog()
+        master_log.append(b"held by both")
+        master = ReplicaSet(
+            master_log, EpochHistory(), self_id=0, epoch=1, min_in_sync=2, clock=Clock()
+        )
+        answers: list[tuple[ReplicaFetchResponse, bytes]] = []
+
+        def answer(response: ReplicaFetchResponse, payload: Buffer) -> None:
+            answers.append((response, bytes(payload)))
+
+        at_end = ReplicaFetchRequest(
+            broker_id=1, epoch=1, offset=master_log.end_offset, wait_ms=60_000,
+            segment_bytes=master_log.segment_bytes,
+        )  # fmt: skip
+        master.serve_fetch(at_end, answer)
+        assert answers == []  # nothing new: parked
+
+        offset = master_log.end_offset
+        master_log.append(b"sync-replicated")
+        master.appended()
+        # Answered before appended() returned: the push leaves in the send's own loop
+        # turn, with no task of the fetch's to be scheduled first.
+        assert len(answers) == 1
+        response, payload = answers[0]
+        assert response.offset == offset
+        assert payload == bytes(master_log.read(offset, 1 << 20))
+
+        master.appended()  # nothing parked now: nothing answered twice
+        assert len(answers) == 1
+
+        master.serve_fetch(ReplicaFetchRequest(
+            broker_id=1, epoch=1, offset=master_log.end_offset, wait_ms=10,
+            segment_bytes=master_log.segment_bytes,
+        ), answer)  # fmt: skip
+        await until(lambda: len(answers) == 2, "the parked fetch timed out")
+        assert answers[1][1] == b""  # its wait_ms ran out with nothing new
+        master.close()
+
+    run_async(scenario())
+
+
+def test_a_failing_answer_to_one_slave_neither_fails_the_append_nor_skips_another_slave(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def scenario() -> None:
+        master_log = MemoryLog()
+        master = ReplicaSet(
+            master_log, EpochHistory(), self_id=0, epoch=1, min_in_sync=2, clock=Clock()
+        )
+        answered: list[int] = []
+
+        def broken(response: ReplicaFetchResponse, payload: Buffer) -> None:
+            raise OSError("connection reset")
+
+        def fine(response: ReplicaFetchResponse, payload: Buffer) -> None:
+            answered.append(len(payload))
+
+        for broker_id, answer in ((1, broken), (2, fine)):
+            master.serve_fetch(ReplicaFetchRequest(
+                broker_id=broker_id, epoch=1, wait_ms=60_000,
+                segment_bytes=master_log.segment_bytes,
+            ), answer)  # fmt: skip
+        master_log.append(b"stored")
+        master.appended()  # the send that appended is answered as usual: no raise here
+        assert answered == [master_log.end_offset]
+        assert "answering slave 1's fetch failed" in caplog.text
+        master.close()
 
     run_async(scenario())
 

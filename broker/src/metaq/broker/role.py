@@ -38,13 +38,13 @@ from metaq.broker.store import MessageStore
 from metaq.broker.store.flush import AsyncDurability
 from metaq.common.auth import ClusterSecret
 from metaq.common.errors import MetaqError, NotEnoughReplicas, NotMaster
-from metaq.common.framing import FLAG_RESPONSE, Frame, FrameType, encode_error, encode_frame
+from metaq.common.framing import FLAG_RESPONSE, Buffer, Frame, FrameType, encode_error, encode_frame
 from metaq.common.v1 import control_pb2 as pb
-from metaq.common.v1.data_pb2 import ReplicaFetchRequest
+from metaq.common.v1.data_pb2 import ReplicaFetchRequest, ReplicaFetchResponse
 from metaq.replication.channel import DataPlaneChannel, SlaveIdentity
 from metaq.replication.epochs import EpochHistory
 from metaq.replication.follower import Follower
-from metaq.replication.master import ReplicaSet
+from metaq.replication.master import Answer, ReplicaSet
 
 log = logging.getLogger(__name__)
 
@@ -276,26 +276,31 @@ class GroupRole:
         request = ReplicaFetchRequest.FromString(frame.header)
         # Before anything counts it: no bytes, no in-sync set, no acked offset for strangers.
         self.gate.check_fetch(responder.connection_id, request)
-        if self.replicas is None and request.epoch <= self.epoch:
+        answer = _fetch_answerer(responder, frame.request_id)
+        if self.replicas is not None:
+            # Answered or parked in this turn: a refusal raises to the connection, which
+            # answers it with an ERROR frame.
+            self.replicas.serve_fetch(request, answer, responder.connection_id)
+            return
+        if request.epoch <= self.epoch:
             self._check_master()  # raises NotMaster, naming the master if known
             return
         task = asyncio.get_running_loop().create_task(
-            self._answer_fetch(self.replicas, responder, frame.request_id, request)
+            self._answer_when_taken_up(responder, frame.request_id, request, answer)
         )
         self._fetches.add(task)
         task.add_done_callback(self._fetches.discard)
 
-    async def _answer_fetch(
+    async def _answer_when_taken_up(
         self,
-        replicas: ReplicaSet | None,
         responder: Responder,
         request_id: int,
         request: ReplicaFetchRequest,
+        answer: Answer,
     ) -> None:
         try:
-            if replicas is None:
-                replicas = await self._taken_up(request.epoch, TAKE_UP_WAIT_S)
-            response, payload = await replicas.fetch(request, responder.connection_id)
+            replicas = await self._taken_up(request.epoch, TAKE_UP_WAIT_S)
+            replicas.serve_fetch(request, answer, responder.connection_id)
         except MetaqError as exc:
             responder.respond(
                 encode_error(
@@ -306,16 +311,6 @@ class GroupRole:
                     retriable=exc.retriable,
                 )
             )
-            return
-        responder.respond(
-            encode_frame(
-                FrameType.REPLICA_FETCH,
-                request_id,
-                response.SerializeToString(),
-                payload,
-                FLAG_RESPONSE,
-            )
-        )
 
     async def _taken_up(self, epoch: int, timeout_s: float) -> ReplicaSet:
         """This broker's ReplicaSet once it has taken up ``epoch``, or NotMaster.
@@ -499,3 +494,18 @@ class GroupRole:
         if self.replicas is not None:
             return self.replicas.lag()
         return {self.config.broker_id: self.follower.lag_bytes}
+
+
+def _fetch_answerer(responder: Responder, request_id: int) -> Answer:
+    def answer(response: ReplicaFetchResponse, payload: Buffer) -> None:
+        responder.respond(
+            encode_frame(
+                FrameType.REPLICA_FETCH,
+                request_id,
+                response.SerializeToString(),
+                payload,
+                FLAG_RESPONSE,
+            )
+        )
+
+    return answer

@@ -141,11 +141,14 @@ class SendHandler:
             # The common send: checked in one pass, appended with one copy.
             self._transactions.producer_seen(request.producer_group, responder)
             appended = self._store.append(batch, wake_dispatcher=False)
+            # The slaves' parked fetches are answered first, so the bytes a sync send
+            # waits for are written out ahead of the indexing.
+            self._role.appended()
             self._dispatch_soon()
             msg_ids = batch.msg_ids
         else:
             appended, msg_ids = self._append_records(responder, frame.payload, topic_bytes, request)
-        self._role.appended()
+            self._role.appended()
         if self._topics.get(topic.name) is None:
             self._create_topic(topic)
         self._metrics.appended(topic.name, len(msg_ids), frame.payload.nbytes)

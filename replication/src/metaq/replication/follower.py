@@ -75,6 +75,7 @@ class Follower:
         any cut); until the current epoch's has, a tail here may be one it never had."""
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._session_task: asyncio.Task[None] | None = None
 
     @property
     def lag_bytes(self) -> int:
@@ -88,6 +89,10 @@ class Follower:
             self.master_address = master_address
             self.epoch = epoch
             self._changed.set()
+            if self._session_task is not None:
+                # Pointed elsewhere (or promoted): not one more byte from this master,
+                # even an answer already received and not yet applied.
+                self._session_task.cancel()
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="follower")
@@ -110,13 +115,22 @@ class Follower:
             if not address:
                 await self._changed.wait()
                 continue
+            session = asyncio.get_running_loop().create_task(self._session(address))
+            self._session_task = session
             try:
-                await self._session(address)
+                await session
+            except asyncio.CancelledError:
+                current = asyncio.current_task()
+                if current is not None and current.cancelling():
+                    raise  # stopped
+                # follow() ended the session: go on with the new master at once
             except (OSError, MetaqError, TimeoutError, ConnectionError) as exc:
                 level = logging.WARNING if delay == self.retry_s else logging.DEBUG
                 log.log(level, "replication from %s: %s; retrying", address, exc)
             except Exception:
                 log.exception("replication from %s failed", address)
+            finally:
+                self._session_task = None
             delay = self.retry_s if self.connected else min(delay * 2, self.max_retry_s)
             self.connected = False
             with contextlib.suppress(TimeoutError):
@@ -124,22 +138,14 @@ class Follower:
                     await self._changed.wait()
 
     async def _session(self, address: str) -> None:
+        # Runs as a task of its own, which follow() cancels when the master changes: a
+        # fetch per message is the sync-replicated send's path, and a watcher task or
+        # an asyncio.wait per fetch would cost it loop turns.
         channel = await self._connect(address)
-        # One watcher for the whole session, not one per fetch: a fetch per message is
-        # the sync-replicated send's path, and each task costs it.
-        changed = asyncio.ensure_future(self._changed.wait())
         try:
             while not self._changed.is_set():
                 request = self.request()
-                fetched = asyncio.ensure_future(channel.fetch(request))
-                await asyncio.wait({changed, fetched}, return_when=asyncio.FIRST_COMPLETED)
-                if self._changed.is_set():
-                    # Pointed elsewhere (or promoted): not one more byte from this master.
-                    fetched.cancel()
-                    with contextlib.suppress(asyncio.CancelledError, Exception):
-                        await fetched
-                    return
-                response, payload = fetched.result()
+                response, payload = await channel.fetch(request)
                 if not self.connected:
                     self.connected = True
                     log.info("replicating from %s (epoch %d) at offset %d",
@@ -147,7 +153,6 @@ class Follower:
                 self.apply(response, payload)
                 await self.log.hold(self.log.end_offset)
         finally:
-            changed.cancel()
             await channel.close()
 
     def request(self) -> ReplicaFetchRequest:

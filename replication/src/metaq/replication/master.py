@@ -67,6 +67,21 @@ class _Wait:
             self.done(replicated)
 
 
+Answer = Callable[[ReplicaFetchResponse, Buffer], None]
+"""Takes the answer to one fetch: writes it to the slave."""
+
+
+class _Parked:
+    """A slave's fetch waiting for new bytes: its request, who answers it, its timeout."""
+
+    __slots__ = ("answer", "request", "timer")
+
+    def __init__(self, request: ReplicaFetchRequest, answer: Answer) -> None:
+        self.request = request
+        self.answer = answer
+        self.timer: asyncio.TimerHandle | None = None
+
+
 @dataclass(slots=True)
 class SlaveState:
     broker_id: int
@@ -81,7 +96,8 @@ class SlaveState:
     fetched_at: float = -1e18
     """When it last asked this master for the log (monotonic seconds)."""
     connection: int = NO_CONNECTION
-    waiter: asyncio.Future[None] | None = field(default=None, repr=False)
+    parked: _Parked | None = field(default=None, repr=False)
+    """Its fetch that found nothing new, until the next append or its ``wait_ms``."""
 
 
 class ReplicaSet:
@@ -139,10 +155,16 @@ class ReplicaSet:
 
     # --- fetches ------------------------------------------------------------------------
 
-    async def fetch(
-        self, request: ReplicaFetchRequest, connection: int = 0
-    ) -> tuple[ReplicaFetchResponse, Buffer]:
-        """Answer one fetch: bytes from the slave's end, parked a while if there are none.
+    def serve_fetch(
+        self, request: ReplicaFetchRequest, answer: Answer, connection: int = 0
+    ) -> None:
+        """Answer one fetch through ``answer``: bytes from the slave's end at once, or,
+        with none there, parked until the next append or its ``wait_ms``. Raises a
+        MetaqError for a fetch this master refuses, answering nothing.
+
+        A parked fetch is answered inside :meth:`appended`, in the append's own loop
+        turn: a sync-replicated send waits for the slave's copy, so its bytes leave
+        before the master indexes them, with no task, future or timeout per fetch.
 
         ``connection`` tells the slave's connections apart: a slave that comes back on a
         new one (it restarted, or lost its link) is out of sync until it has caught up
@@ -167,7 +189,8 @@ class ReplicaSet:
         if request.broker_id == self.self_id:
             raise InvalidMessage(f"slave reports broker id {request.broker_id}, the master's own")
         if request.repair:
-            return self._repair_copy(request)
+            answer(*self._repair_copy(request))
+            return
         now = self._clock()
         slave = self.slaves.get(request.broker_id)
         if slave is None:
@@ -184,12 +207,32 @@ class ReplicaSet:
             slave.fetched_at = now
             self._note(slave, request, now)
             if request.offset == end and request.wait_ms and not self.closed:
-                await self._park(slave, request.wait_ms / 1e3)
-                end = self.log.end_offset
+                self._park(slave, _Parked(request, answer), request.wait_ms / 1e3)
+                return
+        answer(*self._answer(slave, request, agreed))
+
+    async def fetch(
+        self, request: ReplicaFetchRequest, connection: int = 0
+    ) -> tuple[ReplicaFetchResponse, Buffer]:
+        """:meth:`serve_fetch`, awaited (an in-process channel)."""
+        answered: asyncio.Future[tuple[ReplicaFetchResponse, Buffer]]
+        answered = asyncio.get_running_loop().create_future()
+
+        def answer(response: ReplicaFetchResponse, payload: Buffer) -> None:
+            if not answered.done():
+                answered.set_result((response, payload))
+
+        self.serve_fetch(request, answer, connection)
+        return await answered
+
+    def _answer(
+        self, slave: SlaveState, request: ReplicaFetchRequest, agreed: bool
+    ) -> tuple[ReplicaFetchResponse, Buffer]:
+        end = self.log.end_offset
         payload: Buffer = b""
         if agreed and self.log.min_offset <= request.offset < end:
             payload = self.log.read(request.offset, min(request.max_bytes, self.max_fetch_bytes))
-        slave.answered_end = self.log.end_offset
+        slave.answered_end = end
         slave.answered_at = self._clock()
         return self._response(request.offset), payload
 
@@ -235,22 +278,35 @@ class ReplicaSet:
         self._settle()
         self._confirm()
 
-    async def _park(self, slave: SlaveState, timeout_s: float) -> None:
-        waiter = asyncio.get_running_loop().create_future()
-        slave.waiter = waiter
-        try:
-            async with asyncio.timeout(timeout_s):
-                await waiter
-        except TimeoutError:
-            pass
-        finally:
-            slave.waiter = None
+    def _park(self, slave: SlaveState, parked: _Parked, timeout_s: float) -> None:
+        if slave.parked is not None:
+            # One fetch in flight per slave: one still parked came on a connection it
+            # has left; answered now, it is dropped with that connection.
+            self._release(slave, slave.parked)
+        slave.parked = parked
+        parked.timer = asyncio.get_running_loop().call_later(
+            timeout_s, self._release, slave, parked
+        )
+
+    def _release(self, slave: SlaveState, parked: _Parked) -> None:
+        if slave.parked is not parked:
+            return
+        slave.parked = None
+        if parked.timer is not None:
+            parked.timer.cancel()
+        parked.answer(*self._answer(slave, parked.request, True))
 
     def appended(self) -> None:
-        """New bytes are in the log: wake the parked fetches."""
+        """New bytes are in the log: answer the parked fetches with them, now."""
         for slave in self.slaves.values():
-            if slave.waiter is not None and not slave.waiter.done():
-                slave.waiter.set_result(None)
+            if slave.parked is not None:
+                try:
+                    self._release(slave, slave.parked)
+                except Exception:
+                    # Not the append's failure: the bytes are stored, and the caller's
+                    # send must not be refused for them. The slave fetches again once its
+                    # own wait for this answer runs out.
+                    log.exception("answering slave %d's fetch failed", slave.broker_id)
 
     # --- in-sync set --------------------------------------------------------------------
 

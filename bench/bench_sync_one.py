@@ -1,0 +1,120 @@
+"""One-at-a-time sends to a sync-replicated pair, with the CPU each process spends per send.
+
+``bench-compare``'s (a) cell of ``metaq_sync_replicated`` alone, repeated: the pair of
+``metaq_system.replicated_pair`` (sync replication, ASYNC flush, the controller on a
+nameserver), the producer of ``metaq_load``, 1 KiB bodies. Each round prints msgs/s, the
+send's p50/p99, and the user and system CPU per send of the master, the slave and this
+client (from ``/proc``), so that a change to the hops is judged by what it costs per send
+even when the machine is shared and msgs/s moves with the load. ``--one-broker`` runs the
+one-broker row instead (``metaq_system.single_broker``), the ratio's denominator.
+
+The last line is one JSON object with every round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from metaq_load import Budget, one_at_a_time, percentile_ms, ready_producer
+from metaq_system import QUEUES, STORE, TOPIC, _both_in_sync, _is_master
+
+from metaq.broker.testing import BrokerProcess
+from metaq.broker.testing.admin import put_topic
+from metaq.common.testing import wait_until
+from metaq.nameserver.testing import start_nameserver
+
+_TICK_S = 1 / os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_s(pid: int) -> tuple[float, float]:
+    """User and system CPU seconds of process ``pid``."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) * _TICK_S, int(fields[12]) * _TICK_S
+
+
+async def _rounds(
+    nameserver: str, pids: dict[str, int], seconds: float, rounds: int
+) -> list[dict[str, Any]]:
+    producer = await ready_producer(nameserver, TOPIC)
+    body = os.urandom(1024)
+    results: list[dict[str, Any]] = []
+    try:
+        await one_at_a_time(producer, TOPIC, body, Budget(1.0))  # warm-up, unmeasured
+        for _ in range(rounds):
+            before = {name: _cpu_s(pid) for name, pid in pids.items()}
+            mine = resource.getrusage(resource.RUSAGE_SELF)
+            rate, latencies = await one_at_a_time(producer, TOPIC, body, Budget(seconds))
+            mine_after = resource.getrusage(resource.RUSAGE_SELF)
+            sends = len(latencies)
+            result: dict[str, Any] = {
+                "msgs_s": round(rate),
+                "p50_us": round(percentile_ms(latencies, 0.5) * 1000),
+                "p99_us": round(percentile_ms(latencies, 0.99) * 1000),
+            }
+            for name, pid in pids.items():
+                user, system = _cpu_s(pid)
+                result[f"{name}_user_us"] = round((user - before[name][0]) / sends * 1e6)
+                result[f"{name}_sys_us"] = round((system - before[name][1]) / sends * 1e6)
+            result["client_user_us"] = round((mine_after.ru_utime - mine.ru_utime) / sends * 1e6)
+            result["client_sys_us"] = round((mine_after.ru_stime - mine.ru_stime) / sends * 1e6)
+            print(" ".join(f"{k}={v}" for k, v in result.items()), flush=True)
+            results.append(result)
+    finally:
+        await producer.close()
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=3.0, help="seconds per round")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--one-broker", action="store_true", help="one broker, no slave")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-sync-one-") as tmp:
+        work = Path(tmp)
+        nameserver = start_nameserver(work / "ns")
+        brokers: list[BrokerProcess] = []
+        try:
+            common = ["--nameserver", nameserver.grpc_address, "--flush-mode", "async", *STORE]
+            if args.one_broker:
+                broker = BrokerProcess.start(
+                    work / "broker", *common, "--broker-name", "bench-one",
+                    small_store=False, ready_timeout_s=60,
+                )  # fmt: skip
+                brokers.append(broker)
+                broker.wait_master(60)
+                master = broker
+                pids = {"broker": broker.proc.pid}
+            else:
+                sync = ["--set", "replication_mode=sync", "--set", "min_in_sync_replicas=2"]
+                for broker_id in (0, 1):
+                    pair = [*common, *sync, "--broker-name", "bench-pair"]
+                    broker = BrokerProcess.start(
+                        work / f"broker-{broker_id}", *pair, "--broker-id", str(broker_id),
+                        small_store=False, ready_timeout_s=60,
+                    )  # fmt: skip
+                    brokers.append(broker)
+                wait_until(lambda: sum(map(_is_master, brokers)) == 1, 60, "one master")
+                master = next(b for b in brokers if _is_master(b))
+                slave = next(b for b in brokers if b is not master)
+                pids = {"master": master.proc.pid, "slave": slave.proc.pid}
+            asyncio.run(put_topic(master.http_url, TOPIC, read_queues=QUEUES, write_queues=QUEUES))
+            if not args.one_broker:
+                wait_until(lambda: _both_in_sync(master), 60, "the slave is in sync")
+            results = asyncio.run(_rounds(nameserver.grpc_address, pids, args.seconds, args.rounds))
+        finally:
+            for broker in brokers:
+                broker.kill()
+            nameserver.stop()
+    print(json.dumps({"one_broker": args.one_broker, "rounds": results}))
+
+
+if __name__ == "__main__":
+    main()
