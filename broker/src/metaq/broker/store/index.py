@@ -24,6 +24,8 @@ _TAIL: Final = struct.Struct("<qqi")
 _SLOT: Final = struct.Struct("<I")
 _ENTRY: Final = struct.Struct("<Iqii")
 """key hash, commitlog offset, seconds since the file's begin time, previous entry."""
+_LINK: Final = struct.Struct("<I12xi")
+"""An entry's key hash and previous entry alone: what walking a chain reads."""
 
 MSG_ID_PREFIX: Final = b"\x00"
 _ID_SEED: Final = zlib.crc32(MSG_ID_PREFIX)
@@ -122,6 +124,28 @@ class IndexFile:
             number = previous
         return found
 
+    def holds_any(self, hashes: list[int], begin_ms: int) -> bool:
+        """Is an entry of one of ``hashes`` stored at ``begin_ms`` or later in this file?
+        One loop over the ids with locals only: a retried SEND asks for each of its ids."""
+        if self.count == 0 or self.end_ms < begin_ms:
+            return False
+        view, count, slots = self.segment.view, self.count, self.slots
+        slot_unpack, link_unpack = _SLOT.unpack_from, _LINK.unpack_from
+        slots_at, slot_size = _HEADER.size, _SLOT.size
+        entries_at, entry_size = self._entries_at, _ENTRY.size
+        earliest_seconds = (begin_ms - 1000 - self.begin_ms) // 1000
+        for key_hash in hashes:
+            number = slot_unpack(view, slots_at + (key_hash % slots) * slot_size)[0]
+            while 0 < number <= count:
+                at = entries_at + number * entry_size
+                entry_hash, previous = link_unpack(view, at)
+                if entry_hash == key_hash and _ENTRY.unpack_from(view, at)[2] >= earliest_seconds:
+                    return True
+                if previous >= number:  # an entry torn by a crash; chains only point back
+                    break
+                number = previous
+        return False
+
 
 class MessageIndex:
     def __init__(self, directory: Path, slots: int, capacity: int, disk: Disk) -> None:
@@ -171,6 +195,12 @@ class MessageIndex:
             if len(out) >= limit:
                 break
         return out[:limit]
+
+    def holds_any_id(self, msg_ids: list[bytes], begin_ms: int) -> bool:
+        """Might one of ``msg_ids`` be stored at ``begin_ms`` or later? A yes may be a
+        hash collision (look the ids up to be sure); a no is certain."""
+        hashes = [hash_id(m) for m in msg_ids]
+        return any(index.holds_any(hashes, begin_ms) for index in reversed(self.files))
 
     def segments(self) -> list[Segment]:
         """The files to sync for a checkpoint, with their headers brought up to date."""
