@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import struct
+import sys
 import zlib
 from pathlib import Path
 from typing import Final
@@ -24,8 +25,9 @@ _TAIL: Final = struct.Struct("<qqi")
 _SLOT: Final = struct.Struct("<I")
 _ENTRY: Final = struct.Struct("<Iqii")
 """key hash, commitlog offset, seconds since the file's begin time, previous entry."""
-_LINK: Final = struct.Struct("<I12xi")
-"""An entry's key hash and previous entry alone: what walking a chain reads."""
+_ENTRY_WORDS: Final = _ENTRY.size // 4
+# holds_any reads the little-endian files as native words.
+assert sys.byteorder == "little", "the message index is read as little-endian words"
 
 MSG_ID_PREFIX: Final = b"\x00"
 _ID_SEED: Final = zlib.crc32(MSG_ID_PREFIX)
@@ -126,24 +128,33 @@ class IndexFile:
 
     def holds_any(self, hashes: list[int], begin_ms: int) -> bool:
         """Is an entry of one of ``hashes`` stored at ``begin_ms`` or later in this file?
-        One loop over the ids with locals only: a retried SEND asks for each of its ids."""
+
+        A retried SEND asks this for each of its ids, and a new id walks its slot's whole
+        chain: the slots and entries are read as native 32-bit words (an entry is five),
+        several times faster than unpacking each entry.
+        """
         if self.count == 0 or self.end_ms < begin_ms:
             return False
-        view, count, slots = self.segment.view, self.count, self.slots
-        slot_unpack, link_unpack = _SLOT.unpack_from, _LINK.unpack_from
-        slots_at, slot_size = _HEADER.size, _SLOT.size
-        entries_at, entry_size = self._entries_at, _ENTRY.size
+        count, slots, view = self.count, self.slots, self.segment.view
+        entries_at = self._entries_at
         earliest_seconds = (begin_ms - 1000 - self.begin_ms) // 1000
-        for key_hash in hashes:
-            number = slot_unpack(view, slots_at + (key_hash % slots) * slot_size)[0]
-            while 0 < number <= count:
-                at = entries_at + number * entry_size
-                entry_hash, previous = link_unpack(view, at)
-                if entry_hash == key_hash and _ENTRY.unpack_from(view, at)[2] >= earliest_seconds:
-                    return True
-                if previous >= number:  # an entry torn by a crash; chains only point back
-                    break
-                number = previous
+        with (
+            view[_HEADER.size : entries_at].cast("I") as slot_numbers,
+            view[entries_at : entries_at + (count + 1) * _ENTRY.size].cast("I") as words,
+        ):
+            for key_hash in hashes:
+                number = slot_numbers[key_hash % slots]
+                while 0 < number <= count:
+                    at = number * _ENTRY_WORDS
+                    if (
+                        words[at] == key_hash
+                        and _ENTRY.unpack_from(words, at * 4)[2] >= earliest_seconds
+                    ):
+                        return True
+                    previous = words[at + 4]  # a torn entry's may be "negative": huge here
+                    if previous >= number:  # an entry torn by a crash; chains only point back
+                        break
+                    number = previous
         return False
 
 
