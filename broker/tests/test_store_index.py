@@ -208,3 +208,29 @@ def test_offset_for_timestamp_finds_the_first_message_stored_at_or_after(
         expected = next((n for n, s in enumerate(stamps) if s >= probe), len(stamps))
         assert store.offset_for_timestamp("orders", 0, probe) == expected, probe
     assert store.offset_for_timestamp("nobody", 0, 0) == 0
+
+
+def test_holds_any_id_answers_for_a_whole_batch_of_ids(
+    open_store: OpenStore, clock: SimpleNamespace
+) -> None:
+    """The retried SEND's first question: is any of these ids stored since the window's
+    start? Across rolled-over files, and never for ids stored before it."""
+    store = open_store(index_entries=16, index_slots=4)
+    old = [encode("orders", b"old") for _ in range(5)]
+    store.append(old)
+    clock.ms += 60_000
+    recent = [encode("orders", f"v{n}".encode()) for n in range(50)]
+    store.append(recent)
+    store.dispatcher.catch_up()
+    assert len(list(store.config.index_dir.iterdir())) > 3
+    since = clock.ms - 30_000
+
+    def ids(raws: list[bytearray]) -> list[bytes]:
+        return [decode(r, verify=False).msg_id for r in raws]
+
+    fresh = [random.Random(n).randbytes(16) for n in range(200)]
+    assert not store.index.holds_any_id(fresh, since)
+    assert not store.index.holds_any_id(ids(old), since)
+    assert store.index.holds_any_id(ids(old), since - 60_000)
+    for msg_id in ids(recent):
+        assert store.index.holds_any_id([*fresh, msg_id], since)

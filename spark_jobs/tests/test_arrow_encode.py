@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import random
+import zlib
+
 import numpy as np
 import pyarrow as pa
 
 from metaq.common import record
-from metaq.spark.arrow_encode import derived_ids, encode_bodies, payload
+from metaq.spark.arrow_encode import derived_ids, encode_bodies, id_hashes, payload
 
 
 def test_records_equal_the_per_row_encoding() -> None:
@@ -33,3 +36,11 @@ def test_records_equal_the_per_row_encoding() -> None:
     decoded = list(record.iter_records(payload(records), verify=False))
     assert [r.body for r in decoded] == bodies
     assert [r.msg_id for r in decoded] == [bytes(row) for row in ids]
+
+
+def test_id_hashes_are_zlib_crc32_of_each_id() -> None:
+    """The queue of a row written in a batch must be shard_queue's, which hashes with zlib."""
+    rng = random.Random(3)
+    ids = np.frombuffer(rng.randbytes(16 * 500), np.uint8).reshape(-1, 16)
+    ids = np.concatenate([ids, derived_ids(b"\xff" * 8, 2**63 - 10, 10)])
+    assert id_hashes(ids).tolist() == [zlib.crc32(bytes(row)) for row in ids]

@@ -124,3 +124,33 @@ def test_a_retried_send_of_an_id_stored_in_another_topic_is_stored(tmp_path: Pat
         wait_until(lambda: run_async(copies()) == [b"original"], 10.0, "the copy is readable")
     finally:
         broker.kill()
+
+
+def test_a_retried_batch_of_new_ids_is_stored_whole_and_its_pipelined_retry_not_again(
+    tmp_path: Path,
+) -> None:
+    """Every Spark write sends with the retry flag: a batch none of whose ids is stored
+    is appended whole, and the same batch right behind it on the connection (before any
+    dispatch turn) is answered from the log."""
+    broker = BrokerProcess.start(tmp_path / "broker")
+    try:
+        run_async(put_topic(broker.http_url, TOPIC, read_queues=1, write_queues=1))
+        batch = [encode(TOPIC, f"row {n}".encode()) for n in range(300)]
+
+        async def scenario() -> None:
+            client = await DataClient.connect(broker.data_host, broker.data_port)
+            try:
+                first, again = await asyncio.gather(
+                    client.send(TOPIC, 0, batch, flags=SendRequest.FLAG_RETRY),
+                    client.send(TOPIC, 0, batch, flags=SendRequest.FLAG_RETRY),
+                )
+                assert list(first.queue_offsets) == list(range(300))
+                assert list(again.queue_offsets) == list(range(300))
+                assert list(again.commitlog_offsets) == list(first.commitlog_offsets)
+            finally:
+                await client.close()
+
+        run_async(scenario())
+        assert dispatched(broker, 300) == [f"row {n}".encode() for n in range(300)]
+    finally:
+        broker.kill()

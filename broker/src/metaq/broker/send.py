@@ -23,7 +23,7 @@ from metaq.broker.delay import DelayPolicy, divert, parse_levels
 from metaq.broker.metrics import BrokerMetrics
 from metaq.broker.role import GroupRole
 from metaq.broker.store import FlushMode, MessageStore
-from metaq.broker.store.commitlog import Appended
+from metaq.broker.store.commitlog import Appended, RecordBatch
 from metaq.broker.store.flush import AsyncDurability
 from metaq.broker.topics import TopicConfig, TopicTable
 from metaq.broker.transactions import Transactions, to_half
@@ -136,9 +136,10 @@ class SendHandler:
             batch is not None
             and len(batch.sizes) == request.record_count
             and not batch.flags & _SPECIAL_FLAGS
-            and not request.flags & SendRequest.FLAG_RETRY
+            and not (request.flags & SendRequest.FLAG_RETRY and self._any_stored(batch, topic))
         ):
-            # The common send: checked in one pass, appended with one copy.
+            # The common send, and a retry none of whose ids is stored (every Spark write
+            # sends so): checked in one pass, appended with one copy.
             self._transactions.producer_seen(request.producer_group, responder)
             appended = self._store.append(batch, wake_dispatcher=False)
             # The slaves' parked fetches are answered first, so the bytes a sync send
@@ -199,8 +200,9 @@ class SendHandler:
     def _append_records(
         self, responder: Responder, payload: memoryview, topic: bytes, request: SendRequest
     ) -> tuple[Appended, list[bytes]]:
-        """The record-by-record send: delayed and half messages, retries, a first send to
-        a topic, and any batch the one-pass check refused (the checks here say why)."""
+        """The record-by-record send: delayed and half messages, retries that find an id
+        stored, a first send to a topic, and any batch the one-pass check refused (the
+        checks here say why)."""
         records: Sequence[Buffer]
         records, flags = split_records(payload, topic, request.queue_id, request.record_count)
         # Any process of a producer group may be asked how a half message of it ended.
@@ -213,6 +215,27 @@ class SendHandler:
         if request.flags & SendRequest.FLAG_RETRY:
             return self._append_missing(records), msg_ids
         return self._store.append(records), msg_ids
+
+    def _any_stored(self, batch: RecordBatch, topic: TopicConfig) -> bool:
+        """Does the store hold, within the de-dup window, any id of ``batch`` in its topic?
+
+        The first try of a write sent with the retry flag finds none, and so keeps the
+        one-pass append; a batch that finds one goes record by record
+        (:meth:`_append_missing`), which looks each id up again. The index's hashes
+        answer "none" for the whole batch in one pass; only a batch with a candidate
+        pays for reading records to tell a stored id from a hash collision.
+        """
+        store = self._store
+        store.dispatcher.catch_up()  # the id index is built by the dispatcher
+        oldest = time.time_ns() // 1_000_000 - self._config.dedup_window_ms
+        if not store.index.holds_any_id(batch.msg_ids, oldest):
+            return False
+        name = topic.name
+        for msg_id in batch.msg_ids:
+            stored = store.lookup_id(msg_id, name)
+            if stored is not None and stored.store_timestamp_ms >= oldest:
+                return True
+        return False
 
     def _append_missing(self, records: Sequence[Buffer]) -> Appended:
         """A retried batch: append only the records not stored already; the answer lists

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from typing import Final
 
 import pyarrow as pa
+import uvloop
 
 from metaq.client.pull_consumer import PullConsumer, PullStatus, QueueNotRouted
 from metaq.client.routes import QueueRoute
@@ -47,7 +48,7 @@ def read_range(options: SourceOptions, rng: QueueRange, tags: str) -> Iterator[p
     """Every message of ``rng`` (matching ``tags``), in offset order, as Arrow batches."""
     if rng.size <= 0:
         return
-    loop = asyncio.new_event_loop()
+    loop = uvloop.new_event_loop()
     consumer = PullConsumer(
         options.nameservers,
         READER_GROUP,

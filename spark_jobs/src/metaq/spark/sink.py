@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
-import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -37,7 +36,7 @@ from metaq.client.routes import QueueRoute, TopicRoute
 from metaq.client.selection import shard_queue
 from metaq.common import record
 from metaq.common.errors import InvalidMessage
-from metaq.spark.arrow_encode import derived_ids, encode_bodies, payload
+from metaq.spark.arrow_encode import derived_ids, encode_bodies, id_hashes, payload
 from metaq.spark.options import OptionError, SinkOptions
 
 COLUMNS: Final[dict[str, tuple[DataType, ...]]] = {
@@ -133,10 +132,8 @@ class RowSender:
             raise RowError(f"column 'topic': {exc}") from None
         queues = route.write_queues
         ids = derived_ids(self.prefix, self.row, n)
-        raw = ids.tobytes()
         # shard_queue's choice, by the id, for every row: a retry goes where the first try went.
-        picks = np.array([zlib.crc32(raw[i : i + 16]) for i in range(0, 16 * n, 16)], np.int64)
-        picks %= len(queues)
+        picks = id_hashes(ids).astype(np.int64) % len(queues)
         queue_ids = np.array([q.queue_id for q in queues], np.int32)[picks]
         records = encode_bodies(topic, bodies, ids, queue_ids, time.time_ns() // 1_000_000)
         self.row += n

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pyarrow as pa
+import uvloop
 from pyspark import TaskContext
 from pyspark.sql.datasource import (
     DataSourceArrowWriter,
@@ -63,7 +64,8 @@ def write_partition(
         finally:
             await producer.close()
 
-    stats = asyncio.run(go())
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        stats = runner.run(go())
     return TaskWritten(partition, stats.rows, stats.acknowledged)
 
 

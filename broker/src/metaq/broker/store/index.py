@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import struct
+import sys
 import zlib
 from pathlib import Path
 from typing import Final
@@ -24,6 +25,9 @@ _TAIL: Final = struct.Struct("<qqi")
 _SLOT: Final = struct.Struct("<I")
 _ENTRY: Final = struct.Struct("<Iqii")
 """key hash, commitlog offset, seconds since the file's begin time, previous entry."""
+_ENTRY_WORDS: Final = _ENTRY.size // 4
+# holds_any reads the little-endian files as native words.
+assert sys.byteorder == "little", "the message index is read as little-endian words"
 
 MSG_ID_PREFIX: Final = b"\x00"
 _ID_SEED: Final = zlib.crc32(MSG_ID_PREFIX)
@@ -122,6 +126,37 @@ class IndexFile:
             number = previous
         return found
 
+    def holds_any(self, hashes: list[int], begin_ms: int) -> bool:
+        """Is an entry of one of ``hashes`` stored at ``begin_ms`` or later in this file?
+
+        A retried SEND asks this for each of its ids, and a new id walks its slot's whole
+        chain: the slots and entries are read as native 32-bit words (an entry is five),
+        1.5-2x faster than unpacking each entry.
+        """
+        if self.count == 0 or self.end_ms < begin_ms:
+            return False
+        count, slots, view = self.count, self.slots, self.segment.view
+        entries_at = self._entries_at
+        earliest_seconds = (begin_ms - 1000 - self.begin_ms) // 1000
+        with (
+            view[_HEADER.size : entries_at].cast("I") as slot_numbers,
+            view[entries_at : entries_at + (count + 1) * _ENTRY.size].cast("I") as words,
+        ):
+            for key_hash in hashes:
+                number = slot_numbers[key_hash % slots]
+                while 0 < number <= count:
+                    at = number * _ENTRY_WORDS
+                    if (
+                        words[at] == key_hash
+                        and _ENTRY.unpack_from(words, at * 4)[2] >= earliest_seconds
+                    ):
+                        return True
+                    previous = words[at + 4]  # a torn entry's may be "negative": huge here
+                    if previous >= number:  # an entry torn by a crash; chains only point back
+                        break
+                    number = previous
+        return False
+
 
 class MessageIndex:
     def __init__(self, directory: Path, slots: int, capacity: int, disk: Disk) -> None:
@@ -171,6 +206,12 @@ class MessageIndex:
             if len(out) >= limit:
                 break
         return out[:limit]
+
+    def holds_any_id(self, msg_ids: list[bytes], begin_ms: int) -> bool:
+        """Might one of ``msg_ids`` be stored at ``begin_ms`` or later? A yes may be a
+        hash collision (look the ids up to be sure); a no is certain."""
+        hashes = [hash_id(m) for m in msg_ids]
+        return any(index.holds_any(hashes, begin_ms) for index in reversed(self.files))
 
     def segments(self) -> list[Segment]:
         """The files to sync for a checkpoint, with their headers brought up to date."""
