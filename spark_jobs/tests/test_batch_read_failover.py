@@ -14,14 +14,13 @@ from typing import Any
 
 from spark_testing import integration_module
 
-from metaq.broker.testing.admin import put_topic, scrape
+from metaq.broker.testing.admin import scrape
 from metaq.client.errors import UnknownTopic
 from metaq.client.message import OutgoingMessage
 from metaq.client.producer import Producer
 from metaq.client.results import SendStatus
 from metaq.client.routes import RouteCache
 from metaq.common.testing import run_async, wait_until
-from metaq.nameserver.testing import start_nameserver
 
 MESSAGES = 2_000
 
@@ -59,20 +58,9 @@ def test_a_batch_read_while_the_master_is_down_returns_every_acknowledged_messag
     rg = integration_module("replica_group")
     # No failover (the slave must stay a slave); the nameserver drops the dead master from
     # the route within 2 s, after which the route names the slave.
-    nameserver = start_nameserver(
-        tmp_path / "ns", "--broker-expiry-s", "2", "--expiry-scan-interval-s", "0.2"
-    )
-    group = rg.ReplicaGroup(
-        tmp_path,
-        [nameserver],
-        ["--nameserver", nameserver.grpc_address, "--set", "failover=false",
-         "--set", "replication_mode=sync", "--set", "min_in_sync_replicas=2"],
-    )  # fmt: skip
+    group = rg.start_pair_without_failover(tmp_path, queues=4)
+    nameserver, master, slave = group.nameservers[0], group.brokers[0], group.brokers[1]
     try:
-        master, slave = group.start_broker(0), group.start_broker(1)
-        master.wait_master(20)
-        run_async(put_topic(master.http_url, rg.TOPIC, read_queues=4, write_queues=4))
-        group.wait_in_sync([0, 1])
         wait_routed_to(nameserver.grpc_address, rg.TOPIC, master, "the route names the master")
         acked = run_async(send_all(nameserver.grpc_address, rg.TOPIC))
         assert len(acked) == MESSAGES, "sync sends to a healthy pair are all acknowledged"

@@ -126,6 +126,31 @@ class ReplicaGroup:
             nameserver.stop()
 
 
+def start_pair_without_failover(work_dir: Path, *, queues: int) -> ReplicaGroup:
+    """MetaQ 2.0's master and slave: sync replication and no failover (the slave stays a
+    slave), behind a nameserver that drops a dead broker from routes within 2 s; the
+    pair in sync, holding ``TOPIC`` with ``queues`` queues."""
+    nameserver = start_nameserver(
+        work_dir / "ns0", "--broker-expiry-s", "2", "--expiry-scan-interval-s", "0.2"
+    )
+    group = ReplicaGroup(
+        work_dir,
+        [nameserver],
+        ["--nameserver", nameserver.grpc_address, "--set", "failover=false",
+         "--set", "replication_mode=sync", "--set", "min_in_sync_replicas=2"],
+    )  # fmt: skip
+    try:
+        master = group.start_broker(0)
+        group.start_broker(1)
+        master.wait_master(20)
+        asyncio.run(put_topic(master.http_url, TOPIC, read_queues=queues, write_queues=queues))
+        group.wait_in_sync([0, 1])
+    except BaseException:
+        group.stop()
+        raise
+    return group
+
+
 def start_group(
     work_dir: Path,
     *,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from impostor import Impostor
-from replica_group import TOPIC, ReplicaGroup, health, start_group
+from replica_group import TOPIC, ReplicaGroup, health, start_group, start_pair_without_failover
 
 from metaq.broker.testing import BrokerError, BrokerProcess, DataClient
 from metaq.broker.testing.admin import put_topic, scrape
@@ -101,20 +101,9 @@ def test_offsets_committed_at_a_slave_while_the_master_is_down_reach_it_when_it_
     tmp_path: Path,
 ) -> None:
     # Without failover (MetaQ 2.0's master/slave): the master comes back as master.
-    nameserver = start_nameserver(
-        tmp_path / "ns0", "--broker-expiry-s", "2", "--expiry-scan-interval-s", "0.2"
-    )
-    group = ReplicaGroup(
-        tmp_path,
-        [nameserver],
-        ["--nameserver", nameserver.grpc_address, "--set", "failover=false",
-         "--set", "replication_mode=sync", "--set", "min_in_sync_replicas=2"],
-    )  # fmt: skip
+    group = start_pair_without_failover(tmp_path, queues=2)
+    master, slave = group.brokers[0], group.brokers[1]
     try:
-        master, slave = group.start_broker(0), group.start_broker(1)
-        master.wait_master(20)
-        run_async(put_topic(master.http_url, TOPIC, read_queues=2, write_queues=2))
-        group.wait_in_sync([0, 1])
         send(master, 100)
         group.wait_caught_up(1)
         commit(master, 10)
