@@ -4,7 +4,6 @@ each system, the role processes it starts, the disk's own read rate, and the pag
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
@@ -67,23 +66,14 @@ async def claim_backlog(nameserver: str, topic: str, group: str) -> None:
 
 async def fill_rabbitmq_stream(port: int, stream: str, body: bytes, messages: int) -> int:
     """Messages stored: ``messages``, rounded up to whole batches (as for Redis)."""
+    from peer_rabbitmq import send_confirmed
     from rstream import Producer as StreamProducer
 
     async with StreamProducer("127.0.0.1", port, username="guest", password="guest") as producer:
         await producer.create_stream(stream, exists_ok=True)
 
         async def send(count: int) -> None:
-            confirmed = asyncio.get_running_loop().create_future()
-            left = count
-
-            def on_confirm(_status: Any) -> None:
-                nonlocal left
-                left -= 1
-                if left == 0 and not confirmed.done():
-                    confirmed.set_result(None)
-
-            await producer.send_batch(stream, [body] * count, on_publish_confirm=on_confirm)
-            await confirmed
+            await send_confirmed(producer, stream, body, count)
 
         budget = Budget(UNBOUNDED_S, messages)
         await windowed(budget, send, FILL_BATCH, FILL_CALLERS)

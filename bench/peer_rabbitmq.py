@@ -22,6 +22,22 @@ USER: Final = "guest"
 WINDOWS: Final = 4
 
 
+async def send_confirmed(producer: StreamProducer, stream: str, body: bytes, count: int) -> None:
+    """``count`` copies of ``body`` in one batch, returning once the stream confirmed all:
+    ``send_batch`` itself returns as soon as the frame is written."""
+    confirmed = asyncio.get_running_loop().create_future()
+    left = count
+
+    def on_confirm(_status: Any) -> None:
+        nonlocal left
+        left -= 1
+        if left == 0 and not confirmed.done():
+            confirmed.set_result(None)
+
+    await producer.send_batch(stream, [body] * count, on_publish_confirm=on_confirm)
+    await confirmed
+
+
 class RabbitStream:
     key = "rabbitmq_stream"
     label = "RabbitMQ stream"
@@ -73,19 +89,7 @@ class RabbitStream:
         async with self._stream() as stream:
 
             async def send(count: int) -> None:
-                confirmed = asyncio.get_running_loop().create_future()
-                left = count
-
-                def on_confirm(_status: Any) -> None:
-                    nonlocal left
-                    left -= 1
-                    if left == 0 and not confirmed.done():
-                        confirmed.set_result(None)
-
-                await self._producer.send_batch(
-                    stream, [body] * count, on_publish_confirm=on_confirm
-                )
-                await confirmed
+                await send_confirmed(self._producer, stream, body, count)
 
             await windowed(budget, send, IN_FLIGHT // WINDOWS, WINDOWS)
 
