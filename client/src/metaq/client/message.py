@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import functools
 import zlib
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field, fields
-from typing import Any, Final
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Final
+
+import msgspec
 
 from metaq.common import record
 from metaq.common.errors import InvalidRecord
@@ -27,20 +29,26 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
-class Message:
+class Message(msgspec.Struct, frozen=True, gc=False):
     """One stored message, body inflated.
 
     ``msg_id`` is the 16-byte message id in hex (what ``SendResult.msg_id`` and
     ``metaq query id`` use). ``queue_offset`` is the message's position in its consume
-    queue; commit ``queue_offset + 1`` once it is processed.
+    queue; commit ``queue_offset + 1`` once it is processed. Immutable; a changed copy
+    is ``msgspec.structs.replace(message, topic=...)``.
+
+    A ``msgspec.Struct`` rather than a dataclass because a consumer builds one per
+    message: its sixteen fields are set in C (about 0.07 µs, against 0.8 µs for a frozen,
+    slotted dataclass), and ``gc=False`` keeps the cyclic collector from tracking
+    millions of them (a message refers to strings, bytes, a tuple and a dict, never to
+    itself).
     """
 
     topic: str
     body: bytes
     tags: str = ""
     keys: tuple[str, ...] = ()
-    properties: Mapping[str, str] = field(default_factory=dict)
+    properties: Mapping[str, str] = msgspec.field(default_factory=dict)
     msg_id: str = ""
     queue_id: int = 0
     queue_offset: int = -1
@@ -59,30 +67,6 @@ class Message:
     def text(self) -> str:
         """The body as UTF-8 text (replacement characters where it is not)."""
         return self.body.decode(errors="replace")
-
-
-def _slot_constructor(cls: type[Any]) -> Callable[..., Any]:
-    """A positional constructor of the frozen, slotted dataclass ``cls`` that stores each
-    field through its slot's descriptor.
-
-    A frozen dataclass's ``__init__`` sets each field with ``object.__setattr__``,
-    looked up and called once per field: about 1.1 µs for a Message's sixteen, a fifth
-    of what a consumer spends on a message. Calling the slots' descriptors directly,
-    unrolled, builds the same object in half that; the instance is as frozen as any
-    other. Generated from the class's own fields, so it follows them.
-    """
-    names = [f.name for f in fields(cls)]
-    setters = {f"_set_{name}": getattr(cls, name).__set__ for name in names}
-    lines = [f"def build({', '.join(names)}, /):", "    obj = _new(_cls)"]
-    lines += [f"    _set_{name}(obj, {name})" for name in names]
-    lines.append("    return obj")
-    namespace: dict[str, Any] = {"_new": object.__new__, "_cls": cls, **setters}
-    exec("\n".join(lines), namespace)  # the source holds only the field names
-    built: Callable[..., Any] = namespace["build"]
-    return built
-
-
-_new_message: Callable[..., Message] = _slot_constructor(Message)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -118,7 +102,7 @@ def _message(
     store = _HOSTS.get(store_host)
     if store is None:
         store = _host(store_host)
-    return _new_message(
+    return Message(
         topic, body, tags, keys, properties, msg_id.hex(), queue_id, queue_offset,
         commitlog_offset, born_timestamp_ms, store_timestamp_ms, born, store,
         reconsume_times, flags, size,

@@ -17,8 +17,9 @@ groups reading the same topic never see them.
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
 from typing import Final
+
+from msgspec.structs import replace
 
 from metaq.client.connection import ConnectionPool
 from metaq.client.message import Message

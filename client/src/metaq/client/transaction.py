@@ -25,8 +25,9 @@ import asyncio
 import enum
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import replace
 from typing import Any
+
+from msgspec.structs import replace
 
 from metaq.client.connection import BrokerConnection
 from metaq.client.message import Message, decode_message
