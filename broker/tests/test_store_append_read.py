@@ -438,3 +438,66 @@ def test_an_offset_appended_but_not_yet_dispatched_reads_as_nothing_new_not_as_w
     assert beyond.status is GetStatus.OFFSET_OVERFLOW_BADLY
     store.dispatcher.catch_up()
     assert store.get("T", 0, 1).status is GetStatus.FOUND
+
+
+def test_a_queues_adjacent_records_are_read_as_one_span_and_split_where_others_lie_between(
+    open_store: OpenStore,
+) -> None:
+    store = open_store()
+    first = store.append([encode("spans", bytes([n]) * 100) for n in range(5)])
+    store.append([encode("spans", b"other queue", queue_id=1)])
+    second = store.append([encode("spans", bytes([n]) * 100) for n in range(5, 8)])
+    store.dispatcher.catch_up()
+
+    result = store.get("spans", 0, 0)
+
+    assert (result.status, result.count, result.next_offset) == (GetStatus.FOUND, 8, 8)
+    assert result.span_starts == [first.commitlog_offsets[0], second.commitlog_offsets[0]]
+    assert [len(span) for span in result.spans] == [
+        first.end - first.start,
+        second.end - second.start,
+    ]
+    assert [decode(r).body[0] for r in result.records] == list(range(8))
+    assert result.queue_offsets == list(range(8))
+    assert (result.log_start, result.log_end) == (first.start, second.end)
+
+
+def test_a_span_never_runs_past_the_end_of_its_file(open_store: OpenStore) -> None:
+    segment_bytes = 16 * 1024
+    store = open_store(
+        commitlog_segment_bytes=segment_bytes, max_message_bytes=8192, max_properties_bytes=1024
+    )
+    overhead = len(encode("fill", b""))
+    # Back to back in the log, but the second ends the first file and the third opens the next.
+    store.append([encode("fill", bytes(segment_bytes // 2 - overhead)) for _ in range(2)])
+    store.append([encode("fill", b"next")])
+    store.dispatcher.catch_up()
+
+    result = store.get("fill", 0, 0)
+
+    assert result.count == 3
+    assert result.span_starts == [0, segment_bytes]
+    assert [len(span) for span in result.spans] == [segment_bytes, len(result.records[2])]
+
+
+def test_keep_below_cuts_inside_a_span_and_drops_the_spans_past_the_cut(
+    open_store: OpenStore,
+) -> None:
+    store = open_store()
+    first = store.append([encode("cut", bytes([n]) * 100) for n in range(5)])
+    store.append([encode("cut", b"other queue", queue_id=1)])
+    second = store.append([encode("cut", bytes([n]) * 100) for n in range(5, 8)])
+    store.dispatcher.catch_up()
+
+    inside = store.get("cut", 0, 0)
+    inside.keep_below(first.commitlog_offsets[3])
+    past = store.get("cut", 0, 0)
+    past.keep_below(second.commitlog_offsets[0])
+    nothing = store.get("cut", 0, 0)
+    nothing.keep_below(first.start)
+
+    assert (inside.count, inside.queue_offsets, inside.log_end) == (
+        3, [0, 1, 2], first.commitlog_offsets[3],
+    )  # fmt: skip
+    assert (past.count, len(past.spans), past.log_end) == (5, 1, first.end)
+    assert (nothing.count, nothing.spans, nothing.log_start) == (0, [], -1)

@@ -22,7 +22,6 @@ copies move on.
 from __future__ import annotations
 
 import asyncio
-import bisect
 import logging
 from typing import Final
 
@@ -211,13 +210,9 @@ class PullHandler:
                 lo = mid + 1
         if lo >= result.next_offset:
             return
-        kept = bisect.bisect_left(result.queue_offsets, lo)
-        for view in result.records[kept:]:
-            view.release()
-        del result.records[kept:]
-        del result.queue_offsets[kept:]
+        result.keep_below(queue.entry(lo)[0])
         result.next_offset = lo
-        if not result.records:
+        if not result.count:
             # Entries skipped by tag below the limit still move the consumer on; with
             # none, it waits for the slaves' copies like a pull at the queue's end.
             moved_on = lo > pull.offset
@@ -226,7 +221,7 @@ class PullHandler:
             )
 
     def _answer(self, pull: PendingPull, result: GetResult) -> None:
-        if result.records and self.cold_reads.is_cold(result.log_start):
+        if result.count and self.cold_reads.is_cold(result.log_start):
             self._metrics.pulls_read_in.inc()
             self.cold_reads.read_then(
                 result.log_start, result.log_end, lambda: self._respond(pull, result)
@@ -235,21 +230,21 @@ class PullHandler:
         self._respond(pull, result)
 
     def _respond(self, pull: PendingPull, result: GetResult) -> None:
-        records = result.records
+        spans = result.spans
         header = PullResponse(
             status=_STATUS[result.status],
             next_offset=result.next_offset,
             min_offset=result.min_offset,
             max_offset=result.max_offset,
-            record_count=len(records),
+            record_count=result.count,
         ).SerializeToString()
-        self._metrics.pulled(pull.topic, result.status.value, len(records), sum(map(len, records)))
+        self._metrics.pulled(pull.topic, result.status.value, result.count, sum(map(len, spans)))
         pull.responder.respond(
             encode_frame(
                 FrameType.PULL,
                 pull.request_id,
                 header,
-                records,
+                spans,
                 FLAG_RESPONSE,
                 max_frame_bytes=self._config.max_frame_bytes,
             )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterator
+from itertools import chain
 from pathlib import Path
 from typing import Final
 
@@ -143,22 +144,21 @@ class ConsumeQueue:
         offset, size, tag = ENTRY.unpack_from(segment.view, at - segment.start)
         return offset, size, tag
 
-    def entries(self, start: int, end: int) -> Iterator[tuple[int, int, int, int]]:
-        """(queue offset, commitlog offset, size, tag code) for ``start <= n < end``."""
+    def entries(self, start: int, end: int) -> Iterator[tuple[int, int, int]]:
+        """(commitlog offset, size, tag code) for ``start <= n < end``, in order, unpacked
+        in C a file's run at a time (a pull reads hundreds per request)."""
+        return chain.from_iterable(ENTRY.iter_unpack(block) for block in self._blocks(start, end))
+
+    def _blocks(self, start: int, end: int) -> Iterator[memoryview]:
         at = start * ENTRY_SIZE
         stop = end * ENTRY_SIZE
         while at < stop:
             segment = self.segments.find(at)
             if segment is None:
                 return
-            view = segment.view
-            limit = min(stop, segment.end) - segment.start
-            n = at // ENTRY_SIZE
-            for pos in range(at - segment.start, limit, ENTRY_SIZE):
-                offset, size, tag = ENTRY.unpack_from(view, pos)
-                yield n, offset, size, tag
-                n += 1
-            at = segment.end
+            limit = min(stop, segment.end)
+            yield segment.view[at - segment.start : limit - segment.start]
+            at = limit
 
     def truncate_to_commitlog(self, commitlog_end: int) -> None:
         """Drop entries whose records lie at or past ``commitlog_end``.

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import enum
+import struct
 from collections.abc import Collection
 from dataclasses import dataclass, field
+from typing import Final
 
 from metaq.broker.store.commitlog import CommitLog
 from metaq.broker.store.consume_queue import ConsumeQueue
@@ -27,28 +29,83 @@ class GetStatus(enum.Enum):
     """The entry exists but its commitlog bytes were deleted; restart at next_offset."""
 
 
+_LENGTH: Final = struct.Struct("<I")
+_QUEUE_OFFSET: Final = struct.Struct("<q")
+_QUEUE_OFFSET_AT: Final = 24
+"""Where a record's header keeps its queue offset (``docs/storage-format.md``)."""
+
+
 @dataclass(slots=True)
 class GetResult:
+    """What a read found. The records are ``spans``: each a view of records that lie back
+    to back in one commitlog file, in queue order. A pull answers with the spans as they
+    are (a queue's records are mostly adjacent in the log: a producer's batch for a queue
+    is stored as one run), so a read costs a view per run rather than per record."""
+
     status: GetStatus
     next_offset: int
     min_offset: int
     max_offset: int
-    records: list[memoryview] = field(default_factory=list)
-    queue_offsets: list[int] = field(default_factory=list)
+    spans: list[memoryview] = field(default_factory=list)
+    count: int = 0
+    """Records in ``spans``."""
     log_start: int = -1
     """Commitlog offset of the first record returned (-1 with none)."""
     log_end: int = -1
     """Commitlog offset just past the last record returned."""
+    span_starts: list[int] = field(default_factory=list)
+    """Commitlog offset of each span's first record."""
+
+    @property
+    def records(self) -> list[memoryview]:
+        """One view per record, in queue order (split from the spans by their lengths)."""
+        views = []
+        for span in self.spans:
+            at, end = 0, len(span)
+            while at < end:
+                size = _LENGTH.unpack_from(span, at)[0]
+                views.append(span[at : at + size])
+                at += size
+        return views
+
+    @property
+    def queue_offsets(self) -> list[int]:
+        """Each record's queue offset, from its header."""
+        return [_QUEUE_OFFSET.unpack_from(r, _QUEUE_OFFSET_AT)[0] for r in self.records]
 
     @property
     def total_bytes(self) -> int:
-        return sum(len(r) for r in self.records)
+        return sum(map(len, self.spans))
+
+    def keep_below(self, log_offset: int) -> None:
+        """Drop the records at or past commitlog offset ``log_offset``."""
+        if self.log_end <= log_offset:
+            return
+        kept_spans: list[memoryview] = []
+        kept_starts: list[int] = []
+        count = 0
+        for span, start in zip(self.spans, self.span_starts, strict=True):
+            if start >= log_offset:
+                span.release()
+                continue
+            at = 0
+            while at < len(span) and start + at < log_offset:
+                at += _LENGTH.unpack_from(span, at)[0]
+                count += 1
+            kept_spans.append(span[:at] if at < len(span) else span)
+            kept_starts.append(start)
+            self.log_end = start + at
+        self.spans, self.span_starts, self.count = kept_spans, kept_starts, count
+        if not count:
+            self.log_start = self.log_end = -1
 
     def release(self) -> None:
         """Let go of the mapped pages now rather than at garbage collection."""
-        for record in self.records:
-            record.release()
-        self.records = []
+        for span in self.spans:
+            span.release()
+        self.spans = []
+        self.span_starts = []
+        self.count = 0
 
 
 def read_batch(
@@ -81,42 +138,83 @@ def read_batch(
     result = GetResult(GetStatus.NO_MATCHED_MESSAGE, offset, lo, hi)
     # Bound the entries a filtered read scans, so one pull never walks a whole queue.
     scan_limit = max_messages if tag_codes is None else max(max_messages * 16, 4096)
-    used = 0
-    next_offset = offset
     damaged = commitlog.damaged
-    for n, cl_offset, size, tag in queue.entries(offset, min(hi, offset + scan_limit)):
+    written = commitlog.write_offset
+    spans, span_starts = result.spans, result.span_starts
+    # The open run of records back to back: from run_start to run_end in the log, in
+    # run_view (a view from run_start to the end of its file, run_limit).
+    run_view = _NO_RUN
+    run_start = run_end = run_limit = 0
+    count = used = 0
+    n = offset - 1
+    for cl_offset, size, tag in queue.entries(offset, min(hi, offset + scan_limit)):
+        n += 1
         if tag_codes is not None and tag not in tag_codes:
-            next_offset = n + 1
+            result.next_offset = n + 1
             continue
         if damaged and cl_offset in damaged:
-            if result.records:
+            if count:
                 break
             raise StoreUnavailable(
                 f"the record at queue offset {n} (commitlog offset {cl_offset}) is damaged "
                 "on this broker and waits for repair from its master; read from the master"
             )
-        if result.records and used + size > max_bytes:
+        if count and used + size > max_bytes:
             break
-        view = commitlog.slice(cl_offset, size)
-        if view is None:
-            if not result.records:
-                result.status = GetStatus.OFFSET_MOVED
-                result.next_offset = _first_present(commitlog, queue, n)
-                return result
-            break
-        if not result.records:
-            result.log_start = cl_offset
-        result.log_end = cl_offset + size
-        result.records.append(view)
-        result.queue_offsets.append(n)
+        end = cl_offset + size
+        if cl_offset != run_end or end > run_limit:
+            view = _view_from(commitlog, cl_offset, end, written)
+            if view is None:
+                if not count:
+                    result.status = GetStatus.OFFSET_MOVED
+                    result.next_offset = _first_present(commitlog, queue, n)
+                    return result
+                break
+            if count:
+                spans.append(_closed(run_view, run_end - run_start))
+                span_starts.append(run_start)
+            else:
+                result.log_start = cl_offset
+            run_view, run_start, run_limit = view, cl_offset, cl_offset + len(view)
+        run_end = end
         used += size
-        next_offset = n + 1
-        if len(result.records) >= max_messages:
+        count += 1
+        result.next_offset = n + 1
+        if count >= max_messages:
             break
-    result.next_offset = next_offset
-    if result.records:
+    if count:
+        spans.append(_closed(run_view, run_end - run_start))
+        span_starts.append(run_start)
+        result.count = count
+        result.log_end = run_end
         result.status = GetStatus.FOUND
     return result
+
+
+_NO_RUN: Final = memoryview(b"")
+
+
+def _view_from(commitlog: CommitLog, start: int, end: int, written: int) -> memoryview | None:
+    """A view of the log from ``start`` to the end of its file, if ``[start, end)`` is
+    stored whole in one file; None where that part of the log is gone."""
+    if end > written:
+        return None
+    segment = commitlog.segments.find(start)
+    if segment is None or end > segment.end:
+        return None
+    try:
+        return segment.view[start - segment.start :]
+    except ValueError:  # retired and released between find and slice
+        return None
+
+
+def _closed(run_view: memoryview, size: int) -> memoryview:
+    """The run's records: the first ``size`` bytes of its view (which is let go)."""
+    if size == len(run_view):
+        return run_view
+    span = run_view[:size]
+    run_view.release()
+    return span
 
 
 def _first_present(commitlog: CommitLog, queue: ConsumeQueue, start: int) -> int:
