@@ -183,36 +183,18 @@ class HandlerPool:
 
     async def _work(self) -> None:
         ready = self._ready
-        stats = self._stats
         try:
             while ready:
                 item = ready[0]
+                if type(item) is _Run:
+                    await self._work_run(item)
+                    continue
+                assert isinstance(item, _Call)
+                ready.popleft()
                 self._queued -= 1
                 self._busy += 1
                 try:
-                    if type(item) is _Call:
-                        ready.popleft()
-                        await self._attempt(item)
-                        continue
-                    # A run's message, called here rather than through a _Call: a
-                    # drain hands out hundreds of thousands a second.
-                    assert isinstance(item, _Run)
-                    index = item.next
-                    item.next = index + 1
-                    if index + 1 == len(item.messages):
-                        ready.popleft()
-                    message = item.messages[index]
-                    try:
-                        if await item.handler(message) is LATER:
-                            raise ReconsumeLater("the handler asked to see the message later")
-                    except Exception as exc:
-                        stats.failed_attempts += 1
-                        call = _Call(item.queue, (message,), _bind(item.handler, message), 1)
-                        if await self._failed(call, exc):
-                            item.queue.finish(message.queue_offset)
-                    else:
-                        stats.handled += 1
-                        item.queue.finish(message.queue_offset)
+                    await self._attempt(item)
                 finally:
                     # Cancelled (close after its timeout): its messages stay unfinished.
                     self._busy -= 1
@@ -221,6 +203,40 @@ class HandlerPool:
             # Out of the set before the task ends, not in a done callback: a call
             # submitted in between must not count on this worker to take it.
             self._workers.discard(asyncio.current_task())
+
+    async def _work_run(self, run: _Run) -> None:
+        """Take ``run``'s messages one at a time until none is left untaken.
+
+        A drain hands out hundreds of thousands of messages a second, so each is called
+        here with no object of its own. While this worker's handler is suspended, the
+        others take the run's next messages; the run leaves the FIFO with its last one.
+        """
+        ready, stats = self._ready, self._stats
+        messages, handler, queue = run.messages, run.handler, run.queue
+        last = len(messages) - 1
+        while (index := run.next) <= last:
+            run.next = index + 1
+            if index == last:
+                ready.popleft()
+            message = messages[index]
+            self._queued -= 1
+            self._busy += 1
+            try:
+                if await handler(message) is LATER:
+                    raise ReconsumeLater("the handler asked to see the message later")
+            except Exception as exc:
+                stats.failed_attempts += 1
+                call = _Call(queue, (message,), _bind(handler, message), 1)
+                if await self._failed(call, exc):
+                    queue.finish(message.queue_offset)
+            else:
+                stats.handled += 1
+                queue.finish(message.queue_offset)
+            finally:
+                # Cancelled (close after its timeout): its message stays unfinished.
+                self._busy -= 1
+                if not self._queued:
+                    self._check_idle()
 
     async def _attempt(self, item: _Call) -> None:
         item.attempt += 1
