@@ -539,6 +539,50 @@ def test_a_backlog_drains_within_the_in_flight_limit_and_commits_its_end(
     run_async(scenario(), timeout_s=60)
 
 
+def test_a_pull_asks_for_no_more_record_bytes_than_pull_batch_bytes(cluster: cc.Cluster) -> None:
+    """Behind, a pull stops at ``pull_batch_bytes`` before ``pull_batch_size`` messages."""
+    topic, group, total = "PullBytes", "group-pull-bytes", 60
+
+    async def scenario() -> None:
+        await cc.create_topic(cluster, topic, ["broker-b"], queues=1)
+        sender = cc.Sender(cluster)
+        await sender.send(topic, [("broker-b", 0)], total)
+        release = asyncio.Event()
+        sizes: list[int] = []
+
+        async def handle(message: Message) -> None:
+            sizes.append(message.size)
+            await release.wait()
+
+        # One message in flight is the limit: the first pull's messages are all it takes.
+        budget = 1000
+        consumer = PushConsumer(
+            cluster.nameservers, group, max_inflight_messages=1, pull_batch_size=256,
+            pull_batch_bytes=budget, **FAST,
+        )  # fmt: skip
+        consumer.subscribe(topic, handle)
+        key = (topic, "broker-b", 0)
+        try:
+            await consumer.start()
+            await cc.wait_for(
+                lambda: (q := consumer.queue_state(key)) is not None and q.full,
+                10,
+                "the first pull is held",
+            )
+            queue = consumer.queue_state(key)
+            assert queue is not None
+            await cc.wait_for(lambda: bool(sizes), 10, "a handler runs")
+            largest = max(sizes)
+            assert budget - largest < queue.offsets.bytes <= budget < total * min(sizes)
+            assert consumer.stats.pulled == queue.offsets.count
+        finally:
+            release.set()
+            await consumer.close()
+            await sender.close()
+
+    run_async(scenario(), timeout_s=60)
+
+
 def test_the_cli_tails_a_topic_shows_the_group_progress_and_resets_it(
     cluster: cc.Cluster, capsys: pytest.CaptureFixture[str]
 ) -> None:

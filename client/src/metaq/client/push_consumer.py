@@ -669,6 +669,7 @@ class PushConsumer:
             self.config.pull_batch_size,
             long_poll_s,
             tags=sub.tags,
+            max_bytes=self.config.pull_batch_bytes,
             commit_offset=commit,
         )
         if commit is not None:
