@@ -1,5 +1,6 @@
 """A pull for records the broker handed back from the page cache is read in on a reader
-thread before its answer, and one at the log's head is answered straight away."""
+thread before its answer, which goes out from the files by sendfile; one at the log's
+head is answered straight away, from the mapping."""
 
 from __future__ import annotations
 
@@ -20,6 +21,10 @@ RECORDS = 5000
 
 async def _read_in(broker: BrokerProcess) -> float:
     return (await scrape(broker.http_url)).get(("metaq_pulls_read_in_total", ()), 0.0)
+
+
+async def _zero_copied(broker: BrokerProcess) -> float:
+    return (await scrape(broker.http_url)).get(("metaq_zero_copy_bytes_total", ()), 0.0)
 
 
 def test_a_lagging_pull_is_read_in_off_the_loop_and_a_tailing_one_is_not(
@@ -52,6 +57,7 @@ def test_a_lagging_pull_is_read_in_off_the_loop_and_a_tailing_one_is_not(
             response, payload = await client.pull(TOPIC, 0, RECORDS - 10, max_messages=10)
             assert response.status == PullResponse.FOUND
             assert await _read_in(broker) == 0
+            assert await _zero_copied(broker) == 0
 
             # From the start: behind the window, read in first; the same bytes come back.
             offset = 0
@@ -62,6 +68,8 @@ def test_a_lagging_pull_is_read_in_off_the_loop_and_a_tailing_one_is_not(
                     assert record.body == offset.to_bytes(4, "little") * (BODY_BYTES // 4)
                     offset += 1
             assert await _read_in(broker) >= 3
+            # ...and went out from the files by sendfile, not through the mapping.
+            assert await _zero_copied(broker) >= 600 * BODY_BYTES * 0.9
         finally:
             await client.close()
 

@@ -10,22 +10,23 @@ test shows the result: sends fell to about 1,000 TPS at 65 ms while consumers re
 from disk.
 
 So a pull whose first record lies below what was handed back goes to a reader thread
-first. The thread reads the span of the log the pull covers with ``os.preadv`` (the
-GIL is released while the disk reads, and the pages land in the same page cache the
-mapping shows), asks the kernel to read ahead :data:`READ_AHEAD_BYTES` beyond it
+first. The thread reads the span of the log the pull covers into the page cache with
+``sendfile`` to ``/dev/null`` (the GIL is released while the disk reads, no byte is
+copied out to the broker, and the pages land in the same page cache the mapping
+shows), asks the kernel to read ahead :data:`READ_AHEAD_BYTES` beyond it
 (``posix_fadvise(WILLNEED)``: the group's next pulls, of this queue and of the queues
-interleaved with it in the log, find their pages there), and then the loop answers with
-the mapped views as usual, now resident. The records are still never decoded or
-copied into the answer.
+interleaved with it in the log, find their pages there), and then the loop answers as
+usual from the now resident pages (large answers by ``sendfile`` too,
+:mod:`metaq.broker.zero_copy`). The records are still never decoded.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
-import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -42,7 +43,6 @@ on this machine's disk, and a few segments' worth of other queues' records."""
 MAX_SPAN_BYTES: Final = 64 * MIB
 """At most this much of the log is read in for one pull (a pull of a sparse queue can
 span far more of the log than it returns); the rest faults in as before."""
-CHUNK_BYTES: Final = 1 * MIB
 THREADS: Final = 2
 """Two groups far behind in different parts of the log do not queue behind each other."""
 
@@ -72,9 +72,12 @@ def pieces(segments: SegmentQueue, start: int, end: int) -> list[Piece]:
     return found
 
 
-def read_in(parts: list[Piece], buffer: bytearray) -> None:
+def read_in(parts: list[Piece], sink: int) -> None:
     """Bring ``parts`` into the page cache and start the read-ahead after the last one.
-    Runs on a reader thread; a file retention deleted meanwhile is skipped."""
+    Runs on a reader thread; a file retention deleted meanwhile is skipped.
+
+    The pages are read by ``sendfile`` into ``sink`` (``/dev/null``): the kernel reads
+    them in without copying them out to the broker, which then throws them away."""
     for index, part in enumerate(parts):
         try:
             fd = os.open(part.path, os.O_RDONLY | os.O_CLOEXEC)
@@ -83,8 +86,7 @@ def read_in(parts: list[Piece], buffer: bytearray) -> None:
         try:
             done = 0
             while done < part.length:
-                size = min(len(buffer), part.length - done)
-                got = os.preadv(fd, [memoryview(buffer)[:size]], part.position + done)
+                got = os.sendfile(sink, fd, part.position + done, part.length - done)
                 if got <= 0:
                     break  # the file ends early (cut by recovery): nothing more to read
                 done += got
@@ -94,6 +96,12 @@ def read_in(parts: list[Piece], buffer: bytearray) -> None:
                 )
         finally:
             os.close(fd)
+
+
+@functools.cache
+def _sink() -> int:
+    """``/dev/null``, opened once for the process: what read-ins are sent to."""
+    return os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
 
 
 class ColdReads:
@@ -108,7 +116,6 @@ class ColdReads:
         self._released = released
         self._loop = asyncio.get_running_loop()
         self._executor: ThreadPoolExecutor | None = None
-        self._buffers: dict[int, bytearray] = {}
         self.reading = 0
         """Pulls whose records are being read in now."""
 
@@ -131,12 +138,7 @@ class ColdReads:
         future.add_done_callback(done)
 
     def _read(self, parts: list[Piece]) -> None:
-        # One buffer per reader thread: what is read is only wanted in the page cache.
-        ident = threading.get_ident()
-        buffer = self._buffers.get(ident)
-        if buffer is None:
-            buffer = self._buffers[ident] = bytearray(CHUNK_BYTES)
-        read_in(parts, buffer)
+        read_in(parts, _sink())
 
     def _answer(self, finished: Future[None], answer: Callable[[], None]) -> None:
         self.reading -= 1

@@ -35,13 +35,15 @@ import logging
 import socket
 import struct
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Final, Protocol, cast
 
 from google.protobuf.message import DecodeError
 
+from metaq.broker import zero_copy
 from metaq.broker.latency import Latency, LatencyFamily
 from metaq.broker.limits import RequestBudget
+from metaq.broker.zero_copy import FileRange, Part
 from metaq.common.errors import ErrorCode, MetaqError, ProtocolError
 from metaq.common.framing import (
     FLAG_RESPONSE,
@@ -77,7 +79,10 @@ class Responder(Protocol):
     @property
     def closed(self) -> bool: ...
 
-    def respond(self, parts: list[Buffer]) -> None: ...
+    def respond(self, parts: Sequence[Part]) -> None:
+        """Queue an answer: its first part holds the frame's prefix; a
+        :class:`~metaq.broker.zero_copy.FileRange` part may go out by ``sendfile``."""
+        ...
 
 
 Handler = Callable[[Responder, Frame], None]
@@ -101,6 +106,9 @@ class ConnectionHooks(Protocol):
     def answered(self, to_request: bool) -> None:
         """Answers were just written to a connection: ``to_request`` when answers to the
         read just handled, else answers that completed later."""
+
+    def zero_copied(self, nbytes: int) -> None:
+        """``nbytes`` of answers just went out by ``sendfile``."""
 
 
 class Connection(asyncio.Protocol):
@@ -128,8 +136,11 @@ class Connection(asyncio.Protocol):
         self._max_inflight = max_inflight
         self._resume_scheduled = False
         self._transport: asyncio.Transport | None = None
-        self._out: list[Buffer] = []
+        self._out: list[Part] = []
         self._out_bytes = 0
+        self._out_files = False
+        """Whether ``_out`` holds a FileRange (else it goes out in one ``writelines``)."""
+        self._sendfile_fd: int | None = None
         self._in_read = False
         self._flush_scheduled = False
         self._closed = False
@@ -169,6 +180,7 @@ class Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it.
         self._transport = cast(asyncio.Transport, transport)
+        self._sendfile_fd = zero_copy.socket_fd(transport)
         sock = transport.get_extra_info("socket")
         if sock is not None:
             # Answers are coalesced already: Nagle would only hold them back.
@@ -190,6 +202,8 @@ class Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
         self._out = []
+        self._out_files = False
+        self._sendfile_fd = None
         self._stash = []
         self._started = {}
         self._transport = None
@@ -338,13 +352,14 @@ class Connection(asyncio.Protocol):
     def closed(self) -> bool:
         return self._closed
 
-    def respond(self, parts: list[Buffer]) -> None:
+    def respond(self, parts: Sequence[Part]) -> None:
         """Queue an answer; it is written with the others of this read or loop turn."""
         if self._closed:
             return
-        if parts[0][6] & FLAG_RESPONSE and self.unanswered:
+        prefix = cast(Buffer, parts[0])
+        if prefix[6] & FLAG_RESPONSE and self.unanswered:
             self.unanswered -= 1
-            started = self._started.pop(_REQUEST_ID.unpack_from(parts[0], 8)[0], None)
+            started = self._started.pop(_REQUEST_ID.unpack_from(prefix, 8)[0], None)
             if started is not None:
                 started[0].observe(time.perf_counter() - started[1])
             if not self.unanswered:
@@ -361,6 +376,8 @@ class Connection(asyncio.Protocol):
                 self._loop.call_soon(self._resume_inflight)
         self._out += parts
         self._out_bytes += sum(map(len, parts))
+        if len(parts) > 1 and not self._out_files:
+            self._out_files = any(isinstance(part, FileRange) for part in parts)
         if not self._in_read and not self._flush_scheduled:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
@@ -458,7 +475,13 @@ class Connection(asyncio.Protocol):
         if self._out and self._transport is not None:
             out, self._out = self._out, []
             self._out_bytes = 0
-            self._transport.writelines(out)
+            if self._out_files:
+                self._out_files = False
+                zero_copied = zero_copy.write(self._transport, self._sendfile_fd, out)
+                if zero_copied:
+                    self._hooks.zero_copied(zero_copied)
+            else:
+                self._transport.writelines(cast(list[Buffer], out))
             self._hooks.answered(to_request)
 
     def close(self) -> None:

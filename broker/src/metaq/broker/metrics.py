@@ -166,6 +166,12 @@ class BrokerMetrics:
             "PULLs answered at once with nothing because max_parked_pulls were parked",
             registry=r,
         )
+        self.zero_copy_bytes = Counter(
+            "metaq_zero_copy_bytes",
+            "Bytes of PULL answers written from the commitlog's files by sendfile, not "
+            "copied through the broker (docs/broker.md)",
+            registry=r,
+        )
         self.pulls_read_in = Counter(
             "metaq_pulls_read_in",
             "PULLs for records behind the page-cache window, read in from disk on a "

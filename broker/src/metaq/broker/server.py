@@ -200,6 +200,9 @@ class DataServer:
     def answered(self, to_request: bool) -> None:
         self._idle_poll.answered(to_request)
 
+    def zero_copied(self, nbytes: int) -> None:
+        self._metrics.zero_copy_bytes.inc(nbytes)
+
     # --- idle connections -------------------------------------------------------------
 
     def close_idle(self, now: float) -> int:
