@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from metaq.broker.store import FlushMode, GetStatus, MessageStore
+from metaq.broker.store.commitlog import Appended
 from metaq.common.record import (
     BLANK_MAGIC,
     HEADER_SIZE,
@@ -440,14 +441,20 @@ def test_an_offset_appended_but_not_yet_dispatched_reads_as_nothing_new_not_as_w
     assert store.get("T", 0, 1).status is GetStatus.FOUND
 
 
+def _two_runs(store: MessageStore, topic: str) -> tuple[Appended, Appended]:
+    """Queue 0 of ``topic`` gets records 0-4 and 5-7 in two runs, queue 1's record between."""
+    first = store.append([encode(topic, bytes([n]) * 100) for n in range(5)])
+    store.append([encode(topic, b"other queue", queue_id=1)])
+    second = store.append([encode(topic, bytes([n]) * 100) for n in range(5, 8)])
+    store.dispatcher.catch_up()
+    return first, second
+
+
 def test_a_queues_adjacent_records_are_read_as_one_span_and_split_where_others_lie_between(
     open_store: OpenStore,
 ) -> None:
     store = open_store()
-    first = store.append([encode("spans", bytes([n]) * 100) for n in range(5)])
-    store.append([encode("spans", b"other queue", queue_id=1)])
-    second = store.append([encode("spans", bytes([n]) * 100) for n in range(5, 8)])
-    store.dispatcher.catch_up()
+    first, second = _two_runs(store, "spans")
 
     result = store.get("spans", 0, 0)
 
@@ -484,10 +491,7 @@ def test_keep_below_cuts_inside_a_span_and_drops_the_spans_past_the_cut(
     open_store: OpenStore,
 ) -> None:
     store = open_store()
-    first = store.append([encode("cut", bytes([n]) * 100) for n in range(5)])
-    store.append([encode("cut", b"other queue", queue_id=1)])
-    second = store.append([encode("cut", bytes([n]) * 100) for n in range(5, 8)])
-    store.dispatcher.catch_up()
+    first, second = _two_runs(store, "cut")
 
     inside = store.get("cut", 0, 0)
     inside.keep_below(first.commitlog_offsets[3])

@@ -27,6 +27,9 @@ from metaq.client.consumer import (
 from metaq.client.errors import BrokerError
 from metaq.client.message import Message
 from metaq.client.offset_store import LocalOffsetStore
+from metaq.client.process_queue import ProcessQueue
+from metaq.client.push_consumer import QueueKey
+from metaq.client.routes import QueueRoute
 from metaq.common.framing import FrameType
 from metaq.common.testing import wait_until_async
 from metaq.common.v1.data_pb2 import ConsumerHeartbeatRequest
@@ -488,6 +491,20 @@ def test_tag_filtered_subscriptions_get_only_their_tags(cluster: cc.Cluster) -> 
     run_async(scenario(), timeout_s=60)
 
 
+async def _held_full(consumer: PushConsumer, key: QueueKey) -> ProcessQueue[QueueRoute]:
+    """Start ``consumer`` (whose handler holds its messages) and return queue ``key``'s
+    state once the queue holds its limit of unfinished messages."""
+    await consumer.start()
+    await cc.wait_for(
+        lambda: (q := consumer.queue_state(key)) is not None and q.full,
+        10,
+        "the queue holds its limit of unfinished messages",
+    )
+    queue = consumer.queue_state(key)
+    assert queue is not None
+    return queue
+
+
 def test_a_backlog_drains_within_the_in_flight_limit_and_commits_its_end(
     cluster: cc.Cluster,
 ) -> None:
@@ -514,14 +531,7 @@ def test_a_backlog_drains_within_the_in_flight_limit_and_commits_its_end(
         consumer.subscribe(topic, handle)
         key = (topic, "broker-b", 0)
         try:
-            await consumer.start()
-            await cc.wait_for(
-                lambda: (q := consumer.queue_state(key)) is not None and q.full,
-                10,
-                "the queue holds its limit of unfinished messages",
-            )
-            queue = consumer.queue_state(key)
-            assert queue is not None
+            queue = await _held_full(consumer, key)
             # Pulled only while under the limit: at most one pull past it.
             assert limit <= queue.offsets.count < limit + batch
             assert consumer.stats.pulled == queue.offsets.count
@@ -563,14 +573,7 @@ def test_a_pull_asks_for_no_more_record_bytes_than_pull_batch_bytes(cluster: cc.
         consumer.subscribe(topic, handle)
         key = (topic, "broker-b", 0)
         try:
-            await consumer.start()
-            await cc.wait_for(
-                lambda: (q := consumer.queue_state(key)) is not None and q.full,
-                10,
-                "the first pull is held",
-            )
-            queue = consumer.queue_state(key)
-            assert queue is not None
+            queue = await _held_full(consumer, key)
             await cc.wait_for(lambda: bool(sizes), 10, "a handler runs")
             largest = max(sizes)
             assert budget - largest < queue.offsets.bytes <= budget < total * min(sizes)
