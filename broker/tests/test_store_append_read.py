@@ -505,3 +505,17 @@ def test_keep_below_cuts_inside_a_span_and_drops_the_spans_past_the_cut(
     )  # fmt: skip
     assert (past.count, len(past.spans), past.log_end) == (5, 1, first.end)
     assert (nothing.count, nothing.spans, nothing.log_start) == (0, [], -1)
+
+
+def test_a_run_stops_at_the_end_of_what_the_log_holds(open_store: OpenStore) -> None:
+    """Entries left past the log's end (a cut the consume queue has yet to follow) are
+    not served, though their records lie back to back with the ones before."""
+    store = open_store()
+    appended = store.append([encode("cut-end", bytes([n]) * 100) for n in range(5)])
+    store.dispatcher.catch_up()
+    store.commitlog.set_end(appended.commitlog_offsets[3])
+
+    result = store.get("cut-end", 0, 0)
+
+    assert (result.count, result.next_offset) == (3, 3)
+    assert result.log_end == appended.commitlog_offsets[3]

@@ -142,7 +142,8 @@ def read_batch(
     written = commitlog.write_offset
     spans, span_starts = result.spans, result.span_starts
     # The open run of records back to back: from run_start to run_end in the log, in
-    # run_view (a view from run_start to the end of its file, run_limit).
+    # run_view (a view from run_start to the end of its file); records may join it up
+    # to run_limit, that end or the end of what is written, whichever comes first.
     run_view = _NO_RUN
     run_start = run_end = run_limit = 0
     count = used = 0
@@ -175,7 +176,8 @@ def read_batch(
                 span_starts.append(run_start)
             else:
                 result.log_start = cl_offset
-            run_view, run_start, run_limit = view, cl_offset, cl_offset + len(view)
+            run_view, run_start = view, cl_offset
+            run_limit = min(cl_offset + len(view), written)
         run_end = end
         used += size
         count += 1
