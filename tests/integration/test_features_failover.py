@@ -150,7 +150,7 @@ def test_an_ordered_queue_stays_in_order_and_single_handled_across_a_failover(
             try:
                 key, seq = message.body.decode().split(":")
                 seen[key].append(int(seq))
-                await asyncio.sleep(0.001)
+                await asyncio.sleep(0.001)  # some work, so overlaps would show
             finally:
                 active.discard(message.queue_id)
 
