@@ -5,12 +5,14 @@ from __future__ import annotations
 import random
 import zlib
 from collections.abc import Callable
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 import metaq.broker.store.commitlog as commitlog_module
 from metaq.broker.store import MessageStore
+from metaq.broker.store.index import MessageIndex, hash_id
 from metaq.common.record import decode, encode
 
 OpenStore = Callable[..., MessageStore]
@@ -234,3 +236,29 @@ def test_holds_any_id_answers_for_a_whole_batch_of_ids(
     assert store.index.holds_any_id(ids(old), since - 60_000)
     for msg_id in ids(recent):
         assert store.index.holds_any_id([*fresh, msg_id], since)
+
+
+def test_holds_any_id_ends_on_chains_a_crash_tore(tmp_path: Path) -> None:
+    """Entries written after the last checkpoint can hold anything after a crash: a slot
+    naming an entry past the count, a "previous" that points at itself or is negative.
+    The walk must end on them, and still find what the intact chains hold."""
+    slots = 8
+    index = MessageIndex(tmp_path, slots=slots, capacity=64, disk=None)  # type: ignore[arg-type]
+    index.load()
+    ids = [random.Random(n).randbytes(16) for n in range(40)]
+    index.put_many([hash_id(m) for m in ids], list(range(40)), [1_000] * 40)
+    file = index.files[0]
+    entries = file.segment.view[file._entries_at :].cast("I")
+    slot_numbers = file.segment.view[40 : file._entries_at].cast("I")
+    entries[40 * 5 + 4] = 40  # the newest entry (ids[39]) points at itself
+    entries[39 * 5 + 4] = 2**32 - 7  # ids[38]'s "previous" was a negative number
+    torn = {hash_id(ids[39]) % slots, hash_id(ids[38]) % slots}
+    wild = next(s for s in range(slots) if s not in torn)
+    slot_numbers[wild] = 1_000  # a slot names an entry never written
+    intact = next(m for m in ids[:38] if hash_id(m) % slots not in {*torn, wild})
+
+    strangers = [random.Random(n).randbytes(16) for n in range(100, 300)]
+    assert {hash_id(m) % slots for m in strangers} == set(range(slots))  # every chain
+    assert not index.holds_any_id(strangers, 0)
+    for found in (ids[39], ids[38], intact):
+        assert index.holds_any_id([*strangers, found], 0)
