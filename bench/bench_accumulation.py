@@ -45,6 +45,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Final
 
@@ -59,6 +60,7 @@ from accumulation_fill import (
     fill_nats,
     fill_rabbitmq_stream,
     fill_redis,
+    machine_cpu,
     mem_total_bytes,
     metaq_stored,
     read_bytes,
@@ -66,6 +68,7 @@ from accumulation_fill import (
 )
 from accumulation_roles import ANSWER_WAIT_S
 from compare_report import strict_json
+from machine_stalls import StallWatch
 from metaq_load import wait_routed
 from metaq_system import QUEUES, single_broker
 from peer_servers import ServerProcess, running, start_nats, start_rabbitmq, start_redis
@@ -284,7 +287,7 @@ def cold(work: Path, args: argparse.Namespace) -> dict[str, Any]:
         "rate_offered_msgs_s": args.cold_rate,
         "notes": [],
     }
-    with single_broker(work) as metaq, roles() as started:
+    with single_broker(work) as metaq, roles() as started, StallWatch() as stalls:
         run(put_topic(metaq.http_url, COLD_TOPIC, read_queues=QUEUES, write_queues=QUEUES))
         run(wait_routed(metaq.nameserver, COLD_TOPIC, QUEUES))
         log(f"  cold: writing {messages:,} x {COLD_SIZE} B ({backlog_bytes / 2**30:.1f} GiB)")
@@ -316,19 +319,30 @@ def cold(work: Path, args: argparse.Namespace) -> dict[str, Any]:
         realtime.go(**schedule)
         log(f"  cold: baseline {args.baseline_s:.0f} s, then the drain for "
             f"{RAMP_S + args.cold_seconds:.0f} s")  # fmt: skip
-        time.sleep(max(0.0, drain_at - time.monotonic()))  # the benchmark's own schedule
+        broker_pid = metaq.broker_pid
+        assert broker_pid is not None
+        pids = {"broker": broker_pid, "producer": producer.proc.pid,
+                "realtime": realtime.proc.pid, "drain": drain.proc.pid}  # fmt: skip
+        # The benchmark's own schedule:
+        time.sleep(max(0.0, baseline[0] - time.monotonic()))
+        cpu0 = _cpu(pids)
+        time.sleep(max(0.0, drain_at - time.monotonic()))
+        cpu_baseline = _cores(cpu0, _cpu(pids))
         drain.go()
         time.sleep(max(0.0, window[0] - time.monotonic()))
         count0, bytes0 = drain.count, drain.bytes
-        broker_pid = metaq.broker_pid
-        assert broker_pid is not None
-        read0 = read_bytes(broker_pid)
+        read0, cpu0 = read_bytes(broker_pid), _cpu(pids)
         with profiling(args.profile, {"broker": broker_pid, "drain_consumer": drain.proc.pid},
                        min(args.cold_seconds, 30)) as profiles:  # fmt: skip
             time.sleep(max(0.0, window[1] - time.monotonic()))
             count1, bytes1 = drain.count, drain.bytes
-            read1 = read_bytes(broker_pid)
+            read1, cpu1 = read_bytes(broker_pid), _cpu(pids)
         figures["profiles"] = profiles
+        # The pauses of the machine's CPUs in each phase: a stall of tens of ms lands in
+        # both tails, whatever the systems do.
+        figures["machine_stalls"] = {
+            phase: asdict(stalls.between(*schedule[phase])) for phase in ("baseline", "cold")
+        }
         samples = run(scrape(metaq.http_url))
         # Pulls the broker read in on its reader thread (behind its page-cache window).
         figures["broker_pulls_read_in"] = samples.get(("metaq_pulls_read_in_total", ()))
@@ -348,6 +362,9 @@ def cold(work: Path, args: argparse.Namespace) -> dict[str, Any]:
     figures["drained_total"] = drained["count"]
     if read0 is not None and read1 is not None:
         figures["broker_disk_read_mb_s"] = round((read1 - read0) / seconds / 1e6, 1)
+    # Whether the machine had CPU to spare (what bounds the drain if the disk does not),
+    # and who used it: cores busy in each phase, from /proc.
+    figures["cpu_cores"] = {"baseline": cpu_baseline, "cold": _cores(cpu0, cpu1)}
     figures["producer"] = producer_result
     figures["realtime"] = realtime_result
     for phase in ("baseline", "cold"):
@@ -357,6 +374,28 @@ def cold(work: Path, args: argparse.Namespace) -> dict[str, Any]:
             )
             producer_result[phase]["held_rate"] = held
     return figures
+
+
+Cpu = tuple[float, tuple[float, float, float], dict[str, float | None]]
+
+
+def _cpu(pids: dict[str, int]) -> Cpu:
+    return time.monotonic(), machine_cpu(), {name: cpu_seconds(pid) for name, pid in pids.items()}
+
+
+def _cores(before: Cpu, after: Cpu) -> dict[str, float | None]:
+    """Cores used between two readings: the machine's busy and iowait, each process's."""
+    seconds = after[0] - before[0]
+    busy, _, iowait = (b - a for a, b in zip(before[1], after[1], strict=True))
+    cores: dict[str, float | None] = {
+        "machine_busy": round(busy / seconds, 2),
+        "machine_iowait": round(iowait / seconds, 2),
+        "machine_cpus": float(os.cpu_count() or 0),
+    }
+    for name, used in after[2].items():
+        start = before[2][name]
+        cores[name] = None if used is None or start is None else round((used - start) / seconds, 2)
+    return cores
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
