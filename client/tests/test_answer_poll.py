@@ -1,5 +1,5 @@
 """Answer polling: the loop polls from a send to its answer, within the window, and only
-while answers keep coming back within it."""
+while answers keep coming back within it and the next send follows at once."""
 
 from __future__ import annotations
 
@@ -71,6 +71,30 @@ def test_a_slow_answer_stops_polling_and_a_quick_one_restarts_it() -> None:
         poll.answered()  # which came at once
         poll.waiting()
         seen.append(poll.polling)  # back in rhythm
+        poll.answered()
+        await turns_until(lambda: not poll.polling)
+        return seen
+
+    assert asyncio.run(scenario()) == [False, True]
+
+
+def test_a_send_long_after_the_last_answer_does_not_poll() -> None:
+    """A producer sending at a rate (the next send at its next tick, whatever the answer)
+    waits on no answer: polling would only spin. One sending one message at a time sends
+    again right after each answer, and is polled for."""
+
+    async def scenario() -> list[bool]:
+        poll = AnswerPoll(window_us=500)
+        seen = []
+        poll.waiting()
+        poll.answered()  # quick: in rhythm
+        await turns_until(lambda: not poll.polling)
+        spin(0.002)  # the next tick comes four windows later
+        poll.waiting()
+        seen.append(poll.polling)
+        poll.answered()
+        poll.waiting()  # at once: the caller was waiting on that answer
+        seen.append(poll.polling)
         poll.answered()
         await turns_until(lambda: not poll.polling)
         return seen
