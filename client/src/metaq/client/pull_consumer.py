@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 
 from metaq.client.connection import ConnectionPool
+from metaq.client.malloc import keep_freed_memory
 from metaq.client.message import Message, decode_messages
 from metaq.client.routes import QueueRoute, RouteCache
 from metaq.client.tags import TagFilter
@@ -142,6 +143,7 @@ class PullConsumer:
         self.connections = connections
 
     async def start(self) -> None:
+        keep_freed_memory()
         if self._own_routes:
             await self.routes.start()
 
