@@ -247,15 +247,6 @@ def cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def machine_cpu() -> tuple[float, float, float]:
-    """Seconds all CPUs spent busy, idle and waiting for the disk so far (``/proc/stat``)."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    idle, iowait = fields[3], fields[4]
-    busy = sum(fields[:8]) - idle - iowait  # user to steal; guest time is within user
-    tick = os.sysconf("SC_CLK_TCK")
-    return busy / tick, idle / tick, iowait / tick
-
-
 def read_bytes(pid: int) -> int | None:
     """Bytes the process made the disk read so far (``/proc/PID/io``), None if hidden."""
     try:

@@ -60,7 +60,6 @@ from accumulation_fill import (
     fill_nats,
     fill_rabbitmq_stream,
     fill_redis,
-    machine_cpu,
     mem_total_bytes,
     metaq_stored,
     read_bytes,
@@ -363,7 +362,7 @@ def cold(work: Path, args: argparse.Namespace) -> dict[str, Any]:
     if read0 is not None and read1 is not None:
         figures["broker_disk_read_mb_s"] = round((read1 - read0) / seconds / 1e6, 1)
     # Whether the machine had CPU to spare (what bounds the drain if the disk does not),
-    # and who used it: cores busy in each phase, from /proc.
+    # and who used it: each process's cores in each phase, from /proc/PID/stat.
     figures["cpu_cores"] = {"baseline": cpu_baseline, "cold": _cores(cpu0, cpu1)}
     figures["producer"] = producer_result
     figures["realtime"] = realtime_result
@@ -376,25 +375,22 @@ def cold(work: Path, args: argparse.Namespace) -> dict[str, Any]:
     return figures
 
 
-Cpu = tuple[float, tuple[float, float, float], dict[str, float | None]]
+Cpu = tuple[float, dict[str, float | None]]
 
 
 def _cpu(pids: dict[str, int]) -> Cpu:
-    return time.monotonic(), machine_cpu(), {name: cpu_seconds(pid) for name, pid in pids.items()}
+    return time.monotonic(), {name: cpu_seconds(pid) for name, pid in pids.items()}
 
 
 def _cores(before: Cpu, after: Cpu) -> dict[str, float | None]:
-    """Cores used between two readings: the machine's busy and iowait, each process's."""
+    """Cores each process used between two readings, and all of them together."""
     seconds = after[0] - before[0]
-    busy, _, iowait = (b - a for a, b in zip(before[1], after[1], strict=True))
-    cores: dict[str, float | None] = {
-        "machine_busy": round(busy / seconds, 2),
-        "machine_iowait": round(iowait / seconds, 2),
-        "machine_cpus": float(os.cpu_count() or 0),
-    }
-    for name, used in after[2].items():
-        start = before[2][name]
+    cores: dict[str, float | None] = {}
+    for name, used in after[1].items():
+        start = before[1][name]
         cores[name] = None if used is None or start is None else round((used - start) / seconds, 2)
+    cores["all"] = round(sum(c for c in cores.values() if c is not None), 2)
+    cores["machine_cpus"] = float(os.cpu_count() or 0)
     return cores
 
 
