@@ -199,6 +199,43 @@ def test_a_backlog_runs_on_at_most_concurrency_tasks_not_one_per_message() -> No
     asyncio.run(scenario())
 
 
+def test_a_tailing_consumers_pulls_start_no_task_each_and_close_leaves_none() -> None:
+    """A consumer at the head of its queues gets a few messages a pull: one worker waits
+    for the next pull's instead of ending, and a handler that never waits is run by that
+    one worker, not by a task started for each message queued."""
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        created = 0
+
+        def counting_factory(loop: asyncio.AbstractEventLoop, coro: Any) -> asyncio.Task[Any]:
+            nonlocal created
+            created += 1
+            return asyncio.Task(coro, loop=loop)
+
+        pool = HandlerPool(16, max_attempts=1, retry_backoff_s=0, stats=ConsumeStats())
+        queue = _queue(max_messages=2000)
+        handled = 0
+
+        async def handler(message: Message) -> None:
+            nonlocal handled
+            handled += 1
+
+        loop.set_task_factory(counting_factory)
+        for _ in range(200):
+            pool.submit_each(queue, _messages(queue, 3), handler)
+            for _turn in range(3):  # the pull loop waits for its next answer
+                await asyncio.sleep(0)
+        loop.set_task_factory(None)
+        assert handled == 600
+        assert created == 1, f"{created} tasks for 200 pulls"
+        assert await pool.drain(5) == 0
+        await asyncio.sleep(0)
+        assert asyncio.all_tasks() == {asyncio.current_task()}, "close left a worker behind"
+
+    asyncio.run(scenario())
+
+
 def test_a_call_submitted_as_the_last_worker_ends_is_still_run() -> None:
     async def scenario() -> None:
         pool = HandlerPool(1, max_attempts=1, retry_backoff_s=0, stats=ConsumeStats())

@@ -107,8 +107,13 @@ class HandlerPool:
 
     Workers take calls from one FIFO and live while it has any: a backlog of a million
     messages costs ``concurrency`` tasks, not one task (and its scheduling, and its
-    done-callback) per message. A worker that finds the FIFO empty ends, so an idle
-    consumer holds no tasks.
+    done-callback) per message. A worker that finds the FIFO empty ends, but for one,
+    which waits for the next call: a consumer tailing a queue, whose pulls bring a few
+    messages each, would otherwise start a task for every pull. And a call wakes that
+    worker or starts one, not one per message queued: more start a loop turn later if
+    the calls taken are still running then (their handlers wait for something), up to
+    ``concurrency``. A handler that never waits is run by one worker, which found a
+    pull of three messages starting three tasks, two of them to find nothing.
     """
 
     def __init__(
@@ -128,6 +133,9 @@ class HandlerPool:
         self._queued = 0
         """Handler calls in ``_ready`` no worker took yet (a run counts each message)."""
         self._workers: set[asyncio.Task[None]] = set()
+        self._standby: asyncio.Future[bool] | None = None
+        """What the worker waiting for calls awaits: True for a call, False to end."""
+        self._spread_scheduled = False
         self._busy = 0
         """Calls a worker took and has not finished."""
         self._backing_off: set[_Call] = set()
@@ -168,6 +176,20 @@ class HandlerPool:
 
     def _more_work(self) -> None:
         self._idle.clear()
+        standby = self._standby
+        if standby is not None:
+            self._standby = None
+            standby.set_result(True)
+        elif len(self._workers) < self._concurrency and self._queued > self._waiting_workers:
+            self._workers.add(asyncio.get_running_loop().create_task(self._work()))
+        if not self._spread_scheduled:
+            self._spread_scheduled = True
+            asyncio.get_running_loop().call_soon(self._spread)
+
+    def _spread(self) -> None:
+        """A loop turn after calls came: a worker for each call still waiting, up to
+        ``concurrency``; the workers woken or started then are busy on running handlers."""
+        self._spread_scheduled = False
         workers = self._workers
         while len(workers) < self._concurrency and self._queued > self._waiting_workers:
             workers.add(asyncio.get_running_loop().create_task(self._work()))
@@ -184,21 +206,27 @@ class HandlerPool:
     async def _work(self) -> None:
         ready = self._ready
         try:
-            while ready:
-                item = ready[0]
-                if type(item) is _Run:
-                    await self._work_run(item)
-                    continue
-                assert isinstance(item, _Call)
-                ready.popleft()
-                self._queued -= 1
-                self._busy += 1
-                try:
-                    await self._attempt(item)
-                finally:
-                    # Cancelled (close after its timeout): its messages stay unfinished.
-                    self._busy -= 1
-                    self._check_idle()
+            while True:
+                while ready:
+                    item = ready[0]
+                    if type(item) is _Run:
+                        await self._work_run(item)
+                        continue
+                    assert isinstance(item, _Call)
+                    ready.popleft()
+                    self._queued -= 1
+                    self._busy += 1
+                    try:
+                        await self._attempt(item)
+                    finally:
+                        # Cancelled (close after its timeout): its messages stay unfinished.
+                        self._busy -= 1
+                        self._check_idle()
+                if self._standby is not None:
+                    return  # another worker waits for the next call
+                standby = self._standby = asyncio.get_running_loop().create_future()
+                if not await standby:
+                    return
         finally:
             # Out of the set before the task ends, not in a done callback: a call
             # submitted in between must not count on this worker to take it.
@@ -284,6 +312,11 @@ class HandlerPool:
         item.timer = asyncio.get_running_loop().call_later(delay, self._retry, item)
         return False
 
+    def _end_standby(self) -> None:
+        standby, self._standby = self._standby, None
+        if standby is not None:
+            standby.set_result(False)
+
     def _retry(self, item: _Call) -> None:
         self._backing_off.discard(item)
         self._enqueue(item)
@@ -296,9 +329,11 @@ class HandlerPool:
         try:
             async with asyncio.timeout(timeout_s):
                 await self._idle.wait()
+            self._end_standby()
             return 0
         except TimeoutError:
             pass
+        self._end_standby()
         for item in self._backing_off:
             if item.timer is not None:
                 item.timer.cancel()
