@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from metaq.client.handlers import ConsumeStats, HandlerPool
@@ -169,16 +171,25 @@ def test_the_byte_budget_blocks_pulling_too() -> None:
     assert queue.full
 
 
+@contextmanager
+def counting_tasks() -> Iterator[list[int]]:
+    """Counts the tasks the running loop creates meanwhile, in the list's one item."""
+    loop = asyncio.get_running_loop()
+    created = [0]
+
+    def counting_factory(loop: asyncio.AbstractEventLoop, coro: Any) -> asyncio.Task[Any]:
+        created[0] += 1
+        return asyncio.Task(coro, loop=loop)
+
+    loop.set_task_factory(counting_factory)
+    try:
+        yield created
+    finally:
+        loop.set_task_factory(None)
+
+
 def test_a_backlog_runs_on_at_most_concurrency_tasks_not_one_per_message() -> None:
     async def scenario() -> None:
-        loop = asyncio.get_running_loop()
-        created = 0
-
-        def counting_factory(loop: asyncio.AbstractEventLoop, coro: Any) -> asyncio.Task[Any]:
-            nonlocal created
-            created += 1
-            return asyncio.Task(coro, loop=loop)
-
         pool = HandlerPool(4, max_attempts=1, retry_backoff_s=0, stats=ConsumeStats())
         queue = _queue(max_messages=2000)
         handled = 0
@@ -187,13 +198,12 @@ def test_a_backlog_runs_on_at_most_concurrency_tasks_not_one_per_message() -> No
             nonlocal handled
             handled += 1
 
-        loop.set_task_factory(counting_factory)
-        for message in _messages(queue, 1000):
-            pool.submit(queue, [message], handler)
-        await pool.drain(5)
-        loop.set_task_factory(None)
+        with counting_tasks() as created:
+            for message in _messages(queue, 1000):
+                pool.submit(queue, [message], handler)
+            await pool.drain(5)
         assert handled == 1000
-        assert created <= 4, f"{created} tasks for 1,000 messages"
+        assert created[0] <= 4, f"{created[0]} tasks for 1,000 messages"
         assert queue.offsets.commit_offset == 1000
 
     asyncio.run(scenario())
@@ -205,14 +215,6 @@ def test_a_tailing_consumers_pulls_start_no_task_each_and_close_leaves_none() ->
     one worker, not by a task started for each message queued."""
 
     async def scenario() -> None:
-        loop = asyncio.get_running_loop()
-        created = 0
-
-        def counting_factory(loop: asyncio.AbstractEventLoop, coro: Any) -> asyncio.Task[Any]:
-            nonlocal created
-            created += 1
-            return asyncio.Task(coro, loop=loop)
-
         pool = HandlerPool(16, max_attempts=1, retry_backoff_s=0, stats=ConsumeStats())
         queue = _queue(max_messages=2000)
         handled = 0
@@ -221,14 +223,13 @@ def test_a_tailing_consumers_pulls_start_no_task_each_and_close_leaves_none() ->
             nonlocal handled
             handled += 1
 
-        loop.set_task_factory(counting_factory)
-        for _ in range(200):
-            pool.submit_each(queue, _messages(queue, 3), handler)
-            for _turn in range(3):  # the pull loop waits for its next answer
-                await asyncio.sleep(0)
-        loop.set_task_factory(None)
+        with counting_tasks() as created:
+            for _ in range(200):
+                pool.submit_each(queue, _messages(queue, 3), handler)
+                for _turn in range(3):  # the pull loop waits for its next answer
+                    await asyncio.sleep(0)
         assert handled == 600
-        assert created == 1, f"{created} tasks for 200 pulls"
+        assert created[0] == 1, f"{created[0]} tasks for 200 pulls"
         assert await pool.drain(5) == 0
         await asyncio.sleep(0)
         assert asyncio.all_tasks() == {asyncio.current_task()}, "close left a worker behind"
