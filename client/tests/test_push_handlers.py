@@ -317,3 +317,26 @@ def test_a_run_cancelled_at_close_leaves_its_untaken_messages_uncommitted() -> N
         assert pool.running == 0
 
     asyncio.run(scenario())
+
+
+def test_calls_after_the_waiting_worker_was_cancelled_still_run() -> None:
+    async def scenario() -> None:
+        pool = HandlerPool(4, max_attempts=1, retry_backoff_s=0, stats=ConsumeStats())
+        queue = _queue()
+        done: list[int] = []
+
+        async def handler(message: Message) -> None:
+            done.append(message.queue_offset)
+
+        pool.submit_each(queue, _messages(queue, 2), handler)
+        while len(done) < 2 or not pool._standby:
+            await asyncio.sleep(0)
+        (waiting,) = pool._workers
+        waiting.cancel()  # as a loop shutting down cancels every task
+        await asyncio.gather(waiting, return_exceptions=True)
+
+        pool.submit_each(queue, _messages(queue, 2), handler)
+        assert await pool.drain(5) == 0
+        assert done == [0, 1, 2, 3]
+
+    asyncio.run(scenario())

@@ -225,8 +225,12 @@ class HandlerPool:
                 if self._standby is not None:
                     return  # another worker waits for the next call
                 standby = self._standby = asyncio.get_running_loop().create_future()
-                if not await standby:
-                    return
+                try:
+                    if not await standby:
+                        return
+                finally:
+                    if self._standby is standby:  # cancelled while waiting
+                        self._standby = None
         finally:
             # Out of the set before the task ends, not in a done callback: a call
             # submitted in between must not count on this worker to take it.
