@@ -180,8 +180,8 @@ class HandlerPool:
         if standby is not None:
             self._standby = None
             standby.set_result(True)
-        elif len(self._workers) < self._concurrency and self._queued > self._waiting_workers:
-            self._workers.add(asyncio.get_running_loop().create_task(self._work()))
+        else:
+            self._start_worker()
         if not self._spread_scheduled:
             self._spread_scheduled = True
             asyncio.get_running_loop().call_soon(self._spread)
@@ -190,9 +190,16 @@ class HandlerPool:
         """A loop turn after calls came: a worker for each call still waiting, up to
         ``concurrency``; the workers woken or started then are busy on running handlers."""
         self._spread_scheduled = False
+        while self._start_worker():
+            pass
+
+    def _start_worker(self) -> bool:
+        """Start a worker if a queued call has none to take it, within ``concurrency``."""
         workers = self._workers
-        while len(workers) < self._concurrency and self._queued > self._waiting_workers:
-            workers.add(asyncio.get_running_loop().create_task(self._work()))
+        if len(workers) >= self._concurrency or self._queued <= self._waiting_workers:
+            return False
+        workers.add(asyncio.get_running_loop().create_task(self._work()))
+        return True
 
     @property
     def _waiting_workers(self) -> int:
