@@ -212,11 +212,11 @@ def test_offset_for_timestamp_finds_the_first_message_stored_at_or_after(
     assert store.offset_for_timestamp("nobody", 0, 0) == 0
 
 
-def test_holds_any_id_answers_for_a_whole_batch_of_ids(
+def test_maybe_stored_names_the_ids_of_a_batch_that_may_be_stored(
     open_store: OpenStore, clock: SimpleNamespace
 ) -> None:
-    """The retried SEND's first question: is any of these ids stored since the window's
-    start? Across rolled-over files, and never for ids stored before it."""
+    """The retried SEND's first question: which of these ids may be stored since the
+    window's start? Across rolled-over files, and never ids stored before it."""
     store = open_store(index_entries=16, index_slots=4)
     old = [encode("orders", b"old") for _ in range(5)]
     store.append(old)
@@ -231,14 +231,15 @@ def test_holds_any_id_answers_for_a_whole_batch_of_ids(
         return [decode(r, verify=False).msg_id for r in raws]
 
     fresh = [random.Random(n).randbytes(16) for n in range(200)]
-    assert not store.index.holds_any_id(fresh, since)
-    assert not store.index.holds_any_id(ids(old), since)
-    assert store.index.holds_any_id(ids(old), since - 60_000)
+    assert store.index.maybe_stored(fresh, since) == []
+    assert store.index.maybe_stored(ids(old), since) == []
+    assert store.index.maybe_stored(ids(old), since - 60_000) == list(range(5))
     for msg_id in ids(recent):
-        assert store.index.holds_any_id([*fresh, msg_id], since)
+        assert store.index.maybe_stored([*fresh[:100], msg_id, *fresh[100:]], since) == [100]
+    assert store.index.maybe_stored([*ids(recent), *fresh], since) == list(range(50))
 
 
-def test_holds_any_id_ends_on_chains_a_crash_tore(tmp_path: Path) -> None:
+def test_maybe_stored_ends_on_chains_a_crash_tore(tmp_path: Path) -> None:
     """Entries written after the last checkpoint can hold anything after a crash: a slot
     naming an entry past the count, a "previous" that points at itself or is negative.
     The walk must end on them, and still find what the intact chains hold."""
@@ -259,6 +260,31 @@ def test_holds_any_id_ends_on_chains_a_crash_tore(tmp_path: Path) -> None:
 
     strangers = [random.Random(n).randbytes(16) for n in range(100, 300)]
     assert {hash_id(m) % slots for m in strangers} == set(range(slots))  # every chain
-    assert not index.holds_any_id(strangers, 0)
+    assert index.maybe_stored(strangers, 0) == []
     for found in (ids[39], ids[38], intact):
-        assert index.holds_any_id([*strangers, found], 0)
+        assert index.maybe_stored([*strangers, found], 0) == [len(strangers)]
+
+
+def test_full_files_are_sorted_one_a_call_and_freed_out_of_the_window(tmp_path: Path) -> None:
+    """A full file answers from its sorted hashes; the files a restart loads are sorted
+    one per call (a send never waits for them all), answering by their chains till then;
+    a file past the window gives its copy up."""
+    index = MessageIndex(tmp_path, slots=8, capacity=64, disk=None)  # type: ignore[arg-type]
+    index.load()
+    ids = [random.Random(n).randbytes(16) for n in range(64 * 4 + 10)]
+    times = [1_000 * (n // 64) for n in range(len(ids))]  # a second per file
+    index.put_many([hash_id(m) for m in ids], list(range(len(ids))), times)
+    for file in index.files:
+        file.write_header()
+    index = MessageIndex(tmp_path, slots=8, capacity=64, disk=None)  # type: ignore[arg-type]
+    index.load()
+    assert [f.unsorted for f in index.files] == [True, True, True, True, False]
+
+    strangers = [random.Random(n).randbytes(16) for n in range(1_000, 1_200)]
+    probe = [*strangers, ids[5], ids[64 * 2 + 7], ids[-1]]
+    expected = [len(strangers), len(strangers) + 1, len(strangers) + 2]
+    for sorted_files in (1, 2, 3, 4, 4):
+        assert index.maybe_stored(probe, 0) == expected
+        assert sum(not f.unsorted for f in index.files[:4]) == sorted_files
+    assert index.maybe_stored(probe, 1_500) == expected[1:]  # the first two files' seconds
+    assert [f._sorted_hashes is None for f in index.files] == [True, True, False, False, True]

@@ -222,17 +222,15 @@ class SendHandler:
         The first try of a write sent with the retry flag finds none, and so keeps the
         one-pass append; a batch that finds one goes record by record
         (:meth:`_append_missing`), which looks each id up again. The index's hashes
-        answer "none" for the whole batch in one pass; only a batch with a candidate
-        pays for reading records to tell a stored id from a hash collision.
+        rule out most ids of the batch in one pass; only the few whose hash has an entry
+        are looked up, reading records to tell a stored id from a hash collision.
         """
         store = self._store
         store.dispatcher.catch_up()  # the id index is built by the dispatcher
         oldest = time.time_ns() // 1_000_000 - self._config.dedup_window_ms
-        if not store.index.holds_any_id(batch.msg_ids, oldest):
-            return False
         name = topic.name
-        for msg_id in batch.msg_ids:
-            stored = store.lookup_id(msg_id, name)
+        for position in store.index.maybe_stored(batch.msg_ids, oldest):
+            stored = store.lookup_id(batch.msg_ids[position], name)
             if stored is not None and stored.store_timestamp_ms >= oldest:
                 return True
         return False
