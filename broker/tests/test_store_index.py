@@ -8,11 +8,12 @@ from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 import metaq.broker.store.commitlog as commitlog_module
 from metaq.broker.store import MessageStore
-from metaq.broker.store.index import MessageIndex, hash_id
+from metaq.broker.store.index import HashSummary, MessageIndex, hash_id
 from metaq.common.record import decode, encode
 
 OpenStore = Callable[..., MessageStore]
@@ -265,10 +266,12 @@ def test_maybe_stored_ends_on_chains_a_crash_tore(tmp_path: Path) -> None:
         assert index.maybe_stored([*strangers, found], 0) == [len(strangers)]
 
 
-def test_full_files_are_sorted_one_a_call_and_freed_out_of_the_window(tmp_path: Path) -> None:
-    """A full file answers from its sorted hashes; the files a restart loads are sorted
-    one per call (a send never waits for them all), answering by their chains till then;
-    a file past the window gives its copy up."""
+def test_full_files_are_summarised_one_a_call_and_freed_out_of_the_window(
+    tmp_path: Path,
+) -> None:
+    """A full file answers from a summary of its hashes; the files a restart loads are
+    summarised one per call (a send never waits for them all), answering by their chains
+    till then; a file past the window gives its summary up."""
     index = MessageIndex(tmp_path, slots=8, capacity=64, disk=None)  # type: ignore[arg-type]
     index.load()
     ids = [random.Random(n).randbytes(16) for n in range(64 * 4 + 10)]
@@ -278,13 +281,24 @@ def test_full_files_are_sorted_one_a_call_and_freed_out_of_the_window(tmp_path: 
         file.write_header()
     index = MessageIndex(tmp_path, slots=8, capacity=64, disk=None)  # type: ignore[arg-type]
     index.load()
-    assert [f.unsorted for f in index.files] == [True, True, True, True, False]
+    assert [f.unsummarised for f in index.files] == [True, True, True, True, False]
 
     strangers = [random.Random(n).randbytes(16) for n in range(1_000, 1_200)]
     probe = [*strangers, ids[5], ids[64 * 2 + 7], ids[-1]]
     expected = [len(strangers), len(strangers) + 1, len(strangers) + 2]
-    for sorted_files in (1, 2, 3, 4, 4):
+    for summarised in (1, 2, 3, 4, 4):
         assert index.maybe_stored(probe, 0) == expected
-        assert sum(not f.unsorted for f in index.files[:4]) == sorted_files
+        assert sum(not f.unsummarised for f in index.files[:4]) == summarised
     assert index.maybe_stored(probe, 1_500) == expected[1:]  # the first two files' seconds
-    assert [f._sorted_hashes is None for f in index.files] == [True, True, False, False, True]
+    assert [f._summary is None for f in index.files] == [True, True, False, False, True]
+
+
+def test_a_hash_summary_finds_exactly_the_hashes_it_holds() -> None:
+    rng = np.random.default_rng(7)
+    held = rng.integers(1, 2**32 - 1, 4_000, dtype=np.uint64).astype(np.uint32)
+    summary = HashSummary(held, capacity=4_000)
+    strangers = np.setdiff1d(rng.integers(0, 2**32, 20_000, dtype=np.uint64), held)
+    edges = np.array([0, 2**32 - 1], np.uint32)  # below and past every held hash
+    probe = np.sort(np.concatenate([held[:500], strangers.astype(np.uint32), edges]))
+    found = probe[summary.candidates(probe)]
+    assert sorted(found.tolist()) == sorted(set(held[:500].tolist()))
