@@ -281,6 +281,7 @@ async def cold_producer(args: dict[str, Any]) -> dict[str, Any]:
     behind_max_s = 0.0
     async with Producer([args["nameserver"]], linger_ms=0.5) as producer:
         await producer.send(topic, STAMP.pack(0, time.monotonic_ns()) + padding)  # warm
+        gc.freeze()  # set-up's objects out of the collector's walks, as a service would
         parent.say("ready")
         go = await parent.go
 
@@ -376,6 +377,7 @@ async def cold_realtime(args: dict[str, Any]) -> dict[str, Any]:
             if time.monotonic() > deadline:
                 raise RuntimeError("the real-time consumer did not take every queue in 30 s")
             await asyncio.sleep(0.01)  # poll interval of a deadline-bound wait
+        gc.freeze()  # set-up's objects out of the collector's walks, as a service would
         parent.say("ready")
         await parent.go
         await parent.stop.wait()
