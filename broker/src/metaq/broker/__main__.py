@@ -8,6 +8,7 @@ import logging
 import signal
 import sys
 from collections.abc import Callable, Sequence
+from typing import Final
 
 from metaq.broker.announce import nameserver_registrar
 from metaq.broker.config import BrokerConfig, ConfigError, load_config
@@ -15,6 +16,8 @@ from metaq.broker.process import Broker
 from metaq.common.errors import MetaqError
 
 log = logging.getLogger("metaq.broker")
+
+GIL_SWITCH_INTERVAL_S: Final = 0.0005
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop]:
@@ -43,6 +46,11 @@ async def run(config: BrokerConfig) -> int:
     # only what serving creates, instead of pausing the loop for tens of milliseconds.
     gc.collect()
     gc.freeze()
+    # The loop shares the GIL with the dispatcher, flusher and cold-read threads. At
+    # CPython's default 5 ms switch interval, a thread that wants it from a busy loop
+    # waits up to 5 ms, and the loop as long for a busy thread: while a backlog was
+    # drained, sends' p99 was 17 ms and a real-time group's 71 ms; at 0.5 ms, 6 and 14.
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     print(broker.ready_line, flush=True)
     await stop.wait()
     log.info("stop signal received; shutting down")
