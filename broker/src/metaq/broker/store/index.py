@@ -55,15 +55,16 @@ def hash_id(msg_id: bytes) -> int:
 class HashSummary:
     """The hashes of a full index file, in memory: sorted, and as a bitmap in front.
 
-    A new id is ruled out by one bit (the bitmap has 16 or more bits an entry, so about
-    one new id in 16 gets through) and a binary search, where its hash chain in the file
+    A new id is ruled out by one bit (the bitmap has 16 or more bits an entry up to 8
+    MiB, so about one new id in 16 gets through) and a binary search, where its hash chain in the file
     would take several reads. 4 bytes an entry sorted plus 2-4 bits of bitmap: 2.6 MB for
     a file of the default 400,000 entries.
     """
 
     def __init__(self, hashes: npt.NDArray[np.uint32], capacity: int) -> None:
         self.sorted = np.sort(hashes)
-        bits = max(3, (16 * capacity - 1).bit_length())
+        # At most 2**26 bits (8 MiB): a larger file lets more ids through to the search.
+        bits = min(26, max(3, (16 * capacity - 1).bit_length()))
         self._shift = np.uint32(32 - bits)
         present = np.zeros(1 << bits, np.bool_)
         present[self.sorted >> self._shift] = True
