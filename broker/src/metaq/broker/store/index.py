@@ -55,10 +55,10 @@ def hash_id(msg_id: bytes) -> int:
 class HashSummary:
     """The hashes of a full index file, in memory: sorted, and as a bitmap in front.
 
-    A new id is ruled out by one bit (the bitmap has 16 or more bits an entry up to 8
-    MiB, so about one new id in 16 gets through) and a binary search, where its hash chain in the file
-    would take several reads. 4 bytes an entry sorted plus 2-4 bits of bitmap: 2.6 MB for
-    a file of the default 400,000 entries.
+    A new id is ruled out by one bit (the bitmap has 16 to 32 bits an entry, up to 8 MiB,
+    so about one new id in 16 gets through) and a binary search, where its hash chain in
+    the file would take several reads. 4 bytes an entry sorted plus 2-4 bytes of bitmap:
+    2.6 MB for a file of the default 400,000 entries.
     """
 
     def __init__(self, hashes: npt.NDArray[np.uint32], capacity: int) -> None:
