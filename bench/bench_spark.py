@@ -12,11 +12,11 @@ Both reads are timed after a warm-up read of their own: a JVM's first read of a 
 while the JIT compiles its code (a 200,000-row Parquet read ran at 300,000-400,000 rows/s
 cold and about 900,000 warm). The write is timed warm too: the session's first write
 starts Python workers for the writer, seconds of imports that a long-running job pays
-once. The producer's
-batched send it is compared with runs right after it, into a topic of its own, with
-Spark's JVM alive beside it as during the write; the producer's rate on the fresh broker
-before Spark started is kept as ``producer_fill_rows_s``. Each phase's CPU seconds by
-process (broker, JVM, Python workers, this process) say what bounds it on a shared machine.
+once. The producer's batched send it is compared with runs right after it, into a topic
+of its own, with Spark's JVM alive beside it as during the write; the producer's rate on
+the fresh broker before Spark started is kept as ``producer_fill_rows_s``. Each phase's
+CPU seconds by process (broker, JVM, Python workers, this process) say what bounds it on
+a shared machine.
 """
 
 from __future__ import annotations
