@@ -35,7 +35,7 @@ def test_columns_equal_the_decoded_messages() -> None:
         stored("orders", bytes(range(256)) * 5, 5, tags="red", keys=("only",)),
     ]
     payload = payload_of(records)
-    batch = to_arrow("broker-a", "orders", payload)
+    batch = to_arrow("broker-a", "orders", [payload])
     rows = batch.to_pylist()
     messages = list(iter_messages(payload))
     assert len(rows) == len(messages) == 6
@@ -53,10 +53,25 @@ def test_columns_equal_the_decoded_messages() -> None:
         assert int(row["store_timestamp"].timestamp() * 1000) == m.store_timestamp_ms
 
 
+def test_several_pulls_make_the_rows_of_their_records_in_order() -> None:
+    records = [
+        stored("orders", b"a" * 2000, 0, tags="red", keys=("k1",)),
+        stored("orders", b"b", 1, properties={"p": "1"}),
+        stored("orders", zlib.compress(b"c" * 3000), 2, flags=record.FLAG_COMPRESSED),
+        stored("orders", b"d" * 13, 3, tags="a-tag-longer-than-twelve"),
+        stored("orders", b"", 4),
+    ]
+    pulls = [payload_of(records[:2]), payload_of(records[2:3]), payload_of(records[3:])]
+    joined = to_arrow("broker-a", "orders", [payload_of(records)])
+    assert to_arrow("broker-a", "orders", pulls).to_pylist() == joined.to_pylist()
+    assert joined.column("offset").to_pylist() == [0, 1, 2, 3, 4]
+    assert joined.column("body").to_pylist()[2] == b"c" * 3000
+
+
 def test_rows_of_other_tags_and_past_the_end_offset_are_dropped() -> None:
     tags = ["red", "blue", "red", "", "red"]
     payload = payload_of([stored("t", b"m%d" % i, i, tags=t) for i, t in enumerate(tags)])
-    batch = to_arrow("b", "t", payload, tags=frozenset({"red"}), end_offset=4)
+    batch = to_arrow("b", "t", [payload], tags=frozenset({"red"}), end_offset=4)
     assert batch.column("offset").to_pylist() == [0, 2]
     assert batch.column("body").to_pylist() == [b"m0", b"m2"]
 
@@ -66,12 +81,15 @@ def test_a_damaged_record_is_refused() -> None:
     bad = bytearray(good)
     bad[-1] ^= 0xFF
     with pytest.raises(InvalidRecord, match="CRC"):
-        to_arrow("b", "t", payload_of([good, bad]))
+        to_arrow("b", "t", [payload_of([good, bad])])
     with pytest.raises(InvalidRecord, match="header"):
-        to_arrow("b", "t", memoryview(bytes(good) + bytes(good)[:50]))
+        to_arrow("b", "t", [memoryview(bytes(good) + bytes(good)[:50])])
     with pytest.raises(InvalidRecord, match="another topic"):
-        to_arrow("b", "u", payload_of([good]))
+        to_arrow("b", "u", [payload_of([good])])
+    with pytest.raises(InvalidRecord, match="another topic"):  # a name longer than the record
+        to_arrow("b", "a-much-longer-topic-name", [payload_of([stored("t", b"", 0)])])
 
 
 def test_an_empty_payload_is_an_empty_batch() -> None:
-    assert to_arrow("b", "t", memoryview(b"")).num_rows == 0
+    assert to_arrow("b", "t", [memoryview(b"")]).num_rows == 0
+    assert to_arrow("b", "t", []).num_rows == 0

@@ -1,10 +1,11 @@
 """Pulled commitlog records straight into Arrow columns, without a Python object per row.
 
 A pull's payload is records back to back (``docs/storage-format.md``). One pass in
-Python finds where each record starts and checks its CRC; every fixed-offset header
-field is then gathered for all rows at once with numpy, and the variable parts (tags,
-body) are cut out as one binary array with offsets. Only the rare parts pay per row in
-Python: keys and properties of the rows that have them, and bodies the producer
+Python finds where each record starts and checks its CRC; the fixed-size headers of all
+rows are then gathered with one numpy index per payload, and the variable parts (tags,
+body) become one binary array whose rows point into the payloads as they arrived, so
+several pulls make one batch without being joined first. Only the rare parts pay per row
+in Python: keys and properties of the rows that have them, and bodies the producer
 compressed. Reading is CPU-bound in Spark's Python workers, so this is the read path's
 throughput (docs/spark.md, "Benchmark").
 """
@@ -32,6 +33,17 @@ _KEYS_TYPE: Final = ARROW_SCHEMA.field("keys").type
 _PROPS_TYPE: Final = ARROW_SCHEMA.field("properties").type
 _TIME_TYPE: Final = ARROW_SCHEMA.field("store_timestamp").type
 _INLINE: Final = np.arange(12)
+# The header fields the columns need, where record.HEADER puts them.
+_HEADER: Final = np.dtype(
+    {
+        "names": ["total", "flags", "queue_offset", "store_ms", "queue_id", "born_ms",
+                  "msg_id", "topic_len", "tags_len", "keys_len", "props_len", "body_len"],
+        "formats": ["<u4", "<u4", "<i8", "<i8", "<i4", "<i8",
+                    ("u1", 16), "<u2", "<u2", "<u2", "<u2", "<u4"],
+        "offsets": [0, 12, 24, 32, 48, 56, 64, 88, 90, 92, 94, 96],
+        "itemsize": record.HEADER_SIZE,
+    }
+)  # fmt: skip
 
 Ints = npt.NDArray[np.int64]
 
@@ -61,50 +73,41 @@ def record_starts(payload: memoryview, *, verify: bool = True) -> list[int]:
 
 
 def to_arrow(
-    broker: str, topic: str, payload: memoryview, *, tags: frozenset[str] | None = None,
-    end_offset: int | None = None,
+    broker: str, topic: str, payloads: Sequence[memoryview], *,
+    tags: frozenset[str] | None = None, end_offset: int | None = None,
 ) -> pa.RecordBatch:  # fmt: skip
-    """The records of ``payload`` (all of ``topic``) as one batch in
+    """The records of ``payloads`` (all of ``topic``, in order) as one batch in
     :data:`~metaq.spark.schema.ARROW_SCHEMA`; rows whose tags are not in ``tags`` (None:
     keep all) or whose queue offset is ``end_offset`` or more are dropped."""
-    starts = np.array(record_starts(payload), np.int64)
-    n = len(starts)
-    raw = np.frombuffer(payload, np.uint8)
-    total = _field(raw, starts, 0, "<u4").astype(np.int64)
-    topic_len = _field(raw, starts, 88, "<u2").astype(np.int64)
-    tags_len = _field(raw, starts, 90, "<u2").astype(np.int64)
-    keys_len = _field(raw, starts, 92, "<u2").astype(np.int64)
-    props_len = _field(raw, starts, 94, "<u2").astype(np.int64)
-    body_len = _field(raw, starts, 96, "<u4").astype(np.int64)
-    if not np.array_equal(
-        total, record.HEADER_SIZE + topic_len + tags_len + keys_len + props_len + body_len
-    ):
-        raise InvalidRecord("a record's size disagrees with its field lengths")
-    topic_at = starts + record.HEADER_SIZE
-    tags_at = topic_at + topic_len
+    name = topic.encode()
+    runs = [_Run(payload, name) for payload in payloads]
+    n = sum(len(run.starts) for run in runs)
+    head = np.concatenate([run.headers for run in runs]) if runs else np.empty(0, _HEADER)
+    # Each row's payload, and where its variable parts start in it.
+    buffer = np.repeat(np.arange(len(runs), dtype=np.int64), [len(r.starts) for r in runs])
+    start = np.concatenate([run.starts for run in runs]) if runs else np.empty(0, np.int64)
+    tags_len = head["tags_len"].astype(np.int64)
+    keys_len = head["keys_len"].astype(np.int64)
+    props_len = head["props_len"].astype(np.int64)
+    body_len = head["body_len"].astype(np.int64)
+    tags_at = start + record.HEADER_SIZE + len(name)
     keys_at = tags_at + tags_len
     props_at = keys_at + keys_len
     body_at = props_at + props_len
-    name = topic.encode()
-    if n and not (
-        np.all(topic_len == len(name))
-        and np.array_equal(_gather_fixed(raw, topic_at, len(name)), np.tile(
-            np.frombuffer(name, np.uint8), (n, 1)))
-    ):  # fmt: skip
-        raise InvalidRecord(f"a record pulled from {topic!r} belongs to another topic")
-    tags_col = _strings(payload, tags_at, tags_len, pa.string())
+    parts = _Parts(runs, buffer)
+    tags_col = parts.strings(tags_at, tags_len, pa.string())
     columns: list[Any] = [
         _constant(name, n),
         _constant(broker.encode(), n),
-        pa.array(_field(raw, starts, 48, "<i4"), pa.int32()),
-        pa.array(_field(raw, starts, 24, "<i8"), pa.int64()),
-        _hex_ids(_gather_fixed(raw, starts + 64, 16)),
-        _keys(payload, keys_at, keys_len),
+        pa.array(np.ascontiguousarray(head["queue_id"]), pa.int32()),
+        pa.array(np.ascontiguousarray(head["queue_offset"]), pa.int64()),
+        _hex_ids(head["msg_id"]),
+        parts.keys(keys_at, keys_len),
         tags_col,
-        _properties(payload, props_at, props_len),
-        _bodies(payload, body_at, body_len, _field(raw, starts, 12, "<u4")),
-        pa.array(_field(raw, starts, 56, "<i8") * 1000, _TIME_TYPE),
-        pa.array(_field(raw, starts, 32, "<i8") * 1000, _TIME_TYPE),
+        parts.properties(props_at, props_len),
+        parts.bodies(body_at, body_len, head["flags"]),
+        pa.array(head["born_ms"] * 1000, _TIME_TYPE),
+        pa.array(head["store_ms"] * 1000, _TIME_TYPE),
     ]
     batch = pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)
     keep = None
@@ -118,15 +121,141 @@ def to_arrow(
     return batch
 
 
-def _field(raw: npt.NDArray[np.uint8], starts: Ints, at: int, dtype: str) -> Any:
-    """The header field at byte ``at`` of every record, as one numpy array."""
-    width = np.dtype(dtype).itemsize
-    return _gather_fixed(raw, starts + at, width).view(dtype).reshape(-1)
+class _Run:
+    """One payload's records: where they start and their headers, checked."""
+
+    def __init__(self, payload: memoryview, topic: bytes) -> None:
+        self.payload = payload
+        self.raw = np.frombuffer(payload, np.uint8)
+        self.starts: Ints = np.array(record_starts(payload), np.int64)
+        self.headers = _gather(self.raw, self.starts, _HEADER)
+        head = self.headers
+        sizes = (
+            record.HEADER_SIZE + head["topic_len"].astype(np.int64) + head["tags_len"]
+            + head["keys_len"] + head["props_len"] + head["body_len"].astype(np.int64)
+        )  # fmt: skip
+        if not np.array_equal(head["total"], sizes):
+            raise InvalidRecord("a record's size disagrees with its field lengths")
+        if not (
+            np.all(head["topic_len"] == len(topic))
+            and np.all(_gather(self.raw, self.starts + record.HEADER_SIZE, _name(topic)) == topic)
+        ):
+            raise InvalidRecord(f"a record pulled from {topic.decode()!r} belongs to another topic")
 
 
-def _gather_fixed(raw: npt.NDArray[np.uint8], at: Ints, width: int) -> npt.NDArray[np.uint8]:
-    gathered: npt.NDArray[np.uint8] = raw[at[:, None] + np.arange(width)]
-    return gathered
+def _name(topic: bytes) -> np.dtype[Any]:
+    return np.dtype(f"S{len(topic)}")
+
+
+def _gather(raw: npt.NDArray[np.uint8], at: Ints, dtype: np.dtype[Any]) -> Any:
+    """A ``dtype`` value read at each byte position ``at`` of ``raw``, as one array.
+
+    A view of ``raw`` with a stride of one byte has a value starting at every byte, so one
+    fancy index copies out all of them; the caller has checked that each fits."""
+    if len(raw) < dtype.itemsize:
+        return np.empty(0, dtype)
+    every = np.ndarray((len(raw) - dtype.itemsize + 1,), dtype, buffer=raw, strides=(1,))
+    return every[at]
+
+
+class _Parts:
+    """The variable parts of the rows of ``runs``: byte ranges of their payloads."""
+
+    def __init__(self, runs: list[_Run], buffer: Ints) -> None:
+        self.runs = runs
+        self.buffer = buffer
+        ends = np.cumsum([len(run.starts) for run in runs]).tolist()
+        self.rows = [slice(a, b) for a, b in zip([0, *ends], ends, strict=False)]
+
+    def strings(self, at: Ints, lengths: Ints, kind: pa.DataType) -> pa.Array:
+        """The byte ranges ``[at, at + lengths)`` as one string (or binary) array.
+
+        Built as a binary-view array over the payloads themselves (views are fixed-width,
+        so numpy fills them for all rows at once) and cast to plain binary, which copies
+        each range once in Arrow's C++ rather than slicing once per row in Python."""
+        n = len(at)
+        if not lengths.any():
+            return pa.Array.from_buffers(
+                kind, n, [None, pa.py_buffer(np.zeros(n + 1, np.int32)), pa.py_buffer(b"")]
+            )
+        views = np.zeros((n, 16), np.uint8)
+        views[:, 0:4] = lengths.astype("<i4").view(np.uint8).reshape(n, 4)
+        # Up to 12 bytes live inside the view itself, zero-padded; longer ones keep their
+        # first 4 bytes there and point at their payload and offset in it.
+        head = np.empty((n, len(_INLINE)), np.uint8)
+        for run, rows in zip(self.runs, self.rows, strict=True):
+            head[rows] = run.raw[np.minimum(at[rows, None] + _INLINE, len(run.raw) - 1)]
+        head[_INLINE[None, :] >= lengths[:, None]] = 0
+        short = lengths <= len(_INLINE)
+        views[short, 4:16] = head[short]
+        long = ~short
+        views[long, 4:8] = head[long, 0:4]
+        views[long, 8:12] = self.buffer[long].astype("<i4").view(np.uint8).reshape(-1, 4)
+        views[long, 12:16] = at[long].astype("<i4").view(np.uint8).reshape(-1, 4)
+        buffers = [pa.py_buffer(run.payload) for run in self.runs]
+        array = pa.Array.from_buffers(
+            pa.binary_view(), n, [None, pa.py_buffer(views), *buffers]
+        ).cast(pa.binary())
+        if kind == pa.binary():
+            return array
+        try:
+            return array.cast(kind)
+        except pa.ArrowInvalid as exc:
+            raise InvalidRecord(f"a text field of a record is not UTF-8: {exc}") from None
+
+    def bodies(self, at: Ints, lengths: Ints, flags: Any) -> pa.Array:
+        compressed = (flags & record.FLAG_COMPRESSED) != 0
+        if not compressed.any():
+            return self.strings(at, lengths, pa.binary())
+        bodies: list[bytes] = []
+        for body, c in zip(self._slices(at, lengths), compressed.tolist(), strict=True):
+            if c:
+                try:
+                    body = zlib.decompress(body)
+                except zlib.error as exc:
+                    raise InvalidRecord(
+                        f"a body flagged compressed does not inflate: {exc}"
+                    ) from None
+            bodies.append(body)
+        return pa.array(bodies, pa.binary())
+
+    def keys(self, at: Ints, lengths: Ints) -> pa.Array:
+        n = len(at)
+        if not lengths.any():
+            return pa.ListArray.from_arrays(
+                pa.array(np.zeros(n + 1, np.int32)), pa.array([], pa.string()), type=_KEYS_TYPE
+            )
+        try:
+            rows = [str(k, "utf-8").split(" ") if k else () for k in self._slices(at, lengths)]
+        except UnicodeDecodeError as exc:
+            raise InvalidRecord(f"a record's keys are not UTF-8: {exc}") from None
+        return pa.array(rows, _KEYS_TYPE)
+
+    def properties(self, at: Ints, lengths: Ints) -> pa.Array:
+        n = len(at)
+        if not lengths.any():
+            return pa.MapArray.from_arrays(
+                pa.array(np.zeros(n + 1, np.int32)),
+                pa.array([], pa.string()),
+                pa.array([], pa.string()),
+                type=_PROPS_TYPE,
+            )
+        try:
+            rows = [
+                list(record.decode_properties(p).items()) if p else []
+                for p in self._slices(at, lengths)
+            ]
+        except UnicodeDecodeError as exc:
+            raise InvalidRecord(f"a record's properties are not UTF-8: {exc}") from None
+        return pa.array(rows, _PROPS_TYPE)
+
+    def _slices(self, at: Ints, lengths: Ints) -> list[bytes]:
+        """Each row's range as bytes: for the rare parts that are decoded row by row."""
+        payloads = [run.payload for run in self.runs]
+        return [
+            bytes(payloads[b][a : a + m])
+            for b, a, m in zip(self.buffer.tolist(), at.tolist(), lengths.tolist(), strict=True)
+        ]
 
 
 def _constant(text: bytes, n: int) -> pa.Array:
@@ -147,89 +276,3 @@ def _hex_ids(ids: npt.NDArray[np.uint8]) -> pa.Array:
     return pa.Array.from_buffers(
         pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(digits.tobytes())]
     )
-
-
-def _strings(payload: memoryview, at: Ints, lengths: Ints, kind: pa.DataType) -> pa.Array:
-    """The byte ranges ``[at, at + lengths)`` as one string (or binary) array.
-
-    Built as a binary-view array over the payload itself (views are fixed-width, so
-    numpy fills them for all rows at once) and cast to plain binary, which copies each
-    range once in Arrow's C++ rather than slicing once per row in Python."""
-    n = len(at)
-    if not lengths.any():
-        return pa.Array.from_buffers(
-            kind, n, [None, pa.py_buffer(np.zeros(n + 1, np.int32)), pa.py_buffer(b"")]
-        )
-    raw = np.frombuffer(payload, np.uint8)
-    views = np.zeros((n, 16), np.uint8)
-    views[:, 0:4] = lengths.astype("<i4").view(np.uint8).reshape(n, 4)
-    # Up to 12 bytes live inside the view itself, zero-padded; longer ones keep their
-    # first 4 bytes there and point into buffer 0 at their offset.
-    head = raw[np.minimum(at[:, None] + _INLINE, len(raw) - 1)]
-    head[_INLINE[None, :] >= lengths[:, None]] = 0
-    short = lengths <= len(_INLINE)
-    views[short, 4:16] = head[short]
-    long = ~short
-    views[long, 4:8] = head[long, 0:4]
-    views[long, 12:16] = at[long].astype("<i4").view(np.uint8).reshape(-1, 4)
-    array = pa.Array.from_buffers(
-        pa.binary_view(), n, [None, pa.py_buffer(views), pa.py_buffer(payload)]
-    ).cast(pa.binary())
-    if kind == pa.binary():
-        return array
-    try:
-        return array.cast(kind)
-    except pa.ArrowInvalid as exc:
-        raise InvalidRecord(f"a text field of a record is not UTF-8: {exc}") from None
-
-
-def _bodies(payload: memoryview, at: Ints, lengths: Ints, flags: Any) -> pa.Array:
-    compressed = (flags & record.FLAG_COMPRESSED) != 0
-    if not compressed.any():
-        return _strings(payload, at, lengths, pa.binary())
-    bodies: list[bytes] = []
-    for a, m, c in zip(at.tolist(), lengths.tolist(), compressed.tolist(), strict=True):
-        body = bytes(payload[a : a + m])
-        if c:
-            try:
-                body = zlib.decompress(body)
-            except zlib.error as exc:
-                raise InvalidRecord(f"a body flagged compressed does not inflate: {exc}") from None
-        bodies.append(body)
-    return pa.array(bodies, pa.binary())
-
-
-def _keys(payload: memoryview, at: Ints, lengths: Ints) -> pa.Array:
-    n = len(at)
-    if not lengths.any():
-        return pa.ListArray.from_arrays(
-            pa.array(np.zeros(n + 1, np.int32)), pa.array([], pa.string()), type=_KEYS_TYPE
-        )
-    try:
-        rows = [_split(payload, a, m) for a, m in zip(at.tolist(), lengths.tolist(), strict=True)]
-    except UnicodeDecodeError as exc:
-        raise InvalidRecord(f"a record's keys are not UTF-8: {exc}") from None
-    return pa.array(rows, _KEYS_TYPE)
-
-
-def _split(payload: memoryview, at: int, length: int) -> Sequence[str]:
-    return str(payload[at : at + length], "utf-8").split(" ") if length else ()
-
-
-def _properties(payload: memoryview, at: Ints, lengths: Ints) -> pa.Array:
-    n = len(at)
-    if not lengths.any():
-        return pa.MapArray.from_arrays(
-            pa.array(np.zeros(n + 1, np.int32)),
-            pa.array([], pa.string()),
-            pa.array([], pa.string()),
-            type=_PROPS_TYPE,
-        )
-    try:
-        rows = [
-            list(record.decode_properties(bytes(payload[a : a + m])).items()) if m else []
-            for a, m in zip(at.tolist(), lengths.tolist(), strict=True)
-        ]
-    except UnicodeDecodeError as exc:
-        raise InvalidRecord(f"a record's properties are not UTF-8: {exc}") from None
-    return pa.array(rows, _PROPS_TYPE)

@@ -63,11 +63,7 @@ def read_range(options: SourceOptions, rng: QueueRange, tags: str) -> Iterator[p
             if not payloads:
                 return
             batch = to_arrow(
-                rng.broker,
-                rng.topic,
-                memoryview(payloads[0] if len(payloads) == 1 else b"".join(payloads)),
-                tags=tag_filter.tags,
-                end_offset=rng.end,
+                rng.broker, rng.topic, payloads, tags=tag_filter.tags, end_offset=rng.end
             )
             if batch.num_rows:
                 yield batch
