@@ -8,15 +8,19 @@ source beside the producer's batched send; and the streaming latency from the pr
 send to the row reaching a ``foreachBatch`` sink at 5,000 msgs/s with a 1 s trigger. The
 last line is one JSON object; docs/spark.md says what bounds each figure.
 
-Both reads are timed after a warm-up read of their own: a JVM's first read of a kind runs
-while the JIT compiles its code (a 200,000-row Parquet read ran at 300,000-400,000 rows/s
-cold and about 900,000 warm). The write is timed warm too: the session's first write
-starts Python workers for the writer, seconds of imports that a long-running job pays
-once. The producer's batched send it is compared with runs right after it, into a topic
-of its own, with Spark's JVM alive beside it as during the write; the producer's rate on
-the fresh broker before Spark started is kept as ``producer_fill_rows_s``. Each phase's
-CPU seconds by process (broker, JVM, Python workers, this process) say what bounds it on
-a shared machine.
+Both reads are timed once the JVM has compiled them: a JVM's first reads of a kind run
+while the JIT compiles their code, for several reads (a 200,000-row Parquet read ran at
+300,000-400,000 rows/s cold and about 900,000 warm), so each read is the median of three
+after two warm-ups (``spark_read_first_rows_s`` keeps the metaq read after one). Beside
+them, the same steady read of a stand-in Python source with metaq's schema whose reads
+cost nothing (``python_source_ceiling_rows_s``): what Spark spends on any Python
+source's rows, the ceiling of the metaq read on this machine. The write is timed warm
+too: the session's first write starts Python workers for the writer, seconds of imports
+that a long-running job pays once. The producer's batched send it is compared with runs
+right after it, into a topic of its own, with Spark's JVM alive beside it as during the
+write; the producer's rate on the fresh broker before Spark started is kept as
+``producer_fill_rows_s``. Each phase's CPU seconds by process (broker, JVM, Python
+workers, this process) say what bounds it on a shared machine.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from spark_cpu import cpu_by_role, spent
 
 from metaq.broker.testing import BrokerProcess
@@ -41,9 +46,13 @@ from metaq.client.message import OutgoingMessage
 from metaq.client.producer import Producer
 from metaq.client.pull_consumer import PullConsumer, PullStatus
 from metaq.nameserver.testing import start_nameserver
+from metaq.spark.schema import SCHEMA_DDL
 
 QUEUES = 8
 BODY = 1024
+WARM_UP_READS = 2
+TIMED_READS = 3
+CEILING_BATCH_ROWS = 8192
 
 
 async def fill(nameserver: str, topic: str, count: int) -> float:
@@ -129,6 +138,60 @@ def timed_rows(df: Any) -> tuple[int, float]:
     start = time.perf_counter()
     row = df.selectExpr("count(*) AS n", "sum(length(body)) AS bytes").first()
     return int(row.n), time.perf_counter() - start
+
+
+def steady_rows_s(df: Any, expected: int) -> float:
+    """Rows/s of reading ``df`` once the JVM has compiled the read: the median of
+    ``TIMED_READS`` reads after ``WARM_UP_READS`` untimed ones."""
+    for _ in range(WARM_UP_READS):
+        timed_rows(df)
+    rates = []
+    for _ in range(TIMED_READS):
+        rows, took = timed_rows(df)
+        assert rows == expected, f"read {rows} of {expected}"
+        rates.append(rows / took)
+    return statistics.median(rates)
+
+
+class CeilingSource(DataSource):
+    """A Python source with metaq's schema whose read costs nothing: every partition
+    yields one prepared Arrow batch over and over. What Spark itself spends on a Python
+    source's rows bounds any such source's read; this measures that bound."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "bench_ceiling"
+
+    def schema(self) -> str:
+        return SCHEMA_DDL
+
+    def reader(self, schema: Any) -> DataSourceReader:
+        return CeilingReader(int(self.options["rows"]))
+
+
+class CeilingReader(DataSourceReader):
+    def __init__(self, rows: int) -> None:
+        self.rows = rows
+
+    def partitions(self) -> list[InputPartition]:
+        return [InputPartition(i) for i in range(QUEUES)]
+
+    def read(self, partition: InputPartition) -> Any:
+        from metaq.common import record
+        from metaq.spark.arrow_records import to_arrow
+
+        records = []
+        for offset in range(CEILING_BATCH_ROWS):
+            one = record.encode("bench-read", bytes(BODY), born_timestamp_ms=offset)
+            record.STAMP.pack_into(one, record.STAMP_AT, 0, offset, offset, bytes(8))
+            record.seal(one, 0, len(one))
+            records.append(bytes(one))
+        batch = to_arrow("broker-a", "bench-read", [memoryview(b"".join(records))])
+        mine = self.rows // QUEUES + (partition.value < self.rows % QUEUES)
+        for _ in range(mine // CEILING_BATCH_ROWS):
+            yield batch
+        if mine % CEILING_BATCH_ROWS:
+            yield batch.slice(0, mine % CEILING_BATCH_ROWS)
 
 
 def stream_latency(spark: Any, nameserver: str, topic: str, seconds: float) -> list[float]:
@@ -221,13 +284,20 @@ def main(argv: list[str]) -> None:
             cpu = cpu_by_role()
             rows, took = timed_rows(source)
             assert rows == args.messages, f"read {rows} of {args.messages}"
-            figures["spark_read_rows_s"] = round(rows / took)
+            figures["spark_read_first_rows_s"] = round(rows / took)
             figures["spark_read_cpu_s"] = spent(cpu, cpu_by_role())
+            figures["spark_read_rows_s"] = round(steady_rows_s(source, args.messages))
+            spark.dataSource.register(CeilingSource)
+            ceiling = spark.read.format("bench_ceiling").option("rows", args.messages).load()
+            cpu = cpu_by_role()
+            timed_rows(ceiling)
+            figures["ceiling_read_cpu_s"] = spent(cpu, cpu_by_role())
+            figures["python_source_ceiling_rows_s"] = round(steady_rows_s(ceiling, args.messages))
             parquet = str(work / "parquet")
             source.select("topic", "queue", "offset", "msg_id", "body").write.parquet(parquet)
-            timed_rows(spark.read.parquet(parquet))  # warm, as the metaq read was
-            rows, took = timed_rows(spark.read.parquet(parquet))
-            figures["parquet_read_rows_s"] = round(rows / took)
+            figures["parquet_read_rows_s"] = round(
+                steady_rows_s(spark.read.parquet(parquet), args.messages)
+            )
             cpu = cpu_by_role()
             count, took = asyncio.run(consume_all(ns, "bench-read"))
             assert count == args.messages
@@ -255,6 +325,12 @@ def main(argv: list[str]) -> None:
         shutil.rmtree(work, ignore_errors=True)
     figures["spark_read_vs_parquet_ratio"] = round(
         figures["spark_read_rows_s"] / figures["parquet_read_rows_s"], 3
+    )
+    figures["spark_read_vs_ceiling_ratio"] = round(
+        figures["spark_read_rows_s"] / figures["python_source_ceiling_rows_s"], 3
+    )
+    figures["ceiling_vs_parquet_ratio"] = round(
+        figures["python_source_ceiling_rows_s"] / figures["parquet_read_rows_s"], 3
     )
     figures["spark_read_vs_consumer_ratio"] = round(
         figures["spark_read_rows_s"] / figures["consumer_rows_s"], 3
