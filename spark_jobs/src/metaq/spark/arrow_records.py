@@ -136,15 +136,12 @@ class _Run:
         )  # fmt: skip
         if not np.array_equal(head["total"], sizes):
             raise InvalidRecord("a record's size disagrees with its field lengths")
-        if not (
-            np.all(head["topic_len"] == len(topic))
-            and np.all(_gather(self.raw, self.starts + record.HEADER_SIZE, _name(topic)) == topic)
+        # Lengths first: a shorter record's name could not be read whole.
+        name = np.dtype(f"S{len(topic)}")
+        if not np.all(head["topic_len"] == len(topic)) or not np.all(
+            _gather(self.raw, self.starts + record.HEADER_SIZE, name) == topic
         ):
             raise InvalidRecord(f"a record pulled from {topic.decode()!r} belongs to another topic")
-
-
-def _name(topic: bytes) -> np.dtype[Any]:
-    return np.dtype(f"S{len(topic)}")
 
 
 def _gather(raw: npt.NDArray[np.uint8], at: Ints, dtype: np.dtype[Any]) -> Any:
