@@ -112,6 +112,14 @@ def test_decode_message_returns_every_field_and_checks_the_crc() -> None:
         decode_message(raw)
 
 
+def test_a_compressed_body_that_does_not_inflate_is_refused_naming_the_message() -> None:
+    raw = bytearray(record.encode("orders", b"not zlib", flags=record.FLAG_COMPRESSED))
+    record.seal(raw, 0, len(raw))
+    msg_id = record.decode(raw).msg_id.hex()
+    with pytest.raises(InvalidRecord, match=f"message {msg_id} is flagged compressed"):
+        decode_message(raw)
+
+
 def test_every_stored_field_lands_in_its_own_message_field() -> None:
     raw = bytearray(
         record.encode(

@@ -86,6 +86,9 @@ def test_a_damaged_record_is_refused() -> None:
         to_arrow("b", "t", [memoryview(bytes(good) + bytes(good)[:50])])
     with pytest.raises(InvalidRecord, match="another topic"):
         to_arrow("b", "u", [payload_of([good])])
+    garbled = stored("t", b"not zlib", 0, flags=record.FLAG_COMPRESSED)
+    with pytest.raises(InvalidRecord, match="flagged compressed but does not inflate"):
+        to_arrow("b", "t", [payload_of([garbled])])
     with pytest.raises(InvalidRecord, match="another topic"):  # a name longer than the record
         to_arrow("b", "a-much-longer-topic-name", [payload_of([stored("t", b"", 0)])])
 

@@ -9,7 +9,6 @@ records back to back, as a PULL response's payload holds them.
 from __future__ import annotations
 
 import functools
-import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Final
@@ -17,7 +16,6 @@ from typing import Final
 import msgspec
 
 from metaq.common import record
-from metaq.common.errors import InvalidRecord
 
 __all__ = [
     "Message",
@@ -88,12 +86,7 @@ def _message(
 ) -> Message:  # fmt: skip
     """A record's fields as a Message (a :class:`~metaq.common.record.RecordBuilder`)."""
     if flags & record.FLAG_COMPRESSED:
-        try:
-            body = zlib.decompress(body)
-        except zlib.error as exc:
-            raise InvalidRecord(
-                f"message {msg_id.hex()} is flagged compressed but does not inflate: {exc}"
-            ) from None
+        body = record.inflate(body, f"message {msg_id.hex()}")
     # Positional, in Message's field order: a consumer builds one per message. A plain
     # dict in front of host_text's cache halves the cost of the two lookups.
     born = _HOSTS.get(born_host)

@@ -12,6 +12,7 @@ import itertools
 import os
 import re
 import struct
+import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final, NoReturn, Protocol, TypeVar
@@ -91,6 +92,15 @@ class Record:
     @property
     def msg_id_hex(self) -> str:
         return self.msg_id.hex()
+
+
+def inflate(body: bytes, what: str) -> bytes:
+    """The body of a record flagged ``FLAG_COMPRESSED``; InvalidRecord naming ``what``
+    (the message or row it belongs to) when it does not inflate."""
+    try:
+        return zlib.decompress(body)
+    except zlib.error as exc:
+        raise InvalidRecord(f"{what} is flagged compressed but does not inflate: {exc}") from None
 
 
 def check_topic(topic: str) -> None:

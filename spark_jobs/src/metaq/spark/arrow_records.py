@@ -13,7 +13,6 @@ throughput (docs/spark.md, "Benchmark").
 from __future__ import annotations
 
 import struct
-import zlib
 from collections.abc import Sequence
 from typing import Any, Final
 
@@ -204,16 +203,10 @@ class _Parts:
         compressed = (flags & record.FLAG_COMPRESSED) != 0
         if not compressed.any():
             return self.strings(at, lengths, pa.binary())
-        bodies: list[bytes] = []
-        for body, c in zip(self._slices(at, lengths), compressed.tolist(), strict=True):
-            if c:
-                try:
-                    body = zlib.decompress(body)
-                except zlib.error as exc:
-                    raise InvalidRecord(
-                        f"a body flagged compressed does not inflate: {exc}"
-                    ) from None
-            bodies.append(body)
+        bodies = [
+            record.inflate(body, "a row's body") if c else body
+            for body, c in zip(self._slices(at, lengths), compressed.tolist(), strict=True)
+        ]
         return pa.array(bodies, pa.binary())
 
     def keys(self, at: Ints, lengths: Ints) -> pa.Array:
