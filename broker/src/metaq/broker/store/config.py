@@ -51,8 +51,9 @@ class StoreConfig:
     commitlog_cache_bytes: int = field(default_factory=lambda: share_of_memory(0.4))
     dispatch_backlog_bytes: int = 256 * MIB
     # Appends of at most this many bytes are dispatched by the appending thread itself
-    # (MessageStore.dispatch_appended): no wake-up of the dispatcher thread.
-    dispatch_inline_bytes: int = 64 * KIB
+    # (MessageStore.dispatch_appended): no wake-up of the dispatcher thread, which a busy
+    # loop keeps waiting for the GIL (docs/broker.md).
+    dispatch_inline_bytes: int = 256 * KIB
     dispatch_backlog_wait_ms: int = 1_000
     retention_hours: float = 72.0
     delete_hour: int = 4
