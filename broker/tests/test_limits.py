@@ -1,7 +1,14 @@
-"""The data plane's resource limits as pure logic: descriptors left for the store and
-the broker-wide budget of incomplete request frames."""
+"""The data plane's resource limits as pure logic (descriptors left for the store, the
+broker-wide budget of incomplete request frames) and the CPU priority a broker takes."""
 
 from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
 
 from metaq.broker.limits import RequestBudget, connection_room, open_fds, too_slow
 
@@ -115,3 +122,42 @@ def test_a_frame_is_too_slow_only_after_a_whole_window_below_the_rate() -> None:
     assert too_slow(64 * kib * 5, 6.0, 64 * kib, 5.0)
     # 0 turns the check off.
     assert not too_slow(0, 100.0, 0, 5.0)
+
+
+_NICE_CHILD = """
+import json, logging, os, sys, threading
+logging.basicConfig(level=logging.WARNING, stream=sys.stdout, format="%(message)s")
+from metaq.broker.limits import set_nice
+if len(sys.argv) > 2:
+    os.setuid(int(sys.argv[2]))  # and with root's user id, its capabilities
+got = set_nice(int(sys.argv[1]))
+seen = []
+thread = threading.Thread(target=lambda: seen.append(os.getpriority(os.PRIO_PROCESS, 0)))
+thread.start()
+thread.join()
+print(json.dumps({"got": got, "thread": seen[0]}))
+"""
+
+
+def _nice_child(nice: int, user: int | None = None) -> tuple[dict[str, int], str]:
+    done = subprocess.run(
+        [sys.executable, "-c", _NICE_CHILD, str(nice), *([] if user is None else [str(user)])],
+        capture_output=True, text=True, timeout=30, check=True,
+    )  # fmt: skip
+    *logged, last = done.stdout.strip().splitlines()
+    return json.loads(last), "\n".join(logged)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a higher CPU priority needs root")
+def test_set_nice_raises_the_priority_for_the_threads_started_after() -> None:
+    figures, logged = _nice_child(-3)
+    assert figures == {"got": -3, "thread": -3}
+    assert logged == ""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the child gives up root to lose the right")
+def test_set_nice_without_the_right_keeps_the_priority_and_says_how_to_get_it() -> None:
+    figures, logged = _nice_child(-3, user=65534)
+    assert figures == {"got": 0, "thread": 0}
+    assert "running at nice 0, not the configured -3" in logged
+    assert "LimitNICE=-3" in logged

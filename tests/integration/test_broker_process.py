@@ -632,3 +632,16 @@ def test_a_broker_listening_beyond_loopback_refuses_to_start_without_a_secret(
 
     assert "needs a cluster secret because listen_host '0.0.0.0'" in refusal
     assert "cluster_secret_file" in refusal
+
+
+def _nice_of_threads(pid: int) -> set[int]:
+    return {os.getpriority(os.PRIO_PROCESS, int(tid)) for tid in os.listdir(f"/proc/{pid}/task")}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a higher CPU priority needs root")
+def test_the_broker_and_all_its_threads_run_at_the_configured_priority(
+    broker: BrokerProcess, start_broker: Callable[..., BrokerProcess]
+) -> None:
+    assert _nice_of_threads(broker.proc.pid) == {-5}  # the default
+    gentle = start_broker("--set", "nice=3")
+    assert _nice_of_threads(gentle.proc.pid) == {3}

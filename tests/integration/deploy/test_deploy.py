@@ -92,6 +92,7 @@ def test_rendered_configs_load_with_the_programs_own_loaders(lab: Lab) -> None:
         config = load_broker_config(["--config", str(lab.root(host) / "etc/metaq/broker.toml")])
         assert (config.broker_name, config.broker_id) == (group, broker_id)
         assert config.replication_mode.value == "sync"
+        assert config.nice == -5
         assert config.store.commitlog_segment_bytes == 8388608
         assert len(config.nameservers) == 3
         assert config.auth_enabled and Path(config.auth_acl_file).exists()

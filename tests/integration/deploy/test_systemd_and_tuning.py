@@ -3,7 +3,8 @@ systemd (network namespaces, no init) and the ``vm.*`` sysctls are global to the
 
 - The role's systemd unit, rendered by ansible-playbook from the role's template and
   defaults, passes ``systemd-analyze verify`` (which reads unit files offline, no
-  running systemd needed): every key known, ``ExecStart`` an executable that exists.
+  running systemd needed): every key known, ``ExecStart`` an executable that exists, the
+  broker's ``LimitNICE`` a value systemd takes.
 - The role's OS-tuning tasks (``metaq_tune_os: true``), run in ``--check --diff`` mode
   against this machine: the diff shows the sysctls and open-file limits they would
   write, the handler that would apply the sysctls is reached and, in check mode, runs
@@ -63,8 +64,8 @@ def test_the_role_s_systemd_units_pass_systemd_analyze_verify(tmp_path: Path) ->
          "ansible.builtin.template": {
              "src": str(PLAYBOOKS / "roles/metaq_common/templates/service.unit.j2"),
              "dest": f"{units}/metaq-{service}.service", "mode": "0644"},
-         "vars": {"metaq_service": service}}
-        for service in ("nameserver", "broker")
+         "vars": {"metaq_service": service, "metaq_service_settings": settings}}
+        for service, settings in (("nameserver", {}), ("broker", {"nice": -5}))
     ]  # fmt: skip
     run = run_playbook(tmp_path, render, metaq_root=str(root), metaq_user="root",
                        metaq_group="root")  # fmt: skip
@@ -73,6 +74,8 @@ def test_the_role_s_systemd_units_pass_systemd_analyze_verify(tmp_path: Path) ->
         unit = units / f"metaq-{service}.service"
         text = unit.read_text()
         assert "Restart=on-failure" in text and "LimitNOFILE=131072" in text, text
+        # The broker may take the CPU priority it is configured with; the nameserver keeps 0.
+        assert ("LimitNICE=-5" in text) == (service == "broker"), text
         verify = subprocess.run(
             [SYSTEMD_ANALYZE, "verify", "--man=no", str(unit)],
             capture_output=True, text=True, timeout=60, check=False,

@@ -12,6 +12,7 @@ from typing import Final
 
 from metaq.broker.announce import nameserver_registrar
 from metaq.broker.config import BrokerConfig, ConfigError, load_config
+from metaq.broker.limits import set_nice
 from metaq.broker.process import Broker
 from metaq.common.errors import MetaqError
 
@@ -69,6 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    set_nice(config.nice)  # first: the threads started later take it
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
         return runner.run(run(config))
 

@@ -130,6 +130,12 @@ class BrokerConfig:
     it sleeps, so a client's next request does not wait for a sleeping CPU to wake
     (:mod:`metaq.broker.idle_poll`). Costs up to a core while requests come less than
     this far apart; 0 turns it off (shared or overcommitted hosts)."""
+    nice: int = -5
+    """The CPU priority (Linux nice, -20 to 19) the broker process takes at start, so that
+    clients, batch jobs and the broker's own readers sharing its cores wait for its
+    loop rather than the loop for them (:func:`metaq.broker.limits.set_nice`). Below 0
+    it needs root, CAP_SYS_NICE or a RLIMIT_NICE that allows it (the deploy's units set
+    one); without, the broker keeps the priority it was started with and says so."""
     log_level: str = "INFO"
     replication_mode: ReplicationMode = ReplicationMode.ASYNC
     min_in_sync_replicas: int = 2
@@ -277,6 +283,8 @@ class BrokerConfig:
             problems.append("max_parked_pulls must be 0 (never park) or positive")
         if self.max_connection_write_bytes < 64 * 1024:
             problems.append("max_connection_write_bytes must be at least 65536")
+        if not -20 <= self.nice <= 19:
+            problems.append("nice must be -20 (highest priority) to 19 (lowest)")
         if not 0 <= self.idle_poll_us <= 10_000:
             problems.append("idle_poll_us must be 0-10000 (0 turns idle polling off)")
         if self.max_pull_bytes > self.max_frame_bytes // 2:
