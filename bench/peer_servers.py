@@ -3,7 +3,9 @@ their data under one directory, and stopped by process id however the benchmark 
 
 Each server runs in a session of its own (``start_new_session``), so stopping it signals
 its whole process group: SIGTERM, a grace period, then SIGKILL. Nothing here goes
-through an init system, and nothing stays running or enabled afterwards.
+through an init system, and nothing stays running or enabled afterwards. Each runs at
+the CPU priority metaq's broker takes by default (``nice``, docs/broker.md), so that
+the clients sharing the cores wait for every server alike.
 
 - **NATS** — ``nats-server`` with JetStream on file storage (``store_dir``).
 - **RabbitMQ** — ``rabbitmq-server`` in the foreground with the ``rabbitmq_stream``
@@ -38,11 +40,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
+from metaq.broker.config import BrokerConfig
+
 RABBITMQ_SERVER: Final = Path("/usr/lib/rabbitmq/bin/rabbitmq-server")
 RABBITMQCTL: Final = Path("/usr/lib/rabbitmq/bin/rabbitmqctl")
 CLUSTER_SIZE: Final = 3
 RABBITMQ_BOOT_S: Final = 120.0
 STOP_GRACE_S: Final = 15.0
+SERVER_NICE: Final = BrokerConfig().nice
 
 
 def free_port() -> int:
@@ -75,7 +80,7 @@ class ServerProcess:
         log_path = work / f"{name}.log"
         with log_path.open("wb") as log:
             proc = subprocess.Popen(
-                list(argv),
+                ["nice", "-n", str(SERVER_NICE), *argv],  # nice execs: same pid
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
