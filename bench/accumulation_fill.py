@@ -4,6 +4,7 @@ each system, the role processes it starts, the disk's own read rate, and the pag
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -28,28 +29,42 @@ FILL_CALLERS: Final = 4
 FILL_BATCH: Final = 250
 UNBOUNDED_S: Final = 1e9
 """A fill is bounded by its message count; the time is not what stops it."""
+STORED_TIMEOUT_S: Final = 60.0
 
 
-async def fill_metaq(nameserver: str, topic: str, body: bytes, messages: int) -> None:
+async def fill_metaq(nameserver: str, topic: str, body: bytes, messages: int) -> int:
+    """Messages stored (acknowledged): ``messages``, rounded up to whole batches."""
     # Bodies are random: compressing them would only cost the fill time.
     async with Producer([nameserver], compress_over_bytes=1 << 30) as producer:
         budget = Budget(UNBOUNDED_S, messages)
         await batched(producer, topic, body, budget, FILL_CALLERS, FILL_BATCH)
+        return budget.sent
 
 
-async def metaq_stored(nameserver: str, topic: str, group: str) -> tuple[int, int]:
+async def metaq_stored(
+    nameserver: str, topic: str, group: str, at_least: int = 0
+) -> tuple[int, int]:
     """(messages written to the new ``topic``, of which ``group`` committed past).
 
     Counted from offset 0, not the queues' minimum: under disk pressure the broker
     deletes segments every group has consumed, and the minimum moves up behind a drain.
+    With ``at_least``, asks again until the queues hold that many: a queue's end is its
+    last indexed message, and the last acknowledged sends may still be on their way to
+    the index (a drain timed to a short count ends early).
     """
+    deadline = time.monotonic() + STORED_TIMEOUT_S
     async with PullConsumer([nameserver], group) as consumer:
-        stored = committed = 0
-        for queue in await consumer.queues(topic, refresh=True):
-            offsets = await consumer.query(topic, queue)
-            stored += offsets.max_offset
-            committed += offsets.committed or 0
-        return stored, committed
+        while True:
+            stored = committed = 0
+            for queue in await consumer.queues(topic, refresh=True):
+                offsets = await consumer.query(topic, queue)
+                stored += offsets.max_offset
+                committed += offsets.committed or 0
+            if stored >= at_least:
+                return stored, committed
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{topic}: {stored:,} of {at_least:,} sent are indexed")
+            await asyncio.sleep(0.05)  # poll interval of a deadline-bound wait
 
 
 async def claim_backlog(nameserver: str, topic: str, group: str) -> None:

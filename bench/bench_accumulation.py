@@ -173,8 +173,8 @@ def warm_metaq(work: Path, messages: int, processes: int) -> dict[str, Any]:
     with single_broker(work, WARM_STORE) as metaq, roles() as started:
         run(put_topic(metaq.http_url, TOPIC, read_queues=QUEUES, write_queues=QUEUES))
         run(wait_routed(metaq.nameserver, TOPIC, QUEUES))
-        run(fill_metaq(metaq.nameserver, TOPIC, os.urandom(WARM_SIZE), messages))
-        stored, _ = run(metaq_stored(metaq.nameserver, TOPIC, GROUP))
+        sent = run(fill_metaq(metaq.nameserver, TOPIC, os.urandom(WARM_SIZE), messages))
+        stored, _ = run(metaq_stored(metaq.nameserver, TOPIC, GROUP, at_least=sent))
         log(f"  metaq: {stored:,} stored; draining with {processes} consumer process(es)")
         for _ in range(processes):
             started.append(Role.start("metaq", nameserver=metaq.nameserver, topic=TOPIC,
