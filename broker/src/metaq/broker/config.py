@@ -132,10 +132,10 @@ class BrokerConfig:
     this far apart; 0 turns it off (shared or overcommitted hosts)."""
     nice: int = -5
     """The CPU priority (Linux nice, -20 to 19) the broker process takes at start, so that
-    clients, batch jobs and the broker's own readers sharing its cores wait for its
-    loop rather than the loop for them (:func:`metaq.broker.limits.set_nice`). Below 0
-    it needs root, CAP_SYS_NICE or a RLIMIT_NICE that allows it (the deploy's units set
-    one); without, the broker keeps the priority it was started with and says so."""
+    clients and batch jobs sharing its cores wait for its loop rather than the loop for
+    them (:func:`metaq.broker.limits.set_nice`). Below 0 it needs root, CAP_SYS_NICE or
+    a RLIMIT_NICE that allows it (the deploy's units set one); without, the broker keeps
+    the priority it was started with and says so."""
     log_level: str = "INFO"
     replication_mode: ReplicationMode = ReplicationMode.ASYNC
     min_in_sync_replicas: int = 2

@@ -42,10 +42,10 @@ def set_nice(nice: int) -> int:
 
     Linux keeps a nice value per thread and a new thread takes its creator's, so every
     thread running now is set (numpy's BLAS pool starts one at import) and those started
-    after follow. A broker shares its cores with clients (two consumer processes
-    draining a backlog beside it on a 2-core host) and with its own readers; at equal
-    priority its loop waited 0.6 s in the run queue over a 4 s drain, every wait
-    holding up the answers all clients were waiting on.
+    after follow. A broker may share its cores with its clients (two consumer processes
+    draining a backlog beside it on a 2-core host): at equal priority its loop waited
+    0.6 s in the run queue over a 4 s drain, every wait holding up the answers all
+    clients were waiting on.
     """
     current = os.getpriority(os.PRIO_PROCESS, 0)
     if nice == current:
