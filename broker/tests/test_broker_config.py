@@ -101,6 +101,7 @@ def test_flags_override_the_file(tmp_path: Path) -> None:
         ('nameservers = ["no-port"]', "'no-port' is not HOST:PORT"),
         ("default_queue_count = 0", "default_queue_count must be 1-65536"),
         ("idle_poll_us = 20000", "idle_poll_us must be 0-10000"),
+        ("nice = -21", "nice must be -20 (highest priority) to 19 (lowest)"),
         ("max_connections = 0", "max_connections must be positive"),
         ("idle_timeout_s = -1", "idle_timeout_s must be 0 (off) or positive"),
         ("fd_reserve = 10", "fd_reserve must be at least 64"),
