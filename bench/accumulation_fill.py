@@ -54,9 +54,10 @@ async def metaq_stored(
     """
     deadline = time.monotonic() + STORED_TIMEOUT_S
     async with PullConsumer([nameserver], group) as consumer:
+        queues = await consumer.queues(topic, refresh=True)
         while True:
             stored = committed = 0
-            for queue in await consumer.queues(topic, refresh=True):
+            for queue in queues:
                 offsets = await consumer.query(topic, queue)
                 stored += offsets.max_offset
                 committed += offsets.committed or 0
