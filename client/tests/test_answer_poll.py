@@ -102,6 +102,30 @@ def test_a_send_long_after_the_last_answer_does_not_poll() -> None:
     assert asyncio.run(scenario()) == [False, True]
 
 
+def test_a_send_at_a_tick_inside_a_long_window_does_not_poll() -> None:
+    """The window bounds how long an answer is polled for, not how soon the caller must
+    send again: a producer ticking every millisecond is not waiting on its answers even
+    when they come back within a window of several."""
+
+    async def scenario() -> list[bool]:
+        poll = AnswerPoll(window_us=5_000)
+        seen = []
+        poll.waiting()
+        poll.answered()
+        await turns_until(lambda: not poll.polling)
+        spin(0.001)  # the next tick
+        poll.waiting()
+        seen.append(poll.polling)
+        poll.answered()
+        poll.waiting()  # at once
+        seen.append(poll.polling)
+        poll.answered()
+        await turns_until(lambda: not poll.polling)
+        return seen
+
+    assert asyncio.run(scenario()) == [False, True]
+
+
 def test_a_window_of_zero_never_polls() -> None:
     async def scenario() -> AnswerPoll:
         poll = AnswerPoll(window_us=0)

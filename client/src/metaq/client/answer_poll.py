@@ -8,25 +8,33 @@ goes out with nothing else unanswered, the loop polls its sockets
 (:mod:`metaq.common.loop_poll`) for up to ``window_us``, as the broker does after an answer
 (``metaq.broker.idle_poll``).
 
-Polling pays only while answers come back within the window, and it costs the CPU it
-spins. So the loop polls only when the last wait for an answer (from the first send
-going out to the last answer coming back) was within the window: a broker across a
-real network, or a busy one, never starts it. And it polls only for a caller that
-waits on its answers, whose next send follows the last answer within the window (one
-message at a time): a producer sending at a rate, whose next send comes at its next
-tick whatever the answer, would spin for answers nobody is waiting on, on the CPU the
-broker and the other processes of a shared host need (at 20,000 sends a second in
-ticks of 1 ms, 0.1 of a core here). While sends overlap the loop has work anyway, and
-a wait that long ends the rhythm. Each turn yields the CPU (``sched_yield`` releases
-the GIL too), so another runnable thread or process on the same core goes first. A
-window of 0 never polls.
+The window is long enough for a send to a sync-replicated master to be answered while
+polling (the master's copy, the slave's, and the slave's acknowledgement: about 400 µs
+on one host here, where sleeping through it took about 550). Polling pays only while
+answers come back within the window, and it costs the CPU it spins. So the loop polls
+only when the last wait for an answer (from the first send going out to the last answer
+coming back) was within the window: a broker across a slow network, or a busy one,
+never starts it. And it polls only for a caller that waits on its answers, whose next
+send follows the last answer within 200 µs (one message at a time): a producer sending
+at a rate, whose next send comes at its next tick whatever the answer, would spin for
+answers nobody is waiting on, on the CPU the broker and the other processes of a shared
+host need (at 20,000 sends a second in ticks of 1 ms, 0.1 of a core here). While sends
+overlap the loop has work anyway, and a wait that long ends the rhythm. Each turn
+yields the CPU (``sched_yield`` releases the GIL too), so another runnable thread or
+process on the same core goes first. A window of 0 never polls.
 """
 
 from __future__ import annotations
 
 import time
+from typing import Final
 
 from metaq.common.loop_poll import LoopPoll
+
+_NEXT_SEND_S: Final = 200e-6
+"""A caller that waits on its answers sends again this soon after one (its own work
+between an answer and the next send takes tens of microseconds). A send later than that
+comes at the caller's own pace, and polling for its answer would only spin."""
 
 
 class AnswerPoll:
@@ -59,7 +67,7 @@ class AnswerPoll:
         self._waiting = True
         self._waiting_since = now
         answered_at = self._answered_at
-        waited_on = answered_at is None or now - answered_at <= self.window_s
+        waited_on = answered_at is None or now - answered_at <= _NEXT_SEND_S
         if self._in_rhythm and waited_on:
             self._looper.poll_until(now + self.window_s, now)
 

@@ -96,7 +96,7 @@ class ProducerConfig:
     close_timeout_s: float = 10.0
     wait_store: bool = True
     """False: the broker answers once appended, without waiting for a sync flush."""
-    answer_poll_us: int = 200
+    answer_poll_us: int = 1000
     """How long the event loop polls for an answer instead of sleeping, while answers
     come back that quickly (:mod:`metaq.client.answer_poll`); 0 turns it off."""
 
