@@ -9,10 +9,11 @@ import threading
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from metaq.broker.store import FlushMode, GetStatus, MessageStore
+from metaq.broker.store import FlushMode, GetStatus, MessageStore, reads
 from metaq.broker.store.commitlog import Appended
 from metaq.common.record import (
     BLANK_MAGIC,
@@ -535,3 +536,63 @@ def test_a_run_stops_at_the_end_of_what_the_log_holds(open_store: OpenStore) -> 
 
     assert (result.count, result.next_offset) == (3, 3)
     assert result.log_end == appended.commitlog_offsets[3]
+
+
+def test_reads_over_whole_arrays_find_what_the_record_loop_finds(
+    open_store: OpenStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Large unfiltered reads take numpy's arrays; whatever the runs, files, byte bound
+    and log end, they must answer exactly as the loop over records does."""
+    store = open_store(
+        commitlog_segment_bytes=64 * 1024, max_message_bytes=8192, max_properties_bytes=1024
+    )
+    rng = random.Random(7)
+    for _ in range(80):  # runs of every length, in four queues, across many files
+        queue_id = rng.randrange(3)
+        store.append(
+            [
+                encode("mix", rng.randbytes(rng.randrange(10, 3000)), queue_id=queue_id)
+                for _ in range(rng.randrange(1, 60))
+            ]
+        )
+        # Queue 3's records are all of one size, so a byte bound can fall exactly on one.
+        store.append([encode("mix", bytes(500), queue_id=3) for _ in range(rng.randrange(1, 60))])
+    same_size = len(encode("mix", bytes(500), queue_id=3))
+    store.dispatcher.catch_up()
+    # Entries past the log's end, as a cut the consume queues have yet to follow leaves.
+    store.commitlog.set_end(store.commitlog.write_offset - 5000)
+
+    def read_all() -> list[tuple[object, ...]]:
+        answers: list[tuple[object, ...]] = []
+        for queue_id in range(4):
+            for offset in range(0, store.max_offset("mix", queue_id), 7):
+                for max_messages, max_bytes in (
+                    (64, 1 << 20), (256, 20_000), (100, 1), (200, 60 * same_size),
+                ):  # fmt: skip
+                    result = store.get(
+                        "mix", queue_id, offset, max_messages=max_messages, max_bytes=max_bytes
+                    )
+                    spans = [bytes(span) for span in result.spans]
+                    answers.append((result.status, result.count, result.next_offset,
+                                    result.log_start, result.log_end, result.span_starts,
+                                    spans))  # fmt: skip
+                    result.release()
+        return answers
+
+    taken = 0
+    read_runs = reads._read_runs
+
+    def counted(*args: Any) -> bool:
+        nonlocal taken
+        found = read_runs(*args)
+        taken += found
+        return found
+
+    monkeypatch.setattr(reads, "_WHOLE_ARRAYS_FROM", sys.maxsize)
+    by_record = read_all()
+    monkeypatch.setattr(reads, "_WHOLE_ARRAYS_FROM", 1)
+    monkeypatch.setattr(reads, "_read_runs", counted)
+    by_array = read_all()
+
+    assert by_array == by_record
+    assert taken > len(by_array) // 2  # not every read fell back to the loop

@@ -14,12 +14,17 @@ from itertools import chain
 from pathlib import Path
 from typing import Final
 
+import numpy as np
+import numpy.typing as npt
+
 from metaq.broker.store.queue_offsets import QueueOffsets
 from metaq.broker.store.segment import Disk, Segment, SegmentQueue
 
 ENTRY: Final = struct.Struct("<qIq")
 """Commitlog offset, record size, tag code."""
 ENTRY_SIZE: Final = ENTRY.size
+ENTRY_DTYPE: Final = np.dtype([("offset", "<i8"), ("size", "<u4"), ("tag", "<i8")])
+"""An entry as a numpy record, for reading many at once (packed: 20 bytes)."""
 _NO_TAIL: Final = memoryview(b"")
 
 
@@ -148,6 +153,14 @@ class ConsumeQueue:
         """(commitlog offset, size, tag code) for ``start <= n < end``, in order, unpacked
         in C a file's run at a time (a pull reads hundreds per request)."""
         return chain.from_iterable(ENTRY.iter_unpack(block) for block in self._blocks(start, end))
+
+    def entry_array(self, start: int, end: int) -> npt.NDArray[np.void]:
+        """The entries ``start <= n < end`` as one array of :data:`ENTRY_DTYPE`: a view
+        of the file, or a copy where they lie in two; short where a file is missing."""
+        blocks = [np.frombuffer(block, ENTRY_DTYPE) for block in self._blocks(start, end)]
+        if len(blocks) == 1:
+            return blocks[0]
+        return np.concatenate(blocks) if blocks else np.empty(0, ENTRY_DTYPE)
 
     def _blocks(self, start: int, end: int) -> Iterator[memoryview]:
         at = start * ENTRY_SIZE

@@ -8,6 +8,8 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Final
 
+import numpy as np
+
 from metaq.broker.store.commitlog import CommitLog
 from metaq.broker.store.consume_queue import ConsumeQueue
 from metaq.common.errors import StoreUnavailable
@@ -140,6 +142,14 @@ def read_batch(
     scan_limit = max_messages if tag_codes is None else max(max_messages * 16, 4096)
     damaged = commitlog.damaged
     written = commitlog.write_offset
+    stop = min(hi, offset + scan_limit)
+    if (
+        tag_codes is None
+        and not damaged
+        and stop - offset >= _WHOLE_ARRAYS_FROM
+        and _read_runs(commitlog, queue, offset, stop, max_bytes, written, result)
+    ):
+        return result
     spans, span_starts = result.spans, result.span_starts
     # The open run of records back to back: from run_start to run_end in the log, in
     # run_view (a view from run_start to the end of its file); records may join it up
@@ -148,7 +158,7 @@ def read_batch(
     run_start = run_end = run_limit = 0
     count = used = 0
     n = offset - 1
-    for cl_offset, size, tag in queue.entries(offset, min(hi, offset + scan_limit)):
+    for cl_offset, size, tag in queue.entries(offset, stop):
         n += 1
         if tag_codes is not None and tag not in tag_codes:
             result.next_offset = n + 1
@@ -194,6 +204,50 @@ def read_batch(
 
 
 _NO_RUN: Final = memoryview(b"")
+_WHOLE_ARRAYS_FROM: Final = 48
+"""Entries from which a read takes :func:`_read_runs`. Its numpy calls cost about 12 µs
+whatever the count, the loop about 0.15 µs an entry plus 4: even at 32 entries."""
+
+
+def _read_runs(
+    commitlog: CommitLog,
+    queue: ConsumeQueue,
+    offset: int,
+    stop: int,
+    max_bytes: int,
+    written: int,
+    result: GetResult,
+) -> bool:
+    """:func:`read_batch`'s loop for an unfiltered read, over whole arrays: the byte
+    bound and the runs of back-to-back records found in numpy, a view taken per run.
+    A pull of 256 records was about 45 µs in the loop, most of the broker's Python work
+    for it. False, with ``result`` untouched, where the loop must go record by record:
+    a missing entry, a run crossing into another file or past what is written."""
+    entries = queue.entry_array(offset, stop)
+    if len(entries) != stop - offset:
+        return False
+    sizes = entries["size"].astype(np.int64)
+    # The first record goes whatever its size; then while the bytes stay within bound.
+    count = max(1, int(sizes.cumsum().searchsorted(max_bytes, side="right")))
+    starts = entries["offset"][:count]
+    ends = starts + sizes[:count]
+    breaks: list[int] = ((starts[1:] != ends[:-1]).nonzero()[0] + 1).tolist()
+    run_starts: list[int] = starts[[0, *breaks]].tolist()
+    run_ends: list[int] = ends[[*(b - 1 for b in breaks), count - 1]].tolist()
+    del entries, starts, ends  # views of the queue's file: let it go now
+    spans: list[memoryview] = []
+    for start, end in zip(run_starts, run_ends, strict=True):
+        view = _view_from(commitlog, start, end, written)
+        if view is None:
+            for span in spans:
+                span.release()
+            return False
+        spans.append(_closed(view, end - start))
+    result.spans, result.span_starts, result.count = spans, run_starts, count
+    result.log_start, result.log_end = run_starts[0], run_ends[-1]
+    result.next_offset = offset + count
+    result.status = GetStatus.FOUND
+    return True
 
 
 def _view_from(commitlog: CommitLog, start: int, end: int, written: int) -> memoryview | None:
