@@ -634,14 +634,19 @@ def test_a_broker_listening_beyond_loopback_refuses_to_start_without_a_secret(
     assert "cluster_secret_file" in refusal
 
 
-def _nice_of_threads(pid: int) -> set[int]:
-    return {os.getpriority(os.PRIO_PROCESS, int(tid)) for tid in os.listdir(f"/proc/{pid}/task")}
+def _nice_of_threads(pid: int) -> list[int]:
+    return sorted(
+        os.getpriority(os.PRIO_PROCESS, int(tid)) for tid in os.listdir(f"/proc/{pid}/task")
+    )
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="a higher CPU priority needs root")
-def test_the_broker_and_all_its_threads_run_at_the_configured_priority(
+def test_the_broker_and_its_threads_run_at_the_configured_priority(
     broker: BrokerProcess, start_broker: Callable[..., BrokerProcess]
 ) -> None:
-    assert _nice_of_threads(broker.proc.pid) == {-5}  # the default
+    # The default, -5, for every thread but the one making the next commitlog file,
+    # which keeps to 0 (a higher priority, never a lower one).
+    nices = _nice_of_threads(broker.proc.pid)
+    assert nices.count(0) == 1 and set(nices) == {-5, 0}
     gentle = start_broker("--set", "nice=3")
-    assert _nice_of_threads(gentle.proc.pid) == {3}
+    assert set(_nice_of_threads(gentle.proc.pid)) == {3}

@@ -42,8 +42,10 @@ def set_nice(nice: int) -> int:
 
     Linux keeps a nice value per thread and a new thread takes its creator's, so every
     thread running now is set (numpy's BLAS pool starts one at import) and those started
-    after follow. A broker may share its cores with its clients (two consumer processes
-    draining a backlog beside it on a 2-core host): at equal priority its loop waited
+    after follow, but for the commitlog's file maker, which keeps to nice 0
+    (:func:`metaq.broker.store.segment.no_higher_priority`). A broker may share its
+    cores with its clients (two consumer processes draining a backlog beside it on a
+    2-core host): at equal priority its loop waited
     0.6 s in the run queue over a 4 s drain, every wait holding up the answers all
     clients were waiting on.
     """

@@ -69,6 +69,20 @@ class Segment:
         return f"Segment({self.path.name}, written={self.written})"
 
 
+def no_higher_priority() -> None:
+    """Run the calling thread at nice 0 at best, whatever its process took.
+
+    Pre-faulting a commitlog file costs this VM about 0.5 s of CPU per 256 MiB of fresh
+    memory, in bursts. A new thread takes its creator's priority, and at the broker's
+    nice -5 those bursts went ahead of the producers and consumers sharing its cores:
+    with one group draining a backlog on two cores, the producer's longest send was
+    45-295 ms against 34-37 at nice 0, and its p99 20-108 ms against 14-16. The file is
+    wanted only when the one before it is full, seconds later at such rates."""
+    thread = threading.get_native_id()
+    if os.getpriority(os.PRIO_PROCESS, thread) < 0:
+        os.setpriority(os.PRIO_PROCESS, thread, 0)
+
+
 def open_segment(
     path: Path,
     start: int,
@@ -350,7 +364,9 @@ class SegmentQueue:
 
     def _prepare(self, start: int) -> None:
         if self._allocator is None:
-            self._allocator = ThreadPoolExecutor(1, thread_name_prefix="segment-alloc")
+            self._allocator = ThreadPoolExecutor(
+                1, thread_name_prefix="segment-alloc", initializer=no_higher_priority
+            )
         self._next = self._allocator.submit(self._open, start)
 
     def _take_prepared(self, start: int) -> Segment | None:
