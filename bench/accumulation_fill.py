@@ -4,7 +4,6 @@ each system, the role processes it starts, the disk's own read rate, and the pag
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
@@ -23,6 +22,7 @@ from metaq_load import Budget, batched
 
 from metaq.client.producer import Producer
 from metaq.client.pull_consumer import PullConsumer
+from metaq.common.testing import wait_until_async
 
 HERE: Final = Path(__file__).parent
 FILL_CALLERS: Final = 4
@@ -52,20 +52,24 @@ async def metaq_stored(
     last indexed message, and the last acknowledged sends may still be on their way to
     the index (a drain timed to a short count ends early).
     """
-    deadline = time.monotonic() + STORED_TIMEOUT_S
     async with PullConsumer([nameserver], group) as consumer:
         queues = await consumer.queues(topic, refresh=True)
-        while True:
+        counts = (0, 0)
+
+        async def indexed() -> bool:
+            nonlocal counts
             stored = committed = 0
             for queue in queues:
                 offsets = await consumer.query(topic, queue)
                 stored += offsets.max_offset
                 committed += offsets.committed or 0
-            if stored >= at_least:
-                return stored, committed
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{topic}: {stored:,} of {at_least:,} sent are indexed")
-            await asyncio.sleep(0.05)  # poll interval of a deadline-bound wait
+            counts = (stored, committed)
+            return stored >= at_least
+
+        await wait_until_async(
+            indexed, STORED_TIMEOUT_S, f"{topic}'s queues index all {at_least:,} sent"
+        )
+        return counts
 
 
 async def claim_backlog(nameserver: str, topic: str, group: str) -> None:
