@@ -114,17 +114,36 @@ async def _drain(
     }
 
 
+class Pace:
+    """Holds a handler back to ``rate`` messages a second from the first it is given:
+    a consumer whose work takes that long, which the push consumer's flow control then
+    pulls for."""
+
+    def __init__(self, rate: float) -> None:
+        self._interval = 1.0 / rate
+        self._due = 0.0
+
+    async def wait(self) -> None:
+        now = time.monotonic()
+        self._due = max(self._due, now - 0.1) + self._interval  # no burst to catch up
+        if self._due - now > 0.001:
+            await asyncio.sleep(self._due - now)  # the pacing itself
+
+
 async def metaq_drain(args: dict[str, Any]) -> dict[str, Any]:
     """metaq's push consumer with its default settings (it commits every second, on
-    pulls and at close)."""
+    pulls and at close); with ``rate``, its handler paced to that many a second."""
     from metaq.client.consumer import Message, PushConsumer
 
     parent, counter = Parent(), Counter()
     consumer = PushConsumer([args["nameserver"]], args["group"])
+    pace = Pace(args["rate"]) if args.get("rate") else None
 
     async def handle(message: Message) -> None:
         counter.add(len(message.body))
         counter.reached(message.queue_id, message.queue_offset)
+        if pace is not None:
+            await pace.wait()
 
     consumer.subscribe(args["topic"], handle)
 

@@ -19,7 +19,8 @@ its first message and the same figures are taken again: the drain's msgs/s and M
 (and the broker's disk reads), the producer's send p50/p99 and whether it held its
 rate, the real-time group's end-to-end p50/p99. The backlog is deleted after, whatever
 happens. ``--profile DIR`` records py-spy flame graphs of the broker and the draining
-consumer during the cold window.
+consumer during the cold window. ``--cold-drain-rate N`` holds the draining group's
+handler to N msgs/s, to show what a drain of that size does to the others.
 
 The last line printed is one JSON object (``drain_warm_msgs_s``,
 ``drain_warm_vs_rabbitmq_stream_ratio``, ``drain_warm_vs_nats_ratio``,
@@ -284,6 +285,7 @@ def cold(work: Path, args: argparse.Namespace) -> dict[str, Any]:
         "backlog_gib": round(backlog_bytes / 2**30, 1),
         "backlog_messages": messages,
         "rate_offered_msgs_s": args.cold_rate,
+        "drain_paced_msgs_s": args.cold_drain_rate or None,
         "notes": [],
     }
     with single_broker(work) as metaq, roles() as started, StallWatch() as stalls:
@@ -305,7 +307,7 @@ def cold(work: Path, args: argparse.Namespace) -> dict[str, Any]:
         common = {"nameserver": metaq.nameserver, "topic": COLD_TOPIC}
         producer = Role.start("cold_producer", rate=args.cold_rate, size=LIVE_SIZE, **common)
         realtime = Role.start("cold_realtime", group="realtime", queues=QUEUES, **common)
-        drain = Role.start("metaq", group=COLD_GROUP, **common)
+        drain = Role.start("metaq", group=COLD_GROUP, rate=args.cold_drain_rate, **common)
         started += [producer, realtime, drain]
         for role in started:
             role.wait_ready(60)
@@ -447,6 +449,9 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--cold-gib", type=float, default=0.0,
                         help=f"cold backlog size (default {COLD_FACTOR}x MemTotal)")  # fmt: skip
     parser.add_argument("--cold-rate", type=float, default=20_000.0, help="producer msgs/s")
+    parser.add_argument("--cold-drain-rate", type=float, default=0.0,
+                        help="hold the draining group's handler to this many msgs/s "
+                        "(default 0: as fast as it drains)")  # fmt: skip
     parser.add_argument("--cold-warmup-s", type=float, default=3.0)
     parser.add_argument("--baseline-s", type=float, default=20.0)
     parser.add_argument("--cold-seconds", type=float, default=60.0, help="measured drain window")
@@ -463,6 +468,8 @@ def main(argv: list[str]) -> None:
         parser.error(f"--only: unknown {', '.join(sorted(unknown))}")
     if args.warm_messages <= 0 or args.cold_rate <= 0 or args.cold_seconds <= 0:
         parser.error("--warm-messages, --cold-rate and --cold-seconds must be positive")
+    if args.cold_drain_rate < 0:
+        parser.error("--cold-drain-rate must be 0 (unpaced) or positive")
 
     # A SIGTERM (a timeout, a CI cancel) unwinds like Ctrl-C: servers stopped, data deleted.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
