@@ -20,7 +20,8 @@ its first message and the same figures are taken again: the drain's msgs/s and M
 rate, the real-time group's end-to-end p50/p99. The backlog is deleted after, whatever
 happens. ``--profile DIR`` records py-spy flame graphs of the broker and the draining
 consumer during the cold window. ``--cold-drain-rate N`` holds the draining group's
-handler to N msgs/s, to show what a drain of that size does to the others.
+handler to N msgs/s, to show what a drain of that size does to the others;
+``--cold-read-mb-s`` gives the broker a budget for cold pulls (``cold_read_bytes_per_s``).
 
 The last line printed is one JSON object (``drain_warm_msgs_s``,
 ``drain_warm_vs_rabbitmq_stream_ratio``, ``drain_warm_vs_nats_ratio``,
@@ -70,7 +71,7 @@ from accumulation_roles import ANSWER_WAIT_S
 from compare_report import strict_json
 from machine_stalls import StallWatch
 from metaq_load import wait_routed
-from metaq_system import QUEUES, single_broker
+from metaq_system import QUEUES, STORE, single_broker
 from peer_servers import ServerProcess, running, start_nats, start_rabbitmq, start_redis
 
 from metaq.broker.testing.admin import put_topic, scrape
@@ -286,9 +287,12 @@ def cold(work: Path, args: argparse.Namespace) -> dict[str, Any]:
         "backlog_messages": messages,
         "rate_offered_msgs_s": args.cold_rate,
         "drain_paced_msgs_s": args.cold_drain_rate or None,
+        "broker_cold_read_mb_s": args.cold_read_mb_s or None,
         "notes": [],
     }
-    with single_broker(work) as metaq, roles() as started, StallWatch() as stalls:
+    budget = int(args.cold_read_mb_s * 1e6)
+    store = (*STORE, "--set", f"cold_read_bytes_per_s={budget}") if budget else STORE
+    with single_broker(work, store) as metaq, roles() as started, StallWatch() as stalls:
         run(put_topic(metaq.http_url, COLD_TOPIC, read_queues=QUEUES, write_queues=QUEUES))
         run(wait_routed(metaq.nameserver, COLD_TOPIC, QUEUES))
         log(f"  cold: writing {messages:,} x {COLD_SIZE} B ({backlog_bytes / 2**30:.1f} GiB)")
@@ -452,6 +456,9 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--cold-drain-rate", type=float, default=0.0,
                         help="hold the draining group's handler to this many msgs/s "
                         "(default 0: as fast as it drains)")  # fmt: skip
+    parser.add_argument("--cold-read-mb-s", type=float, default=0.0,
+                        help="the broker's cold_read_bytes_per_s, in MB/s "
+                        "(default 0: no budget)")  # fmt: skip
     parser.add_argument("--cold-warmup-s", type=float, default=3.0)
     parser.add_argument("--baseline-s", type=float, default=20.0)
     parser.add_argument("--cold-seconds", type=float, default=60.0, help="measured drain window")
@@ -468,8 +475,8 @@ def main(argv: list[str]) -> None:
         parser.error(f"--only: unknown {', '.join(sorted(unknown))}")
     if args.warm_messages <= 0 or args.cold_rate <= 0 or args.cold_seconds <= 0:
         parser.error("--warm-messages, --cold-rate and --cold-seconds must be positive")
-    if args.cold_drain_rate < 0:
-        parser.error("--cold-drain-rate must be 0 (unpaced) or positive")
+    if args.cold_drain_rate < 0 or args.cold_read_mb_s < 0:
+        parser.error("--cold-drain-rate and --cold-read-mb-s must be 0 (off) or positive")
 
     # A SIGTERM (a timeout, a CI cancel) unwinds like Ctrl-C: servers stopped, data deleted.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))

@@ -116,6 +116,7 @@ def test_flags_override_the_file(tmp_path: Path) -> None:
         ("request_arrival_window_s = 0", "request_arrival_window_s must be positive"),
         ("max_connection_inflight_requests = 0", "max_connection_inflight_requests must be"),
         ("max_parked_pulls = -1", "max_parked_pulls must be 0 (never park) or positive"),
+        ("cold_read_bytes_per_s = 4096", "cold_read_bytes_per_s must be 0 (no budget) or at"),
         ("max_consumer_groups = 0", "max_consumer_groups must be positive"),
         ("colour = 3", "unknown key 'colour'"),
         ("[store]\nsegment_size = 3", "unknown store key 'segment_size'"),

@@ -18,6 +18,12 @@ shows), asks the kernel to read ahead :data:`READ_AHEAD_BYTES` beyond it
 interleaved with it in the log, find their pages there), and then the loop answers as
 usual from the now resident pages (large answers by ``sendfile`` too,
 :mod:`metaq.broker.zero_copy`). The records are still never decoded.
+
+Taken off the loop, a drain still takes CPU: on a small host a group catching up as fast
+as it can leaves the producers and the real-time groups waiting for the cores. An
+operator can give cold pulls a budget (``cold_read_bytes_per_s``, :class:`ReadBudget`),
+as Kafka's fetch quotas and Pulsar's dispatch rates do: each cold pull then waits its
+turn before it is read in, and the groups reading from memory are never held.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import contextlib
 import functools
 import logging
 import os
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -45,6 +52,12 @@ MAX_SPAN_BYTES: Final = 64 * MIB
 span far more of the log than it returns); the rest faults in as before."""
 THREADS: Final = 2
 """Two groups far behind in different parts of the log do not queue behind each other."""
+BURST_S: Final = 0.1
+"""A budget lets this long's worth of bytes go at once after a quiet spell."""
+MAX_WAIT_S: Final = 2.0
+"""No cold pull waits longer for its turn, however many queue for it: a consumer gives
+up on a pull after its long poll plus 5 s. Past this the budget is exceeded, not the
+consumer's patience."""
 
 
 class Piece(NamedTuple):
@@ -104,6 +117,21 @@ def _sink() -> int:
     return os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
 
 
+class ReadBudget:
+    """Spaces reads to ``bytes_per_s``: each is given the time the bytes before it leave
+    free (a virtual clock, so no task or timer runs while nothing waits)."""
+
+    def __init__(self, bytes_per_s: int) -> None:
+        self._rate = bytes_per_s
+        self._free_at = 0.0
+
+    def wait(self, nbytes: int, now: float) -> float:
+        """Seconds a read of ``nbytes`` starting at ``now`` waits; its bytes are counted."""
+        start = min(max(self._free_at, now - BURST_S), now + MAX_WAIT_S)
+        self._free_at = start + nbytes / self._rate
+        return max(0.0, start - now)
+
+
 class ColdReads:
     """Tells a cold pull from a warm one, and reads cold ones in before their answer.
 
@@ -111,24 +139,42 @@ class ColdReads:
     kernel (0 when it keeps everything), read on the loop at each pull.
     """
 
-    def __init__(self, segments: SegmentQueue, released: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        segments: SegmentQueue,
+        released: Callable[[], int],
+        budget: ReadBudget | None = None,
+        on_waited: Callable[[float], None] | None = None,
+    ) -> None:
         self._segments = segments
         self._released = released
+        self._budget = budget
+        self._on_waited = on_waited
         self._loop = asyncio.get_running_loop()
         self._executor: ThreadPoolExecutor | None = None
-        self.reading = 0
-        """Pulls whose records are being read in now."""
+        self._closed = False
 
     def is_cold(self, start: int) -> bool:
         return start < self._released()
 
-    def read_then(self, start: int, end: int, answer: Callable[[], None]) -> None:
+    def read_then(self, start: int, end: int, nbytes: int, answer: Callable[[], None]) -> None:
         """Read log offsets ``[start, end)`` in on a reader thread, then call ``answer``
-        on the loop (also when the read failed: the answer then faults its pages in)."""
+        on the loop (also when the read failed: the answer then faults its pages in).
+        ``nbytes`` is what the answer carries, counted against the budget."""
+        wait = 0.0 if self._budget is None else self._budget.wait(nbytes, time.monotonic())
+        if wait > 0.0:
+            if self._on_waited is not None:
+                self._on_waited(wait)
+            self._loop.call_later(wait, self._read_then, start, end, answer)
+        else:
+            self._read_then(start, end, answer)
+
+    def _read_then(self, start: int, end: int, answer: Callable[[], None]) -> None:
+        if self._closed:
+            return  # stopped while it waited: its connection is closing too
         parts = pieces(self._segments, start, end)
         if self._executor is None:
             self._executor = ThreadPoolExecutor(THREADS, thread_name_prefix="cold-read")
-        self.reading += 1
         future = self._executor.submit(self._read, parts)
 
         def done(finished: Future[None]) -> None:
@@ -141,7 +187,6 @@ class ColdReads:
         read_in(parts, _sink())
 
     def _answer(self, finished: Future[None], answer: Callable[[], None]) -> None:
-        self.reading -= 1
         if not finished.cancelled() and (exc := finished.exception()) is not None:
             log.warning("reading cold commitlog pages in failed, answering anyway: %s", exc)
         answer()
@@ -149,6 +194,7 @@ class ColdReads:
     def close(self) -> None:
         """Stop the reader threads; reads not started are dropped with their answers
         (the connections are closing too)."""
+        self._closed = True
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
             self._executor = None

@@ -116,6 +116,11 @@ class BrokerConfig:
     broker stops reading that connection's requests until the peer catches up."""
     max_pull_messages: int = 1024
     max_pull_bytes: int = 16 * MIB
+    cold_read_bytes_per_s: int = 0
+    """The most a second that pulls for records behind the page-cache window may carry,
+    broker-wide (:mod:`metaq.broker.cold_reads`): a group draining a backlog from disk
+    then leaves the cores to the producers and the real-time groups on a small host.
+    Pulls served from memory are never held. 0 (the default) sets no budget."""
     long_poll_max_ms: int = 60_000
     """Longest a PULL may be parked, whatever the consumer asks."""
     consumer_heartbeat_timeout_s: float = 30.0
@@ -272,6 +277,11 @@ class BrokerConfig:
             problems.append(
                 f"small_request_max_bytes={self.small_request_max_bytes} must be positive "
                 f"and at most max_frame_bytes={self.max_frame_bytes}"
+            )
+        if self.cold_read_bytes_per_s and self.cold_read_bytes_per_s < MIB:
+            problems.append(
+                "cold_read_bytes_per_s must be 0 (no budget) or at least 1048576 (1 MiB/s): "
+                "less would hold pulls past the time consumers wait for them"
             )
         if self.min_request_bytes_per_s < 0:
             problems.append("min_request_bytes_per_s must be 0 (off) or positive")

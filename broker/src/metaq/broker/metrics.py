@@ -178,6 +178,12 @@ class BrokerMetrics:
             "reader thread before the answer",
             registry=r,
         )
+        self.cold_read_waited = Counter(
+            "metaq_cold_read_wait_seconds",
+            "Seconds PULLs for records behind the page-cache window waited for their turn "
+            "under cold_read_bytes_per_s",
+            registry=r,
+        )
         self.idle_polled = Counter(
             "metaq_idle_poll_seconds",
             "Seconds the event loop polled for a next request instead of sleeping (idle_poll_us)",

@@ -26,7 +26,7 @@ import logging
 from typing import Final
 
 from metaq.broker import zero_copy
-from metaq.broker.cold_reads import ColdReads
+from metaq.broker.cold_reads import ColdReads, ReadBudget
 from metaq.broker.config import BrokerConfig
 from metaq.broker.connection import Responder
 from metaq.broker.consumers import ConsumerGroups
@@ -84,8 +84,12 @@ class PullHandler:
         # With no window (commitlog_cache_bytes = 0) the kernel alone decides what stays
         # cached: nothing is known cold.
         window = store.page_cache
+        budget = config.cold_read_bytes_per_s
         self.cold_reads = ColdReads(
-            store.commitlog.segments, lambda: window.released if window.keep_bytes else 0
+            store.commitlog.segments,
+            lambda: window.released if window.keep_bytes else 0,
+            ReadBudget(budget) if budget else None,
+            metrics.cold_read_waited.inc,
         )
 
     def handle(self, responder: Responder, frame: Frame) -> None:
@@ -226,7 +230,10 @@ class PullHandler:
         if result.count and self.cold_reads.is_cold(result.log_start):
             self._metrics.pulls_read_in.inc()
             self.cold_reads.read_then(
-                result.log_start, result.log_end, lambda: self._respond(pull, result, True)
+                result.log_start,
+                result.log_end,
+                sum(map(len, result.spans)),
+                lambda: self._respond(pull, result, True),
             )
             return
         self._respond(pull, result)
