@@ -246,6 +246,27 @@ def test_consumers_may_read_only_what_every_electable_slave_holds() -> None:
     run_async(scenario())
 
 
+def test_a_slave_learns_what_the_master_confirmed_and_no_more() -> None:
+    async def scenario() -> None:
+        master_log, slave_log = MemoryLog(), MemoryLog()
+        master, follower = pair(master_log, slave_log)
+        follower.wait_ms = 60_000  # only the confirmed notice, not a fetch's wait, tells it
+        master.commit({0, 1, 2})  # slave 2 could be elected and holds nothing yet
+        master_log.append(b"held by slave 1 only")
+        follower.start()
+        try:
+            await until(lambda: slave_log.end_offset == master_log.end_offset)
+            assert master.confirmed_offset() == 0
+            assert follower.confirmed == 0
+            master.commit({0, 1})  # the controller agrees slave 2 is out of sync
+            await until(lambda: follower.confirmed == master_log.end_offset,
+                        "the parked slave hears of the confirmed offset")  # fmt: skip
+        finally:
+            await follower.stop()
+
+    run_async(scenario())
+
+
 @pytest.mark.parametrize("controlled", [True, False])
 def test_a_slave_seen_in_sync_is_electable_until_the_controller_commits(controlled: bool) -> None:
     """The controller may have committed the slave in while that commit has not reached

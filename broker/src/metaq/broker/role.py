@@ -91,6 +91,7 @@ class GroupRole:
             broker_name=config.broker_name,
             broker_id=config.broker_id,
             epoch=self.epoch,
+            on_confirmed=lambda: self.on_confirmed(),
         )
         self.on_change: Callable[[], None] = lambda: None
         """Called after every change of role or epoch (the registrar re-announces)."""
@@ -105,9 +106,6 @@ class GroupRole:
         self._handover_to = -1
         self._lease_s = config.master_lease_ms / 1e3
         self._lease_until = 0.0
-        self._demoted_reads_to: int | None = None
-        """Set when a master becomes a slave: how far consumers may read until the new
-        master has confirmed where the logs agree."""
         self._changes: asyncio.Queue[pb.GroupControl] = asyncio.Queue()
         self._took_up = asyncio.Event()
         """Set (and replaced) whenever this broker has taken up a role in a new epoch."""
@@ -393,7 +391,6 @@ class GroupRole:
         self.epoch = epoch
         config = self.config
         self._fenced_until = 0.0
-        self._demoted_reads_to = None
         self.replicas = ReplicaSet(
             self.log,
             self.history,
@@ -426,8 +423,8 @@ class GroupRole:
         if self.replicas is not None:
             # Its log may run past what the new master holds (records no slave had, taken
             # while it was paused, say): consumers read no further than they could here as
-            # master until the new master has confirmed where the logs agree.
-            self._demoted_reads_to = self.replicas.confirmed_offset()
+            # master until the new master confirms more.
+            self.follower.learn_confirmed(self.replicas.confirmed_offset())
             self.replicas.close()
             self.replicas = None
         if was_master and self.journal is not None:
@@ -455,16 +452,16 @@ class GroupRole:
 
     def readable_end(self) -> int | None:
         """The commitlog offset consumers may read up to, None for no limit: on a master
-        what every slave that could be elected holds, on a demoted master what it served
-        as master until the new one has confirmed where their logs agree, and while the
-        log check runs what it has checked."""
+        what every slave that could be elected holds; on a slave under a controller what
+        its master last confirmed (or it did itself as master), since another slave may
+        be elected without its tail; and while the log check runs what it has checked.
+        A slave without failover is never cut, and reads all it holds."""
         replicas = self.replicas
-        limit = None if replicas is None else replicas.confirmed_offset()
-        if replicas is None and self._demoted_reads_to is not None:
-            if self.follower.agreed_epoch >= self.epoch:
-                self._demoted_reads_to = None  # the logs agree: what it holds is the group's
-            else:
-                limit = self._demoted_reads_to
+        limit: int | None = None
+        if replicas is not None:
+            limit = replicas.confirmed_offset()
+        elif self.controlled:
+            limit = self.follower.confirmed
         if self.check is not None and not self.check.done:
             limit = self.check.checked_to if limit is None else min(limit, self.check.checked_to)
         return limit

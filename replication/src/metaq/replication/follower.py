@@ -55,6 +55,7 @@ class Follower:
         wait_ms: int = 1000,
         retry_s: float = 0.1,
         max_retry_s: float = 2.0,
+        on_confirmed: Callable[[], None] = lambda: None,
     ) -> None:
         self.log = replica_log
         self.history = history
@@ -73,6 +74,12 @@ class Follower:
         self.agreed_epoch = 0
         """The newest epoch whose master has confirmed this log agrees with its own (after
         any cut); until the current epoch's has, a tail here may be one it never had."""
+        self.confirmed = 0
+        """The highest confirmed offset a master this log agrees with has announced: every
+        replica that could be elected held the log that far, so no failover cuts it.
+        Consumers read no further here, also while the group has no master (records past
+        it may be cut when another slave is elected)."""
+        self._on_confirmed = on_confirmed
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._session_task: asyncio.Task[None] | None = None
@@ -169,6 +176,13 @@ class Follower:
                     for e in self.history.entries],
         )  # fmt: skip
 
+    def learn_confirmed(self, offset: int) -> None:
+        """Take ``offset`` as confirmed (a master's word, or this broker's own as master
+        when demoted); it only moves forward."""
+        if offset > self.confirmed:
+            self.confirmed = offset
+            self._on_confirmed()
+
     def apply(self, response: ReplicaFetchResponse, payload: Buffer) -> None:
         """Check one answer and write its bytes; the state machine of a slave."""
         if response.epoch < self.epoch:
@@ -192,8 +206,10 @@ class Follower:
             )
             self.log.truncate(cut)
             self.history.truncate(cut)
+            self.confirmed = min(self.confirmed, cut)
             return
         self.agreed_epoch = response.epoch
+        self.learn_confirmed(response.confirmed_offset)
         if end < response.min_offset:
             if end == self.log.min_offset:  # empty: start where the master's data starts
                 self.log.reset(response.min_offset)

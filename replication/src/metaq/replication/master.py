@@ -48,6 +48,11 @@ Clock = Callable[[], float]
 NO_CONNECTION: Final = -1
 """A slave's connection before its first fetch in this term."""
 
+CONFIRMED_NOTICE_S: Final = 0.01
+"""How long a confirmed offset that moved waits to reach slaves whose fetch is parked.
+An append within that time carries it with its bytes; after the last one of a burst, the
+slaves' reads trail the master's by about this much, not by a parked fetch's wait."""
+
 
 class _Wait:
     """One caller waiting for the slaves' copies of an offset, answered once."""
@@ -93,6 +98,8 @@ class SlaveState:
     """When it last held everything the master had (monotonic seconds)."""
     answered_end: int = 0
     answered_at: float = 0.0
+    answered_confirmed: int = 0
+    """The confirmed offset its last answer carried."""
     fetched_at: float = -1e18
     """When it last asked this master for the log (monotonic seconds)."""
     connection: int = NO_CONNECTION
@@ -149,6 +156,7 @@ class ReplicaSet:
         """Under a controller: slaves seen in sync since its last commit."""
         self._on_confirmed = on_confirmed
         self._confirmed = 0
+        self._notice: asyncio.TimerHandle | None = None
         self._waits: list[tuple[int, int, _Wait]] = []
         self._order = itertools.count()
         self.closed = False
@@ -234,6 +242,7 @@ class ReplicaSet:
             payload = self.log.read(request.offset, min(request.max_bytes, self.max_fetch_bytes))
         slave.answered_end = end
         slave.answered_at = self._clock()
+        slave.answered_confirmed = self._confirmed
         return self._response(request.offset), payload
 
     def _repair_copy(self, request: ReplicaFetchRequest) -> tuple[ReplicaFetchResponse, Buffer]:
@@ -263,6 +272,7 @@ class ReplicaSet:
             epochs=[EpochEntry(epoch=e.epoch, start_offset=e.start_offset)
                     for e in self.history.entries],
             min_offset=self.log.min_offset,
+            confirmed_offset=self._confirmed,
         )  # fmt: skip
 
     def _note(self, slave: SlaveState, request: ReplicaFetchRequest, now: float) -> None:
@@ -366,6 +376,19 @@ class ReplicaSet:
             self._confirmed = confirmed
             if self._on_confirmed is not None:
                 self._on_confirmed()
+            if self._notice is None and not self.closed:
+                self._notice = asyncio.get_running_loop().call_later(
+                    CONFIRMED_NOTICE_S, self._tell_confirmed
+                )
+
+    def _tell_confirmed(self) -> None:
+        """Answer the parked fetches whose last answer carried an older confirmed offset:
+        slaves serve consumers only what the master confirmed (see Follower.confirmed)."""
+        self._notice = None
+        for slave in self.slaves.values():
+            parked = slave.parked
+            if parked is not None and slave.answered_confirmed < self._confirmed:
+                self._release(slave, parked)
 
     # --- sync replication ---------------------------------------------------------------
 
@@ -432,6 +455,9 @@ class ReplicaSet:
     def close(self) -> None:
         """No longer master: wake everyone; pending waits fail."""
         self.closed = True
+        if self._notice is not None:
+            self._notice.cancel()
+            self._notice = None
         self.appended()
         waits, self._waits = self._waits, []
         for _, _, wait in waits:

@@ -879,6 +879,7 @@ class ReplicaFetchResponse(_message.Message):
     MASTER_END_FIELD_NUMBER: _builtins.int
     EPOCHS_FIELD_NUMBER: _builtins.int
     MIN_OFFSET_FIELD_NUMBER: _builtins.int
+    CONFIRMED_OFFSET_FIELD_NUMBER: _builtins.int
     epoch: _builtins.int
     """The master's epoch; a slave never takes data from an epoch below the one it knows."""
     offset: _builtins.int
@@ -887,6 +888,11 @@ class ReplicaFetchResponse(_message.Message):
     """The master's log end, for the slave's lag."""
     min_offset: _builtins.int
     """The master's oldest retained offset: an empty slave starts there."""
+    confirmed_offset: _builtins.int
+    """How far every replica that could be elected holds the log (the master's confirmed
+    offset, its high watermark): a slave serves consumers no further, so a record a
+    failover may still cut is never read from it, also while the group has no master.
+    """
     @_builtins.property
     def epochs(self) -> _containers.RepeatedCompositeFieldContainer[Global___EpochEntry]:
         """The master's whole epoch history, oldest first."""
@@ -899,10 +905,11 @@ class ReplicaFetchResponse(_message.Message):
         master_end: _builtins.int = ...,
         epochs: _abc.Iterable[Global___EpochEntry] | None = ...,
         min_offset: _builtins.int = ...,
+        confirmed_offset: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "epochs", b"epochs", "master_end", b"master_end", "min_offset", b"min_offset", "offset", b"offset"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["confirmed_offset", b"confirmed_offset", "epoch", b"epoch", "epochs", b"epochs", "master_end", b"master_end", "min_offset", b"min_offset", "offset", b"offset"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
