@@ -10,6 +10,9 @@ What it counts (Jepsen's total-queue, per scenario):
   brokers that were not the group's final master held it — a cut tail), or *stored but
   not delivered* (the final master holds it; the consumers never got it);
 - **unexpected**: read, never attempted;
+- **phantom**: read, but absent from its group's final log: a record a failover cut
+  after a consumer had read it, whose queue offset then went to another message that the
+  consumer, having moved past that offset, may never read;
 - duplicated (ids read more than once), recovered (read, but the send was not
   acknowledged: it timed out or ended without the full guarantee);
 - order inversions per sharding key: an acknowledged message read for the first time
@@ -23,7 +26,7 @@ What it counts (Jepsen's total-queue, per scenario):
   healing, nothing acknowledged while refused, ...), and the drain.
 
 Violations: a lost id the scenario did not allow (``allow_loss``: async replication's
-uncopied tail), any unexpected id, any inversion, a failed check, a drain that did not
+uncopied tail), any unexpected or phantom id, any inversion, a failed check, a drain that did not
 finish, and the scenario's own bounds (``expect`` in its ``scenario`` event:
 ``failover_p50_s``, ``failover_max_s``, ``quiet_groups`` — groups that must see no failed
 send at all).
@@ -71,6 +74,7 @@ class Result:
     lost_allowed: list[str] = field(default_factory=list)
     lost_where: dict[str, str] = field(default_factory=dict)
     unexpected: list[str] = field(default_factory=list)
+    phantom: list[str] = field(default_factory=list)
     duplicated: int = 0
     recovered: int = 0
     inversions: list[str] = field(default_factory=list)
@@ -99,6 +103,7 @@ class Result:
             ("lost", f"{len(self.lost)}"
              + (f" ({len(self.lost_allowed)} allowed: async tail)" if self.lost_allowed else "")),
             ("unexpected", str(len(self.unexpected))),
+            ("phantom (read, then cut)", str(len(self.phantom))),
             ("duplicated", str(self.duplicated)),
             ("recovered", str(self.recovered)),
             ("order inversions", str(len(self.inversions))),
@@ -134,7 +139,8 @@ class Result:
             "scenario": self.scenario, "attempted": self.attempted,
             "acknowledged": self.acknowledged, "read": self.read, "lost": len(self.lost),
             "lost_allowed": len(self.lost_allowed), "unexpected": len(self.unexpected),
-            "duplicated": self.duplicated, "recovered": self.recovered,
+            "phantom": len(self.phantom), "duplicated": self.duplicated,
+            "recovered": self.recovered,
             "inversions": len(self.inversions), "failover_windows_s": fw,
             "violations": self.violations, "skipped": self.skipped,
         }  # fmt: skip
@@ -200,6 +206,7 @@ def check(events: Iterable[dict[str, Any]]) -> Result:
     for lost_id in lost:
         result.lost_where[lost_id] = _where(lost_id, acked[lost_id]["group"], stored,
                                             final_masters)  # fmt: skip
+    result.phantom = _phantoms(reads, invoked, allowed, stored, final_masters)
     result.inversions = _inversions(invoked, acked, read_order)
     result.windows = _windows(events)
 
@@ -210,6 +217,9 @@ def check(events: Iterable[dict[str, Any]]) -> Result:
                  f"{result.lost_where[unexplained[0]]})")  # fmt: skip
     if result.unexpected:
         v.append(f"{len(result.unexpected)} unexpected messages (first: {result.unexpected[0]})")
+    if result.phantom:
+        v.append(f"{len(result.phantom)} messages read but absent from the final log "
+                 f"(first: {result.phantom[0]})")  # fmt: skip
     if result.inversions:
         v.append(f"{len(result.inversions)} order inversions (first: {result.inversions[0]})")
     for c in result.checks:
@@ -246,6 +256,19 @@ def _where(lost_id: str, group: str, stored: list[dict[str, Any]],
     if any(s["node"] == master and s["when"] == "final" for s in holders):
         return f"stored but not delivered (held by {names})"
     return f"stored on the old master only (held by {names})"
+
+
+def _phantoms(reads: Iterable[str], invoked: dict[str, dict[str, Any]], allowed: set[str],
+              stored: list[dict[str, Any]],
+              final_masters: dict[str, str]) -> list[str]:  # fmt: skip
+    """Ids read that their group's final master does not hold after the run."""
+    final = {s["group"]: s["ids"] for s in stored
+             if s["when"] == "final" and final_masters.get(s["group"]) == s["node"]}  # fmt: skip
+    return sorted(
+        i for i in reads
+        if i in invoked and i not in allowed and invoked[i]["group"] in final
+        and i not in final[invoked[i]["group"]]
+    )  # fmt: skip
 
 
 def _inversions(invoked: dict[str, dict[str, Any]], acked: dict[str, dict[str, Any]],

@@ -77,6 +77,8 @@ def broker_id(node: str) -> int:
 
 @dataclass
 class ClusterSpec:
+    brokers: tuple[str, ...] = BROKERS
+    """The broker nodes, named by group letter and broker id."""
     replication_mode: str = "sync"
     min_in_sync: int = 1
     flush_mode: str = "sync"
@@ -110,7 +112,8 @@ class Cluster:
     # --- start and stop -----------------------------------------------------------------
 
     def start(self) -> None:
-        self.net = Network.create([*NAMESERVERS, *BROKERS, CLIENT], loopback=self.spec.loopback)
+        self.net = Network.create([*NAMESERVERS, *self.spec.brokers, CLIENT],
+                                  loopback=self.spec.loopback)  # fmt: skip
         self.history.write(
             "network", namespaces=self.net.namespaces, why_loopback=self.net.why_loopback,
             hosts={n: h.address for n, h in self.net.hosts.items()},
@@ -118,7 +121,7 @@ class Cluster:
         self._start_nameservers()
         for node in self.spec.small_disks:
             disk.mount_small_disk(self.data_dir(node), self.spec.small_disk_mib)
-        for node in BROKERS:
+        for node in self.spec.brokers:
             self._broker_args[node] = self._broker_flags(node)
             self.start_broker(node)
         for group in GROUPS:
@@ -292,7 +295,7 @@ class Cluster:
         return broker.health(timeout_s=1.0) if broker is not None else None
 
     def members(self, group: str) -> list[str]:
-        return [n for n in BROKERS if group_of(n) == group]
+        return [n for n in self.spec.brokers if group_of(n) == group]
 
     def masters(self, group: str) -> list[str]:
         found = []

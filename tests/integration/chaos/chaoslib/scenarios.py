@@ -23,7 +23,6 @@ from typing import Any
 from chaoslib import adversary, disk
 from chaoslib.checker import Result, check
 from chaoslib.cluster import (
-    BROKERS,
     GROUPS,
     NAMESERVERS,
     SEGMENT_BYTES,
@@ -696,7 +695,7 @@ class SplitBrainWatch(Watch):
         self.last_states: dict[str, dict[str, tuple[int, int]]] = {}
 
     def sample(self) -> None:
-        for node in BROKERS:
+        for node in self.c.spec.brokers:
             state = self.c.health(node)
             if state and state["role"] == "master":
                 key = (group_of(node), state["epoch"])
@@ -978,6 +977,41 @@ def adversary_disk(ctx: Ctx) -> None:
     c.release_held_consumers()
 
 
+# --- 17. three replicas: the master dies while the slaves hold different tails -------------
+
+
+def uneven_tails_failover(ctx: Ctx) -> None:
+    """Group a has three replicas. A slave paused for a moment leaves the master and the
+    other slave holding sends nobody acknowledged; the master and the controller's Raft
+    leader die together, so the group stays without a master for a while and consumers
+    read from the slave with the longer log; then that slave dies too and the paused one,
+    lacking the tail, is elected. A slave that served its unconfirmed tail shows as
+    phantom reads (read, then cut) and as acknowledged messages skipped at their queue
+    offsets."""
+    c = ctx.cluster
+    rounds = 2 if ctx.short else 5
+    for _ in range(rounds):
+        c.wait_in_sync("a")
+        ctx.hold(ctx.rng.uniform(1.0, 2.0))
+        old = c.wait_master("a")
+        reader, lagging = sorted(n for n in c.members("a") if n != old)
+        leader = next((n for n in NAMESERVERS if _is_leader(c, n)), None)
+        c.pause(lagging)
+        ctx.hold(ctx.rng.uniform(0.2, 0.5))  # sends pile up unacknowledged on old and reader
+        if leader is not None:
+            c.nameservers[leader].kill()
+        c.kill(old)
+        ctx.hold(ctx.rng.uniform(2.0, 4.0))  # consumers find no master and read the reader
+        killed = c.kill(reader, failover=True)  # the group's outage is counted from here
+        c.resume(lagging)
+        c.wait_new_master("a", old, killed, timeout_s=60.0)
+        if leader is not None:
+            c.start_nameserver(leader)
+        c.restart(old)
+        c.restart(reader)
+        c.wait_in_sync("a", 60.0)
+
+
 def held_read_everything(c: Cluster) -> None:
     """After the drain: every acknowledged chaos-a message was read by chaos-held."""
     acked, held = set(), set()
@@ -1150,6 +1184,12 @@ SCENARIOS: dict[int, Scenario] = {
                  producers=high_rate_producers, consumers=held_consumers,
                  after_drain=held_read_everything, expect={"quiet_groups": ["b"]},
                  summary="disk past force-clean and full under load, one group unread"),
+        Scenario(17, "uneven-tails-failover", uneven_tails_failover,
+                 ClusterSpec(brokers=("a0", "a1", "a2", "b0", "b1"), min_in_sync=2),
+                 producers=high_rate_producers, expect={"quiet_groups": ["b"]},
+                 summary="three replicas: a slave paused, then the master and the Raft "
+                         "leader killed, then the slave with the longer log; the paused "
+                         "slave is elected"),
         Scenario(10, "mixed", mixed,
                  ClusterSpec(flush_mode="async", lossy=True),
                  summary="random faults every 10-30 s for the run's duration"),
@@ -1174,7 +1214,7 @@ def run_scenario(scenario: Scenario, work_dir: Path, *, seed: int, duration_s: f
         for group in GROUPS:
             cluster.wait_acked(group, 40, 30.0)
         scenario.run(Ctx(cluster, random.Random(seed), duration_s, short))
-        for node in BROKERS:
+        for node in spec.brokers:
             if cluster.brokers[node].proc.poll() is not None:
                 raise AssertionError(f"{node} was left stopped by the scenario")
         cluster.check_prefixes()
@@ -1184,7 +1224,7 @@ def run_scenario(scenario: Scenario, work_dir: Path, *, seed: int, duration_s: f
         for group in GROUPS:
             history.write("final_master", group=group, node=cluster.wait_master(group))
         cluster.stop_brokers_cleanly()
-        for node in BROKERS:
+        for node in spec.brokers:
             cluster.record_stored(node, "final")
     except Unsupported as exc:
         history.write("skipped", reason=str(exc))
