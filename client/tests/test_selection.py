@@ -83,3 +83,25 @@ def test_a_slow_answer_isolates_a_broker_and_a_fast_one_ends_the_isolation() -> 
     assert not health.available("broker-a")
     health.answered("broker-a", 0.002)
     assert health.available("broker-a")
+
+
+def test_a_failed_groups_isolation_ends_when_the_route_shows_a_successor() -> None:
+    clock = FakeClock()
+    health = BrokerHealth(failure_isolation_s=10.0, clock=clock)
+    health.failed("broker-a", "127.0.0.1:1")
+
+    assert health.isolated(ROUTE) == {"broker-a"}  # the route still shows the dead master
+    moved = static_route("t", [("broker-a", "127.0.0.1:9", 4), ("broker-b", "127.0.0.1:2", 4)])
+    assert health.isolated(moved) == frozenset()
+
+
+def test_a_failed_group_shown_without_a_master_is_back_with_whoever_is_routed_next() -> None:
+    clock = FakeClock()
+    health = BrokerHealth(failure_isolation_s=10.0, clock=clock)
+    health.failed("broker-a", "127.0.0.1:1")
+    masterless = static_route("t", [("broker-a", "", 4), ("broker-b", "127.0.0.1:2", 4)])
+
+    assert masterless.masterless and not ROUTE.masterless
+    assert health.isolated(masterless) == {"broker-a"}
+    # The same broker master again (restarted, or re-elected): no longer the dead one.
+    assert health.isolated(ROUTE) == frozenset()

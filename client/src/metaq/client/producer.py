@@ -309,10 +309,7 @@ class Producer:
         if delay_level is not None or deliver_at_ms is not None:
             properties = with_delay(properties, delay_level, deliver_at_ms)
         sender = self.sender
-        route = self.routes.cached(topic) or await self._route(topic)
-        if not route.write_queues:
-            # Cached while its group had no master (a failover): the new one may be routed.
-            route = await self.routes.route(topic, max_age_s=_ROUTE_REFRESH_SHARE_S)
+        route = await self._writable_route(topic)
         queue = self._choose(route, sharding_key)
         rec = self._encode(topic, body, queue.queue_id, tags, keys, properties)
         waiter = sender.append(topic, queue, rec)
@@ -399,10 +396,7 @@ class Producer:
         refused). No retries. For logs and metrics, where losing a few is acceptable.
         """
         sender = self.sender
-        route = self.routes.cached(topic) or await self._route(topic)
-        if not route.write_queues:
-            # Cached while its group had no master (a failover): the new one may be routed.
-            route = await self.routes.route(topic, max_age_s=_ROUTE_REFRESH_SHARE_S)
+        route = await self._writable_route(topic)
         queue = self._choose(route, sharding_key)
         rec = self._encode(topic, body, queue.queue_id, tags, keys, properties)
         sender.append(topic, queue, rec, one_way=True)
@@ -423,7 +417,7 @@ class Producer:
         sender = self.sender
         if not messages:
             return []
-        route = self.routes.cached(topic) or await self._route(topic)
+        route = await self._writable_route(topic)
         queue = self._choose(route, sharding_key)
         c = self.config
         now = asyncio.get_running_loop().time()
@@ -467,21 +461,30 @@ class Producer:
 
     # --- internals --------------------------------------------------------------------
 
-    async def _route(self, topic: str) -> TopicRoute:
-        record.check_topic(topic)
-        return await self.routes.route(topic)
+    async def _writable_route(self, topic: str) -> TopicRoute:
+        """The route every send starts from: the cached one, fetched again (shared with
+        concurrent sends) when it has no writable queue, as when it was cached while the
+        topic's only group had no master and the new master may be routed by now."""
+        route = self.routes.cached(topic)
+        if route is None:
+            record.check_topic(topic)
+            route = await self.routes.route(topic)
+        if not route.write_queues:
+            route = await self.routes.route(topic, max_age_s=_ROUTE_REFRESH_SHARE_S)
+        return route
 
     def _after_failure(self, topic: str, exc: BaseException) -> None:
         """A retriable failure not retried here (``retries=0``) still means the route may
         be stale (a master died): the next send fetches it again."""
         if _retriable(exc):
+            self.routes.expect_change(topic)
             self.routes.invalidate(topic)
 
     def _choose(self, route: TopicRoute, sharding_key: str | bytes | None) -> QueueRoute:
         if sharding_key is not None:
             return shard_queue(route, sharding_key)
         if not self._sticky:
-            return self.selector.select(route, self.health.isolated())
+            return self.selector.select(route, self.health.isolated(route))
         last = self._last.get(route.topic)
         if (
             last is not None
@@ -489,7 +492,7 @@ class Producer:
             and self.sender.accumulator.filling(route.topic, last[1])
         ):
             return last[1]
-        queue = self.selector.select(route, self.health.isolated())
+        queue = self.selector.select(route, self.health.isolated(route))
         self._last[route.topic] = (route, queue)
         return queue
 
@@ -529,6 +532,7 @@ class Producer:
             isinstance(first_error, ConnectionLost) and not first_error.never_sent
         )
         log.info("send to %s %s failed, retrying: %s", topic, failed, first_error)
+        self.routes.expect_change(topic)
         previous = failed
         policy = AsyncRetrying(
             stop=stop_after_attempt(c.retries),
@@ -548,7 +552,7 @@ class Producer:
                     # elected) gets the retry; one that is gone entirely does not.
                     queue = _same_queue(route, failed)
                 else:
-                    avoid = self.health.isolated() | {previous.broker_name}
+                    avoid = self.health.isolated(route) | {previous.broker_name}
                     queue = self.selector.select(route, avoid)
                 previous = queue
                 # Copies: the failed request may still sit in a transport buffer.

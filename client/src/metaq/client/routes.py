@@ -20,6 +20,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING, Final, TypeVar
 
 import grpc
@@ -149,6 +150,12 @@ class TopicRoute:
     @property
     def ordered(self) -> bool:
         return any(group.ordered for group in self.groups)
+
+    @cached_property
+    def masterless(self) -> bool:
+        """Whether a group that takes writes has no master in this route: a failover is
+        under way, and the new master may be routed by the time anyone asks again."""
+        return any(g.permission in _WRITABLE and not g.master_address for g in self.groups)
 
     def group(self, broker_name: str) -> GroupRoute | None:
         for group in self.groups:
@@ -315,6 +322,9 @@ def _cluster_view(reply: pb.GetClusterInfoResponse, nameserver: str) -> ClusterV
 
 # --- the cache ------------------------------------------------------------------------
 
+FAILOVER_POLL_S: Final = (0.1, 0.5)
+"""The first and the longest wait between route fetches during a failover."""
+
 RouteListener = Callable[[str, TopicRoute], None]
 """Called with (topic, new route) whenever a fetched route differs from the cached one."""
 
@@ -365,6 +375,11 @@ class RouteCache:
         self._preferred = 0
         self._listeners: list[RouteListener] = []
         self._refresher = _Refresher(self, refresh_interval_s)
+        self._poll: asyncio.TimerHandle | None = None
+        self._poll_wait_s = FAILOVER_POLL_S[0]
+        self._unsettled: dict[str, tuple[float, TopicRoute | None]] = {}
+        """Topics whose route is fetched often (see :meth:`_settle`): until when, and
+        the route it is to change from."""
 
     # --- lifecycle --------------------------------------------------------------------
 
@@ -375,6 +390,9 @@ class RouteCache:
 
     async def stop(self) -> None:
         """Stop refreshing and close the gRPC channels."""
+        if self._poll is not None:
+            self._poll.cancel()
+            self._poll = None
         await self._refresher.stop()
         channels, self._channels = list(self._channels.values()), {}
         for channel in channels:
@@ -440,8 +458,9 @@ class RouteCache:
         self._fetched_at.pop(topic, None)
 
     async def refresh_all(self) -> None:
-        """Fetch every cached topic again (the background refresh calls this)."""
-        for topic in list(self._routes):
+        """Fetch every cached topic again (the background refresh calls this), and those
+        invalidated while a failover is being watched."""
+        for topic in list(dict.fromkeys([*self._routes, *self._unsettled])):
             try:
                 await self.route(topic, refresh=True)
             except UnknownTopic:
@@ -460,8 +479,10 @@ class RouteCache:
         except UnknownTopic:
             self._routes.pop(topic, None)
             self._fetched_at.pop(topic, None)
+            self._unsettled.pop(topic, None)
             raise
         route = topic_route_from_proto(reply.route)
+        self._settle(topic, route)
         old = self._routes.get(topic)
         self._routes[topic] = route
         self._fetched_at[topic] = time.monotonic()
@@ -472,6 +493,41 @@ class RouteCache:
                 except Exception:
                     log.exception("route listener failed for topic %s", topic)
         return route
+
+    def expect_change(self, topic: str) -> None:
+        """A send to the topic failed as a dead master's would: fetch its route often
+        until it changes (a successor routed), for at most one refresh interval."""
+        if self._refresher.running and topic not in self._unsettled:
+            deadline = time.monotonic() + self._refresher.interval_s
+            self._unsettled[topic] = (deadline, self._routes.get(topic))
+            self._schedule_poll()
+
+    def _settle(self, topic: str, route: TopicRoute) -> None:
+        """While a route shows a group without a master, or was expected to change and
+        has not, fetch the routes again soon (100 ms apart, backing off to 500 ms): a
+        failover is under way, and a client should find the new master well within a
+        second, not at the next periodic refresh."""
+        if route.masterless:
+            self._unsettled[topic] = (float("inf"), route)
+        elif topic in self._unsettled:
+            deadline, baseline = self._unsettled[topic]
+            if route != baseline or time.monotonic() > deadline:
+                del self._unsettled[topic]
+        if self._unsettled:
+            self._schedule_poll()
+        else:
+            self._poll_wait_s = FAILOVER_POLL_S[0]
+
+    def _schedule_poll(self) -> None:
+        if self._poll is not None or not self._refresher.running:
+            return
+        wait_s = self._poll_wait_s
+        self._poll_wait_s = min(wait_s * 2, FAILOVER_POLL_S[1])
+        self._poll = asyncio.get_running_loop().call_later(wait_s, self._poll_now)
+
+    def _poll_now(self) -> None:
+        self._poll = None
+        self._refresher.wakeup()
 
     # --- cluster and assignment -------------------------------------------------------
 

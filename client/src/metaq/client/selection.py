@@ -37,10 +37,15 @@ class BrokerHealth:
         self.failure_isolation_s = failure_isolation_s
         self._clock = clock
         self._until: dict[str, float] = {}
+        self._failed_master: dict[str, str] = {}
+        """Isolated after a failure: the group's master address that failed ("" once a
+        route showed the group without a master: whoever is routed next is new)."""
 
-    def failed(self, broker: str) -> None:
-        """A request to ``broker`` failed in a way another broker might not."""
+    def failed(self, broker: str, master_address: str = "") -> None:
+        """A request to ``broker`` (its master at ``master_address``) failed in a way
+        another broker might not."""
         self._isolate(broker, self.failure_isolation_s)
+        self._failed_master[broker] = master_address
 
     def answered(self, broker: str, latency_s: float) -> None:
         """A request succeeded: a fast answer ends any isolation, a slow one starts one."""
@@ -50,20 +55,34 @@ class BrokerHealth:
                 return
         if self._until:
             self._until.pop(broker, None)
+            self._failed_master.pop(broker, None)
 
     def _isolate(self, broker: str, seconds: float) -> None:
         until = self._clock() + seconds
         if until > self._until.get(broker, 0.0):
             self._until[broker] = until
 
-    def isolated(self) -> frozenset[str]:
-        """Brokers to avoid now."""
+    def isolated(self, route: TopicRoute | None = None) -> frozenset[str]:
+        """Brokers to avoid now. A group isolated for a failure is not avoided once
+        ``route`` shows it with another master than the one that failed, or with a master
+        again after showing none: a failover replaced the broker that failed."""
         if not self._until:
             return frozenset()
         now = self._clock()
         expired = [b for b, until in self._until.items() if until <= now]
         for broker in expired:
             del self._until[broker]
+            self._failed_master.pop(broker, None)
+        if route is not None and self._failed_master:
+            for group in route.groups:
+                failed = self._failed_master.get(group.broker_name)
+                if failed is None:
+                    continue
+                if not group.master_address:
+                    self._failed_master[group.broker_name] = ""
+                elif group.master_address != failed:
+                    del self._failed_master[group.broker_name]
+                    self._until.pop(group.broker_name, None)
         return frozenset(self._until)
 
     def available(self, broker: str) -> bool:

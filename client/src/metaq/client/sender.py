@@ -329,7 +329,7 @@ class Sender:
 
     def _settle_failure(self, batch: Batch, exc: BaseException) -> None:
         if isinstance(exc, MetaqError) and exc.retriable:
-            self.health.failed(batch.queue.broker_name)
+            self.health.failed(batch.queue.broker_name, batch.queue.address)
         if (
             isinstance(exc, BrokerError)
             and exc.code is ErrorCode.INVALID_MESSAGE
