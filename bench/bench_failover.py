@@ -11,7 +11,14 @@
   master is killed with kill -9, the controller promotes the slave, and the time from
   the kill to the first send acknowledged by the new master is taken; the old master is
   restarted (it rejoins as a slave), and this is repeated ``--failovers`` times
-  (``failover_p50_s``, ``failover_max_s``; targets 5 s and 10 s).
+  (``failover_p50_s``, ``failover_max_s``; targets 5 s and 10 s);
+- **producer resume** — the same kill -9, ``--resume-kills`` times, with a lone broker
+  serving the topic beside the group, so the producers keep succeeding elsewhere and
+  nothing but the client's own route handling brings them back: three producers (one
+  send at a time round robin, ``send_batch`` of 16, and one with a sharding key) each
+  note their first OK from the group after the kill. ``producer_resume_p99_s`` is kill →
+  that OK over every producer and kill, ``producer_resume_after_takeover_p99_s`` the
+  part after the new master was seen taking writes (target 1 s).
 
 The last line of the output is one JSON object with every figure.
 """
@@ -210,6 +217,113 @@ def failovers(root: Path, nameserver: NameServerProcess, runs: int) -> list[floa
     return times
 
 
+class _Resumes:
+    """Three producers sending until stopped; each OK noted as (when its send began, when
+    it was answered, broker group)."""
+
+    KINDS: Final = ("send", "send_batch", "sharded")
+
+    def __init__(self) -> None:
+        self.oks: dict[str, list[tuple[float, float, str]]] = {k: [] for k in self.KINDS}
+        self.stop = asyncio.Event()
+
+    async def run(self, nameserver: str, kind: str) -> None:
+        producer = await ready_producer(nameserver, TOPIC)
+        oks = self.oks[kind]
+        try:
+            while not self.stop.is_set():
+                began = time.monotonic()
+                try:
+                    if kind == "send_batch":
+                        broker = (await producer.send_batch(TOPIC, [BODY] * 16))[0].broker
+                    else:
+                        key = "resume-key" if kind == "sharded" else None
+                        result = await producer.send(TOPIC, BODY, sharding_key=key)
+                        if result.status is not SendStatus.OK:
+                            continue
+                        broker = result.broker
+                except Exception:
+                    await asyncio.sleep(0.01)  # pacing after a failure, not a wait on state
+                    continue
+                oks.append((began, time.monotonic(), broker))
+                await asyncio.sleep(0.005)  # pacing: about 150 sends a second each
+        finally:
+            await producer.close()
+
+    def first_after(self, kind: str, broker: str, after: float) -> float | None:
+        """When the first send begun after ``after`` was answered OK by ``broker``."""
+        return next((t for began, t, b in self.oks[kind] if began > after and b == broker), None)
+
+
+async def _kill_and_resume(
+    group: Group, resumes: _Resumes, name: str
+) -> tuple[float, float, list[float]]:
+    """kill -9 the master; when it was killed, when a new master was seen, and each
+    producer's first OK from the group after the kill. The old master is started again."""
+    await asyncio.to_thread(group.wait_in_sync, 2)
+    old = await asyncio.to_thread(group.master)
+    group.brokers[old].kill()
+    killed = time.monotonic()
+    others = [b for i, b in group.brokers.items() if i != old]
+
+    def new_master() -> bool:
+        return any(_role(b) == "master" for b in others)
+
+    def resumed() -> bool:
+        return all(resumes.first_after(k, name, killed) for k in resumes.KINDS)
+
+    await asyncio.to_thread(wait_until, new_master, 60, "a new master", poll_s=0.02)
+    took_over = time.monotonic()
+    await asyncio.to_thread(wait_until, resumed, 60, "every producer resumed")
+    firsts = [resumes.first_after(k, name, killed) or 0.0 for k in resumes.KINDS]
+    await asyncio.to_thread(group.start, old)
+    return killed, took_over, firsts
+
+
+def producer_resumes(
+    root: Path, nameserver: NameServerProcess, runs: int
+) -> tuple[list[float], list[float]]:
+    """Per kill and producer: kill → first OK from the group, and takeover → that OK."""
+    group = Group(root / "resume", nameserver, "sync")
+    name = f"{GROUP}-resume"
+    lone = BrokerProcess.start(
+        root / "resume-lone", "--broker-name", "bench-lone", "--broker-id", "0",
+        "--nameserver", nameserver.grpc_address, "--set", "failover=false", *SEGMENT,
+        small_store=False, ready_timeout_s=60,
+    )  # fmt: skip
+    from_kill: list[float] = []
+    from_takeover: list[float] = []
+    try:
+        group.start(0)
+        group.start(1)
+        master = group.brokers[group.master()]
+        for url in (master.http_url, lone.http_url):
+            asyncio.run(put_topic(url, TOPIC, read_queues=QUEUES, write_queues=QUEUES))
+        group.wait_in_sync(2)
+
+        async def run_all() -> None:
+            resumes = _Resumes()
+            address = nameserver.grpc_address
+            tasks = [asyncio.ensure_future(resumes.run(address, k)) for k in resumes.KINDS]
+            try:
+                for run in range(runs):
+                    killed, took_over, firsts = await _kill_and_resume(group, resumes, name)
+                    from_kill.extend(t - killed for t in firsts)
+                    from_takeover.extend(max(0.0, t - took_over) for t in firsts)
+                    back = ", ".join(f"{t - killed:.2f}" for t in firsts)
+                    print(f"  resume {run + 1}: new master {took_over - killed:.2f} s after the "
+                          f"kill; producers back {back} s after it", flush=True)  # fmt: skip
+            finally:
+                resumes.stop.set()
+                await asyncio.gather(*tasks)
+
+        asyncio.run(run_all())
+    finally:
+        lone.kill()
+        group.stop()
+    return from_kill, from_takeover
+
+
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -217,11 +331,24 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--seconds", type=float, default=3.0, help="seconds per cell")
     parser.add_argument("--fill-mib", type=int, default=512, help="MiB the slave copies")
     parser.add_argument("--failovers", type=int, default=5, help="kill -9 runs (≥ 5)")
+    parser.add_argument("--resume-kills", type=int, default=20, help="kill -9 runs for resume")
+    parser.add_argument("--only-resume", action="store_true", help="producer resume only")
     args = parser.parse_args(argv)
 
     root = Path(tempfile.mkdtemp(prefix="bench-failover-"))
     nameserver = start_nameserver(root / "ns")
     try:
+        from_kill, from_takeover = producer_resumes(root, nameserver, args.resume_kills)
+        resume = {
+            "producer_resume_p50_s": round(statistics.median(from_kill), 3),
+            "producer_resume_p99_s": round(_p99(from_kill), 3),
+            "producer_resume_after_takeover_p99_s": round(_p99(from_takeover), 3),
+            "producer_resume_max_s": round(max(from_kill), 3),
+        }
+        print(f"producer resume over {args.resume_kills} kills x 3 producers: {resume}")
+        if args.only_resume:
+            print(json.dumps(resume, sort_keys=True))
+            return
         mb_s = replication_throughput(root, nameserver, args.fill_mib)
         print(f"replication: {mb_s:,.0f} MB/s master -> slave ({args.fill_mib} MiB)", flush=True)
         cells = sync_vs_async(root, nameserver, args.seconds)
@@ -247,6 +374,7 @@ def main(argv: list[str]) -> None:
         f"over {len(times)} runs (targets 5 s / 10 s)"
     )
     figures = {
+        **resume,
         "replication_mb_s": round(mb_s, 1),
         "sync_vs_async_batch_ratio": round(ratio, 3),
         "failover_p50_s": round(p50, 3),
@@ -255,6 +383,12 @@ def main(argv: list[str]) -> None:
         **{f"{mode}_{key}": round(v, 2) for mode, c in cells.items() for key, v in c.items()},
     }
     print(json.dumps(figures, sort_keys=True))
+
+
+def _p99(values: list[float]) -> float:
+    """Nearest-rank p99 (the largest of fewer than 100 values)."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, -(-len(ordered) * 99 // 100) - 1)]
 
 
 if __name__ == "__main__":

@@ -164,6 +164,7 @@ class StaticRoutes:
         self._routes = {topic: static_route(topic, groups) for topic, groups in routes.items()}
         self._stale: set[str] = set()
         self.fetches = 0
+        self.expected: list[tuple[str, str, str]] = []
 
     def cached(self, topic: str) -> TopicRoute | None:
         return None if topic in self._stale else self._routes.get(topic)
@@ -184,6 +185,10 @@ class StaticRoutes:
     def invalidate(self, topic: str) -> None:
         """As RouteCache: the next send fetches the route (``fetches`` counts it)."""
         self._stale.add(topic)
+
+    def expect_change(self, topic: str, broker_name: str, master_address: str) -> None:
+        """As RouteCache would poll for a successor; noted in ``expected``."""
+        self.expected.append((topic, broker_name, master_address))
 
     async def start(self) -> None:
         pass

@@ -318,7 +318,7 @@ class Producer:
             return await waiter
         except MetaqError as exc:
             if not exc.retriable or not self.config.retries:
-                self._after_failure(topic, exc)
+                self._after_failure(topic, queue, exc)
                 raise
             error = exc
         results = await self._retry(topic, [rec], queue, sharding_key is not None, error)
@@ -371,7 +371,7 @@ class Producer:
             if exc is None:
                 out.set_result(done.result())
             elif not _retriable(exc) or not self.config.retries or self._closed:
-                self._after_failure(topic, exc)
+                self._after_failure(topic, queue, exc)
                 out.set_exception(exc)
             else:
                 retry = self._retry(topic, [rec], queue, sharded, exc)
@@ -443,7 +443,7 @@ class Producer:
                     results += await future
                 except MetaqError as exc:
                     if not exc.retriable or not c.retries:
-                        self._after_failure(topic, exc)
+                        self._after_failure(topic, queue, exc)
                         raise
                     results += await self._retry(
                         topic,
@@ -473,11 +473,11 @@ class Producer:
             route = await self.routes.route(topic, max_age_s=_ROUTE_REFRESH_SHARE_S)
         return route
 
-    def _after_failure(self, topic: str, exc: BaseException) -> None:
+    def _after_failure(self, topic: str, queue: QueueRoute, exc: BaseException) -> None:
         """A retriable failure not retried here (``retries=0``) still means the route may
         be stale (a master died): the next send fetches it again."""
         if _retriable(exc):
-            self.routes.expect_change(topic)
+            self.routes.expect_change(topic, queue.broker_name, queue.address)
             self.routes.invalidate(topic)
 
     def _choose(self, route: TopicRoute, sharding_key: str | bytes | None) -> QueueRoute:
@@ -532,7 +532,7 @@ class Producer:
             isinstance(first_error, ConnectionLost) and not first_error.never_sent
         )
         log.info("send to %s %s failed, retrying: %s", topic, failed, first_error)
-        self.routes.expect_change(topic)
+        self.routes.expect_change(topic, failed.broker_name, failed.address)
         previous = failed
         policy = AsyncRetrying(
             stop=stop_after_attempt(c.retries),

@@ -340,6 +340,14 @@ class _Refresher(PeriodicService):
         await self._cache.refresh_all()
 
 
+@dataclass(frozen=True, slots=True)
+class _Unsettled:
+    deadline: float
+    """Monotonic time after which a failed master no longer keeps the topic polled."""
+    failed: dict[str, str]
+    """Broker group → the master address a send failed on, until a successor is routed."""
+
+
 class RouteCache:
     """Topic routes from the nameservers, cached and refreshed; also cluster info and
     consumer-group assignment, which come from the same nameservers.
@@ -377,9 +385,8 @@ class RouteCache:
         self._refresher = _Refresher(self, refresh_interval_s)
         self._poll: asyncio.TimerHandle | None = None
         self._poll_wait_s = FAILOVER_POLL_S[0]
-        self._unsettled: dict[str, tuple[float, TopicRoute | None]] = {}
-        """Topics whose route is fetched often (see :meth:`_settle`): until when, and
-        the route it is to change from."""
+        self._unsettled: dict[str, _Unsettled] = {}
+        """Topics whose route is fetched often (see :meth:`_settle`)."""
 
     # --- lifecycle --------------------------------------------------------------------
 
@@ -467,6 +474,8 @@ class RouteCache:
                 log.info("topic %s is no longer routed; dropped from the cache", topic)
             except NoNameServer as exc:
                 log.warning("route refresh of %s failed, keeping the last route: %s", topic, exc)
+                if topic in self._unsettled:
+                    self._schedule_poll()  # a failover is under way: try again soon
 
     async def _fetch(self, topic: str) -> TopicRoute:
         try:
@@ -494,25 +503,37 @@ class RouteCache:
                     log.exception("route listener failed for topic %s", topic)
         return route
 
-    def expect_change(self, topic: str) -> None:
+    def expect_change(self, topic: str, broker_name: str, master_address: str) -> None:
         """A send to the topic failed as a dead master's would: fetch its route often
-        until it changes (a successor routed), for at most one refresh interval."""
-        if self._refresher.running and topic not in self._unsettled:
+        until it shows ``broker_name`` with a master other than ``master_address`` (a
+        successor), for at most one refresh interval."""
+        if self._refresher.running:
             deadline = time.monotonic() + self._refresher.interval_s
-            self._unsettled[topic] = (deadline, self._routes.get(topic))
+            watched = self._unsettled.get(topic)
+            failed = dict(watched.failed) if watched is not None else {}
+            failed[broker_name] = master_address
+            self._unsettled[topic] = _Unsettled(deadline, failed)
             self._schedule_poll()
 
     def _settle(self, topic: str, route: TopicRoute) -> None:
-        """While a route shows a group without a master, or was expected to change and
-        has not, fetch the routes again soon (100 ms apart, backing off to 500 ms): a
-        failover is under way, and a client should find the new master well within a
-        second, not at the next periodic refresh."""
-        if route.masterless:
-            self._unsettled[topic] = (float("inf"), route)
-        elif topic in self._unsettled:
-            deadline, baseline = self._unsettled[topic]
-            if route != baseline or time.monotonic() > deadline:
+        """While a route shows a group without a master, or a group whose master failed
+        a send and has no successor yet, fetch the routes again soon (100 ms apart,
+        backing off to 500 ms): a failover is under way, and a client should find the
+        new master well within a second, not at the next periodic refresh."""
+        watched = self._unsettled.get(topic)
+        if watched is not None:
+            failed = {
+                name: address
+                for name, address in watched.failed.items()
+                if (group := route.group(name)) is not None
+                and group.master_address in ("", address)
+            }
+            if failed and time.monotonic() <= watched.deadline:
+                self._unsettled[topic] = _Unsettled(watched.deadline, failed)
+            else:
                 del self._unsettled[topic]
+        if route.masterless and topic not in self._unsettled:
+            self._unsettled[topic] = _Unsettled(float("inf"), {})
         if self._unsettled:
             self._schedule_poll()
         else:
