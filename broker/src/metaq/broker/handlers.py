@@ -255,7 +255,9 @@ class Handlers:
         if request.unlock:
             locks.unlock(request.consumer_group, request.client_id, queues)
         else:
-            granted = locks.lock(request.consumer_group, request.client_id, queues)
+            granted = locks.lock(
+                request.consumer_group, request.client_id, queues, held=request.held
+            )
             response.locked.extend(QueueRef(topic=t, queue_id=q) for t, q in granted)
         if not frame.is_one_way:
             responder.respond(

@@ -276,14 +276,18 @@ class PullConsumer:
         queues: Iterable[tuple[str, int]],
         *,
         unlock: bool = False,
+        held: bool = False,
     ) -> tuple[set[tuple[str, int]], float]:
         """Lock (or renew, or release) queues of the broker at ``address`` for ordered
-        consumption; returns the (topic, queue id) pairs held and the lock's time to live."""
+        consumption; returns the (topic, queue id) pairs held and the lock's time to live.
+        ``held``: this client holds them under a lease it still counts valid, which a
+        master that just took over renews (see LockQueuesRequest)."""
         request = LockQueuesRequest(
             consumer_group=self.group,
             client_id=client_id,
             queues=[QueueRef(topic=t, queue_id=q) for t, q in queues],
             unlock=unlock,
+            held=held,
         )
         connection = await self.connections.get(address)
         reply = await connection.request(

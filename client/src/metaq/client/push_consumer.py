@@ -594,6 +594,7 @@ class PushConsumer:
                 result = await self._pull(queue, sub, max(long_poll_s, 0.0))
             except Exception as exc:
                 log.warning("ordered pull of %s %s failed: %s", queue.topic, queue.route, exc)
+                await self._reroute(queue)  # its master may have moved (a failover)
                 await asyncio.sleep(self.config.lock_retry_ms / 1000)
                 continue
             status = result.status
@@ -616,9 +617,12 @@ class PushConsumer:
         sent = time.monotonic()
         key = (queue.topic, queue.route.queue_id)
         try:
-            held, ttl_s = await self._puller.lock(queue.route.address, self.client_id, [key])
+            held, ttl_s = await self._puller.lock(
+                queue.route.address, self.client_id, [key], held=lease.valid()
+            )
         except Exception as exc:
             log.info("locking %s %s failed: %s", queue.topic, queue.route, exc)
+            await self._reroute(queue)
             return lease.valid()
         if key in held:
             lease.granted(sent, ttl_s)

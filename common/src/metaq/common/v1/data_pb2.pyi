@@ -1092,8 +1092,10 @@ class LockQueuesRequest(_message.Message):
     `unlock` releases) the queues it processes, on the master of their broker group, so
     that no two members of its group process one queue at once, even mid-rebalance. A lock
     lapses after lock_ttl_ms unless renewed. Locks live in the master's memory: a master
-    that just started or was just promoted grants none for one lock_ttl_ms, so a lock
-    granted by a previous master has lapsed before anyone gets another.
+    that just started or was just promoted grants for one lock_ttl_ms only renewals of
+    leases a previous master granted (`held`), each to the first member claiming it, so
+    no one else gets a queue before the previous master's lock has lapsed, and the owner
+    keeps its queues across a failover.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -1102,9 +1104,15 @@ class LockQueuesRequest(_message.Message):
     CLIENT_ID_FIELD_NUMBER: _builtins.int
     QUEUES_FIELD_NUMBER: _builtins.int
     UNLOCK_FIELD_NUMBER: _builtins.int
+    HELD_FIELD_NUMBER: _builtins.int
     consumer_group: _builtins.str
     client_id: _builtins.str
     unlock: _builtins.bool
+    held: _builtins.bool
+    """The client holds every queue of this request under a lease it still counts valid
+    (granted by this or a previous master, counted from when it asked, less a margin):
+    a renewal, which a master in its first lock_ttl_ms after taking over grants.
+    """
     @_builtins.property
     def queues(self) -> _containers.RepeatedCompositeFieldContainer[Global___QueueRef]: ...
     def __init__(
@@ -1114,10 +1122,11 @@ class LockQueuesRequest(_message.Message):
         client_id: _builtins.str = ...,
         queues: _abc.Iterable[Global___QueueRef] | None = ...,
         unlock: _builtins.bool = ...,
+        held: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "consumer_group", b"consumer_group", "queues", b"queues", "unlock", b"unlock"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "consumer_group", b"consumer_group", "held", b"held", "queues", b"queues", "unlock", b"unlock"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
