@@ -3,6 +3,11 @@
 - **replication throughput** — a master alone takes ``--fill-mib`` of 1 KiB messages;
   then an empty slave starts and copies it all; MB/s from the slave's first byte to its
   last (``replication_mb_s``);
+- **catch-up** — a slave of a sync group is killed with kill -9, the master takes
+  ``--behind-mib`` more alone (``min_in_sync_replicas = 1``), the slave is started again:
+  the seconds from its start to its readiness and to being in sync again, and the MB/s of
+  the copy from readiness to in sync (``catchup_mb_s``), beside what this machine's disk
+  (``dd`` with ``conv=fdatasync``) and loopback (one TCP stream, 4 MiB writes) move;
 - **sync vs async** — the same broker group (a master and one slave) under sync and then
   async replication: send_batch throughput (4 callers × 1,024 × 1 KiB) and one-at-a-time
   send latency p50 / p99 / p99.9, with the ratio sync / async in the same run
@@ -29,9 +34,12 @@ import argparse
 import asyncio
 import json
 import shutil
+import socket
 import statistics
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any, Final
@@ -50,6 +58,7 @@ GROUP: Final = "bench-g"
 QUEUES: Final = 8
 BODY: Final = b"x" * 1024
 SEGMENT: Final = ("--set", "store.commitlog_segment_bytes=268435456")
+MIB: Final = 1 << 20
 
 
 def health(broker: BrokerProcess) -> dict[str, Any]:
@@ -136,6 +145,78 @@ def replication_throughput(root: Path, nameserver: NameServerProcess, mib: int) 
         return end / seconds / 1e6
     finally:
         group.stop()
+
+
+def catch_up(root: Path, nameserver: NameServerProcess, mib: int) -> dict[str, float]:
+    """Restart a slave that is ``mib`` MiB behind: readiness, rejoin and copy rate."""
+    group = Group(root / "catchup", nameserver, "sync")
+    try:
+        master = group.start(0)
+        group.start(1)
+        group.master()
+        asyncio.run(put_topic(master.http_url, TOPIC, read_queues=QUEUES, write_queues=QUEUES))
+        group.wait_in_sync(2)
+        group.brokers[1].kill()
+        wait_until(lambda: 1 not in health(master)["in_sync_ids"], 60, "the slave is out")
+        before = int(health(master)["commitlog_write_offset"])
+        asyncio.run(_fill(nameserver.grpc_address, mib))
+        behind = int(health(master)["commitlog_write_offset"]) - before
+        started = time.perf_counter()
+        group.start(1)
+        ready = time.perf_counter()
+        wait_until(lambda: 1 in health(master)["in_sync_ids"], 600, "the slave is in sync",
+                   poll_s=0.02)  # fmt: skip
+        in_sync = time.perf_counter()
+    finally:
+        group.stop()
+    return {
+        "catchup_behind_mib": round(behind / MIB, 1),
+        "catchup_ready_s": round(ready - started, 3),
+        "catchup_rejoin_s": round(in_sync - started, 3),
+        "catchup_mb_s": round(behind / (in_sync - ready) / 1e6, 1),
+    }
+
+
+def disk_mb_s(root: Path, mib: int) -> float:
+    """What ``dd`` writes and syncs to the data disk, MB/s."""
+    target = root / "dd.bin"
+    began = time.perf_counter()
+    subprocess.run(
+        ["dd", "if=/dev/zero", f"of={target}", "bs=4M", f"count={max(1, mib // 4)}",
+         "conv=fdatasync", "status=none"],
+        check=True,
+    )  # fmt: skip
+    seconds = time.perf_counter() - began
+    target.unlink()
+    return max(1, mib // 4) * 4 * MIB / seconds / 1e6
+
+
+def loopback_mb_s(mib: int) -> float:
+    """One TCP stream over loopback, 4 MiB writes, read into one buffer, MB/s."""
+    server = socket.create_server(("127.0.0.1", 0))
+    total = mib * MIB
+    chunk = bytes(4 * MIB)
+
+    def send() -> None:
+        with socket.create_connection(server.getsockname()) as out:
+            for _ in range(mib // 4):
+                out.sendall(chunk)
+
+    sender = threading.Thread(target=send)
+    began = time.perf_counter()
+    sender.start()
+    connection, _ = server.accept()
+    buffer = bytearray(4 * MIB)
+    received = 0
+    with connection:
+        while received < (mib // 4) * 4 * MIB:
+            n = connection.recv_into(buffer)
+            if not n:
+                break
+            received += n
+    sender.join()
+    server.close()
+    return received / (time.perf_counter() - began) / 1e6 if total else 0.0
 
 
 async def _modes_cell(nameserver: str, seconds: float) -> dict[str, float]:
@@ -333,11 +414,20 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--failovers", type=int, default=5, help="kill -9 runs (≥ 5)")
     parser.add_argument("--resume-kills", type=int, default=20, help="kill -9 runs for resume")
     parser.add_argument("--only-resume", action="store_true", help="producer resume only")
+    parser.add_argument("--behind-mib", type=int, default=1024, help="MiB a slave catches up")
+    parser.add_argument("--only-catchup", action="store_true", help="catch-up only")
     args = parser.parse_args(argv)
 
     root = Path(tempfile.mkdtemp(prefix="bench-failover-"))
     nameserver = start_nameserver(root / "ns")
     try:
+        catchup = catch_up(root, nameserver, args.behind_mib)
+        catchup["disk_dd_mb_s"] = round(disk_mb_s(root, args.behind_mib), 1)
+        catchup["loopback_mb_s"] = round(loopback_mb_s(args.behind_mib), 1)
+        print(f"catch-up: {catchup}", flush=True)
+        if args.only_catchup:
+            print(json.dumps(catchup, sort_keys=True))
+            return
         from_kill, from_takeover = producer_resumes(root, nameserver, args.resume_kills)
         resume = {
             "producer_resume_p50_s": round(statistics.median(from_kill), 3),
@@ -374,6 +464,7 @@ def main(argv: list[str]) -> None:
         f"over {len(times)} runs (targets 5 s / 10 s)"
     )
     figures = {
+        **catchup,
         **resume,
         "replication_mb_s": round(mb_s, 1),
         "sync_vs_async_batch_ratio": round(ratio, 3),
