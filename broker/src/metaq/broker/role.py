@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable
 from typing import Final
 
 from metaq.broker.config import BrokerConfig, ReplicationMode
+from metaq.broker.confirmed_mark import ConfirmedMark
 from metaq.broker.connection import Responder
 from metaq.broker.journal import Journal
 from metaq.broker.log_check import LogCheck
@@ -91,8 +92,13 @@ class GroupRole:
             broker_name=config.broker_name,
             broker_id=config.broker_id,
             epoch=self.epoch,
-            on_confirmed=lambda: self.on_confirmed(),
+            on_confirmed=self._follower_confirmed,
         )
+        self._mark: ConfirmedMark | None = None
+        """Under a controller: the confirmed offset kept on disk across restarts."""
+        if self.controlled:
+            self._mark = ConfirmedMark(config.data_dir)
+            self.follower.confirmed = min(self._mark.offset, store.commitlog.write_offset)
         self.on_change: Callable[[], None] = lambda: None
         """Called after every change of role or epoch (the registrar re-announces)."""
         self.on_confirmed: Callable[[], None] = lambda: None
@@ -155,6 +161,13 @@ class GroupRole:
             self.replicas.close()
         for task in list(self._fetches):
             task.cancel()
+        if self._mark is not None:
+            await self._mark.close()
+
+    def _follower_confirmed(self) -> None:
+        if self._mark is not None:
+            self._mark.note(self.follower.confirmed)
+        self.on_confirmed()
 
     # --- writes -------------------------------------------------------------------------
 
