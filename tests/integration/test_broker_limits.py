@@ -95,8 +95,18 @@ def test_dead_checkpointer_takes_health_down_and_refuses_sends(start_broker: Sta
     broker = start_broker("--set", "store.checkpoint_interval_ms=50")
     run_async(put_topic(broker.http_url, "AfterCheckpoint", read_queues=1, write_queues=1))
     # The checkpoint is replaced through a temporary file: a directory there makes every
-    # later checkpoint fail, and the thread that writes them dies.
-    (broker.data_dir / "checkpoint.tmp").mkdir()
+    # later checkpoint fail, and the thread that writes them dies. A checkpoint written
+    # right then holds the name for a moment: try again once it is renamed away.
+    blocker = broker.data_dir / "checkpoint.tmp"
+
+    def blocked() -> bool:
+        try:
+            blocker.mkdir()
+        except FileExistsError:
+            return blocker.is_dir()
+        return True
+
+    wait_until(blocked, 10.0, "a directory takes the checkpoint's temporary name", poll_s=0.01)
     wait_until(
         not_writable(broker, "checkpoint"),
         10.0,
