@@ -274,3 +274,19 @@ def test_a_failed_send_batch_frame_is_resent_whole_to_another_broker() -> None:
 
     selector = FirstQueueThenRoundRobin(("broker-a", 1))
     run_async(_with_producer([a, b], 2, body, queue_selector=selector))
+
+
+def test_send_batch_on_a_route_cached_without_a_master_refetches_it_and_succeeds() -> None:
+    # The route was cached while the topic's only group had no master (a failover); the
+    # new master is routed by now.
+    a = FakeBroker("broker-a")
+
+    async def body(producer: Producer, _clock: FakeClock, _sleeps: Sleeps) -> None:
+        routes = cast(StaticRoutes, producer.routes)
+        routes.cache_until_fetched("t", [])  # what was cached while the group had no master
+        fetched = routes.fetches
+        results = await producer.send_batch("t", [b"one", b"two"])
+        assert [r.status for r in results] == [SendStatus.OK, SendStatus.OK]
+        assert routes.fetches == fetched + 1 and len(a.sends) == 1
+
+    run_async(_with_producer([a], 1, body))

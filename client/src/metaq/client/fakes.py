@@ -165,15 +165,24 @@ class StaticRoutes:
         self._stale: set[str] = set()
         self.fetches = 0
         self.expected: list[tuple[str, str, str]] = []
+        self._cached_only: dict[str, TopicRoute] = {}
 
     def cached(self, topic: str) -> TopicRoute | None:
+        if topic in self._cached_only:
+            return self._cached_only[topic]
         return None if topic in self._stale else self._routes.get(topic)
+
+    def cache_until_fetched(self, topic: str, groups: Sequence[tuple[str, str, int]]) -> None:
+        """What ``cached`` answers until the next ``route`` call: a route cached in the
+        past (mid-failover, say) while the nameservers already route another."""
+        self._cached_only[topic] = static_route(topic, groups)
 
     async def route(
         self, topic: str, *, refresh: bool = False, max_age_s: float | None = None
     ) -> TopicRoute:
         self.fetches += 1
         self._stale.discard(topic)
+        self._cached_only.pop(topic, None)
         found = self._routes.get(topic)
         if found is None:
             raise UnknownTopic(topic, "not in the static routes")
