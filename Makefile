@@ -111,8 +111,10 @@ bench-sync-one: setup
 bench-e2e: setup
 	$(UV) run --frozen python bench/bench_e2e.py
 
-bench-failover: setup
-	$(UV) run --frozen python bench/bench_failover.py
+# make bench-failover FAILOVER_ARGS="--only-slow" (or --only-resume, --only-catchup); the
+# slow-slave cell runs its group in network namespaces, so it needs root and iproute2.
+bench-failover: setup ci-deps
+	PYTHONPATH=tests/integration/chaos $(UV) run --frozen python bench/bench_failover.py $(FAILOVER_ARGS)
 
 bench-features: setup
 	$(UV) run --frozen python bench/bench_features.py

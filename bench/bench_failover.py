@@ -8,6 +8,9 @@
   the seconds from its start to its readiness and to being in sync again, and the MB/s of
   the copy from readiness to in sync (``catchup_mb_s``), beside what this machine's disk
   (``dd`` with ``conv=fdatasync``) and loopback (one TCP stream, 4 MiB writes) move;
+- **slow slave** — a sync group of three (``min_in_sync_replicas = 2``) in network
+  namespaces, send latency with every replica at full speed and with one slave's link
+  throttled to ``--slow-kib-s`` (:mod:`slow_slave`; ``slow_slave_p99_ratio``);
 - **sync vs async** — the same broker group (a master and one slave) under sync and then
   async replication: send_batch throughput (4 callers × 1,024 × 1 KiB) and one-at-a-time
   send latency p50 / p99 / p99.9, with the ratio sync / async in the same run
@@ -46,6 +49,7 @@ from typing import Any, Final
 
 from bench_e2e import BATCH_CALLERS, BATCH_MESSAGES, TOPIC
 from metaq_load import Budget, batched, one_at_a_time, percentile_ms, ready_producer
+from slow_slave import slow_slave
 
 from metaq.broker.testing import BrokerProcess
 from metaq.broker.testing.admin import put_topic
@@ -416,11 +420,19 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--only-resume", action="store_true", help="producer resume only")
     parser.add_argument("--behind-mib", type=int, default=1024, help="MiB a slave catches up")
     parser.add_argument("--only-catchup", action="store_true", help="catch-up only")
+    parser.add_argument("--slow-kib-s", type=int, default=256, help="the slow slave's link")
+    parser.add_argument("--slow-seconds", type=float, default=30.0, help="seconds per cell")
+    parser.add_argument("--only-slow", action="store_true", help="slow slave only")
     args = parser.parse_args(argv)
 
     root = Path(tempfile.mkdtemp(prefix="bench-failover-"))
     nameserver = start_nameserver(root / "ns")
     try:
+        slow = slow_slave(root, args.slow_seconds, 32, args.slow_kib_s)
+        print(f"slow slave: {slow}", flush=True)
+        if args.only_slow:
+            print(json.dumps(slow, sort_keys=True))
+            return
         catchup = catch_up(root, nameserver, args.behind_mib)
         catchup["disk_dd_mb_s"] = round(disk_mb_s(root, args.behind_mib), 1)
         catchup["loopback_mb_s"] = round(loopback_mb_s(args.behind_mib), 1)
@@ -464,6 +476,7 @@ def main(argv: list[str]) -> None:
         f"over {len(times)} runs (targets 5 s / 10 s)"
     )
     figures = {
+        **slow,
         **catchup,
         **resume,
         "replication_mb_s": round(mb_s, 1),
