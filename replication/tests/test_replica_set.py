@@ -653,3 +653,58 @@ def test_lag_in_seconds_counts_from_when_the_slave_last_held_the_whole_log() -> 
         assert master.lag_seconds() == {1: 0.0}
 
     run_async(scenario())
+
+
+def _fetch_at(broker_id: int, offset: int, log: MemoryLog) -> ReplicaFetchRequest:
+    return ReplicaFetchRequest(
+        broker_id=broker_id, epoch=1, offset=offset, acked_offset=offset,
+        segment_bytes=log.segment_bytes, epochs=[EpochEntry(epoch=1, start_offset=0)],
+    )  # fmt: skip
+
+
+def test_a_slave_holding_back_sends_a_quorum_held_leaves_the_in_sync_set_and_rejoins_later() -> (
+    None
+):
+    async def scenario() -> None:
+        clock = Clock()
+        changes: list[frozenset[int]] = []
+        log = MemoryLog()
+        master = ReplicaSet(
+            log, EpochHistory(entries=[Epoch(1, 0)]), self_id=0, epoch=1, min_in_sync=2,
+            clock=clock, controlled=True, in_sync=[1, 2], slow_s=0.5, rejoin_s=5.0,
+        )  # fmt: skip
+        master._on_in_sync_change = lambda: changes.append(master.in_sync())
+        log.append(b"a send")
+        end = log.end_offset
+        answered: list[bool] = []
+        master.when_replicated(end, 60, answered.append)
+        await master.fetch(_fetch_at(1, end, log), connection=1)  # the fast slave holds it
+        await master.fetch(_fetch_at(2, 0, log), connection=2)  # the slow one does not
+        assert not answered  # two copies, but slave 2 is in sync and waited for
+        clock.now += 0.6
+        await until(lambda: bool(changes), "the slow slave leaves the in-sync set")
+        assert changes[-1] == {0, 1}
+        # The controller still counts it in sync until it has agreed: still waited for.
+        assert not answered
+        master.commit({0, 1})
+        assert answered == [True]
+
+        # Caught up at every fetch for rejoin_s: in sync again; one fetch behind restarts it.
+        async def both_fetch(slow_at: int, step_s: float) -> None:
+            clock.now += step_s
+            await master.fetch(_fetch_at(1, log.end_offset, log), connection=1)
+            await master.fetch(_fetch_at(2, slow_at, log), connection=2)
+
+        for step in (1.0, 2.0, 1.5):
+            await both_fetch(end, step)
+        assert 2 not in master.in_sync()
+        log.append(b"another send")
+        await both_fetch(end, 0.1)  # behind again
+        await both_fetch(log.end_offset, 2.0)
+        assert 2 not in master.in_sync()
+        await both_fetch(log.end_offset, 2.5)
+        await both_fetch(log.end_offset, 2.5)
+        assert master.in_sync() == {0, 1, 2}
+        assert changes[-1] == {0, 1, 2}
+
+    run_async(scenario())

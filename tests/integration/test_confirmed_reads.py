@@ -25,7 +25,8 @@ def test_a_record_is_readable_only_once_the_in_sync_slave_holds_it(tmp_path: Pat
     group = start_group(
         tmp_path, brokers=2, mode="sync", min_in_sync=1,
         # The paused slave stays in sync and the send keeps waiting for it.
-        extra=("--set", "replica_lag_max_ms=60000", "--set", "replication_timeout_ms=60000"),
+        extra=("--set", "replica_lag_max_ms=60000", "--set", "replication_timeout_ms=60000",
+               "--set", "replica_slow_ms=60000"),
     )  # fmt: skip
     try:
         master_id = group.master()
@@ -80,7 +81,8 @@ def test_a_slave_serves_no_record_its_master_has_not_confirmed(tmp_path: Path) -
     group = start_group(
         tmp_path, brokers=3, mode="sync", min_in_sync=2,
         # The paused slave stays in sync and the send keeps waiting for it.
-        extra=("--set", "replica_lag_max_ms=60000", "--set", "replication_timeout_ms=60000"),
+        extra=("--set", "replica_lag_max_ms=60000", "--set", "replication_timeout_ms=60000",
+               "--set", "replica_slow_ms=60000"),
     )  # fmt: skip
     try:
         master_id = group.master()

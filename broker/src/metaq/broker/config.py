@@ -148,7 +148,13 @@ class BrokerConfig:
     replication_timeout_ms: int = 3_000
     """Under sync replication: past this, a send is answered FLUSH_SLAVE_TIMEOUT."""
     replica_lag_max_ms: int = 5_000
-    """A slave not caught up with the master for this long leaves the in-sync set."""
+    """A slave not caught up with the master for this long leaves the in-sync set; one
+    that left for being slow comes back after keeping up this long."""
+    replica_slow_ms: int = 1_000
+    """Under sync replication: a slave that, over this long, held back sends which
+    ``min_in_sync_replicas`` copies already held (each by more than a tenth of it) for
+    half the time leaves the in-sync set, while another slave and enough copies stay in
+    sync without it, so one slow slave does not set the group's pace."""
     failover: bool = True
     """Let the nameservers' controller pick the group's master (needs nameservers)."""
     delay_levels: str = DEFAULT_LEVELS
@@ -244,6 +250,7 @@ class BrokerConfig:
             "min_in_sync_replicas",
             "replication_timeout_ms",
             "replica_lag_max_ms",
+            "replica_slow_ms",
             "heartbeat_interval_ms",
             "journal_interval_ms",
             "master_lease_ms",

@@ -414,6 +414,9 @@ class GroupRole:
             on_confirmed=lambda: self.on_confirmed(),
             controlled=self.controlled,
             in_sync=in_sync_ids,
+            slow_s=config.replica_slow_ms / 1e3,
+            rejoin_s=config.replica_lag_max_ms / 1e3,
+            on_in_sync_change=lambda: self.on_change(),
         )
         self.master_address = ""
         recovery = self._store.recovery

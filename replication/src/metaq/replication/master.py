@@ -13,6 +13,17 @@ kept in sync across the election counts as caught up when the term began. The gr
 electable set is the controller's committed copy of this set; the master reports its own
 and the controller commits changes.
 
+Slow members: a slave that, over a window of ``slow_s``, held back sends which
+``min_in_sync`` copies already held (each by more than ``slow_s / 10``) for half the
+window or more leaves this master's in-sync set (if enough copies stay in sync without
+it, and another slave stays in sync), and the master
+re-announces at once so the controller commits the smaller set; sends then stop waiting
+for it. It counts as in sync again only after it
+has been caught up at every fetch for ``rejoin_s``, so a slave slower than the writes
+does not flap in and out. A slave that gates every write never lags by the
+``max_lag_s`` rule (the writes wait for it, so it keeps catching up): this is the rule
+that takes it out.
+
 Sync replication: a send is answered once every slave that is in sync, here or in the
 committed set, holds it. Counting the committed members too means a slave the master
 dropped keeps being waited for until the controller has agreed to drop it, so the
@@ -57,12 +68,14 @@ slaves' reads trail the master's by about this much, not by a parked fetch's wai
 class _Wait:
     """One caller waiting for the slaves' copies of an offset, answered once."""
 
-    __slots__ = ("done", "finished", "timer")
+    __slots__ = ("done", "finished", "quorum_at", "timer")
 
     def __init__(self, done: Callable[[bool], None]) -> None:
         self.done = done
         self.timer: asyncio.TimerHandle | None = None
         self.finished = False
+        self.quorum_at: float | None = None
+        """When ``min_in_sync`` copies first held its offset (this master's clock)."""
 
     def finish(self, replicated: bool) -> None:
         if not self.finished:
@@ -103,6 +116,15 @@ class SlaveState:
     fetched_at: float = -1e18
     """When it last asked this master for the log (monotonic seconds)."""
     connection: int = NO_CONNECTION
+    slow: bool = False
+    """Taken out of the in-sync set for holding back sends a quorum already held."""
+    steady_since: float | None = None
+    """While slow: since when every fetch found it caught up."""
+    held_back: float = 0.0
+    """Seconds this window that sends a quorum held waited for it alone, by more than
+    ``slow_s / 10`` each."""
+    held_until: float = -1e18
+    """The end of the last stretch counted in ``held_back`` (stretches never overlap)."""
     parked: _Parked | None = field(default=None, repr=False)
     """Its fetch that found nothing new, until the next append or its ``wait_ms``."""
 
@@ -132,6 +154,9 @@ class ReplicaSet:
         on_confirmed: Callable[[], None] | None = None,
         controlled: bool = False,
         in_sync: Iterable[int] = (),
+        slow_s: float = 0.5,
+        rejoin_s: float = 5.0,
+        on_in_sync_change: Callable[[], None] | None = None,
     ) -> None:
         self.log = replica_log
         self.history = history
@@ -157,6 +182,11 @@ class ReplicaSet:
         self._on_confirmed = on_confirmed
         self._confirmed = 0
         self._notice: asyncio.TimerHandle | None = None
+        self.slow_s = slow_s
+        self.rejoin_s = rejoin_s
+        self._on_in_sync_change = on_in_sync_change
+        self._slow_check: asyncio.TimerHandle | None = None
+        self._window_start = 0.0
         self._waits: list[tuple[int, int, _Wait]] = []
         self._order = itertools.count()
         self.closed = False
@@ -278,14 +308,25 @@ class ReplicaSet:
     def _note(self, slave: SlaveState, request: ReplicaFetchRequest, now: float) -> None:
         slave.offset = request.offset
         slave.acked = min(request.acked_offset, request.offset)
+        if slave.slow:
+            if request.offset < self.log.end_offset:
+                slave.steady_since = None
+            elif slave.steady_since is None:
+                slave.steady_since = now
+            elif now - slave.steady_since >= self.rejoin_s:
+                slave.slow = False
+                slave.steady_since = None
+                log.info("slave %d kept up for %.1f s: in sync again", slave.broker_id,
+                         self.rejoin_s)  # fmt: skip
+                self._in_sync_changed()
         if request.offset >= self.log.end_offset:
             slave.caught_up = now
         elif slave.answered_end and request.offset >= slave.answered_end:
             # It holds all the master had when last answered: caught up as of then.
             slave.caught_up = max(slave.caught_up, slave.answered_at)
-        if self._controlled and now - slave.caught_up <= self.max_lag_s:
+        if self._controlled and now - slave.caught_up <= self.max_lag_s and not slave.slow:
             self._seen_in_sync.add(slave.broker_id)
-        self._settle()
+        self._settle(slave, now)
         self._confirm()
 
     def _park(self, slave: SlaveState, parked: _Parked, timeout_s: float) -> None:
@@ -323,7 +364,11 @@ class ReplicaSet:
     def in_sync(self) -> frozenset[int]:
         """This master's view of its in-sync set, itself included."""
         now = self._clock()
-        ids = {s.broker_id for s in self.slaves.values() if now - s.caught_up <= self.max_lag_s}
+        ids = {
+            s.broker_id
+            for s in self.slaves.values()
+            if now - s.caught_up <= self.max_lag_s and not s.slow
+        }
         return frozenset(ids | {self.self_id})
 
     def commit(self, in_sync: Iterable[int]) -> None:
@@ -443,14 +488,88 @@ class ReplicaSet:
         wait.timer = asyncio.get_running_loop().call_later(timeout_s, wait.finish, False)
         heapq.heappush(self._waits, (offset, next(self._order), wait))
 
-    def _settle(self) -> None:
+    def _settle(self, acking: SlaveState | None = None, now: float = 0.0) -> None:
+        """Answer the waits now replicated; ``acking``, whose fetch (at ``now``) got them
+        there, is charged the time they waited for it after a quorum held them."""
         waits = self._waits
         while waits:
             offset, _, wait = waits[0]
             if not wait.finished and not self.replicated(offset):
                 break
             heapq.heappop(waits)
+            if acking is not None and wait.quorum_at is not None and not wait.finished:
+                self._charge(acking, wait.quorum_at, now)
             wait.finish(True)
+        if waits:
+            self._watch_slow(waits[0][0], waits[0][2])
+
+    # --- slow members -------------------------------------------------------------------
+
+    def _copies(self, offset: int) -> int:
+        """This master's copy and every connected slave's that holds ``offset``."""
+        return 1 + sum(1 for s in self.slaves.values() if s.acked >= offset)
+
+    def _charge(self, slave: SlaveState, quorum_at: float, now: float) -> None:
+        if now - quorum_at >= self.slow_s / 10:
+            held = now - max(quorum_at, slave.held_until)
+            if held > 0:
+                slave.held_back += held
+                slave.held_until = now
+
+    def _watch_slow(self, offset: int, wait: _Wait) -> None:
+        """The oldest waiting send: note when a quorum held it, and make sure a window's
+        end will look at who held sends back. Kept light: it runs on every acknowledgement."""
+        if wait.quorum_at is None:
+            if self._copies(offset) < self.min_in_sync:
+                return
+            wait.quorum_at = self._clock()
+        if self._slow_check is None and not self.closed:
+            now = self._clock()
+            self._window_start = now
+            self._slow_check = asyncio.get_running_loop().call_later(self.slow_s, self._check_slow)
+
+    def _check_slow(self) -> None:
+        """A window's end: a required slave that held back sends for half of it is slow."""
+        self._slow_check = None
+        if self.closed:
+            return
+        now = self._clock()
+        if self._waits:  # the oldest send, still waiting: charge whoever it waits for
+            offset, _, wait = self._waits[0]
+            if wait.quorum_at is not None:
+                for broker_id in self._required():
+                    slave = self.slaves.get(broker_id)
+                    if slave is not None and slave.acked < offset:
+                        self._charge(slave, wait.quorum_at, now)
+        elapsed = max(now - self._window_start, 1e-9)
+        in_sync = self.in_sync()
+        for slave in self.slaves.values():
+            held, slave.held_back = slave.held_back, 0.0
+            if (
+                held / elapsed >= 0.5
+                and not slave.slow
+                and slave.broker_id in self._required()
+                # Never the last slave in sync (slow beats no one to elect), nor one
+                # needed for min_in_sync copies (slow beats refused).
+                and len(in_sync - {slave.broker_id}) >= max(2, self.min_in_sync)
+            ):
+                slave.slow = True
+                slave.steady_since = None
+                in_sync = in_sync - {slave.broker_id}
+                log.warning(
+                    "slave %d held back sends that %d copies held for %.0f%% of %.1f s: out "
+                    "of the in-sync set until it keeps up for %.1f s", slave.broker_id,
+                    self.min_in_sync, 100 * held / elapsed, elapsed, self.rejoin_s,
+                )  # fmt: skip
+                self._in_sync_changed()
+        self._settle()
+
+    def _in_sync_changed(self) -> None:
+        # A slow slave stays waited for while the controller may still count it in sync
+        # (committed, or seen in sync since its last commit): it may be elected until the
+        # controller has agreed it is out, which this re-announcement asks for.
+        if self._on_in_sync_change is not None:
+            self._on_in_sync_change()
 
     def close(self) -> None:
         """No longer master: wake everyone; pending waits fail."""
@@ -458,6 +577,9 @@ class ReplicaSet:
         if self._notice is not None:
             self._notice.cancel()
             self._notice = None
+        if self._slow_check is not None:
+            self._slow_check.cancel()
+            self._slow_check = None
         self.appended()
         waits, self._waits = self._waits, []
         for _, _, wait in waits:
