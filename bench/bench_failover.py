@@ -26,7 +26,10 @@
   send at a time round robin, ``send_batch`` of 16, and one with a sharding key) each
   note their first OK from the group after the kill. ``producer_resume_p99_s`` is kill →
   that OK over every producer and kill, ``producer_resume_after_takeover_p99_s`` the
-  part after the new master was seen taking writes (target 1 s).
+  part after the new master was seen taking writes (target 1 s);
+- **ordered resume** — two ordered consumers on the same kind of group, ``--resume-kills``
+  kill -9s: from the new master until every queue is handled again
+  (:mod:`ordered_resume`; ``ordered_resume_p99_s``, target 2 s).
 
 The last line of the output is one JSON object with every figure.
 """
@@ -49,6 +52,7 @@ from typing import Any, Final
 
 from bench_e2e import BATCH_CALLERS, BATCH_MESSAGES, TOPIC
 from metaq_load import Budget, batched, one_at_a_time, percentile_ms, ready_producer
+from ordered_resume import ordered_resumes
 from slow_slave import slow_slave
 
 from metaq.broker.testing import BrokerProcess
@@ -448,6 +452,9 @@ def main(argv: list[str]) -> None:
             "producer_resume_max_s": round(max(from_kill), 3),
         }
         print(f"producer resume over {args.resume_kills} kills x 3 producers: {resume}")
+        ordered = ordered_resume_cell(root, nameserver, args.resume_kills)
+        resume.update(ordered)
+        print(f"ordered resume over {args.resume_kills} kills: {ordered}", flush=True)
         if args.only_resume:
             print(json.dumps(resume, sort_keys=True))
             return
@@ -487,6 +494,23 @@ def main(argv: list[str]) -> None:
         **{f"{mode}_{key}": round(v, 2) for mode, c in cells.items() for key, v in c.items()},
     }
     print(json.dumps(figures, sort_keys=True))
+
+
+def ordered_resume_cell(root: Path, nameserver: NameServerProcess, runs: int) -> dict[str, float]:
+    group = Group(root / "ordered", nameserver, "sync")
+    try:
+        group.start(0)
+        group.start(1)
+        group.master()
+        group.wait_in_sync(2)
+        times = ordered_resumes(group, nameserver.grpc_address, runs)
+    finally:
+        group.stop()
+    return {
+        "ordered_resume_p50_s": round(statistics.median(times), 3),
+        "ordered_resume_p99_s": round(_p99(times), 3),
+        "ordered_resume_max_s": round(max(times), 3),
+    }
 
 
 def _p99(values: list[float]) -> float:
