@@ -543,12 +543,13 @@ class ReplicaSet:
                         self._charge(slave, wait.quorum_at, now)
         elapsed = max(now - self._window_start, 1e-9)
         in_sync = self.in_sync()
+        required = self._required()
         for slave in self.slaves.values():
             held, slave.held_back = slave.held_back, 0.0
             if (
                 held / elapsed >= 0.5
                 and not slave.slow
-                and slave.broker_id in self._required()
+                and slave.broker_id in required
                 # Never the last slave in sync (slow beats no one to elect), nor one
                 # needed for min_in_sync copies (slow beats refused).
                 and len(in_sync - {slave.broker_id}) >= max(2, self.min_in_sync)
