@@ -290,3 +290,58 @@ def test_send_batch_on_a_route_cached_without_a_master_refetches_it_and_succeeds
         assert routes.fetches == fetched + 1 and len(a.sends) == 1
 
     run_async(_with_producer([a], 1, body))
+
+
+def _encoded(producer: Producer, queue: QueueRoute, bodies: list[bytes]) -> bytes:
+    return b"".join(
+        producer._encoder.encode("t", body, queue.queue_id, "", (), None) for body in bodies
+    )
+
+
+def test_send_encoded_sends_one_frame_flagged_as_a_retry_to_the_queue_it_names() -> None:
+    a, b = FakeBroker("broker-a"), FakeBroker("broker-b")
+
+    async def body(producer: Producer, _clock: FakeClock, _sleeps: Sleeps) -> None:
+        route = await producer.writable_route("t")
+        queue = next(q for q in route.write_queues if q.broker_name == "broker-b")
+        results = await producer.send_encoded(
+            "t", queue, _encoded(producer, queue, [b"x", b"y"]), 2
+        )
+
+        assert [r.queue_offset for r in results] == [0, 1]
+        assert not a.sends and len(b.sends) == 1
+        assert b.sends[0].retry  # the broker de-duplicates by id: a re-send stores nothing
+        assert [r.body for r in b.records()] == [b"x", b"y"]
+
+    run_async(_with_producer([a, b], 1, body))
+
+
+def test_send_encoded_retries_a_failure_on_its_own_queue_only() -> None:
+    failures = iter([Drop(), Fail(ErrorCode.BUSY, "busy", True)])
+    a = FakeBroker("broker-a", lambda _seen: next(failures, None))
+    b = FakeBroker("broker-b")
+
+    async def body(producer: Producer, _clock: FakeClock, _sleeps: Sleeps) -> None:
+        route = await producer.writable_route("t")
+        queue = next(q for q in route.write_queues if q.broker_name == "broker-a")
+        results = await producer.send_encoded("t", queue, _encoded(producer, queue, [b"z"]), 1)
+
+        assert len(results) == 1 and results[0].broker == "broker-a"
+        assert len(a.sends) == 3 and not b.sends  # dropped, refused, then stored
+        assert all(seen.retry for seen in a.sends)
+
+    run_async(_with_producer([a, b], 1, body))
+
+
+def test_writable_route_refetches_a_route_cached_without_a_writable_queue() -> None:
+    a = FakeBroker("broker-a")
+
+    async def body(producer: Producer, _clock: FakeClock, _sleeps: Sleeps) -> None:
+        routes = cast(StaticRoutes, producer.routes)
+        routes.cache_until_fetched("t", [])
+        fetched = routes.fetches
+        route = await producer.writable_route("t")
+        assert [q.broker_name for q in route.write_queues] == ["broker-a"]
+        assert routes.fetches == fetched + 1
+
+    run_async(_with_producer([a], 1, body))

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from metaq.client.routes import QueueRoute
@@ -84,6 +84,28 @@ class Batch:
         self.coalesced = coalesced
         self.attempt = 0
         self.future: asyncio.Future[Any] | None = None
+
+    @classmethod
+    def whole(
+        cls,
+        topic: str,
+        queue: QueueRoute,
+        records: Sequence[Buffer],
+        count: int,
+        created_s: float,
+        *,
+        retry: bool = False,
+        first_id: int = -1,
+    ) -> Batch:
+        """A batch the caller built to go as it is (never coalesced with other sends):
+        ``records`` are buffers of ``count`` encoded records in all."""
+        batch = cls(topic, queue, created_s, coalesced=False)
+        batch.records.extend(records)
+        batch.count = count
+        batch.nbytes = sum(len(r) for r in records)
+        batch.retry = retry
+        batch.first_id = first_id
+        return batch
 
     def __len__(self) -> int:
         return self.count

@@ -56,6 +56,8 @@ class SendSeen:
     queue_id: int
     records: list[record.Record]
     one_way: bool
+    retry: bool = False
+    """Flagged as a retry: the broker stores only the message ids it lacks."""
 
 
 @dataclass
@@ -131,7 +133,8 @@ class _Protocol(asyncio.Protocol):
             return
         request = SendRequest.FromString(frame.header)
         records = list(record.iter_records(frame.payload, verify=False))
-        seen = SendSeen(request.topic, request.queue_id, records, frame.is_one_way)
+        retry = bool(request.flags & SendRequest.FLAG_RETRY)
+        seen = SendSeen(request.topic, request.queue_id, records, frame.is_one_way, retry)
         self.broker.sends.append(seen)
         action = self.broker.script(seen)
         if frame.is_one_way or isinstance(action, Silence):

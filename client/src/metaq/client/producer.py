@@ -44,7 +44,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
 from tenacity.wait import wait_random_exponential
@@ -68,6 +68,8 @@ from metaq.common.users import Credentials, load_credentials
 log = logging.getLogger(__name__)
 
 MIB: Final = 1024 * 1024
+_T = TypeVar("_T")
+
 _ROUTE_REFRESH_SHARE_S: Final = 0.05
 """Failures within this long of a route fetch share it rather than fetch again."""
 
@@ -308,11 +310,8 @@ class Producer:
         """
         if delay_level is not None or deliver_at_ms is not None:
             properties = with_delay(properties, delay_level, deliver_at_ms)
-        sender = self.sender
-        route = await self._writable_route(topic)
-        queue = self._choose(route, sharding_key)
-        rec = self._encode(topic, body, queue.queue_id, tags, keys, properties)
-        waiter = sender.append(topic, queue, rec)
+        route = await self.writable_route(topic)
+        queue, rec, waiter = self._append(route, body, tags, keys, properties, sharding_key)
         assert waiter is not None
         try:
             return await waiter
@@ -342,9 +341,8 @@ class Producer:
         loop = asyncio.get_running_loop()
         out: asyncio.Future[SendResult] = loop.create_future()
         try:
-            sender = self.sender
-            route = self.routes.cached(topic)
-            if route is None or not route.write_queues:
+            route = self._cached_writable(topic)
+            if route is None:
                 coro = self.send(
                     topic,
                     body,
@@ -355,9 +353,7 @@ class Producer:
                 )
                 self._spawn(self._into(out, coro))
                 return out
-            queue = self._choose(route, sharding_key)
-            rec = self._encode(topic, body, queue.queue_id, tags, keys, properties)
-            waiter = sender.append(topic, queue, rec)
+            queue, rec, waiter = self._append(route, body, tags, keys, properties, sharding_key)
         except MetaqError as exc:
             out.set_exception(exc)
             return out
@@ -395,11 +391,8 @@ class Producer:
         Returns once the message is queued; it may be lost without a trace (broker down,
         refused). No retries. For logs and metrics, where losing a few is acceptable.
         """
-        sender = self.sender
-        route = await self._writable_route(topic)
-        queue = self._choose(route, sharding_key)
-        rec = self._encode(topic, body, queue.queue_id, tags, keys, properties)
-        sender.append(topic, queue, rec, one_way=True)
+        route = await self.writable_route(topic)
+        self._append(route, body, tags, keys, properties, sharding_key, one_way=True)
 
     async def send_batch(
         self,
@@ -417,61 +410,108 @@ class Producer:
         sender = self.sender
         if not messages:
             return []
-        route = await self._writable_route(topic)
+        route = await self.writable_route(topic)
         queue = self._choose(route, sharding_key)
         c = self.config
         now = asyncio.get_running_loop().time()
-        batches: list[Batch] = []
-        for buf, count, first_id in self._encoder.encode_batch(
-            topic,
-            messages,
-            queue.queue_id,
-            max_records=c.max_batch_records,
-            max_bytes=c.max_batch_bytes,
-        ):
-            batch = Batch(topic, queue, now, coalesced=False)
-            batch.records.append(buf)
-            batch.count = count
-            batch.first_id = first_id
-            batch.nbytes = len(buf)
-            batches.append(batch)
+        batches = [
+            Batch.whole(topic, queue, [buf], count, now, first_id=first_id)
+            for buf, count, first_id in self._encoder.encode_batch(
+                topic,
+                messages,
+                queue.queue_id,
+                max_records=c.max_batch_records,
+                max_bytes=c.max_batch_bytes,
+            )
+        ]
         futures = [sender.submit(batch) for batch in batches]
         results: list[SendResult] = []
         try:
             for batch, future in zip(batches, futures, strict=True):
-                try:
-                    results += await future
-                except MetaqError as exc:
-                    if not exc.retriable or not c.retries:
-                        self._after_failure(topic, queue, exc)
-                        raise
-                    results += await self._retry(
-                        topic,
-                        batch.records,
-                        queue,
-                        sharding_key is not None,
-                        exc,
-                        count=batch.count,
-                    )
+                results += await self._answer(batch, future, sharding_key is not None)
         except BaseException:
             for future in futures:  # the caller hears of the first failure only
                 future.add_done_callback(_retrieve)
             raise
         return results
 
-    # --- internals --------------------------------------------------------------------
+    def send_encoded(
+        self, topic: str, queue: QueueRoute, records: Buffer, count: int
+    ) -> asyncio.Future[list[SendResult]]:
+        """Send ``count`` records encoded by the caller (back to back in ``records``, each
+        aimed at ``queue``, which comes from :meth:`writable_route`) as one SEND frame.
 
-    async def _writable_route(self, topic: str) -> TopicRoute:
+        For writers that encode in bulk and choose queues themselves (the Spark sink).
+        The frame goes flagged as a retry, so the broker stores only the message ids it
+        does not hold yet: sending the same records again, even from another process,
+        stores nothing twice. A retriable failure is retried on the same queue, as a
+        sharded send is; the future resolves with every record's result, in order.
+        """
+        loop = asyncio.get_running_loop()
+        batch = Batch.whole(topic, queue, [records], count, loop.time(), retry=True)
+        sent = self.sender.submit(batch)
+        out: asyncio.Future[list[SendResult]] = loop.create_future()
+        self._spawn(self._into(out, self._answer(batch, sent, sharded=True)))
+        return out
+
+    async def writable_route(self, topic: str) -> TopicRoute:
         """The route every send starts from: the cached one, fetched again (shared with
         concurrent sends) when it has no writable queue, as when it was cached while the
-        topic's only group had no master and the new master may be routed by now."""
-        route = self.routes.cached(topic)
+        topic's only group had no master and the new master may be routed by now.
+
+        Raises UnknownTopic, InvalidMessage (a topic name that cannot be), NoNameServer.
+        """
+        route = self._cached_writable(topic)
         if route is None:
             record.check_topic(topic)
-            route = await self.routes.route(topic)
-        if not route.write_queues:
             route = await self.routes.route(topic, max_age_s=_ROUTE_REFRESH_SHARE_S)
         return route
+
+    # --- internals --------------------------------------------------------------------
+
+    def _cached_writable(self, topic: str) -> TopicRoute | None:
+        """The cached route when it has a writable queue: the one place a send looks at
+        the cache, so every kind of send refreshes a route the same way."""
+        route = self.routes.cached(topic)
+        return route if route is not None and route.write_queues else None
+
+    def _append(
+        self,
+        route: TopicRoute,
+        body: bytes,
+        tags: str,
+        keys: Sequence[str],
+        properties: Mapping[str, str] | None,
+        sharding_key: str | bytes | None,
+        *,
+        one_way: bool = False,
+    ) -> tuple[QueueRoute, bytes, asyncio.Future[SendResult] | None]:
+        """Choose a queue, encode one record for it and hand it to the sender."""
+        sender = self.sender
+        queue = self._choose(route, sharding_key)
+        topic = route.topic
+        rec = self._encoder.encode(topic, body, queue.queue_id, tags, keys, properties)
+        return queue, rec, sender.append(topic, queue, rec, one_way=one_way)
+
+    async def _answer(
+        self, batch: Batch, sent: Awaitable[list[SendResult]], sharded: bool
+    ) -> list[SendResult]:
+        """The results of a batch the caller built, retried as configured."""
+        try:
+            return await sent
+        except MetaqError as exc:
+            if not exc.retriable or not self.config.retries:
+                self._after_failure(batch.topic, batch.queue, exc)
+                raise
+            return await self._retry(
+                batch.topic,
+                batch.records,
+                batch.queue,
+                sharded,
+                exc,
+                count=batch.count,
+                flagged=batch.retry,
+            )
 
     def _after_failure(self, topic: str, queue: QueueRoute, exc: BaseException) -> None:
         """A retriable failure not retried here (``retries=0``) still means the route may
@@ -496,17 +536,6 @@ class Producer:
         self._last[route.topic] = (route, queue)
         return queue
 
-    def _encode(
-        self,
-        topic: str,
-        body: bytes,
-        queue_id: int,
-        tags: str,
-        keys: Sequence[str],
-        properties: Mapping[str, str] | None,
-    ) -> bytes:
-        return self._encoder.encode(topic, body, queue_id, tags, keys, properties)
-
     async def _retry(
         self,
         topic: str,
@@ -516,6 +545,7 @@ class Producer:
         first_error: BaseException,
         *,
         count: int = 1,
+        flagged: bool = False,
     ) -> list[SendResult]:
         """Retry a failed send: at once on another broker group, then with jittered
         exponential back-off, refreshing the route.
@@ -526,6 +556,7 @@ class Producer:
         (de-duplication by message id); it stays on its broker group when that group is
         replicated (a failover brings it back, with the records its slaves copied), and
         moves on when the group is a lone broker (then a duplicate is possible).
+        ``flagged`` records went flagged as a retry the first time and go so again.
         """
         c = self.config
         unknown = isinstance(first_error, RequestTimeout) or (
@@ -557,22 +588,20 @@ class Producer:
                 previous = queue
                 # Copies: the failed request may still sit in a transport buffer.
                 fresh = [with_queue_id(r, queue.queue_id) for r in records]
-                if count == 1 and not unknown:
+                if count == 1 and not (unknown or flagged):
                     waiter = self.sender.append(topic, queue, fresh[0])
                     assert waiter is not None
                     return [await waiter]
-                batch = Batch(topic, queue, asyncio.get_running_loop().time(), coalesced=False)
-                batch.records.extend(fresh)
-                batch.retry = unknown
-                batch.count = count
-                batch.nbytes = sum(map(len, fresh))
-                return await self.sender.submit(batch)
+                now = asyncio.get_running_loop().time()
+                return await self.sender.submit(
+                    Batch.whole(topic, queue, fresh, count, now, retry=unknown or flagged)
+                )
         raise AssertionError("unreachable: tenacity re-raises the last error")
 
     async def _first(self, retry: Awaitable[list[SendResult]]) -> SendResult:
         return (await retry)[0]
 
-    async def _into(self, out: asyncio.Future[SendResult], coro: Awaitable[SendResult]) -> None:
+    async def _into(self, out: asyncio.Future[_T], coro: Awaitable[_T]) -> None:
         try:
             result = await coro
         except BaseException as exc:

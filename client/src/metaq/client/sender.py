@@ -344,11 +344,8 @@ class Sender:
         """Resend a refused coalesced batch record by record, each with its own waiter."""
         now = self._loop.time()
         for record, waiter in zip(batch.records, batch.waiters, strict=True):
-            single = Batch(batch.topic, batch.queue, now, coalesced=False)
-            single.records.append(record)
+            single = Batch.whole(batch.topic, batch.queue, [record], 1, now)
             single.waiters.append(waiter)
-            single.count = 1
-            single.nbytes = len(record)
             self.accumulator.add_batch(single)
         self._schedule()
 

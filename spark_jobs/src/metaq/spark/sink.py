@@ -29,8 +29,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from metaq.client.accumulator import Batch
-from metaq.client.errors import UnknownTopic
+from metaq.client.errors import NoWritableQueue, UnknownTopic
 from metaq.client.producer import Producer
 from metaq.client.routes import QueueRoute, TopicRoute
 from metaq.client.selection import shard_queue
@@ -100,7 +99,6 @@ class RowSender:
         self.producer = producer
         self.prefix = prefix
         self.row = 0
-        self.routes: dict[str, TopicRoute] = {}
         self.pending: dict[tuple[str, QueueRoute], list[bytearray]] = {}
         self.in_flight: list[asyncio.Future[Any]] = []
         self.stats = WriteStats()
@@ -125,12 +123,14 @@ class RowSender:
             )
         if pa.types.is_string(bodies.type):
             bodies = bodies.cast(pa.binary())  # the same bytes: UTF-8 is what add() sends
-        route = self.routes.get(topic) or await self._route(topic)
+        route = await self._route(topic)
         try:
             record.check_topic(topic)
         except InvalidMessage as exc:
             raise RowError(f"column 'topic': {exc}") from None
         queues = route.write_queues
+        if not queues:
+            raise NoWritableQueue(topic)
         ids = derived_ids(self.prefix, self.row, n)
         # shard_queue's choice, by the id, for every row: a retry goes where the first try went.
         picks = id_hashes(ids).astype(np.int64) % len(queues)
@@ -166,6 +166,7 @@ class RowSender:
         shards = columns.get("sharding_key")
         ids = columns.get("msg_id")
         now = time.time_ns() // 1_000_000
+        routes: dict[str | None, TopicRoute] = {}  # one look at the producer's per call
         for i in range(count):
             number = self.row
             self.row += 1
@@ -178,7 +179,8 @@ class RowSender:
                 )
             if isinstance(body, str):
                 body = body.encode()
-            route = self.routes.get(topic) or await self._route(topic)
+            route = routes.get(topic) or await self._route(topic)
+            routes[topic] = route
             msg_id = self._id(ids[i] if ids is not None else None, number)
             shard = shards[i] if shards is not None else None
             # By the id: a retry of the task sends each row where its first try went.
@@ -215,12 +217,7 @@ class RowSender:
     def _send_payload(
         self, topic: str, queue: QueueRoute, records: bytes | memoryview, count: int
     ) -> None:
-        batch = Batch(topic, queue, asyncio.get_running_loop().time(), coalesced=False)
-        batch.records.append(records)
-        batch.count = count
-        batch.nbytes = len(records)
-        batch.retry = True  # the broker stores only ids it does not hold yet
-        self.in_flight.append(self.producer.sender.submit(batch))
+        self.in_flight.append(self.producer.send_encoded(topic, queue, records, count))
         self.stats.rows += count
 
     async def _throttle(self) -> None:
@@ -253,14 +250,12 @@ class RowSender:
         if not topic:
             raise RowError("column 'topic' is null and no 'topic' option is set")
         try:
-            route = await self.producer.routes.route(topic)
+            return await self.producer.writable_route(topic)
         except UnknownTopic:
             raise RowError(
                 f"column 'topic': topic {topic!r} does not exist (no live broker serves it); "
                 "create it with `metaq topic create`"
             ) from None
-        self.routes[topic] = route
-        return route
 
 
 def _props(value: Any) -> dict[str, str] | None:
