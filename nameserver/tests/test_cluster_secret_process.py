@@ -11,11 +11,13 @@ import struct
 import time
 import zlib
 from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
+from pysyncobj.encryptor import getEncryptor  # type: ignore[import-untyped]
 
 from metaq.common.auth import ENV_VAR, ClusterSecret, call_metadata
 from metaq.common.testing import cluster_secret_for_tests, run_async, wait_until_async
@@ -99,6 +101,87 @@ def test_a_pickle_sent_to_the_raft_port_runs_nothing_and_the_controller_goes_on(
     assert [m for m in markers if m.exists()] == []
     assert all(s.process.poll() is None for s in servers)
     run_async(wait_until_async(leaders_agree, SETTLE_S, "the controllers still have a leader"))
+
+
+def _flood(address: str, limit: int) -> int:
+    """Announce a 2 GiB message and send junk until the nameserver drops the connection
+    or ``limit`` bytes went; returns how many bytes went."""
+    host, _, port = address.rpartition(":")
+    sent = 0
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 * 1024)
+        sock.settimeout(SETTLE_S)
+        sock.connect((host, int(port)))
+        chunk = struct.pack("i", 2**31 - 1) + bytes(64 * 1024)
+        try:
+            while sent < limit:
+                sent += sock.send(chunk)
+                chunk = bytes(64 * 1024)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+    return sent
+
+
+def test_a_stranger_announcing_a_huge_message_is_dropped_within_a_few_kib(
+    tmp_path: Path, nameservers: list[NameServerProcess]
+) -> None:
+    servers = start_controller_group(tmp_path, 3)
+    nameservers.extend(servers)
+
+    async def one_leader() -> str | None:
+        leaders = {await _leader(s.grpc_address) for s in servers}
+        return leaders.pop() if len(leaders) == 1 and "" not in leaders else None
+
+    run_async(wait_until_async(one_leader, SETTLE_S, "the controllers elect a leader"))
+    leader = run_async(one_leader())
+    target = next(s for s in servers if s.raft_address == leader)
+    limit = 32 * 1024 * 1024
+    # Four streams at once into the leader, as an attacker would (pysyncobj buffered each
+    # whole, copying it at every read, and the leader lost its leadership).
+    floods = ThreadPoolExecutor(4)
+    sent = list(floods.map(lambda _: _flood(target.raft_address, limit), range(4)))
+    floods.shutdown()
+
+    # What a stream got into the nameserver: at most the 4 KiB an unauthenticated
+    # connection may buffer, plus what the kernel's socket buffers held.
+    assert max(sent) < 2 * 1024 * 1024, sent
+    run_async(wait_until_async(one_leader, SETTLE_S, "a leader after the flood"))
+    assert run_async(one_leader()) == leader
+
+
+def test_a_peer_with_the_password_but_no_members_name_is_dropped(
+    tmp_path: Path, nameservers: list[NameServerProcess]
+) -> None:
+    servers = start_controller_group(tmp_path, 2)
+    nameservers.extend(servers)
+    fernet = getEncryptor(cluster_secret_for_tests().raft_password())
+    host, _, port = servers[0].raft_address.rpartition(":")
+
+    def frame(message: object) -> bytes:
+        data = fernet.encrypt_at_time(
+            zlib.compress(pickle.dumps(message), 3), int(time.monotonic())
+        )
+        return struct.pack("i", len(data)) + data
+
+    with socket.create_connection((host, int(port)), timeout=SETTLE_S) as sock:
+        ours = b"k" * 32
+        sock.sendall(frame(ours))
+        size = struct.unpack("i", _read(sock, 4))[0]
+        key, theirs = pickle.loads(zlib.decompress(fernet.decrypt(_read(sock, size))))
+        assert key == ours  # the handshake went through: we hold the password
+        # pysyncobj's read-only node: a password holder that is no configured member.
+        sock.sendall(frame((theirs, "readonly")))
+        with contextlib.suppress(ConnectionResetError):
+            assert sock.recv(4096) == b""  # closed, not served
+
+
+def _read(sock: socket.socket, size: int) -> bytes:
+    out = b""
+    while len(out) < size:
+        more = sock.recv(size - len(out))
+        assert more, "the nameserver closed the connection during the handshake"
+        out += more
+    return out
 
 
 @pytest.mark.parametrize(

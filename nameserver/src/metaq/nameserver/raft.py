@@ -12,7 +12,8 @@ on its Raft address (bound to that host only) and needs a majority to commit, an
 needs a password (derived from the cluster secret): pysyncobj unpickles what reaches its
 port, so without one anybody who connects runs code in this process. With the password
 every message is encrypted and authenticated (Fernet) before it is unpickled, and a
-connection that cannot prove it is dropped.
+connection that cannot prove it is dropped; :mod:`metaq.nameserver.raft_transport` bounds
+what such a connection can make the nameserver buffer before it is.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from metaq.nameserver import control
 from metaq.nameserver.control import Outcome
 from metaq.nameserver.decisions import Proposal
 from metaq.nameserver.model import GroupControl
+from metaq.nameserver.raft_transport import GuardedTransport
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +99,7 @@ class _ControlLog(SyncObj):  # type: ignore[misc]  # pysyncobj ships no types
         self._publish = publish
         self._published: Snapshot = {}
         if peers:
-            super().__init__(address, list(peers), conf)
+            super().__init__(address, list(peers), conf, transportClass=GuardedTransport)
         else:
             super().__init__(Node(address or LOCAL_NODE), [], conf, transportClass=Transport)
         # Replaced, never mutated, so a published snapshot stays as it was.
