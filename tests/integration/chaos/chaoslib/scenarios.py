@@ -16,6 +16,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -793,7 +794,8 @@ def _unchanged(c: Cluster, group: str, master: str, epoch: int, what: str) -> No
 
 def adversary_raft(ctx: Ctx) -> None:
     """A pickle that would run code, sent to every nameserver's Raft port; then a real
-    failover, which the controller must still decide."""
+    failover, which the controller must still decide while strangers flood every Raft
+    port with a message announced as 2 GiB."""
     c = ctx.cluster
     for group in GROUPS:
         c.wait_in_sync(group)
@@ -805,11 +807,26 @@ def adversary_raft(ctx: Ctx) -> None:
         c.check(f"raft: no code run on {node}", not marker.exists(),
                 f"{marker.name} was created: the payload ran" if marker.exists()
                 else answer)  # fmt: skip
+    # Then streams of junk behind a 2 GiB length to every Raft port, while the controller
+    # must decide a failover: each stream may cost a nameserver a few KiB at most.
+    stop = threading.Event()
+    floods = ThreadPoolExecutor(len(NAMESERVERS) * 2)
+    streams = [floods.submit(adversary.raft_flood, c.raft_address(node), stop)
+               for node in NAMESERVERS for _ in range(2)]  # fmt: skip
+    try:
+        old = c.wait_master("a")
+        killed = c.kill(old, failover=True)
+        c.wait_new_master("a", old, killed)
+        c.wait_acked("a", 20, 20.0, since=killed)
+    finally:
+        stop.set()
+        accounts = [stream.result() for stream in streams]
+        floods.shutdown()
     c.fault("end", "adversary-raft", node="nameservers", group="")
-    old = c.wait_master("a")
-    killed = c.kill(old, failover=True)
-    c.wait_new_master("a", old, killed)
-    c.wait_acked("a", 20, 20.0, since=killed)
+    most = max(m for _, m in accounts)
+    c.history.write("note", text=f"Raft floods: {accounts} (connections, most bytes out)")
+    c.check("raft: a stranger's stream is dropped within a few KiB", most < 2 * 1024 * 1024,
+            f"one connection got {most} bytes out before it was dropped")  # fmt: skip
     c.restart(old)
     c.wait_in_sync("a")
 
