@@ -127,6 +127,25 @@ def test_the_cluster_page_refreshes_itself(cluster: ConsoleCluster, browser: Bro
     assert browser.problems == []
 
 
+def test_every_page_goes_with_headers_that_keep_it_out_of_other_sites_frames(
+    cluster: ConsoleCluster,
+) -> None:
+    pages = ["cluster", "topics", f"topics/{TOPIC}", "groups", f"groups/{GROUP}", "messages"]
+    for path in [*pages, "topics/no-such-topic"]:
+        try:
+            with urllib.request.urlopen(f"{cluster.console_url}/console/{path}", timeout=10) as r:
+                headers = r.headers
+        except urllib.error.HTTPError as refused:  # the not-found page is a page too
+            headers = refused.headers
+            refused.close()
+        assert headers["X-Frame-Options"] == "DENY", path
+        policy = headers["Content-Security-Policy"]
+        assert "frame-ancestors 'none'" in policy and "default-src 'none'" in policy, path
+        assert "script-src 'self'" in policy and "unsafe-inline" not in policy, path
+        assert headers["Referrer-Policy"] == "no-referrer", path
+        assert headers["X-Content-Type-Options"] == "nosniff", path
+
+
 def test_a_form_posted_from_another_site_is_refused(cluster: ConsoleCluster) -> None:
     form = b"to=1&epoch=1"
     for header, value in (("Origin", "http://elsewhere.example"), ("Sec-Fetch-Site", "cross-site")):

@@ -14,12 +14,15 @@
   from (``Sec-Fetch-Site``, ``Origin``), and a form posted from anywhere else gets 403.
   :func:`same_site` is the one rule: the auth middleware (``metaq.common.http_auth``)
   holds every change made on a login session to it too.
+- Every HTML page (the console, the login page) goes with headers that keep it out of
+  other sites' frames (clickjacking), run only this server's own scripts and styles,
+  send no referrer, and forbid content sniffing (:func:`_page_headers`).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from aiohttp import web
@@ -44,16 +47,42 @@ _JSON_KINDS: Final[dict[type, str]] = {
 
 
 def application(auth: HttpAuth | None = None) -> web.Application:
-    """An aiohttp application with the body limit and the JSON-only rule for changes;
-    with ``auth``, every route but /health, /metrics and /login, including those added
-    later, needs a user (``metaq.common.http_auth``)."""
+    """An aiohttp application with the body limit, the JSON-only rule for changes and
+    the pages' security headers; with ``auth``, every route but /health, /metrics and
+    /login, including those added later, needs a user (``metaq.common.http_auth``)."""
     if auth is None:
-        return web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_require_json])
+        app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_require_json])
+        app.on_response_prepare.append(_page_headers(()))
+        return app
     app = web.Application(
         client_max_size=MAX_BODY_BYTES, middlewares=[auth.middleware, _require_json]
     )
     app.add_routes(auth.routes())
+    app.on_response_prepare.append(_page_headers(auth.inline_script_hashes))
     return app
+
+
+def _page_headers(
+    script_hashes: Sequence[str],
+) -> Callable[[web.Request, web.StreamResponse], Awaitable[None]]:
+    """The response hook that adds the security headers; ``script_hashes`` (base64
+    SHA-256) allow the inline scripts of pages served here (the login page)."""
+    scripts = " ".join(["'self'", *(f"'sha256-{h}'" for h in script_hashes)])
+    policy = (
+        "default-src 'none'; "
+        f"script-src {scripts}; "
+        "style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+        "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+    )
+
+    async def add(_request: web.Request, response: web.StreamResponse) -> None:
+        response.headers.setdefault("X-Content-Type-Options", "nosniff")
+        if response.content_type == "text/html":
+            response.headers["Content-Security-Policy"] = policy
+            response.headers["X-Frame-Options"] = "DENY"
+            response.headers["Referrer-Policy"] = "no-referrer"
+
+    return add
 
 
 def json_for(method: str, body: Any) -> Any:

@@ -27,6 +27,8 @@ to do, counted by reason and logged without any key.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import hmac
 import logging
 import secrets
@@ -82,6 +84,9 @@ document.getElementById("f").onsubmit = async (e) => {
 </script>
 """
 
+_LOGIN_SCRIPT_SHA256: Final = base64.b64encode(
+    hashlib.sha256(_LOGIN_PAGE.split("<script>", 1)[1].split("</script>", 1)[0].encode()).digest()
+).decode()
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -110,6 +115,9 @@ class HttpAuth:
         self._sessions: dict[str, tuple[str, float]] = {}
         # proofs taken within the window -> when they stop mattering
         self._seen: dict[bytes, float] = {}
+
+    inline_script_hashes: Final = (_LOGIN_SCRIPT_SHA256,)
+    """The inline scripts of the pages served here, for the pages' Content-Security-Policy."""
 
     def routes(self) -> list[web.RouteDef]:
         return [web.get("/login", self._login_page), web.post("/login", self._login)]
