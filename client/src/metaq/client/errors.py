@@ -104,3 +104,46 @@ class ProducerClosed(MetaqError):
 
     retriable = False
     code = ErrorCode.INTERNAL
+
+
+class AdminError(MetaqError):
+    """An admin operation could not be done as asked (:class:`metaq.client.admin.Admin`);
+    the message says why in words an operator can act on."""
+
+    retriable = False
+    code = ErrorCode.INTERNAL
+
+
+class BrokerAdminError(AdminError):
+    """A broker's HTTP admin API refused a request, or answered what is not JSON.
+
+    ``status`` is the HTTP status; ``detail`` the broker's ``error`` text (or what it
+    answered instead); ``body`` its whole JSON answer, when there was one.
+    """
+
+    def __init__(
+        self, broker: str, status: int, detail: str, body: object = None, *, message: str = ""
+    ) -> None:
+        super().__init__(message or f"broker {broker} answered HTTP {status}: {detail}")
+        self.broker = broker
+        self.status = status
+        self.detail = detail
+        self.body = body
+        self.retriable = status == 503
+
+
+class BrokerUnreachable(BrokerAdminError):
+    """A broker's HTTP admin API could not be reached or did not answer in time.
+
+    Retriable; a change may nevertheless have taken effect when the answer was lost.
+    """
+
+    def __init__(self, broker: str, url: str, reason: str, *, timed_out: bool = False) -> None:
+        AdminError.__init__(self, f"cannot reach broker admin API at {url}: {reason}")
+        self.broker = broker
+        self.status = 0
+        self.detail = reason
+        self.body = None
+        self.url = url
+        self.timed_out = timed_out
+        self.retriable = True

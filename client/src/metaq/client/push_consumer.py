@@ -59,6 +59,7 @@ from tenacity import (
     wait_random_exponential,
 )
 
+from metaq.client.admin import Admin
 from metaq.client.connection import ConnectionPool
 from metaq.client.consume_options import (
     ConsumeFrom,
@@ -162,6 +163,8 @@ class PushConsumer:
             tls=tls,
         )
         self._routes = self._puller.routes
+        # The nameservers' assignment is an admin call, over the same route cache.
+        self._admin = Admin(routes=self._routes, credentials=self._puller.connections.credentials)
         self._subscriptions: dict[str, _Subscription] = {}
         self._running: dict[QueueKey, _Running] = {}
         self._assignments: dict[str, dict[str, list[QueueRoute]]] = {}
@@ -403,7 +406,7 @@ class PushConsumer:
         # ones hands one queue to two members and another to none. Without a record of
         # the running assignment that every member can read, the assignment is computed
         # from the members and queues alone.
-        assignment = await self._routes.assignment(
+        assignment = await self._admin.assignment(
             self.config.group,
             topic,
             self.config.strategy,

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Final, TypeVar
@@ -30,7 +30,6 @@ if TYPE_CHECKING:
 
 from metaq.client.errors import NoNameServer, UnknownTopic
 from metaq.client.user_calls import UserSigningInterceptor
-from metaq.common.auth import ClusterSecret, call_metadata
 from metaq.common.errors import ErrorCode, MetaqError
 from metaq.common.service import PeriodicService
 from metaq.common.tls import TlsConfig, grpc_channel, grpc_hint
@@ -271,7 +270,8 @@ class ClusterView:
         return [b for b in self.brokers(cluster) if b.is_master]
 
 
-def _cluster_view(reply: pb.GetClusterInfoResponse, nameserver: str) -> ClusterView:
+def cluster_view_from_proto(reply: pb.GetClusterInfoResponse, nameserver: str) -> ClusterView:
+    """The client's view of a ``GetClusterInfo`` answer from ``nameserver``."""
     modes: dict[int, str] = {
         pb.REPLICATION_MODE_ASYNC: "async",
         pb.REPLICATION_MODE_SYNC: "sync",
@@ -349,8 +349,9 @@ class _Unsettled:
 
 
 class RouteCache:
-    """Topic routes from the nameservers, cached and refreshed; also cluster info and
-    consumer-group assignment, which come from the same nameservers.
+    """Topic routes from the nameservers, cached and refreshed. Other nameserver calls
+    (cluster info, assignment, switchover: :class:`metaq.client.admin.Admin`) go through
+    :meth:`call`, on the same channels.
 
     Use inside one event loop: :meth:`start` before, :meth:`stop` after. ``route`` works
     without ``start`` too (no background refresh then), which is what one-shot tools do.
@@ -479,7 +480,7 @@ class RouteCache:
 
     async def _fetch(self, topic: str) -> TopicRoute:
         try:
-            reply = await self._call(
+            reply = await self.call(
                 lambda stub: stub.GetRoute(
                     pb.GetRouteRequest(topic=topic), timeout=self.rpc_timeout_s
                 ),
@@ -550,102 +551,6 @@ class RouteCache:
         self._poll = None
         self._refresher.wakeup()
 
-    # --- cluster and assignment -------------------------------------------------------
-
-    async def cluster(self, name: str = "") -> ClusterView:
-        """Every cluster (or just ``name``), its broker groups and brokers."""
-        address_box: list[str] = []
-
-        async def call(stub: NameServerAsyncStub) -> pb.GetClusterInfoResponse:
-            return await stub.GetClusterInfo(
-                pb.GetClusterInfoRequest(cluster=name), timeout=self.rpc_timeout_s
-            )
-
-        reply = await self._call(call, answered=address_box)
-        return _cluster_view(reply, address_box[0] if address_box else "")
-
-    async def switchover(
-        self,
-        broker_name: str,
-        broker_id: int,
-        expected_epoch: int,
-        *,
-        secret: ClusterSecret | None = None,
-    ) -> pb.GroupControl:
-        """Ask the controller to make ``broker_id`` the master of ``broker_name`` now.
-
-        Nameservers with a cluster secret refuse (UNAUTHENTICATED) unless ``secret`` is it.
-        """
-        request = pb.SwitchoverRequest(
-            broker_name=broker_name, broker_id=broker_id, expected_epoch=expected_epoch
-        )
-
-        async def call(stub: NameServerAsyncStub) -> pb.SwitchoverResponse:
-            body = request.SerializeToString(deterministic=True)
-            return await stub.Switchover(
-                request,
-                timeout=self.rpc_timeout_s,
-                # Signed per attempt: a retry on another nameserver is a fresh proof.
-                metadata=call_metadata(secret, "Switchover", body, time.time()),
-            )
-
-        reply = await self._call(call)
-        return reply.control
-
-    async def assignment(
-        self,
-        group: str,
-        topic: str,
-        strategy: str,
-        members: Sequence[tuple[str, str]],
-        previous: Mapping[str, Sequence[QueueRoute]] | None = None,
-    ) -> dict[str, list[QueueRoute]]:
-        """The topic's readable queues shared out among ``members`` ((consumer id,
-        computer room) pairs) by ``strategy``; sticky to ``previous`` when given.
-
-        Every member is a key of the answer, possibly with no queues. NameServerError for
-        an unknown strategy, UnknownTopic, NoNameServer.
-        """
-        request = pb.GetAssignmentRequest(
-            consumer_group=group,
-            topic=topic,
-            strategy=strategy,
-            members=[pb.AssignmentMember(consumer_id=c, computer_room=r) for c, r in members],
-        )
-        for consumer_id, queues in (previous or {}).items():
-            request.previous.add(
-                consumer_id=consumer_id,
-                queues=[
-                    pb.MessageQueue(
-                        topic=topic,
-                        broker_name=q.broker_name,
-                        queue_id=q.queue_id,
-                        computer_room=q.computer_room,
-                    )
-                    for q in queues
-                ],
-            )
-        reply = await self._call(
-            lambda stub: stub.GetAssignment(request, timeout=self.rpc_timeout_s),
-            not_found=lambda detail: UnknownTopic(topic, detail),
-        )
-        route = await self.route(topic)
-        known = {(q.broker_name, q.queue_id): q for q in route.read_queues}
-        wanted = {(q.broker_name, q.queue_id) for m in reply.assignment for q in m.queues}
-        if not wanted <= known.keys():
-            route = await self.route(topic, refresh=True)
-            known = {(q.broker_name, q.queue_id): q for q in route.read_queues}
-        out: dict[str, list[QueueRoute]] = {}
-        for member in reply.assignment:
-            out[member.consumer_id] = [
-                known.get(
-                    (q.broker_name, q.queue_id),
-                    QueueRoute(q.broker_name, "", q.queue_id, q.computer_room),
-                )
-                for q in member.queues
-            ]
-        return out
-
     # --- calling the nameservers ------------------------------------------------------
 
     def _channel(self, address: str) -> grpc.aio.Channel:
@@ -656,14 +561,19 @@ class RouteCache:
             self._channels[address] = channel
         return channel
 
-    async def _call(
+    async def call(
         self,
         call: Callable[[NameServerAsyncStub], Awaitable[T]],
         *,
         not_found: Callable[[str], MetaqError] | None = None,
         answered: list[str] | None = None,
     ) -> T:
-        """Run ``call`` against the preferred nameserver, then the others in turn."""
+        """Run ``call`` against the preferred nameserver, then the others in turn (what
+        every nameserver request of this client goes through, the admin's too).
+
+        NOT_FOUND raises ``not_found(detail)`` when given; a refusal of the request itself
+        raises NameServerError at once; else NoNameServer once every one failed. The
+        nameserver that answered is appended to ``answered``."""
         tried: list[tuple[str, str]] = []
         count = len(self.nameservers)
         for step in range(count):

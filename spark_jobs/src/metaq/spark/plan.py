@@ -13,8 +13,7 @@ from collections.abc import Collection, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import aiohttp
-
+from metaq.client.admin import Admin
 from metaq.client.errors import NoNameServer, UnknownTopic
 from metaq.client.pull_consumer import PullConsumer
 from metaq.client.routes import ClusterView, QueueRoute, RouteCache, TopicRoute
@@ -78,24 +77,18 @@ async def resolve_topics(options: SourceOptions, routes: RouteCache) -> list[str
         for topic in options.topics:
             await _route(options, routes, topic)
         return list(options.topics)
-    view = await _cluster(options, routes)
     found: set[str] = set()
-    tls = options.tls
-    scheme = "https" if tls is not None else "http"
-    async with aiohttp.ClientSession(
-        timeout=aiohttp.ClientTimeout(total=options.request_timeout_s),
-        connector=aiohttp.TCPConnector(ssl=tls.client_context()) if tls is not None else None,
-    ) as session:
+    async with Admin(routes=routes, timeout_s=options.request_timeout_s, tls=options.tls) as admin:
+        view = await _cluster(options, admin)
         for broker in view.brokers():
             if not broker.http_address:
                 continue
             try:
-                async with session.get(f"{scheme}://{broker.http_address}/topics") as response:
-                    body = await response.json(content_type=None)
-            except (aiohttp.ClientError, TimeoutError) as exc:
+                topics = await admin.broker_topics(broker)
+            except MetaqError as exc:
                 log.warning("topic list of broker %s failed: %s", broker.broker_name, exc)
                 continue
-            found.update(t for t in body.get("topics", {}) if not t.startswith("%"))
+            found.update(t for t in topics if not t.startswith("%"))
     pattern = re.compile(options.topic_pattern)
     return sorted(t for t in found if pattern.fullmatch(t))
 
@@ -209,9 +202,9 @@ async def _route(
         ) from None
 
 
-async def _cluster(options: SourceOptions, routes: RouteCache) -> ClusterView:
+async def _cluster(options: SourceOptions, admin: Admin) -> ClusterView:
     try:
-        return await routes.cluster()
+        return await admin.cluster()
     except NoNameServer as exc:
         raise OptionError(
             f"option 'nameservers': no nameserver of {', '.join(options.nameservers)} "

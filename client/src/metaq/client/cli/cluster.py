@@ -5,20 +5,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import time
 from typing import Any
 
 from metaq.client.cli.support import (
-    CliError,
     add_command,
     add_group,
     add_secret_option,
+    admin,
     cluster_secret,
-    http_json,
-    http_scheme,
-    http_session,
     print_json,
-    route_cache,
     table,
 )
 
@@ -56,8 +51,8 @@ def register(subparsers: Any) -> None:
 
 
 async def list_cluster(args: argparse.Namespace) -> int:
-    async with route_cache(args) as routes:
-        view = await routes.cluster(args.cluster)
+    async with admin(args) as client:
+        view = await client.cluster(args.cluster)
     brokers = view.brokers()
     if args.json:
         print_json(
@@ -92,46 +87,16 @@ async def list_cluster(args: argparse.Namespace) -> int:
 
 
 async def switchover(args: argparse.Namespace) -> int:
-    secret = cluster_secret(args)
-    async with route_cache(args) as routes:
-        view = await routes.cluster()
-        group = next(
-            (g for c in view.clusters for g in c.groups if g.broker_name == args.group), None
+    async with admin(args, secret=cluster_secret(args)) as client:
+        done = await client.switchover(
+            args.group, args.to, catch_up_timeout_s=args.catch_up_timeout
         )
-        if group is None:
-            raise CliError(f"no broker group {args.group!r} is registered")
-        if group.in_sync_ids is None:
-            raise CliError(f"group {args.group!r} is not managed by the failover controller")
-        master = group.master
-        if master is None:
-            raise CliError(f"group {args.group!r} has no master to hand over from right now")
-        if master.broker_id == args.to:
-            raise CliError(f"broker {args.to} already is the master of {args.group!r}")
-        if args.to not in group.in_sync_ids:
-            raise CliError(
-                f"broker {args.to} is not in the in-sync set {list(group.in_sync_ids)} of "
-                f"{args.group!r}; wait until it has caught up"
-            )
-        started = time.monotonic()
-        base = f"{http_scheme(args)}://{master.http_address}/replication"
-        async with http_session(args) as session:
-            timeout_ms = round(args.catch_up_timeout * 1000)
-            body = {"to": args.to, "timeout_ms": timeout_ms, "fence_ms": timeout_ms + 10_000}
-            status, reply = await http_json(session, "POST", f"{base}/handover", body)
-            if status != 200:
-                raise CliError(f"master {master.broker_id} refused the handover: {reply}")
-            try:
-                control = await routes.switchover(args.group, args.to, group.epoch, secret=secret)
-            except Exception:
-                await http_json(session, "POST", f"{base}/resume")
-                raise
-    elapsed_ms = (time.monotonic() - started) * 1000
     if args.json:
-        print_json({"group": args.group, "master_id": control.master_id,
-                    "epoch": control.epoch, "elapsed_ms": round(elapsed_ms, 1)})  # fmt: skip
+        print_json({"group": args.group, "master_id": done.master_id,
+                    "epoch": done.epoch, "elapsed_ms": round(done.elapsed_ms, 1)})  # fmt: skip
     else:
         print(
-            f"{args.group}: broker {control.master_id} is master at epoch {control.epoch} "
-            f"(log end {reply['end']} handed over in {elapsed_ms:.0f} ms)"
+            f"{args.group}: broker {done.master_id} is master at epoch {done.epoch} "
+            f"(log end {done.log_end} handed over in {done.elapsed_ms:.0f} ms)"
         )
     return 0

@@ -22,20 +22,13 @@ from metaq.client.cli.support import (
     CliError,
     add_command,
     add_group,
-    credentials,
+    admin,
     group_name,
-    nameservers,
     print_json,
     table,
-    tls_settings,
 )
 from metaq.client.message import Message
-from metaq.client.producer import Producer
-from metaq.client.pull_consumer import PullConsumer
-from metaq.client.retry import PROP_FAILURE, PROP_ORIGIN_MSG_ID, PROP_RETRY_TOPIC, dlq_topic
-from metaq.common.errors import MetaqError
-
-_RETRY_PROPS = frozenset({PROP_FAILURE, PROP_ORIGIN_MSG_ID, PROP_RETRY_TOPIC})
+from metaq.client.retry import PROP_FAILURE, PROP_ORIGIN_MSG_ID, PROP_RETRY_TOPIC
 
 
 def register(subparsers: Any) -> None:
@@ -63,27 +56,8 @@ def register(subparsers: Any) -> None:
 
 
 async def dead_letters(args: argparse.Namespace) -> list[Message]:
-    topic = dlq_topic(args.group)
-    found: list[Message] = []
-    async with PullConsumer(
-        nameservers(args),
-        f"{args.group}-dlq-tool",
-        credentials=credentials(args),
-        tls=tls_settings(args),
-    ) as reader:
-        try:
-            route = await reader.routes.route(topic)
-        except MetaqError as exc:
-            raise CliError(f"group {args.group!r} has no dead letters ({exc})") from None
-        for queue in route.read_queues:
-            offset = 0
-            while True:
-                result = await reader.pull(topic, queue, offset, 256, 0)
-                if not result.messages:
-                    break
-                found += result.messages
-                offset = result.next_offset
-    return found
+    async with admin(args) as client:
+        return await client.dead_letters(args.group)
 
 
 async def list_dead(args: argparse.Namespace) -> int:
@@ -149,15 +123,9 @@ async def resend(args: argparse.Namespace) -> int:
     missing = wanted - {m.properties.get(PROP_ORIGIN_MSG_ID, m.msg_id) for m in chosen}
     if missing:
         raise CliError(f"no dead letter of group {args.group!r} has id {sorted(missing)}")
-    async with Producer(
-        nameservers(args), credentials=credentials(args), tls=tls_settings(args)
-    ) as producer:
+    async with admin(args) as client:
         for message in chosen:
-            topic = message.properties[PROP_RETRY_TOPIC]
-            properties = {k: v for k, v in message.properties.items() if k not in _RETRY_PROPS}
-            sent = await producer.send(
-                topic, message.body, tags=message.tags, keys=message.keys, properties=properties
-            )
+            sent = await client.resend_dead_letter(message)
             print(f"resent {message.properties.get(PROP_ORIGIN_MSG_ID, message.msg_id)} to "
-                  f"{topic} as {sent.msg_id}")  # fmt: skip
+                  f"{message.properties[PROP_RETRY_TOPIC]} as {sent.msg_id}")  # fmt: skip
     return 0

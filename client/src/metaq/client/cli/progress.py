@@ -11,34 +11,9 @@ the messages it holds.
 from __future__ import annotations
 
 import argparse
-import asyncio
-from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from metaq.client.cli.support import (
-    add_command,
-    group_name,
-    nameservers,
-    print_json,
-    table,
-    tls_settings,
-    topic_name,
-)
-from metaq.client.pull_consumer import PullConsumer, QueueOffsets
-from metaq.client.routes import QueueRoute
-from metaq.common.tls import TlsConfig
-
-
-@dataclass(frozen=True, slots=True)
-class QueueProgress:
-    queue: QueueRoute
-    offsets: QueueOffsets
-
-    @property
-    def lag(self) -> int:
-        lag = self.offsets.lag
-        return lag if lag is not None else self.offsets.max_offset - self.offsets.min_offset
+from metaq.client.cli.support import add_command, admin, group_name, print_json, table, topic_name
 
 
 def register(subparsers: Any) -> None:
@@ -53,25 +28,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument("-t", "--topic", required=True, type=topic_name, help="the topic")
 
 
-async def group_progress(
-    nameservers: Sequence[str],
-    group: str,
-    topic: str,
-    *,
-    timeout_s: float = 5.0,
-    tls: TlsConfig | None = None,
-) -> list[QueueProgress]:
-    """Every readable queue of ``topic`` with the group's position in it."""
-    async with PullConsumer(nameservers, group, request_timeout_s=timeout_s, tls=tls) as consumer:
-        queues = await consumer.queues(topic)
-        answers = await asyncio.gather(*(consumer.query(topic, q) for q in queues))
-    return [QueueProgress(q, a) for q, a in zip(queues, answers, strict=True)]
-
-
 async def run(args: argparse.Namespace) -> int:
-    rows = await group_progress(
-        nameservers(args), args.group, args.topic, timeout_s=args.timeout, tls=tls_settings(args)
-    )
+    async with admin(args) as client:
+        rows = await client.progress(args.group, args.topic)
     total = sum(row.lag for row in rows)
     if args.json:
         print_json(

@@ -1,27 +1,23 @@
 """``metaq query id`` and ``metaq query key``: find stored messages through the brokers'
-admin API (their message-id and key indexes)."""
+message-id and key indexes (:meth:`metaq.client.admin.Admin.message_by_id`,
+:meth:`~metaq.client.admin.Admin.messages_by_key`)."""
 
 from __future__ import annotations
 
 import argparse
 import datetime
 from typing import Any
-from urllib.parse import urlencode
 
 from metaq.client.cli.support import (
     CliError,
     add_command,
     add_group,
-    http_json,
-    http_scheme,
-    http_session,
+    admin,
     key_values,
     print_json,
-    route_cache,
     table,
     topic_name,
 )
-from metaq.client.routes import BrokerInfo
 
 _PREVIEW = 40
 
@@ -66,30 +62,10 @@ async def query_id(args: argparse.Namespace) -> int:
         raw = b""
     if len(raw) != 16:
         raise CliError(f"a message id is 32 hex digits, not {args.msg_id!r}", code=2)
-    async with route_cache(args) as routes:
-        view = await routes.cluster()
-    brokers = [b for b in view.brokers() if b.http_address]
-    if not brokers:
-        raise CliError("no broker with an admin address is registered")
-    unreachable = []
-    async with http_session(args) as session:
-        for broker in brokers:
-            try:
-                status, body = await http_json(
-                    session,
-                    "GET",
-                    f"{http_scheme(args)}://{broker.http_address}/messages/{raw.hex()}",
-                )
-            except CliError as exc:
-                unreachable.append(f"{broker.broker_name}: {exc}")
-                continue
-            if status == 200:
-                _print_message(args, body)
-                return 0
-            if status != 404:
-                unreachable.append(f"{broker.broker_name}: HTTP {status} {body}")
-    where = f"; could not ask {'; '.join(unreachable)}" if unreachable else ""
-    raise CliError(f"no broker holds message {raw.hex()}{where}")
+    async with admin(args) as client:
+        found = await client.message_by_id(raw.hex())
+    _print_message(args, found.to_json())
+    return 0
 
 
 def _print_message(args: argparse.Namespace, message: dict[str, Any]) -> None:
@@ -120,26 +96,9 @@ def _print_message(args: argparse.Namespace, message: dict[str, Any]) -> None:
 async def query_key(args: argparse.Namespace) -> int:
     if not 1 <= args.limit <= 1000:
         raise CliError("--limit must be between 1 and 1000", code=2)
-    async with route_cache(args) as routes:
-        route = await routes.route(args.topic)
-        view = await routes.cluster()
-    groups = {g.broker_name for g in route.groups}
-    brokers: dict[str, BrokerInfo] = {}
-    for broker in view.brokers():
-        # One broker per group: the master when it is alive, else a slave.
-        wanted = broker.broker_name in groups and broker.http_address
-        if wanted and (broker.broker_name not in brokers or broker.is_master):
-            brokers[broker.broker_name] = broker
-    query = urlencode({"topic": args.topic, "key": args.key, "limit": args.limit})
-    found: list[dict[str, Any]] = []
-    async with http_session(args) as session:
-        for name in sorted(brokers):
-            url = f"{http_scheme(args)}://{brokers[name].http_address}/messages?{query}"
-            status, body = await http_json(session, "GET", url)
-            if status != 200:
-                raise CliError(f"broker {name} answered HTTP {status}: {body}")
-            found += body["messages"]
-    found.sort(key=lambda m: m["store_timestamp_ms"], reverse=True)
+    async with admin(args) as client:
+        messages = await client.messages_by_key(args.topic, args.key, limit=args.limit)
+    found = [m.to_json() for m in messages]
     if args.json:
         print_json(found)
         return 0

@@ -11,32 +11,10 @@ the reset: stop them first; when they start again they begin at the new offsets.
 from __future__ import annotations
 
 import argparse
-import asyncio
-from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from metaq.client.cli.consume import parse_time_ms
-from metaq.client.cli.support import (
-    add_command,
-    group_name,
-    nameservers,
-    print_json,
-    table,
-    tls_settings,
-    topic_name,
-)
-from metaq.client.pull_consumer import PullConsumer
-from metaq.client.routes import QueueRoute
-from metaq.common.tls import TlsConfig
-
-
-@dataclass(frozen=True, slots=True)
-class QueueReset:
-    queue: QueueRoute
-    before: int | None
-    """The group's committed offset before the reset; None when it had none."""
-    after: int
+from metaq.client.cli.support import add_command, admin, group_name, print_json, table, topic_name
 
 
 def register(subparsers: Any) -> None:
@@ -58,37 +36,9 @@ def register(subparsers: Any) -> None:
     )
 
 
-async def reset_offsets(
-    nameservers: Sequence[str],
-    group: str,
-    topic: str,
-    timestamp_ms: int,
-    *,
-    timeout_s: float = 5.0,
-    tls: TlsConfig | None = None,
-) -> list[QueueReset]:
-    """Commit, on every queue of ``topic``, the first offset stored at or after the time."""
-    async with PullConsumer(nameservers, group, request_timeout_s=timeout_s, tls=tls) as consumer:
-        queues = await consumer.queues(topic)
-
-        async def one(queue: QueueRoute) -> QueueReset:
-            found = await consumer.query(topic, queue, timestamp_ms=timestamp_ms)
-            assert found.timestamp_offset is not None, "the broker ignored timestamp_ms"
-            await consumer.commit(topic, queue, found.timestamp_offset)
-            return QueueReset(queue, found.committed, found.timestamp_offset)
-
-        return list(await asyncio.gather(*(one(q) for q in queues)))
-
-
 async def run(args: argparse.Namespace) -> int:
-    rows = await reset_offsets(
-        nameservers(args),
-        args.group,
-        args.topic,
-        args.to_time,
-        timeout_s=args.timeout,
-        tls=tls_settings(args),
-    )
+    async with admin(args) as client:
+        rows = await client.reset_offsets(args.group, args.topic, args.to_time)
     if args.json:
         print_json(
             {

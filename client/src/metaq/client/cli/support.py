@@ -1,4 +1,4 @@
-"""What every ``metaq`` subcommand shares: common options, tables, HTTP calls, errors."""
+"""What every ``metaq`` subcommand shares: common options, the admin client, tables, errors."""
 
 from __future__ import annotations
 
@@ -8,21 +8,16 @@ import os
 import shutil
 import sys
 import textwrap
-import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any, Final, TextIO
-from urllib.parse import urlsplit
+from typing import Any, Final, TextIO
 
-from metaq.client.routes import BrokerInfo, ClusterView, RouteCache
+from metaq.client.admin import Admin
 from metaq.common.auth import ENV_VAR, ClusterSecret, SecretError, load_secret
 from metaq.common.errors import InvalidMessage
 from metaq.common.names import check_group
 from metaq.common.record import check_topic
 from metaq.common.tls import TlsConfig, TlsError
-from metaq.common.users import Credentials, CredentialsError, load_credentials, sign_request
-
-if TYPE_CHECKING:
-    import aiohttp
+from metaq.common.users import Credentials, CredentialsError, load_credentials
 
 DEFAULT_NAMESERVER: Final = "127.0.0.1:9876"
 NAMESERVERS_ENV: Final = "METAQ_NAMESERVERS"
@@ -208,27 +203,15 @@ def cluster_secret(args: argparse.Namespace) -> ClusterSecret | None:
         raise CliError(str(exc), code=2) from None
 
 
-def route_cache(args: argparse.Namespace) -> RouteCache:
-    return RouteCache(
+def admin(args: argparse.Namespace, *, secret: ClusterSecret | None = None) -> Admin:
+    """The admin library as the common options configure it."""
+    return Admin(
         nameservers(args),
-        rpc_timeout_s=args.timeout,
+        timeout_s=args.timeout,
         credentials=credentials(args),
         tls=tls_settings(args),
+        cluster_secret=secret,
     )
-
-
-def choose_masters(view: ClusterView, brokers: Sequence[str] | None) -> list[BrokerInfo]:
-    """The master of each broker group named in ``brokers`` (all groups when None)."""
-    masters = {b.broker_name: b for b in view.masters()}
-    if not brokers:
-        if not masters:
-            raise CliError("the nameserver knows no live master broker")
-        return [masters[name] for name in sorted(masters)]
-    missing = [name for name in brokers if name not in masters]
-    if missing:
-        known = ", ".join(sorted(masters)) or "none"
-        raise CliError(f"no live master for broker group(s) {', '.join(missing)} (known: {known})")
-    return [masters[name] for name in brokers]
 
 
 def split_names(values: Sequence[str] | None) -> list[str]:
@@ -236,63 +219,6 @@ def split_names(values: Sequence[str] | None) -> list[str]:
     if not values:
         return []
     return list(dict.fromkeys(v.strip() for value in values for v in value.split(",") if v.strip()))
-
-
-# --- HTTP -----------------------------------------------------------------------------
-
-
-async def http_json(
-    session: aiohttp.ClientSession, method: str, url: str, body: Any = None
-) -> tuple[int, Any]:
-    """(status, JSON body) of one admin call; CliError when the broker cannot be reached."""
-    import aiohttp  # only commands that call HTTP pay for the import
-
-    from metaq.common import http
-    from metaq.common.http_auth import HEADER, signed_purpose
-
-    payload_json = http.json_for(method, body)
-    data = json.dumps(payload_json).encode() if payload_json is not None else b""
-    headers = {"Content-Type": http.JSON_TYPE} if payload_json is not None else {}
-    signer = load_credentials()  # --credentials-file is in the environment by now
-    if signer is not None:
-        parts = urlsplit(url)
-        path_qs = parts.path + (f"?{parts.query}" if parts.query else "")
-        purpose = signed_purpose(method, path_qs)
-        headers[HEADER] = sign_request(signer, purpose, data, time.time())
-    try:
-        async with session.request(method, url, data=data or None, headers=headers) as response:
-            try:
-                payload = await response.json(content_type=None)
-            except (json.JSONDecodeError, aiohttp.ContentTypeError):
-                payload = {"error": (await response.text())[:200]}
-            return response.status, payload
-    except (aiohttp.ClientError, TimeoutError) as exc:
-        why = str(exc) or type(exc).__name__
-        raise CliError(f"cannot reach broker admin API at {url}: {why}") from None
-
-
-def http_session(args: argparse.Namespace) -> aiohttp.ClientSession:
-    import aiohttp
-
-    tls = tls_settings(args)
-    connector = aiohttp.TCPConnector(ssl=tls.client_context()) if tls is not None else None
-    return aiohttp.ClientSession(
-        timeout=aiohttp.ClientTimeout(total=args.timeout), connector=connector
-    )
-
-
-def http_url(broker: BrokerInfo, args: argparse.Namespace | None = None) -> str:
-    """The broker's admin API: HTTPS when ``args`` ask for TLS."""
-    if not broker.http_address:
-        raise CliError(
-            f"broker {broker.broker_name} ({broker.data_address}) has no HTTP admin address"
-        )
-    return f"{http_scheme(args) if args is not None else 'http'}://{broker.http_address}"
-
-
-def http_scheme(args: argparse.Namespace) -> str:
-    """https when the command was given TLS options (the brokers serve HTTPS then)."""
-    return "https" if tls_settings(args) is not None else "http"
 
 
 # --- output ---------------------------------------------------------------------------

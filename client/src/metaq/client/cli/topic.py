@@ -1,43 +1,38 @@
 """``metaq topic create|update|delete|list|route|stats``.
 
-Topics live on brokers: create, update and delete call the admin API (HTTP) of each
-chosen broker group's master, found through the nameserver's cluster info (``--brokers``
-picks groups; default: every master of the cluster). Routes and queue offsets come from
-the nameserver and the data plane, as clients see them.
+Topics live on brokers: create, update and delete change each chosen broker group's
+master, found through the nameserver's cluster info (``--brokers`` picks groups; default:
+every master of the cluster). Routes and queue offsets come from the nameserver and the
+data plane, as clients see them. All of it is :class:`metaq.client.admin.Admin`.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import dataclasses
-import time
 from typing import Any, Final
 
+from metaq.client.admin import (
+    MAX_QUEUES,
+    MIN_QUEUES,
+    TopicExists,
+    TopicMissing,
+    TopicPlacement,
+    TopicSettings,
+    TopicSettingsError,
+)
 from metaq.client.cli.support import (
     CliError,
     add_command,
     add_group,
-    choose_masters,
-    credentials,
-    http_json,
-    http_session,
-    http_url,
+    admin,
     print_json,
-    route_cache,
     split_names,
     table,
-    tls_settings,
     topic_name,
 )
-from metaq.client.connection import ConnectionPool
-from metaq.client.errors import UnknownTopic
-from metaq.client.routes import BrokerInfo, RouteCache, TopicRoute
-from metaq.common.framing import FrameType
-from metaq.common.v1.data_pb2 import QueryOffsetRequest, QueryOffsetResponse
 
 PERMISSIONS: Final = ("read-write", "read", "write", "write-wipe")
-_ROUTE_POLL_S: Final = 0.05
 
 
 def register(subparsers: Any) -> None:
@@ -131,120 +126,66 @@ def _topic_settings(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
     )
 
 
-def _settings(args: argparse.Namespace, current: dict[str, Any]) -> dict[str, Any]:
-    body = dict(current)
-    if args.queues is not None:
-        body["read_queues"] = body["write_queues"] = args.queues
-    if args.read_queues is not None:
-        body["read_queues"] = args.read_queues
-    if args.write_queues is not None:
-        body["write_queues"] = args.write_queues
-    if args.perm is not None:
-        body["perm"] = args.perm
-    if args.ordered is not None:
-        body["ordered"] = args.ordered
-    for key in ("read_queues", "write_queues"):
-        if not isinstance(body[key], int) or not 1 <= body[key] <= 1024:
-            raise CliError(f"{key.replace('_', '-')} must be between 1 and 1024", code=2)
-    return body
-
-
-async def _broker_topics(
-    session: Any, broker: BrokerInfo, args: argparse.Namespace
-) -> dict[str, dict[str, Any]]:
-    status, body = await http_json(session, "GET", f"{http_url(broker, args)}/topics")
-    if status != 200:
-        raise CliError(f"broker {broker.broker_name} answered {status} to GET /topics: {body}")
-    topics: dict[str, dict[str, Any]] = body.get("topics", {})
-    return topics
-
-
 async def _put(args: argparse.Namespace, *, create: bool) -> int:
-    async with route_cache(args) as routes:
-        view = await routes.cluster(args.cluster)
-        masters = choose_masters(view, split_names(args.brokers))
-        rows = []
-        async with http_session(args) as session:
-            plans = []
-            for broker in masters:
-                existing = (await _broker_topics(session, broker, args)).get(args.topic)
-                if create and existing is not None:
-                    raise CliError(
-                        f"topic {args.topic} already exists on {broker.broker_name}; "
-                        "use 'metaq topic update' to change it"
-                    )
-                if not create and existing is None:
-                    raise CliError(
-                        f"topic {args.topic} does not exist on {broker.broker_name}; "
-                        "use 'metaq topic create'"
-                    )
-                base = existing or {
-                    "read_queues": 8,
-                    "write_queues": 8,
-                    "perm": "read-write",
-                    "ordered": False,
-                }
-                plans.append((broker, _settings(args, base)))
-            for broker, body in plans:
-                url = f"{http_url(broker, args)}/topics/{args.topic}"
-                status, answer = await http_json(session, "PUT", url, body)
-                if status != 200:
-                    error = answer.get("error", answer) if isinstance(answer, dict) else answer
-                    raise CliError(f"broker {broker.broker_name} refused the topic: {error}")
-                rows.append((broker, answer.get(args.topic, body)))
+    brokers = split_names(args.brokers)
+    # --read-queues and --write-queues win over --queues; what is not given keeps its
+    # value (update) or the default (create).
+    changes: dict[str, Any] = {
+        "read_queues": args.read_queues if args.read_queues is not None else args.queues,
+        "write_queues": args.write_queues if args.write_queues is not None else args.queues,
+        "perm": args.perm,
+        "ordered": args.ordered,
+    }
+    async with admin(args) as client:
+        try:
+            if create:
+                given = {key: value for key, value in changes.items() if value is not None}
+                placed = await client.create_topic(
+                    args.topic,
+                    TopicSettings(**given),
+                    brokers=brokers,
+                    cluster=args.cluster,
+                    wait=False,
+                )
+            else:
+                placed = await client.update_topic(
+                    args.topic, **changes, brokers=brokers, cluster=args.cluster, wait=False
+                )
+        except TopicExists as exc:
+            raise CliError(f"{exc}; use 'metaq topic update' to change it") from None
+        except TopicMissing as exc:
+            raise CliError(f"{exc}; use 'metaq topic create'") from None
+        except TopicSettingsError as exc:
+            raise CliError(
+                f"{exc.field.replace('_', '-')} must be between {MIN_QUEUES} and {MAX_QUEUES}",
+                code=2,
+            ) from None
         if args.wait:
-            await _wait_routed(routes, args.topic, {b.broker_name: c for b, c in rows}, args)
+            expected = {p.broker.broker_name: p.settings for p in placed}
+            await client.wait_routed(args.topic, expected, args.timeout)
+    _print_placed(args, placed, create=create)
+    return 0
+
+
+def _print_placed(args: argparse.Namespace, placed: list[TopicPlacement], *, create: bool) -> None:
     if args.json:
-        print_json({b.broker_name: config for b, config in rows})
-        return 0
+        print_json({p.broker.broker_name: p.settings.to_json() for p in placed})
+        return
     table(
         ["group", "broker", "read queues", "write queues", "perm", "ordered"],
         [
             [
-                b.broker_name,
-                b.data_address,
-                c["read_queues"],
-                c["write_queues"],
-                c["perm"],
-                c["ordered"],
+                p.broker.broker_name,
+                p.broker.data_address,
+                p.settings.read_queues,
+                p.settings.write_queues,
+                p.settings.perm,
+                p.settings.ordered,
             ]
-            for b, c in rows
+            for p in placed
         ],
     )
-    print(f"topic {args.topic} {'created' if create else 'updated'} on {len(rows)} broker(s)")
-    return 0
-
-
-async def _wait_routed(
-    routes: RouteCache, topic: str, expected: dict[str, dict[str, Any]], args: argparse.Namespace
-) -> None:
-    """Poll the route until every broker group shows the queue counts just set."""
-    deadline = time.monotonic() + args.timeout
-    while True:
-        try:
-            route = await routes.route(topic, refresh=True)
-        except UnknownTopic:
-            route = None
-        if route is not None and _route_matches(route, expected):
-            return
-        if time.monotonic() > deadline:
-            raise CliError(
-                f"the brokers took the change, but the nameserver did not route it within "
-                f"{args.timeout} s (are the brokers registered with this nameserver?)"
-            )
-        await asyncio.sleep(_ROUTE_POLL_S)  # poll interval of a deadline-bound wait
-
-
-def _route_matches(route: TopicRoute, expected: dict[str, dict[str, Any]]) -> bool:
-    for name, config in expected.items():
-        group = route.group(name)
-        if (
-            group is None
-            or group.read_queues != config["read_queues"]
-            or group.write_queues != config["write_queues"]
-        ):
-            return False
-    return True
+    print(f"topic {args.topic} {'created' if create else 'updated'} on {len(placed)} broker(s)")
 
 
 async def create_topic(args: argparse.Namespace) -> int:
@@ -256,20 +197,10 @@ async def update_topic(args: argparse.Namespace) -> int:
 
 
 async def delete_topic(args: argparse.Namespace) -> int:
-    async with route_cache(args) as routes:
-        view = await routes.cluster(args.cluster)
-    masters = choose_masters(view, split_names(args.brokers))
-    deleted = []
-    async with http_session(args) as session:
-        for broker in masters:
-            url = f"{http_url(broker, args)}/topics/{args.topic}"
-            status, answer = await http_json(session, "DELETE", url)
-            if status == 200:
-                deleted.append(broker.broker_name)
-            elif status != 404:
-                raise CliError(f"broker {broker.broker_name} refused to delete: {answer}")
-    if not deleted:
-        raise CliError(f"topic {args.topic} does not exist on any chosen broker")
+    async with admin(args) as client:
+        deleted = await client.delete_topic(
+            args.topic, brokers=split_names(args.brokers), cluster=args.cluster
+        )
     if args.json:
         print_json({"deleted": deleted})
     else:
@@ -278,24 +209,19 @@ async def delete_topic(args: argparse.Namespace) -> int:
 
 
 async def list_topics(args: argparse.Namespace) -> int:
-    async with route_cache(args) as routes:
-        view = await routes.cluster(args.cluster)
-    masters = choose_masters(view, split_names(args.brokers))
-    rows: list[list[object]] = []
-    async with http_session(args) as session:
-        for broker in masters:
-            for name, config in sorted((await _broker_topics(session, broker, args)).items()):
-                rows.append(
-                    [
-                        name,
-                        broker.broker_name,
-                        config["read_queues"],
-                        config["write_queues"],
-                        config["perm"],
-                        config["ordered"],
-                    ]
-                )
-    rows.sort(key=lambda row: (str(row[0]), str(row[1])))
+    async with admin(args) as client:
+        listed = await client.list_topics(brokers=split_names(args.brokers), cluster=args.cluster)
+    rows: list[list[object]] = [
+        [
+            t.topic,
+            t.group,
+            t.settings.read_queues,
+            t.settings.write_queues,
+            t.settings.perm,
+            t.settings.ordered,
+        ]
+        for t in listed
+    ]
     if args.json:
         keys = ["topic", "group", "read_queues", "write_queues", "perm", "ordered"]
         print_json([dict(zip(keys, row, strict=True)) for row in rows])
@@ -307,8 +233,8 @@ async def list_topics(args: argparse.Namespace) -> int:
 
 
 async def show_route(args: argparse.Namespace) -> int:
-    async with route_cache(args) as routes:
-        route = await routes.route(args.topic)
+    async with admin(args) as client:
+        route = await client.route(args.topic)
     if args.json:
         print_json(
             {
@@ -333,35 +259,17 @@ async def show_route(args: argparse.Namespace) -> int:
 
 
 async def topic_stats(args: argparse.Namespace) -> int:
-    async with route_cache(args) as routes:
-        route = await routes.route(args.topic)
-    pool = ConnectionPool(
-        connect_timeout_s=args.timeout, credentials=credentials(args), tls=tls_settings(args)
-    )
-    try:
-        answers = await asyncio.gather(
-            *(_query_offsets(pool, args, q.address, q.queue_id) for q in route.read_queues)
-        )
-    finally:
-        await pool.close()
+    async with admin(args) as client:
+        stats = await client.topic_stats(args.topic)
     rows = [
-        [q.broker_name, q.queue_id, a.min_offset, a.max_offset, a.max_offset - a.min_offset]
-        for q, a in zip(route.read_queues, answers, strict=True)
+        [s.queue.broker_name, s.queue.queue_id, s.min_offset, s.max_offset, s.messages]
+        for s in stats
     ]
     if args.json:
         keys = ["group", "queue_id", "min_offset", "max_offset", "messages"]
         print_json([dict(zip(keys, row, strict=True)) for row in rows])
         return 0
     table(["group", "queue", "min offset", "max offset", "messages"], rows)
-    total = sum(int(str(row[4])) for row in rows)
+    total = sum(s.messages for s in stats)
     print(f"{total} messages in {len(rows)} queues")
     return 0
-
-
-async def _query_offsets(
-    pool: ConnectionPool, args: argparse.Namespace, address: str, queue_id: int
-) -> QueryOffsetResponse:
-    connection = await pool.get(address)
-    header = QueryOffsetRequest(topic=args.topic, queue_id=queue_id).SerializeToString()
-    frame = await connection.request(FrameType.QUERY_OFFSET, header, timeout_s=args.timeout)
-    return QueryOffsetResponse.FromString(frame.header)

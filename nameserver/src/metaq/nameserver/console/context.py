@@ -1,19 +1,16 @@
 """What the console's pages read: the registry, the controller, and the brokers' HTTP
-admin APIs through :class:`Brokers`, every call bounded by a timeout."""
+admin APIs through :class:`Brokers` (over :class:`metaq.client.admin.Admin`), every call
+bounded by a timeout."""
 
 from __future__ import annotations
 
-import asyncio
-import json
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
-from yarl import URL
-
-from metaq.common.auth import HTTP_HEADER, ClusterSecret, sign_http
-from metaq.common.http import JSON_TYPE, json_for
+from metaq.client.admin import Admin
+from metaq.client.errors import BrokerAdminError, BrokerUnreachable
+from metaq.common.auth import ClusterSecret
 from metaq.common.tls import TlsConfig
 from metaq.nameserver.controller import Controller
 from metaq.nameserver.model import BrokerKey, BrokerState, BrokerView, Role
@@ -34,7 +31,8 @@ class Answer:
 
 
 class Brokers:
-    """Calls to brokers' HTTP admin APIs; one aiohttp session, opened on first use.
+    """Calls to brokers' HTTP admin APIs, through the client's admin library, each
+    answered as an :class:`Answer` (a page shows what it could gather and says what not).
 
     With ``tls`` (the nameserver's own settings: a process that serves TLS dials TLS)
     the calls are HTTPS, checked against its CA and showing its certificate to brokers
@@ -47,51 +45,28 @@ class Brokers:
         self, timeout_s: float, tls: TlsConfig | None = None, secret: ClusterSecret | None = None
     ) -> None:
         self.timeout_s = timeout_s
-        self._tls = tls
-        self._secret = secret
-        self._scheme = "https" if tls is not None else "http"
-        self._session: aiohttp.ClientSession | None = None
+        self._admin = Admin.cluster_member(secret, timeout_s=timeout_s, tls=tls)
 
     async def call(self, broker: BrokerView, method: str, path: str, body: Any = None) -> Answer:
         state = broker.state
         who = f"broker {state.key} at {state.http_address or state.data_address}"
         if not state.http_address:
             return Answer(error=f"{who} has no HTTP address registered (started without one)")
-        if self._session is None:
-            ssl = self._tls.client_context() if self._tls is not None else None
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(ssl=ssl) if ssl is not None else None
-            )
-        url = URL(f"{self._scheme}://{state.http_address}{path}")
-        sent = json_for(method, body)
-        data = json.dumps(sent).encode() if sent is not None else b""
-        headers = {"Content-Type": JSON_TYPE} if sent is not None else {}
-        if self._secret is not None:
-            # Over the path as it goes on the wire (percent-encoded), as the broker sees it.
-            headers[HTTP_HEADER] = sign_http(
-                self._secret, method, url.raw_path_qs, data, time.time()
-            )
         try:
-            async with asyncio.timeout(self.timeout_s):
-                async with self._session.request(
-                    method, url, data=data or None, headers=headers
-                ) as response:
-                    payload = await response.json(content_type=None)
-        except TimeoutError:
-            return Answer(error=f"{who} did not answer within {self.timeout_s:g} s (down?)")
-        except aiohttp.ClientConnectionError as exc:
-            return Answer(error=f"{who} is unreachable ({exc.__class__.__name__}: {exc})")
-        except ValueError:
+            status, payload = await self._admin.request(state.http_address, method, path, body)
+        except BrokerUnreachable as exc:
+            if exc.timed_out:
+                return Answer(error=f"{who} did not answer within {self.timeout_s:g} s (down?)")
+            return Answer(error=f"{who} is unreachable ({exc.detail})")
+        except BrokerAdminError:
             return Answer(error=f"{who} answered something that is not JSON")
-        if response.status >= 400:
+        if status >= 400:
             reason = payload.get("error") if isinstance(payload, dict) else None
-            return Answer(payload, f"{who}: {reason or f'HTTP {response.status}'}", response.status)
-        return Answer(payload, status=response.status)
+            return Answer(payload, f"{who}: {reason or f'HTTP {status}'}", status)
+        return Answer(payload, status=status)
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        await self._admin.close()
 
 
 def durability_warning(stored: dict[str, Any]) -> str:

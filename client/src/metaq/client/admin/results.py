@@ -1,0 +1,168 @@
+"""What :class:`~metaq.client.admin.Admin` returns: typed views of the brokers' admin
+answers and of the operations it composes.
+
+The brokers' JSON is decoded with msgspec into these structs (unknown keys are ignored, so
+a newer broker's extra fields do not break an older client); ``to_json`` gives back the
+broker's own shape, key for key, for tools that print it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Final
+
+import msgspec
+
+from metaq.client.pull_consumer import QueueOffsets
+from metaq.client.routes import QueueRoute
+
+MIN_QUEUES: Final = 1
+MAX_QUEUES: Final = 1024
+"""The queue counts a topic may have (per broker group)."""
+
+MetricSamples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+"""Every sample of a broker's /metrics: {(name, sorted (label, value) pairs): value}."""
+
+
+class TopicSettings(msgspec.Struct, frozen=True):
+    """A topic's settings on one broker group, as its broker keeps them.
+
+    ``perm`` is the broker's spelling: read-write, read, write, write-wipe.
+    """
+
+    read_queues: int = 8
+    write_queues: int = 8
+    perm: str = "read-write"
+    ordered: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return msgspec.structs.asdict(self)
+
+
+class TopicListing(msgspec.Struct, frozen=True):
+    """One topic on one broker group (``Admin.list_topics``)."""
+
+    topic: str
+    group: str
+    settings: TopicSettings
+
+
+class StoredMessage(msgspec.Struct, frozen=True):
+    """A stored message as a broker's message lookups answer it: body inflated, as text
+    when it is UTF-8 (``body_encoding`` "text"), else base64 ("base64")."""
+
+    broker_name: str
+    topic: str
+    queue_id: int
+    queue_offset: int
+    commitlog_offset: int
+    msg_id: str
+    born_timestamp_ms: int
+    store_timestamp_ms: int
+    tags: str
+    keys: list[str]
+    properties: dict[str, str]
+    flags: int
+    compressed: bool
+    size: int
+    body: str
+    body_encoding: str
+
+    def to_json(self) -> dict[str, Any]:
+        return msgspec.structs.asdict(self)
+
+
+class CommittedOffset(msgspec.Struct, frozen=True):
+    """A consumer group's committed offset in one queue of a broker, with its lag."""
+
+    group: str
+    topic: str
+    queue_id: int
+    offset: int
+    lag: int
+
+
+class BrokerHealth(msgspec.Struct, frozen=True):
+    """A broker's ``/health``: whether its store takes writes, and its replication state.
+
+    ``writable`` answers "does it take sends now"; ``reason`` says why not (disk full, I/O
+    errors, shutting down).
+    """
+
+    status: str
+    broker_name: str
+    role: str
+    epoch: int
+    reason: str | None = None
+    version: str = ""
+    master_address: str = ""
+    in_sync_ids: list[int] = msgspec.field(default_factory=list)
+    electable_ids: list[int] = msgspec.field(default_factory=list)
+    replica_lag_bytes: dict[str, int] = msgspec.field(default_factory=dict)
+    """Per slave id: how many commitlog bytes it is behind (on a master)."""
+    replica_lag_s: dict[str, float] = msgspec.field(default_factory=dict)
+    held_offsets: int = 0
+    verified: bool = True
+    uptime_s: float = 0.0
+    commitlog_write_offset: int = 0
+    commitlog_durable_offset: int = 0
+    disk_used_ratio: float = 0.0
+    disk_available_bytes: int = 0
+    disk_clean_ratio: float = 0.0
+    disk_full_ratio: float = 0.0
+    flush_mode: str = ""
+    replication_mode: str = ""
+    retention_hours: float = 0.0
+
+    @property
+    def writable(self) -> bool:
+        return self.status == "ok"
+
+
+@dataclass(frozen=True, slots=True)
+class SwitchoverResult:
+    """A planned change of master done: who is master now, at which epoch, the old
+    master's log end the new one held when it took over, and how long it took."""
+
+    group: str
+    master_id: int
+    epoch: int
+    log_end: int
+    elapsed_ms: float
+
+
+@dataclass(frozen=True, slots=True)
+class QueueProgress:
+    """A consumer group's position in one queue (``Admin.progress``)."""
+
+    queue: QueueRoute
+    offsets: QueueOffsets
+
+    @property
+    def lag(self) -> int:
+        """Messages still to consume; all the queue holds where the group never committed."""
+        lag = self.offsets.lag
+        return lag if lag is not None else self.offsets.max_offset - self.offsets.min_offset
+
+
+@dataclass(frozen=True, slots=True)
+class QueueReset:
+    """One queue of ``Admin.reset_offsets``: the group's offset before and after."""
+
+    queue: QueueRoute
+    before: int | None
+    """The group's committed offset before the reset; None when it had none."""
+    after: int
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    """A readable queue's bounds ``[min_offset, max_offset)``."""
+
+    queue: QueueRoute
+    min_offset: int
+    max_offset: int
+
+    @property
+    def messages(self) -> int:
+        return self.max_offset - self.min_offset
