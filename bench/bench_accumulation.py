@@ -74,7 +74,7 @@ from metaq_load import wait_routed
 from metaq_system import QUEUES, STORE, single_broker
 from peer_servers import ServerProcess, running, start_nats, start_rabbitmq, start_redis
 
-from metaq.broker.testing.admin import put_topic, scrape
+from metaq.client.admin import Admin, TopicSettings
 from metaq.common.testing import wait_until
 
 # The warm backlog stays in the page cache: 256 MiB segments, the default window (40 %
@@ -173,7 +173,11 @@ def _drained(processes: list[Role]) -> int:
 
 def warm_metaq(work: Path, messages: int, processes: int) -> dict[str, Any]:
     with single_broker(work, WARM_STORE) as metaq, roles() as started:
-        run(put_topic(metaq.http_url, TOPIC, read_queues=QUEUES, write_queues=QUEUES))
+        run(
+            Admin().put_topic(
+                metaq.http_url, TOPIC, TopicSettings(read_queues=QUEUES, write_queues=QUEUES)
+            )
+        )
         run(wait_routed(metaq.nameserver, TOPIC, QUEUES))
         sent = run(fill_metaq(metaq.nameserver, TOPIC, os.urandom(WARM_SIZE), messages))
         stored, _ = run(metaq_stored(metaq.nameserver, TOPIC, GROUP, at_least=sent))
@@ -293,7 +297,11 @@ def cold(work: Path, args: argparse.Namespace) -> dict[str, Any]:
     budget = int(args.cold_read_mb_s * 1e6)
     store = (*STORE, "--set", f"cold_read_bytes_per_s={budget}") if budget else STORE
     with single_broker(work, store) as metaq, roles() as started, StallWatch() as stalls:
-        run(put_topic(metaq.http_url, COLD_TOPIC, read_queues=QUEUES, write_queues=QUEUES))
+        run(
+            Admin().put_topic(
+                metaq.http_url, COLD_TOPIC, TopicSettings(read_queues=QUEUES, write_queues=QUEUES)
+            )
+        )
         run(wait_routed(metaq.nameserver, COLD_TOPIC, QUEUES))
         log(f"  cold: writing {messages:,} x {COLD_SIZE} B ({backlog_bytes / 2**30:.1f} GiB)")
         began = time.monotonic()
@@ -348,7 +356,7 @@ def cold(work: Path, args: argparse.Namespace) -> dict[str, Any]:
         figures["machine_stalls"] = {
             phase: asdict(stalls.between(*schedule[phase])) for phase in ("baseline", "cold")
         }
-        samples = run(scrape(metaq.http_url))
+        samples = run(Admin().metrics(metaq.http_url))
         # Pulls the broker read in on its reader thread (behind its page-cache window).
         figures["broker_pulls_read_in"] = samples.get(("metaq_pulls_read_in_total", ()))
         figures["broker_page_cache_released_bytes"] = samples.get(

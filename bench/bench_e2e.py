@@ -49,7 +49,7 @@ from metaq_load import (
 )
 
 from metaq.broker.testing import BrokerProcess
-from metaq.broker.testing.admin import put_topic
+from metaq.client.admin import Admin, TopicSettings
 from metaq.client.producer import Producer
 from metaq.nameserver.testing import start_nameserver
 
@@ -235,7 +235,11 @@ def main(argv: list[str]) -> None:
             ready_timeout_s=60,
         )
         with broker:
-            run(put_topic(broker.http_url, TOPIC, read_queues=QUEUES, write_queues=QUEUES))
+            run(
+                Admin().put_topic(
+                    broker.http_url, TOPIC, TopicSettings(read_queues=QUEUES, write_queues=QUEUES)
+                )
+            )
             run(wait_routed(nameserver.grpc_address, TOPIC, QUEUES))
             run(measure(nameserver.grpc_address, args.seconds, figures, rows))
             for size in SIZES:

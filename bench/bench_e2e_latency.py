@@ -35,7 +35,7 @@ from typing import Any
 from compare_harness import OpenLoop
 
 from metaq.broker.testing import BrokerProcess
-from metaq.broker.testing.admin import put_topic
+from metaq.client.admin import Admin, TopicSettings
 from metaq.client.consumer import LAST, Message, PushConsumer
 from metaq.client.producer import Producer
 from metaq.client.routes import RouteCache
@@ -72,8 +72,8 @@ async def measure(
     """Run the measurement against a running nameserver and broker (over TLS with
     ``tls``; the topic made as ``credentials``' user when auth is on, the clients finding
     theirs in the environment); the figures."""
-    await put_topic(
-        http_url, TOPIC, read_queues=queues, write_queues=queues, credentials=credentials, tls=tls
+    await Admin(credentials=credentials, tls=tls).put_topic(
+        http_url, TOPIC, TopicSettings(read_queues=queues, write_queues=queues)
     )
     await _wait_routed(nameserver, queues, tls)
     run = OpenLoop(rate, seconds, size, warmup_s=warmup_s, drain_timeout_s=30.0,

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from metaq.broker.testing import BrokerProcess, DataClient, Reply
-from metaq.broker.testing.admin import put_topic
+from metaq.client.admin import Admin, TopicSettings
 from metaq.common.framing import FrameType
 from metaq.common.record import encode
 from metaq.common.v1.data_pb2 import SendRequest
@@ -104,7 +104,9 @@ def _best(runs: list[dict[str, float]], key: str = "msgs_per_s") -> dict[str, fl
 
 
 async def _measure(broker: BrokerProcess, args: argparse.Namespace) -> dict[str, dict[str, float]]:
-    await put_topic(broker.http_url, TOPIC, read_queues=QUEUES, write_queues=QUEUES)
+    await Admin().put_topic(
+        broker.http_url, TOPIC, TopicSettings(read_queues=QUEUES, write_queues=QUEUES)
+    )
     client = await DataClient.connect(broker.data_host, broker.data_port)
     try:
         await one_at_a_time(client, args.size, 500)  # warm up

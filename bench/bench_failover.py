@@ -56,7 +56,7 @@ from ordered_resume import ordered_resumes
 from slow_slave import slow_slave
 
 from metaq.broker.testing import BrokerProcess
-from metaq.broker.testing.admin import put_topic
+from metaq.client.admin import Admin, TopicSettings
 from metaq.client.producer import Producer
 from metaq.client.results import SendStatus
 from metaq.common.testing import wait_until
@@ -137,7 +137,11 @@ def replication_throughput(root: Path, nameserver: NameServerProcess, mib: int) 
     try:
         master = group.start(0)
         group.master()
-        asyncio.run(put_topic(master.http_url, TOPIC, read_queues=QUEUES, write_queues=QUEUES))
+        asyncio.run(
+            Admin().put_topic(
+                master.http_url, TOPIC, TopicSettings(read_queues=QUEUES, write_queues=QUEUES)
+            )
+        )
         asyncio.run(_fill(nameserver.grpc_address, mib))
         end = int(health(master)["commitlog_write_offset"])
         slave = group.start(1)
@@ -162,7 +166,11 @@ def catch_up(root: Path, nameserver: NameServerProcess, mib: int) -> dict[str, f
         master = group.start(0)
         group.start(1)
         group.master()
-        asyncio.run(put_topic(master.http_url, TOPIC, read_queues=QUEUES, write_queues=QUEUES))
+        asyncio.run(
+            Admin().put_topic(
+                master.http_url, TOPIC, TopicSettings(read_queues=QUEUES, write_queues=QUEUES)
+            )
+        )
         group.wait_in_sync(2)
         group.brokers[1].kill()
         wait_until(lambda: 1 not in health(master)["in_sync_ids"], 60, "the slave is out")
@@ -253,7 +261,11 @@ def sync_vs_async(root: Path, nameserver: NameServerProcess, seconds: float) -> 
             group.start(0)
             group.start(1)
             master = group.brokers[group.master()]
-            asyncio.run(put_topic(master.http_url, TOPIC, read_queues=QUEUES, write_queues=QUEUES))
+            asyncio.run(
+                Admin().put_topic(
+                    master.http_url, TOPIC, TopicSettings(read_queues=QUEUES, write_queues=QUEUES)
+                )
+            )
             group.wait_in_sync(2)
             cells[mode] = asyncio.run(_modes_cell(nameserver.grpc_address, seconds))
         finally:
@@ -282,7 +294,11 @@ def failovers(root: Path, nameserver: NameServerProcess, runs: int) -> list[floa
         group.start(0)
         group.start(1)
         master = group.brokers[group.master()]
-        asyncio.run(put_topic(master.http_url, TOPIC, read_queues=QUEUES, write_queues=QUEUES))
+        asyncio.run(
+            Admin().put_topic(
+                master.http_url, TOPIC, TopicSettings(read_queues=QUEUES, write_queues=QUEUES)
+            )
+        )
         group.wait_in_sync(2)
 
         async def run_all() -> None:
@@ -387,7 +403,11 @@ def producer_resumes(
         group.start(1)
         master = group.brokers[group.master()]
         for url in (master.http_url, lone.http_url):
-            asyncio.run(put_topic(url, TOPIC, read_queues=QUEUES, write_queues=QUEUES))
+            asyncio.run(
+                Admin().put_topic(
+                    url, TOPIC, TopicSettings(read_queues=QUEUES, write_queues=QUEUES)
+                )
+            )
         group.wait_in_sync(2)
 
         async def run_all() -> None:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from metaq.broker.testing import BrokerProcess, DataClient
-from metaq.broker.testing.admin import put_topic
+from metaq.client.admin import Admin, TopicSettings
 from metaq.client.message import Message, OutgoingMessage
 from metaq.client.producer import Producer
 from metaq.client.results import SendResult
@@ -143,7 +143,11 @@ def main(argv: list[str]) -> None:
         with broker:
             for topic in (TOPIC, PLAIN):
                 asyncio.run(
-                    put_topic(broker.http_url, topic, read_queues=QUEUES, write_queues=QUEUES)
+                    Admin().put_topic(
+                        broker.http_url,
+                        topic,
+                        TopicSettings(read_queues=QUEUES, write_queues=QUEUES),
+                    )
                 )
             figures = asyncio.run(
                 measure(nameserver.grpc_address, broker, args.pending, args.lead_s)

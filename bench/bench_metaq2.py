@@ -38,7 +38,7 @@ import uvloop
 from metaq_load import Budget, batched, percentile_ms, ready_producer, wait_routed
 
 from metaq.broker.testing import BrokerProcess
-from metaq.broker.testing.admin import put_topic
+from metaq.client.admin import Admin, TopicSettings
 from metaq.client.producer import Producer
 from metaq.nameserver.testing import start_nameserver
 
@@ -93,8 +93,8 @@ def topic(partitions: int) -> str:
 async def prepare(nameserver: str, http_url: str, callers: int) -> None:
     """Both topics routed, and one list written to every queue (files created)."""
     for partitions in PARTITIONS:
-        await put_topic(http_url, topic(partitions), read_queues=partitions,
-                        write_queues=partitions)  # fmt: skip
+        settings = TopicSettings(read_queues=partitions, write_queues=partitions)
+        await Admin().put_topic(http_url, topic(partitions), settings)
         await wait_routed(nameserver, topic(partitions), partitions, timeout_s=60)
     producer = await ready_producer(nameserver, topic(PARTITIONS[0]))
     try:

@@ -41,7 +41,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from spark_cpu import cpu_by_role, spent
 
 from metaq.broker.testing import BrokerProcess
-from metaq.broker.testing.admin import put_topic
+from metaq.client.admin import Admin, TopicSettings
 from metaq.client.message import OutgoingMessage
 from metaq.client.producer import Producer
 from metaq.client.pull_consumer import PullConsumer, PullStatus
@@ -268,7 +268,11 @@ def main(argv: list[str]) -> None:
                 "bench-stream",
             ):
                 asyncio.run(
-                    put_topic(broker.http_url, topic, read_queues=QUEUES, write_queues=QUEUES)
+                    Admin().put_topic(
+                        broker.http_url,
+                        topic,
+                        TopicSettings(read_queues=QUEUES, write_queues=QUEUES),
+                    )
                 )
                 asyncio.run(wait_routed(ns, topic))
             producer_rate = asyncio.run(fill(ns, "bench-read", args.messages))

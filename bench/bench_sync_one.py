@@ -26,7 +26,7 @@ from metaq_load import Budget, one_at_a_time, percentile_ms, ready_producer
 from metaq_system import QUEUES, STORE, TOPIC, _both_in_sync, _is_master
 
 from metaq.broker.testing import BrokerProcess
-from metaq.broker.testing.admin import put_topic
+from metaq.client.admin import Admin, TopicSettings
 from metaq.common.testing import wait_until
 from metaq.nameserver.testing import start_nameserver
 
@@ -105,7 +105,11 @@ def main() -> None:
                 master = next(b for b in brokers if _is_master(b))
                 slave = next(b for b in brokers if b is not master)
                 pids = {"master": master.proc.pid, "slave": slave.proc.pid}
-            asyncio.run(put_topic(master.http_url, TOPIC, read_queues=QUEUES, write_queues=QUEUES))
+            asyncio.run(
+                Admin().put_topic(
+                    master.http_url, TOPIC, TopicSettings(read_queues=QUEUES, write_queues=QUEUES)
+                )
+            )
             if not args.one_broker:
                 wait_until(lambda: _both_in_sync(master), 60, "the slave is in sync")
             results = asyncio.run(_rounds(nameserver.grpc_address, pids, args.seconds, args.rounds))

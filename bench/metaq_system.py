@@ -18,7 +18,7 @@ from compare_harness import IN_FLIGHT, EndToEnd, Latencies
 from metaq_load import Budget, batched, one_at_a_time, pipelined, ready_producer, wait_routed
 
 from metaq.broker.testing import BrokerProcess
-from metaq.broker.testing.admin import put_topic
+from metaq.client.admin import Admin, TopicSettings
 from metaq.client.producer import Producer
 from metaq.common import acl
 from metaq.common.acl import Acl, Grant, User
@@ -74,13 +74,8 @@ class Metaq:
 
     async def open(self) -> None:
         tls = self.tls
-        await put_topic(
-            self.http_url,
-            TOPIC,
-            read_queues=QUEUES,
-            write_queues=QUEUES,
-            credentials=self.admin,
-            tls=tls,
+        await Admin(credentials=self.admin, tls=tls).put_topic(
+            self.http_url, TOPIC, TopicSettings(read_queues=QUEUES, write_queues=QUEUES)
         )
         await wait_routed(self.nameserver, TOPIC, QUEUES, tls=tls)
         self._producer = await ready_producer(self.nameserver, TOPIC, tls=tls)
@@ -259,7 +254,11 @@ def replicated_pair(work: Path) -> Iterator[Metaq]:
         wait_until(one_master, 60, "the pair has one master")
         master = masters[0]
         # The topic goes to the master; the slave copies it with the log.
-        asyncio.run(put_topic(master.http_url, TOPIC, read_queues=QUEUES, write_queues=QUEUES))
+        asyncio.run(
+            Admin().put_topic(
+                master.http_url, TOPIC, TopicSettings(read_queues=QUEUES, write_queues=QUEUES)
+            )
+        )
         wait_until(lambda: _both_in_sync(master), 60, "the slave is in sync")
         yield Metaq(
             "metaq_sync_replicated", "metaq, sync replication",

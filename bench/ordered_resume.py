@@ -14,7 +14,7 @@ import time
 from typing import Final, Protocol
 
 from metaq.broker.testing import BrokerProcess
-from metaq.broker.testing.admin import put_topic
+from metaq.client.admin import Admin, TopicSettings
 from metaq.client.consumer import FIRST, PushConsumer
 from metaq.client.message import Message
 from metaq.client.producer import Producer
@@ -64,7 +64,11 @@ async def _kill_and_time(group: Group, handled: list[tuple[float, int]]) -> floa
 def ordered_resumes(group: Group, nameserver: str, runs: int) -> list[float]:
     """Per kill, seconds from the new master until every ordered queue is handled."""
     master = group.brokers[group.master()]
-    asyncio.run(put_topic(master.http_url, TOPIC, read_queues=QUEUES, write_queues=QUEUES))
+    asyncio.run(
+        Admin().put_topic(
+            master.http_url, TOPIC, TopicSettings(read_queues=QUEUES, write_queues=QUEUES)
+        )
+    )
     handled: list[tuple[float, int]] = []
 
     async def handle(message: Message) -> None:

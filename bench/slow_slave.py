@@ -24,8 +24,8 @@ from chaoslib.net import Network
 from metaq_load import percentile_ms
 
 from metaq.broker.testing import BrokerProcess
-from metaq.broker.testing.admin import put_topic
 from metaq.broker.testing.process import broker_command
+from metaq.client.admin import Admin, TopicSettings
 from metaq.client.producer import Producer
 from metaq.client.results import SendStatus
 from metaq.common.testing import wait_until
@@ -64,7 +64,9 @@ class SyncGroup:
                 command=self.net.command(node, broker_command()),
             )  # fmt: skip
         master = self.brokers[self.master()]
-        asyncio.run(put_topic(master.http_url, TOPIC, read_queues=8, write_queues=8))
+        asyncio.run(
+            Admin().put_topic(master.http_url, TOPIC, TopicSettings(read_queues=8, write_queues=8))
+        )
         wait_until(lambda: len(self.in_sync()) == 3, 60, "three brokers in sync")
 
     @property

@@ -17,7 +17,7 @@ from types import ModuleType
 from typing import Any
 
 from metaq.broker.testing import BrokerProcess
-from metaq.broker.testing.admin import put_topic, scrape
+from metaq.client.admin import Admin, TopicSettings
 from metaq.client.errors import UnknownTopic
 from metaq.client.routes import RouteCache, TopicRoute
 from metaq.nameserver.testing import NameServerProcess, start_nameserver
@@ -81,8 +81,10 @@ class Cluster:
         with ``queues`` queues each."""
         names = list(brokers or self.brokers)
         for name in names:
-            await put_topic(
-                self.brokers[name].http_url, topic, read_queues=queues, write_queues=queues
+            await Admin().put_topic(
+                self.brokers[name].http_url,
+                topic,
+                TopicSettings(read_queues=queues, write_queues=queues),
             )
         deadline = time.monotonic() + timeout_s
         async with RouteCache([self.nameservers]) as routes:
@@ -100,7 +102,7 @@ class Cluster:
         """Messages of ``topic`` the brokers have returned to pulls (their metrics)."""
         total = 0.0
         for broker in self.brokers.values():
-            for (name, labels), value in (await scrape(broker.http_url)).items():
+            for (name, labels), value in (await Admin().metrics(broker.http_url)).items():
                 if name == "metaq_messages_out_total" and ("topic", topic) in labels:
                     total += value
         return int(total)

@@ -14,7 +14,7 @@ from typing import Any
 
 from spark_testing import integration_module
 
-from metaq.broker.testing.admin import scrape
+from metaq.client.admin import Admin
 from metaq.client.errors import UnknownTopic
 from metaq.client.message import OutgoingMessage
 from metaq.client.producer import Producer
@@ -77,7 +77,7 @@ def test_a_batch_read_while_the_master_is_down_returns_every_acknowledged_messag
         )
         pulled_from_slave = sum(
             value
-            for (name, labels), value in run_async(scrape(slave.http_url)).items()
+            for (name, labels), value in run_async(Admin().metrics(slave.http_url)).items()
             if name == "metaq_messages_out_total" and ("topic", rg.TOPIC) in labels
         )
     finally:

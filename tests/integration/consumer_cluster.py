@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from metaq.broker.testing import BrokerProcess, DataClient
-from metaq.broker.testing.admin import put_topic
+from metaq.client.admin import Admin, TopicSettings
 from metaq.client.message import Message
 from metaq.client.routes import RouteCache
 from metaq.common.record import encode
@@ -89,8 +89,10 @@ async def create_topic(
     """Create ``topic`` with ``queues`` queues on each named broker; return once the
     nameserver routes all of them."""
     for name in brokers:
-        await put_topic(
-            cluster.brokers[name].http_url, topic, read_queues=queues, write_queues=queues
+        await Admin().put_topic(
+            cluster.brokers[name].http_url,
+            topic,
+            TopicSettings(read_queues=queues, write_queues=queues),
         )
     routes = RouteCache(cluster.nameservers)
     try:

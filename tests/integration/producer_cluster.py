@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from metaq.broker.testing import BrokerProcess, DataClient
-from metaq.broker.testing.admin import put_topic
+from metaq.client.admin import Admin, TopicSettings
 from metaq.client.errors import UnknownTopic
 from metaq.client.message import Message, iter_messages
 from metaq.client.routes import RouteCache, TopicRoute
@@ -72,8 +72,10 @@ async def create_topic(
     """Create the topic on the brokers and wait until every nameserver routes it there."""
     names = list(brokers or cluster.brokers)
     for name in names:
-        await put_topic(
-            cluster.brokers[name].http_url, topic, read_queues=queues, write_queues=queues
+        await Admin().put_topic(
+            cluster.brokers[name].http_url,
+            topic,
+            TopicSettings(read_queues=queues, write_queues=queues),
         )
     route: TopicRoute | None = None
     for address in cluster.nameserver_addresses:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from metaq.broker.testing import BrokerProcess, DataClient
-from metaq.broker.testing.admin import put_topic
+from metaq.client.admin import Admin, TopicSettings
 from metaq.client.producer import Producer
 from metaq.client.results import SendStatus
 from metaq.common.record import Record
@@ -143,7 +143,11 @@ def start_pair_without_failover(work_dir: Path, *, queues: int) -> ReplicaGroup:
         master = group.start_broker(0)
         group.start_broker(1)
         master.wait_master(20)
-        asyncio.run(put_topic(master.http_url, TOPIC, read_queues=queues, write_queues=queues))
+        asyncio.run(
+            Admin().put_topic(
+                master.http_url, TOPIC, TopicSettings(read_queues=queues, write_queues=queues)
+            )
+        )
         group.wait_in_sync([0, 1])
     except BaseException:
         group.stop()
@@ -171,7 +175,11 @@ def start_group(
         for broker_id in range(brokers):
             group.start_broker(broker_id)
         master = group.brokers[group.master()]
-        asyncio.run(put_topic(master.http_url, TOPIC, read_queues=QUEUES, write_queues=QUEUES))
+        asyncio.run(
+            Admin().put_topic(
+                master.http_url, TOPIC, TopicSettings(read_queues=QUEUES, write_queues=QUEUES)
+            )
+        )
         group.wait_in_sync(list(range(brokers)))
         group.wait_committed_in_sync(list(range(brokers)))
     except BaseException:

@@ -19,7 +19,7 @@ import grpc
 import pytest
 
 from metaq.broker.testing import BrokerError, BrokerProcess, DataClient, run_async
-from metaq.broker.testing.admin import http_json, put_topic
+from metaq.client.admin import Admin, TopicSettings
 from metaq.common.errors import ErrorCode
 from metaq.common.framing import FrameType
 from metaq.common.record import encode
@@ -218,7 +218,7 @@ def test_admin_changes_without_a_json_content_type_are_refused_with_415(
     url = broker.http_url
 
     async def scenario() -> dict[str, tuple[int, str, dict[str, str]]]:
-        await put_topic(url, "Cors", read_queues=2, write_queues=2)
+        await Admin().put_topic(url, "Cors", TopicSettings(read_queues=2, write_queues=2))
         form = {"Content-Type": "application/x-www-form-urlencoded", "Origin": "http://evil"}
         plain = {"Content-Type": "text/plain", "Origin": "http://evil"}
         return {
@@ -272,9 +272,7 @@ def test_malformed_deep_and_oversized_json_bodies_get_400_or_413_never_500(
         assert got == status, (case, got, text[:300])
         assert words in text, (case, text[:300])
         assert headers.get("Content-Type", "").startswith("application/json"), (case, headers)
-    status, topics = run_async(http_json("GET", f"{broker.http_url}/topics"))
-    assert status == 200
-    assert "Bodies" not in topics["topics"]
+    assert "Bodies" not in run_async(Admin().broker_topics(broker.http_url))
 
 
 def test_the_nameserver_http_endpoint_takes_no_cross_site_changes(
@@ -314,7 +312,9 @@ def test_data_plane_names_of_any_length_are_refused_and_quoted_short(
     broker: BrokerProcess,
 ) -> None:
     async def scenario() -> dict[str, BrokerError]:
-        await put_topic(broker.http_url, "Names", read_queues=1, write_queues=1)
+        await Admin().put_topic(
+            broker.http_url, "Names", TopicSettings(read_queues=1, write_queues=1)
+        )
         client = await DataClient.connect(broker.data_host, broker.data_port)
         try:
             record = encode("Names", b"x")
@@ -372,6 +372,5 @@ def test_data_plane_names_of_any_length_are_refused_and_quoted_short(
         assert words in error.detail, (case, error.detail[:300])
         assert f"({LONG} characters in all)" in error.detail, (case, error.detail[:300])
         assert len(error.detail) < SHORT_ERROR_CHARS, (case, len(error.detail))
-    status, offsets = run_async(http_json("GET", f"{broker.http_url}/offsets"))
-    assert status == 200
-    assert not [row for row in offsets if row["topic"] == "Names"]
+    offsets = run_async(Admin().consumer_offsets(broker.http_url))
+    assert not [row for row in offsets if row.topic == "Names"]

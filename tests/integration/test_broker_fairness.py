@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 
 from metaq.broker.testing import BrokerProcess, DataClient, run_async
-from metaq.broker.testing.admin import put_topic
+from metaq.client.admin import Admin, TopicSettings
 from metaq.common.framing import FrameType, encode_frame
 from metaq.common.record import encode
 from metaq.common.v1.data_pb2 import PullRequest
@@ -24,7 +24,9 @@ def test_a_burst_of_pipelined_pulls_leaves_other_connections_answered(
     broker = start_broker()
 
     async def fill() -> None:
-        await put_topic(broker.http_url, "Burst", read_queues=1, write_queues=1)
+        await Admin().put_topic(
+            broker.http_url, "Burst", TopicSettings(read_queues=1, write_queues=1)
+        )
         client = await DataClient.connect(broker.data_host, broker.data_port)
         try:
             for _ in range(16):

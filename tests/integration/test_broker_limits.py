@@ -14,8 +14,8 @@ import pytest
 
 from metaq.broker.limits import raise_nofile_limit
 from metaq.broker.testing import BrokerError, BrokerProcess, DataClient, run_async, wait_until
-from metaq.broker.testing.admin import put_topic, scrape
 from metaq.broker.testing.process import broker_command
+from metaq.client.admin import Admin, TopicSettings
 from metaq.client.connection import ConnectionPool
 from metaq.common.errors import ErrorCode
 from metaq.common.framing import Frame, FrameDecoder, FrameType, encode_frame
@@ -74,7 +74,9 @@ def test_dead_dispatcher_takes_health_down_and_refuses_sends(start_broker: Start
     (broker.data_dir / "consumequeue" / "Doomed").write_bytes(b"not a directory")
 
     async def first_send() -> None:
-        await put_topic(broker.http_url, "Doomed", read_queues=1, write_queues=1)
+        await Admin().put_topic(
+            broker.http_url, "Doomed", TopicSettings(read_queues=1, write_queues=1)
+        )
         client = await connect(broker)
         try:
             await client.send("Doomed", 0, [encode("Doomed", b"never readable", queue_id=0)])
@@ -93,7 +95,11 @@ def test_dead_dispatcher_takes_health_down_and_refuses_sends(start_broker: Start
 
 def test_dead_checkpointer_takes_health_down_and_refuses_sends(start_broker: StartBroker) -> None:
     broker = start_broker("--set", "store.checkpoint_interval_ms=50")
-    run_async(put_topic(broker.http_url, "AfterCheckpoint", read_queues=1, write_queues=1))
+    run_async(
+        Admin().put_topic(
+            broker.http_url, "AfterCheckpoint", TopicSettings(read_queues=1, write_queues=1)
+        )
+    )
     # The checkpoint is replaced through a temporary file: a directory there makes every
     # later checkpoint fail, and the thread that writes them dies. A checkpoint written
     # right then holds the name for a moment: try again once it is renamed away.
@@ -146,7 +152,9 @@ def test_peers_that_never_read_cannot_grow_the_broker_or_stall_others(
     body = bytes(1024)
 
     async def fill() -> None:
-        await put_topic(broker.http_url, "Unread", read_queues=1, write_queues=1)
+        await Admin().put_topic(
+            broker.http_url, "Unread", TopicSettings(read_queues=1, write_queues=1)
+        )
         client = await connect(broker)
         try:
             for _ in range(4):
@@ -219,10 +227,12 @@ def test_parked_long_polls_are_bounded_per_connection_and_broker_wide(
         *("--set", "max_connection_inflight_requests=100", "--set", "max_parked_pulls=150"),
         *("--set", "long_poll_max_ms=60000"),
     )
-    run_async(put_topic(broker.http_url, "Parked", read_queues=1, write_queues=1))
+    run_async(
+        Admin().put_topic(broker.http_url, "Parked", TopicSettings(read_queues=1, write_queues=1))
+    )
 
     def metric(name: str) -> float | None:
-        return run_async(scrape(broker.http_url)).get((name, ()))
+        return run_async(Admin().metrics(broker.http_url)).get((name, ()))
 
     with (
         socket.create_connection((broker.data_host, broker.data_port)) as hog,
@@ -309,7 +319,9 @@ def test_connections_over_the_limit_are_refused_and_the_others_served(
     broker = start_broker("--set", "max_connections=20", "--set", "idle_timeout_s=60")
 
     async def scenario() -> None:
-        await put_topic(broker.http_url, "Crowded", read_queues=1, write_queues=1)
+        await Admin().put_topic(
+            broker.http_url, "Crowded", TopicSettings(read_queues=1, write_queues=1)
+        )
         taken = [await connect(broker) for _ in range(20)]
         for client in taken:
             await client.heartbeat()  # accepted and registered, in this order
@@ -321,7 +333,7 @@ def test_connections_over_the_limit_are_refused_and_the_others_served(
         await taken[0].send("Crowded", 0, [encode("Crowded", b"still served", queue_id=0)])
         response, _ = await taken[1].pull("Crowded", 0, 0, long_poll_timeout_ms=5000)
         assert response.record_count == 1, response
-        refused = (await scrape(broker.http_url))[("metaq_connections_refused_total", ())]
+        refused = (await Admin().metrics(broker.http_url))[("metaq_connections_refused_total", ())]
         assert refused == 5
         # A closed connection's place is taken again.
         await taken.pop().close()
@@ -349,7 +361,9 @@ def test_idle_connections_are_closed_but_not_those_awaiting_a_long_poll(
     broker = start_broker("--set", "idle_timeout_s=1", "--set", "long_poll_max_ms=60000")
 
     async def scenario() -> None:
-        await put_topic(broker.http_url, "Quiet", read_queues=1, write_queues=1)
+        await Admin().put_topic(
+            broker.http_url, "Quiet", TopicSettings(read_queues=1, write_queues=1)
+        )
         idle = await connect(broker)
         await idle.heartbeat()
         polling = await connect(broker)
@@ -362,7 +376,9 @@ def test_idle_connections_are_closed_but_not_those_awaiting_a_long_poll(
         assert response.status == PullResponse.NO_MESSAGE_IN_QUEUE, response
         assert time.monotonic() - started >= 2.9
         await asyncio.wait_for(polling.closed, 10.0)
-        closed = (await scrape(broker.http_url))[("metaq_connections_idle_closed_total", ())]
+        closed = (await Admin().metrics(broker.http_url))[
+            ("metaq_connections_idle_closed_total", ())
+        ]
         assert closed == 2
 
         # A client's pool opens a new connection for the next request after an idle close.
@@ -396,7 +412,11 @@ def test_a_connection_flood_leaves_the_store_its_file_descriptors(tmp_path: Path
         pytest.skip(f"this test process may not open {flood_size} sockets (RLIMIT_NOFILE)")
     command = ["prlimit", f"--nofile={nofile}:{nofile}", *broker_command()]
     with BrokerProcess.start(tmp_path / "data", command=command) as broker:
-        run_async(put_topic(broker.http_url, "Fresh", read_queues=8, write_queues=8))
+        run_async(
+            Admin().put_topic(
+                broker.http_url, "Fresh", TopicSettings(read_queues=8, write_queues=8)
+            )
+        )
 
         async def connected() -> DataClient:
             client = await connect(broker)
@@ -416,7 +436,7 @@ def test_a_connection_flood_leaves_the_store_its_file_descriptors(tmp_path: Path
                 if held >= nofile - 16:
                     return True  # every descriptor taken: the old behaviour
                 try:
-                    metrics = run_async(scrape(broker.http_url), timeout_s=5.0)
+                    metrics = run_async(Admin().metrics(broker.http_url), timeout_s=5.0)
                 except Exception:
                     return False
                 taken = metrics[("metaq_connections", ())]
@@ -474,11 +494,13 @@ def test_announced_frames_share_one_budget_and_the_rest_wait(start_broker: Start
         *("--set", f"store.max_message_bytes={6 * mib}"),
         *("--set", f"store.commitlog_segment_bytes={16 * mib}"),
     )
-    run_async(put_topic(broker.http_url, "Big", read_queues=1, write_queues=1))
+    run_async(
+        Admin().put_topic(broker.http_url, "Big", TopicSettings(read_queues=1, write_queues=1))
+    )
     first, second = big_send(1, 6 * mib), big_send(1, 6 * mib)
 
     def budget() -> tuple[float, float]:
-        metrics = run_async(scrape(broker.http_url))
+        metrics = run_async(Admin().metrics(broker.http_url))
         return (
             metrics[("metaq_request_bytes_reserved", ())],
             metrics[("metaq_connections_waiting_for_budget", ())],
@@ -525,7 +547,9 @@ def test_a_busy_connection_whose_frames_arrive_split_is_not_closed(
     broker = start_broker("--set", "idle_timeout_s=1")
 
     async def scenario() -> None:
-        await put_topic(broker.http_url, "Split", read_queues=1, write_queues=1)
+        await Admin().put_topic(
+            broker.http_url, "Split", TopicSettings(read_queues=1, write_queues=1)
+        )
         reader, writer = await asyncio.open_connection(broker.data_host, broker.data_port)
         decoder = FrameDecoder()
         header = SendRequest(topic="Split", queue_id=0, record_count=1).SerializeToString()
@@ -589,11 +613,13 @@ def test_peers_that_announce_large_frames_and_stall_cannot_stall_small_split_fra
         *("--set", f"store.max_message_bytes={6 * mib}"),
         *("--set", f"store.commitlog_segment_bytes={16 * mib}"),
     )
-    run_async(put_topic(broker.http_url, "Big", read_queues=1, write_queues=1))
+    run_async(
+        Admin().put_topic(broker.http_url, "Big", TopicSettings(read_queues=1, write_queues=1))
+    )
     large = big_send(1, 6 * mib)
 
     def budget() -> tuple[float, float]:
-        metrics = run_async(scrape(broker.http_url))
+        metrics = run_async(Admin().metrics(broker.http_url))
         return (
             metrics[("metaq_request_bytes_reserved", ())],
             metrics[("metaq_connections_waiting_for_budget", ())],
@@ -636,7 +662,9 @@ def test_a_stalled_large_frame_is_dropped_in_seconds_and_a_steady_one_is_not(
         *("--set", f"store.commitlog_segment_bytes={16 * mib}"),
         *("--set", "request_arrival_window_s=1", "--set", f"min_request_bytes_per_s={rate}"),
     )  # idle_timeout_s stays 120
-    run_async(put_topic(broker.http_url, "Big", read_queues=1, write_queues=1))
+    run_async(
+        Admin().put_topic(broker.http_url, "Big", TopicSettings(read_queues=1, write_queues=1))
+    )
     frame = big_send(1, 6 * mib)
 
     started = time.monotonic()
@@ -646,7 +674,7 @@ def test_a_stalled_large_frame_is_dropped_in_seconds_and_a_steady_one_is_not(
     assert error.code == ErrorCode.MALFORMED_FRAME, error
     assert f"min_request_bytes_per_s={rate}" in error.message, error
     assert took < 10.0, f"the stalled frame held its reservation for {took:.1f} s"
-    metrics = run_async(scrape(broker.http_url))
+    metrics = run_async(Admin().metrics(broker.http_url))
     assert metrics[("metaq_connections_too_slow_total", ())] == 1
     assert metrics[("metaq_request_bytes_reserved", ())] == 0
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from metaq.broker.testing import BrokerError, BrokerProcess, DataClient, run_async
-from metaq.broker.testing.admin import http_json, put_topic, scrape
+from metaq.client.admin import Admin, TopicSettings
 from metaq.common.auth import ENV_VAR
 from metaq.common.errors import ErrorCode
 from metaq.common.framing import PREFIX, FrameDecoder, FrameType, encode_frame
@@ -60,13 +60,13 @@ async def pull_all(
 
 
 async def write_offset(broker: BrokerProcess) -> int:
-    status, health = await http_json("GET", f"{broker.http_url}/health")
-    assert status == 200, health
-    return int(health["commitlog_write_offset"])
+    health = await Admin().health(broker.http_url)
+    assert health.writable, health
+    return health.commitlog_write_offset
 
 
 async def parked_pulls(broker: BrokerProcess) -> float:
-    return (await scrape(broker.http_url))[("metaq_long_polls_parked", ())]
+    return (await Admin().metrics(broker.http_url))[("metaq_long_polls_parked", ())]
 
 
 # ------------------------------------------------------------------------------------------
@@ -75,7 +75,9 @@ async def parked_pulls(broker: BrokerProcess) -> float:
 
 def test_single_and_batch_sends_pull_back_byte_identical_records(broker: BrokerProcess) -> None:
     async def scenario() -> None:
-        await put_topic(broker.http_url, "RoundTrip")
+        await Admin().put_topic(
+            broker.http_url, "RoundTrip", TopicSettings(read_queues=4, write_queues=4)
+        )
         client = await connect(broker)
         try:
             single = encode("RoundTrip", b"hello", queue_id=1, keys=["k-0"], tags="a")
@@ -113,7 +115,9 @@ def test_single_and_batch_sends_pull_back_byte_identical_records(broker: BrokerP
 
 def test_parked_long_poll_is_answered_as_soon_as_a_message_arrives(broker: BrokerProcess) -> None:
     async def scenario() -> None:
-        await put_topic(broker.http_url, "LongPoll")
+        await Admin().put_topic(
+            broker.http_url, "LongPoll", TopicSettings(read_queues=4, write_queues=4)
+        )
         consumer, producer = await connect(broker), await connect(broker)
         try:
             loop = asyncio.get_running_loop()
@@ -140,7 +144,9 @@ def test_parked_long_poll_is_answered_as_soon_as_a_message_arrives(broker: Broke
 
 def test_long_poll_times_out_with_the_empty_status(broker: BrokerProcess) -> None:
     async def scenario() -> None:
-        await put_topic(broker.http_url, "Quiet")
+        await Admin().put_topic(
+            broker.http_url, "Quiet", TopicSettings(read_queues=4, write_queues=4)
+        )
         client = await connect(broker)
         try:
             loop = asyncio.get_running_loop()
@@ -236,7 +242,9 @@ def test_bad_sends_get_explicit_errors_and_store_nothing(broker: BrokerProcess, 
     send, code, words = BAD_SENDS[case]
 
     async def scenario() -> None:
-        await put_topic(broker.http_url, "Strict", read_queues=4, write_queues=4)
+        await Admin().put_topic(
+            broker.http_url, "Strict", TopicSettings(read_queues=4, write_queues=4)
+        )
         client = await connect(broker)
         try:
             before = await write_offset(broker)
@@ -249,16 +257,16 @@ def test_bad_sends_get_explicit_errors_and_store_nothing(broker: BrokerProcess, 
             await client.heartbeat()  # the connection carries on
         finally:
             await client.close()
-        status, topics = await http_json("GET", f"{broker.http_url}/topics")
-        assert status == 200
-        assert "NoSuchTopic" not in topics["topics"]
+        assert "NoSuchTopic" not in await Admin().broker_topics(broker.http_url)
 
     run_async(scenario())
 
 
 def test_wrong_pull_offsets_and_queues_get_explicit_answers(broker: BrokerProcess) -> None:
     async def scenario() -> None:
-        await put_topic(broker.http_url, "Offsets", read_queues=2, write_queues=2)
+        await Admin().put_topic(
+            broker.http_url, "Offsets", TopicSettings(read_queues=2, write_queues=2)
+        )
         client = await connect(broker)
         try:
             records = [encode("Offsets", b"m%d" % i) for i in range(3)]
@@ -292,11 +300,17 @@ def test_write_wiped_topic_refuses_sends_retriably_and_still_serves_pulls(
     broker: BrokerProcess,
 ) -> None:
     async def scenario() -> None:
-        await put_topic(broker.http_url, "Draining")
+        await Admin().put_topic(
+            broker.http_url, "Draining", TopicSettings(read_queues=4, write_queues=4)
+        )
         client = await connect(broker)
         try:
             await client.send("Draining", 0, [encode("Draining", b"before")])
-            await put_topic(broker.http_url, "Draining", perm="write-wipe")
+            await Admin().put_topic(
+                broker.http_url,
+                "Draining",
+                TopicSettings(read_queues=4, write_queues=4, perm="write-wipe"),
+            )
             with pytest.raises(BrokerError) as caught:
                 await client.send("Draining", 0, [encode("Draining", b"after")])
             assert caught.value.code is ErrorCode.NO_PERMISSION
@@ -340,7 +354,9 @@ def test_broken_stream_gets_a_connection_error_and_is_closed_while_others_go_on(
     data, code, words = BROKEN_STREAMS[case]
 
     async def scenario() -> None:
-        await put_topic(broker.http_url, "Bystander")
+        await Admin().put_topic(
+            broker.http_url, "Bystander", TopicSettings(read_queues=4, write_queues=4)
+        )
         bystander = await connect(broker)
         reader, writer = await asyncio.open_connection(broker.data_host, broker.data_port)
         try:
@@ -376,7 +392,9 @@ def test_broken_stream_gets_a_connection_error_and_is_closed_while_others_go_on(
 
 def test_committed_offsets_and_queue_bounds_are_queryable(broker: BrokerProcess) -> None:
     async def scenario() -> None:
-        await put_topic(broker.http_url, "Committed")
+        await Admin().put_topic(
+            broker.http_url, "Committed", TopicSettings(read_queues=4, write_queues=4)
+        )
         client = await connect(broker)
         try:
             await client.send("Committed", 0, [encode("Committed", b"%d" % i) for i in range(5)])
@@ -404,7 +422,7 @@ def test_committed_offsets_and_queue_bounds_are_queryable(broker: BrokerProcess)
             assert not untouched.HasField("committed_offset"), "a refused commit stored half"
         finally:
             await client.close()
-        samples = await scrape(broker.http_url)
+        samples = await Admin().metrics(broker.http_url)
         lag = (("group", "readers"), ("queue", "0"), ("topic", "Committed"))
         assert samples[("metaq_consumer_lag_messages", lag)] == 1
         # The one unconsumed message's age: stored during this test, so under a minute.
@@ -448,14 +466,15 @@ def test_consumer_group_members_are_listed_sorted_and_leave_with_their_connectio
 
 def test_health_and_metrics_answer(broker: BrokerProcess) -> None:
     async def scenario() -> None:
-        status, health = await http_json("GET", f"{broker.http_url}/health")
-        assert status == 200
-        assert health["status"] == "ok" and health["reason"] is None
-        assert health["role"] == "master"
-        assert health["uptime_s"] >= 0
+        health = await Admin().health(broker.http_url)
+        assert health.writable and health.reason is None
+        assert health.role == "master"
+        assert health.uptime_s >= 0
 
-        await put_topic(broker.http_url, "Metered")
-        before = await scrape(broker.http_url)  # the broker is shared with other tests
+        await Admin().put_topic(
+            broker.http_url, "Metered", TopicSettings(read_queues=4, write_queues=4)
+        )
+        before = await Admin().metrics(broker.http_url)  # the broker is shared with other tests
         client = await connect(broker)
         try:
             records = [encode("Metered", b"x" * 100, queue_id=3) for _ in range(7)]
@@ -467,7 +486,7 @@ def test_health_and_metrics_answer(broker: BrokerProcess) -> None:
             assert caught.value.code is ErrorCode.INVALID_MESSAGE
         finally:
             await client.close()
-        samples = await scrape(broker.http_url)
+        samples = await Admin().metrics(broker.http_url)
         topic = (("topic", "Metered"),)
         assert samples[("metaq_messages_in_total", topic)] == 7
         assert samples[("metaq_throughput_in_bytes_total", topic)] == sum(len(r) for r in records)
@@ -491,7 +510,9 @@ def test_health_and_metrics_answer(broker: BrokerProcess) -> None:
         assert samples[("process_resident_memory_bytes", ())] > 0
 
         async def flushed() -> bool:  # the flusher's next round fsyncs the sends
-            fsyncs = (await scrape(broker.http_url))[("metaq_fsync_latency_seconds_count", ())]
+            fsyncs = (await Admin().metrics(broker.http_url))[
+                ("metaq_fsync_latency_seconds_count", ())
+            ]
             return fsyncs > before[("metaq_fsync_latency_seconds_count", ())]
 
         await wait_until_async(flushed, 10, "the sends' fsync is in the fsync histogram")
@@ -514,7 +535,9 @@ def test_sigterm_answers_parked_pulls_exits_zero_and_the_data_reopens_clean(
     broker = start_broker()
 
     async def before() -> None:
-        await put_topic(broker.http_url, "Kept")
+        await Admin().put_topic(
+            broker.http_url, "Kept", TopicSettings(read_queues=4, write_queues=4)
+        )
         client = await connect(broker)
         try:
             await client.send("Kept", 0, [encode("Kept", b"%d" % i) for i in range(5)])
@@ -562,7 +585,9 @@ def test_kill9_keeps_every_acknowledged_sync_send(
     acknowledged: list[bytes] = []
 
     async def produce_until_killed() -> None:
-        await put_topic(broker.http_url, "Durable", read_queues=2, write_queues=2)
+        await Admin().put_topic(
+            broker.http_url, "Durable", TopicSettings(read_queues=2, write_queues=2)
+        )
         client = await connect(broker)
         killed = False
 

@@ -10,7 +10,7 @@ import grpc
 import pytest
 
 from metaq.broker.testing import BrokerProcess, run_async
-from metaq.broker.testing.admin import put_topic
+from metaq.client.admin import Admin, TopicSettings
 from metaq.common.v1 import control_pb2 as pb
 from metaq.common.v1.control_pb2_grpc import NameServerStub
 from metaq.nameserver.testing import NameServerProcess, start_nameserver
@@ -52,7 +52,11 @@ def test_a_topic_created_on_a_broker_is_routed_by_the_nameserver(
 ) -> None:
     args = ("--nameserver", nameserver.grpc_address, "--broker-name", "broker-a")
     with BrokerProcess.start(tmp_path / "broker", *args) as broker:
-        run_async(put_topic(broker.http_url, "orders", read_queues=4, write_queues=4))
+        run_async(
+            Admin().put_topic(
+                broker.http_url, "orders", TopicSettings(read_queues=4, write_queues=4)
+            )
+        )
 
         _wait_for_route(nameserver.grpc_address, "orders", present=True, timeout_s=10)
         route = _route(nameserver.grpc_address, "orders")
@@ -69,7 +73,11 @@ def test_a_killed_broker_leaves_the_routes_at_once(
     args = ("--nameserver", nameserver.grpc_address, "--broker-name", "broker-k")
     broker = BrokerProcess.start(tmp_path / "broker", *args)
     try:
-        run_async(put_topic(broker.http_url, "payments"))
+        run_async(
+            Admin().put_topic(
+                broker.http_url, "payments", TopicSettings(read_queues=4, write_queues=4)
+            )
+        )
         _wait_for_route(nameserver.grpc_address, "payments", present=True, timeout_s=10)
 
         broker.kill()
@@ -86,7 +94,11 @@ def test_a_broker_that_stops_cleanly_unregisters(
     args = ("--nameserver", nameserver.grpc_address, "--broker-name", "broker-s")
     broker = BrokerProcess.start(tmp_path / "broker", *args)
     try:
-        run_async(put_topic(broker.http_url, "audit"))
+        run_async(
+            Admin().put_topic(
+                broker.http_url, "audit", TopicSettings(read_queues=4, write_queues=4)
+            )
+        )
         _wait_for_route(nameserver.grpc_address, "audit", present=True, timeout_s=10)
 
         assert broker.terminate() == 0

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 
 from metaq.broker.testing import BrokerProcess, DataClient, run_async
-from metaq.broker.testing.admin import put_topic, scrape
+from metaq.client.admin import Admin, TopicSettings
 from metaq.common.record import encode, iter_records
 from metaq.common.testing import wait_until_async
 from metaq.common.v1.data_pb2 import PullResponse
@@ -23,15 +23,17 @@ RECORDS = 5000
 
 
 async def _read_in(broker: BrokerProcess) -> float:
-    return (await scrape(broker.http_url)).get(("metaq_pulls_read_in_total", ()), 0.0)
+    return (await Admin().metrics(broker.http_url)).get(("metaq_pulls_read_in_total", ()), 0.0)
 
 
 async def _zero_copied(broker: BrokerProcess) -> float:
-    return (await scrape(broker.http_url)).get(("metaq_zero_copy_bytes_total", ()), 0.0)
+    return (await Admin().metrics(broker.http_url)).get(("metaq_zero_copy_bytes_total", ()), 0.0)
 
 
 async def _cold_waited(broker: BrokerProcess) -> float:
-    return (await scrape(broker.http_url)).get(("metaq_cold_read_wait_seconds_total", ()), 0.0)
+    return (await Admin().metrics(broker.http_url)).get(
+        ("metaq_cold_read_wait_seconds_total", ()), 0.0
+    )
 
 
 def _body(n: int) -> bytes:
@@ -39,13 +41,13 @@ def _body(n: int) -> bytes:
 
 
 async def _fill_behind_the_window(broker: BrokerProcess, client: DataClient) -> None:
-    await put_topic(broker.http_url, TOPIC, read_queues=1, write_queues=1)
+    await Admin().put_topic(broker.http_url, TOPIC, TopicSettings(read_queues=1, write_queues=1))
     for first in range(0, RECORDS, BATCH):
         records = [encode(TOPIC, _body(n), queue_id=0) for n in range(first, first + BATCH)]
         await client.send(TOPIC, 0, records)
 
     async def released() -> bool:
-        samples = await scrape(broker.http_url)
+        samples = await Admin().metrics(broker.http_url)
         return samples[("metaq_commitlog_page_cache_released_bytes_total", ())] > 0
 
     await wait_until_async(released, 20, "the flusher handed pages back")

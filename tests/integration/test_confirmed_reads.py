@@ -12,8 +12,8 @@ import pytest
 from replica_group import TOPIC, start_group
 
 from metaq.broker.testing import DataClient
-from metaq.broker.testing.admin import scrape
 from metaq.broker.testing.client import BrokerError
+from metaq.client.admin import Admin
 from metaq.common.record import encode, iter_records
 from metaq.common.testing import run_async, wait_until_async
 from metaq.common.v1.data_pb2 import PullResponse, SendResponse
@@ -54,7 +54,7 @@ def test_a_record_is_readable_only_once_the_in_sync_slave_holds_it(tmp_path: Pat
                 )
 
                 async def is_parked() -> bool:
-                    metrics = await scrape(master.http_url)
+                    metrics = await Admin().metrics(master.http_url)
                     return metrics.get(("metaq_long_polls_parked", ()), 0) >= 1
 
                 await wait_until_async(is_parked, 10, "the master parks the pull")

@@ -9,7 +9,7 @@ from pathlib import Path
 from replica_group import read_records
 
 from metaq.broker.testing import BrokerProcess, DataClient
-from metaq.broker.testing.admin import put_topic
+from metaq.client.admin import Admin, TopicSettings
 from metaq.client.producer import Producer
 from metaq.common.record import encode
 from metaq.common.testing import run_async, wait_until, wait_until_async
@@ -38,7 +38,9 @@ def dispatched(broker: BrokerProcess, count: int) -> list[bytes]:
 def test_a_retried_batch_stores_only_what_the_broker_lacks(tmp_path: Path) -> None:
     broker = BrokerProcess.start(tmp_path / "broker")
     try:
-        run_async(put_topic(broker.http_url, TOPIC, read_queues=1, write_queues=1))
+        run_async(
+            Admin().put_topic(broker.http_url, TOPIC, TopicSettings(read_queues=1, write_queues=1))
+        )
         first = encode(TOPIC, b"first")
         second = encode(TOPIC, b"second")
 
@@ -67,7 +69,9 @@ def test_a_send_whose_reply_was_lost_is_stored_once(tmp_path: Path) -> None:
         nameserver.stop()
         raise
     try:
-        run_async(put_topic(broker.http_url, TOPIC, read_queues=1, write_queues=1))
+        run_async(
+            Admin().put_topic(broker.http_url, TOPIC, TopicSettings(read_queues=1, write_queues=1))
+        )
 
         async def scenario() -> None:
             async with Producer(
@@ -101,8 +105,14 @@ def test_a_retried_send_of_an_id_stored_in_another_topic_is_stored(tmp_path: Pat
     topic must not make the broker answer the copy from there."""
     broker = BrokerProcess.start(tmp_path / "broker")
     try:
-        run_async(put_topic(broker.http_url, TOPIC, read_queues=1, write_queues=1))
-        run_async(put_topic(broker.http_url, "payments-copy", read_queues=1, write_queues=1))
+        run_async(
+            Admin().put_topic(broker.http_url, TOPIC, TopicSettings(read_queues=1, write_queues=1))
+        )
+        run_async(
+            Admin().put_topic(
+                broker.http_url, "payments-copy", TopicSettings(read_queues=1, write_queues=1)
+            )
+        )
         msg_id = bytes(range(16))
 
         async def scenario() -> None:
@@ -134,7 +144,9 @@ def test_a_retried_batch_of_new_ids_is_stored_whole_and_its_pipelined_retry_not_
     dispatch turn) is answered from the log."""
     broker = BrokerProcess.start(tmp_path / "broker")
     try:
-        run_async(put_topic(broker.http_url, TOPIC, read_queues=1, write_queues=1))
+        run_async(
+            Admin().put_topic(broker.http_url, TOPIC, TopicSettings(read_queues=1, write_queues=1))
+        )
         batch = [encode(TOPIC, f"row {n}".encode()) for n in range(300)]
 
         async def scenario() -> None:

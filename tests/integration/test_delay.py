@@ -9,7 +9,7 @@ from pathlib import Path
 from replica_group import TOPIC, ReplicaGroup, read_records, start_group
 
 from metaq.broker.testing import BrokerProcess
-from metaq.broker.testing.admin import put_topic
+from metaq.client.admin import Admin, TopicSettings
 from metaq.client.producer import Producer
 from metaq.common.record import Record
 from metaq.common.testing import run_async, wait_until
@@ -39,7 +39,11 @@ def test_delayed_messages_arrive_when_due_and_survive_a_crash(tmp_path: Path) ->
         nameserver.stop()
         raise
     try:
-        run_async(put_topic(broker.http_url, "later", read_queues=2, write_queues=2))
+        run_async(
+            Admin().put_topic(
+                broker.http_url, "later", TopicSettings(read_queues=2, write_queues=2)
+            )
+        )
         due: dict[bytes, int] = {}
 
         async def send() -> None:

@@ -18,7 +18,7 @@ from typing import Final
 import pytest
 
 from metaq.broker.testing import BrokerError, BrokerProcess, DataClient, run_async
-from metaq.broker.testing.admin import http_json, put_topic, scrape
+from metaq.client.admin import Admin, BrokerHealth, TopicSettings
 from metaq.common.errors import ErrorCode
 from metaq.common.record import encode
 from metaq.common.testing import holds_for, wait_until
@@ -119,14 +119,12 @@ async def read_keys(broker: BrokerProcess, topic: str) -> list[str]:
         await client.close()
 
 
-def health(broker: BrokerProcess) -> dict[str, object]:
-    status, body = run_async(http_json("GET", f"{broker.http_url}/health"))
-    assert isinstance(body, dict), (status, body)
-    return body
+def health(broker: BrokerProcess) -> BrokerHealth:
+    return run_async(Admin().health(broker.http_url))
 
 
 def metric(broker: BrokerProcess, name: str, **labels: str) -> float:
-    samples = run_async(scrape(broker.http_url))
+    samples = run_async(Admin().metrics(broker.http_url))
     return samples.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
@@ -143,15 +141,17 @@ def test_sends_are_refused_for_the_full_disk_before_the_kernel_runs_out_of_space
     small_fs: Path,
 ) -> None:
     with start(small_fs) as broker:
-        run_async(put_topic(broker.http_url, "Fill", read_queues=1, write_queues=1))
+        run_async(
+            Admin().put_topic(broker.http_url, "Fill", TopicSettings(read_queues=1, write_queues=1))
+        )
 
         acked, refusal = run_async(send_until_refused(broker, "Fill", limit=400), 60.0)
 
         assert "disk" in refusal, refusal
         assert_no_trouble(broker)
         state = health(broker)
-        assert state["status"] == "not-writable", state
-        assert "disk" in str(state["reason"]), state
+        assert state.status == "not-writable", state
+        assert "disk" in str(state.reason), state
         # Reads go on, and every acknowledged message is there.
         assert run_async(read_keys(broker, "Fill"), 60.0) == acked
         assert_no_trouble(broker)
@@ -159,7 +159,11 @@ def test_sends_are_refused_for_the_full_disk_before_the_kernel_runs_out_of_space
 
 def test_sends_are_taken_again_without_a_restart_once_space_is_freed(small_fs: Path) -> None:
     with start(small_fs) as broker:
-        run_async(put_topic(broker.http_url, "Refill", read_queues=1, write_queues=1))
+        run_async(
+            Admin().put_topic(
+                broker.http_url, "Refill", TopicSettings(read_queues=1, write_queues=1)
+            )
+        )
         filler = ballast(small_fs, leave_free_bytes=24 * MIB)
         acked, refusal = run_async(send_until_refused(broker, "Refill", limit=400), 60.0)
         assert "disk" in refusal, refusal
@@ -171,7 +175,7 @@ def test_sends_are_taken_again_without_a_restart_once_space_is_freed(small_fs: P
 
         wait_until(accepted, 5.0, "a send is accepted after the ballast is deleted", poll_s=0.1)
         assert_no_trouble(broker)
-        assert health(broker)["status"] == "ok"
+        assert health(broker).status == "ok"
         keys = run_async(read_keys(broker, "Refill"), 60.0)
         assert keys[: len(acked)] == acked
         assert len(keys) == len(acked) + PER_SEND
@@ -204,7 +208,7 @@ def pressure(broker: BrokerProcess, fs: Path) -> None:
     """Ballast to about 60 % full: past the force-clean ratio, short of the full one."""
     stats = os.statvfs(fs)
     ballast(fs, leave_free_bytes=int(0.4 * stats.f_blocks * stats.f_frsize))
-    wait_until(lambda: float(str(health(broker)["disk_used_ratio"])) >= 0.5, 5.0,
+    wait_until(lambda: health(broker).disk_used_ratio >= 0.5, 5.0,
                "the broker sees the disk past the force-clean ratio", poll_s=0.1)  # fmt: skip
 
 
@@ -212,7 +216,9 @@ def test_force_clean_deletes_no_unconsumed_message_and_then_what_every_group_con
     small_fs: Path,
 ) -> None:
     with start(small_fs, *FORCE_CLEAN) as broker:
-        run_async(put_topic(broker.http_url, "Keep", read_queues=1, write_queues=1))
+        run_async(
+            Admin().put_topic(broker.http_url, "Keep", TopicSettings(read_queues=1, write_queues=1))
+        )
         acked = run_async(send_segments(broker, "Keep", 5), 60.0)
         pressure(broker, small_fs)
 
@@ -248,7 +254,9 @@ def test_force_clean_unconsumed_deletes_unconsumed_segments_logs_and_counts_them
 ) -> None:
     flags = (*FORCE_CLEAN, "--set", "store.force_clean_unconsumed=true")
     with start(small_fs, *flags) as broker:
-        run_async(put_topic(broker.http_url, "Drop", read_queues=1, write_queues=1))
+        run_async(
+            Admin().put_topic(broker.http_url, "Drop", TopicSettings(read_queues=1, write_queues=1))
+        )
         run_async(send_segments(broker, "Drop", 5), 60.0)
         pressure(broker, small_fs)
 

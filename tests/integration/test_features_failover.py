@@ -13,8 +13,8 @@ from pathlib import Path
 from replica_group import ReplicaGroup, read_records, start_group
 
 from metaq.broker.testing import DataClient
-from metaq.broker.testing.admin import put_topic
 from metaq.broker.testing.client import BrokerError
+from metaq.client.admin import Admin, TopicSettings
 from metaq.client.consumer import FIRST, PushConsumer
 from metaq.client.message import Message
 from metaq.client.producer import Producer
@@ -32,7 +32,11 @@ FAST = ("--set", "queue_lock_ttl_ms=2000", "--set", "txn_check_after_ms=1000",
 def group_of_two(tmp_path: Path, topic: str, queues: int = 1) -> ReplicaGroup:
     group = start_group(tmp_path, brokers=2, mode="sync", min_in_sync=1, extra=FAST)
     master = group.brokers[group.master()]
-    run_async(put_topic(master.http_url, topic, read_queues=queues, write_queues=queues))
+    run_async(
+        Admin().put_topic(
+            master.http_url, topic, TopicSettings(read_queues=queues, write_queues=queues)
+        )
+    )
     group.wait_caught_up(1 - group.master())
     return group
 

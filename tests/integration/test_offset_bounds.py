@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pytest
 
 from metaq.broker.testing import BrokerError, BrokerProcess, DataClient, run_async
-from metaq.broker.testing.admin import put_topic, scrape
+from metaq.client.admin import Admin, TopicSettings
 from metaq.common.errors import ErrorCode
 from metaq.common.framing import FrameType
 from metaq.common.record import encode
@@ -47,7 +47,9 @@ def test_a_commit_beyond_the_queue_the_topic_or_the_group_limit_is_refused(
     broker = start_broker("--set", "max_consumer_groups=3")
 
     async def scenario() -> None:
-        await put_topic(broker.http_url, TOPIC, read_queues=2, write_queues=2)
+        await Admin().put_topic(
+            broker.http_url, TOPIC, TopicSettings(read_queues=2, write_queues=2)
+        )
         client = await DataClient.connect(broker.data_host, broker.data_port)
         try:
             await client.send(TOPIC, 0, [encode(TOPIC, b"%d" % i) for i in range(5)])
@@ -77,7 +79,9 @@ def test_a_commit_piggybacked_past_the_queues_end_is_not_stored_but_the_pull_is_
     broker = start_broker()
 
     async def scenario() -> None:
-        await put_topic(broker.http_url, TOPIC, read_queues=2, write_queues=2)
+        await Admin().put_topic(
+            broker.http_url, TOPIC, TopicSettings(read_queues=2, write_queues=2)
+        )
         client = await DataClient.connect(broker.data_host, broker.data_port)
         try:
             await client.send(TOPIC, 0, [encode(TOPIC, b"%d" % i) for i in range(5)])
@@ -98,7 +102,9 @@ def test_a_commit_piggybacked_for_a_group_past_the_limit_is_not_stored_but_the_p
     broker = start_broker("--set", "max_consumer_groups=1")
 
     async def scenario() -> None:
-        await put_topic(broker.http_url, TOPIC, read_queues=1, write_queues=1)
+        await Admin().put_topic(
+            broker.http_url, TOPIC, TopicSettings(read_queues=1, write_queues=1)
+        )
         client = await DataClient.connect(broker.data_host, broker.data_port)
         try:
             await client.send(TOPIC, 0, [encode(TOPIC, b"%d" % i) for i in range(5)])
@@ -109,7 +115,7 @@ def test_a_commit_piggybacked_for_a_group_past_the_limit_is_not_stored_but_the_p
             assert answer.next_offset == 5
             query = await client.query_offset(TOPIC, 0, group="latecomers")
             assert not query.HasField("committed_offset")
-            refused = (await scrape(broker.http_url))[
+            refused = (await Admin().metrics(broker.http_url))[
                 ("metaq_piggybacked_commits_refused_total", ())
             ]
             assert refused == 1
@@ -127,7 +133,9 @@ def test_a_forwarded_commit_on_a_connection_no_slave_proved_is_refused(
     broker = start_broker()
 
     async def scenario() -> None:
-        await put_topic(broker.http_url, TOPIC, read_queues=1, write_queues=1)
+        await Admin().put_topic(
+            broker.http_url, TOPIC, TopicSettings(read_queues=1, write_queues=1)
+        )
         client = await DataClient.connect(broker.data_host, broker.data_port)
         try:
             await client.send(TOPIC, 0, [encode(TOPIC, b"%d" % i) for i in range(5)])

@@ -8,7 +8,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from metaq.broker.testing import BrokerProcess
-from metaq.broker.testing.admin import put_topic
+from metaq.client.admin import Admin, TopicSettings
 from metaq.client.consumer import FIRST, PushConsumer
 from metaq.client.message import Message
 from metaq.client.producer import Producer
@@ -34,7 +34,9 @@ def test_ordered_consumers_keep_key_order_and_never_share_a_queue(tmp_path: Path
         raise
     nameservers = [nameserver.grpc_address]
     try:
-        run_async(put_topic(broker.http_url, TOPIC, read_queues=4, write_queues=4))
+        run_async(
+            Admin().put_topic(broker.http_url, TOPIC, TopicSettings(read_queues=4, write_queues=4))
+        )
         seen: dict[str, list[int]] = defaultdict(list)
         active: dict[int, str] = {}
         overlaps: list[str] = []
@@ -108,7 +110,9 @@ def test_a_message_that_keeps_failing_is_parked_and_its_queue_goes_on(tmp_path: 
         raise
     nameservers = [nameserver.grpc_address]
     try:
-        run_async(put_topic(broker.http_url, TOPIC, read_queues=1, write_queues=1))
+        run_async(
+            Admin().put_topic(broker.http_url, TOPIC, TopicSettings(read_queues=1, write_queues=1))
+        )
         handled: list[bytes] = []
         tries: list[bytes] = []
 

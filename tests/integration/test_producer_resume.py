@@ -18,7 +18,7 @@ import pytest
 from replica_group import GROUP, QUEUES, TOPIC, start_group
 
 from metaq.broker.testing import BrokerProcess
-from metaq.broker.testing.admin import put_topic
+from metaq.client.admin import Admin, TopicSettings
 from metaq.client.producer import Producer
 from metaq.client.results import SendStatus
 from metaq.common.testing import run_async, wait_until_async
@@ -39,7 +39,11 @@ def test_a_producer_sends_to_the_new_master_within_a_second_of_the_takeover(
         "--nameserver", group.nameserver_addresses[0], "--set", "failover=false",
     )  # fmt: skip
     try:
-        asyncio.run(put_topic(lone.http_url, TOPIC, read_queues=QUEUES, write_queues=QUEUES))
+        asyncio.run(
+            Admin().put_topic(
+                lone.http_url, TOPIC, TopicSettings(read_queues=QUEUES, write_queues=QUEUES)
+            )
+        )
 
         async def scenario() -> float:
             oks: list[tuple[float, str]] = []

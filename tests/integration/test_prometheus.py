@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from replica_group import GROUP, TOPIC, ReplicaGroup
 
 from metaq.broker.testing import BrokerProcess, DataClient
-from metaq.broker.testing.admin import put_topic
+from metaq.client.admin import Admin, TopicSettings
 from metaq.common.record import encode
 from metaq.common.testing import run_async, wait_until, wait_until_async
 from metaq.nameserver.testing import NameServerProcess, free_ports, start_nameserver
@@ -89,7 +89,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 
 async def _leave_backlog(master: BrokerProcess) -> None:
-    await put_topic(master.http_url, TOPIC, read_queues=4, write_queues=4)
+    await Admin().put_topic(master.http_url, TOPIC, TopicSettings(read_queues=4, write_queues=4))
     client = await DataClient.connect(master.data_host, master.data_port)
     try:
         records = [encode(TOPIC, b"order-%d" % i) for i in range(SENT)]

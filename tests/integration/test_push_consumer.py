@@ -13,8 +13,8 @@ import consumer_cluster as cc
 import pytest
 
 from metaq.broker.testing import BrokerProcess, run_async
-from metaq.broker.testing.admin import scrape
 from metaq.client import cli
+from metaq.client.admin import Admin
 from metaq.client.connection import BrokerConnection
 from metaq.client.consumer import (
     BROADCASTING,
@@ -158,7 +158,7 @@ def test_members_rebalance_at_once_on_the_brokers_notice_when_one_joins_or_leave
     joined, left, notices = run_async(scenario())
     assert notices >= 2, "the member rebalanced without a notice: the test proves nothing"
     sent = sum(
-        run_async(scrape(cluster.brokers[b].http_url)).get(
+        run_async(Admin().metrics(cluster.brokers[b].http_url)).get(
             ("metaq_consumer_change_notices_total", ()), 0
         )
         for b in ("broker-a", "broker-b")
@@ -270,7 +270,7 @@ def test_a_long_poll_delivers_a_new_message_well_before_the_poll_times_out(
             http = cluster.brokers["broker-a"].http_url
 
             async def parked() -> bool:
-                samples = await scrape(http)
+                samples = await Admin().metrics(http)
                 return samples.get(("metaq_long_polls_parked", ()), 0) >= 1
 
             await wait_until_async(parked, 10, "the consumer's pull is parked")

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from metaq.broker.testing import BrokerProcess, run_async
-from metaq.broker.testing.admin import put_topic
+from metaq.client.admin import Admin, TopicSettings
 from metaq.nameserver.testing import start_nameserver
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "quickstart.py"
@@ -21,7 +21,11 @@ def test_the_quickstart_example_sends_three_messages_and_consumes_them_back(
     try:
         args = ("--nameserver", nameserver.grpc_address)
         with BrokerProcess.start(tmp_path / "broker", *args) as broker:
-            run_async(put_topic(broker.http_url, "demo"))
+            run_async(
+                Admin().put_topic(
+                    broker.http_url, "demo", TopicSettings(read_queues=4, write_queues=4)
+                )
+            )
             env = {**os.environ, "METAQ_NAMESERVERS": nameserver.grpc_address}
             done = subprocess.run(
                 [sys.executable, str(EXAMPLE)],

@@ -17,7 +17,7 @@ from impostor import Impostor
 from replica_group import GROUP, TOPIC, health, start_group
 
 from metaq.broker.testing import BrokerError, BrokerProcess, DataClient
-from metaq.broker.testing.admin import put_topic
+from metaq.client.admin import Admin, TopicSettings
 from metaq.common.errors import ErrorCode, NotAuthenticated
 from metaq.common.framing import FrameDecoder, FrameType
 from metaq.common.record import encode, iter_records
@@ -159,7 +159,9 @@ def _held_by_both(master: BrokerProcess, slave: BrokerProcess) -> tuple[list[byt
     bodies = [b"acked-%d" % n for n in range(5)]
 
     async def produce() -> None:
-        await put_topic(master.http_url, TOPIC, read_queues=1, write_queues=1)
+        await Admin().put_topic(
+            master.http_url, TOPIC, TopicSettings(read_queues=1, write_queues=1)
+        )
         client = await DataClient.connect(master.data_host, master.data_port)
         try:
             for body in bodies:

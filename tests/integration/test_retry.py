@@ -11,7 +11,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from metaq.broker.testing import BrokerProcess
-from metaq.broker.testing.admin import put_topic
+from metaq.client.admin import Admin, TopicSettings
 from metaq.client.consumer import FIRST, LATER, ConsumeResult, PushConsumer
 from metaq.client.message import Message
 from metaq.client.producer import Producer
@@ -32,7 +32,9 @@ def test_a_failing_message_is_retried_on_schedule_then_dead_lettered(tmp_path: P
         raise
     nameservers = [nameserver.grpc_address]
     try:
-        run_async(put_topic(broker.http_url, TOPIC, read_queues=2, write_queues=2))
+        run_async(
+            Admin().put_topic(broker.http_url, TOPIC, TopicSettings(read_queues=2, write_queues=2))
+        )
         bodies = [b"ok-%d" % i for i in range(20)] + [b"poison"]
         calls: dict[str, dict[bytes, list[float]]] = {"failing": defaultdict(list),
                                                        "healthy": defaultdict(list)}  # fmt: skip

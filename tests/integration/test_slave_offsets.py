@@ -16,8 +16,7 @@ from impostor import Impostor
 from replica_group import TOPIC, ReplicaGroup, health, start_group, start_pair_without_failover
 
 from metaq.broker.testing import BrokerError, BrokerProcess, DataClient
-from metaq.broker.testing.admin import put_topic, scrape
-from metaq.client.cli.progress import group_progress
+from metaq.client.admin import Admin, QueueProgress, TopicSettings
 from metaq.common.framing import FrameType
 from metaq.common.record import encode
 from metaq.common.testing import holds_for, run_async, wait_until, wait_until_async
@@ -87,11 +86,16 @@ def send(broker: BrokerProcess, count: int) -> None:
     run_async(scenario())
 
 
+async def progress(nameservers: list[str]) -> list[QueueProgress]:
+    async with Admin(nameservers, timeout_s=2) as admin:
+        return await admin.progress(READERS, TOPIC)
+
+
 def progress_of_queue_0(group: ReplicaGroup) -> int | None:
     """What ``metaq progress`` shows for queue 0; None while it cannot answer (a dead
     master still routed)."""
     try:
-        rows = run_async(group_progress(group.nameserver_addresses, READERS, TOPIC, timeout_s=2))
+        rows = run_async(progress(group.nameserver_addresses))
     except Exception:
         return None
     return next(r.offsets.committed for r in rows if r.queue.queue_id == 0)
@@ -234,7 +238,9 @@ def _master_and_slave(
     )
     master, slave = group.start_broker(0, *master_args), group.start_broker(1)
     master.wait_master(20)
-    run_async(put_topic(master.http_url, TOPIC, read_queues=2, write_queues=2))
+    run_async(
+        Admin().put_topic(master.http_url, TOPIC, TopicSettings(read_queues=2, write_queues=2))
+    )
     send(master, 100)
     group.wait_caught_up(1)
     commit(master, 10)
@@ -323,7 +329,7 @@ def test_the_forwarder_reconnects_quietly_after_the_masters_idle_timeout(
         wait_committed(master, 20, "the slave forwards a commit to its live master")
 
         def idle_closed() -> float:
-            samples = run_async(scrape(master.http_url))
+            samples = run_async(Admin().metrics(master.http_url))
             return samples.get(("metaq_connections_idle_closed_total", ()), 0.0)
 
         # The slave's fetches keep its replication connection busy: the one the master

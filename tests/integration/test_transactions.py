@@ -9,7 +9,7 @@ from pathlib import Path
 from replica_group import read_records
 
 from metaq.broker.testing import BrokerProcess
-from metaq.broker.testing.admin import put_topic
+from metaq.client.admin import Admin, TopicSettings
 from metaq.client.message import Message
 from metaq.client.results import SendResult
 from metaq.client.transaction import TransactionProducer, TransactionState
@@ -37,7 +37,9 @@ def test_commit_delivers_rollback_does_not_and_a_lost_outcome_is_checked_back(
         raise
     nameservers = [nameserver.grpc_address]
     try:
-        run_async(put_topic(broker.http_url, TOPIC, read_queues=1, write_queues=1))
+        run_async(
+            Admin().put_topic(broker.http_url, TOPIC, TopicSettings(read_queues=1, write_queues=1))
+        )
         committed_locally: set[str] = set()
 
         async def scenario() -> None:

@@ -17,7 +17,7 @@ import pytest
 from console_support import BROKER_TIMEOUT_MS, Browser
 
 from metaq.broker.testing import BrokerProcess
-from metaq.broker.testing.admin import http_json
+from metaq.client.admin import Admin
 from metaq.common import acl
 from metaq.common.acl import Acl, Grant, User
 from metaq.common.auth import HTTP_HEADER, sign_http
@@ -81,9 +81,9 @@ def test_the_console_sends_a_browser_to_log_in_and_its_forms_work_after(
     assert f"topic {topic}: 2 read / 2 write queues" in status_line, status_line
     # On a thread of its own: Playwright's sync API holds this thread's event loop.
     with ThreadPoolExecutor(1) as thread:
-        asked = http_json("GET", f"{secured.broker.http_url}/topics", credentials=ADMIN)
-        code, topics = thread.submit(run_async, asked).result()
-    assert code == 200 and topics["topics"][topic]["write_queues"] == 2, topics
+        asked = Admin(credentials=ADMIN).broker_topics(secured.broker.http_url)
+        topics = thread.submit(run_async, asked).result()
+    assert topics[topic].write_queues == 2, topics
     page.goto(f"{secured.console_url}/console/cluster")
     wait_until(lambda: GROUP in page.locator("main").inner_text(), 10,
                "the cluster page lists the broker group", poll_s=0.2)  # fmt: skip

@@ -14,7 +14,7 @@ from failover_path import produce_fail_over_and_read, role
 from tls_certs import Pki
 
 from metaq.broker.testing import BrokerProcess
-from metaq.broker.testing.admin import http_json
+from metaq.client.admin import Admin, TopicSettings
 from metaq.client.connection import BrokerConnection
 from metaq.client.errors import ConnectionLost
 from metaq.client.user_calls import UserSigningInterceptor
@@ -99,13 +99,11 @@ def test_a_user_produces_and_consumes_through_failover_with_tls_and_auth_on(
         address = f"{brokers[0].data_host}:{brokers[0].data_port}"
         with pytest.raises(ConnectionLost, match=f"the broker at {address} speaks TLS"):
             run_async(BrokerConnection.open(address, credentials=APP))
-        status, body = run_async(
-            http_json(
-                "PUT", f"{brokers[0].http_url}/topics/{TOPIC}",
-                {"read_queues": 2, "write_queues": 2}, ADMIN, tls=tls,
+        run_async(
+            Admin(credentials=ADMIN, tls=tls).put_topic(
+                brokers[0].http_url, TOPIC, TopicSettings(read_queues=2, write_queues=2)
             )
-        )  # fmt: skip
-        assert status == 200, body
+        )
         wait_until(
             lambda: run_async(controller_in_sync(names[0], tls)) == [0, 1],
             30, "the controller has the slave in sync (it fetches over TLS with the secret)",

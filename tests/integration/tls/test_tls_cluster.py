@@ -18,9 +18,9 @@ from failover_path import produce_fail_over_and_read, role
 from tls_certs import Pki
 
 from metaq.broker.testing import BrokerProcess
+from metaq.client.admin import Admin
 from metaq.client.connection import BrokerConnection
 from metaq.client.errors import ConnectionLost, NoNameServer
-from metaq.client.routes import RouteCache
 from metaq.common.framing import FrameType
 from metaq.common.testing import run_async, wait_until
 from metaq.common.tls import TlsConfig, grpc_channel
@@ -160,8 +160,8 @@ def test_a_plain_client_of_a_tls_nameserver_is_told_to_pass_the_ca(
     pki: Pki, nameserver: NameServerProcess
 ) -> None:
     async def route(tls: TlsConfig | None) -> None:
-        async with RouteCache([nameserver.grpc_address], rpc_timeout_s=3, tls=tls) as routes:
-            await routes.cluster()
+        async with Admin([nameserver.grpc_address], timeout_s=3, tls=tls) as admin:
+            await admin.cluster()
 
     with pytest.raises(NoNameServer, match="speaks TLS; pass --tls-ca"):
         run_async(route(None))

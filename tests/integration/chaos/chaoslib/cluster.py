@@ -29,8 +29,8 @@ from chaoslib.history import HistoryTail, HistoryWriter
 from chaoslib.net import Network
 from chaoslib.workload import ConsumerSpec, ProducerSpec, WorkloadSpec
 from metaq.broker.testing import BrokerProcess
-from metaq.broker.testing.admin import http_json
 from metaq.broker.testing.process import broker_command
+from metaq.client.admin import Admin, TopicSettings
 from metaq.client.routes import RouteCache
 from metaq.common.testing import wait_until
 from metaq.common.v1 import control_pb2 as pb
@@ -385,12 +385,8 @@ class Cluster:
     def _create_topics(self) -> None:
         for topic, (group, ordered) in TOPICS.items():
             master = self.brokers[self.wait_master(group)]
-            body = {"read_queues": QUEUES, "write_queues": QUEUES, "perm": "read-write",
-                    "ordered": ordered}  # fmt: skip
-            status, answer = asyncio.run(http_json("PUT", f"{master.http_url}/topics/{topic}",
-                                                   body))  # fmt: skip
-            if status != 200:
-                raise AssertionError(f"creating {topic} on group {group}: {status} {answer}")
+            settings = TopicSettings(QUEUES, QUEUES, "read-write", ordered)
+            asyncio.run(Admin().put_topic(master.http_url, topic, settings))
 
         def routed() -> bool:
             return asyncio.run(all_routed(self.nameserver_addresses))
