@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from pathlib import Path
 
@@ -110,6 +111,28 @@ def test_a_new_term_whose_full_write_fails_retries_it_on_the_next_tick(
     journal.tick()
     assert offsets.changes() == []
     assert journal.write_offsets() is None
+
+
+def test_a_journal_failing_every_tick_is_reported_once_then_when_it_works_again(
+    open_store: Callable[..., MessageStore], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    disk = {"used": 0.99}
+    store = open_store(disk_usage=lambda _path: disk["used"])
+    store.guard.refresh_disk()
+    journal, offsets = _journal(store, tmp_path / "master")
+    offsets.commit("g", "t", 0, 5)
+
+    with caplog.at_level(logging.INFO, "metaq.broker.journal"):
+        for _ in range(50):  # five seconds of ticks on a full disk
+            journal.tick()
+        disk["used"] = 0.0
+        store.guard.refresh_disk()
+        journal.tick()
+
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("journaling the topics and offsets failed: ")
+    assert lines[1].startswith("journaling the topics and offsets failed no longer")
 
 
 def test_a_new_master_not_writable_yet_writes_the_whole_state_once_it_is(

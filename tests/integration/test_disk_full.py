@@ -19,6 +19,7 @@ import pytest
 
 from metaq.broker.testing import BrokerError, BrokerProcess, DataClient, run_async
 from metaq.client.admin import Admin, BrokerHealth, TopicSettings
+from metaq.client.errors import BrokerAdminError
 from metaq.common.errors import ErrorCode
 from metaq.common.record import encode
 from metaq.common.testing import holds_for, wait_until
@@ -179,6 +180,24 @@ def test_sends_are_taken_again_without_a_restart_once_space_is_freed(small_fs: P
         keys = run_async(read_keys(broker, "Refill"), 60.0)
         assert keys[: len(acked)] == acked
         assert len(keys) == len(acked) + PER_SEND
+
+
+def test_a_topic_change_on_a_full_disk_is_refused_with_507_and_the_reason(
+    small_fs: Path,
+) -> None:
+    with start(small_fs) as broker:
+        admin = Admin()
+        run_async(admin.put_topic(broker.http_url, "Full", TopicSettings(1, 1)))
+        run_async(send_until_refused(broker, "Full", limit=400), 60.0)
+
+        with pytest.raises(BrokerAdminError) as refused:
+            run_async(admin.put_topic(broker.http_url, "Another", TopicSettings(1, 1)))
+
+        assert refused.value.status == 507 and refused.value.retriable
+        assert "stores nothing now" in refused.value.detail and "disk" in refused.value.detail
+        assert "Another" not in run_async(admin.broker_topics(broker.http_url))
+
+        assert_no_trouble(broker)
 
 
 FORCE_CLEAN: Final = (

@@ -36,7 +36,7 @@ from metaq.broker.role import GroupRole
 from metaq.broker.store import MessageStore
 from metaq.broker.topics import Permission, TopicConfig, TopicTable
 from metaq.common import http
-from metaq.common.errors import InvalidMessage, MetaqError
+from metaq.common.errors import InvalidMessage, MetaqError, StoreUnavailable
 from metaq.common.http_auth import HttpAuth
 from metaq.common.names import shown
 from metaq.common.record import FLAG_COMPRESSED, Record
@@ -58,12 +58,27 @@ class HttpContext:
     """With auth_enabled: who may use the admin API (``metaq.common.http_auth``)."""
 
 
+@web.middleware
+async def _store_unavailable(request: web.Request, handler: http.Handler) -> web.StreamResponse:
+    """A change the store cannot write now (the disk at its reserve, I/O errors) is 507
+    with the store's reason, as a SEND is refused with STORE_UNAVAILABLE; nothing of it
+    is kept (a topic change is rolled back)."""
+    try:
+        return await handler(request)
+    except StoreUnavailable as exc:
+        what = f"{request.method} {shown(request.path)}"
+        return web.json_response(
+            {"error": f"{what}: the broker stores nothing now: {exc}"}, status=507
+        )
+
+
 class HttpServer:
     """An aiohttp app on its own port; :meth:`start` returns the bound address."""
 
     def __init__(self, context: HttpContext) -> None:
         self._context = context
         app = http.application(context.auth)
+        app.middlewares.append(_store_unavailable)
         app.add_routes(
             [
                 web.get("/health", self.health),

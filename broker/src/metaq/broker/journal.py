@@ -35,6 +35,7 @@ from metaq.broker.store import GetStatus, MessageStore
 from metaq.broker.store.commitlog import Appended
 from metaq.broker.topics import Permission, TopicConfig, TopicTable
 from metaq.common.errors import MetaqError
+from metaq.common.log_limit import Repeated
 from metaq.common.record import decode, encode
 from metaq.common.service import PeriodicService
 
@@ -65,6 +66,7 @@ class Journal:
         self._is_master = is_master
         self._full_interval_s = full_interval_s
         self._last_full = 0.0
+        self._failing = Repeated(log, "journaling the topics and offsets failed")
 
     # --- master ---------------------------------------------------------------------------
 
@@ -129,8 +131,9 @@ class Journal:
             self.write_offsets(full=True)
         except MetaqError as exc:
             self._last_full = -math.inf
-            log.warning("journaling the topics and offsets failed (%s); retrying next tick", exc)
+            self._failing.happened(f"{exc}; trying again every tick")
             return
+        self._failing.ended()
         if len(self._offsets.held):
             # Commits consumers made here as a slave are in the table just journaled.
             log.info("journaled %d offsets committed here as a slave", len(self._offsets.held))

@@ -129,7 +129,7 @@ class BrokerAdminError(AdminError):
         self.status = status
         self.detail = detail
         self.body = body
-        self.retriable = status == 503
+        self.retriable = status in (503, 507)  # busy, or no space for now
 
 
 class BrokerUnreachable(BrokerAdminError):

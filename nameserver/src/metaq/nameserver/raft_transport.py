@@ -26,7 +26,6 @@ import errno
 import logging
 import socket
 import struct
-import threading
 import zlib
 from time import monotonic
 from typing import Any, Final
@@ -41,6 +40,8 @@ from pysyncobj.tcp_connection import (  # type: ignore[import-untyped]
 from pysyncobj.tcp_server import TcpServer  # type: ignore[import-untyped]
 from pysyncobj.transport import TCPTransport  # type: ignore[import-untyped]
 
+from metaq.common.log_limit import Repeated
+
 log = logging.getLogger(__name__)
 
 UNVERIFIED_FRAME_MAX: Final = 4096
@@ -54,35 +55,8 @@ FRAME_MAX: Final = 16 * 1024 * 1024
 """The largest frame an authenticated peer may send."""
 _PREFIX: Final = struct.Struct("i")  # pysyncobj's length prefix: native int, native order
 
-REFUSAL_LOG_INTERVAL_S: Final = 60.0
-"""A flood of strangers is logged once a minute, with how many were dropped meanwhile."""
-
-
-class _Refusals:
-    """Counts dropped connections and logs the first, then at most once an interval."""
-
-    def __init__(self) -> None:
-        self.total = 0
-        self._unlogged = 0
-        self._logged_at = -REFUSAL_LOG_INTERVAL_S
-        self._lock = threading.Lock()
-
-    def note(self, why: str) -> None:
-        with self._lock:
-            self.total += 1
-            self._unlogged += 1
-            now = monotonic()
-            if now - self._logged_at < REFUSAL_LOG_INTERVAL_S:
-                return
-            count, self._unlogged, self._logged_at = self._unlogged, 0, now
-        log.warning(
-            "dropped %d connection(s) to the Raft port since the last report; the last sent %s",
-            count,
-            why,
-        )
-
-
-refusals = _Refusals()
+# Logged when it starts, then once a minute with a count: a flood does not flood the log.
+refusals = Repeated(log, "dropped a stranger's connection to the Raft port")
 
 
 class GuardedConnection(TcpConnection):  # type: ignore[misc]  # pysyncobj ships no types
@@ -142,7 +116,7 @@ class GuardedConnection(TcpConnection):  # type: ignore[misc]  # pysyncobj ships
         return message
 
     def refuse(self, why: str) -> None:
-        refusals.note(why)
+        refusals.happened(f"it sent {why}")
         self.disconnect()
 
     def disconnect(self) -> None:
