@@ -1,0 +1,424 @@
+"""The shared vocabulary: permissions, roles, topic configs and routes, with their wire forms.
+
+Every member uses these types; the converters to and from the ``metaq.v1`` protobuf
+messages, and to and from the broker's persisted JSON, sit beside them and nowhere else.
+
+The enums are ``StrEnum``s whose values are the spellings every view shows (the route
+JSON, the consoles, the CLI). Topic permissions have one more spelling: the broker's
+``topics.json``, its replicated topic journal and its topic admin API have always said
+``read`` and ``write`` for read-only and write-only; :meth:`Permission.from_text` reads
+both spellings and :attr:`Permission.topic_text` writes the old one, so files and
+journals stay readable by older brokers.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any, Final, TypeVar
+
+from metaq.common.v1 import control_pb2 as pb
+
+_E = TypeVar("_E")
+
+
+class Permission(enum.StrEnum):
+    """What clients may do with a topic's queues on a broker group, or with a whole broker.
+
+    Mirrors ``metaq.v1.Permission`` name for name (less UNSPECIFIED, which is no
+    permission at all). ``WRITE_WIPE`` reads like ``READ_ONLY`` but records that an
+    operator took the writes away (the topic is being drained off a broker for
+    maintenance), so it survives a restriction by anything that keeps reads.
+    """
+
+    READ_ONLY = "read-only"
+    WRITE_ONLY = "write-only"
+    READ_WRITE = "read-write"
+    WRITE_WIPE = "write-wipe"
+    NONE = "none"
+
+    @property
+    def readable(self) -> bool:
+        return self in (Permission.READ_ONLY, Permission.READ_WRITE, Permission.WRITE_WIPE)
+
+    @property
+    def writable(self) -> bool:
+        return self in (Permission.WRITE_ONLY, Permission.READ_WRITE)
+
+    @property
+    def wiped(self) -> bool:
+        return self is Permission.WRITE_WIPE
+
+    def restrict(self, other: Permission) -> Permission:
+        """What both allow: reads if both read, writes if both write; a wipe sticks to reads."""
+        return _from_flags(
+            readable=self.readable and other.readable,
+            writable=self.writable and other.writable,
+            wiped=self.wiped or other.wiped,
+        )
+
+    def without_writes(self) -> Permission:
+        """The permission of a group whose master is missing: nobody can take writes."""
+        return _from_flags(readable=self.readable, writable=False, wiped=self.wiped)
+
+    @property
+    def topic_text(self) -> str:
+        """The spelling of a topic's ``perm`` in the broker's files, journal and admin API."""
+        return _TOPIC_TEXT.get(self, self.value)
+
+    @classmethod
+    def from_text(cls, text: str) -> Permission:
+        """Either spelling (``read`` or ``read-only``); ValueError for anything else."""
+        return _FROM_TOPIC_TEXT.get(text) or cls(text)
+
+    def to_proto(self) -> pb.Permission.ValueType:
+        return _PERMISSIONS_OUT[self]
+
+    @classmethod
+    def from_proto(cls, value: int) -> Permission:
+        """ValueError for UNSPECIFIED and for values this version does not know."""
+        return _lookup(_PERMISSIONS, value, "permission")
+
+
+def _from_flags(*, readable: bool, writable: bool, wiped: bool) -> Permission:
+    if readable and wiped:
+        return Permission.WRITE_WIPE
+    if readable and writable:
+        return Permission.READ_WRITE
+    if readable:
+        return Permission.READ_ONLY
+    if writable:
+        return Permission.WRITE_ONLY
+    return Permission.NONE
+
+
+TOPIC_PERMISSIONS: Final = (
+    Permission.READ_WRITE,
+    Permission.READ_ONLY,
+    Permission.WRITE_ONLY,
+    Permission.WRITE_WIPE,
+)
+"""What a topic on a broker may be set to (a topic nobody may use is deleted instead)."""
+
+_TOPIC_TEXT: Final = {Permission.READ_ONLY: "read", Permission.WRITE_ONLY: "write"}
+_FROM_TOPIC_TEXT: Final = {text: permission for permission, text in _TOPIC_TEXT.items()}
+
+
+class Role(enum.StrEnum):
+    """A broker's place in its group (``metaq.v1.BrokerRole``)."""
+
+    MASTER = "master"
+    SLAVE = "slave"
+
+    def to_proto(self) -> pb.BrokerRole.ValueType:
+        return _ROLES_OUT[self]
+
+    @classmethod
+    def from_proto(cls, value: int) -> Role:
+        """ValueError for UNSPECIFIED and for values this version does not know."""
+        return _lookup(_ROLES, value, "broker role")
+
+
+class ReplicationMode(enum.StrEnum):
+    """How a master answers producers (``metaq.v1.ReplicationMode``).
+
+    A broker that does not say (UNSPECIFIED on the wire) has no mode: ``None`` where a
+    mode is optional.
+    """
+
+    ASYNC = "async"
+    """A send is answered once the master holds it; slaves copy it soon after."""
+    SYNC = "sync"
+    """A send is answered once ``min_in_sync_replicas`` copies hold it (double write)."""
+
+    @staticmethod
+    def to_proto(mode: ReplicationMode | None) -> pb.ReplicationMode.ValueType:
+        return pb.REPLICATION_MODE_UNSPECIFIED if mode is None else _MODES_OUT[mode]
+
+    @classmethod
+    def from_proto(cls, value: int) -> ReplicationMode | None:
+        """None for UNSPECIFIED; ValueError for values this version does not know."""
+        if value == pb.REPLICATION_MODE_UNSPECIFIED:
+            return None
+        return _lookup(_MODES, value, "replication mode")
+
+
+_PERMISSIONS: Final[Mapping[int, Permission]] = {
+    pb.PERMISSION_READ_ONLY: Permission.READ_ONLY,
+    pb.PERMISSION_WRITE_ONLY: Permission.WRITE_ONLY,
+    pb.PERMISSION_READ_WRITE: Permission.READ_WRITE,
+    pb.PERMISSION_WRITE_WIPE: Permission.WRITE_WIPE,
+    pb.PERMISSION_NONE: Permission.NONE,
+}
+_PERMISSIONS_OUT: Final[Mapping[Permission, pb.Permission.ValueType]] = {
+    Permission.READ_ONLY: pb.PERMISSION_READ_ONLY,
+    Permission.WRITE_ONLY: pb.PERMISSION_WRITE_ONLY,
+    Permission.READ_WRITE: pb.PERMISSION_READ_WRITE,
+    Permission.WRITE_WIPE: pb.PERMISSION_WRITE_WIPE,
+    Permission.NONE: pb.PERMISSION_NONE,
+}
+_ROLES: Final[Mapping[int, Role]] = {
+    pb.BROKER_ROLE_MASTER: Role.MASTER,
+    pb.BROKER_ROLE_SLAVE: Role.SLAVE,
+}
+_ROLES_OUT: Final[Mapping[Role, pb.BrokerRole.ValueType]] = {
+    Role.MASTER: pb.BROKER_ROLE_MASTER,
+    Role.SLAVE: pb.BROKER_ROLE_SLAVE,
+}
+_MODES: Final[Mapping[int, ReplicationMode]] = {
+    pb.REPLICATION_MODE_ASYNC: ReplicationMode.ASYNC,
+    pb.REPLICATION_MODE_SYNC: ReplicationMode.SYNC,
+}
+_MODES_OUT: Final[Mapping[ReplicationMode, pb.ReplicationMode.ValueType]] = {
+    ReplicationMode.ASYNC: pb.REPLICATION_MODE_ASYNC,
+    ReplicationMode.SYNC: pb.REPLICATION_MODE_SYNC,
+}
+
+
+def _lookup(table: Mapping[int, _E], value: int, what: str) -> _E:
+    found = table.get(value)
+    if found is None:
+        raise ValueError(f"{what} {value} is not one of {sorted(table)}")
+    return found
+
+
+def _or(convert: Callable[[int], _E], value: int, default: _E) -> _E:
+    try:
+        return convert(value)
+    except ValueError:
+        return default
+
+
+# --- topics -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TopicConfig:
+    """One topic as one broker serves it.
+
+    A plain value: the broker checks what it accepts (names, queue counts) where configs
+    come in, the nameserver checks what brokers announce.
+    """
+
+    name: str
+    read_queues: int
+    """Consumers read queues [0, read_queues)."""
+    write_queues: int
+    """Producers write queues [0, write_queues)."""
+    permission: Permission = Permission.READ_WRITE
+    ordered: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        """The broker's persisted form (``topics.json`` and the topic journal), by name."""
+        return {
+            "read_queues": self.read_queues,
+            "write_queues": self.write_queues,
+            "perm": self.permission.topic_text,
+            "ordered": self.ordered,
+        }
+
+    @classmethod
+    def from_json(cls, name: str, entry: Mapping[str, Any]) -> TopicConfig:
+        """Read :meth:`to_json`'s form; KeyError or ValueError when it is not."""
+        return cls(
+            name=name,
+            read_queues=int(entry["read_queues"]),
+            write_queues=int(entry["write_queues"]),
+            permission=Permission.from_text(entry["perm"]),
+            ordered=bool(entry.get("ordered", False)),
+        )
+
+    def to_proto(self) -> pb.TopicConfig:
+        return pb.TopicConfig(
+            topic=self.name,
+            read_queues=self.read_queues,
+            write_queues=self.write_queues,
+            permission=self.permission.to_proto(),
+            ordered=self.ordered,
+        )
+
+    @classmethod
+    def from_proto(cls, message: pb.TopicConfig) -> TopicConfig:
+        """ValueError for a permission this version does not take."""
+        return cls(
+            name=message.topic,
+            read_queues=message.read_queues,
+            write_queues=message.write_queues,
+            permission=Permission.from_proto(message.permission),
+            ordered=message.ordered,
+        )
+
+
+# --- routes -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerAddress:
+    """One broker of a group as a route shows it."""
+
+    broker_id: int
+    role: Role
+    data_address: str
+    http_address: str
+    computer_room: str
+
+    def to_proto(self) -> pb.BrokerAddress:
+        return pb.BrokerAddress(
+            broker_id=self.broker_id,
+            role=self.role.to_proto(),
+            data_address=self.data_address,
+            http_address=self.http_address,
+            computer_room=self.computer_room,
+        )
+
+    @classmethod
+    def from_proto(cls, message: pb.BrokerAddress) -> BrokerAddress:
+        # A role this version does not know is no master to write to.
+        return cls(
+            broker_id=message.broker_id,
+            role=_or(Role.from_proto, message.role, Role.SLAVE),
+            data_address=message.data_address,
+            http_address=message.http_address,
+            computer_room=message.computer_room,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class QueueRoute:
+    """One queue of a topic: which broker group holds it and where to reach that group."""
+
+    broker_name: str
+    address: str
+    queue_id: int
+    computer_room: str
+
+    def __str__(self) -> str:
+        return f"{self.broker_name}:{self.queue_id}"
+
+
+@dataclass(frozen=True, slots=True)
+class GroupRoute:
+    """A topic's queues on one broker group, as the nameserver routes it.
+
+    ``brokers`` lists the group's brokers serving the topic, the routed master first,
+    then the others by id.
+    """
+
+    cluster: str
+    broker_name: str
+    epoch: int
+    computer_room: str
+    brokers: tuple[BrokerAddress, ...]
+    read_queues: int
+    write_queues: int
+    permission: Permission
+    ordered: bool
+
+    @property
+    def master_address(self) -> str:
+        """Data-plane address of the group's master; empty while the group has none."""
+        return next((b.data_address for b in self.brokers if b.role is Role.MASTER), "")
+
+    @property
+    def addresses(self) -> tuple[str, ...]:
+        """Data-plane address of every broker in ``brokers``, in that order."""
+        return tuple(b.data_address for b in self.brokers)
+
+    @property
+    def http_addresses(self) -> tuple[str, ...]:
+        return tuple(b.http_address for b in self.brokers)
+
+    @property
+    def writable(self) -> bool:
+        return bool(self.master_address) and self.permission.writable
+
+    @property
+    def readable(self) -> bool:
+        return bool(self.brokers) and self.permission.readable
+
+    def to_proto(self) -> pb.GroupRoute:
+        return pb.GroupRoute(
+            cluster=self.cluster,
+            broker_name=self.broker_name,
+            epoch=self.epoch,
+            computer_room=self.computer_room,
+            brokers=[b.to_proto() for b in self.brokers],
+            read_queues=self.read_queues,
+            write_queues=self.write_queues,
+            permission=self.permission.to_proto(),
+            ordered=self.ordered,
+        )
+
+    @classmethod
+    def from_proto(cls, message: pb.GroupRoute) -> GroupRoute:
+        # A permission this version does not know grants nothing.
+        return cls(
+            cluster=message.cluster,
+            broker_name=message.broker_name,
+            epoch=message.epoch,
+            computer_room=message.computer_room,
+            brokers=tuple(BrokerAddress.from_proto(b) for b in message.brokers),
+            read_queues=message.read_queues,
+            write_queues=message.write_queues,
+            permission=_or(Permission.from_proto, message.permission, Permission.NONE),
+            ordered=message.ordered,
+        )
+
+
+@dataclass(frozen=True)
+class TopicRoute:
+    """A topic's queues, by broker group.
+
+    ``write_queues`` come from masters only (a group without a master takes no writes);
+    ``read_queues`` are read from the master, or from another broker while the group has
+    no master. Both are sorted by (broker name, queue id) when ``groups`` are sorted by
+    name, as :meth:`from_proto` sorts them.
+    """
+
+    topic: str
+    groups: tuple[GroupRoute, ...]
+
+    @cached_property
+    def write_queues(self) -> tuple[QueueRoute, ...]:
+        return tuple(
+            QueueRoute(g.broker_name, g.master_address, q, g.computer_room)
+            for g in self.groups
+            if g.writable
+            for q in range(g.write_queues)
+        )
+
+    @cached_property
+    def read_queues(self) -> tuple[QueueRoute, ...]:
+        return tuple(
+            QueueRoute(g.broker_name, g.master_address or g.addresses[0], q, g.computer_room)
+            for g in self.groups
+            if g.readable
+            for q in range(g.read_queues)
+        )
+
+    @property
+    def ordered(self) -> bool:
+        return any(group.ordered for group in self.groups)
+
+    @cached_property
+    def masterless(self) -> bool:
+        """Whether a group that takes writes has no master in this route: a failover is
+        under way, and the new master may be routed by the time anyone asks again."""
+        return any(g.permission.writable and not g.master_address for g in self.groups)
+
+    def group(self, broker_name: str) -> GroupRoute | None:
+        for group in self.groups:
+            if group.broker_name == broker_name:
+                return group
+        return None
+
+    def to_proto(self) -> pb.TopicRoute:
+        return pb.TopicRoute(topic=self.topic, groups=[g.to_proto() for g in self.groups])
+
+    @classmethod
+    def from_proto(cls, message: pb.TopicRoute) -> TopicRoute:
+        """A ``GetRoute`` answer, its groups sorted by name."""
+        groups = sorted(message.groups, key=lambda g: g.broker_name)
+        return cls(message.topic, tuple(GroupRoute.from_proto(g) for g in groups))
