@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from metaq.broker.consumers import ConsumeMode, ConsumerGroups
+from metaq.broker.consumers import ConsumerGroups
 from metaq.common.errors import InvalidMessage
+from metaq.common.model import ConsumeMode
 
 
 class FakeClock:

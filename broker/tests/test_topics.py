@@ -7,14 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from metaq.broker.topics import NoPermission, Permission, TopicConfig, TopicTable, UnknownTopic
+from metaq.broker.topics import NoPermission, TopicTable, UnknownTopic
 from metaq.common.errors import ErrorCode, InvalidMessage
+from metaq.common.model import Permission, TopicConfig
 
 
 def test_created_topics_survive_a_reload(tmp_path: Path) -> None:
     table = TopicTable(tmp_path)
-    table.create("orders", read_queues=4, write_queues=2, perm=Permission.READ_WRITE)
-    table.create("audit", perm=Permission.WRITE_WIPE, ordered=True)
+    table.create("orders", read_queues=4, write_queues=2, permission=Permission.READ_WRITE)
+    table.create("audit", permission=Permission.WRITE_WIPE, ordered=True)
 
     again = TopicTable(tmp_path)
 
@@ -38,15 +39,15 @@ def test_update_and_delete_are_persisted_and_bump_the_version(tmp_path: Path) ->
     assert changes == [1, 2, 3]
     assert TopicTable(tmp_path).get("orders") is None
     with pytest.raises(UnknownTopic):
-        table.update("orders", perm=Permission.READ)
+        table.update("orders", permission=Permission.READ_ONLY)
 
 
 @pytest.mark.parametrize(
     ("perm", "can_send", "can_pull", "retriable"),
     [
         (Permission.READ_WRITE, True, True, None),
-        (Permission.READ, False, True, False),
-        (Permission.WRITE, True, False, False),
+        (Permission.READ_ONLY, False, True, False),
+        (Permission.WRITE_ONLY, True, False, False),
         (Permission.WRITE_WIPE, False, True, True),
     ],
 )
@@ -54,7 +55,7 @@ def test_permissions_decide_sends_and_pulls(
     tmp_path: Path, perm: Permission, can_send: bool, can_pull: bool, retriable: bool | None
 ) -> None:
     table = TopicTable(tmp_path)
-    table.create("t", perm=perm)
+    table.create("t", permission=perm)
 
     for allowed, operation in ((can_send, table.resolve_send), (can_pull, table.resolve_pull)):
         if allowed:
@@ -68,12 +69,10 @@ def test_permissions_decide_sends_and_pulls(
 
 def test_write_wipe_tells_producers_to_go_elsewhere(tmp_path: Path) -> None:
     table = TopicTable(tmp_path)
-    table.create("t", perm=Permission.WRITE_WIPE)
+    table.create("t", permission=Permission.WRITE_WIPE)
 
     with pytest.raises(NoPermission, match=r"write-wiped .* send to another broker"):
         table.resolve_send("t", 0)
-    assert Permission.WRITE_WIPE.bits == Permission.READ.bits == 1
-    assert Permission.READ_WRITE.bits == 3
 
 
 def test_queue_ids_are_checked_against_write_and_read_counts(tmp_path: Path) -> None:
@@ -118,8 +117,11 @@ def test_illegal_names_are_rejected(tmp_path: Path, name: str) -> None:
 
 @pytest.mark.parametrize("queues", [0, 65537])
 def test_queue_counts_out_of_range_are_rejected(tmp_path: Path, queues: int) -> None:
+    table = TopicTable(tmp_path)
+
     with pytest.raises(InvalidMessage, match="read_queues must be 1-65536"):
-        TopicConfig("t", queues, 1)
+        table.put(TopicConfig("t", queues, 1))
+    assert table.get("t") is None
 
 
 def test_a_damaged_file_stops_the_start_with_its_name(tmp_path: Path) -> None:
@@ -143,3 +145,38 @@ def test_the_file_is_readable_json(tmp_path: Path) -> None:
         "perm": "read-write",
         "ordered": False,
     }
+
+
+def test_a_table_written_with_the_old_permission_spellings_loads_and_is_kept(
+    tmp_path: Path,
+) -> None:
+    written = {
+        "format": 1,
+        "version": 4,
+        "journal_offset": 7,
+        "topics": {
+            "r": {"read_queues": 1, "write_queues": 1, "perm": "read", "ordered": False},
+            "w": {"read_queues": 2, "write_queues": 2, "perm": "write", "ordered": False},
+            "rw": {"read_queues": 3, "write_queues": 3, "perm": "read-write", "ordered": True},
+            "wipe": {"read_queues": 4, "write_queues": 4, "perm": "write-wipe", "ordered": False},
+        },
+    }
+    (tmp_path / "topics.json").write_text(json.dumps(written))
+
+    table = TopicTable(tmp_path)
+    assert [(t.name, t.permission) for t in table.all()] == [
+        ("r", Permission.READ_ONLY),
+        ("rw", Permission.READ_WRITE),
+        ("w", Permission.WRITE_ONLY),
+        ("wipe", Permission.WRITE_WIPE),
+    ]
+    table.journaled(7)  # rewrites the file as it is
+    assert json.loads((tmp_path / "topics.json").read_text())["topics"] == written["topics"]
+
+
+def test_a_topic_nobody_may_use_is_refused(tmp_path: Path) -> None:
+    table = TopicTable(tmp_path)
+
+    with pytest.raises(InvalidMessage, match="permission must be one of read-write, read, write"):
+        table.create("t", permission=Permission.NONE)
+    assert table.get("t") is None

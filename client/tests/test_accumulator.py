@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from metaq.client.accumulator import Accumulator
-from metaq.client.routes import QueueRoute
+from metaq.common.model import QueueRoute
 
 Q0 = QueueRoute("broker-a", "127.0.0.1:1", 0, "r1")
 Q1 = QueueRoute("broker-a", "127.0.0.1:1", 1, "r1")

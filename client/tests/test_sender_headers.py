@@ -7,9 +7,9 @@ import asyncio
 from typing import Any
 
 from metaq.client.accumulator import Batch
-from metaq.client.routes import QueueRoute
 from metaq.client.selection import BrokerHealth
 from metaq.client.sender import Sender
+from metaq.common.model import QueueRoute
 from metaq.common.v1.data_pb2 import SendRequest
 
 Q0 = QueueRoute("broker-a", "127.0.0.1:1", 0, "r1")

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from metaq.common.model import (
     TOPIC_PERMISSIONS,
     BrokerAddress,
+    ConsumeMode,
     GroupRoute,
     Permission,
     ReplicationMode,
@@ -21,6 +22,7 @@ from metaq.common.model import (
     TopicRoute,
 )
 from metaq.common.v1 import control_pb2 as pb
+from metaq.common.v1.data_pb2 import ConsumerHeartbeatRequest
 
 
 def wire_names(enum_type: Any, prefix: str) -> set[str]:
@@ -39,10 +41,19 @@ def test_the_enums_mirror_the_wire_name_for_name() -> None:
         assert pb.BrokerRole.Name(role.to_proto()) == f"BROKER_ROLE_{role.name}"
         assert Role.from_proto(role.to_proto()) is role
     for mode in ReplicationMode:
-        assert pb.ReplicationMode.Name(ReplicationMode.to_proto(mode)) == (
-            f"REPLICATION_MODE_{mode.name}"
-        )
-        assert ReplicationMode.from_proto(ReplicationMode.to_proto(mode)) is mode
+        assert pb.ReplicationMode.Name(mode.to_proto()) == f"REPLICATION_MODE_{mode.name}"
+        assert ReplicationMode.from_proto(mode.to_proto()) is mode
+
+
+def test_consume_modes_mirror_the_heartbeat_and_unspecified_is_clustering() -> None:
+    assert {m.name for m in ConsumeMode} == wire_names(ConsumerHeartbeatRequest.Mode, "MODE_")
+    for mode in ConsumeMode:
+        assert ConsumeMode.from_proto(mode.to_proto()) is mode
+    assert ConsumeMode.from_proto(ConsumerHeartbeatRequest.MODE_UNSPECIFIED) is (
+        ConsumeMode.CLUSTERING
+    )
+    with pytest.raises(ValueError, match="consume mode 9"):
+        ConsumeMode.from_proto(9)
 
 
 def test_unspecified_on_the_wire_is_no_permission_or_role_and_no_mode() -> None:
@@ -53,7 +64,6 @@ def test_unspecified_on_the_wire_is_no_permission_or_role_and_no_mode() -> None:
     with pytest.raises(ValueError, match="permission 99"):
         Permission.from_proto(99)
     assert ReplicationMode.from_proto(pb.REPLICATION_MODE_UNSPECIFIED) is None
-    assert ReplicationMode.to_proto(None) == pb.REPLICATION_MODE_UNSPECIFIED
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ import base64
 
 import pytest
 
+from metaq.common.model import Role
 from metaq.nameserver.console.context import (
     FORGET_GONE_AFTER_S,
     Brokers,
@@ -16,7 +17,7 @@ from metaq.nameserver.console.context import (
 from metaq.nameserver.console.messages import _body
 from metaq.nameserver.console.page import Html, esc, table
 from metaq.nameserver.console.page import parse_time_ms as _parse_time
-from metaq.nameserver.model import BrokerKey, BrokerState, Role
+from metaq.nameserver.model import BrokerKey, BrokerState
 from metaq.nameserver.registry import Registry
 
 

@@ -9,15 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from metaq.common.model import Permission, Role, TopicConfig
 from metaq.nameserver.assignment import QueueRef
-from metaq.nameserver.model import (
-    BrokerKey,
-    BrokerState,
-    GroupControl,
-    Permission,
-    Role,
-    TopicConfig,
-)
+from metaq.nameserver.model import BrokerKey, BrokerState, GroupControl
 from metaq.nameserver.registry import RegistrationRefused, Registry, readable_queues
 
 EXPIRY_S = 10.0
@@ -56,7 +50,7 @@ def broker(
 
 
 def table(*configs: TopicConfig) -> dict[str, TopicConfig]:
-    return {config.topic: config for config in configs}
+    return {config.name: config for config in configs}
 
 
 def topic(
@@ -67,7 +61,7 @@ def topic(
     write_queues: int | None = None,
 ) -> TopicConfig:
     return TopicConfig(
-        topic=name,
+        name=name,
         read_queues=queues,
         write_queues=queues if write_queues is None else write_queues,
         permission=permission,

@@ -19,7 +19,8 @@ from typing import Any
 from metaq.broker.testing import BrokerProcess
 from metaq.client.admin import Admin, TopicSettings
 from metaq.client.errors import UnknownTopic
-from metaq.client.routes import RouteCache, TopicRoute
+from metaq.client.routes import RouteCache
+from metaq.common.model import TopicRoute
 from metaq.nameserver.testing import NameServerProcess, start_nameserver
 
 

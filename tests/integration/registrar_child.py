@@ -14,13 +14,9 @@ import logging
 import signal
 import sys
 
-from metaq.broker.registration import (
-    BrokerDescription,
-    NameServerRegistrar,
-    Role,
-    TopicDescription,
-)
+from metaq.broker.registration import BrokerDescription, NameServerRegistrar
 from metaq.common.auth import load_secret
+from metaq.common.model import Role, TopicConfig
 
 
 async def run(args: argparse.Namespace) -> None:
@@ -31,7 +27,7 @@ async def run(args: argparse.Namespace) -> None:
         role=Role.MASTER if args.broker_id == 0 else Role.SLAVE,
         data_address=f"127.0.0.1:{10000 + args.broker_id}",
         computer_room=args.room,
-        topics=(TopicDescription(args.topic, args.queues, args.queues),),
+        topics=(TopicConfig(args.topic, args.queues, args.queues),),
     )
     registrar = NameServerRegistrar(
         args.nameserver,

@@ -22,14 +22,8 @@ from typing import TYPE_CHECKING
 import grpc
 import pytest
 
-from metaq.broker import topics
-from metaq.broker.registration import (
-    BrokerDescription,
-    NameServerRegistrar,
-    Permission,
-    Role,
-    TopicDescription,
-)
+from metaq.broker.registration import BrokerDescription, NameServerRegistrar
+from metaq.common.model import Permission, Role, TopicConfig
 from metaq.common.testing import cluster_secret_for_tests, secret_env, wait_until_async
 from metaq.common.v1 import control_pb2 as pb
 from metaq.common.v1 import control_pb2_grpc
@@ -135,7 +129,7 @@ def describe(
     broker_name: str = "broker-a",
     *,
     room: str = "",
-    topics: tuple[TopicDescription, ...] = (TopicDescription("orders", 4, 4),),
+    topics: tuple[TopicConfig, ...] = (TopicConfig("orders", 4, 4),),
 ) -> BrokerDescription:
     return BrokerDescription(
         cluster="c1",
@@ -195,8 +189,8 @@ def test_a_registered_broker_appears_in_the_route_and_the_cluster_info(
     description = describe(
         room="hz",
         topics=(
-            TopicDescription("orders", 8, 6, ordered=True),
-            TopicDescription("audit", 2, 2, Permission.READ_ONLY),
+            TopicConfig("orders", 8, 6, ordered=True),
+            TopicConfig("audit", 2, 2, Permission.READ_ONLY),
         ),
     )
 
@@ -334,7 +328,7 @@ def test_the_registrar_carries_on_with_the_other_nameserver_when_one_is_killed(
     nameservers: Callable[..., NameServerProcess],
 ) -> None:
     first, second = nameservers("--broker-expiry-s", "2"), nameservers("--broker-expiry-s", "2")
-    orders = TopicDescription("orders", 4, 4)
+    orders = TopicConfig("orders", 4, 4)
     current = {"description": describe(topics=(orders,))}
 
     async def scenario() -> None:
@@ -350,7 +344,7 @@ def test_the_registrar_carries_on_with_the_other_nameserver_when_one_is_killed(
                 await wait_for_route(server.grpc_address, "orders", True, STARTUP_S)
 
             first.kill()
-            current["description"] = describe(topics=(orders, TopicDescription("payments", 2, 2)))
+            current["description"] = describe(topics=(orders, TopicConfig("payments", 2, 2)))
             registrar.refresh()
 
             await wait_for_route(second.grpc_address, "payments", True, 5.0)
@@ -457,17 +451,6 @@ def test_stopping_the_registrar_unregisters_from_every_nameserver(
         return routes
 
     assert asyncio.run(scenario()) == [None, None]
-
-
-def test_the_registrars_permissions_cover_the_broker_topic_permissions() -> None:
-    wire = {n.removeprefix("PERMISSION_") for n, _ in pb.Permission.items()} - {"UNSPECIFIED"}
-    assert {p.name for p in Permission} == wire
-    assert {p: Permission.of_topic(p) for p in topics.Permission} == {
-        topics.Permission.READ: Permission.READ_ONLY,
-        topics.Permission.WRITE: Permission.WRITE_ONLY,
-        topics.Permission.READ_WRITE: Permission.READ_WRITE,
-        topics.Permission.WRITE_WIPE: Permission.WRITE_WIPE,
-    }
 
 
 # --- assignment --------------------------------------------------------------------------

@@ -29,8 +29,8 @@ from metaq.client.message import Message
 from metaq.client.offset_store import LocalOffsetStore
 from metaq.client.process_queue import ProcessQueue
 from metaq.client.push_consumer import QueueKey
-from metaq.client.routes import QueueRoute
 from metaq.common.framing import FrameType
+from metaq.common.model import QueueRoute
 from metaq.common.testing import wait_until_async
 from metaq.common.v1.data_pb2 import ConsumerHeartbeatRequest
 

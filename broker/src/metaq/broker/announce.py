@@ -4,14 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from metaq.broker.registration import (
-    BrokerDescription,
-    NameServerRegistrar,
-    Permission,
-    ReplicationMode,
-    Role,
-    TopicDescription,
-)
+from metaq.broker.registration import BrokerDescription, NameServerRegistrar
+from metaq.common.model import ReplicationMode, Role, TopicConfig
 
 if TYPE_CHECKING:
     from metaq.broker.process import Broker
@@ -29,21 +23,12 @@ class _TopicSnapshot:
     def __init__(self, topics: TopicTable) -> None:
         self._topics = topics
         self._version = -1
-        self._snapshot: tuple[TopicDescription, ...] = ()
+        self._snapshot: tuple[TopicConfig, ...] = ()
 
-    def get(self) -> tuple[TopicDescription, ...]:
+    def get(self) -> tuple[TopicConfig, ...]:
         if self._version != self._topics.version:
             self._version = self._topics.version
-            self._snapshot = tuple(
-                TopicDescription(
-                    name=topic.name,
-                    read_queues=topic.read_queues,
-                    write_queues=topic.write_queues,
-                    permission=Permission.of_topic(topic.perm),
-                    ordered=topic.ordered,
-                )
-                for topic in sorted(self._topics.all(), key=lambda t: t.name)
-            )
+            self._snapshot = tuple(self._topics.all())  # sorted by name
         return self._snapshot
 
 

@@ -24,6 +24,7 @@ from typing import Any, Final
 from metaq.broker.delay import DEFAULT_LEVELS, parse_levels
 from metaq.broker.store.config import MIB, FlushMode, StoreConfig
 from metaq.common.framing import MAX_FRAME_BYTES
+from metaq.common.model import ReplicationMode
 from metaq.common.record import HEADER_SIZE
 from metaq.common.tls import TlsConfig, TlsError, server_tls
 
@@ -31,13 +32,6 @@ _NAME: Final = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _ADDRESS: Final = re.compile(r"(?P<host>[^\s:]+|\[[0-9A-Fa-f:.]+\]):(?P<port>\d{1,5})")
 # Set from the broker's own settings, never from the [store] table.
 _STORE_OWNED: Final = frozenset({"data_dir", "flush_mode", "store_host", "keep_damaged_records"})
-
-
-class ReplicationMode(enum.Enum):
-    ASYNC = "async"
-    """A send is answered once the master holds it; slaves copy it soon after."""
-    SYNC = "sync"
-    """A send is answered once ``min_in_sync_replicas`` copies hold it (double write)."""
 
 
 class ConfigError(ValueError):

@@ -11,22 +11,15 @@ a closed connection), so the other members can be told at once (see
 
 from __future__ import annotations
 
-import enum
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from metaq.common.errors import InvalidMessage
+from metaq.common.model import ConsumeMode
 from metaq.common.names import check_group
 from metaq.common.record import check_topic
 from metaq.common.service import PeriodicService
-
-
-class ConsumeMode(enum.Enum):
-    CLUSTERING = "clustering"
-    """Members share the queues: each message goes to one member of the group."""
-    BROADCASTING = "broadcasting"
-    """Every member gets every message."""
 
 
 @dataclass(frozen=True, slots=True)

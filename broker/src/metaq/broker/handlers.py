@@ -9,7 +9,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from metaq.broker.connection import Handler, Responder
-from metaq.broker.consumers import ConsumeMode, ConsumerGroups
+from metaq.broker.consumers import ConsumerGroups
 from metaq.broker.held_offsets import takes_forwarded
 from metaq.broker.journal import Journal
 from metaq.broker.member_notices import MemberChangeNotices
@@ -23,6 +23,7 @@ from metaq.broker.topics import TopicTable, UnknownTopic
 from metaq.broker.transactions import Transactions
 from metaq.common.errors import ErrorCode, InvalidMessage, MetaqError, NotMaster
 from metaq.common.framing import FLAG_RESPONSE, Frame, FrameType, encode_error, encode_frame
+from metaq.common.model import ConsumeMode
 from metaq.common.names import check_group
 from metaq.common.record import check_topic
 from metaq.common.v1.data_pb2 import (
@@ -43,11 +44,6 @@ from metaq.common.v1.data_pb2 import (
 
 log = logging.getLogger(__name__)
 
-_MODES = {
-    ConsumerHeartbeatRequest.MODE_UNSPECIFIED: ConsumeMode.CLUSTERING,
-    ConsumerHeartbeatRequest.CLUSTERING: ConsumeMode.CLUSTERING,
-    ConsumerHeartbeatRequest.BROADCASTING: ConsumeMode.BROADCASTING,
-}
 _EMPTY_COMMIT_RESPONSE = CommitOffsetResponse().SerializeToString()
 
 
@@ -290,15 +286,17 @@ class Handlers:
 
     def consumer_heartbeat(self, responder: Responder, frame: Frame) -> None:
         request = ConsumerHeartbeatRequest.FromString(frame.header)
-        if request.mode not in _MODES:
-            raise InvalidMessage(f"unknown consume mode {request.mode}")
+        try:
+            mode = ConsumeMode.from_proto(request.mode)
+        except ValueError:
+            raise InvalidMessage(f"unknown consume mode {request.mode}") from None
         if request.notify_member_changes and self._notices is not None and not request.leaving:
             self._notices.listen(responder)
         members = self._groups.heartbeat(
             request.consumer_group,
             request.client_id,
             computer_room=request.computer_room,
-            mode=_MODES[request.mode],
+            mode=mode,
             subscriptions=[(s.topic, s.tag_expression) for s in request.subscriptions],
             connection_id=responder.connection_id,
             leaving=request.leaving,

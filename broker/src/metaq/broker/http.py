@@ -34,10 +34,11 @@ from metaq.broker.metrics import BrokerMetrics
 from metaq.broker.offsets import ConsumerOffsets
 from metaq.broker.role import GroupRole
 from metaq.broker.store import MessageStore
-from metaq.broker.topics import Permission, TopicConfig, TopicTable
+from metaq.broker.topics import TopicTable
 from metaq.common import http
 from metaq.common.errors import InvalidMessage, MetaqError, StoreUnavailable
 from metaq.common.http_auth import HttpAuth
+from metaq.common.model import TOPIC_PERMISSIONS, Permission, TopicConfig
 from metaq.common.names import shown
 from metaq.common.record import FLAG_COMPRESSED, Record
 from metaq.common.version import installed_version
@@ -334,11 +335,13 @@ def _topic_from_json(name: str, body: dict[str, Any], default_queues: int) -> To
     if not isinstance(ordered, bool):
         raise InvalidMessage("ordered must be true or false")
     try:
-        perm = Permission(body.get("perm", Permission.READ_WRITE.value))
-    except ValueError:
-        known = ", ".join(p.value for p in Permission)
-        raise InvalidMessage(f"perm must be one of {known}") from None
-    return TopicConfig(name, queues["read_queues"], queues["write_queues"], perm, ordered)
+        permission = Permission.from_text(body.get("perm", Permission.READ_WRITE.topic_text))
+    except (TypeError, ValueError):
+        permission = Permission.NONE  # refused below, as is NONE itself
+    if permission not in TOPIC_PERMISSIONS:
+        known = ", ".join(p.topic_text for p in TOPIC_PERMISSIONS)
+        raise InvalidMessage(f"perm must be one of {known}")
+    return TopicConfig(name, queues["read_queues"], queues["write_queues"], permission, ordered)
 
 
 def _log_check(check: LogCheck | None, store: MessageStore) -> dict[str, object] | None:

@@ -283,7 +283,7 @@ class _Views:
             return unknown
         config = self._c.topics.get(topic)
         assert config is not None
-        if not config.perm.writable or config.write_queues == 0:
+        if not config.permission.writable or config.write_queues == 0:
             return _error(409, f"topic {shown(topic)} takes no writes on this broker")
         queue_id = random.randrange(config.write_queues)
         return await self._store_new(
@@ -318,7 +318,7 @@ class _Views:
         for letter in chosen.values():
             topic = letter.properties.get(PROP_RETRY_TOPIC, "")
             target = self._c.topics.get(topic)
-            if target is None or not target.perm.writable or target.write_queues == 0:
+            if target is None or not target.permission.writable or target.write_queues == 0:
                 return _error(
                     409,
                     f"dead letter {letter.msg_id.hex()} came from topic {shown(topic)}, which "

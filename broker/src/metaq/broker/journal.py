@@ -33,9 +33,10 @@ from typing import Any, Final
 from metaq.broker.offsets import ConsumerOffsets
 from metaq.broker.store import GetStatus, MessageStore
 from metaq.broker.store.commitlog import Appended
-from metaq.broker.topics import Permission, TopicConfig, TopicTable
+from metaq.broker.topics import TopicTable
 from metaq.common.errors import MetaqError
 from metaq.common.log_limit import Repeated
+from metaq.common.model import TopicConfig
 from metaq.common.record import decode, encode
 from metaq.common.service import PeriodicService
 
@@ -195,16 +196,7 @@ class Journal:
         body = json.loads(decode(result.records[0]).body)
         result.release()
         self._topics.replace_all(
-            [
-                TopicConfig(
-                    name,
-                    int(entry["read_queues"]),
-                    int(entry["write_queues"]),
-                    Permission(entry["perm"]),
-                    bool(entry.get("ordered", False)),
-                )
-                for name, entry in body["topics"].items()
-            ],
+            [TopicConfig.from_json(name, entry) for name, entry in body["topics"].items()],
             newest,
         )
         return 1

@@ -20,65 +20,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import itertools
 import logging
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any
 
 import grpc
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 from tenacity.wait import wait_random_exponential
 
 from metaq.common.auth import ClusterSecret, call_metadata, session_identity, session_metadata
+from metaq.common.model import Permission, ReplicationMode, Role, TopicConfig
 from metaq.common.tls import TlsConfig, grpc_channel
 from metaq.common.v1 import control_pb2 as pb
 from metaq.common.v1 import control_pb2_grpc
 
 log = logging.getLogger(__name__)
-
-
-class Permission(enum.IntEnum):
-    """What clients may do with a topic (or the whole broker); ``metaq.v1.Permission``."""
-
-    READ_ONLY = pb.PERMISSION_READ_ONLY
-    WRITE_ONLY = pb.PERMISSION_WRITE_ONLY
-    READ_WRITE = pb.PERMISSION_READ_WRITE
-    # An operator wiped the writes (draining the broker): reads go on.
-    WRITE_WIPE = pb.PERMISSION_WRITE_WIPE
-    NONE = pb.PERMISSION_NONE
-
-    @classmethod
-    def of_topic(cls, permission: enum.Enum) -> Permission:
-        """The wire permission of a ``metaq.broker.topics.Permission`` (matched by name)."""
-        return cls[_TOPIC_PERMISSIONS.get(permission.name, permission.name)]
-
-
-# metaq.broker.topics.Permission names that differ from the wire's.
-_TOPIC_PERMISSIONS: Final = {"READ": "READ_ONLY", "WRITE": "WRITE_ONLY"}
-
-
-class Role(enum.IntEnum):
-    MASTER = pb.BROKER_ROLE_MASTER
-    SLAVE = pb.BROKER_ROLE_SLAVE
-
-
-class ReplicationMode(enum.IntEnum):
-    ASYNC = pb.REPLICATION_MODE_ASYNC
-    SYNC = pb.REPLICATION_MODE_SYNC
-
-
-@dataclass(frozen=True, slots=True)
-class TopicDescription:
-    """One topic as this broker serves it."""
-
-    name: str
-    read_queues: int
-    write_queues: int
-    permission: Permission = Permission.READ_WRITE
-    ordered: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +61,7 @@ class BrokerDescription:
     permission: Permission = Permission.READ_WRITE
     replication_mode: ReplicationMode = ReplicationMode.ASYNC
     commitlog_max_offset: int = 0
-    topics: tuple[TopicDescription, ...] = ()
+    topics: tuple[TopicConfig, ...] = ()
     controlled: bool = False
     configured_master: bool = False
     in_sync_ids: tuple[int, ...] = ()
@@ -115,13 +74,13 @@ def heartbeat(description: BrokerDescription, *, with_topics: bool) -> pb.Broker
             cluster=description.cluster,
             broker_name=description.broker_name,
             broker_id=description.broker_id,
-            role=pb.BrokerRole.ValueType(description.role),
+            role=description.role.to_proto(),
             data_address=description.data_address,
             http_address=description.http_address,
             computer_room=description.computer_room,
             epoch=description.epoch,
-            permission=pb.Permission.ValueType(description.permission),
-            replication_mode=pb.ReplicationMode.ValueType(description.replication_mode),
+            permission=description.permission.to_proto(),
+            replication_mode=description.replication_mode.to_proto(),
             commitlog_max_offset=description.commitlog_max_offset,
             controlled=description.controlled,
             configured_master=description.configured_master,
@@ -131,16 +90,7 @@ def heartbeat(description: BrokerDescription, *, with_topics: bool) -> pb.Broker
     )
     if with_topics:
         message.topic_table.SetInParent()  # present even when empty: "no topics"
-        message.topic_table.topics.extend(
-            pb.TopicConfig(
-                topic=topic.name,
-                read_queues=topic.read_queues,
-                write_queues=topic.write_queues,
-                permission=pb.Permission.ValueType(topic.permission),
-                ordered=topic.ordered,
-            )
-            for topic in description.topics
-        )
+        message.topic_table.topics.extend(topic.to_proto() for topic in description.topics)
     return message
 
 
@@ -268,7 +218,7 @@ class _Link:
                         registrar.on_answer(event.registered, asked)
 
                 reader = asyncio.get_running_loop().create_task(read_events())
-                sent: tuple[TopicDescription, ...] | None = None
+                sent: tuple[TopicConfig, ...] | None = None
                 try:
                     while True:
                         description = registrar.describe()

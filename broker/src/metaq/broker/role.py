@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import logging
 import ssl
 import time
 from collections.abc import Callable, Iterable
 from typing import Final
 
-from metaq.broker.config import BrokerConfig, ReplicationMode
+from metaq.broker.config import BrokerConfig
 from metaq.broker.confirmed_mark import ConfirmedMark
 from metaq.broker.connection import Responder
 from metaq.broker.journal import Journal
@@ -40,6 +39,7 @@ from metaq.broker.store.flush import AsyncDurability
 from metaq.common.auth import ClusterSecret
 from metaq.common.errors import MetaqError, NotEnoughReplicas, NotMaster
 from metaq.common.framing import FLAG_RESPONSE, Buffer, Frame, FrameType, encode_error, encode_frame
+from metaq.common.model import ReplicationMode, Role
 from metaq.common.v1 import control_pb2 as pb
 from metaq.common.v1.data_pb2 import ReplicaFetchRequest, ReplicaFetchResponse
 from metaq.replication.channel import DataPlaneChannel, SlaveIdentity
@@ -51,11 +51,6 @@ log = logging.getLogger(__name__)
 
 TAKE_UP_WAIT_S: Final = 1.0
 """How long a fetch in an epoch this broker has not taken up yet waits for it to."""
-
-
-class Role(enum.Enum):
-    MASTER = "master"
-    SLAVE = "slave"
 
 
 class GroupRole:

@@ -25,10 +25,11 @@ from metaq.broker.role import GroupRole
 from metaq.broker.store import FlushMode, MessageStore
 from metaq.broker.store.commitlog import Appended, RecordBatch
 from metaq.broker.store.flush import AsyncDurability
-from metaq.broker.topics import TopicConfig, TopicTable
+from metaq.broker.topics import TopicTable
 from metaq.broker.transactions import Transactions, to_half
 from metaq.common.errors import InvalidMessage, MetaqError, StoreUnavailable
 from metaq.common.framing import FLAG_RESPONSE, Buffer, Frame, FrameType, encode_frame
+from metaq.common.model import TopicConfig
 from metaq.common.record import FLAG_DELAYED, FLAG_TRANSACTION, HEADER_SIZE, Record, topic_of
 from metaq.common.v1.data_pb2 import SendRequest, SendResponse
 

@@ -7,15 +7,15 @@ grows with every change, so the nameserver registration can tell when to re-regi
 
 from __future__ import annotations
 
-import enum
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Final
 
 from metaq.broker.files import load_json_state, write_json_atomically
 from metaq.common.errors import ErrorCode, InvalidMessage, MetaqError
+from metaq.common.model import TOPIC_PERMISSIONS, Permission, TopicConfig
 from metaq.common.record import MAX_QUEUES_PER_TOPIC, check_topic
 
 log = logging.getLogger(__name__)
@@ -26,30 +26,6 @@ SYSTEM_PREFIX: Final = "%SYS%"
 GROUP_PREFIXES: Final = ("%RETRY%", "%DLQ%")
 """Topics a consumer group's failures create on this broker (one queue each)."""
 """Topics the broker keeps for itself (the replicated journals); clients cannot use them."""
-
-
-class Permission(enum.Enum):
-    """What a topic allows on this broker."""
-
-    READ = "read"
-    WRITE = "write"
-    READ_WRITE = "read-write"
-    WRITE_WIPE = "write-wipe"
-    """Writes refused, reads allowed: the topic is being drained off this broker (for
-    maintenance); producers should go to another broker, consumers finish what is here."""
-
-    @property
-    def readable(self) -> bool:
-        return self is not Permission.WRITE
-
-    @property
-    def writable(self) -> bool:
-        return self in (Permission.WRITE, Permission.READ_WRITE)
-
-    @property
-    def bits(self) -> int:
-        """The ``metaq.v1.Permission`` bits (READ = 1, WRITE = 2) the nameserver routes by."""
-        return (1 if self.readable else 0) | (2 if self.writable else 0)
 
 
 class UnknownTopic(MetaqError):
@@ -68,37 +44,26 @@ class NoPermission(MetaqError):
         self.retriable = retriable
 
 
-@dataclass(frozen=True, slots=True)
-class TopicConfig:
-    name: str
-    read_queues: int
-    """Consumers read queues [0, read_queues)."""
-    write_queues: int
-    """Producers write queues [0, write_queues)."""
-    perm: Permission = Permission.READ_WRITE
-    ordered: bool = False
-
-    def __post_init__(self) -> None:
-        check_topic(self.name)
-        if self.name.startswith(SYSTEM_PREFIX):
+def check_config(config: TopicConfig) -> TopicConfig:
+    """``config`` when this broker can serve it, else InvalidMessage saying why not."""
+    check_topic(config.name)
+    if config.name.startswith(SYSTEM_PREFIX):
+        raise InvalidMessage(
+            f"topic names starting with {SYSTEM_PREFIX!r} are the broker's own; "
+            f"choose another name than {config.name!r}"
+        )
+    for key in ("read_queues", "write_queues"):
+        value = getattr(config, key)
+        if not 1 <= value <= MAX_QUEUES_PER_TOPIC:
             raise InvalidMessage(
-                f"topic names starting with {SYSTEM_PREFIX!r} are the broker's own; "
-                f"choose another name than {self.name!r}"
+                f"topic {config.name!r}: {key} must be 1-{MAX_QUEUES_PER_TOPIC}, not {value}"
             )
-        for key in ("read_queues", "write_queues"):
-            value = getattr(self, key)
-            if not 1 <= value <= MAX_QUEUES_PER_TOPIC:
-                raise InvalidMessage(
-                    f"topic {self.name!r}: {key} must be 1-{MAX_QUEUES_PER_TOPIC}, not {value}"
-                )
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "read_queues": self.read_queues,
-            "write_queues": self.write_queues,
-            "perm": self.perm.value,
-            "ordered": self.ordered,
-        }
+    if config.permission not in TOPIC_PERMISSIONS:
+        raise InvalidMessage(
+            f"topic {config.name!r}: permission must be one of "
+            + ", ".join(p.topic_text for p in TOPIC_PERMISSIONS)
+        )
+    return config
 
 
 class TopicTable:
@@ -125,13 +90,7 @@ class TopicTable:
         self.version = int(data["version"])
         self.journal_offset = int(data.get("journal_offset", -1))
         for name, entry in data["topics"].items():
-            self._topics[name] = TopicConfig(
-                name=name,
-                read_queues=int(entry["read_queues"]),
-                write_queues=int(entry["write_queues"]),
-                perm=Permission(entry["perm"]),
-                ordered=bool(entry.get("ordered", False)),
-            )
+            self._topics[name] = check_config(TopicConfig.from_json(name, entry))
 
     def _save(self) -> None:
         self.version += 1
@@ -164,7 +123,7 @@ class TopicTable:
         *,
         read_queues: int | None = None,
         write_queues: int | None = None,
-        perm: Permission = Permission.READ_WRITE,
+        permission: Permission = Permission.READ_WRITE,
         ordered: bool = False,
     ) -> TopicConfig:
         """Create a topic, or replace its settings when it exists (RocketMQ's
@@ -173,7 +132,7 @@ class TopicTable:
             name,
             read_queues or self.default_queue_count,
             write_queues or self.default_queue_count,
-            perm,
+            permission,
             ordered,
         )
         return self.put(config)
@@ -184,7 +143,7 @@ class TopicTable:
         *,
         read_queues: int | None = None,
         write_queues: int | None = None,
-        perm: Permission | None = None,
+        permission: Permission | None = None,
         ordered: bool | None = None,
     ) -> TopicConfig:
         """Change some settings of an existing topic; raises UnknownTopic if there is none."""
@@ -192,12 +151,13 @@ class TopicTable:
         changes: dict[str, Any] = {
             "read_queues": read_queues,
             "write_queues": write_queues,
-            "perm": perm,
+            "permission": permission,
             "ordered": ordered,
         }
         return self.put(replace(current, **{k: v for k, v in changes.items() if v is not None}))
 
     def put(self, config: TopicConfig) -> TopicConfig:
+        check_config(config)
         if self._topics.get(config.name) != config:
             previous = self._topics.get(config.name)
             self._topics[config.name] = config
@@ -224,7 +184,7 @@ class TopicTable:
 
     def replace_all(self, configs: list[TopicConfig], journal_offset: int) -> None:
         """Adopt a whole table from the master's journal."""
-        table = {c.name: c for c in configs}
+        table = {c.name: check_config(c) for c in configs}
         if table == self._topics:
             self.journal_offset = journal_offset
             return
@@ -267,7 +227,7 @@ class TopicTable:
                     "is off: create it first (admin API) or check the name"
                 )
             config = TopicConfig(name, self.default_queue_count, self.default_queue_count)
-        if not config.perm.writable:
+        if not config.permission.writable:
             raise _refusal(config, "write")
         if queue_id >= config.write_queues:
             raise InvalidMessage(
@@ -279,7 +239,7 @@ class TopicTable:
 
     def resolve_pull(self, name: str, queue_id: int) -> TopicConfig:
         config = self._require(name)
-        if not config.perm.readable:
+        if not config.permission.readable:
             raise _refusal(config, "read")
         if queue_id >= config.read_queues:
             raise InvalidMessage(
@@ -297,13 +257,14 @@ class TopicTable:
 
 
 def _refusal(config: TopicConfig, operation: str) -> NoPermission:
-    if config.perm is Permission.WRITE_WIPE:
+    if config.permission is Permission.WRITE_WIPE:
         return NoPermission(
             f"topic {config.name!r} is write-wiped on this broker (being drained for "
             "maintenance): send to another broker of the topic",
             retriable=True,
         )
     return NoPermission(
-        f"topic {config.name!r} does not allow {operation}s (permission {config.perm.value})",
+        f"topic {config.name!r} does not allow {operation}s "
+        f"(permission {config.permission.topic_text})",
         retriable=False,
     )

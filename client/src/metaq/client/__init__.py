@@ -15,7 +15,6 @@ from metaq.client.consume_options import (
     LAST,
     TIMESTAMP,
     ConsumeFrom,
-    ConsumeMode,
     PushConsumerConfig,
 )
 from metaq.client.errors import (
@@ -36,9 +35,10 @@ from metaq.client.producer import Producer, ProducerConfig
 from metaq.client.pull_consumer import PullConsumer, PullResult, PullStatus, QueueOffsets
 from metaq.client.push_consumer import PushConsumer
 from metaq.client.results import SendResult, SendStatus
-from metaq.client.routes import NameServerError, RouteCache, TopicRoute
+from metaq.client.routes import NameServerError, RouteCache
 from metaq.client.transaction import TransactionProducer, TransactionState
 from metaq.common.errors import MetaqError
+from metaq.common.model import ConsumeMode, TopicRoute
 
 __all__ = [
     "BROADCASTING",

@@ -23,8 +23,8 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from metaq.client.routes import QueueRoute
 from metaq.common.framing import Buffer
+from metaq.common.model import QueueRoute
 
 QueueKey = tuple[str, str, int, bool]
 """(topic, broker name, queue id, one-way); one-way batches are kept apart: nobody answers

@@ -2,21 +2,14 @@
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from metaq.common.model import ConsumeMode
+
 STRATEGIES: Final = ("average", "round_robin", "consistent_hash", "computer_room_first")
 """The nameserver's assignment strategies (``docs/nameserver.md``)."""
-
-
-class ConsumeMode(enum.Enum):
-    CLUSTERING = "clustering"
-    """The group's members share the queues: each message goes to one member. Offsets
-    are committed to the brokers."""
-    BROADCASTING = "broadcasting"
-    """Every member consumes every queue. Offsets are kept in a local file per member."""
 
 
 CLUSTERING: Final = ConsumeMode.CLUSTERING

@@ -16,7 +16,6 @@ from metaq.client.consume_options import (
     STRATEGIES,
     TIMESTAMP,
     ConsumeFrom,
-    ConsumeMode,
     PushConsumerConfig,
 )
 from metaq.client.handlers import LATER, ConsumeResult, ConsumeStats
@@ -29,7 +28,7 @@ from metaq.client.pull_consumer import (
     QueueOffsets,
 )
 from metaq.client.push_consumer import BatchHandler, MessageHandler, PushConsumer, QueueKey
-from metaq.client.routes import QueueRoute
+from metaq.common.model import ConsumeMode, QueueRoute
 
 __all__ = [
     "BROADCASTING",

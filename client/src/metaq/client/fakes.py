@@ -17,11 +17,10 @@ from dataclasses import dataclass, field
 from typing import cast
 
 from metaq.client.errors import UnknownTopic
-from metaq.client.routes import GroupRoute, QueueRoute, TopicRoute
 from metaq.common import record
 from metaq.common.errors import ErrorCode, ProtocolError
 from metaq.common.framing import Frame, FrameDecoder, FrameType, encode_error, encode_frame
-from metaq.common.v1 import control_pb2 as pb
+from metaq.common.model import BrokerAddress, GroupRoute, Permission, Role, TopicRoute
 from metaq.common.v1.data_pb2 import SendRequest, SendResponse
 
 
@@ -210,28 +209,26 @@ class StaticRoutes:
 
 
 def static_route(topic: str, groups: Sequence[tuple[str, str, int]]) -> TopicRoute:
-    group_routes = tuple(
-        GroupRoute(
-            broker_name=name,
-            cluster="test",
-            epoch=0,
-            computer_room="room",
-            master_address=address,
-            addresses=(address,),
-            http_addresses=("",),
-            read_queues=count,
-            write_queues=count,
-            permission=pb.PERMISSION_READ_WRITE,
-            ordered=False,
-        )
-        for name, address, count in groups
+    """A route of one broker per group; an empty address is a group without a master."""
+    return TopicRoute(
+        topic,
+        tuple(
+            GroupRoute(
+                cluster="test",
+                broker_name=name,
+                epoch=0,
+                computer_room="room",
+                brokers=(
+                    BrokerAddress(0, Role.MASTER if address else Role.SLAVE, address, "", "room"),
+                ),
+                read_queues=count,
+                write_queues=count,
+                permission=Permission.READ_WRITE,
+                ordered=False,
+            )
+            for name, address, count in groups
+        ),
     )
-    queues = tuple(
-        QueueRoute(name, address, q, "room")
-        for name, address, count in groups
-        for q in range(count)
-    )
-    return TopicRoute(topic, queues, queues, group_routes)
 
 
 async def stop_all(brokers: Sequence[FakeBroker]) -> None:

@@ -19,12 +19,12 @@ import logging
 from collections.abc import Callable, Sequence
 
 from metaq.client.connection import BrokerConnection, ConnectionPool
-from metaq.client.consume_options import ConsumeMode
 from metaq.client.errors import UnknownTopic
 from metaq.client.rebalance import Member, merge_members
 from metaq.client.routes import RouteCache
 from metaq.client.tags import TagFilter
 from metaq.common.framing import Frame, FrameType
+from metaq.common.model import ConsumeMode
 from metaq.common.service import PeriodicService
 from metaq.common.v1.data_pb2 import (
     ConsumerHeartbeatRequest,
@@ -33,11 +33,6 @@ from metaq.common.v1.data_pb2 import (
 )
 
 log = logging.getLogger(__name__)
-
-_MODES = {
-    ConsumeMode.CLUSTERING: ConsumerHeartbeatRequest.CLUSTERING,
-    ConsumeMode.BROADCASTING: ConsumerHeartbeatRequest.BROADCASTING,
-}
 
 
 class GroupMembership(PeriodicService):
@@ -107,7 +102,7 @@ class GroupMembership(PeriodicService):
             consumer_group=self.group,
             client_id=self.client_id,
             computer_room=self.computer_room,
-            mode=_MODES[self.mode],
+            mode=self.mode.to_proto(),
             leaving=leaving,
             notify_member_changes=True,
         )

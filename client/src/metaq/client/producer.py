@@ -55,12 +55,13 @@ from metaq.client.encoding import RecordEncoder, with_queue_id
 from metaq.client.errors import ConnectionLost, ProducerClosed, RequestTimeout
 from metaq.client.message import OutgoingMessage
 from metaq.client.results import SendResult
-from metaq.client.routes import QueueRoute, RouteCache, TopicRoute
+from metaq.client.routes import RouteCache
 from metaq.client.selection import BrokerHealth, QueueSelector, RoundRobinSelector, shard_queue
 from metaq.client.sender import Sender
 from metaq.common import record
 from metaq.common.errors import InvalidMessage, MetaqError
 from metaq.common.framing import Buffer
+from metaq.common.model import QueueRoute, TopicRoute
 from metaq.common.names import check_group
 from metaq.common.tls import TlsConfig
 from metaq.common.users import Credentials, load_credentials

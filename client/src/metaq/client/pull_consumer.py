@@ -19,10 +19,11 @@ from types import TracebackType
 from metaq.client.connection import ConnectionPool
 from metaq.client.malloc import keep_freed_memory
 from metaq.client.message import Message, decode_messages
-from metaq.client.routes import QueueRoute, RouteCache
+from metaq.client.routes import RouteCache
 from metaq.client.tags import TagFilter
 from metaq.common.errors import ErrorCode, MetaqError
 from metaq.common.framing import FrameType
+from metaq.common.model import QueueRoute
 from metaq.common.names import check_group
 from metaq.common.tls import TlsConfig
 from metaq.common.users import Credentials, load_credentials

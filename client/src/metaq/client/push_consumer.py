@@ -61,11 +61,7 @@ from tenacity import (
 
 from metaq.client.admin import Admin
 from metaq.client.connection import ConnectionPool
-from metaq.client.consume_options import (
-    ConsumeFrom,
-    ConsumeMode,
-    PushConsumerConfig,
-)
+from metaq.client.consume_options import ConsumeFrom, PushConsumerConfig
 from metaq.client.errors import ConnectionLost, UnknownTopic
 from metaq.client.handlers import LATER, ConsumeResult, ConsumeStats, HandlerPool, ReconsumeLater
 from metaq.client.membership import GroupMembership
@@ -75,8 +71,9 @@ from metaq.client.process_queue import ProcessQueue
 from metaq.client.pull_consumer import PullConsumer, PullResult, PullStatus
 from metaq.client.rebalance import plan_rebalance
 from metaq.client.retry import SendBack, as_original, retry_topic
-from metaq.client.routes import QueueRoute, RouteCache, TopicRoute
+from metaq.client.routes import RouteCache
 from metaq.client.tags import TagFilter
+from metaq.common.model import ConsumeMode, QueueRoute, TopicRoute
 from metaq.common.service import PeriodicService
 from metaq.common.tls import TlsConfig
 from metaq.common.users import Credentials

@@ -19,8 +19,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
-from functools import cached_property
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, TypeVar
 
 import grpc
@@ -31,6 +30,7 @@ if TYPE_CHECKING:
 from metaq.client.errors import NoNameServer, UnknownTopic
 from metaq.client.user_calls import UserSigningInterceptor
 from metaq.common.errors import ErrorCode, MetaqError
+from metaq.common.model import Permission, ReplicationMode, Role, TopicRoute
 from metaq.common.service import PeriodicService
 from metaq.common.tls import TlsConfig, grpc_channel, grpc_hint
 from metaq.common.users import Credentials, load_credentials
@@ -41,10 +41,6 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-_WRITABLE: Final = frozenset({pb.PERMISSION_WRITE_ONLY, pb.PERMISSION_READ_WRITE})
-_READABLE: Final = frozenset(
-    {pb.PERMISSION_READ_ONLY, pb.PERMISSION_READ_WRITE, pb.PERMISSION_WRITE_WIPE}
-)
 # Not worth asking another nameserver: the request itself is wrong.
 # Another nameserver would answer the same: say so at once. (Auth refusals too: every
 # nameserver reads the same ACL file.)
@@ -56,20 +52,6 @@ _FINAL_STATUSES: Final = frozenset(
         grpc.StatusCode.PERMISSION_DENIED,
     }
 )
-
-PERMISSION_NAMES: Final[dict[int, str]] = {
-    pb.PERMISSION_UNSPECIFIED: "unspecified",
-    pb.PERMISSION_READ_ONLY: "read-only",
-    pb.PERMISSION_WRITE_ONLY: "write-only",
-    pb.PERMISSION_READ_WRITE: "read-write",
-    pb.PERMISSION_WRITE_WIPE: "write-wipe",
-    pb.PERMISSION_NONE: "none",
-}
-ROLE_NAMES: Final[dict[int, str]] = {
-    pb.BROKER_ROLE_UNSPECIFIED: "unspecified",
-    pb.BROKER_ROLE_MASTER: "master",
-    pb.BROKER_ROLE_SLAVE: "slave",
-}
 
 
 class NameServerError(MetaqError):
@@ -85,118 +67,6 @@ class NameServerError(MetaqError):
         self.detail = detail
 
 
-# --- routes ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class QueueRoute:
-    """One queue of a topic: which broker group holds it and where to reach that group."""
-
-    broker_name: str
-    address: str
-    queue_id: int
-    computer_room: str
-
-    def __str__(self) -> str:
-        return f"{self.broker_name}:{self.queue_id}"
-
-
-@dataclass(frozen=True)
-class GroupRoute:
-    """A topic on one broker group, as the nameserver routes it."""
-
-    broker_name: str
-    cluster: str
-    epoch: int
-    computer_room: str
-    master_address: str
-    """Data-plane address of the group's master; empty while the group has none."""
-    addresses: tuple[str, ...]
-    """Every broker serving the topic in the group, master first, then slaves by id."""
-    http_addresses: tuple[str, ...]
-    read_queues: int
-    write_queues: int
-    permission: int
-    ordered: bool
-
-    @property
-    def writable(self) -> bool:
-        return bool(self.master_address) and self.permission in _WRITABLE
-
-    @property
-    def readable(self) -> bool:
-        return bool(self.addresses) and self.permission in _READABLE
-
-    @property
-    def permission_name(self) -> str:
-        return PERMISSION_NAMES.get(self.permission, str(self.permission))
-
-
-@dataclass(frozen=True)
-class TopicRoute:
-    """A topic's queues.
-
-    ``write_queues`` come from masters only (a group without a live master takes no
-    writes); ``read_queues`` are read from the master, or from a slave while the group has
-    no master. Both are sorted by (broker name, queue id).
-    """
-
-    topic: str
-    write_queues: tuple[QueueRoute, ...]
-    read_queues: tuple[QueueRoute, ...]
-    groups: tuple[GroupRoute, ...] = field(default=(), compare=False)
-
-    @property
-    def ordered(self) -> bool:
-        return any(group.ordered for group in self.groups)
-
-    @cached_property
-    def masterless(self) -> bool:
-        """Whether a group that takes writes has no master in this route: a failover is
-        under way, and the new master may be routed by the time anyone asks again."""
-        return any(g.permission in _WRITABLE and not g.master_address for g in self.groups)
-
-    def group(self, broker_name: str) -> GroupRoute | None:
-        for group in self.groups:
-            if group.broker_name == broker_name:
-                return group
-        return None
-
-
-def topic_route_from_proto(route: pb.TopicRoute) -> TopicRoute:
-    """The client's view of a ``GetRoute`` answer."""
-    groups: list[GroupRoute] = []
-    writes: list[QueueRoute] = []
-    reads: list[QueueRoute] = []
-    for g in sorted(route.groups, key=lambda g: g.broker_name):
-        master = next((b for b in g.brokers if b.role == pb.BROKER_ROLE_MASTER), None)
-        group = GroupRoute(
-            broker_name=g.broker_name,
-            cluster=g.cluster,
-            epoch=g.epoch,
-            computer_room=g.computer_room,
-            master_address=master.data_address if master is not None else "",
-            addresses=tuple(b.data_address for b in g.brokers),
-            http_addresses=tuple(b.http_address for b in g.brokers),
-            read_queues=g.read_queues,
-            write_queues=g.write_queues,
-            permission=g.permission,
-            ordered=g.ordered,
-        )
-        groups.append(group)
-        if group.writable:
-            writes += (
-                QueueRoute(g.broker_name, group.master_address, q, g.computer_room)
-                for q in range(g.write_queues)
-            )
-        if group.readable:
-            reader = group.master_address or group.addresses[0]
-            reads += (
-                QueueRoute(g.broker_name, reader, q, g.computer_room) for q in range(g.read_queues)
-            )
-    return TopicRoute(route.topic, tuple(writes), tuple(reads), tuple(groups))
-
-
 # --- cluster info ---------------------------------------------------------------------
 
 
@@ -207,13 +77,13 @@ class BrokerInfo:
     cluster: str
     broker_name: str
     broker_id: int
-    role: str
+    role: Role
     data_address: str
     http_address: str
     computer_room: str
     epoch: int
-    permission: str
-    replication_mode: str
+    permission: Permission
+    replication_mode: ReplicationMode | None
     commitlog_max_offset: int
     last_heartbeat_age_ms: int
     session_open: bool
@@ -225,7 +95,7 @@ class BrokerInfo:
 
     @property
     def is_master(self) -> bool:
-        return self.role == "master"
+        return self.role is Role.MASTER
 
 
 @dataclass(frozen=True)
@@ -272,10 +142,6 @@ class ClusterView:
 
 def cluster_view_from_proto(reply: pb.GetClusterInfoResponse, nameserver: str) -> ClusterView:
     """The client's view of a ``GetClusterInfo`` answer from ``nameserver``."""
-    modes: dict[int, str] = {
-        pb.REPLICATION_MODE_ASYNC: "async",
-        pb.REPLICATION_MODE_SYNC: "sync",
-    }
     clusters = []
     for c in reply.clusters:
         groups = []
@@ -283,7 +149,7 @@ def cluster_view_from_proto(reply: pb.GetClusterInfoResponse, nameserver: str) -
             in_sync = set(g.control.in_sync_ids) if g.HasField("control") else None
             master_end = max(
                 (b.state.commitlog_max_offset for b in g.brokers
-                 if b.state.role == pb.BROKER_ROLE_MASTER),
+                 if b.state.role == Role.MASTER.to_proto()),
                 default=0,
             )  # fmt: skip
             brokers = tuple(
@@ -291,13 +157,13 @@ def cluster_view_from_proto(reply: pb.GetClusterInfoResponse, nameserver: str) -
                     cluster=c.cluster,
                     broker_name=g.broker_name,
                     broker_id=b.state.broker_id,
-                    role=ROLE_NAMES.get(b.state.role, str(b.state.role)),
+                    role=Role.from_proto(b.state.role),
                     data_address=b.state.data_address,
                     http_address=b.state.http_address,
                     computer_room=b.state.computer_room,
                     epoch=b.state.epoch,
-                    permission=PERMISSION_NAMES.get(b.state.permission) or "read-write",
-                    replication_mode=modes.get(b.state.replication_mode, "-"),
+                    permission=Permission.from_proto(b.state.permission),
+                    replication_mode=ReplicationMode.from_proto(b.state.replication_mode),
                     commitlog_max_offset=b.state.commitlog_max_offset,
                     last_heartbeat_age_ms=b.last_heartbeat_age_ms,
                     session_open=b.session_open,
@@ -491,12 +357,16 @@ class RouteCache:
             self._fetched_at.pop(topic, None)
             self._unsettled.pop(topic, None)
             raise
-        route = topic_route_from_proto(reply.route)
+        route = TopicRoute.from_proto(reply.route)
         self._settle(topic, route)
         old = self._routes.get(topic)
         self._routes[topic] = route
         self._fetched_at[topic] = time.monotonic()
-        if old != route:
+        # Listeners care where the queues are, not about epochs or HTTP addresses.
+        if old is None or (old.write_queues, old.read_queues) != (
+            route.write_queues,
+            route.read_queues,
+        ):
             for listener in self._listeners:
                 try:
                     listener(topic, route)

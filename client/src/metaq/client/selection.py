@@ -19,7 +19,7 @@ from collections.abc import Callable, Collection
 from typing import Final, Protocol
 
 from metaq.client.errors import NoWritableQueue
-from metaq.client.routes import QueueRoute, TopicRoute
+from metaq.common.model import QueueRoute, TopicRoute
 
 # (latency at least, isolation) — slower answers keep a broker away for longer.
 SLOW_ISOLATION: Final = ((3.0, 60.0), (1.0, 10.0), (0.55, 3.0))

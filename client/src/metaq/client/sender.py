@@ -30,10 +30,10 @@ from metaq.client.connection import BrokerConnection, ConnectionPool
 from metaq.client.encoding import msg_id_prefix_hex
 from metaq.client.errors import BrokerError, ConnectionLost, ProducerClosed
 from metaq.client.results import STATUS_OF, SendResult, SendStatus
-from metaq.client.routes import QueueRoute
 from metaq.client.selection import BrokerHealth
 from metaq.common.errors import ErrorCode, MetaqError
 from metaq.common.framing import Buffer, Frame, FrameType
+from metaq.common.model import QueueRoute
 from metaq.common.v1.data_pb2 import SendRequest, SendResponse
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""The shared vocabulary: permissions, roles, topic configs and routes, with their wire forms.
+"""The shared vocabulary: permissions, roles, modes, topic configs and routes, and their wire forms.
 
 Every member uses these types; the converters to and from the ``metaq.v1`` protobuf
 messages, and to and from the broker's persisted JSON, sit beside them and nowhere else.
@@ -20,6 +20,7 @@ from functools import cached_property
 from typing import Any, Final, TypeVar
 
 from metaq.common.v1 import control_pb2 as pb
+from metaq.common.v1.data_pb2 import ConsumerHeartbeatRequest
 
 _E = TypeVar("_E")
 
@@ -133,9 +134,8 @@ class ReplicationMode(enum.StrEnum):
     SYNC = "sync"
     """A send is answered once ``min_in_sync_replicas`` copies hold it (double write)."""
 
-    @staticmethod
-    def to_proto(mode: ReplicationMode | None) -> pb.ReplicationMode.ValueType:
-        return pb.REPLICATION_MODE_UNSPECIFIED if mode is None else _MODES_OUT[mode]
+    def to_proto(self) -> pb.ReplicationMode.ValueType:
+        return _MODES_OUT[self]
 
     @classmethod
     def from_proto(cls, value: int) -> ReplicationMode | None:
@@ -189,6 +189,37 @@ def _or(convert: Callable[[int], _E], value: int, default: _E) -> _E:
         return convert(value)
     except ValueError:
         return default
+
+
+class ConsumeMode(enum.StrEnum):
+    """How a consumer group's members share a topic (``ConsumerHeartbeatRequest.Mode``)."""
+
+    CLUSTERING = "clustering"
+    """The group's members share the queues: each message goes to one member. Offsets
+    are committed to the brokers."""
+    BROADCASTING = "broadcasting"
+    """Every member consumes every queue. Offsets are kept in a local file per member."""
+
+    def to_proto(self) -> ConsumerHeartbeatRequest.Mode.ValueType:
+        return _CONSUME_MODES_OUT[self]
+
+    @classmethod
+    def from_proto(cls, value: int) -> ConsumeMode:
+        """Clients that do not say are clustering; ValueError for values this version
+        does not know."""
+        if value == ConsumerHeartbeatRequest.MODE_UNSPECIFIED:
+            return ConsumeMode.CLUSTERING
+        return _lookup(_CONSUME_MODES, value, "consume mode")
+
+
+_CONSUME_MODES: Final[Mapping[int, ConsumeMode]] = {
+    ConsumerHeartbeatRequest.CLUSTERING: ConsumeMode.CLUSTERING,
+    ConsumerHeartbeatRequest.BROADCASTING: ConsumeMode.BROADCASTING,
+}
+_CONSUME_MODES_OUT: Final[Mapping[ConsumeMode, ConsumerHeartbeatRequest.Mode.ValueType]] = {
+    ConsumeMode.CLUSTERING: ConsumerHeartbeatRequest.CLUSTERING,
+    ConsumeMode.BROADCASTING: ConsumerHeartbeatRequest.BROADCASTING,
+}
 
 
 # --- topics -----------------------------------------------------------------------------

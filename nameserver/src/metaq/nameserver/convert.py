@@ -2,25 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Final
 
 from metaq.common.errors import InvalidMessage
+from metaq.common.model import Permission, ReplicationMode, Role, TopicConfig
 from metaq.common.names import check_group, shown
 from metaq.common.record import MAX_QUEUES_PER_TOPIC, check_topic
 from metaq.common.v1 import control_pb2 as pb
 from metaq.nameserver.assignment import Member, QueueRef
-from metaq.nameserver.model import (
-    BrokerKey,
-    BrokerState,
-    ClusterView,
-    GroupControl,
-    Permission,
-    ReplicationMode,
-    Role,
-    TopicConfig,
-    TopicRoute,
-)
+from metaq.nameserver.model import BrokerKey, BrokerState, ClusterView, GroupControl
 
 
 class InvalidRequest(ValueError):
@@ -59,33 +50,12 @@ def check_group_name(group: str, field: str = "consumer_group") -> None:
         raise InvalidRequest(f"{field}: {exc}") from None
 
 
-_PERMISSIONS: Final[Mapping[pb.Permission.ValueType, Permission]] = {
-    pb.PERMISSION_READ_ONLY: Permission.READ_ONLY,
-    pb.PERMISSION_WRITE_ONLY: Permission.WRITE_ONLY,
-    pb.PERMISSION_READ_WRITE: Permission.READ_WRITE,
-    pb.PERMISSION_WRITE_WIPE: Permission.WRITE_WIPE,
-    pb.PERMISSION_NONE: Permission.NONE,
-}
-_PERMISSIONS_OUT: Final = {model: wire for wire, model in _PERMISSIONS.items()}
-_ROLES: Final[Mapping[pb.BrokerRole.ValueType, Role]] = {
-    pb.BROKER_ROLE_MASTER: Role.MASTER,
-    pb.BROKER_ROLE_SLAVE: Role.SLAVE,
-}
-_ROLES_OUT: Final = {model: wire for wire, model in _ROLES.items()}
-_MODES: Final[Mapping[pb.ReplicationMode.ValueType, ReplicationMode]] = {
-    pb.REPLICATION_MODE_UNSPECIFIED: ReplicationMode.UNSPECIFIED,
-    pb.REPLICATION_MODE_ASYNC: ReplicationMode.ASYNC,
-    pb.REPLICATION_MODE_SYNC: ReplicationMode.SYNC,
-}
-_MODES_OUT: Final = {model: wire for wire, model in _MODES.items()}
-
-
 def _permission(value: pb.Permission.ValueType, where: str) -> Permission:
-    permission = _PERMISSIONS.get(value)
-    if permission is None:
-        known = ", ".join(pb.Permission.Name(v) for v in _PERMISSIONS)
-        raise InvalidRequest(f"{where}: permission {value} is not one of {known}")
-    return permission
+    try:
+        return Permission.from_proto(value)
+    except ValueError:
+        known = ", ".join(pb.Permission.Name(p.to_proto()) for p in Permission)
+        raise InvalidRequest(f"{where}: permission {value} is not one of {known}") from None
 
 
 def check_address(address: str, where: str, *, required: bool = True) -> None:
@@ -107,14 +77,18 @@ def broker_state(state: pb.BrokerState) -> BrokerState:
     key = broker_key(state.broker_name, state.broker_id)
     check_text(state.cluster, f"broker {key}: cluster")
     check_text(state.computer_room, f"broker {key}: computer_room", required=False)
-    role = _ROLES.get(state.role)
-    if role is None:
-        raise InvalidRequest(f"broker {key}: role must be BROKER_ROLE_MASTER or _SLAVE")
+    try:
+        role = Role.from_proto(state.role)
+    except ValueError:
+        raise InvalidRequest(f"broker {key}: role must be BROKER_ROLE_MASTER or _SLAVE") from None
     check_address(state.data_address, f"broker {key} data_address")
     check_address(state.http_address, f"broker {key} http_address", required=False)
-    mode = _MODES.get(state.replication_mode)
-    if mode is None:
-        raise InvalidRequest(f"broker {key}: unknown replication_mode {state.replication_mode}")
+    try:
+        mode = ReplicationMode.from_proto(state.replication_mode)
+    except ValueError:
+        raise InvalidRequest(
+            f"broker {key}: unknown replication_mode {state.replication_mode}"
+        ) from None
     return BrokerState(
         cluster=state.cluster,
         key=key,
@@ -146,13 +120,8 @@ def topic_table(table: pb.TopicTable, key: BrokerKey) -> dict[str, TopicConfig]:
                     f"{where}: {field} is {getattr(topic, field)}; "
                     f"at most {MAX_QUEUES_PER_TOPIC} are accepted"
                 )
-        topics[topic.topic] = TopicConfig(
-            topic=topic.topic,
-            read_queues=topic.read_queues,
-            write_queues=topic.write_queues,
-            permission=_permission(topic.permission, where),
-            ordered=topic.ordered,
-        )
+        _permission(topic.permission, where)
+        topics[topic.topic] = TopicConfig.from_proto(topic)
     return topics
 
 
@@ -161,13 +130,17 @@ def state_out(state: BrokerState) -> pb.BrokerState:
         cluster=state.cluster,
         broker_name=state.key.broker_name,
         broker_id=state.key.broker_id,
-        role=_ROLES_OUT[state.role],
+        role=state.role.to_proto(),
         data_address=state.data_address,
         http_address=state.http_address,
         computer_room=state.computer_room,
         epoch=state.epoch,
-        permission=_PERMISSIONS_OUT[state.permission],
-        replication_mode=_MODES_OUT[state.replication_mode],
+        permission=state.permission.to_proto(),
+        replication_mode=(
+            pb.REPLICATION_MODE_UNSPECIFIED
+            if state.replication_mode is None
+            else state.replication_mode.to_proto()
+        ),
         commitlog_max_offset=state.commitlog_max_offset,
         controlled=state.controlled,
         configured_master=state.configured_master,
@@ -183,35 +156,6 @@ def control_out(control: GroupControl, master_data_address: str = "") -> pb.Grou
         master_id=control.master_id,
         in_sync_ids=control.in_sync_ids,
         master_data_address=master_data_address,
-    )
-
-
-def route_out(route: TopicRoute) -> pb.TopicRoute:
-    return pb.TopicRoute(
-        topic=route.topic,
-        groups=[
-            pb.GroupRoute(
-                cluster=group.cluster,
-                broker_name=group.broker_name,
-                epoch=group.epoch,
-                computer_room=group.computer_room,
-                brokers=[
-                    pb.BrokerAddress(
-                        broker_id=broker.broker_id,
-                        role=_ROLES_OUT[broker.role],
-                        data_address=broker.data_address,
-                        http_address=broker.http_address,
-                        computer_room=broker.computer_room,
-                    )
-                    for broker in group.brokers
-                ],
-                read_queues=group.read_queues,
-                write_queues=group.write_queues,
-                permission=_PERMISSIONS_OUT[group.permission],
-                ordered=group.ordered,
-            )
-            for group in route.groups
-        ],
     )
 
 

@@ -34,8 +34,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from metaq.common.model import Role
 from metaq.nameserver.control import Refused, in_sync_set
-from metaq.nameserver.model import BrokerKey, BrokerView, GroupControl, Role
+from metaq.nameserver.model import BrokerKey, BrokerView, GroupControl
 
 log = logging.getLogger(__name__)
 

@@ -43,20 +43,16 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
+from metaq.common.model import BrokerAddress, GroupRoute, Role, TopicConfig, TopicRoute
 from metaq.nameserver.assignment import QueueRef
 from metaq.nameserver.model import (
-    BrokerAddress,
     BrokerKey,
     BrokerState,
     BrokerView,
     ClusterView,
     GroupControl,
-    GroupRoute,
     GroupView,
     Registered,
-    Role,
-    TopicConfig,
-    TopicRoute,
 )
 
 Clock = Callable[[], float]

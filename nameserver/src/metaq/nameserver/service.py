@@ -45,6 +45,7 @@ from metaq.common.auth import (
     ClusterSecret,
     verify_call,
 )
+from metaq.common.model import TopicConfig, TopicRoute
 from metaq.common.names import shown
 from metaq.common.v1 import control_pb2 as pb
 from metaq.common.v1 import control_pb2_grpc
@@ -52,14 +53,7 @@ from metaq.nameserver import convert
 from metaq.nameserver.assignment import STRATEGIES, Assignment, assign
 from metaq.nameserver.controller import Controller, ControllerUnavailable, SwitchoverRefused
 from metaq.nameserver.convert import InvalidRequest
-from metaq.nameserver.model import (
-    BrokerKey,
-    BrokerState,
-    GroupControl,
-    Registered,
-    TopicConfig,
-    TopicRoute,
-)
+from metaq.nameserver.model import BrokerKey, BrokerState, GroupControl, Registered
 from metaq.nameserver.registry import RegistrationRefused, Registry, readable_queues
 from metaq.nameserver.user_auth import Check, UserCalls
 
@@ -308,7 +302,7 @@ class NameServerService(control_pb2_grpc.NameServerServicer):
     async def GetRoute(self, request: pb.GetRouteRequest, context: Context) -> pb.GetRouteResponse:
         await self._user(context, "GetRoute", request, _topic_user(request.topic))
         route = await self._route(request.topic, context)
-        return pb.GetRouteResponse(route=convert.route_out(route))
+        return pb.GetRouteResponse(route=route.to_proto())
 
     async def GetClusterInfo(
         self, request: pb.GetClusterInfoRequest, context: Context

@@ -16,8 +16,9 @@ from typing import Any, TypeVar
 from metaq.client.admin import Admin
 from metaq.client.errors import NoNameServer, UnknownTopic
 from metaq.client.pull_consumer import PullConsumer
-from metaq.client.routes import ClusterView, QueueRoute, RouteCache, TopicRoute
+from metaq.client.routes import ClusterView, RouteCache
 from metaq.common.errors import MetaqError
+from metaq.common.model import QueueRoute, TopicRoute
 from metaq.spark.options import EARLIEST, LATEST, OptionError, QueueOffsets, SourceOptions
 
 log = logging.getLogger(__name__)

@@ -18,9 +18,9 @@ import pyarrow as pa
 import uvloop
 
 from metaq.client.pull_consumer import PullConsumer, PullStatus, QueueNotRouted
-from metaq.client.routes import QueueRoute
 from metaq.client.tags import TagFilter
 from metaq.common.errors import MetaqError
+from metaq.common.model import QueueRoute
 from metaq.spark.arrow_records import to_arrow
 from metaq.spark.options import SourceOptions
 from metaq.spark.plan import QueueRange

@@ -31,10 +31,10 @@ from pyspark.sql.types import (
 
 from metaq.client.errors import NoWritableQueue, UnknownTopic
 from metaq.client.producer import Producer
-from metaq.client.routes import QueueRoute, TopicRoute
 from metaq.client.selection import shard_queue
 from metaq.common import record
 from metaq.common.errors import InvalidMessage
+from metaq.common.model import QueueRoute, TopicRoute
 from metaq.spark.arrow_encode import derived_ids, encode_bodies, id_hashes, payload
 from metaq.spark.options import OptionError, SinkOptions
 

@@ -45,13 +45,12 @@ from metaq.client.retry import PROP_FAILURE, PROP_ORIGIN_MSG_ID, PROP_RETRY_TOPI
 from metaq.client.routes import (
     BrokerInfo,
     ClusterView,
-    QueueRoute,
     RouteCache,
-    TopicRoute,
     cluster_view_from_proto,
 )
 from metaq.common.auth import ClusterSecret, call_metadata
 from metaq.common.errors import MetaqError
+from metaq.common.model import QueueRoute, TopicRoute
 from metaq.common.tls import TlsConfig
 from metaq.common.users import Credentials, load_credentials
 from metaq.common.v1 import control_pb2 as pb

@@ -14,7 +14,7 @@ from typing import Any, Final
 import msgspec
 
 from metaq.client.pull_consumer import QueueOffsets
-from metaq.client.routes import QueueRoute
+from metaq.common.model import QueueRoute
 
 MIN_QUEUES: Final = 1
 MAX_QUEUES: Final = 1024

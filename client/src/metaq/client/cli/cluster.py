@@ -77,7 +77,7 @@ async def list_cluster(args: argparse.Namespace) -> int:
                 b.http_address or "-", b.computer_room, b.epoch,
                 "-" if b.in_sync is None else ("yes" if b.in_sync else "no"), b.lag_bytes,
                 b.permission,
-                b.replication_mode, b.commitlog_max_offset,
+                b.replication_mode or "-", b.commitlog_max_offset,
                 f"{b.last_heartbeat_age_ms / 1000:.1f}s ago", b.topic_count,
             ]
             for b in brokers

@@ -9,7 +9,6 @@ data plane, as clients see them. All of it is :class:`metaq.client.admin.Admin`.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from typing import Any, Final
 
 from metaq.client.admin import (
@@ -31,8 +30,9 @@ from metaq.client.cli.support import (
     table,
     topic_name,
 )
+from metaq.common.model import TOPIC_PERMISSIONS, GroupRoute
 
-PERMISSIONS: Final = ("read-write", "read", "write", "write-wipe")
+PERMISSIONS: Final = tuple(p.topic_text for p in TOPIC_PERMISSIONS)
 
 
 def register(subparsers: Any) -> None:
@@ -239,7 +239,7 @@ async def show_route(args: argparse.Namespace) -> int:
         print_json(
             {
                 "topic": route.topic,
-                "groups": [dataclasses.asdict(g) for g in route.groups],
+                "groups": [_group_json(g) for g in route.groups],
                 "write_queues": [str(q) for q in route.write_queues],
                 "read_queues": [str(q) for q in route.read_queues],
             }
@@ -250,12 +250,28 @@ async def show_route(args: argparse.Namespace) -> int:
          "ordered"],
         [
             [g.broker_name, g.cluster, g.epoch, g.computer_room, g.master_address or "-",
-             ",".join(g.addresses), g.read_queues, g.write_queues, g.permission_name, g.ordered]
+             ",".join(g.addresses), g.read_queues, g.write_queues, g.permission, g.ordered]
             for g in route.groups
         ],
     )  # fmt: skip
     print(f"{len(route.write_queues)} writable, {len(route.read_queues)} readable queues")
     return 0
+
+
+def _group_json(group: GroupRoute) -> dict[str, Any]:
+    return {
+        "broker_name": group.broker_name,
+        "cluster": group.cluster,
+        "epoch": group.epoch,
+        "computer_room": group.computer_room,
+        "master_address": group.master_address,
+        "addresses": group.addresses,
+        "http_addresses": group.http_addresses,
+        "read_queues": group.read_queues,
+        "write_queues": group.write_queues,
+        "permission": group.permission.to_proto(),
+        "ordered": group.ordered,
+    }
 
 
 async def topic_stats(args: argparse.Namespace) -> int:

@@ -122,7 +122,7 @@ def _group_section(
                 lag,
                 _disk(h),
                 h.get("flush_mode"),
-                h.get("replication_mode", state.replication_mode.value),
+                h.get("replication_mode", state.replication_mode or "unspecified"),
                 h.get("commitlog_write_offset", state.commitlog_max_offset),
                 f"{broker.last_heartbeat_age_s:.1f} s ago",
                 switch,

@@ -11,9 +11,10 @@ from typing import Any
 from metaq.client.admin import Admin
 from metaq.client.errors import BrokerAdminError, BrokerUnreachable
 from metaq.common.auth import ClusterSecret
+from metaq.common.model import Role
 from metaq.common.tls import TlsConfig
 from metaq.nameserver.controller import Controller
-from metaq.nameserver.model import BrokerKey, BrokerState, BrokerView, Role
+from metaq.nameserver.model import BrokerKey, BrokerState, BrokerView
 from metaq.nameserver.registry import Registry
 
 
