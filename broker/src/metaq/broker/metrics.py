@@ -225,7 +225,7 @@ class BrokerMetrics:
         """Count a refused SEND under a reason an alert can name."""
         self._rejected.labels(rejection_reason(error, store)).inc()
 
-    def watch(self, state: BrokerState) -> None:
+    def watch(self, state: MetricSources) -> None:
         """Report ``state`` at every scrape."""
         self.registry.register(_StateCollector(state))
 
@@ -247,7 +247,7 @@ def rejection_reason(error: MetaqError, store: MessageStore) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class BrokerState:
+class MetricSources:
     """What the scrape-time collector reads."""
 
     store: MessageStore
@@ -263,7 +263,7 @@ class BrokerState:
 
 
 class _StateCollector:
-    def __init__(self, state: BrokerState) -> None:
+    def __init__(self, state: MetricSources) -> None:
         self._state = state
 
     def collect(self) -> Iterable[Metric]:
@@ -425,7 +425,7 @@ class _StateCollector:
         yield members
 
 
-def _consumer_lag(state: BrokerState) -> Iterable[Metric]:
+def _consumer_lag(state: MetricSources) -> Iterable[Metric]:
     """Lag per (group, topic, queue) in messages, and in time: the age of the oldest
     unconsumed message, from the store timestamp of the one at the committed offset (0
     with nothing unconsumed). One consume-queue entry and one record header per queue

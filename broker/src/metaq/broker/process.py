@@ -34,7 +34,7 @@ from metaq.broker.idle_poll import IdlePoll
 from metaq.broker.journal import Journal, JournalService
 from metaq.broker.limits import raise_nofile_limit
 from metaq.broker.member_notices import MemberChangeNotices
-from metaq.broker.metrics import BrokerMetrics, BrokerState
+from metaq.broker.metrics import BrokerMetrics, MetricSources
 from metaq.broker.offset_forward import OffsetForwarder
 from metaq.broker.offsets import ConsumerOffsets, OffsetSnapshotService
 from metaq.broker.pull import PullHandler
@@ -235,7 +235,7 @@ class Broker:
         pull = self._pull
         notices = self.member_notices
         self.metrics.watch(
-            BrokerState(
+            MetricSources(
                 self.store,
                 self.offsets,
                 self.groups,
