@@ -38,7 +38,7 @@ from metaq.broker.metrics import BrokerMetrics, MetricSources
 from metaq.broker.offset_forward import OffsetForwarder
 from metaq.broker.offsets import ConsumerOffsets, OffsetSnapshotService
 from metaq.broker.pull import PullHandler
-from metaq.broker.role import GroupRole
+from metaq.broker.role import GroupRole, open_group_role
 from metaq.broker.send import SendHandler
 from metaq.broker.server import ConnectionLimits, DataServer
 from metaq.broker.store import MessageStore
@@ -187,7 +187,7 @@ class Broker:
         )
         loop = asyncio.get_running_loop()
         self._durability = AsyncDurability(loop, self.store.flusher)
-        self.group_role = GroupRole(
+        self.group_role = open_group_role(
             config,
             self.store,
             self._durability,

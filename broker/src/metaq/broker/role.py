@@ -14,6 +14,9 @@ writes, with the slaves the controller kept in sync already counted in sync. Dem
 refuses writes at once and fails the sends still waiting for slaves (they were never
 acknowledged), then follows the new master, cutting whatever tail the new master never
 had.
+
+What to do on each event is decided by :class:`~metaq.broker.role_machine.RoleMachine`,
+which does no I/O; :class:`GroupRole` carries its commands out.
 """
 
 from __future__ import annotations
@@ -23,8 +26,8 @@ import contextlib
 import logging
 import ssl
 import time
-from collections.abc import Callable, Iterable
-from typing import Final
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Final, assert_never
 
 from metaq.broker.config import BrokerConfig
 from metaq.broker.confirmed_mark import ConfirmedMark
@@ -34,10 +37,30 @@ from metaq.broker.log_check import LogCheck
 from metaq.broker.queue_locks import QueueLocks
 from metaq.broker.replica_auth import ReplicaGate
 from metaq.broker.replica_log import StoreLog
+from metaq.broker.role_machine import (
+    Announce,
+    ApplyInTurn,
+    BecomeWriter,
+    Command,
+    CommitInSync,
+    Control,
+    Follow,
+    Heard,
+    HoldOffQueueLocks,
+    HoldUnjournaled,
+    Log,
+    Role,
+    RoleMachine,
+    RoleSettings,
+    StopServingSlaves,
+    TookUp,
+    WriteJournal,
+    restored_confirmed,
+)
 from metaq.broker.store import MessageStore
 from metaq.broker.store.flush import AsyncDurability
 from metaq.common.auth import ClusterSecret
-from metaq.common.errors import MetaqError, NotEnoughReplicas, NotMaster
+from metaq.common.errors import MetaqError, NotEnoughReplicas
 from metaq.common.framing import FLAG_RESPONSE, Buffer, Frame, FrameType, encode_error, encode_frame
 from metaq.common.model import ReplicationMode, Role
 from metaq.common.v1 import control_pb2 as pb
@@ -54,46 +77,58 @@ TAKE_UP_WAIT_S: Final = 1.0
 
 
 class GroupRole:
+    """Carries out the :class:`RoleMachine`'s commands with the broker's collaborators:
+    the store, its epoch history, the follower (as slave), the replica set (as master),
+    the journal and the queue locks. Built by :func:`open_group_role`."""
+
     def __init__(
         self,
         config: BrokerConfig,
         store: MessageStore,
-        durability: AsyncDurability,
-        secret: ClusterSecret | None = None,
+        replica_log: StoreLog,
+        history: EpochHistory,
         *,
-        data_address: str,
-        dial_tls: ssl.SSLContext | None = None,
+        gate: ReplicaGate,
+        connect: Callable[[str], Awaitable[DataPlaneChannel]],
+        mark: ConfirmedMark | None = None,
     ) -> None:
         self.config = config
-        self._dial_tls = dial_tls
-        """How this broker, as a slave, dials its master (None: plain)."""
-        self.gate = ReplicaGate(secret, config.broker_name, data_address)
+        self.gate = gate
         """As master: which connections' slaves proved the cluster secret."""
-        self._identity = SlaveIdentity(config.broker_name, config.broker_id, data_address, secret)
+        self.connect = connect
+        """A connection to the master at an address as this slave: with a cluster secret
+        the master proves it before we take, cut or adopt anything it says, and we prove
+        it before it serves us (raises NotAuthenticated otherwise)."""
         self._store = store
-        self.log = StoreLog(store, durability)
-        self.history = EpochHistory(config.data_dir / "epochs.json")
-        self.history.trim_to(store.commitlog.write_offset)
-        self.epoch = self.history.last_epoch
+        self.log = replica_log
+        self.history = history
         self.controlled = config.controlled
         self.sync = config.replication_mode is ReplicationMode.SYNC
-        self.role = Role.MASTER if config.is_master and not self.controlled else Role.SLAVE
+        self.machine = RoleMachine(
+            RoleSettings(
+                broker_name=config.broker_name,
+                broker_id=config.broker_id,
+                controlled=self.controlled,
+                sync=self.sync,
+                master_lease_ms=config.master_lease_ms,
+            ),
+            configured_master=config.is_master,
+            epoch=history.last_epoch,
+        )
         self.replicas: ReplicaSet | None = None
-        self.master_address = ""
         self.follower = Follower(
             self.log,
             self.history,
             self.connect,
             broker_name=config.broker_name,
             broker_id=config.broker_id,
-            epoch=self.epoch,
+            epoch=self.machine.epoch,
             on_confirmed=self._follower_confirmed,
         )
-        self._mark: ConfirmedMark | None = None
+        self._mark = mark
         """Under a controller: the confirmed offset kept on disk across restarts."""
-        if self.controlled:
-            self._mark = ConfirmedMark(config.data_dir)
-            self.follower.confirmed = min(self._mark.offset, store.commitlog.write_offset)
+        if mark is not None:
+            self.follower.confirmed = restored_confirmed(mark.offset, store.commitlog.write_offset)
         self.on_change: Callable[[], None] = lambda: None
         """Called after every change of role or epoch (the registrar re-announces)."""
         self.on_confirmed: Callable[[], None] = lambda: None
@@ -101,38 +136,26 @@ class GroupRole:
         self.journal: Journal | None = None
         """Applied to the end before a promotion; written in full after it."""
         self.queue_locks = QueueLocks(config.queue_lock_ttl_ms / 1e3)
-        self._followed = False
         """Ordered consumers' locks; granted by the master only."""
-        self._fenced_until = 0.0
-        self._handover_to = -1
-        self._lease_s = config.master_lease_ms / 1e3
-        self._lease_until = 0.0
-        self._changes: asyncio.Queue[pb.GroupControl] = asyncio.Queue()
+        self._changes: asyncio.Queue[Control] = asyncio.Queue()
         self._took_up = asyncio.Event()
         """Set (and replaced) whenever this broker has taken up a role in a new epoch."""
         self._worker: asyncio.Task[None] | None = None
         self._fetches: set[asyncio.Task[None]] = set()
         self.check: LogCheck | None = None
         """A controlled broker's check of its log since this start (see log_check)."""
-        if self.controlled:
-            self.check = LogCheck(
-                store,
-                self.history,
-                broker_name=config.broker_name,
-                broker_id=config.broker_id,
-                data_address=data_address,
-                master=lambda: (self.master_address if self.role is Role.SLAVE else "", self.epoch),
-                on_progress=lambda: self.on_confirmed(),
-                on_verified=lambda: self.on_change(),
-                secret=secret,
-                dial_tls=dial_tls,
-            )
 
-    async def connect(self, address: str) -> DataPlaneChannel:
-        """A connection to the master at ``address`` as this slave: with a cluster secret
-        the master proves it before we take, cut or adopt anything it says, and we prove
-        it before it serves us (raises NotAuthenticated otherwise)."""
-        return await DataPlaneChannel.open(address, identity=self._identity, ssl=self._dial_tls)
+    @property
+    def role(self) -> Role:
+        return self.machine.role
+
+    @property
+    def epoch(self) -> int:
+        return self.machine.epoch
+
+    @property
+    def master_address(self) -> str:
+        return self.machine.master_address
 
     # --- lifecycle ----------------------------------------------------------------------
 
@@ -140,8 +163,7 @@ class GroupRole:
         if self.check is not None:
             self.check.start()
         self.follower.start()
-        if self.role is Role.MASTER:
-            await self._become_master(self.epoch)
+        await self._execute(self.machine.on_start())
         self._worker = asyncio.get_running_loop().create_task(self._apply_changes())
 
     async def stop(self) -> None:
@@ -179,7 +201,7 @@ class GroupRole:
     def holds_commits(self) -> bool:
         """A slave: consumers' offset commits here are held for the master (see
         metaq.broker.held_offsets), not journaled."""
-        return self.role is Role.SLAVE
+        return self.machine.holds_commits
 
     def check_writable(self) -> None:
         """Raise unless this broker may take a client's write now."""
@@ -188,44 +210,7 @@ class GroupRole:
             replicas.check_writable()
 
     def _check_master(self) -> ReplicaSet:
-        replicas = self.replicas
-        if self.role is not Role.MASTER or replicas is None:
-            where = f"; its master is {self.master_address}" if self.master_address else ""
-            raise NotMaster(
-                f"broker {self.config.broker_name} (id {self.config.broker_id}) is not the "
-                f"master of its group (epoch {self.epoch}){where}; send to the master",
-                self.master_address,
-            )
-        now = time.monotonic()
-        if (
-            self.controlled
-            and now > self._lease_until
-            and self._needs_lease(replicas)
-            and not (self.sync and replicas.followed_within(self._lease_s))
-        ):
-            raise NotMaster(
-                f"broker {self.config.broker_name} has not heard the controller confirm it "
-                f"as master for {self.config.master_lease_ms} ms (nameservers unreachable, "
-                "or this process was paused); not taking writes until it does, as a slave "
-                "may have been promoted meanwhile"
-            )
-        if now < self._fenced_until:
-            raise NotMaster(
-                f"broker {self.config.broker_name} is handing its master role to broker "
-                f"{self._handover_to}; retry in a moment"
-            )
-        return replicas
-
-    def _needs_lease(self, replicas: ReplicaSet) -> bool:
-        """Only a master someone else could replace must stop when cut off: with no
-        other broker electable (:meth:`ReplicaSet.electable`), none can be elected.
-
-        Under sync replication the slaves' fetches stand in for the controller: a send is
-        acknowledged only once every slave that could be elected holds it, and one that
-        is still copying from this master has not been promoted, so while all of them
-        fetched within the lease this master goes on taking writes even with every
-        nameserver down (see :meth:`_check_master`)."""
-        return len(replicas.electable()) > 1
+        return self.machine.check_master(time.monotonic(), self.replicas)
 
     async def handover(self, target: int, timeout_s: float, fence_s: float) -> int:
         """A planned switchover's first step: stop taking writes and wait until slave
@@ -240,8 +225,7 @@ class GroupRole:
             raise NotEnoughReplicas(
                 f"broker {target} is not replicating from this master; it cannot take over"
             )
-        self._handover_to = target
-        self._fenced_until = time.monotonic() + fence_s
+        self.machine.fence(target, time.monotonic() + fence_s)
         end = self._store.commitlog.write_offset
         try:
             async with asyncio.timeout(timeout_s):
@@ -256,7 +240,7 @@ class GroupRole:
         return end
 
     def resume(self) -> None:
-        self._fenced_until = 0.0
+        self.machine.resume()
 
     def appended(self) -> None:
         if self.replicas is not None:
@@ -332,127 +316,99 @@ class GroupRole:
                     await self._took_up.wait()
         return self.replicas if self.replicas is not None else self._check_master()
 
-    def _took_up_epoch(self) -> None:
-        took_up, self._took_up = self._took_up, asyncio.Event()
-        took_up.set()
-
     # --- what the nameservers say -------------------------------------------------------
 
     def on_answer(self, registered: pb.RegisterBrokerResponse, sent_at: float | None) -> None:
         """Every event from every nameserver comes here (answers and pushed news);
         ``sent_at`` is when the heartbeat it answers was sent (None for news)."""
-        if self.controlled:
-            if registered.HasField("control"):
-                control = registered.control
-                if (
-                    sent_at is not None
-                    and registered.lease_granted
-                    and control.master_id == self.config.broker_id
-                    and control.epoch >= self.epoch
-                ):
-                    # The controller's leader still had us as master when that heartbeat
-                    # left. Another nameserver's word is not enough: it may be cut off
-                    # from the Raft majority that has elected someone else meanwhile.
-                    self._lease_until = max(self._lease_until, sent_at + self._lease_s)
-                self._changes.put_nowait(control)
-        elif self.role is Role.SLAVE and registered.master_data_address:
-            self.master_address = registered.master_data_address
-            self._followed = True
-            self.follower.follow(registered.master_data_address, self.follower.epoch)
+        heard = Heard(
+            control=_control(registered.control) if registered.HasField("control") else None,
+            lease_granted=registered.lease_granted,
+            master_address=registered.master_data_address,
+            sent_at=sent_at,
+        )
+        for command in self.machine.on_heard(heard):
+            self._do(command)
 
     async def _apply_changes(self) -> None:
         while True:
             control = await self._changes.get()
             try:
-                await self._apply(control)
+                await self._execute(self.machine.on_control(control))
             except Exception:
                 log.exception("applying the controller's decision %s failed", control)
 
-    async def _apply(self, control: pb.GroupControl) -> None:
-        if control.epoch < self.epoch:
-            return  # a nameserver that has not heard of the latest election yet
-        me = self.config.broker_id
-        if control.master_id == me:
-            if self.role is not Role.MASTER or control.epoch != self.epoch:
-                await self._become_master(control.epoch, control.in_sync_ids)
-            if self.replicas is not None:
-                self.replicas.commit(control.in_sync_ids)
-            return
-        address = control.master_data_address
-        if (
-            self.role is Role.MASTER
-            or control.epoch != self.epoch
-            or (address and address != self.master_address)
-        ):
-            self._become_slave(control.epoch, address or self.master_address)
+    # --- carrying out the machine's commands --------------------------------------------
 
-    async def _become_master(self, epoch: int, in_sync_ids: Iterable[int] = ()) -> None:
-        """Take writes in ``epoch``; ``in_sync_ids`` are the slaves the controller kept
-        in sync across the election, in sync here from the start."""
-        self.follower.follow("", epoch)  # no more copying: our log is the log now
+    async def _execute(self, commands: Iterable[Command]) -> None:
+        """Carry out ``commands`` in order; one that fails stops the rest."""
+        for command in commands:
+            if isinstance(command, BecomeWriter):
+                await self._become_writer(command)
+            elif isinstance(command, WriteJournal):
+                if self.journal is not None:
+                    self.journal.write_all()
+                    await self.journal.persist_held()
+            else:
+                self._do(command)
+
+    def _do(self, command: Command) -> None:
+        """Carry out one command that waits for nothing."""
+        match command:
+            case Follow(address, epoch):
+                self.follower.follow(address, self.follower.epoch if epoch is None else epoch)
+            case ApplyInTurn(control):
+                self._changes.put_nowait(control)
+            case CommitInSync(in_sync_ids):
+                if self.replicas is not None:
+                    self.replicas.commit(in_sync_ids)
+            case StopServingSlaves():
+                if self.replicas is not None:
+                    self.follower.learn_confirmed(self.replicas.confirmed_offset())
+                    self.replicas.close()
+                    self.replicas = None
+            case HoldUnjournaled():
+                if self.journal is not None:
+                    self.journal.hold_unjournaled()
+            case HoldOffQueueLocks():
+                self.queue_locks.hold_off()
+            case TookUp():
+                took_up, self._took_up = self._took_up, asyncio.Event()
+                took_up.set()
+            case Announce():
+                self.on_change()
+            case Log(message):
+                log.info("%s", message)
+            case BecomeWriter() | WriteJournal():
+                raise AssertionError(f"{command} waits; it runs through _execute")
+            case _:
+                assert_never(command)
+
+    async def _become_writer(self, command: BecomeWriter) -> None:
         await asyncio.to_thread(self._store.become_writer)
         if self.journal is not None:
             self.journal.apply()
         end = self._store.commitlog.write_offset
-        if epoch:
-            self.history.begin(epoch, end)
-        self.epoch = epoch
+        if command.begins_epoch:
+            self.history.begin(command.epoch, end)
         config = self.config
-        self._fenced_until = 0.0
         self.replicas = ReplicaSet(
             self.log,
             self.history,
             self_id=config.broker_id,
-            epoch=epoch,
+            epoch=command.epoch,
             min_in_sync=config.min_in_sync_replicas if self.sync else 1,
             max_lag_s=config.replica_lag_max_ms / 1e3,
             on_confirmed=lambda: self.on_confirmed(),
             controlled=self.controlled,
-            in_sync=in_sync_ids,
+            in_sync=command.in_sync_ids,
             slow_s=config.replica_slow_ms / 1e3,
             rejoin_s=config.replica_lag_max_ms / 1e3,
             on_in_sync_change=lambda: self.on_change(),
         )
-        self.master_address = ""
         recovery = self._store.recovery
-        if self._followed or (recovery is not None and recovery.crashed):
-            # Another master, or this one before its crash, may have granted queue locks
-            # whose holders still process; let those lapse first.
-            self.queue_locks.hold_off()
-        self.role = Role.MASTER
-        log.info("master of %s in epoch %d from offset %d", config.broker_name, epoch, end)
-        self._took_up_epoch()
-        if self.journal is not None:
-            # Each term starts with the whole state, for slaves that start from here.
-            self.journal.write_all()
-            await self.journal.persist_held()
-        self.on_change()
-
-    def _become_slave(self, epoch: int, master_address: str) -> None:
-        was_master = self.role is Role.MASTER
-        self.role = Role.SLAVE
-        if self.replicas is not None:
-            # Its log may run past what the new master holds (records no slave had, taken
-            # while it was paused, say): consumers read no further than they could here as
-            # master until the new master confirms more.
-            self.follower.learn_confirmed(self.replicas.confirmed_offset())
-            self.replicas.close()
-            self.replicas = None
-        if was_master and self.journal is not None:
-            self.journal.hold_unjournaled()
-        self.epoch = epoch
-        self.master_address = master_address
-        self._followed = self._followed or bool(master_address)
-        self.follower.follow(master_address, epoch)
-        self._took_up_epoch()
-        log.info(
-            "%s of %s in epoch %d, following %s",
-            "demoted to slave" if was_master else "slave",
-            self.config.broker_name,
-            epoch,
-            master_address or "(master not known yet)",
-        )
-        self.on_change()
+        crashed = recovery is not None and recovery.crashed
+        await self._execute(self.machine.on_caught_up(command.epoch, end, crashed=crashed))
 
     # --- views --------------------------------------------------------------------------
 
@@ -462,20 +418,15 @@ class GroupRole:
         return self.check is None or self.check.verified
 
     def readable_end(self) -> int | None:
-        """The commitlog offset consumers may read up to, None for no limit: on a master
-        what every slave that could be elected holds; on a slave under a controller what
-        its master last confirmed (or it did itself as master), since another slave may
-        be elected without its tail; and while the log check runs what it has checked.
-        A slave without failover is never cut, and reads all it holds."""
+        """The commitlog offset consumers may read up to, None for no limit (see
+        :meth:`RoleMachine.readable_end`)."""
         replicas = self.replicas
-        limit: int | None = None
-        if replicas is not None:
-            limit = replicas.confirmed_offset()
-        elif self.controlled:
-            limit = self.follower.confirmed
-        if self.check is not None and not self.check.done:
-            limit = self.check.checked_to if limit is None else min(limit, self.check.checked_to)
-        return limit
+        check = self.check
+        return self.machine.readable_end(
+            replicas.confirmed_offset() if replicas is not None else None,
+            self.follower.confirmed,
+            check.checked_to if check is not None and not check.done else None,
+        )
 
     def in_sync_ids(self) -> tuple[int, ...]:
         """Master: its own view of the in-sync set."""
@@ -517,3 +468,57 @@ def _fetch_answerer(responder: Responder, request_id: int) -> Answer:
         )
 
     return answer
+
+
+def _control(control: pb.GroupControl) -> Control:
+    return Control(
+        epoch=control.epoch,
+        master_id=control.master_id,
+        master_address=control.master_data_address,
+        in_sync_ids=tuple(control.in_sync_ids),
+    )
+
+
+def open_group_role(
+    config: BrokerConfig,
+    store: MessageStore,
+    durability: AsyncDurability,
+    secret: ClusterSecret | None = None,
+    *,
+    data_address: str,
+    dial_tls: ssl.SSLContext | None = None,
+) -> GroupRole:
+    """This broker's GroupRole: the epoch history (cut back to the log's end) and, under a
+    controller, the confirmed mark read from the data directory; slaves dial their master
+    over the data plane (TLS with ``dial_tls``), and a controlled broker checks its log
+    since this start."""
+    identity = SlaveIdentity(config.broker_name, config.broker_id, data_address, secret)
+
+    async def connect(address: str) -> DataPlaneChannel:
+        return await DataPlaneChannel.open(address, identity=identity, ssl=dial_tls)
+
+    history = EpochHistory(config.data_dir / "epochs.json")
+    history.trim_to(store.commitlog.write_offset)
+    role = GroupRole(
+        config,
+        store,
+        StoreLog(store, durability),
+        history,
+        gate=ReplicaGate(secret, config.broker_name, data_address),
+        connect=connect,
+        mark=ConfirmedMark(config.data_dir) if config.controlled else None,
+    )
+    if config.controlled:
+        role.check = LogCheck(
+            store,
+            history,
+            broker_name=config.broker_name,
+            broker_id=config.broker_id,
+            data_address=data_address,
+            master=lambda: (role.master_address if role.role is Role.SLAVE else "", role.epoch),
+            on_progress=lambda: role.on_confirmed(),
+            on_verified=lambda: role.on_change(),
+            secret=secret,
+            dial_tls=dial_tls,
+        )
+    return role
