@@ -21,7 +21,6 @@ from metaq.broker.pull import PullHandler
 from metaq.broker.replica_auth import ReplicaGate
 from metaq.broker.replica_log import StoreLog
 from metaq.broker.role import GroupRole
-from metaq.broker.role_machine import Role
 from metaq.broker.send import SendHandler
 from metaq.broker.store import FlushMode, MessageStore, StoreConfig
 from metaq.broker.store.flush import AsyncDurability
@@ -30,6 +29,7 @@ from metaq.broker.transactions import Transactions
 from metaq.broker.zero_copy import FileRange
 from metaq.common.errors import InvalidMessage, NotMaster, StoreUnavailable
 from metaq.common.framing import Frame, FrameDecoder, FrameType, encode_frame
+from metaq.common.model import Role
 from metaq.common.record import encode, iter_records
 from metaq.common.testing import run_async
 from metaq.common.v1 import control_pb2 as pb

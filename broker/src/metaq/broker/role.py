@@ -49,7 +49,6 @@ from metaq.broker.role_machine import (
     HoldOffQueueLocks,
     HoldUnjournaled,
     Log,
-    Role,
     RoleMachine,
     RoleSettings,
     StopServingSlaves,

@@ -18,17 +18,12 @@ next word from the controller tries again.
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 from metaq.common.errors import NotMaster
-
-
-class Role(enum.Enum):
-    MASTER = "master"
-    SLAVE = "slave"
+from metaq.common.model import Role
 
 
 @dataclass(frozen=True, slots=True)
