@@ -6,6 +6,8 @@ field table; any change to the table or the encoder that moves a byte fails here
 
 from __future__ import annotations
 
+import pytest
+
 from metaq.common import record
 
 MSG_ID = bytes(range(16))
@@ -77,3 +79,66 @@ def test_a_stamped_and_sealed_record_is_stored_byte_for_byte_as_before() -> None
     record.seal(raw, 0, len(raw))
 
     assert bytes(raw) == STAMPED
+
+
+def _distinct_fields() -> bytes:
+    """A stored record whose header fields all hold different values, so a view that
+    read one field for another would be caught."""
+    raw = record.encode(
+        "orders",
+        b"body",
+        queue_id=7,
+        tags="tag-abcd",
+        keys=("key-1", "key-2"),
+        properties={"p": "v", "DELAY": "2"},
+        flags=record.FLAG_DELAYED,
+        msg_id=MSG_ID,
+        born_timestamp_ms=1_700_000_000_456,
+        born_host=HOST,
+        reconsume_times=3,
+    )
+    record.STAMP.pack_into(raw, record.STAMP_AT, 4096, 41, 1_700_000_000_789, STORE_HOST)
+    record.seal(raw, 0, len(raw))
+    return bytes(raw)
+
+
+SAMPLE = _distinct_fields()
+EXPECTED = dict(zip(record.FIELDS, record.HEADER.unpack_from(SAMPLE), strict=True))
+
+
+def test_the_field_table_describes_the_header_field_by_field() -> None:
+    fields = list(record.FIELDS.values())
+
+    assert [f.offset for f in fields] == [0, *(f.end for f in fields[:-1])]
+    assert fields[-1].end == record.HEADER_SIZE == 100
+    assert {f.name: f.read(SAMPLE) for f in fields} == EXPECTED
+    assert len(set(EXPECTED.values())) == len(EXPECTED)
+
+
+def test_every_header_view_reads_what_the_header_holds() -> None:
+    names = list(record.FIELDS)
+    views = [record.header_view(name) for name in names]
+    views += [record.header_view(*names[start::step]) for start in range(3) for step in (1, 2, 5)]
+    views.append(record.header_view("size", "msg_id", "body_len", topic_len=6))
+
+    for view in views:
+        got = dict(zip(view.names, view.unpack_from(SAMPLE), strict=True))
+        want = {name: EXPECTED[name] for name in view.names if name != "topic"}
+        if "topic" in view.names:
+            want["topic"] = b"orders"
+        assert got == want, view.format
+
+
+def test_a_header_view_refuses_fields_out_of_order() -> None:
+    with pytest.raises(ValueError, match="out of header order"):
+        record.header_view("queue_id", "size")
+
+
+def test_the_stamp_and_crc_positions_are_the_tables() -> None:
+    stamp = record.STAMP.unpack_from(SAMPLE, record.STAMP_AT)
+    stamped = ("commitlog_offset", "queue_offset", "store_timestamp_ms", "store_host")
+
+    assert stamp == tuple(EXPECTED[name] for name in stamped)
+    assert record.FIELDS["flags"].offset == record.CRC_START
+    assert record.FIELDS["crc"].read(SAMPLE, 0) == EXPECTED["crc"]
+    assert record.topic_of(b"xx" + SAMPLE, 2) == "orders"

@@ -41,6 +41,7 @@ from metaq.common.errors import InvalidMessage
 from metaq.common.framing import Buffer
 from metaq.common.names import shown
 from metaq.common.record import (
+    FIELDS,
     FLAG_DELAYED,
     PROP_DELAY_LEVEL,
     PROP_DELIVER_AT,
@@ -54,6 +55,7 @@ from metaq.common.record import (
 from metaq.common.service import PeriodicService
 
 log = logging.getLogger(__name__)
+_FLAGS: Final = FIELDS["flags"]
 
 DELAY_TOPIC: Final = "%SYS%DELAY"
 CURSOR_TOPIC: Final = "%SYS%DELAY_CURSOR"
@@ -156,7 +158,7 @@ def divert(records: Sequence[Buffer], policy: DelayPolicy) -> list[Buffer]:
     now_ms = time.time_ns() // 1_000_000
     out: list[Buffer] = []
     for raw in records:
-        if not int.from_bytes(raw[12:16], "little") & FLAG_DELAYED:
+        if not int(_FLAGS.read(raw)) & FLAG_DELAYED:
             out.append(raw)
             continue
         record = decode(raw, verify=False)

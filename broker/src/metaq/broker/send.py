@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import struct
 import time
 from collections.abc import Sequence
 from typing import Final
@@ -30,14 +29,23 @@ from metaq.broker.transactions import Transactions, to_half
 from metaq.common.errors import InvalidMessage, MetaqError, StoreUnavailable
 from metaq.common.framing import FLAG_RESPONSE, Buffer, Frame, FrameType, encode_frame
 from metaq.common.model import TopicConfig
-from metaq.common.record import FLAG_DELAYED, FLAG_TRANSACTION, HEADER_SIZE, Record, topic_of
+from metaq.common.record import (
+    FIELDS,
+    FLAG_DELAYED,
+    FLAG_TRANSACTION,
+    HEADER_SIZE,
+    Record,
+    header_view,
+    topic_of,
+)
 from metaq.common.v1.data_pb2 import SendRequest, SendResponse
 
 log = logging.getLogger(__name__)
 
-# size (0), flags (12), queue id (48), topic length (88): all splitting needs of a record.
-_FIELDS: Final = struct.Struct("<I8xI32xi36xH")
-_MSG_ID_AT: Final = 64
+# All splitting needs of a record.
+_FIELDS: Final = header_view("size", "flags", "queue_id", "topic_len")
+_MSG_ID_AT: Final = FIELDS["msg_id"].offset
+_MSG_ID_END: Final = FIELDS["msg_id"].end
 _KNOWN_FLAGS: Final = SendRequest.FLAG_NO_WAIT_STORE | SendRequest.FLAG_RETRY
 # Record flags that need the record-by-record path (the records are rewritten).
 _SPECIAL_FLAGS: Final = FLAG_DELAYED | FLAG_TRANSACTION
@@ -212,7 +220,7 @@ class SendHandler:
             records = to_half(records, request.producer_group)
         if flags & FLAG_DELAYED:
             records = divert(records, self._delay_policy)
-        msg_ids = [bytes(r[_MSG_ID_AT : _MSG_ID_AT + 16]) for r in records]
+        msg_ids = [bytes(r[_MSG_ID_AT:_MSG_ID_END]) for r in records]
         if request.flags & SendRequest.FLAG_RETRY:
             return self._append_missing(records), msg_ids
         return self._store.append(records), msg_ids
@@ -252,7 +260,7 @@ class SendHandler:
         for raw in records:
             # Its topic as it will be stored (a delayed message's is the delay topic).
             topic = topic_of(raw)
-            stored = store.lookup_id(bytes(raw[_MSG_ID_AT : _MSG_ID_AT + 16]), topic)
+            stored = store.lookup_id(bytes(raw[_MSG_ID_AT:_MSG_ID_END]), topic)
             found.append(stored if stored and stored.store_timestamp_ms >= oldest else None)
         missing = [raw for raw, stored in zip(records, found, strict=True) if stored is None]
         fresh = store.append(missing) if missing else None

@@ -31,6 +31,7 @@ from metaq.common.errors import InvalidMessage
 from metaq.common.framing import FLAG_ONE_WAY, Buffer, FrameType, encode_frame
 from metaq.common.names import check_group
 from metaq.common.record import (
+    FIELDS,
     FLAG_TRANSACTION,
     PROP_REAL_QUEUE,
     PROP_REAL_TOPIC,
@@ -43,6 +44,7 @@ from metaq.common.service import PeriodicService
 from metaq.common.v1.data_pb2 import CheckTransactionRequest, EndTransactionRequest
 
 log = logging.getLogger(__name__)
+_FLAGS: Final = FIELDS["flags"]
 
 HALF_TOPIC: Final = "%SYS%HALF"
 OP_TOPIC: Final = "%SYS%HALF_OP"
@@ -64,7 +66,7 @@ def to_half(records: Sequence[Buffer], producer_group: str) -> list[Buffer]:
         raise InvalidMessage("a transactional send needs its producer_group (for checks)")
     out: list[Buffer] = []
     for raw in records:
-        if not int.from_bytes(raw[12:16], "little") & FLAG_TRANSACTION:
+        if not int(_FLAGS.read(raw)) & FLAG_TRANSACTION:
             out.append(raw)
             continue
         record = decode(raw, verify=False)

@@ -22,8 +22,7 @@ _HEADER_SIZE: Final = record.HEADER_SIZE
 _MAGIC: Final = record.MAGIC
 _NO_HOST: Final = bytes(8)
 _BUFFERS: Final = (bytes, bytearray, memoryview)
-QUEUE_ID_AT: Final = 48
-"""Where the queue id sits in a record header (after the broker-stamped fields)."""
+QUEUE_ID_AT: Final = record.FIELDS["queue_id"].offset
 
 
 class RecordEncoder:

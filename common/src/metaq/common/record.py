@@ -15,6 +15,7 @@ import struct
 import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Final, NoReturn, Protocol, TypeVar
 
 # zlib-ng's CRC-32 (the same checksum as zlib's) runs about five times faster on a KiB,
@@ -29,13 +30,113 @@ MAGIC: Final = 0x4D510000 | FORMAT_VERSION
 # Fills the unused end of a commitlog segment so that no record spans two segments.
 BLANK_MAGIC: Final = 0x4D51FFFF
 
-HEADER: Final = struct.Struct("<IIIIqqq8siIq16s8sHHHHI")
+
+@dataclass(frozen=True, slots=True)
+class Field:
+    """One fixed-size field of the record header and where it lies."""
+
+    name: str
+    code: str
+    """Its ``struct`` format code; every integer is little-endian."""
+    offset: int
+    packer: struct.Struct
+    """The field alone, to read or write it at ``record start + offset``."""
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.packer.size
+
+    def read(self, buf: bytes | bytearray | memoryview, at: int = 0) -> int | bytes:
+        """The field of the record at ``buf[at:]``; hot loops use a :class:`HeaderView`."""
+        value: int | bytes = self.packer.unpack_from(buf, at + self.offset)[0]
+        return value
+
+
+def _layout(*fields: tuple[str, str]) -> dict[str, Field]:
+    table: dict[str, Field] = {}
+    at = 0
+    for name, code in fields:
+        one = struct.Struct("<" + code)
+        table[name] = Field(name, code, at, one)
+        at += one.size
+    return table
+
+
+FIELDS: Final[Mapping[str, Field]] = MappingProxyType(
+    _layout(
+        ("size", "I"),  # the whole record, header included
+        ("magic", "I"),
+        ("crc", "I"),
+        ("flags", "I"),
+        ("commitlog_offset", "q"),  # commitlog_offset .. store_host: stamped by the broker
+        ("queue_offset", "q"),
+        ("store_timestamp_ms", "q"),
+        ("store_host", "8s"),
+        ("queue_id", "i"),
+        ("reconsume_times", "i"),
+        ("born_timestamp_ms", "q"),
+        ("msg_id", "16s"),
+        ("born_host", "8s"),
+        ("topic_len", "H"),  # the lengths of the variable parts, which follow in this order
+        ("tags_len", "H"),
+        ("keys_len", "H"),
+        ("props_len", "H"),
+        ("body_len", "I"),
+    )
+)
+"""The record header field by field, in byte order (``docs/storage-format.md``): the one
+statement of its layout. :data:`HEADER` and every partial view are derived from it."""
+
+HEADER: Final = struct.Struct("<" + "".join(f.code for f in FIELDS.values()))
 HEADER_SIZE: Final = HEADER.size
-# Everything from here to the end of the record is covered by the CRC.
-CRC_START: Final = 12
+
+
+class HeaderView(struct.Struct):
+    """A struct that unpacks only some header fields, skipping the others as pad bytes:
+    a hot loop that needs three fields does not pay to unpack eighteen.
+
+    Made by :func:`header_view` from :data:`FIELDS`. For reading: packing one writes zeros
+    over the skipped bytes."""
+
+    def __init__(self, names: tuple[str, ...], format: str) -> None:
+        super().__init__(format)
+        self.names = names
+        """The fields :meth:`unpack_from` returns, in order."""
+
+
+def header_view(*names: str, topic_len: int | None = None) -> HeaderView:
+    """A view of the header fields ``names`` (in header order), read from a record's
+    first byte; with ``topic_len``, the topic that follows the header too (as ``topic``)."""
+    codes = ["<"]
+    at = 0
+    for name in names:
+        field = FIELDS[name]
+        if field.offset < at:
+            raise ValueError(f"header field {name!r} is out of header order in {names}")
+        if field.offset > at:
+            codes.append(f"{field.offset - at}x")
+        codes.append(field.code)
+        at = field.end
+    if topic_len is not None:
+        codes.append(f"{HEADER_SIZE - at}x{topic_len}s" if at < HEADER_SIZE else f"{topic_len}s")
+        names = (*names, "topic")
+    return HeaderView(names, "".join(codes))
+
+
+def _span(first: str, last: str) -> struct.Struct:
+    """The contiguous fields ``first`` .. ``last`` as one struct, to write them at once."""
+    fields = list(FIELDS.values())
+    run = fields[fields.index(FIELDS[first]) : fields.index(FIELDS[last]) + 1]
+    return struct.Struct("<" + "".join(f.code for f in run))
+
+
+CRC_AT: Final = FIELDS["crc"].offset
+# Everything from the end of the CRC to the end of the record is covered by the CRC.
+CRC_START: Final = FIELDS["crc"].end
 # The fields the broker fills in on append, contiguous so one pack_into stamps them all.
-STAMP: Final = struct.Struct("<qqq8s")
-STAMP_AT: Final = 16
+STAMP: Final = _span("commitlog_offset", "store_host")
+STAMP_AT: Final = FIELDS["commitlog_offset"].offset
+_CRC: Final = FIELDS["crc"].packer
 
 MAX_TOPIC_BYTES: Final = 127
 MAX_TAGS_BYTES: Final = 255
@@ -232,7 +333,7 @@ def readdress(
 def seal(buf: bytearray | memoryview, at: int, size: int) -> None:
     """Write the CRC of the record at ``buf[at:at+size]`` into its header."""
     crc = crc32(memoryview(buf)[at + CRC_START : at + size])
-    struct.pack_into("<I", buf, at + 8, crc)
+    _CRC.pack_into(buf, at + CRC_AT, crc)
 
 
 def crc_ok(buf: bytes | bytearray | memoryview, at: int, size: int, crc: int) -> bool:
@@ -381,13 +482,13 @@ def _decode(build: RecordBuilder[T], view: memoryview, at: int, verify: bool) ->
     return built, total
 
 
-_TOPIC_LEN_AT: Final = 88
+_TOPIC_LEN: Final = header_view("topic_len")
 
 
 def topic_of(buf: bytes | bytearray | memoryview, at: int = 0) -> str:
     """The topic of the well-formed record at ``buf[at:]``, read from its header without
     decoding the rest (a full decode copies the body)."""
-    (length,) = struct.unpack_from("<H", buf, at + _TOPIC_LEN_AT)
+    (length,) = _TOPIC_LEN.unpack_from(buf, at)
     start = at + HEADER_SIZE
     return str(memoryview(buf)[start : start + length], "utf-8")
 

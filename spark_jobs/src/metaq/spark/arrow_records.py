@@ -12,7 +12,6 @@ throughput (docs/spark.md, "Benchmark").
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Sequence
 from typing import Any, Final
 
@@ -24,24 +23,19 @@ from zlib_ng.zlib_ng import crc32
 
 from metaq.common import record
 from metaq.common.errors import InvalidRecord
+from metaq.spark.header_dtype import header_dtype
 from metaq.spark.schema import ARROW_SCHEMA
 
-_PREFIX: Final = struct.Struct("<III")  # total size, magic, CRC
+_PREFIX: Final = record.header_view("size", "magic", "crc")
 _HEX: Final = np.frombuffer(b"0123456789abcdef", np.uint8)
 _KEYS_TYPE: Final = ARROW_SCHEMA.field("keys").type
 _PROPS_TYPE: Final = ARROW_SCHEMA.field("properties").type
 _TIME_TYPE: Final = ARROW_SCHEMA.field("store_timestamp").type
 _INLINE: Final = np.arange(12)
-# The header fields the columns need, where record.HEADER puts them.
-_HEADER: Final = np.dtype(
-    {
-        "names": ["total", "flags", "queue_offset", "store_ms", "queue_id", "born_ms",
-                  "msg_id", "topic_len", "tags_len", "keys_len", "props_len", "body_len"],
-        "formats": ["<u4", "<u4", "<i8", "<i8", "<i4", "<i8",
-                    ("u1", 16), "<u2", "<u2", "<u2", "<u2", "<u4"],
-        "offsets": [0, 12, 24, 32, 48, 56, 64, 88, 90, 92, 94, 96],
-        "itemsize": record.HEADER_SIZE,
-    }
+# The header fields the columns need.
+_HEADER: Final = header_dtype(
+    "size", "flags", "queue_offset", "store_timestamp_ms", "queue_id", "born_timestamp_ms",
+    "msg_id", "topic_len", "tags_len", "keys_len", "props_len", "body_len",
 )  # fmt: skip
 
 Ints = npt.NDArray[np.int64]
@@ -105,8 +99,8 @@ def to_arrow(
         tags_col,
         parts.properties(props_at, props_len),
         parts.bodies(body_at, body_len, head["flags"]),
-        pa.array(head["born_ms"] * 1000, _TIME_TYPE),
-        pa.array(head["store_ms"] * 1000, _TIME_TYPE),
+        pa.array(head["born_timestamp_ms"] * 1000, _TIME_TYPE),
+        pa.array(head["store_timestamp_ms"] * 1000, _TIME_TYPE),
     ]
     batch = pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)
     keep = None
@@ -133,7 +127,7 @@ class _Run:
             record.HEADER_SIZE + head["topic_len"].astype(np.int64) + head["tags_len"]
             + head["keys_len"] + head["props_len"] + head["body_len"].astype(np.int64)
         )  # fmt: skip
-        if not np.array_equal(head["total"], sizes):
+        if not np.array_equal(head["size"], sizes):
             raise InvalidRecord("a record's size disagrees with its field lengths")
         # Lengths first: a shorter record's name could not be read whole.
         name = np.dtype(f"S{len(topic)}")

@@ -27,30 +27,36 @@ from metaq.broker.store.segment import Disk, Segment, SegmentQueue
 from metaq.common.errors import CorruptLog, InvalidMessage
 from metaq.common.record import (
     BLANK_MAGIC,
+    CRC_AT,
     CRC_START,
+    FIELDS,
     HEADER_SIZE,
     MAGIC,
     MAX_QUEUES_PER_TOPIC,
     STAMP,
     STAMP_AT,
+    HeaderView,
     check_topic,
+    header_view,
 )
 
 log = logging.getLogger(__name__)
 
-# The fields append checks: size, magic, queue id, and the five variable lengths.
-_CHECK: Final = struct.Struct("<II40xi36xHHHHI")
-_CRC: Final = struct.Struct("<I")
-_OFFSET: Final = struct.Struct("<q")
-_BLANK: Final = struct.Struct("<II")
-_MAGIC_BYTES: Final = MAGIC.to_bytes(4, "little")
+_LENGTHS: Final = ("topic_len", "tags_len", "keys_len", "props_len", "body_len")
+# The fields append checks.
+_CHECK: Final = header_view("size", "magic", "queue_id", *_LENGTHS)
+_CRC: Final = FIELDS["crc"].packer
+_OFFSET: Final = FIELDS["commitlog_offset"].packer
+_OFFSET_AT: Final = FIELDS["commitlog_offset"].offset
+# A blank's header: its size and BLANK_MAGIC where a record has its size and magic.
+_BLANK: Final = header_view("size", "magic")
+_MAGIC_BYTES: Final = FIELDS["magic"].packer.pack(MAGIC)
 _CONTENT_PROBLEMS: Final = frozenset(
     {"CRC mismatch", "record is stamped with another commitlog offset (stale bytes)"}
 )
 """Problems of a record whose header is sound: the walk can step over it."""
-# What check_batch reads of a record in one unpack: size, magic, flags, queue id, message
-# id, the five variable lengths; the topic follows as a field of its own length.
-_BATCH_FORMAT: Final = "<II4xI32xi12x16s8xHHHHI{}s"
+# What check_batch reads of a record in one unpack, the topic (of the batch's length) too.
+_BATCH_FIELDS: Final = ("size", "magic", "flags", "queue_id", "msg_id", *_LENGTHS)
 
 
 class Appended(NamedTuple):
@@ -120,7 +126,7 @@ class CommitLog:
         # Records whose header is sound but whose content fails its CRC, by offset, with
         # their size: never served, and repaired from the master when there is one.
         self.damaged: dict[int, int] = {}
-        self._batch_fields: dict[int, struct.Struct] = {}
+        self._batch_fields: dict[int, HeaderView] = {}
 
     @property
     def min_offset(self) -> int:
@@ -187,7 +193,9 @@ class CommitLog:
         topic_len = len(topic)
         fields = self._batch_fields.get(topic_len)
         if fields is None:
-            fields = self._batch_fields[topic_len] = struct.Struct(_BATCH_FORMAT.format(topic_len))
+            fields = self._batch_fields[topic_len] = header_view(
+                *_BATCH_FIELDS, topic_len=topic_len
+            )
         unpack = fields.unpack_from
         fixed = HEADER_SIZE + topic_len
         max_body = self.config.max_message_bytes
@@ -255,7 +263,7 @@ class CommitLog:
                 end = pos + size
                 view[pos:end] = record
                 STAMP.pack_into(view, pos + STAMP_AT, offset, queue_offset, now_ms, host)
-                _CRC.pack_into(view, pos + 8, crc32(view[pos + CRC_START : end]))
+                _CRC.pack_into(view, pos + CRC_AT, crc32(view[pos + CRC_START : end]))
                 cl_offsets.append(offset)
                 q_offsets.append(queue_offset)
                 pos = end
@@ -299,7 +307,7 @@ class CommitLog:
                 for size in sizes[done:upto]:
                     stamp(view, pos + STAMP_AT, base + pos, queue_offset, now_ms, host)
                     end = pos + size
-                    put_crc(view, pos + 8, crc(view[pos + CRC_START : end]))
+                    put_crc(view, pos + CRC_AT, crc(view[pos + CRC_START : end]))
                     add(base + pos)
                     queue_offset += 1
                     pos = end
@@ -555,10 +563,10 @@ class CommitLog:
         _, _, _, tl, tgl, kl, pl, bl = _CHECK.unpack_from(segment.view, pos)
         if size != HEADER_SIZE + tl + tgl + kl + pl + bl:
             return "record size disagrees with its field lengths"
-        crc = _CRC.unpack_from(segment.view, pos + 8)[0]
+        crc = _CRC.unpack_from(segment.view, pos + CRC_AT)[0]
         if crc32(segment.view[pos + CRC_START : pos + size]) != crc:
             return "CRC mismatch"
-        if _OFFSET.unpack_from(segment.view, pos + STAMP_AT)[0] != segment.start + pos:
+        if _OFFSET.unpack_from(segment.view, pos + _OFFSET_AT)[0] != segment.start + pos:
             return "record is stamped with another commitlog offset (stale bytes)"
         return None
 

@@ -7,7 +7,6 @@ the same code rebuilds queues after a crash and on a slave that received raw log
 
 from __future__ import annotations
 
-import struct
 import threading
 import zlib
 from collections.abc import Callable
@@ -17,10 +16,12 @@ from metaq.broker.store.commitlog import CommitLog
 from metaq.broker.store.consume_queue import ConsumeQueue, QueueTable
 from metaq.broker.store.index import MessageIndex, hash_id, hash_key, key_for_topic_key
 from metaq.broker.store.service import Service
-from metaq.common.record import BLANK_MAGIC, HEADER_SIZE
+from metaq.common.record import BLANK_MAGIC, HEADER_SIZE, header_view
 
-# size, magic, queue offset, store time, queue id, message id, topic/tags/keys lengths.
-_FIELDS: Final = struct.Struct("<II16xqq8xi12x16s8xHHH")
+_FIELDS: Final = header_view(
+    "size", "magic", "queue_offset", "store_timestamp_ms", "queue_id", "msg_id",
+    "topic_len", "tags_len", "keys_len",
+)  # fmt: skip
 _ROUND_BYTES: Final = 4 * 1024 * 1024
 
 DispatchListener = Callable[[set[tuple[bytes, int]]], None]

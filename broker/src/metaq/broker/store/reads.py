@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import enum
-import struct
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Final
@@ -13,6 +12,7 @@ import numpy as np
 from metaq.broker.store.commitlog import CommitLog
 from metaq.broker.store.consume_queue import ConsumeQueue
 from metaq.common.errors import StoreUnavailable
+from metaq.common.record import header_view
 
 
 class GetStatus(enum.Enum):
@@ -31,10 +31,8 @@ class GetStatus(enum.Enum):
     """The entry exists but its commitlog bytes were deleted; restart at next_offset."""
 
 
-_LENGTH: Final = struct.Struct("<I")
-_QUEUE_OFFSET: Final = struct.Struct("<q")
-_QUEUE_OFFSET_AT: Final = 24
-"""Where a record's header keeps its queue offset (``docs/storage-format.md``)."""
+_LENGTH: Final = header_view("size")
+_QUEUE_OFFSET: Final = header_view("queue_offset")
 
 
 @dataclass(slots=True)
@@ -73,7 +71,7 @@ class GetResult:
     @property
     def queue_offsets(self) -> list[int]:
         """Each record's queue offset, from its header."""
-        return [_QUEUE_OFFSET.unpack_from(r, _QUEUE_OFFSET_AT)[0] for r in self.records]
+        return [_QUEUE_OFFSET.unpack_from(r)[0] for r in self.records]
 
     @property
     def total_bytes(self) -> int:

@@ -38,13 +38,14 @@ from metaq.broker.store.retention import (
 from metaq.broker.store.segment import Disk, RealDisk
 from metaq.broker.store.service import Service
 from metaq.common.errors import StoreUnavailable
-from metaq.common.record import STAMP_AT, Record, decode, encode
+from metaq.common.record import FIELDS, Record, decode, encode
 
 log = logging.getLogger(__name__)
 
 # The store timestamp's place in a record: stamped on append after the commitlog and
 # queue offsets (two int64s).
-_STORE_TIMESTAMP_AT: Final = STAMP_AT + 16
+_STORE_TIMESTAMP: Final = FIELDS["store_timestamp_ms"]
+_SIZE: Final = FIELDS["size"]
 
 
 class PutStatus(enum.Enum):
@@ -531,19 +532,20 @@ class MessageStore:
         if queue is None or not queue.min_offset <= queue_offset < queue.max_offset:
             return None
         offset, _, _ = queue.entry(queue_offset)
-        view = self.commitlog.slice(offset + _STORE_TIMESTAMP_AT, 8)
-        if view is None or len(view) < 8:
+        field = _STORE_TIMESTAMP
+        view = self.commitlog.slice(offset, field.end)
+        if view is None or len(view) < field.end:
             return None
-        return int.from_bytes(view, "little", signed=True)
+        return int(field.read(view))
 
     def record_at(self, offset: int) -> Record | None:
         """The record at commitlog ``offset``, CRC-checked; None if none is (intact) there."""
         if offset >= self.commitlog.write_offset:
             return None
-        view = self.commitlog.slice(offset, 4)
+        view = self.commitlog.slice(offset, _SIZE.end)
         if view is None:
             return None
-        size = int.from_bytes(view, "little")
+        size = int(_SIZE.read(view))
         view = self.commitlog.slice(offset, size) if size else None
         if view is None:
             return None

@@ -1,0 +1,73 @@
+"""Every partial view of the record header in the broker reads what ``record.HEADER`` reads."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+from metaq.broker import delay, send, transactions
+from metaq.broker.store import commitlog, dispatch, reads, store
+from metaq.common import record
+
+SAMPLE = record.encode(
+    "orders",
+    b"body",
+    queue_id=7,
+    tags="tag-abcd",
+    keys=("key-1", "key-2"),
+    properties={"p": "v", "DELAY": "2"},
+    flags=record.FLAG_DELAYED,
+    msg_id=bytes(range(16)),
+    born_timestamp_ms=1_700_000_000_456,
+    born_host=bytes([10, 0, 0, 1, 0x90, 0x1F, 0, 0]),
+    reconsume_times=3,
+)
+record.STAMP.pack_into(SAMPLE, record.STAMP_AT, 4096, 41, 1_700_000_000_789, bytes(range(8)))
+record.seal(SAMPLE, 0, len(SAMPLE))
+HEADER = dict(zip(record.FIELDS, record.HEADER.unpack_from(SAMPLE), strict=True))
+
+
+@pytest.mark.parametrize(
+    "view",
+    [
+        commitlog._CHECK,
+        commitlog._BLANK,
+        record.header_view(*commitlog._BATCH_FIELDS, topic_len=len("orders")),
+        send._FIELDS,
+        dispatch._FIELDS,
+        reads._LENGTH,
+        reads._QUEUE_OFFSET,
+    ],
+    ids=["commitlog-check", "commitlog-blank", "commitlog-batch", "send", "dispatch",
+         "reads-length", "reads-queue-offset"],
+)  # fmt: skip
+def test_a_header_view_agrees_with_the_header_field_by_field(view: record.HeaderView) -> None:
+    got = dict(zip(view.names, view.unpack_from(SAMPLE), strict=True))
+
+    want = {name: HEADER.get(name, b"orders") for name in view.names}
+    assert len(set(HEADER.values())) == len(HEADER)  # no two fields could be confused
+    assert got == want
+
+
+@pytest.mark.parametrize(
+    ("packer", "at", "name"),
+    [
+        (commitlog._CRC, record.CRC_AT, "crc"),
+        (commitlog._OFFSET, commitlog._OFFSET_AT, "commitlog_offset"),
+        (store._SIZE.packer, store._SIZE.offset, "size"),
+        (store._STORE_TIMESTAMP.packer, store._STORE_TIMESTAMP.offset, "store_timestamp_ms"),
+        (delay._FLAGS.packer, delay._FLAGS.offset, "flags"),
+        (transactions._FLAGS.packer, transactions._FLAGS.offset, "flags"),
+    ],
+)
+def test_a_single_field_is_read_where_the_header_keeps_it(
+    packer: struct.Struct, at: int, name: str
+) -> None:
+    assert packer.unpack_from(SAMPLE, at)[0] == HEADER[name]
+
+
+def test_message_ids_are_cut_where_the_header_keeps_them() -> None:
+    assert bytes(SAMPLE[send._MSG_ID_AT : send._MSG_ID_END]) == HEADER["msg_id"]
+    magic = record.FIELDS["magic"]
+    assert SAMPLE[magic.offset : magic.end] == commitlog._MAGIC_BYTES
