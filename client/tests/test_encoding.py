@@ -8,10 +8,10 @@ import zlib
 import msgspec
 import pytest
 
-from metaq.client.encoding import RecordEncoder, msg_id_hex, with_queue_id
 from metaq.client.message import Message, OutgoingMessage, decode_message, iter_messages
 from metaq.common import record
 from metaq.common.errors import InvalidMessage, InvalidRecord
+from metaq.common.record import RecordEncoder, msg_id_hex, with_queue_id
 
 
 def _sealed(raw: bytes | bytearray) -> bytearray:
@@ -70,7 +70,7 @@ def test_incompressible_bodies_stay_uncompressed() -> None:
 
 
 def test_a_body_over_the_limit_is_refused_before_anything_is_sent() -> None:
-    encoder = RecordEncoder(max_message_bytes=1000)
+    encoder = RecordEncoder(compress_over_bytes=4096, max_message_bytes=1000)
     with pytest.raises(InvalidMessage, match="1001 bytes; the producer's limit is 1000"):
         encoder.encode("t", os.urandom(1001))
     # Compressible bodies are judged after compression.

@@ -142,3 +142,35 @@ def test_the_stamp_and_crc_positions_are_the_tables() -> None:
     assert record.FIELDS["flags"].offset == record.CRC_START
     assert record.FIELDS["crc"].read(SAMPLE, 0) == EXPECTED["crc"]
     assert record.topic_of(b"xx" + SAMPLE, 2) == "orders"
+
+
+def test_the_producers_encoder_builds_the_same_bytes() -> None:
+    encoder = record.RecordEncoder(compress_over_bytes=4096, max_message_bytes=1 << 20)
+    exact = encoder.encode_fields(
+        "orders", b"hello", queue_id=3, msg_id=MSG_ID, born_timestamp_ms=1_700_000_000_123
+    )
+
+    assert exact == PLAIN
+    fresh = encoder.encode("orders", b"hello", 3)
+    pinned = bytearray(fresh)
+    record.FIELDS["msg_id"].packer.pack_into(pinned, record.FIELDS["msg_id"].offset, MSG_ID)
+    born = record.FIELDS["born_timestamp_ms"]
+    born.packer.pack_into(pinned, born.offset, 1_700_000_000_123)
+    assert bytes(pinned) == PLAIN
+    ((batch, count, first),) = encoder.encode_batch(
+        "orders", [b"hello"], 3, max_records=10, max_bytes=1 << 20
+    )
+    assert count == 1
+    assert record.decode(batch, verify=False).msg_id.hex() == record.msg_id_hex(first)
+
+
+def test_batch_ids_are_consecutive_and_never_a_single_ids() -> None:
+    encoder = record.RecordEncoder()
+    singles = {record.new_msg_id() for _ in range(100)}
+    batches = encoder.encode_batch("orders", [b"x"] * 5, 0, max_records=10, max_bytes=1 << 20)
+    ((raw, _, first),) = batches
+
+    ids = [r.msg_id for r in record.iter_records(raw, verify=False)]
+
+    assert [i.hex() for i in ids] == [record.msg_id_hex(first + n) for n in range(5)]
+    assert singles.isdisjoint(ids)

@@ -51,7 +51,6 @@ from tenacity.wait import wait_random_exponential
 
 from metaq.client.accumulator import Accumulator, Batch
 from metaq.client.connection import ConnectionPool
-from metaq.client.encoding import RecordEncoder, with_queue_id
 from metaq.client.errors import ConnectionLost, ProducerClosed, RequestTimeout
 from metaq.client.message import OutgoingMessage
 from metaq.client.results import SendResult
@@ -63,6 +62,7 @@ from metaq.common.errors import InvalidMessage, MetaqError
 from metaq.common.framing import Buffer
 from metaq.common.model import QueueRoute, TopicRoute
 from metaq.common.names import check_group
+from metaq.common.record import RecordEncoder, with_queue_id
 from metaq.common.tls import TlsConfig
 from metaq.common.users import Credentials, load_credentials
 

@@ -27,13 +27,13 @@ from collections.abc import Iterable
 from metaq.client.accumulator import Accumulator, Batch
 from metaq.client.answer_poll import AnswerPoll
 from metaq.client.connection import BrokerConnection, ConnectionPool
-from metaq.client.encoding import msg_id_prefix_hex
 from metaq.client.errors import BrokerError, ConnectionLost, ProducerClosed
 from metaq.client.results import STATUS_OF, SendResult, SendStatus
 from metaq.client.selection import BrokerHealth
 from metaq.common.errors import ErrorCode, MetaqError
 from metaq.common.framing import Buffer, Frame, FrameType
 from metaq.common.model import QueueRoute
+from metaq.common.record import msg_id_prefix_hex
 from metaq.common.v1.data_pb2 import SendRequest, SendResponse
 
 log = logging.getLogger(__name__)

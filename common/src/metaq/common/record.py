@@ -12,6 +12,8 @@ import itertools
 import os
 import re
 import struct
+import threading
+import time
 import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -137,6 +139,8 @@ CRC_START: Final = FIELDS["crc"].end
 STAMP: Final = _span("commitlog_offset", "store_host")
 STAMP_AT: Final = FIELDS["commitlog_offset"].offset
 _CRC: Final = FIELDS["crc"].packer
+_SIZE: Final = FIELDS["size"]
+_QUEUE_ID: Final = FIELDS["queue_id"]
 
 MAX_TOPIC_BYTES: Final = 127
 MAX_TAGS_BYTES: Final = 255
@@ -214,21 +218,48 @@ def check_topic(topic: str) -> None:
 
 
 class _MessageIds:
-    """Process-unique 16-byte message ids: a random per-process prefix and a counter."""
+    """Process-unique 16-byte message ids: 8 random bytes, then a 64-bit big-endian
+    number; blocks of consecutive numbers for batches, so a batch's ids need not be read
+    back from the broker's answer."""
 
     def __init__(self) -> None:
         self._reseed()
         os.register_at_fork(after_in_child=self._reseed)
 
     def _reseed(self) -> None:
-        self._prefix = os.urandom(8)
+        self.prefix = os.urandom(8)
+        self.prefix_hex = self.prefix.hex()
         self._counter = itertools.count()
+        # Blocks come from the upper half of the numbers and single ids from the lower, so
+        # single ids need no lock (drawing from a C counter is atomic) and a block takes
+        # one lock per batch.
+        self._blocks = threading.Lock()
+        self._next_block = _BLOCKS_FROM
 
     def next(self) -> bytes:
-        return self._prefix + next(self._counter).to_bytes(8, "big")
+        return self.prefix + next(self._counter).to_bytes(8, "big")
+
+    def take(self, count: int) -> int:
+        """Reserve ``count`` consecutive id numbers; return the first."""
+        with self._blocks:
+            first = self._next_block
+            self._next_block = first + count
+        return first
 
 
-new_msg_id = _MessageIds().next
+_BLOCKS_FROM: Final = 1 << 63
+_IDS: Final = _MessageIds()
+new_msg_id: Final = _IDS.next
+
+
+def msg_id_hex(number: int) -> str:
+    """The hex message id of id number ``number`` of this process (see
+    :meth:`RecordEncoder.encode_batch`)."""
+    return f"{_IDS.prefix_hex}{number:016x}"
+
+
+def msg_id_prefix_hex() -> str:
+    return _IDS.prefix_hex
 
 
 def encode_properties(properties: Mapping[str, str]) -> bytes:
@@ -257,30 +288,15 @@ def decode_properties(raw: bytes) -> dict[str, str]:
     return out
 
 
-def encode(
-    topic: str,
-    body: bytes,
-    *,
-    queue_id: int = 0,
-    tags: str = "",
-    keys: Sequence[str] = (),
-    properties: Mapping[str, str] | None = None,
-    flags: int = 0,
-    msg_id: bytes | None = None,
-    born_timestamp_ms: int = 0,
-    born_host: bytes = bytes(8),
-    reconsume_times: int = 0,
-) -> bytearray:
-    """Build a record as a producer sends it: broker-stamped fields zero, CRC unset.
-
-    The broker computes the CRC after stamping (see :func:`seal`), so a record is
-    checked end to end over the exact bytes that reach the disk.
-    """
-    check_topic(topic)
-    topic_b = topic.encode()
+def encode_extras(
+    tags: str, keys: Sequence[str], properties: Mapping[str, str] | None
+) -> tuple[bytes, bytes, bytes]:
+    """Tags, keys and properties as record bytes; InvalidMessage unless they fit."""
     tags_b = _utf8("tags", tags)
     if len(tags_b) > MAX_TAGS_BYTES:
         raise InvalidMessage(f"tags are {len(tags_b)} bytes; the limit is {MAX_TAGS_BYTES}")
+    if isinstance(keys, str):
+        raise InvalidMessage(f"keys must be a sequence of strings, not the string {keys!r}")
     for key in keys:
         if not key or _KEY_SEPARATOR in key:
             raise InvalidMessage(f"message key {key!r} is empty or contains a space")
@@ -290,23 +306,260 @@ def encode(
     props_b = encode_properties(properties) if properties else b""
     if len(props_b) > 0xFFFF:
         raise InvalidMessage(f"properties are {len(props_b)} bytes; the limit is 65535")
-    if msg_id is None:
-        msg_id = new_msg_id()
-    elif len(msg_id) != 16:
-        raise InvalidMessage(f"a message id is 16 bytes, not {len(msg_id)}")
-    if len(born_host) != 8:
-        raise InvalidMessage("born_host is 8 bytes: IPv4 address, port, two reserved")
-    total = HEADER_SIZE + len(topic_b) + len(tags_b) + len(keys_b) + len(props_b) + len(body)
-    out = bytearray(total)
-    HEADER.pack_into(
-        out, 0, total, MAGIC, 0, flags, -1, -1, 0, bytes(8), queue_id, reconsume_times,
-        born_timestamp_ms, msg_id, born_host,
-        len(topic_b), len(tags_b), len(keys_b), len(props_b), len(body),
+    return tags_b, keys_b, props_b
+
+
+def property_flags(properties: Mapping[str, str] | None) -> int:
+    """The flags the broker must see without reading properties: delayed, half message."""
+    if not properties:
+        return 0
+    flags = 0
+    if PROP_DELAY_LEVEL in properties or PROP_DELIVER_AT in properties:
+        flags |= FLAG_DELAYED
+    if PROP_TRANSACTION in properties:
+        flags |= FLAG_TRANSACTION
+    return flags
+
+
+class OutgoingRecord(Protocol):
+    """What :meth:`RecordEncoder.encode_batch` takes of a message that is more than a body."""
+
+    @property
+    def body(self) -> bytes: ...
+    @property
+    def tags(self) -> str: ...
+    @property
+    def keys(self) -> Sequence[str]: ...
+    @property
+    def properties(self) -> Mapping[str, str] | None: ...
+
+
+NO_HOST: Final = bytes(8)
+_NEVER: Final = 1 << 62
+_BUFFERS: Final = (bytes, bytearray, memoryview)
+
+
+class RecordEncoder:
+    """The record encoder: producers, Spark's writer and the broker's re-addressing all
+    build records here (:func:`encode` is the one-off form), each method with one
+    ``pack`` of :data:`HEADER` and one ``join``; each topic is checked once.
+
+    Records are built as a producer sends them: broker-stamped fields unset, CRC unset.
+    The broker computes the CRC after stamping (see :func:`seal`), so a record is checked
+    end to end over the exact bytes that reach the disk.
+
+    With ``compress_over_bytes``, a larger body is zlib-compressed and flagged
+    ``FLAG_COMPRESSED`` when that makes it smaller; with ``max_message_bytes``, a larger
+    body (after compression) is refused.
+    """
+
+    def __init__(
+        self,
+        *,
+        compress_over_bytes: int | None = None,
+        compress_level: int = 5,
+        max_message_bytes: int | None = None,
+    ) -> None:
+        self.compress_over_bytes = compress_over_bytes
+        self.compress_level = compress_level
+        self.max_message_bytes = max_message_bytes
+        self._compress_over = _NEVER if compress_over_bytes is None else compress_over_bytes
+        self._max_bytes = _NEVER if max_message_bytes is None else max_message_bytes
+        self._topics: dict[str, bytes] = {}
+
+    def topic_bytes(self, topic: str) -> bytes:
+        raw = self._topics.get(topic)
+        if raw is None:
+            check_topic(topic)
+            raw = self._topics[topic] = topic.encode()
+        return raw
+
+    def encode(
+        self,
+        topic: str,
+        body: bytes | bytearray | memoryview,
+        queue_id: int = 0,
+        tags: str = "",
+        keys: Sequence[str] = (),
+        properties: Mapping[str, str] | None = None,
+    ) -> bytes:
+        """A producer's record: a new id of this process, born now, flagged as its
+        ``properties`` ask (delayed, half message) and compressed as configured."""
+        topic_b = self._topics.get(topic) or self.topic_bytes(topic)
+        flags = 0
+        size = len(body)
+        if size > self._compress_over:
+            packed = zlib.compress(body, self.compress_level)
+            if len(packed) < size:
+                body, flags, size = packed, FLAG_COMPRESSED, len(packed)
+        if size > self._max_bytes:
+            after = " after compression" if flags else ""
+            raise InvalidMessage(
+                f"message body is {size} bytes{after}; the producer's limit is "
+                f"{self.max_message_bytes} bytes (max_message_bytes)"
+            )
+        if tags or keys or properties:
+            tags_b, keys_b, props_b = encode_extras(tags, keys, properties)
+            flags |= property_flags(properties)
+        else:
+            tags_b = keys_b = props_b = b""
+        header = HEADER.pack(
+            HEADER_SIZE + len(topic_b) + len(tags_b) + len(keys_b) + len(props_b) + size,
+            MAGIC, 0, flags, -1, -1, 0, NO_HOST, queue_id, 0,
+            time.time_ns() // 1_000_000, _IDS.next(), NO_HOST,
+            len(topic_b), len(tags_b), len(keys_b), len(props_b), size,
+        )  # fmt: skip
+        return b"".join((header, topic_b, tags_b, keys_b, props_b, body))
+
+    def encode_fields(
+        self,
+        topic: str,
+        body: bytes | bytearray | memoryview,
+        *,
+        queue_id: int = 0,
+        tags: str = "",
+        keys: Sequence[str] = (),
+        properties: Mapping[str, str] | None = None,
+        flags: int = 0,
+        msg_id: bytes | None = None,
+        born_timestamp_ms: int = 0,
+        born_host: bytes = NO_HOST,
+        reconsume_times: int = 0,
+    ) -> bytes:
+        """A record of exactly these fields: the body as given (never compressed here),
+        the flags as given; ``msg_id`` None for a new id of this process."""
+        topic_b = self._topics.get(topic) or self.topic_bytes(topic)
+        if tags or keys or properties:
+            tags_b, keys_b, props_b = encode_extras(tags, keys, properties)
+        else:
+            tags_b = keys_b = props_b = b""
+        if msg_id is None:
+            msg_id = _IDS.next()
+        elif len(msg_id) != 16:
+            raise InvalidMessage(f"a message id is 16 bytes, not {len(msg_id)}")
+        if len(born_host) != 8:
+            raise InvalidMessage("born_host is 8 bytes: IPv4 address, port, two reserved")
+        size = len(body)
+        header = HEADER.pack(
+            HEADER_SIZE + len(topic_b) + len(tags_b) + len(keys_b) + len(props_b) + size,
+            MAGIC, 0, flags, -1, -1, 0, NO_HOST, queue_id, reconsume_times,
+            born_timestamp_ms, msg_id, born_host,
+            len(topic_b), len(tags_b), len(keys_b), len(props_b), size,
+        )  # fmt: skip
+        return b"".join((header, topic_b, tags_b, keys_b, props_b, body))
+
+    def encode_batch(
+        self,
+        topic: str,
+        messages: Sequence[OutgoingRecord | bytes | bytearray | memoryview],
+        queue_id: int,
+        *,
+        max_records: int,
+        max_bytes: int,
+    ) -> list[tuple[bytes, int, int]]:
+        """Encode messages back to back into as few buffers as the batch limits allow;
+        returns (buffer, record count, first message-id number) per batch. One buffer per
+        batch means one write and no per-record bookkeeping downstream; the ids of a batch
+        are consecutive (see :func:`msg_id_hex`)."""
+        if not messages:
+            return []
+        topic_b = self._topics.get(topic) or self.topic_bytes(topic)
+        topic_len = len(topic_b)
+        pack, fixed = HEADER.pack, HEADER_SIZE + topic_len
+        prefix = _IDS.prefix
+        number = _IDS.take(len(messages))
+        threshold, limit = self._compress_over, self._max_bytes
+        born = time.time_ns() // 1_000_000
+        batches: list[tuple[bytes, int, int]] = []
+        parts: list[bytes | bytearray | memoryview] = []
+        nbytes = count = 0
+        for index, message in enumerate(messages):
+            if type(message) is bytes or isinstance(message, _BUFFERS):
+                body, extras = message, b""
+                tags_len = keys_len = props_len = flags = 0
+            else:
+                body = message.body
+                tags_b, keys_b, props_b = encode_extras(
+                    message.tags, message.keys, message.properties
+                )
+                extras = tags_b + keys_b + props_b
+                tags_len, keys_len, props_len = len(tags_b), len(keys_b), len(props_b)
+                flags = property_flags(message.properties)
+            size = len(body)
+            if size > threshold:
+                packed = zlib.compress(body, self.compress_level)
+                if len(packed) < size:
+                    body, flags, size = packed, flags | FLAG_COMPRESSED, len(packed)
+            if size > limit:
+                raise InvalidMessage(
+                    f"message {index} of the batch has a body of {size} bytes; the "
+                    f"producer's limit is {limit} bytes (max_message_bytes)"
+                )
+            total = fixed + len(extras) + size
+            if count and (count >= max_records or nbytes + total > max_bytes):
+                batches.append((b"".join(parts), count, number - count))
+                parts = []
+                nbytes = count = 0
+            parts.append(
+                pack(
+                    total, MAGIC, 0, flags, -1, -1, 0, NO_HOST, queue_id, 0, born,
+                    prefix + number.to_bytes(8, "big"),
+                    NO_HOST, topic_len, tags_len, keys_len, props_len, size,
+                )
+            )  # fmt: skip
+            parts.append(topic_b)
+            if extras:
+                parts.append(extras)
+            parts.append(body)
+            nbytes += total
+            count += 1
+            number += 1
+        if count:
+            batches.append((b"".join(parts), count, number - count))
+        return batches
+
+
+_PLAIN: Final = RecordEncoder()
+
+
+def encode(
+    topic: str,
+    body: bytes | bytearray | memoryview,
+    *,
+    queue_id: int = 0,
+    tags: str = "",
+    keys: Sequence[str] = (),
+    properties: Mapping[str, str] | None = None,
+    flags: int = 0,
+    msg_id: bytes | None = None,
+    born_timestamp_ms: int = 0,
+    born_host: bytes = NO_HOST,
+    reconsume_times: int = 0,
+) -> bytearray:
+    """:meth:`RecordEncoder.encode_fields`, in a buffer the caller may stamp and seal."""
+    return bytearray(
+        _PLAIN.encode_fields(
+            topic, body, queue_id=queue_id, tags=tags, keys=keys, properties=properties,
+            flags=flags, msg_id=msg_id, born_timestamp_ms=born_timestamp_ms,
+            born_host=born_host, reconsume_times=reconsume_times,
+        )
     )  # fmt: skip
-    pos = HEADER_SIZE
-    for part in (topic_b, tags_b, keys_b, props_b, body):
-        out[pos : pos + len(part)] = part
-        pos += len(part)
+
+
+def with_queue_id(records: bytes | bytearray | memoryview, queue_id: int) -> bytearray:
+    """A copy of ``records`` (one record or several back to back) aimed at another queue,
+    for a retry elsewhere."""
+    out = bytearray(records)
+    put = _QUEUE_ID.packer.pack_into
+    queue_id_at = _QUEUE_ID.offset
+    read_size = _SIZE.packer.unpack_from
+    at = 0
+    while at + HEADER_SIZE <= len(out):
+        put(out, at + queue_id_at, queue_id)
+        (size,) = read_size(out, at)
+        if size < HEADER_SIZE:
+            raise ValueError(f"not a record at byte {at}: size field {size}")
+        at += size
     return out
 
 

@@ -17,18 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from metaq.common import record
-
-_FIELDS: Final = [
-    ("total", "<u4"), ("magic", "<u4"), ("crc", "<u4"), ("flags", "<u4"),
-    ("commitlog_offset", "<i8"), ("queue_offset", "<i8"), ("store_timestamp", "<i8"),
-    ("store_host", "V8"), ("queue_id", "<i4"), ("reconsume_times", "<i4"),
-    ("born_timestamp", "<i8"), ("msg_id", "V16"), ("born_host", "V8"),
-    ("topic_len", "<u2"), ("tags_len", "<u2"), ("keys_len", "<u2"), ("props_len", "<u2"),
-    ("body_len", "<u4"),
-]  # fmt: skip
-"""``record.HEADER``'s fields, as a packed numpy dtype (checked against it below)."""
-_HEADER_DTYPE: Final = np.dtype(_FIELDS)
-assert _HEADER_DTYPE.itemsize == record.HEADER_SIZE
+from metaq.spark.header_dtype import header_dtype
 
 
 def derived_ids(prefix: bytes, first_row: int, count: int) -> np.ndarray:
@@ -68,21 +57,17 @@ def encode_bodies(
     binary array whose values are the records, so a take of it gathers a queue's batch.
     ``topic`` must have passed :func:`record.check_topic`; ``bodies`` has no nulls."""
     n = len(bodies)
-    name = topic.encode()
+    # Each row's header and topic are the encoder's record of an empty body, with the
+    # fields that differ by row set after.
+    empty = record.encode(topic, b"", msg_id=bytes(16), born_timestamp_ms=born_timestamp_ms)
+    width = len(empty)
     lengths = pc.binary_length(bodies).to_numpy(zero_copy_only=False).astype(np.int64)
-    fixed = np.zeros(n, np.dtype([("header", _HEADER_DTYPE), ("topic", f"V{len(name)}")]))
-    header = fixed["header"]
-    header["total"] = record.HEADER_SIZE + len(name) + lengths
-    header["magic"] = record.MAGIC
-    header["commitlog_offset"] = -1
-    header["queue_offset"] = -1
+    fixed = np.tile(np.frombuffer(empty, np.uint8), n)
+    header = fixed.view(header_dtype("size", "queue_id", "msg_id", "body_len", itemsize=width))
+    header["size"] = width + lengths
     header["queue_id"] = queue_ids
-    header["born_timestamp"] = born_timestamp_ms
-    header["msg_id"] = ids.view("V16").reshape(-1)
-    header["topic_len"] = len(name)
+    header["msg_id"] = ids
     header["body_len"] = lengths
-    fixed["topic"] = np.frombuffer(name, f"V{len(name)}")[0]
-    width = fixed.dtype.itemsize
     heads = pa.Array.from_buffers(
         pa.binary(),
         n,

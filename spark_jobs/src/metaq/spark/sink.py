@@ -99,7 +99,8 @@ class RowSender:
         self.producer = producer
         self.prefix = prefix
         self.row = 0
-        self.pending: dict[tuple[str, QueueRoute], list[bytearray]] = {}
+        self.pending: dict[tuple[str, QueueRoute], list[bytes]] = {}
+        self.encoder = record.RecordEncoder()
         self.in_flight: list[asyncio.Future[Any]] = []
         self.stats = WriteStats()
 
@@ -186,7 +187,7 @@ class RowSender:
             # By the id: a retry of the task sends each row where its first try went.
             queue = shard_queue(route, shard) if shard else shard_queue(route, msg_id)
             try:
-                rec = record.encode(
+                rec = self.encoder.encode_fields(
                     topic,
                     body,
                     queue_id=queue.queue_id,
@@ -211,7 +212,7 @@ class RowSender:
         await self._settle()
         return self.stats
 
-    def _send(self, topic: str, queue: QueueRoute, records: list[bytearray]) -> None:
+    def _send(self, topic: str, queue: QueueRoute, records: list[bytes]) -> None:
         self._send_payload(topic, queue, b"".join(records), len(records))
 
     def _send_payload(
