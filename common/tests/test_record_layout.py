@@ -6,6 +6,8 @@ field table; any change to the table or the encoder that moves a byte fails here
 
 from __future__ import annotations
 
+import struct
+
 import pytest
 
 from metaq.common import record
@@ -122,9 +124,10 @@ def test_every_header_view_reads_what_the_header_holds() -> None:
     views.append(record.header_view("size", "msg_id", "body_len", topic_len=6))
 
     for view in views:
-        got = dict(zip(view.names, view.unpack_from(SAMPLE), strict=True))
-        want = {name: EXPECTED[name] for name in view.names if name != "topic"}
-        if "topic" in view.names:
+        names = record.view_fields(view)
+        got = dict(zip(names, view.unpack_from(SAMPLE), strict=True))
+        want = {name: EXPECTED[name] for name in names if name != "topic"}
+        if "topic" in names:
             want["topic"] = b"orders"
         assert got == want, view.format
 
@@ -132,6 +135,12 @@ def test_every_header_view_reads_what_the_header_holds() -> None:
 def test_a_header_view_refuses_fields_out_of_order() -> None:
     with pytest.raises(ValueError, match="out of header order"):
         record.header_view("queue_id", "size")
+
+
+@pytest.mark.parametrize("format", ["<I8xi", "<4xq", "<II40xq"])
+def test_a_struct_that_reads_across_fields_is_no_header_view(format: str) -> None:
+    with pytest.raises(ValueError, match="no field"):
+        record.view_fields(struct.Struct(format))
 
 
 def test_the_stamp_and_crc_positions_are_the_tables() -> None:

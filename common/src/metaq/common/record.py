@@ -93,22 +93,11 @@ HEADER: Final = struct.Struct("<" + "".join(f.code for f in FIELDS.values()))
 HEADER_SIZE: Final = HEADER.size
 
 
-class HeaderView(struct.Struct):
-    """A struct that unpacks only some header fields, skipping the others as pad bytes:
-    a hot loop that needs three fields does not pay to unpack eighteen.
-
-    Made by :func:`header_view` from :data:`FIELDS`. For reading: packing one writes zeros
-    over the skipped bytes."""
-
-    def __init__(self, names: tuple[str, ...], format: str) -> None:
-        super().__init__(format)
-        self.names = names
-        """The fields :meth:`unpack_from` returns, in order."""
-
-
-def header_view(*names: str, topic_len: int | None = None) -> HeaderView:
-    """A view of the header fields ``names`` (in header order), read from a record's
-    first byte; with ``topic_len``, the topic that follows the header too (as ``topic``)."""
+def header_view(*names: str, topic_len: int | None = None) -> struct.Struct:
+    """A struct that unpacks only the header fields ``names`` (in header order) from a
+    record's first byte, skipping the others as pad bytes, so a hot loop that needs three
+    fields does not pay to unpack eighteen; with ``topic_len``, the topic that follows the
+    header too. For reading: packing one writes zeros over the skipped bytes."""
     codes = ["<"]
     at = 0
     for name in names:
@@ -121,8 +110,32 @@ def header_view(*names: str, topic_len: int | None = None) -> HeaderView:
         at = field.end
     if topic_len is not None:
         codes.append(f"{HEADER_SIZE - at}x{topic_len}s" if at < HEADER_SIZE else f"{topic_len}s")
-        names = (*names, "topic")
-    return HeaderView(names, "".join(codes))
+    return struct.Struct("".join(codes))
+
+
+_CODE: Final = re.compile(r"(\d*)([a-zA-Z?])")
+
+
+def view_fields(view: struct.Struct) -> tuple[str, ...]:
+    """The names of what ``view`` unpacks, read back from its format against
+    :data:`FIELDS` ("topic" for a topic after the header); ValueError where it would read
+    bytes that are no field, or a field with another code."""
+    by_offset = {field.offset: field for field in FIELDS.values()}
+    names: list[str] = []
+    at = 0
+    for count, code in _CODE.findall(view.format.lstrip("<")):
+        if code == "x":
+            at += int(count or 1)
+        elif at >= HEADER_SIZE and code == "s":
+            names.append("topic")
+            at += int(count or 1)
+        else:
+            field = by_offset.get(at)
+            if field is None or field.code != count + code:
+                raise ValueError(f"{view.format!r} reads {count + code} at byte {at}: no field")
+            names.append(field.name)
+            at = field.end
+    return tuple(names)
 
 
 def _span(first: str, last: str) -> struct.Struct:
@@ -292,15 +305,20 @@ def encode_extras(
     tags: str, keys: Sequence[str], properties: Mapping[str, str] | None
 ) -> tuple[bytes, bytes, bytes]:
     """Tags, keys and properties as record bytes; InvalidMessage unless they fit."""
-    tags_b = _utf8("tags", tags)
-    if len(tags_b) > MAX_TAGS_BYTES:
-        raise InvalidMessage(f"tags are {len(tags_b)} bytes; the limit is {MAX_TAGS_BYTES}")
     if isinstance(keys, str):
         raise InvalidMessage(f"keys must be a sequence of strings, not the string {keys!r}")
+    try:
+        tags_b = tags.encode()
+        keys_b = _KEY_SEPARATOR.join(keys).encode()
+    except UnicodeEncodeError:
+        _utf8("tags", tags)  # raises, naming the part that is not UTF-8
+        _utf8("keys", _KEY_SEPARATOR.join(keys))
+        raise
+    if len(tags_b) > MAX_TAGS_BYTES:
+        raise InvalidMessage(f"tags are {len(tags_b)} bytes; the limit is {MAX_TAGS_BYTES}")
     for key in keys:
         if not key or _KEY_SEPARATOR in key:
             raise InvalidMessage(f"message key {key!r} is empty or contains a space")
-    keys_b = _utf8("keys", _KEY_SEPARATOR.join(keys))
     if len(keys_b) > MAX_KEYS_BYTES:
         raise InvalidMessage(f"keys are {len(keys_b)} bytes; the limit is {MAX_KEYS_BYTES}")
     props_b = encode_properties(properties) if properties else b""

@@ -35,7 +35,6 @@ from metaq.common.record import (
     MAX_QUEUES_PER_TOPIC,
     STAMP,
     STAMP_AT,
-    HeaderView,
     check_topic,
     header_view,
 )
@@ -126,7 +125,7 @@ class CommitLog:
         # Records whose header is sound but whose content fails its CRC, by offset, with
         # their size: never served, and repaired from the master when there is one.
         self.damaged: dict[int, int] = {}
-        self._batch_fields: dict[int, HeaderView] = {}
+        self._batch_fields: dict[int, struct.Struct] = {}
 
     @property
     def min_offset(self) -> int:
@@ -280,6 +279,7 @@ class CommitLog:
         host = self.config.store_host
         stamp = STAMP.pack_into
         put_crc = _CRC.pack_into
+        crc_at = CRC_AT
         crc = crc32
         with self._lock:
             now_ms = time.time_ns() // 1_000_000
@@ -307,7 +307,7 @@ class CommitLog:
                 for size in sizes[done:upto]:
                     stamp(view, pos + STAMP_AT, base + pos, queue_offset, now_ms, host)
                     end = pos + size
-                    put_crc(view, pos + CRC_AT, crc(view[pos + CRC_START : end]))
+                    put_crc(view, pos + crc_at, crc(view[pos + CRC_START : end]))
                     add(base + pos)
                     queue_offset += 1
                     pos = end
