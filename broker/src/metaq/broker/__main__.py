@@ -11,9 +11,10 @@ from collections.abc import Callable, Sequence
 from typing import Final
 
 from metaq.broker.announce import nameserver_registrar
-from metaq.broker.config import BrokerConfig, ConfigError, load_config
+from metaq.broker.config import BrokerConfig, load_config
 from metaq.broker.limits import set_nice
 from metaq.broker.process import Broker
+from metaq.common.config import ConfigError
 from metaq.common.errors import MetaqError
 
 log = logging.getLogger("metaq.broker")

@@ -1,4 +1,5 @@
-"""Broker settings: one frozen dataclass, loaded from a TOML file and command-line flags.
+"""Broker settings: one frozen dataclass, loaded from a TOML file and command-line flags
+by the shared loader (:mod:`metaq.common.config`).
 
 Precedence is defaults < file < flags. The file's top-level keys are the fields of
 :class:`BrokerConfig`; its ``[store]`` table holds :class:`StoreConfig` fields (all but
@@ -12,17 +13,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import enum
 import re
-import tomllib
-import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 from metaq.broker.delay import DEFAULT_LEVELS, parse_levels
 from metaq.broker.store.config import MIB, FlushMode, StoreConfig
+from metaq.common.config import ConfigError, Schema, Setting, flag_settings, read_settings
 from metaq.common.framing import MAX_FRAME_BYTES
 from metaq.common.model import ReplicationMode
 from metaq.common.record import HEADER_SIZE
@@ -34,8 +33,6 @@ _ADDRESS: Final = re.compile(r"(?P<host>[^\s:]+|\[[0-9A-Fa-f:.]+\]):(?P<port>\d{
 _STORE_OWNED: Final = frozenset({"data_dir", "flush_mode", "store_host", "keep_damaged_records"})
 
 
-class ConfigError(ValueError):
-    """A setting is missing, unknown or out of range; the message names the key and source."""
 
 
 def _default_store() -> StoreConfig:
@@ -380,14 +377,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def config_from(args: argparse.Namespace) -> BrokerConfig:
-    top: dict[str, Any] = {}
-    store: dict[str, Any] = {}
+    top: dict[str, Setting] = {}
+    store: dict[str, Setting] = {}
     if args.config is not None:
-        _read_file(args.config, top, store)
-    for key in _flag_keys():
-        value = getattr(args, key, None)
-        if value is not None:
-            top[key] = (value, f"flag --{key.replace('_', '-')}")
+        # Quoted values have always been read as flags are (data_port = "10911").
+        found = read_settings(args.config, sections=("store",), text=True)
+        top, store = found[""], found["store"]
+    top.update(flag_settings(args, _TOP.hints))
     for item in args.set:
         key, sep, value = item.partition("=")
         if not sep:
@@ -397,112 +393,15 @@ def config_from(args: argparse.Namespace) -> BrokerConfig:
             raise ConfigError(f"--set {item!r}: only the 'store.' and 'auth.' prefixes are known")
         if section == "auth":
             section, name = "", f"auth_{name}"
-        (store if section else top)[name] = (value.strip(), f"flag --set {key.strip()}")
+        setting = Setting(value.strip(), f"flag --set {key.strip()}", text=True)
+        (store if section else top)[name] = setting
     return build_config(top, store)
 
 
-def _flag_keys() -> list[str]:
-    return [f.name for f in dataclasses.fields(BrokerConfig) if f.name != "store"]
+_TOP: Final = Schema.of(BrokerConfig, exclude={"store"}, also=["[store]"])
+_STORE: Final = Schema.of(StoreConfig, exclude=_STORE_OWNED, noun="store key")
 
 
-def _read_file(path: Path, top: dict[str, Any], store: dict[str, Any]) -> None:
-    try:
-        with path.open("rb") as f:
-            data = tomllib.load(f)
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
-    for key, value in data.items():
-        if key == "store":
-            if not isinstance(value, dict):
-                raise ConfigError(f"{path}: 'store' must be a table ([store])")
-            for name, inner in value.items():
-                store[name] = (inner, f"{path}: store.{name}")
-        elif key == "auth" and isinstance(value, dict):
-            # [auth] enabled = true is auth_enabled = true.
-            for name, inner in value.items():
-                top[f"auth_{name}"] = (inner, f"{path}: auth.{name}")
-        else:
-            top[key] = (value, f"{path}: {key}")
-
-
-def build_config(
-    top: Mapping[str, tuple[Any, str]], store: Mapping[str, tuple[Any, str]]
-) -> BrokerConfig:
-    """Make a BrokerConfig from ``{key: (raw value, where it came from)}`` maps."""
-    broker_hints = typing.get_type_hints(BrokerConfig)
-    store_hints = typing.get_type_hints(StoreConfig)
-    kwargs: dict[str, Any] = {}
-    for key, (raw, origin) in top.items():
-        if key not in broker_hints or key == "store":
-            known = ", ".join(sorted(k for k in broker_hints if k != "store"))
-            raise ConfigError(f"{origin}: unknown key {key!r} (known: {known}, and [store])")
-        kwargs[key] = _coerce(raw, broker_hints[key], origin)
-    store_kwargs: dict[str, Any] = {}
-    for key, (raw, origin) in store.items():
-        if key not in store_hints or key in _STORE_OWNED:
-            known = ", ".join(sorted(set(store_hints) - _STORE_OWNED))
-            raise ConfigError(f"{origin}: unknown store key {key!r} (known: {known})")
-        store_kwargs[key] = _coerce(raw, store_hints[key], origin)
-    try:
-        store_config = StoreConfig(data_dir=Path("."), **store_kwargs)
-        return BrokerConfig(store=store_config, **kwargs)
-    except ConfigError:
-        raise
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-
-
-def _coerce(raw: Any, hint: Any, origin: str) -> Any:
-    """Turn a TOML value or a flag's string into the field's type, or say why not."""
-    try:
-        if hint is bool:
-            return _to_bool(raw)
-        if hint is int:
-            if isinstance(raw, bool | float):
-                raise ValueError
-            return int(raw.replace("_", "")) if isinstance(raw, str) else int(raw)
-        if hint is float:
-            if isinstance(raw, bool):
-                raise ValueError
-            return float(raw)
-        if hint is str:
-            if not isinstance(raw, str):
-                raise ValueError
-            return raw
-        if hint is Path:
-            if not isinstance(raw, str) or not raw:
-                raise ValueError
-            return Path(raw)
-        if isinstance(hint, type) and issubclass(hint, enum.Enum):
-            return hint(raw)
-        if typing.get_origin(hint) is tuple:
-            items = raw.split(",") if isinstance(raw, str) else raw
-            if not isinstance(items, list | tuple) or not all(isinstance(i, str) for i in items):
-                raise ValueError
-            return tuple(i.strip() for i in items if i.strip())
-    except (TypeError, ValueError):
-        pass
-    else:
-        raise ConfigError(f"{origin}: settings of type {hint} cannot be configured")
-    raise ConfigError(f"{origin}: expected {_describe(hint)}, got {raw!r}")
-
-
-def _to_bool(raw: Any) -> bool:
-    if isinstance(raw, bool):
-        return raw
-    if isinstance(raw, str) and raw.lower() in ("true", "false", "1", "0", "yes", "no"):
-        return raw.lower() in ("true", "1", "yes")
-    raise ValueError
-
-
-def _describe(hint: Any) -> str:
-    if isinstance(hint, type) and issubclass(hint, enum.Enum):
-        return "one of " + ", ".join(repr(m.value) for m in hint)
-    names = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
-    if hint in names:
-        return names[hint]
-    if hint is Path:
-        return "a path"
-    return "a list of strings"
+def build_config(top: Mapping[str, Setting], store: Mapping[str, Setting]) -> BrokerConfig:
+    """Make a BrokerConfig from its top-level settings and its ``[store]`` settings."""
+    return _TOP.build(BrokerConfig, top, store=_STORE.build(StoreConfig, store, data_dir=Path(".")))
