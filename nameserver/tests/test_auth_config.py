@@ -27,5 +27,5 @@ def test_auth_without_an_acl_file_is_refused() -> None:
 def test_a_non_boolean_auth_enabled_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "nameserver.toml"
     path.write_text('auth_enabled = "yes"\n')
-    with pytest.raises(ValueError, match="auth_enabled must be true or false"):
+    with pytest.raises(ValueError, match="auth_enabled: expected true or false, got 'yes'"):
         load_config(["--config", str(path)])

@@ -1,4 +1,5 @@
-"""Nameserver settings: a frozen dataclass loaded from a TOML file and command-line flags.
+"""Nameserver settings: a frozen dataclass loaded from a TOML file and command-line flags
+by the shared loader (:mod:`metaq.common.config`).
 
 Every field is a top-level key of the TOML file and a flag of the same name with dashes
 (``broker_expiry_s`` / ``--broker-expiry-s``); flags win over the file, the file over the
@@ -11,12 +12,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import tomllib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from metaq.common.config import ConfigError, Schema, flag_settings, read_settings
 from metaq.common.tls import TlsConfig, TlsError, server_tls
 
 DEFAULT_GRPC_PORT: Final = 9876
@@ -117,7 +118,7 @@ class NameServerConfig:
                 "auth_enabled needs auth_acl_file (create it with metaq acl init ADMIN --file FILE)"
             )
         if problems:
-            raise ValueError("invalid nameserver config: " + "; ".join(problems))
+            raise ConfigError("invalid nameserver config: " + "; ".join(problems))
 
     @property
     def tls(self) -> TlsConfig | None:
@@ -132,77 +133,7 @@ def _is_host_port(address: str) -> bool:
     return bool(host) and port.isdigit() and 0 < int(port) < 65536
 
 
-def boolean(value: str) -> bool:
-    """A flag's true/false (also yes/no, 1/0)."""
-    lowered = value.strip().lower()
-    if lowered not in ("true", "false", "yes", "no", "1", "0"):
-        raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
-    return lowered in ("true", "yes", "1")
-
-
-def addresses(value: str) -> tuple[str, ...]:
-    """A comma-separated list of host:port, as the ``--controller-peers`` flag takes it."""
-    return tuple(part.strip() for part in value.split(",") if part.strip())
-
-
-_FIELDS: Final = {f.name: f for f in dataclasses.fields(NameServerConfig)}
-_FLAG_TYPES: Final[dict[str, Callable[[str], Any]]] = {
-    "listen_host": str,
-    "grpc_port": int,
-    "http_port": int,
-    "broker_expiry_s": float,
-    "expiry_scan_interval_s": float,
-    "shutdown_grace_s": float,
-    "log_level": str,
-    "controller_address": str,
-    "controller_peers": addresses,
-    "controller_dir": str,
-    "master_detection_ms": int,
-    "bootstrap_grace_ms": int,
-    "cluster_secret_file": str,
-    "takeover_timeout_ms": int,
-    "console_broker_timeout_ms": int,
-    "tls_cert_file": str,
-    "tls_key_file": str,
-    "tls_ca_file": str,
-    "tls_verify_client": boolean,
-    "auth_enabled": boolean,
-    "auth_acl_file": str,
-}
-
-
-def from_toml(path: Path) -> dict[str, Any]:
-    """The settings in a TOML file; unknown keys are an error naming the known ones."""
-    with path.open("rb") as file:
-        settings = tomllib.load(file)
-    auth = settings.pop("auth", None)
-    if isinstance(auth, dict):
-        # [auth] enabled = true is auth_enabled = true.
-        settings.update({f"auth_{k}": v for k, v in auth.items()})
-    elif auth is not None:
-        raise ValueError(f"{path}: auth must be a table ([auth])")
-    unknown = sorted(set(settings) - set(_FIELDS))
-    if unknown:
-        raise ValueError(
-            f"{path}: unknown nameserver settings {', '.join(unknown)}; "
-            f"known: {', '.join(sorted(_FIELDS))}"
-        )
-    for name, value in settings.items():
-        if name == "controller_peers":
-            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-                raise ValueError(f"{path}: {name} must be a list of strings, not {value!r}")
-            settings[name] = tuple(value)
-            continue
-        kind = _FLAG_TYPES[name]
-        if kind is boolean:
-            if not isinstance(value, bool):
-                raise ValueError(f"{path}: {name} must be true or false, not {value!r}")
-            continue
-        assert isinstance(kind, type)
-        accepted = (int, float) if kind is float else (kind,)
-        if isinstance(value, bool) or not isinstance(value, accepted):
-            raise ValueError(f"{path}: {name} must be of type {kind.__name__}, not {value!r}")
-    return settings
+_SCHEMA: Final = Schema.of(NameServerConfig)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -211,16 +142,16 @@ def parser() -> argparse.ArgumentParser:
         description="Run a metaq nameserver: broker registry, routes and queue assignment.",
     )
     p.add_argument("--config", type=Path, help="TOML file with the settings below")
-    for name, kind in _FLAG_TYPES.items():
-        default = _FIELDS[name].default
+    for f in dataclasses.fields(NameServerConfig):
         # A switch alone means true; "--tls-verify-client false" also works.
-        switch: dict[str, Any] = {"nargs": "?", "const": True} if kind is boolean else {}
+        switch: dict[str, Any] = (
+            {"nargs": "?", "const": True} if _SCHEMA.hints[f.name] is bool else {}
+        )
         p.add_argument(
-            "--" + name.replace("_", "-"),
-            dest=name,
-            type=kind,
+            "--" + f.name.replace("_", "-"),
+            dest=f.name,
             default=None,
-            help=f"(default: {default})",
+            help=f"(default: {f.default})",
             **switch,
         )
     return p
@@ -229,9 +160,6 @@ def parser() -> argparse.ArgumentParser:
 def load_config(argv: Sequence[str] | None = None) -> NameServerConfig:
     """Defaults, then the ``--config`` file, then flags; validated."""
     args = parser().parse_args(argv)
-    settings: dict[str, Any] = from_toml(args.config) if args.config else {}
-    for name in _FLAG_TYPES:
-        value = getattr(args, name)
-        if value is not None:
-            settings[name] = value
-    return NameServerConfig(**settings)
+    settings = read_settings(args.config)[""] if args.config else {}
+    settings.update(flag_settings(args, _SCHEMA.hints))
+    return _SCHEMA.build(NameServerConfig, settings)
