@@ -1,8 +1,9 @@
 """The data source's options: parsed and validated on the driver, before any task runs.
 
 Names follow Spark's Kafka source where one exists and are case-insensitive, as Spark's
-options are. Anything wrong raises :class:`OptionError` naming the option, what was wrong
-and what is accepted, so a job fails at planning instead of inside an executor.
+options are; the shared loader (:mod:`metaq.common.config`) types them. Anything wrong
+raises :class:`OptionError` naming the option, what was wrong and what is accepted, so a
+job fails at planning instead of inside an executor.
 """
 
 from __future__ import annotations
@@ -12,9 +13,12 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Final
+from typing import Annotated, Any, Final
+
+import msgspec
 
 from metaq.client.tags import TagFilter
+from metaq.common.config import ConfigError, Schema, Setting
 from metaq.common.tls import TlsConfig, TlsError
 
 EARLIEST: Final = -2
@@ -25,7 +29,7 @@ QueueOffsets = dict[str, dict[str, int]]
 """{topic: {"broker:queue": offset}}: the JSON form of starting/ending offsets."""
 
 
-class OptionError(ValueError):
+class OptionError(ConfigError):
     """An option of ``format("metaq")`` is missing, unknown or malformed."""
 
 
@@ -71,40 +75,58 @@ class SinkOptions:
     tls: TlsConfig | None = None
 
 
-_TLS_KEYS: Final = ("tls", "tlscafile", "tlscertfile", "tlskeyfile")
-_SOURCE_KEYS: Final = {
-    "nameservers",
-    "topic",
-    "topics",
-    "topicpattern",
-    "startingoffsets",
-    "endingoffsets",
-    "startingtimestamp",
-    "endingtimestamp",
-    "tags",
-    "consumergroup",
-    "maxmessagespertrigger",
-    "minpartitions",
-    "failondataloss",
-    "pullbatchmessages",
-    "requesttimeoutms",
-    *_TLS_KEYS,
+_POSITIVE = Annotated[int, msgspec.Meta(ge=1)]
+_NOT_NEGATIVE = Annotated[int, msgspec.Meta(ge=0)]
+_SHARED: Final[dict[str, Any]] = {
+    "nameservers": str,
+    "topic": str,
+    "requestTimeoutMs": _POSITIVE,
+    "tls": bool,
+    "tlsCaFile": str,
+    "tlsCertFile": str,
+    "tlsKeyFile": str,
 }
+_SOURCE: Final = Schema(
+    {
+        **_SHARED,
+        "topics": str,
+        "topicPattern": str,
+        "startingOffsets": str,
+        "endingOffsets": str,
+        "startingTimestamp": _NOT_NEGATIVE,
+        "endingTimestamp": _NOT_NEGATIVE,
+        "tags": str,
+        "consumerGroup": str,
+        "maxMessagesPerTrigger": _POSITIVE,
+        "minPartitions": _POSITIVE,
+        "failOnDataLoss": bool,
+        "pullBatchMessages": _POSITIVE,
+    },
+    noun="option",
+    error=OptionError,
+)
+_SINK: Final = Schema(
+    {**_SHARED, "producerGroup": str, "batchMessages": _POSITIVE},
+    noun="option",
+    error=OptionError,
+)
 _SPARK_KEYS: Final = ("path", "checkpointlocation", "queryname")
-_SINK_KEYS: Final = {
-    "nameservers",
-    "topic",
-    "producergroup",
-    "batchmessages",
-    "requesttimeoutms",
-    *_TLS_KEYS,
+# The options that set a field of the same value, when given.
+_SOURCE_FIELDS: Final = {
+    "startingTimestamp": "starting_timestamp_ms",
+    "endingTimestamp": "ending_timestamp_ms",
+    "maxMessagesPerTrigger": "max_messages_per_trigger",
+    "minPartitions": "min_partitions",
+    "failOnDataLoss": "fail_on_data_loss",
+    "pullBatchMessages": "pull_batch_messages",
 }
+_SINK_FIELDS: Final = {"producerGroup": "producer_group", "batchMessages": "batch_messages"}
 
 
 def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> SourceOptions:
     """The read options, validated; raises OptionError naming what is wrong."""
-    opts = _lower(options, _SOURCE_KEYS)
-    chosen = [k for k in ("topic", "topics", "topicpattern") if opts.get(k)]
+    opts = _read(options, _SOURCE)
+    chosen = [k for k in ("topic", "topics", "topicPattern") if opts.get(k)]
     if len(chosen) != 1:
         raise OptionError(
             "exactly one of the options 'topic', 'topics' (comma list) or 'topicPattern' "
@@ -112,8 +134,8 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
         )
     topics: tuple[str, ...] = ()
     pattern = ""
-    if chosen[0] == "topicpattern":
-        pattern = opts["topicpattern"]
+    if chosen[0] == "topicPattern":
+        pattern = opts["topicPattern"]
         try:
             re.compile(pattern)
         except re.error as exc:
@@ -122,11 +144,11 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
         topics = tuple(dict.fromkeys(t.strip() for t in opts[chosen[0]].split(",") if t.strip()))
         if not topics:
             raise OptionError(f"option {chosen[0]!r} names no topic")
-    starting = _offsets(opts, "startingoffsets", "earliest")
-    ending = _offsets(opts, "endingoffsets", "latest")
-    if streaming and "endingoffsets" in opts:
+    starting = _offsets("startingOffsets", opts.get("startingOffsets", "earliest"))
+    ending = _offsets("endingOffsets", opts.get("endingOffsets", "latest"))
+    if streaming and "endingOffsets" in opts:
         raise OptionError("option 'endingOffsets' is for batch reads only; a stream has no end")
-    if streaming and "endingtimestamp" in opts:
+    if streaming and "endingTimestamp" in opts:
         raise OptionError("option 'endingTimestamp' is for batch reads only; a stream has no end")
     if ending == "earliest":
         raise OptionError("option 'endingOffsets' cannot be 'earliest'; use 'latest' or JSON")
@@ -139,9 +161,8 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
         raise OptionError("option 'startingOffsets' cannot hold -1 (latest) in a batch read")
     if starting == "latest" and not streaming:
         raise OptionError("option 'startingOffsets' cannot be 'latest' in a batch read")
-    tags = opts.get("tags", "*")
-    TagFilter.parse(tags)
-    group = opts.get("consumergroup", "")
+    tags = TagFilter.parse(opts.get("tags", "*"))
+    group = opts.get("consumerGroup", "")
     if group:
         from metaq.common.names import check_group
 
@@ -155,39 +176,45 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
         topic_pattern=pattern,
         starting=starting,
         ending=ending,
-        starting_timestamp_ms=_int(opts, "startingtimestamp", "startingTimestamp", None, 0),
-        ending_timestamp_ms=_int(opts, "endingtimestamp", "endingTimestamp", None, 0),
-        tags=TagFilter.parse(tags).expression,
+        tags=tags.expression,
         consumer_group=group,
-        max_messages_per_trigger=_int(opts, "maxmessagespertrigger", "maxMessagesPerTrigger", 0, 1)
-        or 0,
-        min_partitions=_int(opts, "minpartitions", "minPartitions", 0, 1) or 0,
-        fail_on_data_loss=_bool(opts, "failondataloss", "failOnDataLoss", True),
-        pull_batch_messages=_int(opts, "pullbatchmessages", "pullBatchMessages", 1024, 1) or 1024,
-        request_timeout_s=(_int(opts, "requesttimeoutms", "requestTimeoutMs", 10_000, 1) or 1)
-        / 1000,
+        request_timeout_s=opts.get("requestTimeoutMs", 10_000) / 1000,
         tls=_tls(opts),
+        **{field: opts[name] for name, field in _SOURCE_FIELDS.items() if name in opts},
     )
 
 
 def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
-    opts = _lower(options, _SINK_KEYS)
+    opts = _read(options, _SINK)
     return SinkOptions(
         nameservers=_nameservers(opts),
         topic=opts.get("topic", "").strip(),
-        producer_group=opts.get("producergroup", "spark-writer"),
-        batch_messages=_int(opts, "batchmessages", "batchMessages", 256, 1) or 256,
-        request_timeout_s=(_int(opts, "requesttimeoutms", "requestTimeoutMs", 10_000, 1) or 1)
-        / 1000,
+        request_timeout_s=opts.get("requestTimeoutMs", 10_000) / 1000,
         tls=_tls(opts),
+        **{field: opts[name] for name, field in _SINK_FIELDS.items() if name in opts},
     )
 
 
-def _tls(opts: Mapping[str, str]) -> TlsConfig | None:
+def _read(options: Mapping[str, str], schema: Schema) -> dict[str, Any]:
+    """The options by their own spelling, typed. Spark's options are case-insensitive, and
+    its own (path, checkpointLocation, queryName) reach every source and sink."""
+    settings = {}
+    for name, value in options.items():
+        lowered = str(name).lower()
+        if value is None or lowered in _SPARK_KEYS:
+            continue
+        key = schema.canonical(lowered)
+        if key is None:
+            raise schema.unknown(lowered, "format('metaq')")
+        settings[key] = Setting(str(value), f"option {key!r}", text=True)
+    return schema.values(settings)
+
+
+def _tls(opts: Mapping[str, Any]) -> TlsConfig | None:
     """TLS when ``tls`` is true or any of its files is named; the files are read here, on
     the driver, so a wrong path fails the job at planning."""
-    files = [opts.get(key, "").strip() for key in ("tlscafile", "tlscertfile", "tlskeyfile")]
-    if not (_bool(opts, "tls", "tls", False) or any(files)):
+    files = [opts.get(key, "").strip() for key in ("tlsCaFile", "tlsCertFile", "tlsKeyFile")]
+    if not (opts.get("tls", False) or any(files)):
         return None
     ca, cert, key = files
     try:
@@ -205,24 +232,11 @@ def _tls(opts: Mapping[str, str]) -> TlsConfig | None:
     return tls
 
 
-def _lower(options: Mapping[str, str], known: set[str]) -> dict[str, str]:
-    opts = {str(k).lower(): str(v) for k, v in options.items() if v is not None}
-    for own in _SPARK_KEYS:  # Spark's own options, passed along to every source and sink
-        opts.pop(own, None)
-    unknown = sorted(set(opts) - known)
-    if unknown:
-        raise OptionError(
-            f"unknown option(s) {_names(unknown)} for format('metaq'); known: "
-            + ", ".join(sorted(known))
-        )
-    return opts
-
-
 def _names(keys: list[str]) -> str:
     return ", ".join(repr(k) for k in keys)
 
 
-def _nameservers(opts: Mapping[str, str]) -> tuple[str, ...]:
+def _nameservers(opts: Mapping[str, Any]) -> tuple[str, ...]:
     raw = opts.get("nameservers") or os.environ.get("METAQ_NAMESERVERS", "")
     found = tuple(a.strip() for a in raw.split(",") if a.strip())
     if not found:
@@ -236,32 +250,8 @@ def _nameservers(opts: Mapping[str, str]) -> tuple[str, ...]:
     return found
 
 
-def _int(
-    opts: Mapping[str, str], key: str, name: str, default: int | None, minimum: int
-) -> int | None:
-    if key not in opts:
-        return default
-    try:
-        value = int(opts[key])
-    except ValueError:
-        raise OptionError(f"option {name!r} must be an integer, got {opts[key]!r}") from None
-    if value < minimum:
-        raise OptionError(f"option {name!r} must be at least {minimum}, got {value}")
-    return value
-
-
-def _bool(opts: Mapping[str, str], key: str, name: str, default: bool) -> bool:
-    if key not in opts:
-        return default
-    value = opts[key].strip().lower()
-    if value not in ("true", "false"):
-        raise OptionError(f"option {name!r} must be true or false, got {opts[key]!r}")
-    return value == "true"
-
-
-def _offsets(opts: Mapping[str, str], key: str, default: str) -> str | QueueOffsets:
-    name = "startingOffsets" if key.startswith("start") else "endingOffsets"
-    raw = opts.get(key, default).strip()
+def _offsets(name: str, value: str) -> str | QueueOffsets:
+    raw = value.strip()
     if raw.lower() in ("earliest", "latest"):
         return raw.lower()
     example = '{"orders": {"broker-a:0": 42, "broker-a:1": -2}}'
