@@ -50,8 +50,9 @@ async def run(config: BrokerConfig) -> int:
     gc.freeze()
     # The loop shares the GIL with the dispatcher, flusher and cold-read threads. At
     # CPython's default 5 ms switch interval, a thread that wants it from a busy loop
-    # waits up to 5 ms, and the loop as long for a busy thread: while a backlog was
-    # drained, sends' p99 was 17 ms and a real-time group's 71 ms; at 0.5 ms, 6 and 14.
+    # waits up to 5 ms, and the loop as long for a busy thread: while a backlog is
+    # drained those waits become every other client's tail latency (docs/benchmarks.md,
+    # "Figures behind design choices").
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     print(broker.ready_line, flush=True)
     await stop.wait()

@@ -6,8 +6,8 @@ on a backlog reads from disk. Answered on the event loop, such a pull would take
 page faults inside the socket write: each major fault stops the loop for a disk read
 (with the GIL held, since the copy out of the mapping is what faults), and every send
 and every real-time pull on the broker waits behind it. MetaQ 2.0's own accumulation
-test shows the result: sends fell to about 1,000 TPS at 65 ms while consumers read
-from disk.
+test shows the result: sends slowed to a crawl while consumers read from disk
+(docs/benchmarks.md, ``make bench-accumulation``).
 
 So a pull whose first record lies below what was handed back goes to a reader thread
 first. The thread reads the span of the log the pull covers into the page cache with
@@ -45,8 +45,8 @@ log = logging.getLogger(__name__)
 
 MIB: Final = 1024 * 1024
 READ_AHEAD_BYTES: Final = 16 * MIB
-"""Asked of the kernel beyond each cold pull's span; about a second of a drain's reads
-on this machine's disk, and a few segments' worth of other queues' records."""
+"""Asked of the kernel beyond each cold pull's span: sized to about a second of a drain's
+reads, and a few segments' worth of other queues' records."""
 MAX_SPAN_BYTES: Final = 64 * MIB
 """At most this much of the log is read in for one pull (a pull of a sparse queue can
 span far more of the log than it returns); the rest faults in as before."""

@@ -2,8 +2,9 @@
 
 A loop with nothing to do blocks in ``epoll_wait`` and its CPU goes idle; the next
 request then waits for that CPU to be woken, which on a virtual machine costs tens of
-microseconds on each side of a round trip (a loopback echo here: 85 µs a round trip
-against 29 µs when the server does not sleep, ``make bench-idle-poll``). A client
+microseconds on each side of a round trip (a loopback echo with a sleeping server
+takes several times as long as with a polling one: ``make bench-idle-poll``,
+docs/benchmarks.md). A client
 sending one message at a time sends its next request soon after the answer, so the
 broker keeps polling its sockets (:mod:`metaq.common.loop_poll`) for ``window_us``
 after each answer it writes, as

@@ -1,11 +1,11 @@
 """Latency histograms cheap enough for the data plane's hot path.
 
-prometheus_client's ``Histogram.observe`` takes a lock and walks its buckets: about 2 µs
-on this machine, per request frame. These keep plain bucket counts that one thread
-bumps (the event loop for request latency, the flusher thread for fsyncs) in about
-0.3 µs, and turn them into a Prometheus histogram at scrape time. A scrape racing an
-observation may see the count and the sum one observation apart, which a rate over a
-scrape interval does not notice.
+prometheus_client's ``Histogram.observe`` takes a lock and walks its buckets, per
+request frame. These keep plain bucket counts that one thread bumps (the event loop for
+request latency, the flusher thread for fsyncs) at a fraction of that cost
+(docs/benchmarks.md), and turn them into a Prometheus histogram at scrape time. A
+scrape racing an observation may see the count and the sum one observation apart,
+which a rate over a scrape interval does not notice.
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ FSYNC_BUCKETS_S: Final = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
     1.0, 2.5, 5.0,
 )  # fmt: skip
-"""fsync: ≈ 0.13 ms for 4 KiB on this machine's disk; seconds means a failing device."""
+"""fsync: a small write's lands in the lowest buckets on a healthy disk; seconds means a
+failing device."""
 
 
 class Latency:

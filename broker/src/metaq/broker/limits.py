@@ -45,9 +45,9 @@ def set_nice(nice: int) -> int:
     after follow, but for the commitlog's file maker, which keeps to nice 0
     (:func:`metaq.broker.store.segment.no_higher_priority`). A broker may share its
     cores with its clients (two consumer processes draining a backlog beside it on a
-    2-core host): at equal priority its loop waited
-    0.6 s in the run queue over a 4 s drain, every wait holding up the answers all
-    clients were waiting on.
+    2-core host): at equal priority its loop spent a good part of a drain runnable but
+    not running (docs/benchmarks.md), every wait holding up the answers all clients
+    were waiting on.
     """
     current = os.getpriority(os.PRIO_PROCESS, 0)
     if nice == current:

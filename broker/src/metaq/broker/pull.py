@@ -241,10 +241,10 @@ class PullHandler:
     def _respond(self, pull: PendingPull, result: GetResult, read_in: bool = False) -> None:
         """Answer ``pull``. Records just ``read_in`` from disk go out by ``sendfile``
         (:mod:`metaq.broker.zero_copy`): written from the mapping, each of their pages
-        would fault on the loop, and those faults and the copy took the broker's system
-        time from 26 % to 45 % of a core while a group drained a cold backlog. Warm
-        records gain nothing by it here: it raised the broker's CPU a message in warm
-        drains."""
+        would fault on the loop, and those faults and the copy nearly doubled the
+        broker's system time while a group drained a cold backlog. Warm records gain
+        nothing by it here: it raised the broker's CPU a message in warm drains
+        (docs/benchmarks.md)."""
         spans = result.spans
         header = PullResponse(
             status=_STATUS[result.status],

@@ -3,11 +3,11 @@
 A pull for records the broker just read in from disk (:mod:`metaq.broker.cold_reads`)
 would, written from the mapping, fault each of their pages into the broker's address
 space on the event loop and copy them into the socket's buffers; ``os.sendfile`` hands
-the kernel the file's pages instead. While a group drained a cold backlog that took the
-broker's system time from about 45 % of a core to 26 %, and the real-time group's
-end-to-end p50 from 5.5-7 ms to 3.4. (Warm records gain nothing by it on loopback:
-in warm drains it raised the broker's CPU a message from 0.82-0.96 to 1.04-1.07 µs,
-docs/benchmarks.md.) It is used where it is safe:
+the kernel the file's pages instead. While a group drained a cold backlog that cut the
+broker's system time and the real-time group's end-to-end latency. (Warm records gain
+nothing by it on loopback: in warm drains it raised the broker's CPU a message; the
+figures are in docs/benchmarks.md, ``make bench-accumulation``.) It is used where it
+is safe:
 
 - on a plain TCP socket (TLS encrypts in user space, so its records go through it);
 - for parts of at least :data:`MIN_BYTES` (a small part goes in the one ``writev``

@@ -1,16 +1,16 @@
 """Keep the producer's event loop polling while its sends wait for a quick answer.
 
 A loop with nothing to do blocks in ``epoll_wait`` and its CPU goes idle; an answer
-then waits for that CPU to be woken, which on a virtual machine costs tens of
-microseconds of a round trip that is itself about a hundred (one message at a time to a
-broker on the same host: 8,500 sends a second sleeping, 15,000 polling). So when a send
+then waits for that CPU to be woken, which on a virtual machine is a large share of a
+loopback round trip (one message at a time to a broker on the same host went nearly
+twice as fast polling as sleeping: docs/producer.md, "Answer polling"). So when a send
 goes out with nothing else unanswered, the loop polls its sockets
 (:mod:`metaq.common.loop_poll`) for up to ``window_us``, as the broker does after an answer
 (``metaq.broker.idle_poll``).
 
 The window is long enough for a send to a sync-replicated master to be answered while
-polling (the master's copy, the slave's, and the slave's acknowledgement: about 400 µs
-on one host here, where sleeping through it took about 550). Polling pays only while
+polling (the master's copy, the slave's, and the slave's acknowledgement, all on one
+host; docs/benchmarks.md has the figures). Polling pays only while
 answers come back within the window, and it costs the CPU it spins. So the loop polls
 only when the last wait for an answer (from the first send going out to the last answer
 coming back) was within the window: a broker across a slow network, or a busy one,
@@ -18,7 +18,7 @@ never starts it. And it polls only for a caller that waits on its answers, whose
 send follows the last answer within 200 µs (one message at a time): a producer sending
 at a rate, whose next send comes at its next tick whatever the answer, would spin for
 answers nobody is waiting on, on the CPU the broker and the other processes of a shared
-host need (at 20,000 sends a second in ticks of 1 ms, 0.1 of a core here). While sends
+host need. While sends
 overlap the loop has work anyway, and a wait that long ends the rhythm. Each turn
 yields the CPU (``sched_yield`` releases the GIL too), so another runnable thread or
 process on the same core goes first. A window of 0 never polls.

@@ -71,9 +71,9 @@ class PushConsumerConfig:
     """Messages asked for per pull."""
     pull_batch_bytes: int = 256 * 1024
     """Record bytes asked for per pull (a first message larger than this still comes
-    alone). A pull costs both sides a request, a write and a wake-up whatever it carries:
-    catching up on 1 KiB messages, pulls of 32 cost the broker 2.6 µs a message and the
-    consumer 4.0, pulls of 256 cost 0.8 and 3.3 (docs/benchmarks.md). The byte bound is
+    alone). A pull costs both sides a request, a write and a wake-up whatever it carries,
+    so catching up on small messages, larger pulls cost the broker and the consumer much
+    less CPU a message (docs/benchmarks.md, ``make bench-accumulation``). The byte bound is
     RocketMQ 5's ``pullBatchSizeInBytes``: answers of a MiB or more, each written in one
     go, delayed the broker's other clients by milliseconds while a group caught up on
     4 KiB messages from disk. A consumer that keeps up gets what is there, so neither

@@ -5,12 +5,11 @@ arrives in chunks of up to 256 KiB, and every message body is a bytes object of 
 glibc's defaults hand that memory back to the kernel at once (a chunk over
 ``M_MMAP_THRESHOLD``, 128 KiB until the first such free raises it, is mapped and
 unmapped on its own; a free top of the heap over ``M_TRIM_THRESHOLD`` is trimmed), so
-the next pull's buffers are fresh pages, each a page fault: a consumer draining 4 KiB
-messages from disk took about 75,000 minor faults a second, 40 % of its CPU in the
-kernel. Buffers under 4 MiB now come from the heap, and up to 64 MiB freed at its top
-stay there for the next allocations: draining 1,000,000 messages of 1 KiB from a warm
-broker went from 287,000-306,000 to 328,000-343,000 msgs/s, the consumer from 3.1-3.35
-to 2.8-3.0 µs of CPU a message (``make bench-accumulation``).
+the next pull's buffers are fresh pages, each a page fault: a consumer draining a
+backlog spent a large share of its CPU in the kernel faulting them in. Buffers under
+4 MiB now come from the heap, and up to 64 MiB freed at its top stay there for the next
+allocations, which made a warm drain faster and cheaper a message (the figures are in
+docs/benchmarks.md, ``make bench-accumulation``).
 
 The price is memory the process holds on to: at most the 64 MiB above, plus what the
 heap keeps between buffers. An environment that sets glibc's malloc itself

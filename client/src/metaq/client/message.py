@@ -36,8 +36,8 @@ class Message(msgspec.Struct, frozen=True, gc=False):
     is ``msgspec.structs.replace(message, topic=...)``.
 
     A ``msgspec.Struct`` rather than a dataclass because a consumer builds one per
-    message: its sixteen fields are set in C (about 0.07 µs, against 0.8 µs for a frozen,
-    slotted dataclass), and ``gc=False`` keeps the cyclic collector from tracking
+    message: its sixteen fields are set in C (an order of magnitude faster than a frozen,
+    slotted dataclass's), and ``gc=False`` keeps the cyclic collector from tracking
     millions of them (a message refers to strings, bytes, a tuple and a dict, never to
     itself).
     """

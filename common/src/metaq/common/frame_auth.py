@@ -6,10 +6,10 @@ the client holds and the broker recovers from the proof, and from both nonces, s
 connection has its own. Each later request frame is ``FLAG_SIGNED``: its payload ends
 with a :data:`TRAILER` of a u64 timestamp (ms since the Unix epoch) and a Poly1305 tag
 over the request id, type, flags, timestamp, header and payload, keyed by a one-time key
-``HMAC-SHA256(session key, request id, timestamp)``. Poly1305 because it runs at
-gigabytes per second where HMAC-SHA256 manages about half of one on the machines this is
-measured on, which at 1 KiB messages would cost more than the broker's own work per
-message; a one-time key per frame because Poly1305 must never reuse one, and request ids
+``HMAC-SHA256(session key, request id, timestamp)``. Poly1305 because it runs several
+times faster than HMAC-SHA256, which at 1 KiB messages would cost more than the broker's
+own work per message (docs/benchmarks.md); a one-time key per frame because Poly1305
+must never reuse one, and request ids
 never repeat on a connection. The broker refuses a frame whose tag does not match, whose
 timestamp is more than :data:`MAX_CLOCK_SKEW_MS` from its clock, or whose request id is
 not above the last one it took on the connection: a frame replayed on the same

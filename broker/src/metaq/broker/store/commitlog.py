@@ -17,8 +17,9 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Final, NamedTuple
 
-# The same CRC-32 as zlib's, computed with carry-less multiplies: ~6x faster on a 1 KiB
-# record, where zlib's took a sixth of the loop thread's time per message.
+# The same CRC-32 as zlib's, computed with carry-less multiplies: several times faster on
+# a 1 KiB record, where zlib's was a large share of the loop thread's time per message
+# (docs/benchmarks.md, "Figures behind design choices").
 from zlib_ng.zlib_ng import crc32
 
 from metaq.broker.store.config import StoreConfig
@@ -74,8 +75,8 @@ class RecordBatch:
 
     Made only by :meth:`CommitLog.check_batch`, which has checked every record, so the
     append copies the buffer into the log in one piece and stamps the records in place:
-    no object per record on the way in. Not frozen: a frozen dataclass takes ~1 us more
-    to build, a cost every one-message send would pay.
+    no object per record on the way in. Not frozen: a frozen dataclass is slower to
+    build, a cost every one-message send would pay.
     """
 
     data: memoryview

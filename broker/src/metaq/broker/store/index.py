@@ -172,10 +172,10 @@ class IndexFile:
         A retried SEND asks this for each of its ids, and a new id would walk its slot's
         whole chain (about ``count / slots`` entries) in every file of the de-dup window.
         A full file no longer changes, so it keeps a :class:`HashSummary` (made when
-        ``may_summarise`` allows, about 5 ms for a file of the default size) that rules
-        out nearly every new id; only the few whose hash it holds walk their chain. The
-        chains left are walked together, one step of every chain per round of array
-        operations, so the cost in Python is per round, not per id.
+        ``may_summarise`` allows, since building one for a full file takes milliseconds)
+        that rules out nearly every new id; only the few whose hash it holds walk their
+        chain. The chains left are walked together, one step of every chain per round of
+        array operations, so the cost in Python is per round, not per id.
         """
         nothing = np.empty(0, np.intp)
         if self.count == 0 or self.end_ms < begin_ms:
@@ -268,8 +268,8 @@ class MessageIndex:
         later: their hash has an entry then, which may be another id's (look them up to
         be sure). An id left out is certainly not stored."""
         hashes = np.fromiter((hash_id(m) for m in msg_ids), np.uint32, len(msg_ids))
-        # Searched in order, a full file's sorted hashes are read front to back (3× faster
-        # than in the ids' order once the files outgrow the CPU's cache).
+        # Searched in order, a full file's sorted hashes are read front to back, which is
+        # much faster than in the ids' order once the files outgrow the CPU's cache.
         order = np.argsort(hashes)
         hashes = hashes[order]
         found: set[int] = set()

@@ -2,8 +2,9 @@
 
 Appends need a fresh page cache page every 4 KiB. Left alone, the cache grows until the
 kernel has to reclaim, and where free memory is expensive to touch (on the benchmark VM
-the host takes back free guest pages, and faulting one in again costs ~10 µs, 0.6 of a
-core at 230 MB/s of appends) each new page costs far more than the append itself.
+the host takes back free guest pages, and faulting one in again costs a good part of a
+core at the appends' rates: docs/benchmarks.md) each new page costs far more than the
+append itself.
 Handing back pages of the log that readers have left behind lets the kernel give them
 straight out again for the next appends. Pages are released only below what is both
 flushed (so releasing never writes anything back) and dispatched (the dispatcher reads
@@ -24,7 +25,8 @@ log = logging.getLogger(__name__)
 # Linux 5.4+; Python 3.11's mmap module does not name it. Unlike MADV_DONTNEED it drops
 # the pages from the page cache, not only from this mapping.
 MADV_PAGEOUT: Final = 21
-# One madvise per step: each holds the GIL (about 0.2 ms per 4 MiB here). Steps are
+# One madvise per step: each holds the GIL for as long as the kernel takes over it, so a
+# step stays small enough not to hold up the loop. Steps are
 # aligned to their size: the page cache keeps a file in folios of up to 2 MiB, and the
 # kernel skips a folio the range only partly covers (unaligned 4 MiB steps released half).
 STEP_BYTES: Final = 4 * 1024 * 1024

@@ -203,8 +203,9 @@ def read_batch(
 
 _NO_RUN: Final = memoryview(b"")
 _WHOLE_ARRAYS_FROM: Final = 48
-"""Entries from which a read takes :func:`_read_runs`. Its numpy calls cost about 12 µs
-whatever the count, the loop about 4 µs plus 0.15 an entry: they break even near 50."""
+"""Entries from which a read takes :func:`_read_runs`. Its numpy calls have a fixed cost
+whatever the count, which the record-by-record loop beats for short reads; they break
+even near 50 entries (docs/benchmarks.md, "Figures behind design choices")."""
 
 
 def _read_runs(
@@ -218,8 +219,8 @@ def _read_runs(
 ) -> bool:
     """:func:`read_batch`'s loop for an unfiltered read, over whole arrays: the byte
     bound and the runs of back-to-back records found in numpy, a view taken per run.
-    A pull of 256 records was about 45 µs in the loop, most of the broker's Python work
-    for it. False, with ``result`` untouched, where the loop must go record by record:
+    Going record by record was most of the broker's Python work for a large pull.
+    False, with ``result`` untouched, where the loop must go record by record:
     a missing entry, a run crossing into another file or past what is written."""
     entries = queue.entry_array(offset, stop)
     if len(entries) != stop - offset:

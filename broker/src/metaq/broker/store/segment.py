@@ -72,11 +72,11 @@ class Segment:
 def no_higher_priority() -> None:
     """Run the calling thread at nice 0 at best, whatever its process took.
 
-    Pre-faulting a commitlog file costs this VM about 0.5 s of CPU per 256 MiB of fresh
-    memory, in bursts. A new thread takes its creator's priority, and at the broker's
-    nice -5 those bursts went ahead of the producers and consumers sharing its cores:
-    with one group draining a backlog on two cores, the producer's longest send was
-    45-295 ms against 34-37 at nice 0, and its p99 20-108 ms against 14-16. The file is
+    Pre-faulting a commitlog file of fresh memory costs a VM whose host takes back free
+    guest pages a lot of CPU, in bursts. A new thread takes its creator's priority, and
+    at the broker's nice -5 those bursts went ahead of the producers and consumers
+    sharing its cores: with one group draining a backlog on two cores, the producer's
+    longest sends and its p99 rose several times over (docs/benchmarks.md). The file is
     wanted only when the one before it is full, seconds later at such rates."""
     thread = threading.get_native_id()
     if os.getpriority(os.PRIO_PROCESS, thread) < 0:
@@ -119,8 +119,8 @@ def open_segment(
                 os.posix_fallocate(fd, 0, size)
                 if prefault:
                     # Writing zeros now makes the page cache hold every page, so appends
-                    # later are a plain memcpy instead of a page fault each (about 12x
-                    # faster here). Reading the file in instead leaves the pages clean,
+                    # later are a plain memcpy instead of a page fault each, an order of
+                    # magnitude cheaper. Reading the file in instead leaves the pages clean,
                     # and the first write to each then costs the appending thread more
                     # (docs/producer.md).
                     zeros = bytes(min(_PREFAULT_CHUNK, size))
@@ -149,7 +149,7 @@ def _zero_from(segment: Segment, at: int) -> None:
     """Zero ``segment`` from ``at`` to its end without writing most of those bytes.
 
     Writing zeros through the mapping faults every page in first: after a crash with a
-    cold page cache that read a whole gigabyte segment back from disk (20 s here). The
+    cold page cache that read a whole gigabyte segment back from disk, for seconds. The
     partial page is written; whole pages are punched out (MADV_REMOVE frees them and
     their blocks, and they read back as zeros), then reserved again for appends.
     """
