@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import time
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,7 @@ from metaq.broker.testing.client import BrokerError
 from metaq.client.producer import Producer
 from metaq.client.results import SendStatus
 from metaq.common.record import InvalidRecord, decode
-from metaq.common.testing import holds_for, wait_until
+from metaq.common.testing import deadline, holds_for, wait_until
 from metaq.common.v1.data_pb2 import PullResponse
 
 pytestmark = pytest.mark.slow
@@ -118,12 +117,11 @@ def test_a_rotted_record_on_a_slave_is_never_served_or_elected_and_is_repaired(
         served = asyncio.run(pull_from(slave, body))
         assert served.startswith("refused") and "damaged" in served, served
 
-        began = time.monotonic()
         group.start_broker(master_id)
         assert group.master() == master_id
-        slave.wait_for_line(f"repaired the record at commitlog offset {victim}", 20)
+        repaired = f"repaired the record at commitlog offset {victim}"
+        slave.wait_for_line(repaired, deadline(20))
         wait_until(lambda: health(slave)["verified"], 20, "the slave is verified")
-        assert time.monotonic() - began < 20
         assert commitlog_bytes(slave, end) == commitlog_bytes(group.brokers[master_id], end)
         assert asyncio.run(pull_from(slave, body)) == "ok"
         assert sorted(asyncio.run(read_all(group.brokers[master_id]))) == sorted(bodies)

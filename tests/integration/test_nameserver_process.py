@@ -13,7 +13,6 @@ import json
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -24,7 +23,7 @@ import pytest
 
 from metaq.broker.registration import BrokerDescription, NameServerRegistrar
 from metaq.common.model import Permission, Role, TopicConfig
-from metaq.common.testing import cluster_secret_for_tests, secret_env, wait_until_async
+from metaq.common.testing import cluster_secret_for_tests, deadline, secret_env, wait_until_async
 from metaq.common.v1 import control_pb2 as pb
 from metaq.common.v1 import control_pb2_grpc
 from metaq.nameserver.testing import (
@@ -295,7 +294,7 @@ def test_a_killed_broker_leaves_the_route_at_once_long_before_its_expiry(
     nameservers: Callable[..., NameServerProcess],
     broker_processes: Callable[..., subprocess.Popen[bytes]],
 ) -> None:
-    expiry_s = 30.0
+    expiry_s = deadline(30.0)
     server = nameservers("--broker-expiry-s", str(expiry_s))
     broker = broker_processes("--nameserver", server.grpc_address, "--broker-name", "broker-a")
     asyncio.run(wait_for_route(server.grpc_address, "orders", True, STARTUP_S))
@@ -310,7 +309,7 @@ def test_a_stopped_broker_that_keeps_its_connection_leaves_within_the_expiry(
     nameservers: Callable[..., NameServerProcess],
     broker_processes: Callable[..., subprocess.Popen[bytes]],
 ) -> None:
-    expiry_s = 2.0
+    expiry_s = deadline(2.0)
     server = nameservers("--broker-expiry-s", str(expiry_s), "--expiry-scan-interval-s", "0.1")
     broker = broker_processes(
         "--nameserver", server.grpc_address, "--broker-name", "broker-a", "--interval-s", "0.2"
@@ -321,7 +320,9 @@ def test_a_stopped_broker_that_keeps_its_connection_leaves_within_the_expiry(
     took_s = asyncio.run(wait_for_route(server.grpc_address, "orders", False, expiry_s + 2))
 
     # Gone within the expiry (plus polling), but not at once: its session was still open.
-    assert expiry_s / 2 < took_s <= expiry_s + 0.5, f"the broker took {took_s:.2f} s to leave"
+    assert expiry_s / 2 < took_s <= expiry_s + deadline(0.5), (
+        f"the broker took {took_s:.2f} s to leave"
+    )
 
 
 def test_the_registrar_carries_on_with_the_other_nameserver_when_one_is_killed(
@@ -588,9 +589,8 @@ def test_the_process_serves_http_health_and_exits_cleanly_on_sigterm(
         health = json.loads(response.read())
 
     assert health["status"] == "ok"
-    started = time.monotonic()
-    assert server.stop() == 0
-    assert time.monotonic() - started < 5
+    # 0, not -9: it exited on SIGTERM by itself rather than being killed at the deadline.
+    assert server.stop(timeout_s=deadline(10.0)) == 0
     assert "stopped" in server.output()
 
 

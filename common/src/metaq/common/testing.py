@@ -1,6 +1,6 @@
 """Test helpers for every component: waiting on conditions with a deadline (never a bare
-sleep), running a coroutine on a loop that fails on unhandled exceptions, and the cluster
-secret test clusters run with."""
+sleep), deadlines that stretch on a loaded machine, running a coroutine on a loop that
+fails on unhandled exceptions, and the cluster secret test clusters run with."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from typing import Any, Final, TypeVar
 from metaq.common.auth import ENV_VAR, ClusterSecret
 
 POLL_S: Final = 0.002
+DEADLINE_SCALE_ENV: Final = "METAQ_TEST_DEADLINE_SCALE"
 TEST_CLUSTER_SECRET: Final = "metaq-tests-cluster-secret-never-use-elsewhere"
 """What processes started by the test fixtures prove, so tests run the authenticated path."""
 
@@ -30,19 +31,40 @@ def secret_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
 T = TypeVar("T")
 
 
+def deadline(seconds: float) -> float:
+    """``seconds`` times ``METAQ_TEST_DEADLINE_SCALE`` (a float, 1 when unset).
+
+    Every bound a test puts on wall-clock time goes through this, so one setting gives
+    all of them room on a loaded or slow machine (``METAQ_TEST_DEADLINE_SCALE=3``)
+    without touching what they claim. The waits below apply it to their own timeouts.
+    """
+    raw = os.environ.get(DEADLINE_SCALE_ENV, "").strip()
+    if not raw:
+        return seconds
+    try:
+        scale = float(raw)
+    except ValueError:
+        raise ValueError(f"{DEADLINE_SCALE_ENV}={raw!r} is not a number") from None
+    if not scale > 0:
+        raise ValueError(f"{DEADLINE_SCALE_ENV}={raw!r} must be above 0")
+    return seconds * scale
+
+
 def wait_until(
     predicate: Callable[[], bool], timeout_s: float, message: str, *, poll_s: float = POLL_S
 ) -> float:
     """Poll ``predicate`` every ``poll_s`` until it holds and return the seconds it took.
 
-    Raises AssertionError naming ``message`` at the deadline, so a test fails saying
-    what it was waiting for. Predicates that ask a server (HTTP, gRPC) should poll less
-    often than the default, so the waiting does not load what it waits for.
+    Raises AssertionError naming ``message`` at the deadline (``timeout_s`` through
+    :func:`deadline`), so a test fails saying what it was waiting for. Predicates that
+    ask a server (HTTP, gRPC) should poll less often than the default, so the waiting
+    does not load what it waits for.
     """
+    timeout_s = deadline(timeout_s)
     start = time.monotonic()
-    deadline = start + timeout_s
+    give_up = start + timeout_s
     while not predicate():
-        if time.monotonic() > deadline:
+        if time.monotonic() > give_up:
             raise AssertionError(f"timed out after {timeout_s} s waiting until {message}")
         time.sleep(poll_s)
     return time.monotonic() - start
@@ -53,8 +75,8 @@ def holds_for(
 ) -> None:
     """Assert ``predicate`` at every poll for ``seconds``: how a test shows that something
     does not happen, over a span in which it would have happened many times over."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
+    until = time.monotonic() + seconds
+    while time.monotonic() < until:
         if not predicate():
             raise AssertionError(f"{message} no longer held")
         time.sleep(poll_s)
@@ -64,10 +86,11 @@ async def wait_until_async(
     predicate: Callable[[], Awaitable[bool]], timeout_s: float, message: str
 ) -> float:
     """Await ``predicate`` until it holds and return the seconds it took (see wait_until)."""
+    timeout_s = deadline(timeout_s)
     start = time.monotonic()
-    deadline = start + timeout_s
+    give_up = start + timeout_s
     while not await predicate():
-        if time.monotonic() > deadline:
+        if time.monotonic() > give_up:
             raise AssertionError(f"timed out after {timeout_s} s waiting until {message}")
         await asyncio.sleep(POLL_S)
     return time.monotonic() - start
@@ -86,7 +109,9 @@ def _late_grpc_completion(context: dict[str, Any]) -> bool:
 
 
 def run_async(coro: Coroutine[Any, Any, T], timeout_s: float = 30.0) -> T:
-    """Run ``coro`` on a fresh loop; fail if the loop saw an unhandled exception."""
+    """Run ``coro`` on a fresh loop, for at most ``timeout_s`` through :func:`deadline`;
+    fail if the loop saw an unhandled exception."""
+    timeout_s = deadline(timeout_s)
     problems: list[dict[str, Any]] = []
 
     def handle(_loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:

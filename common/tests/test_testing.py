@@ -1,0 +1,40 @@
+"""The tests' deadline scale: one setting stretches every wall-clock bound and wait."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from metaq.common.testing import DEADLINE_SCALE_ENV, deadline, wait_until
+
+
+def test_a_deadline_is_as_given_when_the_scale_is_unset(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(DEADLINE_SCALE_ENV, raising=False)
+
+    assert deadline(2.5) == 2.5
+
+
+def test_a_deadline_is_multiplied_by_the_scale(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(DEADLINE_SCALE_ENV, "3")
+
+    assert deadline(2.5) == 7.5
+
+
+@pytest.mark.parametrize("raw", ["fast", "0", "-1"])
+def test_a_scale_that_is_not_a_positive_number_is_refused_by_name(
+    monkeypatch: pytest.MonkeyPatch, raw: str
+) -> None:
+    monkeypatch.setenv(DEADLINE_SCALE_ENV, raw)
+
+    with pytest.raises(ValueError, match=DEADLINE_SCALE_ENV):
+        deadline(1.0)
+
+
+def test_a_wait_gives_up_at_its_scaled_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(DEADLINE_SCALE_ENV, "2")
+
+    with pytest.raises(
+        AssertionError, match=re.escape("timed out after 0.02 s waiting until never")
+    ):
+        wait_until(lambda: False, 0.01, "never")
