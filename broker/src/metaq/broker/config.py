@@ -33,8 +33,6 @@ _ADDRESS: Final = re.compile(r"(?P<host>[^\s:]+|\[[0-9A-Fa-f:.]+\]):(?P<port>\d{
 _STORE_OWNED: Final = frozenset({"data_dir", "flush_mode", "store_host", "keep_damaged_records"})
 
 
-
-
 def _default_store() -> StoreConfig:
     return StoreConfig(data_dir=Path("run-data/broker"))
 
