@@ -20,6 +20,7 @@ from metaq.client.consume_options import (
 from metaq.client.errors import (
     AdminError,
     BrokerAdminError,
+    BrokerAnswerUnreadable,
     BrokerError,
     BrokerUnreachable,
     ConnectionLost,
@@ -50,6 +51,7 @@ __all__ = [
     "Admin",
     "AdminError",
     "BrokerAdminError",
+    "BrokerAnswerUnreadable",
     "BrokerError",
     "BrokerUnreachable",
     "ConnectionLost",

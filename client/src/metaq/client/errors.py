@@ -132,6 +132,14 @@ class BrokerAdminError(AdminError):
         self.retriable = status in (503, 507)  # busy, or no space for now
 
 
+class BrokerAnswerUnreadable(BrokerAdminError):
+    """A broker's HTTP admin API answered what is not JSON, or JSON of another shape than
+    the call expects (a broker of another version, or not a broker at all).
+
+    ``body`` is the JSON answer when there was one, None when it was not JSON.
+    """
+
+
 class BrokerUnreachable(BrokerAdminError):
     """A broker's HTTP admin API could not be reached or did not answer in time.
 

@@ -1,27 +1,34 @@
 """The admin library (:class:`Admin`) and what it returns."""
 
-from metaq.client.admin.client import (
-    ADMIN_GROUP,
-    Admin,
-    BrokerRef,
-    TopicExists,
-    TopicMissing,
-    TopicPlacement,
-    TopicSettingsError,
-)
+from metaq.client.admin.client import Admin
 from metaq.client.admin.results import (
     MAX_QUEUES,
     MIN_QUEUES,
     BrokerHealth,
     CommittedOffset,
+    ConsumerMember,
+    GroupQueueOffset,
+    GroupReset,
+    MessagesStored,
     MetricSamples,
+    NewMessage,
+    OffsetChange,
     QueueProgress,
     QueueReset,
     QueueStats,
     StoredMessage,
+    StoredQueue,
     SwitchoverResult,
     TopicListing,
     TopicSettings,
+)
+from metaq.client.admin.session import BrokerRef
+from metaq.client.admin.topics import (
+    ADMIN_GROUP,
+    TopicExists,
+    TopicMissing,
+    TopicPlacement,
+    TopicSettingsError,
 )
 
 __all__ = [
@@ -32,11 +39,18 @@ __all__ = [
     "BrokerHealth",
     "BrokerRef",
     "CommittedOffset",
+    "ConsumerMember",
+    "GroupQueueOffset",
+    "GroupReset",
+    "MessagesStored",
     "MetricSamples",
+    "NewMessage",
+    "OffsetChange",
     "QueueProgress",
     "QueueReset",
     "QueueStats",
     "StoredMessage",
+    "StoredQueue",
     "SwitchoverResult",
     "TopicExists",
     "TopicListing",

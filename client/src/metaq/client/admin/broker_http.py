@@ -14,7 +14,7 @@ import json
 import time
 from typing import TYPE_CHECKING, Any
 
-from metaq.client.errors import BrokerAdminError, BrokerUnreachable
+from metaq.client.errors import BrokerAdminError, BrokerAnswerUnreadable, BrokerUnreachable
 from metaq.common import http
 from metaq.common.auth import HTTP_HEADER, ClusterSecret, sign_http
 from metaq.common.http_auth import HEADER, signed_purpose
@@ -64,14 +64,14 @@ class BrokerHttp:
     ) -> tuple[int, Any]:
         """(status, JSON answer) of one call; ``path`` is percent-encoded already.
 
-        BrokerUnreachable when no answer came within the timeout; BrokerAdminError when
-        the answer is not JSON. Statuses are the caller's to judge.
+        BrokerUnreachable when no answer came within the timeout; BrokerAnswerUnreadable
+        when the answer is not JSON. Statuses are the caller's to judge.
         """
         text_status, text = await self._send(broker, method, path, body)
         try:
             return text_status, json.loads(text) if text else None
         except ValueError:
-            raise BrokerAdminError(
+            raise BrokerAnswerUnreadable(
                 broker, text_status, f"answered something that is not JSON: {text[:200]!r}"
             ) from None
 

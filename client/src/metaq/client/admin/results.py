@@ -166,3 +166,79 @@ class QueueStats:
     @property
     def messages(self) -> int:
         return self.max_offset - self.min_offset
+
+
+class StoredQueue(msgspec.Struct, frozen=True):
+    """One queue of a topic on a broker (``Admin.broker_queues``): its offsets
+    ``[min_offset, max_offset)`` and when its last message was stored (None: empty)."""
+
+    queue_id: int
+    min_offset: int
+    max_offset: int
+    last_stored_ms: int | None = None
+
+
+class ConsumerMember(msgspec.Struct, frozen=True):
+    """A live member of a consumer group as one broker knows it (``Admin.consumers``):
+    ``mode`` is push or pull; ``subscriptions`` are (topic, expression) pairs."""
+
+    client_id: str
+    computer_room: str
+    mode: str
+    subscriptions: list[tuple[str, str]]
+    host: str = ""
+
+
+class GroupQueueOffset(msgspec.Struct, frozen=True):
+    """A consumer group's committed offset in one queue of a broker
+    (``Admin.group_offsets``): its lag in messages and in time (how long the oldest
+    message not consumed yet has waited; 0 when none waits), and ``owner``, the live
+    member that pulled the queue last."""
+
+    topic: str
+    queue_id: int
+    offset: int
+    max_offset: int
+    lag: int
+    lag_ms: int
+    owner: str | None = None
+
+
+class OffsetChange(msgspec.Struct, frozen=True):
+    """One queue of a broker's offset reset: the committed offset before (None: none)
+    and after."""
+
+    queue_id: int
+    before: int | None
+    after: int
+
+
+class GroupReset(msgspec.Struct, frozen=True):
+    """A broker's reset of a group's offsets by time (``Admin.reset_group``).
+    ``replicated`` is False when, under sync replication, no slave confirmed the new
+    offsets in time (a failover now could lose them); a dry run commits nothing."""
+
+    group: str
+    topic: str
+    dry_run: bool
+    queues: list[OffsetChange]
+    replicated: bool
+
+
+class NewMessage(msgspec.Struct, frozen=True):
+    """Where a broker stored a message it made (a test message, a resent dead letter)."""
+
+    msg_id: str
+    topic: str
+    queue_id: int
+    queue_offset: int
+
+
+class MessagesStored(msgspec.Struct, frozen=True):
+    """Messages a broker stored itself, and the durability they reached, as a send
+    result says it: ``durable`` False when not on disk within the flush timeout,
+    ``replicated`` False when no slave confirmed them within the replication timeout."""
+
+    stored: list[NewMessage]
+    durable: bool
+    replicated: bool

@@ -1,0 +1,179 @@
+"""The cluster as the nameservers know it: its broker groups and brokers, topic routes,
+the assignment of queues to consumers, and a planned switchover of a group's master."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from metaq.client.admin.brokers import BrokerCalls
+from metaq.client.admin.results import SwitchoverResult
+from metaq.client.errors import AdminError, BrokerAdminError, UnknownTopic
+from metaq.client.routes import BrokerInfo, ClusterView, cluster_view_from_proto
+from metaq.common.auth import call_metadata
+from metaq.common.model import QueueRoute, TopicRoute
+from metaq.common.v1 import control_pb2 as pb
+
+if TYPE_CHECKING:
+    from metaq.common.v1.control_pb2_grpc import NameServerAsyncStub
+
+
+class ClusterAdmin(BrokerCalls):
+    """The calls that ask the nameservers (and, for a switchover, the master)."""
+
+    async def cluster(self, name: str = "") -> ClusterView:
+        """Every cluster (or just ``name``), its broker groups and brokers."""
+        answered: list[str] = []
+
+        async def call(stub: NameServerAsyncStub) -> pb.GetClusterInfoResponse:
+            return await stub.GetClusterInfo(
+                pb.GetClusterInfoRequest(cluster=name), timeout=self.routes.rpc_timeout_s
+            )
+
+        reply = await self.routes.call(call, answered=answered)
+        return cluster_view_from_proto(reply, answered[0] if answered else "")
+
+    async def route(self, topic: str, *, refresh: bool = False) -> TopicRoute:
+        """The topic's route as clients get it (UnknownTopic when no broker serves it)."""
+        return await self.routes.route(topic, refresh=refresh)
+
+    async def masters(
+        self, brokers: Sequence[str] | None = None, *, cluster: str = ""
+    ) -> list[BrokerInfo]:
+        """The live master of each broker group named in ``brokers`` (every group of the
+        cluster when None), in that order (by name when all)."""
+        view = await self.cluster(cluster)
+        masters = {b.broker_name: b for b in view.masters()}
+        if not brokers:
+            if not masters:
+                raise AdminError("the nameserver knows no live master broker")
+            return [masters[name] for name in sorted(masters)]
+        missing = [name for name in brokers if name not in masters]
+        if missing:
+            known = ", ".join(sorted(masters)) or "none"
+            raise AdminError(
+                f"no live master for broker group(s) {', '.join(missing)} (known: {known})"
+            )
+        return [masters[name] for name in brokers]
+
+    async def assignment(
+        self,
+        group: str,
+        topic: str,
+        strategy: str,
+        members: Sequence[tuple[str, str]],
+        previous: Mapping[str, Sequence[QueueRoute]] | None = None,
+    ) -> dict[str, list[QueueRoute]]:
+        """The topic's readable queues shared out among ``members`` ((consumer id,
+        computer room) pairs) by ``strategy``; sticky to ``previous`` when given.
+
+        Every member is a key of the answer, possibly with no queues. NameServerError for
+        an unknown strategy, UnknownTopic, NoNameServer.
+        """
+        routes = self.routes
+        request = pb.GetAssignmentRequest(
+            consumer_group=group,
+            topic=topic,
+            strategy=strategy,
+            members=[pb.AssignmentMember(consumer_id=c, computer_room=r) for c, r in members],
+        )
+        for consumer_id, queues in (previous or {}).items():
+            request.previous.add(
+                consumer_id=consumer_id,
+                queues=[
+                    pb.MessageQueue(
+                        topic=topic,
+                        broker_name=q.broker_name,
+                        queue_id=q.queue_id,
+                        computer_room=q.computer_room,
+                    )
+                    for q in queues
+                ],
+            )
+        reply = await routes.call(
+            lambda stub: stub.GetAssignment(request, timeout=routes.rpc_timeout_s),
+            not_found=lambda detail: UnknownTopic(topic, detail),
+        )
+        route = await routes.route(topic)
+        known = {(q.broker_name, q.queue_id): q for q in route.read_queues}
+        wanted = {(q.broker_name, q.queue_id) for m in reply.assignment for q in m.queues}
+        if not wanted <= known.keys():
+            route = await routes.route(topic, refresh=True)
+            known = {(q.broker_name, q.queue_id): q for q in route.read_queues}
+        out: dict[str, list[QueueRoute]] = {}
+        for member in reply.assignment:
+            out[member.consumer_id] = [
+                known.get(
+                    (q.broker_name, q.queue_id),
+                    QueueRoute(q.broker_name, "", q.queue_id, q.computer_room),
+                )
+                for q in member.queues
+            ]
+        return out
+
+    async def switchover(
+        self, group: str, to: int, *, catch_up_timeout_s: float = 5.0
+    ) -> SwitchoverResult:
+        """Make broker ``to`` the master of ``group`` with near-zero unavailability.
+
+        The master stops taking writes and waits until ``to`` holds its whole log (at most
+        ``catch_up_timeout_s``); then the controller makes ``to`` master at the next epoch
+        and the old master follows it. Nothing is lost, under sync or async replication.
+        If the controller refuses, the old master takes writes again. Nameservers with a
+        cluster secret require ``cluster_secret``.
+        """
+        view = await self.cluster()
+        found = next((g for c in view.clusters for g in c.groups if g.broker_name == group), None)
+        if found is None:
+            raise AdminError(f"no broker group {group!r} is registered")
+        if found.in_sync_ids is None:
+            raise AdminError(f"group {group!r} is not managed by the failover controller")
+        master = found.master
+        if master is None:
+            raise AdminError(f"group {group!r} has no master to hand over from right now")
+        if master.broker_id == to:
+            raise AdminError(f"broker {to} already is the master of {group!r}")
+        if to not in found.in_sync_ids:
+            raise AdminError(
+                f"broker {to} is not in the in-sync set {list(found.in_sync_ids)} of "
+                f"{group!r}; wait until it has caught up"
+            )
+        started = time.monotonic()
+        timeout_ms = round(catch_up_timeout_s * 1000)
+        try:
+            end = await self.handover(
+                master, to, timeout_ms=timeout_ms, fence_ms=timeout_ms + 10_000
+            )
+        except BrokerAdminError as exc:
+            if exc.status == 0:
+                raise
+            shown = exc.body if exc.body is not None else exc.detail
+            raise AdminError(f"master {master.broker_id} refused the handover: {shown}") from None
+        try:
+            control = await self._controller_switchover(group, to, found.epoch)
+        except Exception:
+            await self.resume_writes(master)
+            raise
+        elapsed_ms = (time.monotonic() - started) * 1000
+        return SwitchoverResult(group, control.master_id, control.epoch, end, elapsed_ms)
+
+    async def _controller_switchover(
+        self, broker_name: str, broker_id: int, expected_epoch: int
+    ) -> pb.GroupControl:
+        routes = self.routes
+        request = pb.SwitchoverRequest(
+            broker_name=broker_name, broker_id=broker_id, expected_epoch=expected_epoch
+        )
+
+        async def call(stub: NameServerAsyncStub) -> pb.SwitchoverResponse:
+            body = request.SerializeToString(deterministic=True)
+            return await stub.Switchover(
+                request,
+                timeout=routes.rpc_timeout_s,
+                # Signed per attempt: a retry on another nameserver is a fresh proof.
+                metadata=call_metadata(self._secret, "Switchover", body, time.time()),
+            )
+
+        reply = await routes.call(call)
+        return reply.control

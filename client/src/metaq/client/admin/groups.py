@@ -1,0 +1,78 @@
+"""Consumer groups: their progress and lag, a reset of their offsets by time, and their
+dead letters (read and sent again), through the data-plane consumer and producer."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Final
+
+from metaq.client.admin.cluster import ClusterAdmin
+from metaq.client.admin.results import QueueProgress, QueueReset
+from metaq.client.errors import AdminError
+from metaq.client.message import Message
+from metaq.client.results import SendResult
+from metaq.client.retry import PROP_FAILURE, PROP_ORIGIN_MSG_ID, PROP_RETRY_TOPIC, dlq_topic
+from metaq.common.errors import MetaqError
+from metaq.common.model import QueueRoute
+
+_RETRY_PROPS: Final = frozenset({PROP_FAILURE, PROP_ORIGIN_MSG_ID, PROP_RETRY_TOPIC})
+_DLQ_PULL_BATCH: Final = 256
+
+
+class GroupAdmin(ClusterAdmin):
+    """The calls on consumer groups across the cluster."""
+
+    async def progress(self, group: str, topic: str) -> list[QueueProgress]:
+        """Every readable queue of ``topic`` with ``group``'s committed offset and lag."""
+        consumer = self._consumer(group)
+        queues = await consumer.queues(topic)
+        answers = await asyncio.gather(*(consumer.query(topic, q) for q in queues))
+        return [QueueProgress(q, a) for q, a in zip(queues, answers, strict=True)]
+
+    async def reset_offsets(self, group: str, topic: str, timestamp_ms: int) -> list[QueueReset]:
+        """Commit for ``group``, on every readable queue of ``topic``, the first offset
+        stored at or after ``timestamp_ms`` (the queue's end when every message is older).
+
+        Running members of the group keep committing their own positions and would undo
+        the reset: stop them first.
+        """
+        consumer = self._consumer(group)
+        queues = await consumer.queues(topic)
+
+        async def one(queue: QueueRoute) -> QueueReset:
+            found = await consumer.query(topic, queue, timestamp_ms=timestamp_ms)
+            assert found.timestamp_offset is not None, "the broker ignored timestamp_ms"
+            await consumer.commit(topic, queue, found.timestamp_offset)
+            return QueueReset(queue, found.committed, found.timestamp_offset)
+
+        return list(await asyncio.gather(*(one(q) for q in queues)))
+
+    async def dead_letters(self, group: str) -> list[Message]:
+        """Every dead letter of ``group`` (``%DLQ%<group>``), in queue order: messages its
+        handler failed on ``max_reconsume_times`` times (see :mod:`metaq.client.retry`)."""
+        topic = dlq_topic(group)
+        reader = self._consumer(f"{group}-dlq-tool")
+        try:
+            route = await reader.routes.route(topic)
+        except MetaqError as exc:
+            raise AdminError(f"group {group!r} has no dead letters ({exc})") from None
+        found: list[Message] = []
+        for queue in route.read_queues:
+            offset = 0
+            while True:
+                result = await reader.pull(topic, queue, offset, _DLQ_PULL_BATCH, 0)
+                if not result.messages:
+                    break
+                found += result.messages
+                offset = result.next_offset
+        return found
+
+    async def resend_dead_letter(self, letter: Message) -> SendResult:
+        """Send a dead letter to its original topic again, as a new message (same body,
+        tags, keys and user properties) for every group subscribed to it."""
+        producer = await self._producer_started()
+        topic = letter.properties[PROP_RETRY_TOPIC]
+        properties = {k: v for k, v in letter.properties.items() if k not in _RETRY_PROPS}
+        return await producer.send(
+            topic, letter.body, tags=letter.tags, keys=letter.keys, properties=properties
+        )

@@ -1,0 +1,58 @@
+"""Stored messages across the cluster: by id, and by key in a topic."""
+
+from __future__ import annotations
+
+from metaq.client.admin.cluster import ClusterAdmin
+from metaq.client.admin.results import StoredMessage
+from metaq.client.errors import AdminError, BrokerAdminError
+from metaq.client.routes import BrokerInfo
+
+
+class MessageAdmin(ClusterAdmin):
+    """The calls that look stored messages up."""
+
+    async def message_by_id(self, msg_id: str) -> StoredMessage:
+        """The message with this id (32 hex digits, as a send result gives it), asking
+        every broker of the cluster until one has it."""
+        try:
+            raw = bytes.fromhex(msg_id)
+        except ValueError:
+            raw = b""
+        if len(raw) != 16:
+            raise AdminError(f"a message id is 32 hex digits, not {msg_id!r}")
+        brokers = [b for b in (await self.cluster()).brokers() if b.http_address]
+        if not brokers:
+            raise AdminError("no broker with an admin address is registered")
+        unreachable = []
+        for broker in brokers:
+            try:
+                found = await self.broker_message(broker, raw.hex())
+            except BrokerAdminError as exc:
+                unreachable.append(f"{broker.broker_name}: {exc}")
+                continue
+            if found is not None:
+                return found
+        where = f"; could not ask {'; '.join(unreachable)}" if unreachable else ""
+        raise AdminError(f"no broker holds message {raw.hex()}{where}")
+
+    async def messages_by_key(
+        self, topic: str, key: str, *, limit: int = 32
+    ) -> list[StoredMessage]:
+        """The messages of ``topic`` carrying ``key``, newest first: at most ``limit``
+        (1-1000) from each broker group serving the topic (its master when alive)."""
+        if not 1 <= limit <= 1000:
+            raise AdminError("limit must be between 1 and 1000")
+        route = await self.routes.route(topic)
+        view = await self.cluster()
+        groups = {g.broker_name for g in route.groups}
+        brokers: dict[str, BrokerInfo] = {}
+        for broker in view.brokers():
+            # One broker per group: the master when it is alive, else a slave.
+            wanted = broker.broker_name in groups and broker.http_address
+            if wanted and (broker.broker_name not in brokers or broker.is_master):
+                brokers[broker.broker_name] = broker
+        found: list[StoredMessage] = []
+        for name in sorted(brokers):
+            found += await self.broker_messages_by_key(brokers[name], topic, key, limit=limit)
+        found.sort(key=lambda m: m.store_timestamp_ms, reverse=True)
+        return found
