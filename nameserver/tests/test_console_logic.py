@@ -5,8 +5,11 @@ from __future__ import annotations
 import base64
 
 import pytest
+from aiohttp import web
 
+from metaq.client.admin import Admin, MessagesStored, StoredMessage
 from metaq.common.model import Role
+from metaq.common.testing import run_async
 from metaq.nameserver.console.context import (
     FORGET_GONE_AFTER_S,
     Brokers,
@@ -17,7 +20,7 @@ from metaq.nameserver.console.context import (
 from metaq.nameserver.console.messages import _body
 from metaq.nameserver.console.page import Html, esc, table
 from metaq.nameserver.console.page import parse_time_ms as _parse_time
-from metaq.nameserver.model import BrokerKey, BrokerState
+from metaq.nameserver.model import BrokerKey, BrokerState, BrokerView
 from metaq.nameserver.registry import Registry
 
 
@@ -38,8 +41,10 @@ def test_times_are_utc_iso_8601_or_epoch_milliseconds() -> None:
         _parse_time("yesterday")
 
 
-def _message(body: str, encoding: str = "text") -> dict[str, object]:
-    return {"body": body, "body_encoding": encoding}
+def _message(body: str, encoding: str = "text") -> StoredMessage:
+    return StoredMessage(
+        "g", "t", 0, 0, 0, "00" * 16, 0, 0, "", [], {}, 0, False, len(body), body, encoding
+    )
 
 
 def test_bodies_show_as_text_pretty_json_or_hex() -> None:
@@ -74,7 +79,69 @@ def test_a_broker_seen_live_and_then_gone_is_named_until_it_is_back_or_forgotten
 
 
 def test_a_store_short_of_its_durability_says_which_part() -> None:
-    assert durability_warning({"durable": True, "replicated": True}) == ""
-    assert "flush timeout" in durability_warning({"durable": False, "replicated": True})
-    both = durability_warning({"durable": False, "replicated": False})
+    assert durability_warning(MessagesStored([], durable=True, replicated=True)) == ""
+    flushed_late = MessagesStored([], durable=False, replicated=True)
+    assert "flush timeout" in durability_warning(flushed_late)
+    both = durability_warning(MessagesStored([], durable=False, replicated=False))
     assert "on disk" in both and "confirmed by a slave" in both
+
+
+def test_a_broker_call_that_fails_is_said_in_plain_words_naming_the_broker() -> None:
+    async def refuse(_request: web.Request) -> web.Response:
+        return web.json_response({"error": "not its group's master"}, status=409)
+
+    async def not_json(_request: web.Request) -> web.Response:
+        return web.Response(text="<html>a proxy</html>", status=200)
+
+    async def other_shape(_request: web.Request) -> web.Response:
+        return web.json_response([1, 2])
+
+    async def scenario() -> list[str]:
+        app = web.Application()
+        app.add_routes(
+            [
+                web.get("/topics", not_json),
+                web.get("/consumers", other_shape),
+                web.post("/replication/resume", refuse),
+            ]
+        )
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        brokers = Brokers(2.0)
+        try:
+            here = _view(f"127.0.0.1:{port}")
+            answers = [
+                await brokers.ask(here, Admin.resume_writes),
+                await brokers.ask(here, Admin.broker_topics),
+                await brokers.ask(here, Admin.consumers),
+                await brokers.ask(_view(""), Admin.health),
+                await brokers.ask(_view("127.0.0.1:1"), Admin.health),
+            ]
+            assert all(a.value is None and not a.ok for a in answers)
+            return [a.error for a in answers]
+        finally:
+            await brokers.close()
+            await runner.cleanup()
+
+    refused, not_json_, other, no_address, closed = run_async(scenario())
+    assert refused.startswith("broker g/1 at 127.0.0.1:") and refused.endswith(
+        ": not its group's master"
+    ), refused
+    assert not_json_.endswith("answered something that is not JSON"), not_json_
+    assert other.endswith("answered JSON of another shape"), other
+    assert no_address == (
+        "broker g/1 at 127.0.0.1:5 has no HTTP address registered (started without one)"
+    )
+    assert closed.startswith("broker g/1 at 127.0.0.1:1 is unreachable ("), closed
+
+
+def _view(http_address: str) -> BrokerView:
+    registry = Registry(broker_expiry_s=10)
+    registry.register(
+        BrokerState("c", BrokerKey("g", 1), Role.MASTER, "127.0.0.1:5", http_address), {}
+    )
+    [view] = registry.members("g")
+    return view

@@ -11,6 +11,7 @@ percent-encoded) here only, so no caller knows the broker's URLs.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 from urllib.parse import quote, urlencode
 
 from metaq.client.admin.results import (
@@ -160,7 +161,7 @@ class BrokerCalls(AdminSession):
         answers the same offsets and commits nothing."""
         sent = {"topic": topic, "timestamp_ms": timestamp_ms, "dry_run": dry_run}
         status, body = await self.request(broker, "POST", f"{_group(group)}/reset", sent)
-        if status != 200 or not isinstance(body, dict):
+        if status != 200:
             raise refused(broker, status, body, f"refused the reset: {_error(body)}")
         return decoded(broker, status, body, GroupReset)
 
@@ -213,16 +214,16 @@ class BrokerCalls(AdminSession):
 
     # --- helpers ----------------------------------------------------------------------
 
-    async def _get(self, broker: BrokerRef, path: str) -> dict[str, object]:
+    async def _get(self, broker: BrokerRef, path: str) -> dict[str, Any]:
         """The JSON object a GET answers with 200; the broker's refusal otherwise."""
         status, body = await self.request(broker, "GET", path)
-        if status != 200 or not isinstance(body, dict):
+        if status != 200:
             raise refused(broker, status, body, f"answered HTTP {status}: {_error(body)}")
-        return body
+        return decoded(broker, status, body, dict[str, Any])
 
     async def _stored(self, broker: BrokerRef, path: str, sent: object) -> MessagesStored:
         status, body = await self.request(broker, "POST", path, sent)
-        if status != 200 or not isinstance(body, dict):
+        if status != 200:
             raise refused(broker, status, body, f"did not store: {_error(body)}")
         return decoded(broker, status, body, MessagesStored)
 

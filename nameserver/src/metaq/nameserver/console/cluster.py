@@ -8,8 +8,9 @@ import time
 
 from aiohttp import web
 
+from metaq.client.admin import Admin, BrokerHealth
 from metaq.common.http import takes_forms
-from metaq.nameserver.console.context import Answer, ConsoleContext
+from metaq.nameserver.console.context import ConsoleContext
 from metaq.nameserver.console.page import (
     Html,
     errors,
@@ -53,11 +54,11 @@ async def cluster_page(
     views = context.registry.cluster_info()
     groups = [g for view in views for g in view.groups]
     brokers = [b for g in groups for b in g.brokers]
-    answers = await asyncio.gather(*(context.brokers.call(b, "GET", "/health") for b in brokers))
-    health = {b.state.key: a for b, a in zip(brokers, answers, strict=True)}
+    answers = await asyncio.gather(*(context.brokers.ask(b, Admin.health) for b in brokers))
+    health = {b.state.key: a.value for b, a in zip(brokers, answers, strict=True)}
     gone = context.gone()
     problems = [problem, *gone.values()]
-    problems += [a.error for a in answers if a.error and a.status != 503]
+    problems += [a.error for a in answers if a.error]
     sections = [_group_section(context, g, health, problems, set(gone)) for g in groups]
     if not groups:
         sections.append("<p>No broker is registered with this nameserver.</p>")
@@ -73,7 +74,7 @@ async def cluster_page(
 def _group_section(
     context: ConsoleContext,
     group: GroupView,
-    health: dict[BrokerKey, Answer],
+    health: dict[BrokerKey, BrokerHealth | None],
     problems: list[str],
     gone: set[BrokerKey],
 ) -> str:
@@ -92,13 +93,13 @@ def _group_section(
     lag_bytes: dict[str, int] = {}
     lag_s: dict[str, float] = {}
     for broker in group.brokers:
-        body = health[broker.state.key].body
-        if broker.state.key.broker_id == master_id and isinstance(body, dict):
-            lag_bytes = body.get("replica_lag_bytes") or {}
-            lag_s = body.get("replica_lag_s") or {}
+        answered = health[broker.state.key]
+        if broker.state.key.broker_id == master_id and answered is not None:
+            lag_bytes = answered.replica_lag_bytes
+            lag_s = answered.replica_lag_s
     for broker in group.brokers:
         state = broker.state
-        h = health[state.key].body if isinstance(health[state.key].body, dict) else {}
+        h = health[state.key]
         # The master measures each slave's lag: the bytes of log it does not hold yet, and
         # how long since it last held all of it.
         lag = _lag(lag_bytes, lag_s, str(state.key.broker_id))
@@ -121,9 +122,9 @@ def _group_section(
                 state.epoch,
                 lag,
                 _disk(h),
-                h.get("flush_mode"),
-                h.get("replication_mode", state.replication_mode or "unspecified"),
-                h.get("commitlog_write_offset", state.commitlog_max_offset),
+                h.flush_mode if h else None,
+                h.replication_mode if h else state.replication_mode or "unspecified",
+                h.commitlog_write_offset if h else state.commitlog_max_offset,
                 f"{broker.last_heartbeat_age_s:.1f} s ago",
                 switch,
             ]
@@ -161,15 +162,10 @@ def _lag(lag_bytes: dict[str, int], lag_s: dict[str, float], key: str) -> str | 
     return f"{lag_bytes[key]} B, {lag_s.get(key, 0.0):.1f} s"
 
 
-def _disk(h: dict[str, object]) -> str | None:
-    used = h.get("disk_used_ratio")
-    if not isinstance(used, float | int):
+def _disk(h: BrokerHealth | None) -> str | None:
+    if h is None:
         return None
-    clean, full = h.get("disk_clean_ratio"), h.get("disk_full_ratio")
-    limits = ""
-    if isinstance(clean, float | int) and isinstance(full, float | int):
-        limits = f" ({ratio(float(clean))} / {ratio(float(full))})"
-    return ratio(float(used)) + limits
+    return f"{ratio(h.disk_used_ratio)} ({ratio(h.disk_clean_ratio)} / {ratio(h.disk_full_ratio)})"
 
 
 def _controller_section(context: ConsoleContext) -> str:
@@ -244,11 +240,8 @@ async def _switchover(context: ConsoleContext, request: web.Request) -> web.Resp
             context, problem=f"group {group!r} has no master to hand over from"
         )
     started = time.monotonic()
-    handed = await context.brokers.call(
-        master,
-        "POST",
-        "/replication/handover",
-        {"to": target, "timeout_ms": CATCH_UP_TIMEOUT_MS, "fence_ms": FENCE_MS},
+    handed = await context.brokers.ask(
+        master, Admin.handover, target, timeout_ms=CATCH_UP_TIMEOUT_MS, fence_ms=FENCE_MS
     )
     if not handed.ok:
         return await cluster_page(
@@ -257,7 +250,7 @@ async def _switchover(context: ConsoleContext, request: web.Request) -> web.Resp
     try:
         control = await context.controller.switchover(group, target, epoch)
     except (SwitchoverRefused, ControllerUnavailable) as exc:
-        resumed = await context.brokers.call(master, "POST", "/replication/resume")
+        resumed = await context.brokers.ask(master, Admin.resume_writes)
         tail = "" if resumed.ok else f"; writes resume by themselves later ({resumed.error})"
         return await cluster_page(context, problem=f"the controller refused: {exc}{tail}")
     elapsed_ms = (time.monotonic() - started) * 1000

@@ -1,15 +1,16 @@
 """What the console's pages read: the registry, the controller, and the brokers' HTTP
-admin APIs through :class:`Brokers` (over :class:`metaq.client.admin.Admin`), every call
-bounded by a timeout."""
+admin APIs through :class:`Brokers` (over :class:`metaq.client.admin.Admin`'s typed
+calls), every call bounded by a timeout."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 
-from metaq.client.admin import Admin
-from metaq.client.errors import BrokerAdminError, BrokerUnreachable
+from metaq.client.admin import Admin, MessagesStored
+from metaq.client.errors import BrokerAdminError, BrokerAnswerUnreadable, BrokerUnreachable
 from metaq.common.auth import ClusterSecret
 from metaq.common.model import Role
 from metaq.common.tls import TlsConfig
@@ -17,22 +18,28 @@ from metaq.nameserver.controller import Controller
 from metaq.nameserver.model import BrokerKey, BrokerState, BrokerView
 from metaq.nameserver.registry import Registry
 
+T = TypeVar("T")
+P = ParamSpec("P")
+
 
 @dataclass(frozen=True, slots=True)
-class Answer:
-    """A broker's JSON answer, or in plain words why there is none."""
+class Answer(Generic[T]):
+    """What a broker answered, or in plain words why there is no answer."""
 
-    body: Any = None
+    value: T | None = None
     error: str = ""
-    status: int = 0
 
     @property
     def ok(self) -> bool:
         return not self.error
 
+    def get(self, default: T) -> T:
+        """The answer, or ``default`` when there is none."""
+        return self.value if self.ok and self.value is not None else default
+
 
 class Brokers:
-    """Calls to brokers' HTTP admin APIs, through the client's admin library, each
+    """Calls to brokers' HTTP admin APIs through the client's admin library, each
     answered as an :class:`Answer` (a page shows what it could gather and says what not).
 
     With ``tls`` (the nameserver's own settings: a process that serves TLS dials TLS)
@@ -48,35 +55,48 @@ class Brokers:
         self.timeout_s = timeout_s
         self._admin = Admin.cluster_member(secret, timeout_s=timeout_s, tls=tls)
 
-    async def call(self, broker: BrokerView, method: str, path: str, body: Any = None) -> Answer:
+    async def ask(
+        self,
+        broker: BrokerView,
+        call: Callable[Concatenate[Admin, str, P], Awaitable[T]],
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> Answer[T]:
+        """``call`` (an :class:`Admin` method taking a broker, such as ``Admin.health``)
+        on ``broker``, with the arguments that follow the broker."""
         state = broker.state
         who = f"broker {state.key} at {state.http_address or state.data_address}"
         if not state.http_address:
             return Answer(error=f"{who} has no HTTP address registered (started without one)")
         try:
-            status, payload = await self._admin.request(state.http_address, method, path, body)
+            return Answer(await call(self._admin, state.http_address, *args, **kwargs))
         except BrokerUnreachable as exc:
             if exc.timed_out:
                 return Answer(error=f"{who} did not answer within {self.timeout_s:g} s (down?)")
             return Answer(error=f"{who} is unreachable ({exc.detail})")
-        except BrokerAdminError:
-            return Answer(error=f"{who} answered something that is not JSON")
-        if status >= 400:
-            reason = payload.get("error") if isinstance(payload, dict) else None
-            return Answer(payload, f"{who}: {reason or f'HTTP {status}'}", status)
-        return Answer(payload, status=status)
+        except BrokerAnswerUnreadable as exc:
+            what = "something that is not JSON" if exc.body is None else "JSON of another shape"
+            return Answer(error=f"{who} answered {what}")
+        except BrokerAdminError as exc:
+            reason = exc.body.get("error") if isinstance(exc.body, dict) else None
+            return Answer(error=f"{who}: {reason or f'HTTP {exc.status}'}")
 
     async def close(self) -> None:
         await self._admin.close()
 
 
-def durability_warning(stored: dict[str, Any]) -> str:
-    """What a broker's answer to a store (test message, resend) did not reach, if anything,
-    as the send statuses FLUSH_DISK_TIMEOUT and FLUSH_SLAVE_TIMEOUT would say it."""
+def problems_of(*answers: Sequence[Answer[Any]]) -> list[str]:
+    """What each of these answers could not say, in order."""
+    return [a.error for some in answers for a in some if a.error]
+
+
+def durability_warning(stored: MessagesStored) -> str:
+    """What a broker's store (test message, resend) did not reach, if anything, as the
+    send statuses FLUSH_DISK_TIMEOUT and FLUSH_SLAVE_TIMEOUT would say it."""
     missing = []
-    if not stored.get("durable", True):
+    if not stored.durable:
         missing.append("was not on disk within the flush timeout")
-    if not stored.get("replicated", True):
+    if not stored.replicated:
         missing.append("was not confirmed by a slave within the replication timeout")
     return f" — but it {' and '.join(missing)}" if missing else ""
 

@@ -6,13 +6,20 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, Concatenate, ParamSpec, TypeVar
 from urllib.parse import quote
 
 from aiohttp import web
 
+from metaq.client.admin import Admin, StoredMessage
 from metaq.common.http import takes_forms
-from metaq.nameserver.console.context import Answer, ConsoleContext, durability_warning
+from metaq.nameserver.console.context import (
+    Answer,
+    ConsoleContext,
+    durability_warning,
+    problems_of,
+)
 from metaq.nameserver.console.page import (
     Html,
     errors,
@@ -31,6 +38,8 @@ RETRY_PREFIX = "%RETRY%"
 DLQ_PREFIX = "%DLQ%"
 # The newest dead letters listed per queue; older ones are reached on the Messages page.
 DEAD_SHOWN = 100
+T = TypeVar("T")
+P = ParamSpec("P")
 
 
 def group_href(group: str) -> str:
@@ -62,27 +71,33 @@ def routes(context: ConsoleContext) -> list[web.RouteDef]:
     ]
 
 
-async def _from_masters(context: ConsoleContext, path: str) -> list[tuple[str, Answer]]:
+async def _from_masters(
+    context: ConsoleContext,
+    call: Callable[Concatenate[Admin, str, P], Awaitable[T]],
+    *args: P.args,
+    **kwargs: P.kwargs,
+) -> list[tuple[str, Answer[T]]]:
+    """``call`` on each group's master, by group name."""
     masters = context.masters()
     answers = await asyncio.gather(
-        *(context.brokers.call(b, "GET", path) for b in masters.values())
+        *(context.brokers.ask(b, call, *args, **kwargs) for b in masters.values())
     )
     return list(zip(masters, answers, strict=True))
 
 
 async def list_page(context: ConsoleContext) -> web.Response:
     offsets, consumers = await asyncio.gather(
-        _from_masters(context, "/offsets"), _from_masters(context, "/consumers")
+        _from_masters(context, Admin.consumer_offsets), _from_masters(context, Admin.consumers)
     )
-    problems = [a.error for _, a in [*offsets, *consumers] if a.error]
+    problems = problems_of([a for _, a in offsets], [a for _, a in consumers])
     lag: dict[str, int] = {}
-    for _, answer in offsets:
-        for row in answer.body if answer.ok else []:
-            lag[row["group"]] = lag.get(row["group"], 0) + row["lag"]
+    for _, committed in offsets:
+        for row in committed.get([]):
+            lag[row.group] = lag.get(row.group, 0) + row.lag
     members: dict[str, set[str]] = {}
-    for _, answer in consumers:
-        for group, found in (answer.body if answer.ok else {}).items():
-            members.setdefault(group, set()).update(m["client_id"] for m in found)
+    for _, live in consumers:
+        for group, found in live.get({}).items():
+            members.setdefault(group, set()).update(m.client_id for m in found)
     names = sorted(set(lag) | set(members))
     rows = [[link(group_href(g), g), len(members.get(g, ())), lag.get(g)] for g in names]
     body = (
@@ -107,36 +122,36 @@ async def group_page(
     problem: str = "",
     preview: str = "",
 ) -> web.Response:
-    quoted = quote(group, safe="")
     offsets, consumers = await asyncio.gather(
-        _from_masters(context, f"/groups/{quoted}/offsets"), _from_masters(context, "/consumers")
+        _from_masters(context, Admin.group_offsets, group),
+        _from_masters(context, Admin.consumers),
     )
-    problems = [problem] + [a.error for _, a in [*offsets, *consumers] if a.error]
+    problems = [problem, *problems_of([a for _, a in offsets], [a for _, a in consumers])]
     member_rows: dict[str, list[Any]] = {}
-    for _, answer in consumers:
-        for m in (answer.body if answer.ok else {}).get(group, []):
-            member_rows[m["client_id"]] = [
-                m["client_id"],
-                m.get("host") or "—",
-                m["computer_room"] or "—",
-                m["mode"],
-                ", ".join(f"{t} ({e or '*'})" for t, e in m["subscriptions"]),
+    for _, live in consumers:
+        for m in live.get({}).get(group, []):
+            member_rows[m.client_id] = [
+                m.client_id,
+                m.host or "—",
+                m.computer_room or "—",
+                m.mode,
+                ", ".join(f"{t} ({e or '*'})" for t, e in m.subscriptions),
             ]
     offset_rows = []
     topics: set[str] = set()
-    for broker_name, answer in offsets:
-        for row in answer.body["offsets"] if answer.ok else []:
-            topics.add(row["topic"])
+    for broker_name, committed in offsets:
+        for row in committed.get([]):
+            topics.add(row.topic)
             offset_rows.append(
                 [
                     broker_name,
-                    row["topic"],
-                    row["queue_id"],
-                    row.get("owner"),
-                    row["offset"],
-                    row["max_offset"],
-                    row["lag"],
-                    _age(row["lag_ms"]),
+                    row.topic,
+                    row.queue_id,
+                    row.owner,
+                    row.offset,
+                    row.max_offset,
+                    row.lag,
+                    _age(row.lag_ms),
                 ]
             )
     routes_ = {t: context.registry.route(t) for t in (RETRY_PREFIX + group, DLQ_PREFIX + group)}
@@ -221,28 +236,23 @@ async def _reset(context: ConsoleContext, request: web.Request) -> web.Response:
     missing = [g.broker_name for g in route.groups if g.broker_name not in masters]
     answers = await asyncio.gather(
         *(
-            context.brokers.call(
-                b,
-                "POST",
-                f"/groups/{quote(group, safe='')}/reset",
-                {"topic": topic, "timestamp_ms": stamp, "dry_run": dry_run},
-            )
+            context.brokers.ask(b, Admin.reset_group, group, topic, stamp, dry_run=dry_run)
             for b in targets
         )
     )
-    problems = [a.error for a in answers if a.error]
+    problems = problems_of(answers)
     problems += [f"group {g} has no master now: its queues were not reset" for g in missing]
     problems += [
         f"{b.state.key.broker_name}: the reset is committed on the master, but no slave "
         "confirmed it within the replication timeout: a failover now could lose it"
         for b, a in zip(targets, answers, strict=True)
-        if a.ok and not dry_run and not a.body.get("replicated", True)
+        if a.value is not None and not dry_run and not a.value.replicated
     ]
     rows = [
-        [b.state.key.broker_name, q["queue_id"], q["before"], q["after"]]
+        [b.state.key.broker_name, q.queue_id, q.before, q.after]
         for b, a in zip(targets, answers, strict=True)
-        if a.ok
-        for q in a.body["queues"]
+        if a.value is not None
+        for q in a.value.queues
     ]
     what = "Dry run: the offsets a reset would commit" if dry_run else "Offsets committed"
     heading = f"{esc(what)} ({esc(topic)}, {esc(when(stamp))})"
@@ -258,7 +268,6 @@ async def _dead_letters(context: ConsoleContext, group: str) -> tuple[str, list[
     """The newest dead letters (at most :data:`DEAD_SHOWN` per queue) with a resend
     button each, and what could not be read."""
     topic = DLQ_PREFIX + group
-    quoted = quote(topic, safe="")
     route = context.registry.route(topic)
     if route is None:
         return "<p>No dead letters.</p>", []
@@ -271,22 +280,26 @@ async def _dead_letters(context: ConsoleContext, group: str) -> tuple[str, list[
         else:
             readers.append(reader)
     bounds = await asyncio.gather(
-        *(context.brokers.call(b, "GET", f"/queues?topic={quoted}") for b in readers)
+        *(context.brokers.ask(b, Admin.broker_queues, topic) for b in readers)
     )
     reads = [
-        (b, f"/queues/{quoted}/{q['queue_id']}/messages?limit={DEAD_SHOWN}&offset="
-            f"{max(q['min_offset'], q['max_offset'] - DEAD_SHOWN)}")
-        for b, answer in zip(readers, bounds, strict=True) if answer.ok
-        for q in answer.body["queues"]
-    ]  # fmt: skip
-    problems += [a.error for a in bounds if a.error]
-    answers = await asyncio.gather(*(context.brokers.call(b, "GET", path) for b, path in reads))
+        (b, q.queue_id, max(q.min_offset, q.max_offset - DEAD_SHOWN))
+        for b, answer in zip(readers, bounds, strict=True)
+        for q in answer.get([])
+    ]
+    problems += problems_of(bounds)
+    answers = await asyncio.gather(
+        *(
+            context.brokers.ask(b, Admin.read_queue, topic, queue_id, offset=at, limit=DEAD_SHOWN)
+            for b, queue_id, at in reads
+        )
+    )
     rows = []
-    for (broker, _), answer in zip(reads, answers, strict=True):
-        if not answer.ok:
+    for (broker, _, _), answer in zip(reads, answers, strict=True):
+        if answer.value is None:
             problems.append(answer.error)
             continue
-        for m in answer.body["messages"]:
+        for m in answer.value:
             rows.append(_dead_row(group, broker.state.key.broker_name, m))
     return table(
         ["message id", "original topic", "dead since", "last failure", "body", ""],
@@ -295,9 +308,9 @@ async def _dead_letters(context: ConsoleContext, group: str) -> tuple[str, list[
     ), problems
 
 
-def _dead_row(group: str, broker_name: str, m: dict[str, Any]) -> list[Any]:
-    props = m["properties"]
-    msg_id = props.get("ORIGIN_MSG_ID") or m["msg_id"]
+def _dead_row(group: str, broker_name: str, m: StoredMessage) -> list[Any]:
+    props = m.properties
+    msg_id = props.get("ORIGIN_MSG_ID") or m.msg_id
     button = Html(
         f'<form class="inline" method="post" action="{group_href(group)}/resend">'
         f'<input type="hidden" name="broker" value="{esc(broker_name)}">'
@@ -305,11 +318,11 @@ def _dead_row(group: str, broker_name: str, m: dict[str, Any]) -> list[Any]:
         f'<button type="submit" aria-label="Resend {esc(msg_id)}">Resend</button>'
         "</form>"
     )
-    body = m["body"][:80] if m["body_encoding"] == "text" else "(binary: see Messages)"
+    body = m.body[:80] if m.body_encoding == "text" else "(binary: see Messages)"
     return [
         msg_id,
         props.get("RETRY_TOPIC", "?"),
-        when(m["store_timestamp_ms"]),
+        when(m.store_timestamp_ms),
         props.get("LAST_FAILURE", ""),
         body,
         button,
@@ -325,15 +338,13 @@ async def _resend(context: ConsoleContext, request: web.Request) -> web.Response
         return await group_page(
             context, group, problem=f"group {broker_name!r} has no master now; retry later"
         )
-    answer = await context.brokers.call(
-        master, "POST", f"/groups/{quote(group, safe='')}/dlq/resend", {"msg_ids": [msg_id]}
-    )
-    if not answer.ok:
+    answer = await context.brokers.ask(master, Admin.resend_dead_letters, group, [msg_id])
+    if answer.value is None:
         return await group_page(context, group, problem=answer.error)
-    stored = answer.body["stored"][0]
+    stored = answer.value.stored[0]
     return await group_page(
         context,
         group,
-        message=f"resent {msg_id} to {stored['topic']} as message {stored['msg_id']}"
-        + durability_warning(answer.body),
+        message=f"resent {msg_id} to {stored.topic} as message {stored.msg_id}"
+        + durability_warning(answer.value),
     )

@@ -7,12 +7,12 @@ import asyncio
 import base64
 import datetime
 import json
-from typing import Any
-from urllib.parse import quote
+from collections.abc import Awaitable
 
 from aiohttp import web
 
-from metaq.nameserver.console.context import Answer, ConsoleContext
+from metaq.client.admin import Admin, CommittedOffset, StoredMessage
+from metaq.nameserver.console.context import Answer, ConsoleContext, problems_of
 from metaq.nameserver.console.page import errors, esc, field, parse_time_ms, render, table
 from metaq.nameserver.model import BrokerView
 
@@ -36,86 +36,74 @@ def _reader(context: ConsoleContext, broker_name: str) -> BrokerView | None:
 
 async def _search(
     context: ConsoleContext, q: dict[str, str]
-) -> tuple[list[tuple[BrokerView, dict[str, Any]]], list[str], str]:
+) -> tuple[list[tuple[BrokerView, StoredMessage]], list[str], str]:
     """(found messages with the broker they came from, problems, what was asked)."""
-    topic = q.get("topic", "").strip()
-    quoted = quote(topic, safe="")
-    calls: list[tuple[BrokerView, str]] = []
+    ask = context.brokers.ask
     if q.get("msg_id"):
         msg_id = q["msg_id"].strip()
+        masters = [b for b in context.live_brokers() if b.state.role.value == "master"]
+        held = await asyncio.gather(*(ask(b, Admin.broker_message, msg_id) for b in masters))
+        found = [(b, a.value) for b, a in zip(masters, held, strict=True) if a.value is not None]
+        problems = problems_of(held)
+        if not found and not problems:
+            problems.append(f"no live broker has a message with id {msg_id}")
+        return found, problems, f"message id {msg_id}"
+    topic = q.get("topic", "").strip()
+    if not topic:
+        return [], ["give a topic (or a message id)"], ""
+    route = context.registry.route(topic)
+    if route is None:
+        return [], [f"topic {topic!r} is not served by any live broker"], ""
+    readers = {g.broker_name: _reader(context, g.broker_name) for g in route.groups}
+    calls: list[tuple[BrokerView, Awaitable[Answer[list[StoredMessage]]]]]
+    if q.get("key"):
+        key = q["key"].strip()
+        asked = f"key {q['key']} in {topic}"
         calls = [
-            (b, f"/messages/{quote(msg_id, safe='')}")
-            for b in context.live_brokers()
-            if b.state.role.value == "master"
+            (b, ask(b, Admin.broker_messages_by_key, topic, key))
+            for b in readers.values()
+            if b is not None
         ]
-        asked = f"message id {msg_id}"
+    elif q.get("offset"):
+        broker = readers.get(q.get("broker", ""))
+        if broker is None:
+            return [], [f"pick the broker group of the queue ({', '.join(readers)})"], ""
+        try:
+            queue_id, offset = int(q.get("queue_id", "0")), int(q["offset"])
+        except ValueError:
+            return [], ["the queue and the offset are whole numbers"], ""
+        asked = f"{topic} queue {queue_id} from offset {offset}"
+        read = ask(broker, Admin.read_queue, topic, queue_id, offset=offset, limit=LIMIT)
+        calls = [(broker, read)]
+    elif q.get("from"):
+        try:
+            start = parse_time_ms(q["from"])
+            end = parse_time_ms(q["to"]) if q.get("to") else None
+        except ValueError:
+            return [], ["times are ISO 8601 (UTC when no zone) or ms since the epoch"], ""
+        asked = f"{topic} stored from {q['from']} to {q.get('to') or 'now'}"
+        calls = [
+            (
+                b,
+                ask(b, Admin.read_queue, topic, queue_id, from_ms=start, to_ms=end, limit=LIMIT),
+            )
+            for g in route.groups
+            if (b := readers[g.broker_name]) is not None
+            for queue_id in range(g.read_queues)
+        ]
     else:
-        if not topic:
-            return [], ["give a topic (or a message id)"], ""
-        route = context.registry.route(topic)
-        if route is None:
-            return [], [f"topic {topic!r} is not served by any live broker"], ""
-        readers = {g.broker_name: _reader(context, g.broker_name) for g in route.groups}
-        if q.get("key"):
-            asked = f"key {q['key']} in {topic}"
-            calls = [
-                (b, f"/messages?topic={quoted}&key={quote(q['key'].strip(), safe='')}")
-                for b in readers.values()
-                if b is not None
-            ]
-        elif q.get("offset"):
-            broker = readers.get(q.get("broker", ""))
-            if broker is None:
-                return [], [f"pick the broker group of the queue ({', '.join(readers)})"], ""
-            asked = f"{topic} queue {q.get('queue_id', '0')} from offset {q['offset']}"
-            calls = [
-                (
-                    broker,
-                    f"/queues/{quoted}/{quote(q.get('queue_id', '0'))}/messages"
-                    f"?offset={quote(q['offset'])}&limit={LIMIT}",
-                )
-            ]
-        elif q.get("from"):
-            try:
-                span = f"from_ms={parse_time_ms(q['from'])}"
-                if q.get("to"):
-                    span += f"&to_ms={parse_time_ms(q['to'])}"
-            except ValueError:
-                return [], ["times are ISO 8601 (UTC when no zone) or ms since the epoch"], ""
-            asked = f"{topic} stored from {q['from']} to {q.get('to') or 'now'}"
-            calls = [
-                (b, f"/queues/{quoted}/{queue_id}/messages?{span}&limit={LIMIT}")
-                for g in route.groups
-                if (b := readers[g.broker_name]) is not None
-                for queue_id in range(g.read_queues)
-            ]
-        else:
-            return [], ["give a key, a queue offset or a start time with the topic"], ""
-    answers = await asyncio.gather(*(context.brokers.call(b, "GET", path) for b, path in calls))
-    found: list[tuple[BrokerView, dict[str, Any]]] = []
-    problems = []
-    for (broker, _), answer in zip(calls, answers, strict=True):
-        if answer.status == 404 and q.get("msg_id"):
-            continue  # not on this broker: another may have it
-        if not answer.ok:
-            problems.append(answer.error)
-            continue
-        body = answer.body
-        listed: list[dict[str, Any]] = (
-            body["messages"] if isinstance(body, dict) and "messages" in body else [body]
-        )
-        found += [(broker, m) for m in listed]
-    if q.get("msg_id") and not found and not problems:
-        problems.append(f"no live broker has a message with id {q['msg_id'].strip()}")
-    return found, problems, asked
+        return [], ["give a key, a queue offset or a start time with the topic"], ""
+    answers = await asyncio.gather(*(call for _, call in calls))
+    listed = [(b, m) for (b, _), a in zip(calls, answers, strict=True) for m in a.get([])]
+    return listed, problems_of(answers), asked
 
 
-def _body(message: dict[str, Any]) -> str:
+def _body(message: StoredMessage) -> str:
     """Text as it is, JSON pretty-printed, anything else as hex."""
-    if message["body_encoding"] != "text":
-        raw = base64.b64decode(message["body"])
+    if message.body_encoding != "text":
+        raw = base64.b64decode(message.body)
         return "hex: " + " ".join(f"{b:02x}" for b in raw[:4096])
-    text = str(message["body"])
+    text = message.body
     try:
         return "JSON:\n" + json.dumps(json.loads(text), indent=2, ensure_ascii=False)
     except ValueError:
@@ -123,39 +111,39 @@ def _body(message: dict[str, Any]) -> str:
 
 
 async def _delivery(
-    context: ConsoleContext, found: list[tuple[BrokerView, dict[str, Any]]]
-) -> dict[str, Answer]:
-    """Each involved broker's committed offsets (``/offsets``), by broker group."""
+    context: ConsoleContext, found: list[tuple[BrokerView, StoredMessage]]
+) -> dict[str, Answer[list[CommittedOffset]]]:
+    """Each involved broker's committed consumer offsets, by broker group."""
     brokers = {b.state.key.broker_name: b for b, _ in found}
     answers = await asyncio.gather(
-        *(context.brokers.call(b, "GET", "/offsets") for b in brokers.values())
+        *(context.brokers.ask(b, Admin.consumer_offsets) for b in brokers.values())
     )
     return dict(zip(brokers, answers, strict=True))
 
 
-def _shown(broker: BrokerView, m: dict[str, Any], offsets: Answer) -> str:
-    stamp = datetime.datetime.fromtimestamp(m["store_timestamp_ms"] / 1000, datetime.UTC)
-    headers = [
-        ["message id", m["msg_id"]],
-        ["topic", m["topic"]],
+def _shown(broker: BrokerView, m: StoredMessage, offsets: Answer[list[CommittedOffset]]) -> str:
+    stamp = datetime.datetime.fromtimestamp(m.store_timestamp_ms / 1000, datetime.UTC)
+    headers: list[list[object]] = [
+        ["message id", m.msg_id],
+        ["topic", m.topic],
         ["broker group", broker.state.key.broker_name],
-        ["queue", m["queue_id"]],
-        ["queue offset", m["queue_offset"]],
-        ["commitlog offset", m["commitlog_offset"]],
+        ["queue", m.queue_id],
+        ["queue offset", m.queue_offset],
+        ["commitlog offset", m.commitlog_offset],
         ["stored", stamp.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"],
-        ["tags", m["tags"] or "—"],
-        ["keys", " ".join(m["keys"]) or "—"],
-        ["size", f"{m['size']} B" + (" (compressed)" if m["compressed"] else "")],
+        ["tags", m.tags or "—"],
+        ["keys", " ".join(m.keys) or "—"],
+        ["size", f"{m.size} B" + (" (compressed)" if m.compressed else "")],
     ]
-    props = [[k, v] for k, v in sorted(m["properties"].items())]
+    props = [[k, v] for k, v in sorted(m.properties.items())]
     states = [
         [
-            row["group"],
-            row["offset"],
-            "consumed" if m["queue_offset"] < row["offset"] else "not consumed yet",
+            row.group,
+            row.offset,
+            "consumed" if m.queue_offset < row.offset else "not consumed yet",
         ]
-        for row in (offsets.body if offsets.ok else [])
-        if row["topic"] == m["topic"] and row["queue_id"] == m["queue_id"]
+        for row in offsets.get([])
+        if row.topic == m.topic and row.queue_id == m.queue_id
     ]
     delivery = (
         table(["consumer group", "committed offset", "state"], states, caption="Delivery")
@@ -163,7 +151,7 @@ def _shown(broker: BrokerView, m: dict[str, Any], offsets: Answer) -> str:
         else errors([f"delivery state unknown: {offsets.error}"])
     )
     return (
-        f"<article><h2>Message {esc(m['msg_id'])}</h2>"
+        f"<article><h2>Message {esc(m.msg_id)}</h2>"
         + table(["header", "value"], headers, caption="Headers")
         + table(["property", "value"], props, caption="Properties")
         + f"<h3>Body</h3><pre>{esc(_body(m))}</pre>"

@@ -9,8 +9,9 @@ from urllib.parse import quote
 
 from aiohttp import web
 
+from metaq.client.admin import Admin, TopicSettings
 from metaq.common.http import takes_forms
-from metaq.nameserver.console.context import ConsoleContext, durability_warning
+from metaq.nameserver.console.context import ConsoleContext, durability_warning, problems_of
 from metaq.nameserver.console.page import (
     errors,
     esc,
@@ -61,30 +62,22 @@ async def list_page(context: ConsoleContext, message: str = "", problem: str = "
     names = context.registry.topics()
     routes_ = {name: context.registry.route(name) for name in names}
     brokers = list(masters.values())
+    ask = context.brokers.ask
     health, offsets, stats = await asyncio.gather(
-        asyncio.gather(*(context.brokers.call(b, "GET", "/health") for b in brokers)),
-        asyncio.gather(*(context.brokers.call(b, "GET", "/offsets") for b in brokers)),
-        asyncio.gather(*(context.brokers.call(b, "GET", "/queues/stored") for b in brokers)),
+        asyncio.gather(*(ask(b, Admin.health) for b in brokers)),
+        asyncio.gather(*(ask(b, Admin.consumer_offsets) for b in brokers)),
+        asyncio.gather(*(ask(b, Admin.stored_counts) for b in brokers)),
     )
-    problems = [
-        problem,
-        *sorted({a.error for a in [*health, *offsets, *stats] if a.error and a.status != 503}),
-    ]
+    problems = [problem, *sorted(set(problems_of(health, offsets, stats)))]
     stored: dict[str, int] = {}
-    for answer in stats:
-        for name, count in (answer.body["topics"] if answer.ok else {}).items():
+    for counts in stats:
+        for name, count in counts.get({}).items():
             stored[name] = stored.get(name, 0) + count
     consumed: dict[str, int] = {}
     for answer in offsets:
-        for row in answer.body if answer.ok and isinstance(answer.body, list) else []:
-            consumed[row["topic"]] = consumed.get(row["topic"], 0) + row["offset"]
-    retention = sorted(
-        {
-            f"{a.body['retention_hours']:g} h"
-            for a in health
-            if isinstance(a.body, dict) and "retention_hours" in a.body
-        }
-    )
+        for row in answer.get([]):
+            consumed[row.topic] = consumed.get(row.topic, 0) + row.offset
+    retention = sorted({f"{a.value.retention_hours:g} h" for a in health if a.value is not None})
     rows = []
     for name in names:
         route = routes_[name]
@@ -156,12 +149,9 @@ async def _put_topic(context: ConsoleContext, request: web.Request) -> web.Respo
         return await list_page(
             context, problem=f"no master is registered for {missing}; retry later"
         )
-    body = {"read_queues": read_queues, "write_queues": write_queues}
+    settings = TopicSettings(read_queues, write_queues)
     answers = await asyncio.gather(
-        *(
-            context.brokers.call(masters[g], "PUT", f"/topics/{quote(name, safe='')}", body)
-            for g in wanted
-        )
+        *(context.brokers.ask(masters[g], Admin.put_topic, name, settings) for g in wanted)
     )
     failed = [a.error for a in answers if not a.ok]
     if failed:
@@ -196,10 +186,7 @@ async def topic_page(
         if brokers
     }
     answers = await asyncio.gather(
-        *(
-            context.brokers.call(b, "GET", f"/queues?topic={quote(topic, safe='')}")
-            for b in readers.values()
-        )
+        *(context.brokers.ask(b, Admin.broker_queues, topic) for b in readers.values())
     )
     problems = [problem] + [a.error for a in answers if a.error]
     route_rows = [
@@ -219,18 +206,18 @@ async def topic_page(
     ]
     queue_rows = []
     for name, answer in zip(readers, answers, strict=True):
-        for q in answer.body["queues"] if answer.ok else []:
+        for q in answer.get([]):
             queue_rows.append(
                 [
                     name,
-                    q["queue_id"],
-                    q["min_offset"],
-                    q["max_offset"],
-                    when(q["last_stored_ms"]),
+                    q.queue_id,
+                    q.min_offset,
+                    q.max_offset,
+                    when(q.last_stored_ms),
                     link(
                         f"/console/messages?topic={quote(topic, safe='')}&broker="
-                        f"{quote(name)}&queue_id={q['queue_id']}&offset="
-                        f"{max(q['max_offset'] - 10, q['min_offset'])}",
+                        f"{quote(name)}&queue_id={q.queue_id}&offset="
+                        f"{max(q.max_offset - 10, q.min_offset)}",
                         "browse",
                     ),
                 ]
@@ -282,23 +269,21 @@ async def _send_test(context: ConsoleContext, request: web.Request) -> web.Respo
     target = next((masters[g] for g in writable if g in masters), None)
     if target is None:
         return await topic_page(context, topic, problem=f"no master takes writes for {topic!r} now")
-    answer = await context.brokers.call(
+    answer = await context.brokers.ask(
         target,
-        "POST",
-        f"/topics/{quote(topic, safe='')}/messages",
-        {
-            "body": str(form.get("body", "")),
-            "tags": str(form.get("tags", "")),
-            "keys": str(form.get("keys", "")).split(),
-        },
+        Admin.store_message,
+        topic,
+        str(form.get("body", "")),
+        tags=str(form.get("tags", "")),
+        keys=str(form.get("keys", "")).split(),
     )
-    if not answer.ok:
+    if answer.value is None:
         return await topic_page(context, topic, problem=answer.error)
-    stored = answer.body["stored"][0]
+    stored = answer.value.stored[0]
     return await topic_page(
         context,
         topic,
-        message=f"sent: message {stored['msg_id']} is queue {stored['queue_id']} offset "
-        f"{stored['queue_offset']} on {target.state.key.broker_name}"
-        + durability_warning(answer.body),
+        message=f"sent: message {stored.msg_id} is queue {stored.queue_id} offset "
+        f"{stored.queue_offset} on {target.state.key.broker_name}"
+        + durability_warning(answer.value),
     )
