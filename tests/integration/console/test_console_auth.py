@@ -17,7 +17,7 @@ import pytest
 from console_support import BROKER_TIMEOUT_MS, Browser
 
 from metaq.broker.testing import BrokerProcess
-from metaq.client.admin import Admin
+from metaq.client.admin import Admin, TopicSettings
 from metaq.common import acl
 from metaq.common.acl import Acl, Grant, User
 from metaq.common.auth import HTTP_HEADER, sign_http
@@ -106,3 +106,42 @@ def test_both_servers_take_a_cluster_members_signed_call_and_no_unsigned_one(
             urllib.request.urlopen(f"{base}{path}", timeout=5)
         assert unsigned.value.code == 401
         unsigned.value.close()
+
+
+def test_signed_calls_name_topics_and_groups_that_are_percent_encoded_on_the_wire(
+    secured: AuthConsole,
+) -> None:
+    # Each name holds characters its rules allow that travel percent-encoded ('%', '|',
+    # '@', ':', and '/', '&', '=' in a query), so a proof over another spelling of the
+    # path than the broker's would be refused (401).
+    topic, group, key = "%RETRY%signed|names", "signed.readers@room:1|%x", "k/y&z=1"
+    broker = secured.broker.http_url
+
+    async def as_user() -> None:
+        async with Admin(credentials=ADMIN) as admin:
+            await admin.put_topic(broker, topic, TopicSettings(1, 1))
+            assert topic in await admin.broker_topics(broker)
+            stored = await admin.store_message(broker, topic, "signed", keys=[key])
+            assert [m.queue_offset for m in stored.stored] == [0]
+            reset = await admin.reset_group(broker, group, topic, 0, dry_run=True)
+            assert [(q.before, q.after) for q in reset.queues] == [(None, 0)]
+
+    async def as_cluster_member() -> None:
+        member = Admin.cluster_member(cluster_secret_for_tests(), timeout_s=5)
+        try:
+            [queue] = await member.broker_queues(broker, topic)
+            assert (queue.min_offset, queue.max_offset) == (0, 1)
+            [found] = await member.broker_messages_by_key(broker, topic, key)
+            assert found.body == "signed"
+            [read] = await member.read_queue(broker, topic, 0, offset=0)
+            assert await member.broker_message(broker, read.msg_id) == found
+            assert await member.group_offsets(broker, group) == []
+        finally:
+            await member.close()
+
+    # On a thread of its own: Playwright's sync API may hold this thread's event loop.
+    with ThreadPoolExecutor(1) as thread:
+        thread.submit(run_async, as_user()).result()
+        thread.submit(run_async, as_cluster_member()).result()
+        removed = thread.submit(run_async, Admin(credentials=ADMIN).remove_topic(broker, topic))
+        assert removed.result()
