@@ -5,16 +5,18 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from metaq.common import acl, http
+from metaq.common import acl, http, http_auth
 from metaq.common.acl import Acl, Grant, User
 from metaq.common.acl_source import AclSource
 from metaq.common.auth import HTTP_HEADER, ClusterSecret, sign_http
 from metaq.common.http_auth import HEADER, HttpAuth, signed_purpose
+from metaq.common.login_guard import FREE_FAILURES
 from metaq.common.testing import run_async
-from metaq.common.users import Credentials, Verifier, sign_request
+from metaq.common.users import ITERATIONS, Credentials, Verifier, sign_request
 
 ADMIN = Credentials("admin", "admin-secret-key-for-http-tests")
 
@@ -110,3 +112,48 @@ def test_a_browser_goes_to_login_and_a_session_posts_forms_only_from_this_site(
                 assert posted.status == status, (headers, await posted.text())
 
     run_async(scenario())
+
+
+def test_an_unknown_users_login_derives_a_key_as_a_known_users_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    checked: list[tuple[str, int]] = []
+    real = http_auth._proves
+
+    def spy(access_key: str, secret_key: str, verifier: Verifier) -> bool:
+        checked.append((access_key, verifier.iterations))
+        return real(access_key, secret_key, verifier)
+
+    monkeypatch.setattr(http_auth, "_proves", spy)
+
+    async def scenario() -> None:
+        async with TestClient(TestServer(_app(tmp_path, []))) as client:
+            for user in ("admin", "nobody"):
+                wrong = {"access_key": user, "secret_key": "not-the-secret-key-at-all"}
+                assert (await client.post("/login", json=wrong)).status == 401
+
+    run_async(scenario())
+    # The same slow derivation for both: the answer's timing tells nothing of who exists.
+    assert checked == [("admin", ITERATIONS), ("nobody", ITERATIONS)]
+
+
+def test_failed_logins_are_held_back_longer_and_longer(tmp_path: Path) -> None:
+    refusals: list[str] = []
+
+    async def scenario() -> None:
+        async with TestClient(TestServer(_app(tmp_path, refusals))) as client:
+            wrong = {"access_key": "admin", "secret_key": "not-the-secret-key-at-all"}
+            for _ in range(FREE_FAILURES):
+                assert (await client.post("/login", json=wrong)).status == 401
+            held = await client.post("/login", json=wrong)
+            assert held.status == 401  # the sixth failure is answered, and sets a wait
+            held = await client.post("/login", json=wrong)
+            assert held.status == 429
+            assert held.headers["Retry-After"] == "1"
+            assert "too many failed logins" in (await held.json())["error"]
+            # Even the right key waits: the guard holds the user, not the guess.
+            right = {"access_key": "admin", "secret_key": ADMIN.secret_key}
+            assert (await client.post("/login", json=right)).status == 429
+
+    run_async(scenario())
+    assert refusals.count("throttled") == 2

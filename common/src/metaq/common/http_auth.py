@@ -27,10 +27,12 @@ to do, counted by reason and logged without any key.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import hmac
 import logging
+import math
 import secrets
 import time
 from collections.abc import Awaitable, Callable
@@ -44,6 +46,8 @@ from metaq.common.acl import PermissionDenied, User
 from metaq.common.acl_source import AclSource
 from metaq.common.auth import HTTP_HEADER, AuthFailed, ClusterSecret, verify_http
 from metaq.common.http import json_object, same_site
+from metaq.common.login_guard import LoginGuard
+from metaq.common.names import shown
 from metaq.common.users import (
     MAX_CLOCK_SKEW_S,
     USER_METADATA_KEY,
@@ -88,6 +92,17 @@ _LOGIN_SCRIPT_SHA256: Final = base64.b64encode(
     hashlib.sha256(_LOGIN_PAGE.split("<script>", 1)[1].split("</script>", 1)[0].encode()).digest()
 ).decode()
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_NOBODY: Final = Verifier(secrets.token_bytes(32), secrets.token_bytes(32))
+"""The verifier an unknown user's login is checked against: no secret key matches it."""
+
+
+def _proves(access_key: str, secret_key: str, verifier: Verifier) -> bool:
+    """Whether ``secret_key`` is the one ``verifier`` was made from."""
+    try:
+        made = Verifier.make(access_key, secret_key, verifier.iterations)
+    except ValueError:  # malformed: no user can have it, known or not
+        return False
+    return hmac.compare_digest(made.stored_key, verifier.stored_key)
 
 
 def _refusal(status: int, message: str) -> web.Response:
@@ -115,6 +130,7 @@ class HttpAuth:
         self._sessions: dict[str, tuple[str, float]] = {}
         # proofs taken within the window -> when they stop mattering
         self._seen: dict[bytes, float] = {}
+        self._guard = LoginGuard()
 
     inline_script_hashes: Final = (_LOGIN_SCRIPT_SHA256,)
     """The inline scripts of the pages served here, for the pages' Content-Security-Policy."""
@@ -222,16 +238,29 @@ class HttpAuth:
         access_key, secret = body.get("access_key"), body.get("secret_key")
         if not isinstance(access_key, str) or not isinstance(secret, str):
             return _refusal(400, 'send {"access_key": "...", "secret_key": "..."} as JSON')
+        address = request.remote or ""
+        wait_s = self._guard.wait_s(access_key, address, time.monotonic())
+        if wait_s > 0:
+            self._count("throttled")
+            log.warning("refused a login of %s from %s: too many failures", shown(access_key),
+                        address)  # fmt: skip
+            response = _refusal(
+                429,
+                f"too many failed logins for this user or from this address: try again in "
+                f"{math.ceil(wait_s)} s",
+            )
+            response.headers["Retry-After"] = str(math.ceil(wait_s))
+            return response
         user = self._source.acl.user(access_key)
-        ok = False
-        if user is not None:
-            try:
-                made = Verifier.make(access_key, secret, user.verifier.iterations)
-                ok = hmac.compare_digest(made.stored_key, user.verifier.stored_key)
-            except ValueError:
-                ok = False
-        if not ok or user is None:
+        # An unknown user is checked against a verifier no secret matches, in the same
+        # time as a known one, so the answer's timing does not say which users exist; off
+        # the event loop, since the key derivation is slow on purpose.
+        verifier = user.verifier if user is not None else _NOBODY
+        proved = await asyncio.to_thread(_proves, access_key, secret, verifier)
+        if not proved or user is None:
+            self._guard.failed(access_key, address, time.monotonic())
             return self._refuse(request, 401, "unknown user or wrong secret key", "unauthenticated")
+        self._guard.succeeded(access_key, address)
         now = time.monotonic()
         if len(self._sessions) >= MAX_SESSIONS:
             self._sessions = {t: s for t, s in self._sessions.items() if s[1] > now}
