@@ -157,3 +157,38 @@ def test_failed_logins_are_held_back_longer_and_longer(tmp_path: Path) -> None:
 
     run_async(scenario())
     assert refusals.count("throttled") == 2
+
+
+@web.middleware
+async def _from(request: web.Request, handler: http.Handler) -> web.StreamResponse:
+    """Test scaffolding: the request as if it came from the address in X-Test-Remote."""
+    return await handler(request.clone(remote=request.headers.get("X-Test-Remote", "127.0.0.1")))
+
+
+def test_without_auth_console_changes_come_from_this_host_or_a_cluster_member() -> None:
+    refusals: list[str] = []
+    guard = http_auth.loopback_or_member("/console/", SECRET, refusals.append)
+    app = web.Application(middlewares=[_from, guard])
+
+    async def changed(_request: web.Request) -> web.Response:
+        return web.json_response({"changed": True})
+
+    app.add_routes([web.get("/console/x", changed), web.post("/console/x", changed)])
+    app.add_routes([web.post("/elsewhere", changed)])
+    far = {"X-Test-Remote": "10.0.0.5"}
+
+    async def scenario() -> None:
+        async with TestClient(TestServer(app)) as client:
+            assert (await client.get("/console/x", headers=far)).status == 200  # reading
+            refused = await client.post("/console/x", headers=far)
+            assert refused.status == 403
+            assert "only from this host" in (await refused.json())["error"]
+            assert (await client.post("/console/x")).status == 200  # from loopback
+            assert (await client.post("/elsewhere", headers=far)).status == 200
+            proof = sign_http(SECRET, "POST", "/console/x", b"", time.time())
+            signed = {**far, HTTP_HEADER: proof}
+            assert (await client.post("/console/x", headers=signed)).status == 200
+            assert (await client.post("/console/x", headers=signed)).status == 401  # replay
+
+    run_async(scenario())
+    assert refusals == ["not_local", "replay"]

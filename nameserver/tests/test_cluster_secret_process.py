@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import pickle
 import socket
 import struct
 import time
+import urllib.error
+import urllib.request
 import zlib
 from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -182,6 +185,39 @@ def _read(sock: socket.socket, size: int) -> bytes:
         assert more, "the nameserver closed the connection during the handshake"
         out += more
     return out
+
+
+def _host_address() -> str | None:
+    """An address of this host that is not loopback: a client dialling it is seen as
+    coming from it, as a client on another host would be."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.1", 9))  # a documentation address: nothing is sent
+        except OSError:
+            return None
+        address = str(probe.getsockname()[0])
+    return None if address.startswith("127.") else address
+
+
+def test_without_auth_the_console_takes_changes_only_from_this_host(
+    tmp_path: Path, nameservers: list[NameServerProcess]
+) -> None:
+    host = _host_address()
+    if host is None:
+        pytest.skip("this machine has no address but loopback")
+    server = start_nameserver(tmp_path / "ns", "--listen-host", host, "--http-port", "0")
+    nameservers.append(server)
+    switchover = f"http://{server.http_address}/console/cluster/group-a/switchover"
+    request = urllib.request.Request(switchover, data=b"to=1&epoch=1", method="POST")
+    request.add_header("Content-Type", "application/x-www-form-urlencoded")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=10)
+
+    assert refused.value.code == 403
+    assert "only from this host" in json.load(refused.value)["error"]
+    refused.value.close()
+    with urllib.request.urlopen(f"http://{server.http_address}/console/cluster", timeout=10) as r:
+        assert r.status == 200  # the pages stay open
 
 
 @pytest.mark.parametrize(

@@ -31,6 +31,7 @@ import asyncio
 import base64
 import hashlib
 import hmac
+import ipaddress
 import logging
 import math
 import secrets
@@ -40,6 +41,7 @@ from typing import Final
 from urllib.parse import quote
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from metaq.common import acl
 from metaq.common.acl import PermissionDenied, User
@@ -113,48 +115,17 @@ def signed_purpose(method: str, path_qs: str) -> str:
     return f"http {method} {path_qs}"
 
 
-class HttpAuth:
-    """The middleware and the ``/login`` handlers, over one :class:`AclSource`."""
+class MemberProofs:
+    """Requests a cluster member signed with the cluster secret, each taken once."""
 
-    def __init__(
-        self,
-        source: AclSource,
-        count: Callable[[str], None] | None = None,
-        secret: ClusterSecret | None = None,
-    ) -> None:
-        self._source = source
-        self._count = count or (lambda _reason: None)
+    def __init__(self, secret: ClusterSecret | None) -> None:
         self._secret = secret
-        """Set: requests signed with the cluster secret are a cluster member's, admitted."""
-        # token -> (access key, expiry, monotonic)
-        self._sessions: dict[str, tuple[str, float]] = {}
         # proofs taken within the window -> when they stop mattering
         self._seen: dict[bytes, float] = {}
-        self._guard = LoginGuard()
 
-    inline_script_hashes: Final = (_LOGIN_SCRIPT_SHA256,)
-    """The inline scripts of the pages served here, for the pages' Content-Security-Policy."""
-
-    def routes(self) -> list[web.RouteDef]:
-        return [web.get("/login", self._login_page), web.post("/login", self._login)]
-
-    @web.middleware
-    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path in OPEN_PATHS:
-            return await handler(request)
-        try:
-            if not await self._cluster_member(request):
-                acl.check(await self._user(request), "admin", "cluster", "")
-        except ProofError as exc:
-            if self._wants_page(request, exc):
-                # A person at a browser: the login page, and back here afterwards.
-                raise web.HTTPSeeOther(f"/login?next={quote(request.path_qs, safe='')}") from None
-            return self._refuse(request, 401, str(exc), exc.reason)
-        except PermissionDenied as exc:
-            return self._refuse(request, 403, str(exc), exc.reason)
-        return await handler(request)
-
-    async def _cluster_member(self, request: web.Request) -> bool:
+    async def proved(self, request: web.Request) -> bool:
+        """True for a request a cluster member signed; False for one that carries no
+        member's signature; ProofError for a signature that does not hold."""
         proof = request.headers.get(HTTP_HEADER)
         if proof is None:
             return False
@@ -169,8 +140,97 @@ class HttpAuth:
             verify_http(self._secret, request.method, request.path_qs, body, proof, time.time())
         except AuthFailed as exc:
             raise ProofError(str(exc), "bad_signature") from None
-        self._once(proof.encode())
+        self.once(proof.encode())
         return True
+
+    def once(self, proof: bytes) -> None:
+        """Take a proof, or refuse it as a replay of one already taken."""
+        now = time.monotonic()
+        if len(self._seen) > 4 * MAX_SESSIONS:
+            self._seen = {p: t for p, t in self._seen.items() if t > now}
+        if self._seen.get(proof, 0.0) > now:
+            raise ProofError("this signed request was already taken: a replay", "replay")
+        self._seen[proof] = now + 2 * MAX_CLOCK_SKEW_S
+
+
+def loopback_or_member(
+    prefix: str, secret: ClusterSecret | None, count: Callable[[str], None]
+) -> Middleware:
+    """Without auth: a middleware that lets a change under ``prefix`` (the console's
+    buttons) through only from this host or signed by a cluster member; what only reads
+    stays open, as everything does without auth."""
+    members = MemberProofs(secret)
+
+    @web.middleware
+    async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.method in _SAFE_METHODS or not request.path.startswith(prefix):
+            return await handler(request)
+        if _is_loopback(request.remote):
+            return await handler(request)
+        try:
+            if await members.proved(request):
+                return await handler(request)
+        except ProofError as exc:
+            count(exc.reason)
+            return _refusal(401, str(exc))
+        count("not_local")
+        log.warning("refused HTTP %s %s from %s: not from this host", request.method,
+                    request.path, request.remote)  # fmt: skip
+        return _refusal(
+            403,
+            f"{request.method} {request.path} changes the cluster: without auth it is taken "
+            "only from this host (open the console through an SSH tunnel) or signed with "
+            "the cluster secret; or enable auth (auth_enabled = true) and log in",
+        )
+
+    return guard
+
+
+def _is_loopback(address: str | None) -> bool:
+    try:
+        return address is not None and ipaddress.ip_address(address).is_loopback
+    except ValueError:  # a Unix socket's peer, say: not a network client
+        return False
+
+
+class HttpAuth:
+    """The middleware and the ``/login`` handlers, over one :class:`AclSource`."""
+
+    def __init__(
+        self,
+        source: AclSource,
+        count: Callable[[str], None] | None = None,
+        secret: ClusterSecret | None = None,
+    ) -> None:
+        self._source = source
+        self._count = count or (lambda _reason: None)
+        self._members = MemberProofs(secret)
+        """Requests signed with the cluster secret are a cluster member's, admitted."""
+        # token -> (access key, expiry, monotonic)
+        self._sessions: dict[str, tuple[str, float]] = {}
+        self._guard = LoginGuard()
+
+    inline_script_hashes: Final = (_LOGIN_SCRIPT_SHA256,)
+    """The inline scripts of the pages served here, for the pages' Content-Security-Policy."""
+
+    def routes(self) -> list[web.RouteDef]:
+        return [web.get("/login", self._login_page), web.post("/login", self._login)]
+
+    @web.middleware
+    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path in OPEN_PATHS:
+            return await handler(request)
+        try:
+            if not await self._members.proved(request):
+                acl.check(await self._user(request), "admin", "cluster", "")
+        except ProofError as exc:
+            if self._wants_page(request, exc):
+                # A person at a browser: the login page, and back here afterwards.
+                raise web.HTTPSeeOther(f"/login?next={quote(request.path_qs, safe='')}") from None
+            return self._refuse(request, 401, str(exc), exc.reason)
+        except PermissionDenied as exc:
+            return self._refuse(request, 403, str(exc), exc.reason)
+        return await handler(request)
 
     @staticmethod
     def _wants_page(request: web.Request, refusal: ProofError) -> bool:
@@ -191,7 +251,7 @@ class HttpAuth:
                 user.verifier if user else None, access_key, stamp, proof,
                 signed_purpose(request.method, request.path_qs), body, time.time(),
             )  # fmt: skip
-            self._once(proof)
+            self._members.once(proof)
             assert user is not None
             return user
         token = request.cookies.get(COOKIE)
@@ -213,14 +273,6 @@ class HttpAuth:
         if user is None:
             raise ProofError(f"user {session[0]} was removed; log in again", "unauthenticated")
         return user
-
-    def _once(self, proof: bytes) -> None:
-        now = time.monotonic()
-        if len(self._seen) > 4 * MAX_SESSIONS:
-            self._seen = {p: t for p, t in self._seen.items() if t > now}
-        if self._seen.get(proof, 0.0) > now:
-            raise ProofError("this signed request was already taken: a replay", "replay")
-        self._seen[proof] = now + 2 * MAX_CLOCK_SKEW_S
 
     def _refuse(self, request: web.Request, status: int, why: str, reason: str) -> web.Response:
         self._count(reason)

@@ -15,7 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from metaq.common import http
 from metaq.common.acl_source import AclSource
 from metaq.common.auth import ClusterSecret
-from metaq.common.http_auth import HttpAuth
+from metaq.common.http_auth import HttpAuth, loopback_or_member
 from metaq.common.names import shown
 from metaq.common.version import installed_version
 from metaq.nameserver.console import ConsoleContext
@@ -45,7 +45,8 @@ def make_app(
     """``GET /health``, ``GET /cluster``, ``GET /route/{topic}`` (404 for an unknown topic),
     with ``metrics`` ``GET /metrics`` (Prometheus text format, open to scrapers), and with
     ``console`` the web console under ``/console/`` (``/`` leads there); with ``acl``, all
-    but /health and /metrics need a user or, with ``secret``, a cluster member's signature
+    but /health and /metrics need a user or, with ``secret``, a cluster member's signature;
+    without, the console's changes are taken only from this host or signed with ``secret``
     (``metaq.common.http_auth``)."""
 
     async def health(_request: web.Request) -> web.Response:
@@ -91,5 +92,9 @@ def make_app(
     if metrics is not None:
         app.add_routes([web.get("/metrics", scrape)])
     if console is not None:
+        if acl is None:
+            app.middlewares.append(
+                loopback_or_member("/console/", secret, count or (lambda _reason: None))
+            )
         add_console_routes(app, console)
     return app
