@@ -355,6 +355,53 @@ def test_connections_over_the_limit_are_refused_and_the_others_served(
     run_async(scenario())
 
 
+def test_sockets_that_say_nothing_cannot_keep_clients_out(start_broker: StartBroker) -> None:
+    broker = start_broker(
+        "--set", "max_connections=30", "--set", "handshake_timeout_s=3",
+        "--set", "max_connections_per_address=0",
+    )  # fmt: skip
+
+    async def scenario() -> None:
+        await Admin().put_topic(broker.http_url, "Flood", TopicSettings(1, 1))
+        serving = await connect(broker)
+        await serving.heartbeat()  # a client that connected before the flood
+        flood = [socket.create_connection((broker.data_host, broker.data_port)) for _ in range(60)]
+        try:
+            # Every slot is taken by silent sockets: a new client still gets one, at once.
+            newcomer = await connect(broker)
+            await newcomer.send("Flood", 0, [encode("Flood", b"in", queue_id=0)])
+            await serving.send("Flood", 0, [encode("Flood", b"still", queue_id=0)])
+            # Silent sockets still open are closed once handshake_timeout_s has passed.
+            for sock in flood:
+                sock.settimeout(deadline(30.0))
+                while sock.recv(65536):  # the error frame, then the close
+                    pass
+            await newcomer.close()
+        finally:
+            for sock in flood:
+                sock.close()
+        await serving.close()
+
+    run_async(scenario())
+
+
+def test_one_address_holds_at_most_its_share_of_connections(start_broker: StartBroker) -> None:
+    broker = start_broker("--set", "max_connections_per_address=5")
+
+    async def scenario() -> None:
+        taken = [await connect(broker) for _ in range(5)]
+        for client in taken:
+            await client.heartbeat()
+        extra = socket.create_connection((broker.data_host, broker.data_port))
+        error = await connection_error(extra)
+        assert error.code == ErrorCode.BUSY, error
+        assert "max_connections_per_address=5" in str(error), error
+        for client in taken:
+            await client.close()
+
+    run_async(scenario())
+
+
 def test_idle_connections_are_closed_but_not_those_awaiting_a_long_poll(
     start_broker: StartBroker,
 ) -> None:

@@ -70,6 +70,14 @@ class BrokerConfig:
     poll or replication fetch awaits one) for this long is closed, as is one whose
     frame has not arrived whole within it; clients reconnect on their next request.
     0 turns it off."""
+    handshake_timeout_s: float = 10.0
+    """A new data-plane connection must send a whole request (with auth: an authenticated
+    one) within this long, or it is closed: sockets that connect and say nothing hold no
+    slot for long. And while every slot is taken, a new connection takes the slot of the
+    oldest one that has not done so yet, rather than being refused."""
+    max_connections_per_address: int = 1000
+    """Data-plane connections one client address may hold at once; one more is answered
+    with a BUSY error saying so. 0 turns the cap off."""
     fd_reserve: int = 1024
     """File descriptors never given to connections: commitlog, consume-queue and index
     files, the checkpoint, HTTP and nameserver connections need them. The soft
@@ -256,6 +264,10 @@ class BrokerConfig:
             problems.append("max_connections must be positive")
         if self.idle_timeout_s < 0:
             problems.append("idle_timeout_s must be 0 (off) or positive")
+        if self.handshake_timeout_s <= 0:
+            problems.append("handshake_timeout_s must be positive")
+        if self.max_connections_per_address < 0:
+            problems.append("max_connections_per_address must be 0 (no cap) or positive")
         if self.fd_reserve < 64:
             problems.append("fd_reserve must be at least 64 (the store's own files need them)")
         if self.small_request_reserve_bytes < 0:

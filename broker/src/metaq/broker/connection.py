@@ -96,12 +96,19 @@ class Gate(Protocol):
     def admit(self, responder: Responder, frame: Frame) -> Frame:
         """The frame to handle, or raise a MetaqError that refuses the request."""
 
+    def proven(self, connection_id: int) -> bool:
+        """Whether the connection authenticated (a user, or a slave's cluster secret)."""
+
 
 class ConnectionHooks(Protocol):
     def connection_made(self, connection: Connection) -> str | None:
         """Take the connection, or return why it is refused (it is then told and closed)."""
 
     def connection_lost(self, connection: Connection) -> None: ...
+
+    def settled(self, connection: Connection) -> None:
+        """The connection's first request (with auth: its first authenticated one) was
+        taken: it is a client, not a socket that connected and said nothing."""
 
     def answered(self, to_request: bool) -> None:
         """Answers were just written to a connection: ``to_request`` when answers to the
@@ -162,6 +169,9 @@ class Connection(asyncio.Protocol):
         self.last_active = self._loop.time()
         """Loop time the peer last sent bytes or read some of its answers, or its last
         awaited answer went out."""
+        self.opened_at = self.last_active
+        self.settled = False
+        """A request of this connection passed the gate (see ConnectionHooks.settled)."""
         self.frame_started = 0.0
         """Loop time the incomplete frame got its reservation (0: none)."""
         self.window_started = 0.0
@@ -444,6 +454,9 @@ class Connection(asyncio.Protocol):
         except Exception as exc:
             log.exception("%s: %s request %d failed", self.peer, frame.type.name, frame.request_id)
             self._request_failed(frame, ErrorCode.INTERNAL, f"internal error: {exc!r}", True)
+        if not self.settled and (self._gate is None or self._gate.proven(self.connection_id)):
+            self.settled = True
+            self._hooks.settled(self)
 
     def _request_failed(self, frame: Frame, code: ErrorCode, message: str, retry: bool) -> None:
         if frame.is_one_way:

@@ -146,6 +146,8 @@ class Broker:
         limits = ConnectionLimits(
             max_connections=config.max_connections,
             idle_timeout_s=config.idle_timeout_s,
+            handshake_timeout_s=config.handshake_timeout_s,
+            max_connections_per_address=config.max_connections_per_address,
             fd_reserve=config.fd_reserve,
             max_buffered_request_bytes=config.max_buffered_request_bytes,
             max_connection_write_bytes=config.max_connection_write_bytes,

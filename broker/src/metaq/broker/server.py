@@ -1,7 +1,11 @@
 """The data-plane listener: accepts connections, tracks them, and closes them at shutdown.
 
 It also keeps connections within bounds: at most ``max_connections`` (and never so many
-that the store runs out of file descriptors), none idle for longer than
+that the store runs out of file descriptors), at most ``max_connections_per_address``
+from one client address, none that has not sent a whole request (with auth: an
+authenticated one) after ``handshake_timeout_s`` — and when every slot is taken, a new
+connection takes the slot of the oldest such connection, so sockets that connect and say
+nothing cannot keep clients out — none idle for longer than
 ``idle_timeout_s``, incomplete request frames within one broker-wide byte budget (part
 of it kept for small frames), and none whose incomplete frame arrives slower than
 ``min_request_bytes_per_s``.
@@ -13,6 +17,7 @@ import asyncio
 import logging
 import ssl
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -26,6 +31,12 @@ from metaq.common.service import PeriodicService
 
 log = logging.getLogger(__name__)
 
+
+def _address(peer: str) -> str:
+    """The client address of a ``host:port`` peer name."""
+    return peer.rpartition(":")[0] or peer
+
+
 _SWEEP_MAX_S = 2.0
 # One warning per this many seconds about refused connections, however many there are.
 _REFUSAL_LOG_EVERY_S = 10.0
@@ -37,6 +48,8 @@ class ConnectionLimits:
 
     max_connections: int = 10_000
     idle_timeout_s: float = 120.0
+    handshake_timeout_s: float = 10.0
+    max_connections_per_address: int = 1000
     fd_reserve: int = 1024
     max_buffered_request_bytes: int = 256 * 1024 * 1024
     max_connection_write_bytes: int = 16 * 1024 * 1024
@@ -87,6 +100,9 @@ class DataServer:
         self._refused_since_log = 0
         self._refusal_logged = 0.0
         self.connections: set[Connection] = set()
+        # Connections that have not sent a whole request yet, oldest first.
+        self._unsettled: dict[Connection, None] = {}
+        self._per_address: Counter[str] = Counter()
         metrics.request_bytes_reserved.set_function(lambda: self.budget.used)
         metrics.connections_waiting_for_budget.set_function(lambda: self.budget.waiting)
         metrics.connections_at_inflight_cap.set_function(
@@ -163,7 +179,16 @@ class DataServer:
     # --- ConnectionHooks --------------------------------------------------------------
 
     def connection_made(self, connection: Connection) -> str | None:
-        if len(self.connections) >= self.room:
+        address = _address(connection.peer)
+        cap = self.limits.max_connections_per_address
+        if cap and self._per_address[address] >= cap:
+            self._refused(connection)
+            return (
+                f"{address} holds {self._per_address[address]} connections to this broker, "
+                f"all one address may (max_connections_per_address={cap}); close some or "
+                "share them"
+            )
+        if len(self.connections) >= self.room and not self._make_room():
             self._refused(connection)
             return (
                 f"the broker has {len(self.connections)} connections, all it takes now "
@@ -171,8 +196,26 @@ class DataServer:
                 f"{self.limits.fd_reserve}); retry later or use another broker"
             )
         self.connections.add(connection)
+        self._unsettled[connection] = None
+        self._per_address[address] += 1
         self._metrics.connections.inc()
         return None
+
+    def _make_room(self) -> bool:
+        """Close the oldest connection that has not sent a request yet, if there is one."""
+        for oldest in self._unsettled:
+            oldest.close_with_error(
+                ErrorCode.BUSY,
+                "the broker is full and this connection sent no request: its slot went to "
+                "a new connection",
+            )
+            self._forget(oldest)
+            self._metrics.connections_idle_closed.inc()
+            return True
+        return False
+
+    def settled(self, connection: Connection) -> None:
+        self._unsettled.pop(connection, None)
 
     def _refused(self, connection: Connection) -> None:
         self._metrics.connections_refused.inc()
@@ -192,10 +235,18 @@ class DataServer:
             self._refusal_logged = now
 
     def connection_lost(self, connection: Connection) -> None:
+        self._forget(connection)
+        self._on_connection_lost(connection.connection_id)
+
+    def _forget(self, connection: Connection) -> None:
         if connection in self.connections:
             self.connections.remove(connection)
+            self._unsettled.pop(connection, None)
+            address = _address(connection.peer)
+            self._per_address[address] -= 1
+            if not self._per_address[address]:
+                del self._per_address[address]
             self._metrics.connections.dec()
-        self._on_connection_lost(connection.connection_id)
 
     def answered(self, to_request: bool) -> None:
         self._idle_poll.answered(to_request)
@@ -210,7 +261,7 @@ class DataServer:
         taken that long (return how many), and those whose frame arrives slower than
         ``min_request_bytes_per_s``."""
         timeout = self.limits.idle_timeout_s
-        closed = 0
+        closed = self._close_unsettled(now)
         for connection in list(self.connections):
             if connection.closed:
                 continue
@@ -244,6 +295,19 @@ class DataServer:
             self._metrics.connections_idle_closed.inc(closed)
             log.info("closed %d idle data-plane connections (idle_timeout_s=%g)", closed, timeout)
         return closed
+
+    def _close_unsettled(self, now: float) -> int:
+        """Close connections that sent no whole request within ``handshake_timeout_s``."""
+        limit_s = self.limits.handshake_timeout_s
+        late = [c for c in self._unsettled if now - c.opened_at > limit_s and not c.closed]
+        for connection in late:
+            connection.close_with_error(
+                ErrorCode.MALFORMED_FRAME,
+                f"no whole request (with auth: no authenticated one) within "
+                f"handshake_timeout_s={limit_s:g}; closing",
+            )
+            self._forget(connection)
+        return len(late)
 
     def _trickles(self, connection: Connection, now: float) -> bool:
         """Close ``connection`` if its incomplete frame arrived too slowly over the last

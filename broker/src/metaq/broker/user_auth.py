@@ -186,6 +186,11 @@ class UserGate:
             raise self._refuse(exc, user.access_key) from None
         return frame
 
+    def proven(self, connection_id: int) -> bool:
+        return (
+            self._source is None or connection_id in self._sessions or self._proven(connection_id)
+        )
+
     def connection_lost(self, connection_id: int) -> None:
         self._pending.pop(connection_id, None)
         self._sessions.pop(connection_id, None)
