@@ -901,16 +901,17 @@ def adversary_exhaustion(ctx: Ctx) -> None:
     start = c.fault("start", "adversary-exhaustion", node=master, group="a")
     watch.start()
     try:
+        # Past the broker's max_consumer_groups (100,000): the rest are refused. First,
+        # while this address may still connect (max_connections_per_address).
+        accepted, answer = asyncio.run(adversary.fake_groups(host, port, "chaos-a", 120_000))
+        c.history.write("note", text=f"exhaustion: {answer}")
+        c.check("exhaustion: the consumer group limit held", 0 < accepted <= 100_000, answer)
         for answer in (
             flood.idle(host, port, 3000),
             flood.unread_pulls(host, port, "chaos-a", connections=3, pulls=2000),
             flood.huge_frames(host, port, connections=8, body_bytes=1 << 20),
         ):
             c.history.write("note", text=f"exhaustion: {answer}")
-        # Past the broker's max_consumer_groups (100,000): the rest are refused.
-        accepted, answer = asyncio.run(adversary.fake_groups(host, port, "chaos-a", 120_000))
-        c.history.write("note", text=f"exhaustion: {answer}")
-        c.check("exhaustion: the consumer group limit held", accepted <= 100_000, answer)
         c.wait_acked("a", 200, 30.0, since=start)
         ctx.hold(10.0)  # the attack stays in place while the workload goes on
     finally:
