@@ -452,6 +452,40 @@ def test_idle_connections_are_closed_but_not_those_awaiting_a_long_poll(
 # file descriptors running out
 
 
+def test_a_broker_whose_queues_took_every_descriptor_says_it_cannot_serve(
+    tmp_path: Path,
+) -> None:
+    nofile = 1200  # the store's files and fd_reserve (1024) leave about a hundred
+    command = ["prlimit", f"--nofile={nofile}:{nofile}", *broker_command()]
+    with BrokerProcess.start(tmp_path / "data", command=command) as broker:
+        assert run_async(Admin().health(broker.http_url)).status == "ok"
+        # A topic whose queue files take the descriptors clients need.
+        run_async(Admin().put_topic(broker.http_url, "Wide", TopicSettings(256, 256)))
+        for queue in range(256):
+            run_async(_send_one(broker, "Wide", queue))
+
+        def unhealthy() -> bool:
+            state = run_async(Admin().health(broker.http_url))
+            return state.status != "ok" and "takes no data-plane connection" in str(state.reason)
+
+        wait_until(unhealthy, 30.0, "/health says the broker cannot serve")
+        metrics = run_async(Admin().metrics(broker.http_url))
+        assert metrics[("metaq_writable", ())] == 0
+
+
+async def _send_one(broker: BrokerProcess, topic: str, queue: int) -> None:
+    try:
+        client = await connect(broker)
+    except OSError:
+        return  # refused once the descriptors ran out: what the test waits to see
+    try:
+        await client.send(topic, queue, [encode(topic, b"x", queue_id=queue)])
+    except (BrokerError, OSError):
+        pass
+    finally:
+        await client.close()
+
+
 def test_a_connection_flood_leaves_the_store_its_file_descriptors(tmp_path: Path) -> None:
     nofile = 2048
     flood_size = 2500  # more than the broker may open

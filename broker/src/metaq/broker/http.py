@@ -57,6 +57,8 @@ class HttpContext:
     stopping: Callable[[], bool]
     auth: HttpAuth | None = None
     """With auth_enabled: who may use the admin API (``metaq.common.http_auth``)."""
+    serving_refusal: Callable[[], str | None] = lambda: None
+    """Why the data plane takes no connection now (None: it does)."""
 
 
 @web.middleware
@@ -118,7 +120,7 @@ class HttpServer:
 
     async def health(self, _request: web.Request) -> web.Response:
         c = self._context
-        reason = c.store.refusal
+        reason = c.store.refusal or c.serving_refusal()
         if c.stopping():
             reason = "the broker is shutting down"
         body = {

@@ -260,6 +260,8 @@ class MetricSources:
     delays: DelayScheduler
     transactions: Transactions
     member_notices_sent: Callable[[], int] = lambda: 0
+    serving_refusal: Callable[[], str | None] = lambda: None
+    """Why the data plane takes no connection now (None: it does)."""
 
 
 class _StateCollector:
@@ -407,8 +409,10 @@ class _StateCollector:
         )
         discarded.add_metric([], txn.discarded)
         yield discarded
-        writable = 0 if store.refusal else 1
-        yield _gauge("metaq_writable", "1 if the store accepts writes", writable)
+        writable = 0 if store.refusal or state.serving_refusal() else 1
+        yield _gauge(
+            "metaq_writable", "1 if the store accepts writes and clients can connect", writable
+        )
         queues = GaugeMetricFamily(
             "metaq_queue_max_offset", "Next queue offset per topic queue", labels=["topic", "queue"]
         )

@@ -248,6 +248,7 @@ class Broker:
                 self.delays,
                 self.transactions,
                 lambda: notices.sent,
+                self._data.refusal,
             )
         )
 
@@ -263,6 +264,7 @@ class Broker:
                 self.started_monotonic,
                 lambda: self._stopping,
                 HttpAuth(self.acl, user_gate.count, self.secret) if self.acl is not None else None,
+                self._data.refusal,
             )
         )
         http_host, http_port = await self._http.start(

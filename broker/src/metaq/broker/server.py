@@ -176,6 +176,18 @@ class DataServer:
             len(self.connections),
         )
 
+    def refusal(self) -> str | None:
+        """Why no client can connect now, for /health (None while one can)."""
+        if self.room > 0:
+            return None
+        limits = self.limits
+        return (
+            f"the broker takes no data-plane connection: its open-file limit of "
+            f"{limits.nofile} leaves none once the store's files and fd_reserve="
+            f"{limits.fd_reserve} are counted; raise the hard RLIMIT_NOFILE (systemd "
+            "LimitNOFILE=) or hold fewer queues"
+        )
+
     # --- ConnectionHooks --------------------------------------------------------------
 
     def connection_made(self, connection: Connection) -> str | None:
