@@ -12,7 +12,7 @@ UV := $(TOOLS)/bin/uv
 endif
 UV_DEP := $(filter $(TOOLS)/bin/uv,$(UV))
 
-MEMBERS := common client replication broker nameserver spark_jobs
+MEMBERS := common client replication broker nameserver spark_jobs testing
 PYPROJECTS := pyproject.toml $(addsuffix /pyproject.toml,$(MEMBERS))
 STAMP := .venv/.setup-stamp
 

@@ -22,7 +22,7 @@ from metaq_load import Budget, batched
 
 from metaq.client.producer import Producer
 from metaq.client.pull_consumer import PullConsumer
-from metaq.common.testing import wait_until_async
+from metaq.testing.waiting import wait_until_async
 
 HERE: Final = Path(__file__).parent
 FILL_CALLERS: Final = 4

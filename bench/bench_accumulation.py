@@ -75,7 +75,7 @@ from metaq_system import QUEUES, STORE, single_broker
 from peer_servers import ServerProcess, running, start_nats, start_rabbitmq, start_redis
 
 from metaq.client.admin import Admin, TopicSettings
-from metaq.common.testing import wait_until
+from metaq.testing.waiting import wait_until
 
 # The warm backlog stays in the page cache: 256 MiB segments, the default window (40 %
 # of memory). The cold phase keeps bench-compare's 256 MiB window, so the broker hands

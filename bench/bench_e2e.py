@@ -48,10 +48,10 @@ from metaq_load import (
     wait_routed,
 )
 
-from metaq.broker.testing import BrokerProcess
 from metaq.client.admin import Admin, TopicSettings
 from metaq.client.producer import Producer
-from metaq.nameserver.testing import start_nameserver
+from metaq.testing import BrokerProcess
+from metaq.testing.nameserver_process import start_nameserver
 
 TOPIC: Final = "BenchE2E"
 QUEUES: Final = 8

@@ -34,14 +34,14 @@ from typing import Any
 
 from compare_harness import OpenLoop
 
-from metaq.broker.testing import BrokerProcess
 from metaq.client.admin import Admin, TopicSettings
 from metaq.client.consumer import LAST, Message, PushConsumer
 from metaq.client.producer import Producer
 from metaq.client.routes import RouteCache
 from metaq.common.tls import TlsConfig
 from metaq.common.users import Credentials
-from metaq.nameserver.testing import start_nameserver
+from metaq.testing import BrokerProcess
+from metaq.testing.nameserver_process import start_nameserver
 
 TOPIC = "BenchE2ELatency"
 

@@ -20,11 +20,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from metaq.broker.testing import BrokerProcess, DataClient, Reply
 from metaq.client.admin import Admin, TopicSettings
 from metaq.common.framing import FrameType
 from metaq.common.record import encode
 from metaq.common.v1.data_pb2 import SendRequest
+from metaq.testing import BrokerProcess, DataClient, Reply
 
 TOPIC = "BenchE2E"
 QUEUES = 8

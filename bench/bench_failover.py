@@ -55,12 +55,12 @@ from metaq_load import Budget, batched, one_at_a_time, percentile_ms, ready_prod
 from ordered_resume import ordered_resumes
 from slow_slave import slow_slave
 
-from metaq.broker.testing import BrokerProcess
 from metaq.client.admin import Admin, TopicSettings
 from metaq.client.producer import Producer
 from metaq.client.results import SendStatus
-from metaq.common.testing import wait_until
-from metaq.nameserver.testing import NameServerProcess, start_nameserver
+from metaq.testing import BrokerProcess
+from metaq.testing.nameserver_process import NameServerProcess, start_nameserver
+from metaq.testing.waiting import wait_until
 
 GROUP: Final = "bench-g"
 QUEUES: Final = 8

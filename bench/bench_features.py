@@ -26,13 +26,13 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Final
 
-from metaq.broker.testing import BrokerProcess, DataClient
 from metaq.client.admin import Admin, TopicSettings
 from metaq.client.message import Message, OutgoingMessage
 from metaq.client.producer import Producer
 from metaq.client.results import SendResult
 from metaq.client.transaction import TransactionProducer, TransactionState
-from metaq.nameserver.testing import start_nameserver
+from metaq.testing import BrokerProcess, DataClient
+from metaq.testing.nameserver_process import start_nameserver
 
 TOPIC: Final = "BenchDelayed"
 PLAIN: Final = "BenchPlain"

@@ -37,10 +37,10 @@ from typing import Any, Final
 import uvloop
 from metaq_load import Budget, batched, percentile_ms, ready_producer, wait_routed
 
-from metaq.broker.testing import BrokerProcess
 from metaq.client.admin import Admin, TopicSettings
 from metaq.client.producer import Producer
-from metaq.nameserver.testing import start_nameserver
+from metaq.testing import BrokerProcess
+from metaq.testing.nameserver_process import start_nameserver
 
 PARTITIONS: Final = (1024, 10240)
 MAX_CELL_S: Final = 15.0

@@ -40,13 +40,13 @@ from typing import Any
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from spark_cpu import cpu_by_role, spent
 
-from metaq.broker.testing import BrokerProcess
 from metaq.client.admin import Admin, TopicSettings
 from metaq.client.message import OutgoingMessage
 from metaq.client.producer import Producer
 from metaq.client.pull_consumer import PullConsumer, PullStatus
-from metaq.nameserver.testing import start_nameserver
 from metaq.spark.schema import SCHEMA_DDL
+from metaq.testing import BrokerProcess
+from metaq.testing.nameserver_process import start_nameserver
 
 QUEUES = 8
 BODY = 1024

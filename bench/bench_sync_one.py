@@ -25,10 +25,10 @@ from typing import Any
 from metaq_load import Budget, one_at_a_time, percentile_ms, ready_producer
 from metaq_system import QUEUES, STORE, TOPIC, _both_in_sync, _is_master
 
-from metaq.broker.testing import BrokerProcess
 from metaq.client.admin import Admin, TopicSettings
-from metaq.common.testing import wait_until
-from metaq.nameserver.testing import start_nameserver
+from metaq.testing import BrokerProcess
+from metaq.testing.nameserver_process import start_nameserver
+from metaq.testing.waiting import wait_until
 
 _TICK_S = 1 / os.sysconf("SC_CLK_TCK")
 

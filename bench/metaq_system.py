@@ -17,15 +17,15 @@ from bench_e2e_latency import measure as measure_e2e
 from compare_harness import IN_FLIGHT, EndToEnd, Latencies
 from metaq_load import Budget, batched, one_at_a_time, pipelined, ready_producer, wait_routed
 
-from metaq.broker.testing import BrokerProcess
 from metaq.client.admin import Admin, TopicSettings
 from metaq.client.producer import Producer
 from metaq.common import acl
 from metaq.common.acl import Acl, Grant, User
-from metaq.common.testing import wait_until
 from metaq.common.tls import TlsConfig
 from metaq.common.users import ACCESS_KEY_ENV, SECRET_KEY_ENV, Credentials, Verifier
-from metaq.nameserver.testing import NameServerProcess, start_nameserver
+from metaq.testing import BrokerProcess
+from metaq.testing.nameserver_process import NameServerProcess, start_nameserver
+from metaq.testing.waiting import wait_until
 
 TOPIC: Final = "BenchCompare"
 QUEUES: Final = 8

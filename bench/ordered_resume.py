@@ -13,12 +13,12 @@ import asyncio
 import time
 from typing import Final, Protocol
 
-from metaq.broker.testing import BrokerProcess
 from metaq.client.admin import Admin, TopicSettings
 from metaq.client.consumer import FIRST, PushConsumer
 from metaq.client.message import Message
 from metaq.client.producer import Producer
-from metaq.common.testing import wait_until, wait_until_async
+from metaq.testing import BrokerProcess
+from metaq.testing.waiting import wait_until, wait_until_async
 
 TOPIC: Final = "bench-ordered"
 QUEUES: Final = 4

@@ -23,13 +23,13 @@ from typing import Any, Final
 from chaoslib.net import Network
 from metaq_load import percentile_ms
 
-from metaq.broker.testing import BrokerProcess
-from metaq.broker.testing.process import broker_command
 from metaq.client.admin import Admin, TopicSettings
 from metaq.client.producer import Producer
 from metaq.client.results import SendStatus
-from metaq.common.testing import wait_until
-from metaq.nameserver.testing import NameServerProcess, nameserver_command, start_nameserver
+from metaq.testing import BrokerProcess
+from metaq.testing.broker_process import broker_command
+from metaq.testing.nameserver_process import NameServerProcess, nameserver_command, start_nameserver
+from metaq.testing.waiting import wait_until
 
 TOPIC: Final = "slow-slave"
 BODY: Final = b"s" * 1024

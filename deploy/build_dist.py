@@ -4,7 +4,7 @@ and a wheelhouse of their pinned dependencies (the versions and hashes of uv.loc
     python deploy/build_dist.py [--out dist] [--version 0.1.0.post1]
 
 Output: ``<out>/wheels/*.whl`` (metaq-common, -replication, -client, -broker,
--nameserver; the Spark member is not deployed), ``<out>/wheelhouse/*.whl`` and
+-nameserver; the Spark and test-support members are not deployed), ``<out>/wheelhouse/*.whl`` and
 ``<out>/requirements.txt`` (every pinned dependency, with hashes), ``<out>/bin/uv``
 (the installer the roles make each release's venv with: uv.lock's ``deploy`` group),
 ``<out>/VERSION``, and the three folders in one ``<out>/metaq-<version>.tar`` (what the
@@ -75,7 +75,8 @@ def _source_tree(version: str | None, scratch: Path) -> Path:
         if (ROOT / name).exists():
             shutil.copy2(ROOT / name, tree / name)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "tests", ".pytest_cache")
-    for member in (*MEMBERS, "spark_jobs"):
+    # Every workspace member, deployed or not: uv resolves the workspace before it builds.
+    for member in (*MEMBERS, "spark_jobs", "testing"):
         shutil.copytree(ROOT / member, tree / member, ignore=ignore)
         pyproject = tree / member / "pyproject.toml"
         text = pyproject.read_text()

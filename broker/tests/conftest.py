@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from metaq.broker.store import MessageStore, StoreConfig
-from metaq.common.testing import wait_until
+from metaq.testing.waiting import wait_until
 
 
 def _register_sibling(name: str) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from metaq.broker.confirmed_mark import FILE_NAME, ConfirmedMark
-from metaq.common.testing import run_async, wait_until_async
+from metaq.testing.waiting import run_async, wait_until_async
 
 
 def test_a_noted_offset_is_on_disk_soon_and_read_back_at_start(tmp_path: Path) -> None:

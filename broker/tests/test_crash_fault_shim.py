@@ -12,8 +12,8 @@ import pytest
 
 from metaq.broker.store import FlushMode, MessageStore, PutStatus, StoreConfig
 from metaq.broker.store.commitlog import Appended
-from metaq.broker.store.faults import LossyDisk
 from metaq.common.record import encode
+from metaq.testing.lossy_disk import LossyDisk
 
 TOPICS = ("orders", "audit")
 QUEUES = 3

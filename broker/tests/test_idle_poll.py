@@ -8,7 +8,7 @@ import asyncio
 import time
 
 from metaq.broker.idle_poll import IdlePoll
-from metaq.common.testing import wait_until_async
+from metaq.testing.waiting import wait_until_async
 
 
 def run(poll: IdlePoll, *gaps_s: float) -> list[float]:

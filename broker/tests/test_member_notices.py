@@ -8,8 +8,8 @@ from collections.abc import Awaitable, Callable
 from metaq.broker.consumers import ConsumerGroups
 from metaq.broker.member_notices import MemberChangeNotices
 from metaq.common.framing import Buffer, FrameDecoder, FrameType
-from metaq.common.testing import wait_until_async
 from metaq.common.v1.data_pb2 import ConsumerIdsChangedNotice
+from metaq.testing.waiting import wait_until_async
 
 
 class FakeResponder:

@@ -14,7 +14,7 @@ from metaq.broker.files import write_json_atomically
 from metaq.broker.held_offsets import HeldOffsets, takes_forwarded
 from metaq.broker.offsets import ConsumerOffsets, OffsetSnapshotService
 from metaq.common.errors import InvalidMessage
-from metaq.common.testing import holds_for, run_async
+from metaq.testing.waiting import holds_for, run_async
 
 
 def test_the_stored_offset_is_the_next_to_consume_and_replaces_the_last(tmp_path: Path) -> None:

@@ -31,11 +31,11 @@ from metaq.common.errors import InvalidMessage, NotMaster, StoreUnavailable
 from metaq.common.framing import Frame, FrameDecoder, FrameType, encode_frame
 from metaq.common.model import Role
 from metaq.common.record import encode, iter_records
-from metaq.common.testing import run_async
 from metaq.common.v1 import control_pb2 as pb
 from metaq.common.v1.data_pb2 import PullRequest, PullResponse, SendRequest, SendResponse
 from metaq.replication.channel import DataPlaneChannel
 from metaq.replication.epochs import EpochHistory
+from metaq.testing.waiting import run_async
 
 TOPIC = "orders"
 WAIT_S = 10.0

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from metaq.broker.store import FlushMode, MessageStore
 from metaq.broker.store.flush import AsyncDurability
 from metaq.common.record import encode
-from metaq.common.testing import deadline
+from metaq.testing.waiting import deadline
 
 OpenStore = Callable[..., MessageStore]
 

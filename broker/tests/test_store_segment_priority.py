@@ -10,7 +10,7 @@ from collections.abc import Callable
 import pytest
 
 from metaq.broker.store import MessageStore
-from metaq.common.testing import wait_until
+from metaq.testing.waiting import wait_until
 
 OpenStore = Callable[..., MessageStore]
 

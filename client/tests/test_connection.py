@@ -8,12 +8,12 @@ import pytest
 
 from metaq.client.connection import BrokerConnection, ConnectionPool
 from metaq.client.errors import BrokerError, ConnectionLost, RequestTimeout
-from metaq.client.fakes import Drop, Fail, FakeBroker, SendSeen, Silence
 from metaq.common import record
 from metaq.common.errors import ErrorCode
 from metaq.common.framing import FrameType
-from metaq.common.testing import run_async
 from metaq.common.v1.data_pb2 import SendRequest, SendResponse
+from metaq.testing.client_fakes import Drop, Fail, FakeBroker, SendSeen, Silence
+from metaq.testing.waiting import run_async
 
 
 def _send_header(queue_id: int = 0) -> bytes:

@@ -12,14 +12,14 @@ from typing import cast
 import pytest
 
 from metaq.client.errors import BrokerError, ConnectionLost
-from metaq.client.fakes import Drop, Fail, FakeBroker, SendSeen, StaticRoutes
 from metaq.client.producer import Producer
 from metaq.client.results import SendStatus
 from metaq.client.routes import RouteCache
 from metaq.client.selection import RoundRobinSelector
 from metaq.common.errors import ErrorCode
 from metaq.common.model import QueueRoute, TopicRoute
-from metaq.common.testing import run_async
+from metaq.testing.client_fakes import Drop, Fail, FakeBroker, SendSeen, StaticRoutes
+from metaq.testing.waiting import run_async
 
 
 class FakeClock:

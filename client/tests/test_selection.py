@@ -7,8 +7,8 @@ from collections import Counter
 import pytest
 
 from metaq.client.errors import NoWritableQueue
-from metaq.client.fakes import static_route
 from metaq.client.selection import BrokerHealth, RoundRobinSelector, shard_queue
+from metaq.testing.client_fakes import static_route
 
 ROUTE = static_route("t", [("broker-a", "127.0.0.1:1", 4), ("broker-b", "127.0.0.1:2", 4)])
 

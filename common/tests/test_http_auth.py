@@ -15,8 +15,8 @@ from metaq.common.acl_source import AclSource
 from metaq.common.auth import HTTP_HEADER, ClusterSecret, sign_http
 from metaq.common.http_auth import HEADER, HttpAuth, signed_purpose
 from metaq.common.login_guard import FREE_FAILURES
-from metaq.common.testing import run_async
 from metaq.common.users import ITERATIONS, Credentials, Verifier, sign_request
+from metaq.testing.waiting import run_async
 
 ADMIN = Credentials("admin", "admin-secret-key-for-http-tests")
 

@@ -23,11 +23,10 @@ import pytest
 from pysyncobj.encryptor import getEncryptor  # type: ignore[import-untyped]
 
 from metaq.common.auth import ENV_VAR, ClusterSecret, call_metadata
-from metaq.common.testing import cluster_secret_for_tests, run_async, wait_until_async
 from metaq.common.v1 import control_pb2 as pb
 from metaq.common.v1 import control_pb2_grpc
-from metaq.nameserver.fake_broker import FakeBroker
-from metaq.nameserver.testing import (
+from metaq.testing.nameserver_fakes import FakeBroker
+from metaq.testing.nameserver_process import (
     NameServerProcess,
     free_ports,
     session_proof,
@@ -35,6 +34,7 @@ from metaq.nameserver.testing import (
     start_controller_group,
     start_nameserver,
 )
+from metaq.testing.waiting import cluster_secret_for_tests, run_async, wait_until_async
 
 SETTLE_S = 15.0
 SCENARIO_S = 60.0

@@ -9,7 +9,6 @@ from aiohttp import web
 
 from metaq.client.admin import Admin, MessagesStored, StoredMessage
 from metaq.common.model import Role
-from metaq.common.testing import run_async
 from metaq.nameserver.console.context import (
     FORGET_GONE_AFTER_S,
     Brokers,
@@ -22,6 +21,7 @@ from metaq.nameserver.console.page import Html, esc, table
 from metaq.nameserver.console.page import parse_time_ms as _parse_time
 from metaq.nameserver.model import BrokerKey, BrokerState, BrokerView
 from metaq.nameserver.registry import Registry
+from metaq.testing.waiting import run_async
 
 
 def test_a_rate_needs_two_samples_and_restarts_after_a_count_goes_down() -> None:

@@ -18,16 +18,16 @@ from typing import TYPE_CHECKING
 import grpc
 import pytest
 
-from metaq.common.testing import deadline, run_async, wait_until_async
 from metaq.common.v1 import control_pb2 as pb
 from metaq.common.v1 import control_pb2_grpc
-from metaq.nameserver.fake_broker import FakeBroker
-from metaq.nameserver.testing import (
+from metaq.testing.nameserver_fakes import FakeBroker
+from metaq.testing.nameserver_process import (
     NameServerProcess,
     signed_channel,
     start_controller_group,
     start_nameserver,
 )
+from metaq.testing.waiting import deadline, run_async, wait_until_async
 
 if TYPE_CHECKING:
     from metaq.common.v1.control_pb2_grpc import NameServerAsyncStub

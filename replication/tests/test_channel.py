@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 
 from metaq.common.framing import FLAG_RESPONSE, Frame, FrameDecoder, FrameType, encode_frame
-from metaq.common.testing import run_async, wait_until_async
 from metaq.common.v1.data_pb2 import ReplicaFetchRequest, ReplicaFetchResponse
 from metaq.replication.channel import DataPlaneChannel
+from metaq.testing.waiting import run_async, wait_until_async
 
 
 def test_a_fetch_goes_out_before_the_caller_awaits_its_answer() -> None:

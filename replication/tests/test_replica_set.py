@@ -10,12 +10,12 @@ import pytest
 
 from metaq.common.errors import EpochMismatch, InvalidMessage, NotEnoughReplicas
 from metaq.common.framing import Buffer
-from metaq.common.testing import run_async, wait_until_async
 from metaq.common.v1.data_pb2 import EpochEntry, ReplicaFetchRequest, ReplicaFetchResponse
 from metaq.replication.epochs import Epoch, EpochHistory
-from metaq.replication.fake import MemoryLog
 from metaq.replication.follower import FetchChannel, Follower
 from metaq.replication.master import ReplicaSet
+from metaq.testing.memory_log import MemoryLog
+from metaq.testing.waiting import run_async, wait_until_async
 
 
 async def until(condition: Callable[[], bool], what: str = "the condition holds") -> None:

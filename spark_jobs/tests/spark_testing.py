@@ -16,12 +16,12 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from metaq.broker.testing import BrokerProcess
 from metaq.client.admin import Admin, TopicSettings
 from metaq.client.errors import UnknownTopic
 from metaq.client.routes import RouteCache
 from metaq.common.model import TopicRoute
-from metaq.nameserver.testing import NameServerProcess, start_nameserver
+from metaq.testing import BrokerProcess
+from metaq.testing.nameserver_process import NameServerProcess, start_nameserver
 
 
 def local_spark(app_name: str = "metaq-tests") -> Any:

@@ -10,8 +10,8 @@ from spark_testing import Cluster
 
 from metaq.client.producer import Producer
 from metaq.client.pull_consumer import PullConsumer
-from metaq.common.testing import run_async
 from metaq.spark.jobs import archive, lag_report, replay
+from metaq.testing.waiting import run_async
 
 
 def send(cluster: Cluster, topic: str, count: int, prefix: str) -> set[str]:

@@ -12,7 +12,7 @@ from spark_testing import Cluster
 
 from metaq.client.producer import Producer
 from metaq.client.results import SendResult
-from metaq.common.testing import run_async, wait_until
+from metaq.testing.waiting import run_async, wait_until
 
 
 def send_all(cluster: Cluster, topic: str, count: int, *, queues: int = 2) -> list[SendResult]:

@@ -20,7 +20,7 @@ from metaq.client.message import OutgoingMessage
 from metaq.client.producer import Producer
 from metaq.client.results import SendStatus
 from metaq.client.routes import RouteCache
-from metaq.common.testing import run_async, wait_until
+from metaq.testing.waiting import run_async, wait_until
 
 MESSAGES = 2_000
 

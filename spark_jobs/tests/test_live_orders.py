@@ -10,9 +10,9 @@ from typing import Any
 
 from spark_testing import Cluster
 
-from metaq.common.testing import run_async
 from metaq.spark.jobs import live_orders
 from metaq.spark.jobs.order_generator import generate
+from metaq.testing.waiting import run_async
 
 START_MS = 1_763_000_000_000 - 1_763_000_000_000 % 60_000  # a minute boundary
 

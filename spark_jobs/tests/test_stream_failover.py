@@ -17,7 +17,7 @@ from typing import Any
 
 from spark_testing import integration_module
 
-from metaq.common.testing import wait_until
+from metaq.testing.waiting import wait_until
 
 
 def test_killing_the_sync_master_mid_stream_loses_and_repeats_nothing(

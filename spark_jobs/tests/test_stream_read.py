@@ -10,7 +10,7 @@ from spark_testing import Cluster
 
 from metaq.client.producer import Producer
 from metaq.client.pull_consumer import PullConsumer
-from metaq.common.testing import run_async, wait_until
+from metaq.testing.waiting import run_async, wait_until
 
 
 def send(cluster: Cluster, topic: str, bodies: list[str]) -> set[str]:

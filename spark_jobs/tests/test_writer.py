@@ -11,7 +11,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StringType
 from spark_testing import Cluster
 
-from metaq.common.testing import run_async
+from metaq.testing.waiting import run_async
 
 ROWS = 25_000
 
@@ -58,7 +58,7 @@ def test_a_task_failed_mid_write_stores_each_row_once(
         import re
         import urllib.request
 
-        from metaq.common.testing import wait_until
+        from metaq.testing.waiting import wait_until
 
         def stored() -> float:
             total = 0.0

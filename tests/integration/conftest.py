@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from metaq.broker.testing import BrokerProcess
+from metaq.testing import BrokerProcess
 
 
 def _register_sibling(name: str) -> None:

@@ -16,12 +16,12 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from metaq.broker.testing import BrokerProcess, DataClient
 from metaq.client.admin import Admin, TopicSettings
 from metaq.client.message import Message
 from metaq.client.routes import RouteCache
 from metaq.common.record import encode
-from metaq.nameserver.testing import NameServerProcess, start_nameserver
+from metaq.testing import BrokerProcess, DataClient
+from metaq.testing.nameserver_process import NameServerProcess, start_nameserver
 
 ROOMS = {"broker-a": "r1", "broker-b": "r2", "broker-c": "r3"}
 

@@ -15,13 +15,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from metaq.broker.testing import BrokerProcess, DataClient
 from metaq.client.admin import Admin, TopicSettings
 from metaq.client.errors import UnknownTopic
 from metaq.client.message import Message, iter_messages
 from metaq.client.routes import RouteCache
 from metaq.common.model import TopicRoute
-from metaq.nameserver.testing import NameServerProcess, start_nameserver
+from metaq.testing import BrokerProcess, DataClient
+from metaq.testing.nameserver_process import NameServerProcess, start_nameserver
 
 
 @dataclass

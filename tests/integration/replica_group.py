@@ -15,20 +15,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from metaq.broker.testing import BrokerProcess, DataClient
 from metaq.client.admin import Admin, TopicSettings
 from metaq.client.producer import Producer
 from metaq.client.results import SendStatus
 from metaq.common.record import Record
-from metaq.common.testing import wait_until
 from metaq.common.v1 import control_pb2 as pb
 from metaq.common.v1 import control_pb2_grpc
-from metaq.nameserver.testing import (
+from metaq.testing import BrokerProcess, DataClient
+from metaq.testing.nameserver_process import (
     NameServerProcess,
     signed_channel,
     start_controller_group,
     start_nameserver,
 )
+from metaq.testing.waiting import wait_until
 
 GROUP = "broker-g"
 TOPIC = "orders"

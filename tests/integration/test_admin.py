@@ -10,7 +10,7 @@ from producer_cluster import Cluster, start_cluster
 
 from metaq.client import Admin, AdminError, BrokerAdminError, BrokerUnreachable, Producer
 from metaq.client.admin import TopicExists, TopicMissing, TopicSettings, TopicSettingsError
-from metaq.common.testing import run_async
+from metaq.testing.waiting import run_async
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,6 @@ import aiohttp
 import grpc
 import pytest
 
-from metaq.broker.testing import BrokerError, BrokerProcess, DataClient, run_async
 from metaq.client.admin import Admin, TopicSettings
 from metaq.common.errors import ErrorCode
 from metaq.common.framing import FrameType
@@ -33,7 +32,8 @@ from metaq.common.v1.data_pb2 import (
     SendRequest,
     Subscription,
 )
-from metaq.nameserver.testing import (
+from metaq.testing import BrokerError, BrokerProcess, DataClient, run_async
+from metaq.testing.nameserver_process import (
     NameServerProcess,
     session_proof,
     signed_channel,

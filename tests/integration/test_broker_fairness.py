@@ -8,11 +8,11 @@ import threading
 import time
 from collections.abc import Callable
 
-from metaq.broker.testing import BrokerProcess, DataClient, run_async
 from metaq.client.admin import Admin, TopicSettings
 from metaq.common.framing import FrameType, encode_frame
 from metaq.common.record import encode
 from metaq.common.v1.data_pb2 import PullRequest
+from metaq.testing import BrokerProcess, DataClient, run_async
 
 StartBroker = Callable[..., BrokerProcess]
 PULLS = 2000

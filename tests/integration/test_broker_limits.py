@@ -13,14 +13,11 @@ from pathlib import Path
 import pytest
 
 from metaq.broker.limits import raise_nofile_limit
-from metaq.broker.testing import BrokerError, BrokerProcess, DataClient, run_async, wait_until
-from metaq.broker.testing.process import broker_command
 from metaq.client.admin import Admin, TopicSettings
 from metaq.client.connection import ConnectionPool
 from metaq.common.errors import ErrorCode
 from metaq.common.framing import Frame, FrameDecoder, FrameType, encode_frame
 from metaq.common.record import encode
-from metaq.common.testing import deadline, wait_until_async
 from metaq.common.v1.data_pb2 import (
     ErrorResponse,
     PullRequest,
@@ -28,6 +25,9 @@ from metaq.common.v1.data_pb2 import (
     SendRequest,
     SendResponse,
 )
+from metaq.testing import BrokerError, BrokerProcess, DataClient, run_async, wait_until
+from metaq.testing.broker_process import broker_command
+from metaq.testing.waiting import deadline, wait_until_async
 
 StartBroker = Callable[..., BrokerProcess]
 

@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from metaq.broker.testing import BrokerError, BrokerProcess, DataClient, run_async
 from metaq.client.admin import Admin, TopicSettings
 from metaq.common.auth import ENV_VAR
 from metaq.common.errors import ErrorCode
 from metaq.common.framing import PREFIX, FrameDecoder, FrameType, encode_frame
 from metaq.common.record import HEADER_SIZE, STAMP_AT, decode, encode
-from metaq.common.testing import deadline, wait_until_async
 from metaq.common.v1.data_pb2 import ErrorResponse, PullResponse, SendRequest, SendResponse
+from metaq.testing import BrokerError, BrokerProcess, DataClient, run_async
+from metaq.testing.waiting import deadline, wait_until_async
 
 # ------------------------------------------------------------------------------------------
 # helpers

@@ -9,12 +9,12 @@ from pathlib import Path
 import grpc
 import pytest
 
-from metaq.broker.testing import BrokerProcess, run_async
 from metaq.client.admin import Admin, TopicSettings
-from metaq.common.testing import deadline
 from metaq.common.v1 import control_pb2 as pb
 from metaq.common.v1.control_pb2_grpc import NameServerStub
-from metaq.nameserver.testing import NameServerProcess, start_nameserver
+from metaq.testing import BrokerProcess, run_async
+from metaq.testing.nameserver_process import NameServerProcess, start_nameserver
+from metaq.testing.waiting import deadline
 
 
 @pytest.fixture

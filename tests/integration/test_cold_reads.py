@@ -9,11 +9,11 @@ import asyncio
 import time
 from collections.abc import Callable
 
-from metaq.broker.testing import BrokerProcess, DataClient, run_async
 from metaq.client.admin import Admin, TopicSettings
 from metaq.common.record import encode, iter_records
-from metaq.common.testing import wait_until_async
 from metaq.common.v1.data_pb2 import PullResponse
+from metaq.testing import BrokerProcess, DataClient, run_async
+from metaq.testing.waiting import wait_until_async
 
 TOPIC = "Backlog"
 BODY_BYTES = 4000

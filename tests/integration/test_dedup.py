@@ -8,13 +8,13 @@ from pathlib import Path
 
 from replica_group import read_records
 
-from metaq.broker.testing import BrokerProcess, DataClient
 from metaq.client.admin import Admin, TopicSettings
 from metaq.client.producer import Producer
 from metaq.common.record import encode
-from metaq.common.testing import run_async, wait_until, wait_until_async
 from metaq.common.v1.data_pb2 import SendRequest
-from metaq.nameserver.testing import start_nameserver
+from metaq.testing import BrokerProcess, DataClient
+from metaq.testing.nameserver_process import start_nameserver
+from metaq.testing.waiting import run_async, wait_until, wait_until_async
 
 TOPIC = "payments"
 

@@ -8,12 +8,12 @@ from pathlib import Path
 
 from replica_group import TOPIC, ReplicaGroup, read_records, start_group
 
-from metaq.broker.testing import BrokerProcess
 from metaq.client.admin import Admin, TopicSettings
 from metaq.client.producer import Producer
 from metaq.common.record import Record
-from metaq.common.testing import run_async, wait_until
-from metaq.nameserver.testing import start_nameserver
+from metaq.testing import BrokerProcess
+from metaq.testing.nameserver_process import start_nameserver
+from metaq.testing.waiting import run_async, wait_until
 
 
 def now_ms() -> int:

@@ -17,13 +17,13 @@ from typing import Final
 
 import pytest
 
-from metaq.broker.testing import BrokerError, BrokerProcess, DataClient, run_async
 from metaq.client.admin import Admin, BrokerHealth, TopicSettings
 from metaq.client.errors import BrokerAdminError
 from metaq.common.errors import ErrorCode
 from metaq.common.record import encode
-from metaq.common.testing import holds_for, wait_until
 from metaq.common.v1.data_pb2 import SendResponse
+from metaq.testing import BrokerError, BrokerProcess, DataClient, run_async
+from metaq.testing.waiting import holds_for, wait_until
 
 FS_MIB: Final = 64
 MIB: Final = 1024 * 1024

@@ -32,13 +32,13 @@ from replica_group import (
     start_group,
 )
 
-from metaq.broker.testing import DataClient
-from metaq.broker.testing.client import BrokerError
 from metaq.common.errors import ErrorCode
 from metaq.common.record import encode
-from metaq.common.testing import run_async, secret_env, wait_until, wait_until_async
 from metaq.common.v1 import control_pb2 as pb
 from metaq.replication.epochs import EpochHistory
+from metaq.testing import DataClient
+from metaq.testing.data_client import BrokerError
+from metaq.testing.waiting import run_async, secret_env, wait_until, wait_until_async
 
 pytestmark = pytest.mark.slow
 T = TypeVar("T")

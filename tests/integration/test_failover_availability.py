@@ -31,14 +31,14 @@ import grpc
 import pytest
 from replica_group import TOPIC, ReplicaGroup, controller_state, health, read_all, start_group
 
-from metaq.broker.testing import BrokerProcess
 from metaq.client.errors import BrokerError
 from metaq.client.producer import Producer
 from metaq.client.results import SendStatus
 from metaq.common.errors import ErrorCode
-from metaq.common.testing import deadline, run_async, wait_until, wait_until_async
 from metaq.common.v1 import control_pb2 as pb
 from metaq.common.v1 import control_pb2_grpc
+from metaq.testing import BrokerProcess
+from metaq.testing.waiting import deadline, run_async, wait_until, wait_until_async
 
 pytestmark = pytest.mark.slow
 

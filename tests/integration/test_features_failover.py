@@ -12,8 +12,6 @@ from pathlib import Path
 
 from replica_group import ReplicaGroup, read_records, start_group
 
-from metaq.broker.testing import DataClient
-from metaq.broker.testing.client import BrokerError
 from metaq.client.admin import Admin, TopicSettings
 from metaq.client.consumer import FIRST, PushConsumer
 from metaq.client.message import Message
@@ -22,8 +20,10 @@ from metaq.client.results import SendResult
 from metaq.client.retry import dlq_topic
 from metaq.client.transaction import TransactionProducer, TransactionState
 from metaq.common.record import encode
-from metaq.common.testing import run_async, wait_until_async
 from metaq.common.v1.data_pb2 import SendRequest
+from metaq.testing import DataClient
+from metaq.testing.data_client import BrokerError
+from metaq.testing.waiting import run_async, wait_until_async
 
 FAST = ("--set", "queue_lock_ttl_ms=2000", "--set", "txn_check_after_ms=1000",
         "--set", "txn_check_interval_ms=500")  # fmt: skip

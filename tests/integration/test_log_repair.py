@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 from replica_group import QUEUES, TOPIC, commitlog_bytes, health, read_all, start_group
 
-from metaq.broker.testing import BrokerProcess, DataClient
-from metaq.broker.testing.client import BrokerError
 from metaq.client.producer import Producer
 from metaq.client.results import SendStatus
 from metaq.common.record import InvalidRecord, decode
-from metaq.common.testing import deadline, holds_for, wait_until
 from metaq.common.v1.data_pb2 import PullResponse
+from metaq.testing import BrokerProcess, DataClient
+from metaq.testing.data_client import BrokerError
+from metaq.testing.waiting import deadline, holds_for, wait_until
 
 pytestmark = pytest.mark.slow
 

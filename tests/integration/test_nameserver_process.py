@@ -23,15 +23,15 @@ import pytest
 
 from metaq.broker.registration import BrokerDescription, NameServerRegistrar
 from metaq.common.model import Permission, Role, TopicConfig
-from metaq.common.testing import cluster_secret_for_tests, deadline, secret_env, wait_until_async
 from metaq.common.v1 import control_pb2 as pb
 from metaq.common.v1 import control_pb2_grpc
-from metaq.nameserver.testing import (
+from metaq.testing.nameserver_process import (
     NameServerProcess,
     session_proof,
     signed_channel,
     start_nameserver,
 )
+from metaq.testing.waiting import cluster_secret_for_tests, deadline, secret_env, wait_until_async
 
 if TYPE_CHECKING:
     from metaq.common.v1.control_pb2_grpc import NameServerAsyncStub

@@ -7,13 +7,13 @@ from collections.abc import Callable
 
 import pytest
 
-from metaq.broker.testing import BrokerError, BrokerProcess, DataClient, run_async
 from metaq.client.admin import Admin, TopicSettings
 from metaq.common.errors import ErrorCode
 from metaq.common.framing import FrameType
 from metaq.common.record import encode
-from metaq.common.testing import wait_until_async
 from metaq.common.v1.data_pb2 import CommitOffsetRequest, PullResponse, QueueOffset
+from metaq.testing import BrokerError, BrokerProcess, DataClient, run_async
+from metaq.testing.waiting import wait_until_async
 
 TOPIC = "Bounded"
 

@@ -7,14 +7,14 @@ import asyncio
 from collections import defaultdict
 from pathlib import Path
 
-from metaq.broker.testing import BrokerProcess
 from metaq.client.admin import Admin, TopicSettings
 from metaq.client.consumer import FIRST, PushConsumer
 from metaq.client.message import Message
 from metaq.client.producer import Producer
 from metaq.client.retry import dlq_topic
-from metaq.common.testing import run_async, wait_until_async
-from metaq.nameserver.testing import start_nameserver
+from metaq.testing import BrokerProcess
+from metaq.testing.nameserver_process import start_nameserver
+from metaq.testing.waiting import run_async, wait_until_async
 
 TOPIC = "ledger"
 KEYS = [f"account-{i}" for i in range(12)]

@@ -23,7 +23,7 @@ from replica_group import QUEUES, TOPIC, start_group
 from metaq.client.consumer import FIRST, PushConsumer
 from metaq.client.message import Message
 from metaq.client.producer import Producer
-from metaq.common.testing import deadline, run_async, wait_until_async
+from metaq.testing.waiting import deadline, run_async, wait_until_async
 
 pytestmark = pytest.mark.slow
 

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from producer_cluster import Cluster, create_topic, read_until, start_cluster
 
-from metaq.broker.testing import run_async
 from metaq.client.errors import BrokerError, NoNameServer, UnknownTopic
 from metaq.client.producer import Producer, ProducerConfig
 from metaq.client.results import SendResult, SendStatus
 from metaq.common.errors import ErrorCode
+from metaq.testing import run_async
 
 
 @pytest.fixture(scope="module")

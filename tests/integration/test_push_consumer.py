@@ -12,7 +12,6 @@ from pathlib import Path
 import consumer_cluster as cc
 import pytest
 
-from metaq.broker.testing import BrokerProcess, run_async
 from metaq.client import cli
 from metaq.client.admin import Admin
 from metaq.client.connection import BrokerConnection
@@ -31,8 +30,9 @@ from metaq.client.process_queue import ProcessQueue
 from metaq.client.push_consumer import QueueKey
 from metaq.common.framing import FrameType
 from metaq.common.model import QueueRoute
-from metaq.common.testing import deadline, wait_until_async
 from metaq.common.v1.data_pb2 import ConsumerHeartbeatRequest
+from metaq.testing import BrokerProcess, run_async
+from metaq.testing.waiting import deadline, wait_until_async
 
 # Fast heartbeats so membership changes are seen within a fraction of a second.
 FAST = {"heartbeat_interval_s": 0.2, "commit_interval_s": 0.2, "close_timeout_s": 5.0}

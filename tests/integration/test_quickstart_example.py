@@ -7,9 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from metaq.broker.testing import BrokerProcess, run_async
 from metaq.client.admin import Admin, TopicSettings
-from metaq.nameserver.testing import start_nameserver
+from metaq.testing import BrokerProcess, run_async
+from metaq.testing.nameserver_process import start_nameserver
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "quickstart.py"
 

@@ -16,18 +16,10 @@ import pytest
 from impostor import Impostor
 from replica_group import GROUP, TOPIC, health, start_group
 
-from metaq.broker.testing import BrokerError, BrokerProcess, DataClient
 from metaq.client.admin import Admin, TopicSettings
 from metaq.common.errors import ErrorCode, NotAuthenticated
 from metaq.common.framing import FrameDecoder, FrameType
 from metaq.common.record import encode, iter_records
-from metaq.common.testing import (
-    cluster_secret_for_tests,
-    holds_for,
-    run_async,
-    wait_until,
-    wait_until_async,
-)
 from metaq.common.v1.data_pb2 import (
     EpochEntry,
     PullResponse,
@@ -36,8 +28,16 @@ from metaq.common.v1.data_pb2 import (
     ReplicaFetchResponse,
     SendResponse,
 )
-from metaq.nameserver.testing import NameServerProcess, start_nameserver
 from metaq.replication.channel import DataPlaneChannel, SlaveIdentity
+from metaq.testing import BrokerError, BrokerProcess, DataClient
+from metaq.testing.nameserver_process import NameServerProcess, start_nameserver
+from metaq.testing.waiting import (
+    cluster_secret_for_tests,
+    holds_for,
+    run_async,
+    wait_until,
+    wait_until_async,
+)
 
 pytestmark = pytest.mark.slow
 

@@ -15,17 +15,17 @@ import pytest
 from impostor import Impostor
 from replica_group import TOPIC, ReplicaGroup, health, start_group, start_pair_without_failover
 
-from metaq.broker.testing import BrokerError, BrokerProcess, DataClient
 from metaq.client.admin import Admin, QueueProgress, TopicSettings
 from metaq.common.framing import FrameType
 from metaq.common.record import encode
-from metaq.common.testing import holds_for, run_async, wait_until, wait_until_async
 from metaq.common.v1.data_pb2 import (
     CommitOffsetRequest,
     CommitOffsetResponse,
     SendResponse,
 )
-from metaq.nameserver.testing import NameServerProcess, start_nameserver
+from metaq.testing import BrokerError, BrokerProcess, DataClient
+from metaq.testing.nameserver_process import NameServerProcess, start_nameserver
+from metaq.testing.waiting import holds_for, run_async, wait_until, wait_until_async
 
 pytestmark = pytest.mark.slow
 

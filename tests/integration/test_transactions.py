@@ -8,13 +8,13 @@ from pathlib import Path
 
 from replica_group import read_records
 
-from metaq.broker.testing import BrokerProcess
 from metaq.client.admin import Admin, TopicSettings
 from metaq.client.message import Message
 from metaq.client.results import SendResult
 from metaq.client.transaction import TransactionProducer, TransactionState
-from metaq.common.testing import run_async, wait_until, wait_until_async
-from metaq.nameserver.testing import start_nameserver
+from metaq.testing import BrokerProcess
+from metaq.testing.nameserver_process import start_nameserver
+from metaq.testing.waiting import run_async, wait_until, wait_until_async
 
 TOPIC = "orders"
 

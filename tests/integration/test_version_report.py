@@ -9,8 +9,8 @@ from collections.abc import Callable
 from importlib.metadata import version
 from pathlib import Path
 
-from metaq.broker.testing import BrokerProcess
-from metaq.nameserver.testing import start_nameserver
+from metaq.testing import BrokerProcess
+from metaq.testing.nameserver_process import start_nameserver
 
 
 def test_broker_health_reports_its_installed_version(

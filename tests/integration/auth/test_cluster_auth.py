@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 
-from metaq.broker.testing import BrokerProcess
 from metaq.client.message import Message
 from metaq.client.producer import Producer
 from metaq.client.push_consumer import PushConsumer
@@ -27,9 +26,10 @@ from metaq.client.routes import NameServerError, RouteCache
 from metaq.common import acl
 from metaq.common.acl import Acl, Grant, User
 from metaq.common.http_auth import HEADER, signed_purpose
-from metaq.common.testing import TEST_CLUSTER_SECRET, run_async, wait_until_async
 from metaq.common.users import Credentials, Verifier, credentials_text, sign_request
-from metaq.nameserver.testing import NameServerProcess, start_nameserver
+from metaq.testing import BrokerProcess
+from metaq.testing.nameserver_process import NameServerProcess, start_nameserver
+from metaq.testing.waiting import TEST_CLUSTER_SECRET, run_async, wait_until_async
 
 ADMIN = Credentials("admin", "admin-secret-key-for-the-cluster-tests")
 APP1 = Credentials("app1", "app1-secret-key-for-the-cluster-tests")

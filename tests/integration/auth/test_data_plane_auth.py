@@ -15,16 +15,16 @@ from pathlib import Path
 
 import pytest
 
-from metaq.broker.testing import BrokerError, BrokerProcess, DataClient
 from metaq.client.connection import BrokerConnection, ConnectionPool
 from metaq.client.errors import BrokerError as ClientBrokerError
 from metaq.client.errors import ConnectionLost
 from metaq.common.errors import ErrorCode
 from metaq.common.framing import FrameType
 from metaq.common.record import encode
-from metaq.common.testing import run_async, wait_until_async
 from metaq.common.users import Credentials
 from metaq.common.v1.data_pb2 import PullRequest, PullResponse, SendRequest, SendResponse
+from metaq.testing import BrokerError, BrokerProcess, DataClient
+from metaq.testing.waiting import run_async, wait_until_async
 
 APP_SECRET = "app1-secret-key-for-the-auth-tests"
 

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 from replica_group import GROUP, ReplicaGroup
 
-from metaq.broker.testing import BrokerError, BrokerProcess, DataClient
 from metaq.client.connection import BrokerConnection
 from metaq.client.errors import BrokerError as ClientBrokerError
 from metaq.client.message import Message
@@ -24,10 +23,11 @@ from metaq.common.acl import Acl, Grant, User
 from metaq.common.auth import ENV_VAR
 from metaq.common.errors import ErrorCode
 from metaq.common.framing import FrameType
-from metaq.common.testing import holds_for, run_async, wait_until, wait_until_async
 from metaq.common.users import Credentials, Verifier, credentials_text
 from metaq.common.v1.data_pb2 import ReplicaFetchRequest
-from metaq.nameserver.testing import start_nameserver
+from metaq.testing import BrokerError, BrokerProcess, DataClient
+from metaq.testing.nameserver_process import start_nameserver
+from metaq.testing.waiting import holds_for, run_async, wait_until, wait_until_async
 
 pytestmark = pytest.mark.slow
 

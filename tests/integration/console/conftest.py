@@ -40,9 +40,9 @@ from console_support import (  # noqa: E402
     call,
 )
 
-from metaq.broker.testing import BrokerProcess  # noqa: E402
-from metaq.common.testing import wait_until  # noqa: E402
-from metaq.nameserver.testing import start_nameserver  # noqa: E402
+from metaq.testing import BrokerProcess  # noqa: E402
+from metaq.testing.nameserver_process import start_nameserver  # noqa: E402
+from metaq.testing.waiting import wait_until  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from metaq.broker.testing import BrokerProcess
 from metaq.client.message import Message
 from metaq.client.push_consumer import PushConsumer
-from metaq.common.testing import run_async
-from metaq.nameserver.testing import NameServerProcess
+from metaq.testing import BrokerProcess
+from metaq.testing.nameserver_process import NameServerProcess
+from metaq.testing.waiting import run_async
 
 CHROMIUM = Path("/usr/bin/chromium")
 RESULTS = Path(__file__).resolve().parents[2] / "results" / "console"

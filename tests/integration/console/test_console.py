@@ -26,7 +26,7 @@ from console_support import (
 )
 
 from metaq.client.pull_consumer import PullConsumer
-from metaq.common.testing import deadline, run_async, wait_until
+from metaq.testing.waiting import deadline, run_async, wait_until
 
 GROUP = "billing"
 

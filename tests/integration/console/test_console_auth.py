@@ -16,14 +16,14 @@ from pathlib import Path
 import pytest
 from console_support import BROKER_TIMEOUT_MS, Browser
 
-from metaq.broker.testing import BrokerProcess
 from metaq.client.admin import Admin, TopicSettings
 from metaq.common import acl
 from metaq.common.acl import Acl, Grant, User
 from metaq.common.auth import HTTP_HEADER, sign_http
-from metaq.common.testing import cluster_secret_for_tests, run_async, wait_until
 from metaq.common.users import Credentials, Verifier
-from metaq.nameserver.testing import NameServerProcess, start_nameserver
+from metaq.testing import BrokerProcess
+from metaq.testing.nameserver_process import NameServerProcess, start_nameserver
+from metaq.testing.waiting import cluster_secret_for_tests, run_async, wait_until
 
 ADMIN = Credentials("console-admin", "console-admin-secret-key-for-tests")
 GROUP = "secured"

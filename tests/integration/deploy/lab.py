@@ -24,7 +24,7 @@ from typing import Any, Final
 
 from chaoslib.net import Network
 
-from metaq.common.testing import wait_until
+from metaq.testing.waiting import wait_until
 
 REPO: Final = Path(__file__).resolve().parents[3]
 PLAYBOOKS: Final = REPO / "deploy" / "ansible"

@@ -27,8 +27,8 @@ from chaoslib.workload import ConsumerSpec, ProducerSpec, WorkloadSpec
 from lab import BROKERS, CLIENT, NAMESERVERS, REPO, SCALE_OUT, Lab, unavailable
 
 from metaq.broker.config import load_config as load_broker_config
-from metaq.common.testing import wait_until
 from metaq.nameserver.config import load_config as load_nameserver_config
+from metaq.testing.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(420)
 

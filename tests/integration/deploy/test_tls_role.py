@@ -16,8 +16,8 @@ from pathlib import Path
 
 from lab import PLAYBOOKS
 
-from metaq.common.testing import run_async
 from metaq.common.tls import TlsConfig
+from metaq.testing.waiting import run_async
 
 
 def run_tls_tasks(work: Path) -> subprocess.CompletedProcess[str]:

@@ -3,13 +3,13 @@ with or without a user's credentials."""
 
 from __future__ import annotations
 
-from metaq.broker.testing import BrokerProcess
 from metaq.client.producer import Producer
 from metaq.client.pull_consumer import PullConsumer, PullStatus
 from metaq.client.results import SendStatus
-from metaq.common.testing import run_async, wait_until
 from metaq.common.tls import TlsConfig
 from metaq.common.users import Credentials
+from metaq.testing import BrokerProcess
+from metaq.testing.waiting import run_async, wait_until
 
 
 def role(broker: BrokerProcess) -> str | None:

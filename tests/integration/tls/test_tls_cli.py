@@ -9,8 +9,8 @@ from pathlib import Path
 
 from tls_certs import Pki
 
-from metaq.broker.testing import BrokerProcess
-from metaq.nameserver.testing import start_nameserver
+from metaq.testing import BrokerProcess
+from metaq.testing.nameserver_process import start_nameserver
 
 
 def metaq(nameserver: str, *args: str) -> subprocess.CompletedProcess[str]:

@@ -17,16 +17,16 @@ import pytest
 from failover_path import produce_fail_over_and_read, role
 from tls_certs import Pki
 
-from metaq.broker.testing import BrokerProcess
 from metaq.client.admin import Admin
 from metaq.client.connection import BrokerConnection
 from metaq.client.errors import ConnectionLost, NoNameServer
 from metaq.common.framing import FrameType
-from metaq.common.testing import run_async, wait_until
 from metaq.common.tls import TlsConfig, grpc_channel
 from metaq.common.v1 import control_pb2 as pb
 from metaq.common.v1 import control_pb2_grpc
-from metaq.nameserver.testing import NameServerProcess, start_nameserver
+from metaq.testing import BrokerProcess
+from metaq.testing.nameserver_process import NameServerProcess, start_nameserver
+from metaq.testing.waiting import run_async, wait_until
 
 GROUP = "broker-tls"
 TOPIC = "orders"

@@ -10,12 +10,12 @@ import pytest
 from tls_certs import Pki
 
 from metaq.broker.config import ConfigError, load_config
-from metaq.broker.testing.process import broker_command
-from metaq.common.testing import secret_env
 from metaq.common.tls import TlsConfig, TlsError
 from metaq.nameserver.config import load_config as load_nameserver_config
-from metaq.nameserver.testing import nameserver_command
 from metaq.spark.options import OptionError, parse_sink_options, parse_source_options
+from metaq.testing.broker_process import broker_command
+from metaq.testing.nameserver_process import nameserver_command
+from metaq.testing.waiting import secret_env
 
 
 def test_a_certificate_without_its_key_is_refused_at_load() -> None:

@@ -2,7 +2,7 @@
 
 Replication moves opaque bytes. It never parses records; it only needs the log's bounds,
 whole-record chunks from the master, verbatim writes on the slave, and a way to cut a
-slave's tail. The broker's message store implements this; ``metaq.replication.fake``
+slave's tail. The broker's message store implements this; ``metaq.testing.memory_log``
 implements it in memory for the state machines' tests.
 """
 

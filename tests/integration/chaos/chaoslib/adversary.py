@@ -24,7 +24,6 @@ from typing import Any
 
 import grpc
 
-from metaq.broker.testing import DataClient
 from metaq.common.framing import (
     MAX_FRAME_BYTES,
     PREFIX,
@@ -40,6 +39,7 @@ from metaq.common.v1.data_pb2 import (
     QueueOffset,
     ReplicaFetchRequest,
 )
+from metaq.testing import DataClient
 
 # --- 1. a pickle on the Raft port -------------------------------------------------------------
 

@@ -28,19 +28,19 @@ from chaoslib import disk
 from chaoslib.history import HistoryTail, HistoryWriter
 from chaoslib.net import Network
 from chaoslib.workload import ConsumerSpec, ProducerSpec, WorkloadSpec
-from metaq.broker.testing import BrokerProcess
-from metaq.broker.testing.process import broker_command
 from metaq.client.admin import Admin, TopicSettings
 from metaq.client.routes import RouteCache
-from metaq.common.testing import wait_until
 from metaq.common.v1 import control_pb2 as pb
 from metaq.common.v1 import control_pb2_grpc
-from metaq.nameserver.testing import (
+from metaq.testing import BrokerProcess
+from metaq.testing.broker_process import broker_command
+from metaq.testing.nameserver_process import (
     NameServerProcess,
     free_ports,
     nameserver_command,
     start_nameserver,
 )
+from metaq.testing.waiting import wait_until
 
 CHAOS_DIR: Final = Path(__file__).resolve().parent.parent
 GROUPS: Final = ("a", "b")

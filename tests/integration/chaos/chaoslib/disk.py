@@ -19,10 +19,10 @@ import subprocess
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from metaq.broker.store.faults import LossyDisk
 from metaq.broker.store.segment import Segment
 from metaq.common.errors import InvalidRecord
 from metaq.common.record import BLANK_MAGIC, HEADER_SIZE, decode
+from metaq.testing.lossy_disk import LossyDisk
 
 MARKS_SUFFIX = ".durable-marks"
 

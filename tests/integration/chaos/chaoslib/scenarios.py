@@ -39,13 +39,13 @@ from chaoslib.cluster import (
 from chaoslib.history import HistoryWriter, read_history
 from chaoslib.net import Unsupported
 from chaoslib.workload import ConsumerSpec, ProducerSpec
-from metaq.broker.testing import DataClient
 from metaq.client.producer import Producer
 from metaq.common.errors import InvalidRecord
 from metaq.common.record import decode, encode
-from metaq.common.testing import wait_until
 from metaq.common.v1.data_pb2 import PullResponse, SendResponse
 from metaq.replication.epochs import EpochHistory
+from metaq.testing import DataClient
+from metaq.testing.waiting import wait_until
 
 
 def default_producers() -> list[ProducerSpec]:

@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 import grpc
 
 from metaq.common.auth import ClusterSecret, session_identity, session_metadata
-from metaq.common.testing import cluster_secret_for_tests, wait_until_async
 from metaq.common.v1 import control_pb2 as pb
 from metaq.common.v1 import control_pb2_grpc
+from metaq.testing.waiting import cluster_secret_for_tests, wait_until_async
 
 
 @dataclass(frozen=True, slots=True)

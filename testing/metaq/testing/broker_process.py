@@ -27,8 +27,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Final
 
-from metaq.common.testing import secret_env, wait_until
 from metaq.common.tls import TlsConfig
+from metaq.testing.waiting import secret_env, wait_until
 
 _READY: Final = re.compile(r"metaq-broker ready data=(\S+):(\d+) http=(\S+):(\d+)")
 # Small files everywhere: start-up stays fast and nothing preallocates a gigabyte.
@@ -97,7 +97,7 @@ class BrokerProcess:
     ) -> BrokerProcess:
         """Start a broker and wait for its readiness line.
 
-        It runs with the tests' cluster secret (``metaq.common.testing.secret_env``)
+        It runs with the tests' cluster secret (``metaq.testing.waiting.secret_env``)
         unless ``env`` sets another.
 
         ``command`` replaces :func:`broker_command` (say, to run it inside a network

@@ -10,9 +10,9 @@ free ports, wait for the readiness line, and stop them even when the test fails:
         server.stop()
 
 :func:`start_controller_group` starts several whose controllers form one Raft group on
-loopback ports; :mod:`metaq.nameserver.fake_broker` stands in for brokers.
+loopback ports; :mod:`metaq.testing.nameserver_fakes` stands in for brokers.
 
-Waiting is always on a condition with a deadline (``metaq.common.testing``), never on a
+Waiting is always on a condition with a deadline (``metaq.testing.waiting``), never on a
 fixed sleep.
 """
 
@@ -34,8 +34,8 @@ import grpc
 from google.protobuf.message import Message
 
 from metaq.common.auth import ClusterSecret, call_metadata, session_identity, session_metadata
-from metaq.common.testing import cluster_secret_for_tests, secret_env
 from metaq.common.v1 import control_pb2 as pb
+from metaq.testing.waiting import cluster_secret_for_tests, secret_env
 
 READY: Final = re.compile(
     r"^metaq-nameserver ready grpc=(\S+)(?: http=(\S+))?(?: raft=(\S+))?$", re.MULTILINE
@@ -121,7 +121,7 @@ def start_nameserver(
 
     ``command`` replaces :func:`nameserver_command` (say, to run it inside a network
     namespace with ``ip netns exec``); it must exec the nameserver, so signals reach it.
-    It runs with the tests' cluster secret (``metaq.common.testing.secret_env``) unless
+    It runs with the tests' cluster secret (``metaq.testing.waiting.secret_env``) unless
     ``env`` sets another.
 
     Raises RuntimeError with the process output if it exits or is not ready in time; the

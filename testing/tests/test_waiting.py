@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from metaq.common.testing import DEADLINE_SCALE_ENV, deadline, wait_until
+from metaq.testing.waiting import DEADLINE_SCALE_ENV, deadline, wait_until
 
 
 def test_a_deadline_is_as_given_when_the_scale_is_unset(monkeypatch: pytest.MonkeyPatch) -> None:
