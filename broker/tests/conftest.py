@@ -1,13 +1,12 @@
 """Shared fixtures for the store tests: small configs, started stores, deadline polling.
 
 pytest runs with ``--import-mode=importlib``, so test modules cannot import this file;
-everything here is reached through fixtures (``wait_until`` is one too).
+everything here is reached through fixtures (``wait_until`` is one too). What the crash
+tests share with their child process is ``metaq.testing.store_crash``.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,22 +15,6 @@ import pytest
 
 from metaq.broker.store import MessageStore, StoreConfig
 from metaq.testing.waiting import wait_until
-
-
-def _register_sibling(name: str) -> None:
-    """Make a helper module beside this file importable by name.
-
-    Tests import in importlib mode, so no test folder is on sys.path; the crash tests
-    and their child process share crash_support.py, which is registered here once.
-    """
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-
-
-_register_sibling("crash_support")
 
 # Small enough that rollover, rebuilds and retention happen within a few hundred records.
 SMALL: dict[str, Any] = {

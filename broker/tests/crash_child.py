@@ -17,10 +17,9 @@ import sys
 import zlib
 from pathlib import Path
 
-from crash_support import body_hash, open_store, small_config
-
 from metaq.broker.store import FlushMode, MessageStore, PutStatus
 from metaq.common.record import encode
+from metaq.testing.store_crash import body_hash, open_store, small_config
 
 TOPICS = ("orders", "audit", "events")
 QUEUES = 4

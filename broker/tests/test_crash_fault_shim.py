@@ -7,9 +7,9 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-import crash_support as support
 import pytest
 
+import metaq.testing.store_crash as support
 from metaq.broker.store import FlushMode, MessageStore, PutStatus, StoreConfig
 from metaq.broker.store.commitlog import Appended
 from metaq.common.record import encode

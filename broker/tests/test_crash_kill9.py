@@ -20,9 +20,9 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-import crash_support as support
 import pytest
 
+import metaq.testing.store_crash as support
 from metaq.broker.store import FlushMode, MessageStore, PutStatus
 
 CHILD = Path(__file__).with_name("crash_child.py")

@@ -3,7 +3,7 @@ seconds; each test uses topics of its own)."""
 
 from __future__ import annotations
 
-import importlib.util
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,20 +11,37 @@ from typing import Any
 
 import pytest
 
-
-def _register_sibling(name: str) -> None:
-    """Make a module beside this file importable by name (tests import in
-    importlib mode, so this folder is not on sys.path)."""
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
+from metaq.testing.spark_cluster import Cluster, start_cluster
 
 
-_register_sibling("spark_testing")
+def local_spark(app_name: str = "metaq-tests") -> Any:
+    """One local SparkSession for a test run: two cores, a failed task tried up to four
+    times (``local[2,4]``; plain ``local`` never retries), loopback only, no UI, two shuffle
+    partitions, executors' Python = this interpreter (so they import the installed
+    ``metaq.spark``), ``format("metaq")`` registered."""
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    # Python workers import pyspark, pyarrow and pandas; without cached bytecode each one
+    # compiles them again (seconds per worker), which would dominate the tests' run time.
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
 
-from spark_testing import Cluster, local_spark, start_cluster  # noqa: E402
+    from metaq.spark import register
+
+    spark = (
+        SparkSession.builder.master("local[2,4]")
+        .appName(app_name)
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.python.worker.reuse", "true")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    return spark
 
 
 @pytest.fixture(scope="session")

@@ -6,11 +6,10 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from spark_testing import Cluster
-
 from metaq.client.producer import Producer
 from metaq.client.pull_consumer import PullConsumer
 from metaq.spark.jobs import archive, lag_report, replay
+from metaq.testing.spark_cluster import Cluster
 from metaq.testing.waiting import run_async
 
 

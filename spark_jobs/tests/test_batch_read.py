@@ -8,10 +8,10 @@ import time
 from typing import Any
 
 import pytest
-from spark_testing import Cluster
 
 from metaq.client.producer import Producer
 from metaq.client.results import SendResult
+from metaq.testing.spark_cluster import Cluster
 from metaq.testing.waiting import run_async, wait_until
 
 

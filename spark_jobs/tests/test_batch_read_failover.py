@@ -12,8 +12,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from spark_testing import integration_module
-
+import metaq.testing.replica_group as rg
 from metaq.client.admin import Admin
 from metaq.client.errors import UnknownTopic
 from metaq.client.message import OutgoingMessage
@@ -55,7 +54,6 @@ def wait_routed_to(nameserver: str, topic: str, broker: Any, what: str) -> None:
 def test_a_batch_read_while_the_master_is_down_returns_every_acknowledged_message(
     spark: Any, tmp_path: Path
 ) -> None:
-    rg = integration_module("replica_group")
     # No failover (the slave must stay a slave); the nameserver drops the dead master from
     # the route within 2 s, after which the route names the slave.
     group = rg.start_pair_without_failover(tmp_path, queues=4)

@@ -8,10 +8,9 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from spark_testing import Cluster
-
 from metaq.spark.jobs import live_orders
 from metaq.spark.jobs.order_generator import generate
+from metaq.testing.spark_cluster import Cluster
 from metaq.testing.waiting import run_async
 
 START_MS = 1_763_000_000_000 - 1_763_000_000_000 % 60_000  # a minute boundary

@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from spark_testing import Cluster
 
 from metaq.spark.jobs import live_orders
 from metaq.spark.jobs.order_generator import generate
 from metaq.spark.standalone import StandaloneCluster
+from metaq.testing.spark_cluster import Cluster
 from metaq.testing.waiting import run_async
 
 START_MS = 1_763_000_000_000 - 1_763_000_000_000 % 60_000

@@ -15,15 +15,13 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from spark_testing import integration_module
-
+import metaq.testing.replica_group as rg
 from metaq.testing.waiting import wait_until
 
 
 def test_killing_the_sync_master_mid_stream_loses_and_repeats_nothing(
     spark: Any, tmp_path: Path
 ) -> None:
-    rg = integration_module("replica_group")
     group = rg.start_group(tmp_path / "group")
     history = rg.History()
     stop = asyncio.Event()

@@ -6,10 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from spark_testing import Cluster
-
 from metaq.client.producer import Producer
 from metaq.client.pull_consumer import PullConsumer
+from metaq.testing.spark_cluster import Cluster
 from metaq.testing.waiting import run_async, wait_until
 
 

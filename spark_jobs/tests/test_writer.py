@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType
-from spark_testing import Cluster
 
+from metaq.testing.spark_cluster import Cluster
 from metaq.testing.waiting import run_async
 
 ROWS = 25_000

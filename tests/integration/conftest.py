@@ -2,30 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from metaq.testing import BrokerProcess
-
-
-def _register_sibling(name: str) -> None:
-    """Make a helper module beside this file importable by name (tests import in
-    importlib mode, so this folder is not on sys.path)."""
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-
-
-_register_sibling("consumer_cluster")
-_register_sibling("impostor")
-_register_sibling("producer_cluster")
-_register_sibling("replica_group")
 
 # Small enough frames that the too-large path is cheap to reach; pulls must fit in half.
 SHARED_BROKER_ARGS = (

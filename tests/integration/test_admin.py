@@ -6,10 +6,10 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from producer_cluster import Cluster, start_cluster
 
 from metaq.client import Admin, AdminError, BrokerAdminError, BrokerUnreachable, Producer
 from metaq.client.admin import TopicExists, TopicMissing, TopicSettings, TopicSettingsError
+from metaq.testing.producer_cluster import Cluster, start_cluster
 from metaq.testing.waiting import run_async
 
 

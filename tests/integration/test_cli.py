@@ -10,7 +10,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from producer_cluster import Cluster, start_cluster
+
+from metaq.testing.producer_cluster import Cluster, start_cluster
 
 
 def _metaq_command() -> list[str]:

@@ -9,13 +9,13 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from replica_group import TOPIC, start_group
 
 from metaq.client.admin import Admin
 from metaq.common.record import encode, iter_records
 from metaq.common.v1.data_pb2 import PullResponse, SendResponse
 from metaq.testing import DataClient
 from metaq.testing.data_client import BrokerError
+from metaq.testing.replica_group import TOPIC, start_group
 from metaq.testing.waiting import run_async, wait_until_async
 
 pytestmark = pytest.mark.slow

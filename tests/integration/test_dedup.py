@@ -6,14 +6,13 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from replica_group import read_records
-
 from metaq.client.admin import Admin, TopicSettings
 from metaq.client.producer import Producer
 from metaq.common.record import encode
 from metaq.common.v1.data_pb2 import SendRequest
 from metaq.testing import BrokerProcess, DataClient
 from metaq.testing.nameserver_process import start_nameserver
+from metaq.testing.replica_group import read_records
 from metaq.testing.waiting import run_async, wait_until, wait_until_async
 
 TOPIC = "payments"

@@ -6,13 +6,12 @@ import asyncio
 import time
 from pathlib import Path
 
-from replica_group import TOPIC, ReplicaGroup, read_records, start_group
-
 from metaq.client.admin import Admin, TopicSettings
 from metaq.client.producer import Producer
 from metaq.common.record import Record
 from metaq.testing import BrokerProcess
 from metaq.testing.nameserver_process import start_nameserver
+from metaq.testing.replica_group import TOPIC, ReplicaGroup, read_records, start_group
 from metaq.testing.waiting import run_async, wait_until
 
 

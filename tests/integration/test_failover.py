@@ -20,7 +20,14 @@ from pathlib import Path
 from typing import TypeVar
 
 import pytest
-from replica_group import (
+
+from metaq.common.errors import ErrorCode
+from metaq.common.record import encode
+from metaq.common.v1 import control_pb2 as pb
+from metaq.replication.epochs import EpochHistory
+from metaq.testing import DataClient
+from metaq.testing.data_client import BrokerError
+from metaq.testing.replica_group import (
     TOPIC,
     History,
     ReplicaGroup,
@@ -31,13 +38,6 @@ from replica_group import (
     read_all,
     start_group,
 )
-
-from metaq.common.errors import ErrorCode
-from metaq.common.record import encode
-from metaq.common.v1 import control_pb2 as pb
-from metaq.replication.epochs import EpochHistory
-from metaq.testing import DataClient
-from metaq.testing.data_client import BrokerError
 from metaq.testing.waiting import run_async, secret_env, wait_until, wait_until_async
 
 pytestmark = pytest.mark.slow

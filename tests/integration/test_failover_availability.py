@@ -29,7 +29,6 @@ from pathlib import Path
 
 import grpc
 import pytest
-from replica_group import TOPIC, ReplicaGroup, controller_state, health, read_all, start_group
 
 from metaq.client.errors import BrokerError
 from metaq.client.producer import Producer
@@ -38,6 +37,14 @@ from metaq.common.errors import ErrorCode
 from metaq.common.v1 import control_pb2 as pb
 from metaq.common.v1 import control_pb2_grpc
 from metaq.testing import BrokerProcess
+from metaq.testing.replica_group import (
+    TOPIC,
+    ReplicaGroup,
+    controller_state,
+    health,
+    read_all,
+    start_group,
+)
 from metaq.testing.waiting import deadline, run_async, wait_until, wait_until_async
 
 pytestmark = pytest.mark.slow

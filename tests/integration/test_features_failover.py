@@ -10,8 +10,6 @@ import contextlib
 from collections import defaultdict
 from pathlib import Path
 
-from replica_group import ReplicaGroup, read_records, start_group
-
 from metaq.client.admin import Admin, TopicSettings
 from metaq.client.consumer import FIRST, PushConsumer
 from metaq.client.message import Message
@@ -23,6 +21,7 @@ from metaq.common.record import encode
 from metaq.common.v1.data_pb2 import SendRequest
 from metaq.testing import DataClient
 from metaq.testing.data_client import BrokerError
+from metaq.testing.replica_group import ReplicaGroup, read_records, start_group
 from metaq.testing.waiting import run_async, wait_until_async
 
 FAST = ("--set", "queue_lock_ttl_ms=2000", "--set", "txn_check_after_ms=1000",

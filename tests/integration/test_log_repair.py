@@ -12,7 +12,6 @@ import re
 from pathlib import Path
 
 import pytest
-from replica_group import QUEUES, TOPIC, commitlog_bytes, health, read_all, start_group
 
 from metaq.client.producer import Producer
 from metaq.client.results import SendStatus
@@ -20,6 +19,14 @@ from metaq.common.record import InvalidRecord, decode
 from metaq.common.v1.data_pb2 import PullResponse
 from metaq.testing import BrokerProcess, DataClient
 from metaq.testing.data_client import BrokerError
+from metaq.testing.replica_group import (
+    QUEUES,
+    TOPIC,
+    commitlog_bytes,
+    health,
+    read_all,
+    start_group,
+)
 from metaq.testing.waiting import deadline, holds_for, wait_until
 
 pytestmark = pytest.mark.slow

@@ -8,13 +8,13 @@ import time
 from pathlib import Path
 
 import pytest
-from replica_group import TOPIC, start_group
 
 from metaq.common.errors import ErrorCode
 from metaq.common.record import encode
 from metaq.common.v1.data_pb2 import SendResponse
 from metaq.testing import DataClient
 from metaq.testing.data_client import BrokerError
+from metaq.testing.replica_group import TOPIC, start_group
 from metaq.testing.waiting import run_async, wait_until
 
 pytestmark = pytest.mark.slow

@@ -18,11 +18,11 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from replica_group import QUEUES, TOPIC, start_group
 
 from metaq.client.consumer import FIRST, PushConsumer
 from metaq.client.message import Message
 from metaq.client.producer import Producer
+from metaq.testing.replica_group import QUEUES, TOPIC, start_group
 from metaq.testing.waiting import deadline, run_async, wait_until_async
 
 pytestmark = pytest.mark.slow

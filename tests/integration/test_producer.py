@@ -10,13 +10,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from producer_cluster import Cluster, create_topic, read_until, start_cluster
 
 from metaq.client.errors import BrokerError, NoNameServer, UnknownTopic
 from metaq.client.producer import Producer, ProducerConfig
 from metaq.client.results import SendResult, SendStatus
 from metaq.common.errors import ErrorCode
 from metaq.testing import run_async
+from metaq.testing.producer_cluster import Cluster, create_topic, read_until, start_cluster
 
 
 @pytest.fixture(scope="module")

@@ -15,12 +15,12 @@ import time
 from pathlib import Path
 
 import pytest
-from replica_group import GROUP, QUEUES, TOPIC, start_group
 
 from metaq.client.admin import Admin, TopicSettings
 from metaq.client.producer import Producer
 from metaq.client.results import SendStatus
 from metaq.testing import BrokerProcess
+from metaq.testing.replica_group import GROUP, QUEUES, TOPIC, start_group
 from metaq.testing.waiting import deadline, run_async, wait_until_async
 
 pytestmark = pytest.mark.slow

@@ -22,12 +22,12 @@ from typing import Any, Final
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from replica_group import GROUP, TOPIC, ReplicaGroup
 
 from metaq.client.admin import Admin, TopicSettings
 from metaq.common.record import encode
 from metaq.testing import BrokerProcess, DataClient
 from metaq.testing.nameserver_process import NameServerProcess, free_ports, start_nameserver
+from metaq.testing.replica_group import GROUP, TOPIC, ReplicaGroup
 from metaq.testing.waiting import run_async, wait_until, wait_until_async
 
 MONITORING: Final = Path(__file__).resolve().parents[2] / "deploy" / "monitoring"

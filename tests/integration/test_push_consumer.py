@@ -9,9 +9,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import consumer_cluster as cc
 import pytest
 
+import metaq.testing.consumer_cluster as cc
 from metaq.client import cli
 from metaq.client.admin import Admin
 from metaq.client.connection import BrokerConnection

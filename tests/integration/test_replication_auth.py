@@ -13,8 +13,6 @@ import contextlib
 from pathlib import Path
 
 import pytest
-from impostor import Impostor
-from replica_group import GROUP, TOPIC, health, start_group
 
 from metaq.client.admin import Admin, TopicSettings
 from metaq.common.errors import ErrorCode, NotAuthenticated
@@ -30,7 +28,9 @@ from metaq.common.v1.data_pb2 import (
 )
 from metaq.replication.channel import DataPlaneChannel, SlaveIdentity
 from metaq.testing import BrokerError, BrokerProcess, DataClient
+from metaq.testing.impostor import Impostor
 from metaq.testing.nameserver_process import NameServerProcess, start_nameserver
+from metaq.testing.replica_group import GROUP, TOPIC, health, start_group
 from metaq.testing.waiting import (
     cluster_secret_for_tests,
     holds_for,

@@ -12,8 +12,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from impostor import Impostor
-from replica_group import TOPIC, ReplicaGroup, health, start_group, start_pair_without_failover
 
 from metaq.client.admin import Admin, QueueProgress, TopicSettings
 from metaq.common.framing import FrameType
@@ -24,7 +22,15 @@ from metaq.common.v1.data_pb2 import (
     SendResponse,
 )
 from metaq.testing import BrokerError, BrokerProcess, DataClient
+from metaq.testing.impostor import Impostor
 from metaq.testing.nameserver_process import NameServerProcess, start_nameserver
+from metaq.testing.replica_group import (
+    TOPIC,
+    ReplicaGroup,
+    health,
+    start_group,
+    start_pair_without_failover,
+)
 from metaq.testing.waiting import holds_for, run_async, wait_until, wait_until_async
 
 pytestmark = pytest.mark.slow

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from replica_group import read_records
-
 from metaq.client.admin import Admin, TopicSettings
 from metaq.client.message import Message
 from metaq.client.results import SendResult
 from metaq.client.transaction import TransactionProducer, TransactionState
 from metaq.testing import BrokerProcess
 from metaq.testing.nameserver_process import start_nameserver
+from metaq.testing.replica_group import read_records
 from metaq.testing.waiting import run_async, wait_until, wait_until_async
 
 TOPIC = "orders"

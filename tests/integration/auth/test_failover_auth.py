@@ -11,7 +11,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from replica_group import GROUP, ReplicaGroup
 
 from metaq.client.connection import BrokerConnection
 from metaq.client.errors import BrokerError as ClientBrokerError
@@ -27,6 +26,7 @@ from metaq.common.users import Credentials, Verifier, credentials_text
 from metaq.common.v1.data_pb2 import ReplicaFetchRequest
 from metaq.testing import BrokerError, BrokerProcess, DataClient
 from metaq.testing.nameserver_process import start_nameserver
+from metaq.testing.replica_group import GROUP, ReplicaGroup
 from metaq.testing.waiting import holds_for, run_async, wait_until, wait_until_async
 
 pytestmark = pytest.mark.slow

@@ -7,28 +7,14 @@ skip, saying so, on a machine without it. Screenshots go to ``tests/results/cons
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-
-def _register_sibling(name: str) -> None:
-    """Make the helper module beside this file importable (tests import in importlib
-    mode, so this folder is not on sys.path)."""
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-
-
-_register_sibling("console_support")
-
-from console_support import (  # noqa: E402
+from metaq.testing import BrokerProcess
+from metaq.testing.console import (
     BROKER_TIMEOUT_MS,
     CHROMIUM,
     GROUPS,
@@ -39,10 +25,10 @@ from console_support import (  # noqa: E402
     all_in_sync,
     call,
 )
+from metaq.testing.nameserver_process import start_nameserver
+from metaq.testing.waiting import wait_until
 
-from metaq.testing import BrokerProcess  # noqa: E402
-from metaq.testing.nameserver_process import start_nameserver  # noqa: E402
-from metaq.testing.waiting import wait_until  # noqa: E402
+RESULTS = Path(__file__).resolve().parents[2] / "results" / "console"
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +83,7 @@ def browser(chromium: Any) -> Iterator[Browser]:
     context = chromium.new_context(viewport={"width": 1280, "height": 800})
     page = context.new_page()
     page.set_default_timeout(15_000)
-    seen = Browser(page)
+    seen = Browser(page, RESULTS)
     page.on(
         "console",
         lambda m: (

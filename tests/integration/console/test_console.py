@@ -14,7 +14,9 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
-from console_support import (
+
+from metaq.client.pull_consumer import PullConsumer
+from metaq.testing.console import (
     BROKER_TIMEOUT_MS,
     GROUPS,
     QUEUES,
@@ -24,8 +26,6 @@ from console_support import (
     LiveConsumer,
     call,
 )
-
-from metaq.client.pull_consumer import PullConsumer
 from metaq.testing.waiting import deadline, run_async, wait_until
 
 GROUP = "billing"

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from console_support import BROKER_TIMEOUT_MS, Browser
 
 from metaq.client.admin import Admin, TopicSettings
 from metaq.common import acl
@@ -22,6 +21,7 @@ from metaq.common.acl import Acl, Grant, User
 from metaq.common.auth import HTTP_HEADER, sign_http
 from metaq.common.users import Credentials, Verifier
 from metaq.testing import BrokerProcess
+from metaq.testing.console import BROKER_TIMEOUT_MS, Browser
 from metaq.testing.nameserver_process import NameServerProcess, start_nameserver
 from metaq.testing.waiting import cluster_secret_for_tests, run_async, wait_until
 

@@ -10,8 +10,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from failover_path import produce_fail_over_and_read, role
-from tls_certs import Pki
 
 from metaq.client.admin import Admin, TopicSettings
 from metaq.client.connection import BrokerConnection
@@ -24,7 +22,9 @@ from metaq.common.users import Credentials, Verifier
 from metaq.common.v1 import control_pb2 as pb
 from metaq.common.v1 import control_pb2_grpc
 from metaq.testing import BrokerProcess
+from metaq.testing.certs import Pki
 from metaq.testing.nameserver_process import NameServerProcess, start_nameserver
+from metaq.testing.tls_failover import produce_fail_over_and_read, role
 from metaq.testing.waiting import run_async, wait_until
 
 GROUP = "broker-tls-auth"

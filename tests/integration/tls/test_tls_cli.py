@@ -7,9 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tls_certs import Pki
-
 from metaq.testing import BrokerProcess
+from metaq.testing.certs import Pki
 from metaq.testing.nameserver_process import start_nameserver
 
 

@@ -14,8 +14,6 @@ from typing import Any
 
 import aiohttp
 import pytest
-from failover_path import produce_fail_over_and_read, role
-from tls_certs import Pki
 
 from metaq.client.admin import Admin
 from metaq.client.connection import BrokerConnection
@@ -25,7 +23,9 @@ from metaq.common.tls import TlsConfig, grpc_channel
 from metaq.common.v1 import control_pb2 as pb
 from metaq.common.v1 import control_pb2_grpc
 from metaq.testing import BrokerProcess
+from metaq.testing.certs import Pki
 from metaq.testing.nameserver_process import NameServerProcess, start_nameserver
+from metaq.testing.tls_failover import produce_fail_over_and_read, role
 from metaq.testing.waiting import run_async, wait_until
 
 GROUP = "broker-tls"

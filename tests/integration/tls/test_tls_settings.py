@@ -7,13 +7,13 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from tls_certs import Pki
 
 from metaq.broker.config import ConfigError, load_config
 from metaq.common.tls import TlsConfig, TlsError
 from metaq.nameserver.config import load_config as load_nameserver_config
 from metaq.spark.options import OptionError, parse_sink_options, parse_source_options
 from metaq.testing.broker_process import broker_command
+from metaq.testing.certs import Pki
 from metaq.testing.nameserver_process import nameserver_command
 from metaq.testing.waiting import secret_env
 

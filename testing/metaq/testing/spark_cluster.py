@@ -1,20 +1,14 @@
-"""Support for the Spark tests: a local SparkSession set up for the suite, and a small real
-metaq cluster (a nameserver and broker masters as processes) with topics created on a
-deadline. Kept with the tests: metaq.spark itself depends on the client only."""
+"""A small real metaq cluster for the Spark tests (a nameserver and broker masters as
+processes) with topics created on a deadline."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.util
-import os
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
-from typing import Any
 
 from metaq.client.admin import Admin, TopicSettings
 from metaq.client.errors import UnknownTopic
@@ -22,36 +16,6 @@ from metaq.client.routes import RouteCache
 from metaq.common.model import TopicRoute
 from metaq.testing import BrokerProcess
 from metaq.testing.nameserver_process import NameServerProcess, start_nameserver
-
-
-def local_spark(app_name: str = "metaq-tests") -> Any:
-    """One local SparkSession for a test run: two cores, a failed task tried up to four
-    times (``local[2,4]``; plain ``local`` never retries), loopback only, no UI, two shuffle
-    partitions, executors' Python = this interpreter (so they import the installed
-    ``metaq.spark``), ``format("metaq")`` registered."""
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    # Python workers import pyspark, pyarrow and pandas; without cached bytecode each one
-    # compiles them again (seconds per worker), which would dominate the tests' run time.
-    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
-
-    from metaq.spark import register
-
-    spark = (
-        SparkSession.builder.master("local[2,4]")
-        .appName(app_name)
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.python.worker.reuse", "true")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    register(spark)
-    return spark
 
 
 @dataclass
@@ -122,17 +86,3 @@ def start_cluster(
         cluster.stop()
         raise
     return cluster
-
-
-def integration_module(name: str) -> ModuleType:
-    """A fixture module of tests/integration, such as ``replica_group`` (imported by path:
-    tests import in importlib mode)."""
-    if name in sys.modules:
-        return sys.modules[name]
-    path = Path(__file__).parents[2] / "tests" / "integration" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module

@@ -1,5 +1,6 @@
 """What the console tests share: the cluster they run against, the browser page they
-drive, and plain HTTP calls to the admin APIs."""
+drive (Playwright's, passed in: this package does not depend on it), and plain HTTP
+calls to the admin APIs."""
 
 from __future__ import annotations
 
@@ -19,7 +20,6 @@ from metaq.testing.nameserver_process import NameServerProcess
 from metaq.testing.waiting import run_async
 
 CHROMIUM = Path("/usr/bin/chromium")
-RESULTS = Path(__file__).resolve().parents[2] / "results" / "console"
 GROUPS = ("group-a", "group-b")
 TOPIC = "orders"
 QUEUES = 2
@@ -91,11 +91,13 @@ class Browser:
     """One page of a shared Chromium that records console errors and failed requests."""
 
     page: Any
+    results: Path
+    """Where :meth:`screenshot` saves."""
     problems: list[str] = field(default_factory=list)
 
     def screenshot(self, name: str) -> Path:
-        RESULTS.mkdir(parents=True, exist_ok=True)
-        path = RESULTS / f"{name}.png"
+        self.results.mkdir(parents=True, exist_ok=True)
+        path = self.results / f"{name}.png"
         self.page.screenshot(path=str(path), full_page=True)
         return path
 
