@@ -28,7 +28,7 @@ from types import TracebackType
 from typing import Any, Final
 
 from metaq.common.tls import TlsConfig
-from metaq.testing.waiting import secret_env, wait_until
+from metaq.testing.waiting import deadline, secret_env, wait_until
 
 _READY: Final = re.compile(r"metaq-broker ready data=(\S+):(\d+) http=(\S+):(\d+)")
 # Small files everywhere: start-up stays fast and nothing preallocates a gigabyte.
@@ -146,9 +146,11 @@ class BrokerProcess:
             return "\n".join(self.lines)
 
     def wait_for_line(self, pattern: str | re.Pattern[str], timeout_s: float) -> re.Match[str]:
-        """The first output line matching ``pattern``; AssertionError at the deadline."""
+        """The first output line matching ``pattern``; AssertionError at the deadline
+        (``timeout_s`` through :func:`~metaq.testing.waiting.deadline`)."""
         regex = re.compile(pattern)
-        deadline = time.monotonic() + timeout_s
+        timeout_s = deadline(timeout_s)
+        give_up = time.monotonic() + timeout_s
         with self._cond:
             seen = 0
             while True:
@@ -157,7 +159,7 @@ class BrokerProcess:
                     if match:
                         return match
                 seen = len(self.lines)
-                remaining = deadline - time.monotonic()
+                remaining = give_up - time.monotonic()
                 if self._eof or remaining <= 0:
                     why = "the broker exited" if self._eof else f"{timeout_s} s passed"
                     raise AssertionError(

@@ -35,7 +35,7 @@ from google.protobuf.message import Message
 
 from metaq.common.auth import ClusterSecret, call_metadata, session_identity, session_metadata
 from metaq.common.v1 import control_pb2 as pb
-from metaq.testing.waiting import cluster_secret_for_tests, secret_env
+from metaq.testing.waiting import cluster_secret_for_tests, deadline, secret_env
 
 READY: Final = re.compile(
     r"^metaq-nameserver ready grpc=(\S+)(?: http=(\S+))?(?: raft=(\S+))?$", re.MULTILINE
@@ -124,8 +124,8 @@ def start_nameserver(
     It runs with the tests' cluster secret (``metaq.testing.waiting.secret_env``) unless
     ``env`` sets another.
 
-    Raises RuntimeError with the process output if it exits or is not ready in time; the
-    process is stopped in that case.
+    Raises RuntimeError with the process output if it exits or is not ready in time (the
+    deadline scaled by ``METAQ_TEST_DEADLINE_SCALE``); the process is stopped in that case.
     """
     work_dir.mkdir(parents=True, exist_ok=True)
     argv = list(args)
@@ -143,7 +143,8 @@ def start_nameserver(
             env=secret_env(env),
         )
     server = NameServerProcess(process=process, work_dir=work_dir, args=tuple(argv))
-    deadline = time.monotonic() + timeout_s
+    timeout_s = deadline(timeout_s)
+    give_up = time.monotonic() + timeout_s
     while True:
         found = READY.search(server.stdout_path.read_text(errors="replace"))
         if found:
@@ -154,7 +155,7 @@ def start_nameserver(
         failure = ""
         if process.poll() is not None:
             failure = f"metaq-nameserver exited with {process.returncode} before it was ready"
-        elif time.monotonic() > deadline:
+        elif time.monotonic() > give_up:
             failure = f"metaq-nameserver was not ready within {timeout_s} s"
         if failure:
             with contextlib.suppress(Exception):
