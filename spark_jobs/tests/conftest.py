@@ -6,12 +6,11 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from metaq.testing.spark_cluster import Cluster, start_cluster
+from metaq.testing import Cluster, ClusterBuilder
 
 
 def local_spark(app_name: str = "metaq-tests") -> Any:
@@ -53,6 +52,8 @@ def spark() -> Iterator[Any]:
 
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    started = start_cluster(Path(tmp_path_factory.mktemp("spark-cluster")))
+    started = ClusterBuilder(groups=("broker-a", "broker-b")).start(
+        tmp_path_factory.mktemp("spark-cluster")
+    )
     yield started
     started.stop()

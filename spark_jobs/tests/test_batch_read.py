@@ -11,7 +11,7 @@ import pytest
 
 from metaq.client.producer import Producer
 from metaq.client.results import SendResult
-from metaq.testing.spark_cluster import Cluster
+from metaq.testing import Cluster
 from metaq.testing.waiting import run_async, wait_until
 
 
@@ -21,7 +21,7 @@ def send_all(cluster: Cluster, topic: str, count: int, *, queues: int = 2) -> li
 
     async def go() -> list[SendResult]:
         await cluster.create_topic(topic, queues=queues)
-        async with Producer([cluster.nameservers]) as producer:
+        async with Producer(cluster.nameserver_addresses) as producer:
             return [
                 await producer.send(
                     topic,
@@ -37,7 +37,7 @@ def send_all(cluster: Cluster, topic: str, count: int, *, queues: int = 2) -> li
 
 
 def read(spark: Any, cluster: Cluster, topic: str, **options: str) -> Any:
-    reader = spark.read.format("metaq").option("nameservers", cluster.nameservers)
+    reader = spark.read.format("metaq").option("nameservers", cluster.nameserver_list)
     return reader.option("topic", topic).options(**options).load()
 
 
@@ -145,7 +145,7 @@ def test_tag_time_and_queue_filters_are_applied_at_the_brokers(
 def test_bad_options_fail_at_planning_naming_the_option(
     spark: Any, cluster: Cluster, options: dict[str, str], words: list[str]
 ) -> None:
-    reader = spark.read.format("metaq").option("nameservers", cluster.nameservers)
+    reader = spark.read.format("metaq").option("nameservers", cluster.nameserver_list)
     with pytest.raises(Exception) as failure:
         reader.options(**options).load().collect()
     for word in words:

@@ -10,7 +10,7 @@ from typing import Any
 
 from metaq.spark.jobs import live_orders
 from metaq.spark.jobs.order_generator import generate
-from metaq.testing.spark_cluster import Cluster
+from metaq.testing import Cluster
 from metaq.testing.waiting import run_async
 
 START_MS = 1_763_000_000_000 - 1_763_000_000_000 % 60_000  # a minute boundary
@@ -23,7 +23,7 @@ def test_live_orders_aggregates_closed_minutes_like_the_test_does(
     run_async(cluster.create_topic("live-stats", queues=1))
     sent = run_async(
         generate(
-            [cluster.nameservers], "live-orders", 5000, count=1500, start_ms=START_MS,
+            cluster.nameserver_addresses, "live-orders", 5000, count=1500, start_ms=START_MS,
             event_step_ms=100,
         )
     )  # fmt: skip
@@ -37,7 +37,7 @@ def test_live_orders_aggregates_closed_minutes_like_the_test_does(
     assert len({w for w, _ in expected}) == 2  # minutes 0 and 1 closed; minute 2 still open
 
     args = [
-        "--nameservers", cluster.nameservers, "--topic", "live-orders",
+        "--nameservers", cluster.nameserver_list, "--topic", "live-orders",
         "--stats-topic", "live-stats", "--output", str(tmp_path), "--until-idle",
         "--trigger-seconds", "0.5",
     ]  # fmt: skip
@@ -52,7 +52,7 @@ def test_live_orders_aggregates_closed_minutes_like_the_test_does(
 
     messages = (
         spark.read.format("metaq")
-        .option("nameservers", cluster.nameservers)
+        .option("nameservers", cluster.nameserver_list)
         .option("topic", "live-stats")
         .load()
         .collect()

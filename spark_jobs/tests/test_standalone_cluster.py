@@ -13,7 +13,7 @@ import pytest
 from metaq.spark.jobs import live_orders
 from metaq.spark.jobs.order_generator import generate
 from metaq.spark.standalone import StandaloneCluster
-from metaq.testing.spark_cluster import Cluster
+from metaq.testing import Cluster
 from metaq.testing.waiting import run_async
 
 START_MS = 1_763_000_000_000 - 1_763_000_000_000 % 60_000
@@ -32,7 +32,7 @@ def test_live_orders_runs_on_a_standalone_cluster(
     run_async(cluster.create_topic("sa-orders", queues=2))
     run_async(cluster.create_topic("sa-stats", queues=1))
     sent = run_async(
-        generate([cluster.nameservers], "sa-orders", 5000, count=800, start_ms=START_MS,
+        generate(cluster.nameserver_addresses, "sa-orders", 5000, count=800, start_ms=START_MS,
                  event_step_ms=150)
     )  # fmt: skip
     watermark_ms = max(o.event_time_ms for o in sent) - 10_000
@@ -41,7 +41,7 @@ def test_live_orders_runs_on_a_standalone_cluster(
     ]
     output = standalone.submit(
         Path(live_orders.__file__),
-        "--nameservers", cluster.nameservers, "--topic", "sa-orders", "--stats-topic",
+        "--nameservers", cluster.nameserver_list, "--topic", "sa-orders", "--stats-topic",
         "sa-stats", "--output", str(tmp_path / "out"), "--until-idle", "--trigger-seconds", "1",
     )  # fmt: skip
     assert "per-minute stats in" in output

@@ -8,7 +8,7 @@ from typing import Any
 
 from metaq.client.producer import Producer
 from metaq.client.pull_consumer import PullConsumer
-from metaq.testing.spark_cluster import Cluster
+from metaq.testing import Cluster
 from metaq.testing.waiting import run_async, wait_until
 
 
@@ -16,14 +16,14 @@ def send(cluster: Cluster, topic: str, bodies: list[str]) -> set[str]:
     """Send the bodies; the message ids acknowledged."""
 
     async def go() -> set[str]:
-        async with Producer([cluster.nameservers]) as producer:
+        async with Producer(cluster.nameserver_addresses) as producer:
             return {(await producer.send(topic, b.encode())).msg_id for b in bodies}
 
     return run_async(go())
 
 
 def stream(spark: Any, cluster: Cluster, topic: str, **options: str) -> Any:
-    reader = spark.readStream.format("metaq").option("nameservers", cluster.nameservers)
+    reader = spark.readStream.format("metaq").option("nameservers", cluster.nameserver_list)
     if topic:
         reader = reader.option("topic", topic)
     return reader.options(**options).load()
@@ -90,7 +90,7 @@ def test_processing_time_trigger_honours_max_messages_per_trigger(
 
 
 def test_queues_added_mid_stream_are_picked_up(spark: Any, cluster: Cluster) -> None:
-    run_async(cluster.create_topic("stream-grow", queues=1, brokers=["broker-a"]))
+    run_async(cluster.create_topic("stream-grow", queues=1, groups=["broker-a"]))
     before = send(cluster, "stream-grow", [f"x{i}" for i in range(10)])
     query = (
         stream(spark, cluster, "stream-grow")
@@ -118,7 +118,7 @@ def test_queues_added_mid_stream_are_picked_up(spark: Any, cluster: Cluster) -> 
 def test_topic_pattern_picks_up_new_topics_and_commits_the_groups_offsets(
     spark: Any, cluster: Cluster
 ) -> None:
-    run_async(cluster.create_topic("pat-one", queues=1, brokers=["broker-a"]))
+    run_async(cluster.create_topic("pat-one", queues=1, groups=["broker-a"]))
     first = send(cluster, "pat-one", [f"p{i}" for i in range(5)])
     query = (
         stream(spark, cluster, "", topicPattern="pat-.*", consumerGroup="pattern-pipeline")
@@ -133,7 +133,7 @@ def test_topic_pattern_picks_up_new_topics_and_commits_the_groups_offsets(
 
     try:
         wait_until(lambda: seen() >= first, 60.0, "the first topic is read", poll_s=0.2)
-        run_async(cluster.create_topic("pat-two", queues=1, brokers=["broker-b"]))
+        run_async(cluster.create_topic("pat-two", queues=1, groups=["broker-b"]))
         second = send(cluster, "pat-two", [f"q{i}" for i in range(7)])
         wait_until(lambda: seen() >= first | second, 60.0, "the new topic is read", poll_s=0.2)
         # Spark commits a batch's end offsets to the source when it starts the next batch.
@@ -141,7 +141,7 @@ def test_topic_pattern_picks_up_new_topics_and_commits_the_groups_offsets(
         wait_until(lambda: seen() >= third, 60.0, "a further batch ran", poll_s=0.2)
 
         async def committed() -> bool:
-            async with PullConsumer([cluster.nameservers], "pattern-pipeline") as consumer:
+            async with PullConsumer(cluster.nameserver_addresses, "pattern-pipeline") as consumer:
                 (queue,) = await consumer.queues("pat-two")
                 return (await consumer.committed("pat-two", queue) or 0) >= 7
 

@@ -10,19 +10,19 @@ import pytest
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType
 
-from metaq.testing.spark_cluster import Cluster
+from metaq.testing import Cluster
 from metaq.testing.waiting import run_async
 
 ROWS = 25_000
 
 
 def read_back(spark: Any, cluster: Cluster, topic: str) -> list[Any]:
-    reader = spark.read.format("metaq").option("nameservers", cluster.nameservers)
+    reader = spark.read.format("metaq").option("nameservers", cluster.nameserver_list)
     return reader.option("topic", topic).load().collect()
 
 
 def writer(df: Any, cluster: Cluster) -> Any:
-    return df.write.format("metaq").mode("append").option("nameservers", cluster.nameservers)
+    return df.write.format("metaq").mode("append").option("nameservers", cluster.nameserver_list)
 
 
 def test_written_rows_come_back_with_keys_tags_and_properties(spark: Any, cluster: Cluster) -> None:

@@ -9,13 +9,15 @@ import pytest
 
 from metaq.client import Admin, AdminError, BrokerAdminError, BrokerUnreachable, Producer
 from metaq.client.admin import TopicExists, TopicMissing, TopicSettings, TopicSettingsError
-from metaq.testing.producer_cluster import Cluster, start_cluster
+from metaq.testing import Cluster, ClusterBuilder
 from metaq.testing.waiting import run_async
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    started = start_cluster(tmp_path_factory.mktemp("admin-cluster"))
+    started = ClusterBuilder(groups=("broker-a", "broker-b")).start(
+        tmp_path_factory.mktemp("admin-cluster")
+    )
     try:
         yield started
     finally:
@@ -82,7 +84,7 @@ def test_messages_are_found_by_id_and_key_and_offsets_reset(cluster: Cluster) ->
             [progress] = await admin.progress("adm-readers", "adm-lookups")
             assert (progress.offsets.committed, progress.lag) == (0, 3)
 
-            broker = cluster.brokers["broker-a"].http_url
+            broker = cluster.broker("broker-a").http_url
             committed = await admin.consumer_offsets(broker)
             assert any(c.group == "adm-readers" and c.lag == 3 for c in committed), committed
 
@@ -90,7 +92,7 @@ def test_messages_are_found_by_id_and_key_and_offsets_reset(cluster: Cluster) ->
 
 
 def test_one_broker_is_asked_without_nameservers(cluster: Cluster) -> None:
-    broker = cluster.brokers["broker-b"].http_url
+    broker = cluster.broker("broker-b").http_url
 
     health = run_async(Admin().health(broker))
     assert health.writable and health.role == "master" and health.broker_name == "broker-b"

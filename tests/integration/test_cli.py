@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from metaq.testing.producer_cluster import Cluster, start_cluster
+from metaq.testing import Cluster, ClusterBuilder
 
 
 def _metaq_command() -> list[str]:
@@ -21,7 +21,9 @@ def _metaq_command() -> list[str]:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    started = start_cluster(tmp_path_factory.mktemp("cli-cluster"))
+    started = ClusterBuilder(groups=("broker-a", "broker-b")).start(
+        tmp_path_factory.mktemp("cli-cluster")
+    )
     try:
         yield started
     finally:
@@ -51,7 +53,7 @@ def test_cluster_list_shows_both_brokers_with_their_addresses(cluster: Cluster) 
     header, *rows = done.stdout.splitlines()
     assert header.split()[:4] == ["CLUSTER", "GROUP", "ID", "ROLE"]
     assert [row.split()[1] for row in rows] == ["broker-a", "broker-b"]
-    assert all(cluster.data_address(name) in done.stdout for name in cluster.brokers)
+    assert all(cluster.data_address(name) in done.stdout for name in cluster.builder.groups)
 
 
 def test_create_send_and_find_a_message_by_id_and_key(cluster: Cluster) -> None:

@@ -6,8 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections import Counter
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -15,14 +14,16 @@ from metaq.client.errors import BrokerError, NoNameServer, UnknownTopic
 from metaq.client.producer import Producer, ProducerConfig
 from metaq.client.results import SendResult, SendStatus
 from metaq.common.errors import ErrorCode
-from metaq.testing import run_async
-from metaq.testing.producer_cluster import Cluster, create_topic, read_until, start_cluster
+from metaq.testing import Cluster, ClusterBuilder, run_async
+from metaq.testing.read_back import read_until
+
+TWO_BROKERS = ClusterBuilder(groups=("broker-a", "broker-b"))
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """One nameserver and two brokers shared by the tests that kill nothing."""
-    started = start_cluster(tmp_path_factory.mktemp("producer-cluster"))
+    started = TWO_BROKERS.start(tmp_path_factory.mktemp("producer-cluster"))
     try:
         yield started
     finally:
@@ -33,7 +34,7 @@ def test_a_producer_spreads_1000_messages_over_both_brokers_and_each_is_where_it
     cluster: Cluster,
 ) -> None:
     async def scenario() -> None:
-        await create_topic(cluster, "spread", queues=4)
+        await cluster.create_topic("spread", queues=4)
         async with Producer(cluster.nameserver_addresses) as producer:
             one_by_one = [await producer.send("spread", b"seq-%d" % n) for n in range(200)]
             together = await asyncio.gather(
@@ -54,7 +55,7 @@ def test_a_producer_spreads_1000_messages_over_both_brokers_and_each_is_where_it
         stored = {}
         for broker in ("broker-a", "broker-b"):
             count = sum(n for (b, _), n in placement.items() if b == broker)
-            for message in await read_until(cluster.brokers[broker], "spread", 4, count):
+            for message in await read_until(cluster.broker(broker), "spread", 4, count):
                 stored[(broker, message.queue_id, message.queue_offset)] = message
         for result, body in zip(results, bodies, strict=True):
             message = stored.get((result.broker, result.queue_id, result.queue_offset))
@@ -67,7 +68,7 @@ def test_a_producer_spreads_1000_messages_over_both_brokers_and_each_is_where_it
 
 def test_send_batch_send_async_and_one_way_sends_are_stored(cluster: Cluster) -> None:
     async def scenario() -> None:
-        await create_topic(cluster, "modes", queues=2, brokers=["broker-a"])
+        await cluster.create_topic("modes", queues=2, groups=["broker-a"])
         async with Producer(cluster.nameserver_addresses) as producer:
             batch = await producer.send_batch("modes", [b"b%d" % n for n in range(300)])
             futures = [producer.send_async("modes", b"a%d" % n) for n in range(50)]
@@ -80,7 +81,7 @@ def test_send_batch_send_async_and_one_way_sends_are_stored(cluster: Cluster) ->
         assert len({(r.queue_id, r.queue_offset) for r in batch}) == 300
         assert len({r.queue_id for r in batch}) == 1  # a batch goes to one queue
         assert all(isinstance(r, SendResult) for r in async_results)
-        broker = cluster.brokers["broker-a"]
+        broker = cluster.broker("broker-a")
         stored = await read_until(broker, "modes", 2, 371)
         bodies = Counter(m.body[:1] for m in stored)
         assert bodies == Counter({b"b": 300, b"a": 50, b"o": 20, b"z": 1})
@@ -97,7 +98,7 @@ def test_send_batch_send_async_and_one_way_sends_are_stored(cluster: Cluster) ->
 
 def test_sends_one_at_a_time_poll_for_their_answers_unless_turned_off(cluster: Cluster) -> None:
     async def scenario() -> tuple[float, float]:
-        await create_topic(cluster, "polled", queues=1, brokers=["broker-a"])
+        await cluster.create_topic("polled", queues=1, groups=["broker-a"])
         polled = []
         for window in (200, 0):
             config = ProducerConfig(answer_poll_us=window)
@@ -105,7 +106,7 @@ def test_sends_one_at_a_time_poll_for_their_answers_unless_turned_off(cluster: C
                 for n in range(100):
                     await producer.send("polled", b"%d-%d" % (window, n))
                 polled.append(producer.sender.answer_poll.polled_s)
-        stored = await read_until(cluster.brokers["broker-a"], "polled", 1, 200)
+        stored = await read_until(cluster.broker("broker-a"), "polled", 1, 200)
         assert sorted(m.body for m in stored) == sorted(
             b"%d-%d" % (w, n) for w in (200, 0) for n in range(100)
         )
@@ -131,7 +132,7 @@ def test_a_message_over_the_brokers_limit_is_refused_and_nothing_is_stored(
     cluster: Cluster,
 ) -> None:
     async def scenario() -> None:
-        await create_topic(cluster, "limits", queues=2)
+        await cluster.create_topic("limits", queues=2)
         async with Producer(cluster.nameserver_addresses) as producer:
             # Random bytes do not compress: 300 KiB over the brokers' 256 KiB limit.
             with pytest.raises(BrokerError) as caught:
@@ -150,9 +151,9 @@ def test_a_message_over_the_brokers_limit_is_refused_and_nothing_is_stored(
         # refused ones) are readable, anything refused but stored would be too.
         stored = [
             m.body
-            for name in sorted(cluster.brokers)
+            for name in sorted(cluster.builder.groups)
             for m in await read_until(
-                cluster.brokers[name], "limits", 2, 2 if name == neighbours[0].broker else 0
+                cluster.broker(name), "limits", 2, 2 if name == neighbours[0].broker else 0
             )
         ]
         assert sorted(stored) == [b"small", b"small too"]
@@ -160,11 +161,13 @@ def test_a_message_over_the_brokers_limit_is_refused_and_nothing_is_stored(
     run_async(scenario())
 
 
-def test_killing_a_broker_mid_stream_is_invisible_to_the_callers(tmp_path: Path) -> None:
-    cluster = start_cluster(tmp_path)
+def test_killing_a_broker_mid_stream_is_invisible_to_the_callers(
+    cluster_factory: Callable[[ClusterBuilder], Cluster],
+) -> None:
+    cluster = cluster_factory(TWO_BROKERS)
 
     async def scenario() -> None:
-        await create_topic(cluster, "failover", queues=4)
+        await cluster.create_topic("failover", queues=4)
         results: list[SendResult] = []
         errors: list[BaseException] = []
         killed = asyncio.Event()
@@ -185,7 +188,7 @@ def test_killing_a_broker_mid_stream_is_invisible_to_the_callers(tmp_path: Path)
             workers = [asyncio.create_task(worker(producer, n)) for n in range(16)]
             while len(results) < 400 and not errors:
                 await asyncio.sleep(0.005)  # poll until enough sends went to both brokers
-            await asyncio.to_thread(cluster.brokers["broker-b"].kill)
+            await asyncio.to_thread(cluster.broker("broker-b").kill)
             killed.set()
             await asyncio.gather(*workers)
 
@@ -196,23 +199,22 @@ def test_killing_a_broker_mid_stream_is_invisible_to_the_callers(tmp_path: Path)
         on_a = sum(r.broker == "broker-a" for r in [*results, *after_kill])
         stored = {
             (m.queue_id, m.queue_offset): m.msg_id
-            for m in await read_until(cluster.brokers["broker-a"], "failover", 4, on_a)
+            for m in await read_until(cluster.broker("broker-a"), "failover", 4, on_a)
         }
         for result in [*results, *after_kill]:
             if result.broker == "broker-a":
                 assert stored[(result.queue_id, result.queue_offset)] == result.msg_id
 
-    try:
-        run_async(scenario(), timeout_s=40)
-    finally:
-        cluster.stop()
+    run_async(scenario(), timeout_s=40)
 
 
-def test_a_dead_nameserver_is_passed_over_by_running_and_new_producers(tmp_path: Path) -> None:
-    cluster = start_cluster(tmp_path, broker_names=["broker-a"], nameservers=2)
+def test_a_dead_nameserver_is_passed_over_by_running_and_new_producers(
+    cluster_factory: Callable[[ClusterBuilder], Cluster],
+) -> None:
+    cluster = cluster_factory(ClusterBuilder(groups=("broker-a",), nameservers=2))
 
     async def scenario() -> None:
-        await create_topic(cluster, "resilient", queues=2)
+        await cluster.create_topic("resilient", queues=2)
         first, second = cluster.nameservers
         async with Producer(cluster.nameserver_addresses) as producer:
             await producer.send("resilient", b"before")
@@ -232,7 +234,4 @@ def test_a_dead_nameserver_is_passed_over_by_running_and_new_producers(tmp_path:
             assert first.grpc_address in str(caught.value)
             assert second.grpc_address in str(caught.value)
 
-    try:
-        run_async(scenario(), timeout_s=30)
-    finally:
-        cluster.stop()
+    run_async(scenario(), timeout_s=30)

@@ -31,7 +31,7 @@ from metaq.client.push_consumer import QueueKey
 from metaq.common.framing import FrameType
 from metaq.common.model import QueueRoute
 from metaq.common.v1.data_pb2 import ConsumerHeartbeatRequest
-from metaq.testing import BrokerProcess, run_async
+from metaq.testing import Cluster, run_async
 from metaq.testing.waiting import deadline, wait_until_async
 
 # Fast heartbeats so membership changes are seen within a fraction of a second.
@@ -39,8 +39,8 @@ FAST = {"heartbeat_interval_s": 0.2, "commit_interval_s": 0.2, "close_timeout_s"
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[cc.Cluster]:
-    started = cc.start_cluster(tmp_path_factory.mktemp("consumer-cluster"))
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    started = cc.BUILDER.start(tmp_path_factory.mktemp("consumer-cluster"))
     try:
         yield started
     finally:
@@ -61,18 +61,18 @@ def _partitioned(consumers: list[PushConsumer], total: int) -> bool:
 
 
 def test_a_group_consumes_each_message_once_and_loses_none_when_members_change(
-    cluster: cc.Cluster,
+    cluster: Cluster,
 ) -> None:
     topic, group = "GroupOrders", "group-orders"
 
     async def scenario() -> dict[str, int]:
-        await cc.create_topic(cluster, topic, ["broker-a", "broker-b"])
+        await cluster.create_topic(topic, groups=["broker-a", "broker-b"])
         deliveries = cc.Deliveries()
         sender = cc.Sender(cluster)
         consumers: list[PushConsumer] = []
 
         async def join(name: str) -> PushConsumer:
-            consumer = PushConsumer(cluster.nameservers, group, **FAST)
+            consumer = PushConsumer(cluster.nameserver_addresses, group, **FAST)
             consumer.subscribe(topic, deliveries.handler(name))
             await consumer.start()
             consumers.append(consumer)
@@ -126,15 +126,15 @@ SLOW = {**FAST, "heartbeat_interval_s": 30.0, "rebalance_interval_s": 60.0}
 
 
 def test_members_rebalance_at_once_on_the_brokers_notice_when_one_joins_or_leaves(
-    cluster: cc.Cluster,
+    cluster: Cluster,
 ) -> None:
     topic, group = "NoticeOrders", "notice-orders"
 
     async def scenario() -> tuple[float, float, int]:
-        await cc.create_topic(cluster, topic, ["broker-a", "broker-b"])
-        first = PushConsumer(cluster.nameservers, group, **SLOW)
+        await cluster.create_topic(topic, groups=["broker-a", "broker-b"])
+        first = PushConsumer(cluster.nameserver_addresses, group, **SLOW)
         first.subscribe(topic, _ignore)
-        second = PushConsumer(cluster.nameservers, group, **SLOW)
+        second = PushConsumer(cluster.nameserver_addresses, group, **SLOW)
         second.subscribe(topic, _ignore)
         try:
             await first.start()
@@ -158,7 +158,7 @@ def test_members_rebalance_at_once_on_the_brokers_notice_when_one_joins_or_leave
     joined, left, notices = run_async(scenario())
     assert notices >= 2, "the member rebalanced without a notice: the test proves nothing"
     sent = sum(
-        run_async(Admin().metrics(cluster.brokers[b].http_url)).get(
+        run_async(Admin().metrics(cluster.broker(b).http_url)).get(
             ("metaq_consumer_change_notices_total", ()), 0
         )
         for b in ("broker-a", "broker-b")
@@ -167,11 +167,11 @@ def test_members_rebalance_at_once_on_the_brokers_notice_when_one_joins_or_leave
     print(f"rebalanced {joined:.3f} s after a join, {left:.3f} s after a leave")
 
 
-def test_a_consumer_that_did_not_ask_for_notices_is_sent_none(cluster: cc.Cluster) -> None:
+def test_a_consumer_that_did_not_ask_for_notices_is_sent_none(cluster: Cluster) -> None:
     """A client from before CONSUMER_IDS_CHANGED would refuse the unknown frame type and
     lose its connection: the broker sends notices only to heartbeats that ask."""
     group = "notice-old-client"
-    address = cluster.address("broker-a")
+    address = cluster.data_address("broker-a")
 
     async def heartbeat(connection: BrokerConnection, client_id: str, notify: bool) -> None:
         request = ConsumerHeartbeatRequest(
@@ -208,19 +208,19 @@ async def _ignore(_message: Message) -> None:
 
 
 def test_broadcasting_delivers_every_message_to_every_member(
-    cluster: cc.Cluster, tmp_path: Path
+    cluster: Cluster, tmp_path: Path
 ) -> None:
     topic, group = "Broadcast", "group-broadcast"
 
     async def scenario() -> None:
-        await cc.create_topic(cluster, topic, ["broker-a", "broker-b"], queues=2)
+        await cluster.create_topic(topic, groups=["broker-a", "broker-b"], queues=2)
         deliveries = [cc.Deliveries(), cc.Deliveries()]
         sender = cc.Sender(cluster)
         consumers = []
         try:
             for n, seen in enumerate(deliveries):
                 consumer = PushConsumer(
-                    cluster.nameservers,
+                    cluster.nameserver_addresses,
                     group,
                     mode=BROADCASTING,
                     offset_store_path=tmp_path / f"member{n}.json",
@@ -249,12 +249,12 @@ def test_broadcasting_delivers_every_message_to_every_member(
 
 
 def test_a_long_poll_delivers_a_new_message_well_before_the_poll_times_out(
-    cluster: cc.Cluster,
+    cluster: Cluster,
 ) -> None:
     topic, group = "LongPoll", "group-long-poll"
 
     async def scenario() -> float:
-        await cc.create_topic(cluster, topic, ["broker-a"], queues=1)
+        await cluster.create_topic(topic, groups=["broker-a"], queues=1)
         arrived = asyncio.Event()
         received_at: list[float] = []
 
@@ -262,12 +262,14 @@ def test_a_long_poll_delivers_a_new_message_well_before_the_poll_times_out(
             received_at.append(time.monotonic())
             arrived.set()
 
-        consumer = PushConsumer(cluster.nameservers, group, long_poll_timeout_ms=15_000, **FAST)
+        consumer = PushConsumer(
+            cluster.nameserver_addresses, group, long_poll_timeout_ms=15_000, **FAST
+        )
         consumer.subscribe(topic, handle)
         sender = cc.Sender(cluster)
         try:
             await consumer.start()
-            http = cluster.brokers["broker-a"].http_url
+            http = cluster.broker("broker-a").http_url
 
             async def parked() -> bool:
                 samples = await Admin().metrics(http)
@@ -288,19 +290,19 @@ def test_a_long_poll_delivers_a_new_message_well_before_the_poll_times_out(
 
 
 def test_computer_room_first_keeps_consumers_in_their_room_and_shares_orphaned_rooms(
-    cluster: cc.Cluster,
+    cluster: Cluster,
 ) -> None:
     topic, group = "Rooms", "group-rooms"
 
     async def scenario() -> None:
-        await cc.create_topic(cluster, topic, ["broker-a", "broker-b", "broker-c"], queues=2)
+        await cluster.create_topic(topic, groups=["broker-a", "broker-b", "broker-c"], queues=2)
         deliveries = cc.Deliveries()
         sender = cc.Sender(cluster)
         consumers: dict[str, PushConsumer] = {}
         try:
             for room in ("r1", "r2"):
                 consumer = PushConsumer(
-                    cluster.nameservers,
+                    cluster.nameserver_addresses,
                     group,
                     strategy="computer_room_first",
                     computer_room=room,
@@ -320,7 +322,7 @@ def test_computer_room_first_keeps_consumers_in_their_room_and_shares_orphaned_r
             sent = await sender.send(topic, _queues(["broker-a", "broker-b"], 2), 40)
             await cc.wait_for(lambda: deliveries.received_all(sent), 20, "40 arrived")
             for msg_id, message in deliveries.messages.items():
-                broker = cluster.broker_of(message.store_host)
+                broker = cc.broker_of(cluster, message.store_host)
                 assert deliveries.consumers[msg_id] == {cc.ROOMS[broker]}
 
             # r2's consumer leaves: r2 has no consumer now, so r1 takes its queues.
@@ -338,18 +340,18 @@ def test_computer_room_first_keeps_consumers_in_their_room_and_shares_orphaned_r
 
 
 def test_a_wrong_offset_is_an_explicit_status_and_the_consumer_corrects_itself(
-    cluster: cc.Cluster,
+    cluster: Cluster,
 ) -> None:
     topic, group = "WrongOffsets", "group-wrong-offsets"
 
     async def scenario() -> None:
-        await cc.create_topic(cluster, topic, ["broker-a"], queues=1)
+        await cluster.create_topic(topic, groups=["broker-a"], queues=1)
         sender = cc.Sender(cluster)
         deliveries = cc.Deliveries()
         consumer: PushConsumer | None = None
         try:
             await sender.send(topic, [("broker-a", 0)], 10)
-            async with PullConsumer(cluster.nameservers, group) as puller:
+            async with PullConsumer(cluster.nameserver_addresses, group) as puller:
                 (queue,) = await puller.queues(topic)
                 result = await puller.pull(topic, queue, 500)
                 assert result.status is PullStatus.OFFSET_OVERFLOW_BADLY
@@ -365,10 +367,10 @@ def test_a_wrong_offset_is_an_explicit_status_and_the_consumer_corrects_itself(
             await asyncio.to_thread(_store_offset, cluster, "broker-a", group, topic, 500)
             await sender.close()
             sender = cc.Sender(cluster)
-            async with PullConsumer(cluster.nameservers, group) as puller:
+            async with PullConsumer(cluster.nameserver_addresses, group) as puller:
                 (queue,) = await puller.queues(topic, refresh=True)
                 assert await puller.committed(topic, queue) == 500
-                consumer = PushConsumer(cluster.nameservers, group, **FAST)
+                consumer = PushConsumer(cluster.nameserver_addresses, group, **FAST)
                 consumer.subscribe(topic, deliveries.handler("c"))
                 await consumer.start()
                 await cc.wait_for(
@@ -389,31 +391,28 @@ def test_a_wrong_offset_is_an_explicit_status_and_the_consumer_corrects_itself(
     run_async(scenario(), timeout_s=60)
 
 
-def _store_offset(cluster: cc.Cluster, name: str, group: str, topic: str, offset: int) -> None:
+def _store_offset(cluster: Cluster, name: str, group: str, topic: str, offset: int) -> None:
     """Restart broker ``name`` with ``offset`` written into its offsets snapshot for
     queue 0 of ``topic``, as no commit can store it."""
-    old = cluster.brokers[name]
+    old = cluster.broker(name)
     old.terminate()
     path = old.data_dir / "consumer_offsets.json"
     data = json.loads(path.read_text())
     data["offsets"].setdefault(group, {}).setdefault(topic, {})["0"] = offset
     path.write_text(json.dumps(data))
-    broker = BrokerProcess(old.data_dir, old.args)
-    cluster.brokers[name] = broker
-    broker.wait_ready(30)
-    broker.wait_master(30)
+    cluster.start_broker(name)
 
 
-def test_a_new_group_starts_from_last_or_from_a_timestamp(cluster: cc.Cluster) -> None:
+def test_a_new_group_starts_from_last_or_from_a_timestamp(cluster: Cluster) -> None:
     topic = "StartPositions"
 
     async def scenario() -> None:
-        await cc.create_topic(cluster, topic, ["broker-a"], queues=2)
+        await cluster.create_topic(topic, groups=["broker-a"], queues=2)
         sender = cc.Sender(cluster)
         consumers: list[PushConsumer] = []
         try:
             old = await sender.send(topic, _queues(["broker-a"], 2), 20, prefix="old")
-            async with PullConsumer(cluster.nameservers, "group-probe") as puller:
+            async with PullConsumer(cluster.nameserver_addresses, "group-probe") as puller:
                 newest = 0
                 for queue in await puller.queues(topic):
                     result = await puller.pull(topic, queue, 0, max_messages=100)
@@ -422,7 +421,9 @@ def test_a_new_group_starts_from_last_or_from_a_timestamp(cluster: cc.Cluster) -
             await cc.wait_for(lambda: time.time() * 1000 > newest + 1, 5, "the clock moved on")
 
             from_last, from_time = cc.Deliveries(), cc.Deliveries()
-            last = PushConsumer(cluster.nameservers, "group-from-last", consume_from=LAST, **FAST)
+            last = PushConsumer(
+                cluster.nameserver_addresses, "group-from-last", consume_from=LAST, **FAST
+            )
             last.subscribe(topic, from_last.handler("last"))
             await last.start()
             consumers.append(last)
@@ -442,7 +443,7 @@ def test_a_new_group_starts_from_last_or_from_a_timestamp(cluster: cc.Cluster) -
             assert set(from_last.by_id) == set(new)
 
             stamped = PushConsumer(
-                cluster.nameservers,
+                cluster.nameserver_addresses,
                 "group-from-time",
                 consume_from=TIMESTAMP(newest + 1),
                 **FAST,
@@ -460,14 +461,14 @@ def test_a_new_group_starts_from_last_or_from_a_timestamp(cluster: cc.Cluster) -
     run_async(scenario(), timeout_s=60)
 
 
-def test_tag_filtered_subscriptions_get_only_their_tags(cluster: cc.Cluster) -> None:
+def test_tag_filtered_subscriptions_get_only_their_tags(cluster: Cluster) -> None:
     topic, group = "Tagged", "group-tagged"
 
     async def scenario() -> None:
-        await cc.create_topic(cluster, topic, ["broker-b"], queues=1)
+        await cluster.create_topic(topic, groups=["broker-b"], queues=1)
         sender = cc.Sender(cluster)
         deliveries = cc.Deliveries()
-        consumer = PushConsumer(cluster.nameservers, group, **FAST)
+        consumer = PushConsumer(cluster.nameserver_addresses, group, **FAST)
         consumer.subscribe(topic, deliveries.handler("c"), tags="paid || shipped")
         try:
             await consumer.start()
@@ -506,7 +507,7 @@ async def _held_full(consumer: PushConsumer, key: QueueKey) -> ProcessQueue[Queu
 
 
 def test_a_backlog_drains_within_the_in_flight_limit_and_commits_its_end(
-    cluster: cc.Cluster,
+    cluster: Cluster,
 ) -> None:
     """A pull's messages go to the handlers as one run; the queue's in-flight limit
     still stops the pulling while they are held, and every offset is committed after."""
@@ -514,7 +515,7 @@ def test_a_backlog_drains_within_the_in_flight_limit_and_commits_its_end(
     limit, batch, total = 40, 32, 300
 
     async def scenario() -> None:
-        await cc.create_topic(cluster, topic, ["broker-b"], queues=1)
+        await cluster.create_topic(topic, groups=["broker-b"], queues=1)
         sender = cc.Sender(cluster)
         sent = await sender.send(topic, [("broker-b", 0)], total)
         release = asyncio.Event()
@@ -525,7 +526,7 @@ def test_a_backlog_drains_within_the_in_flight_limit_and_commits_its_end(
             await release.wait()
 
         consumer = PushConsumer(
-            cluster.nameservers, group, max_inflight_messages=limit, pull_batch_size=batch,
+            cluster.nameserver_addresses, group, max_inflight_messages=limit, pull_batch_size=batch,
             concurrency=4, **FAST,
         )  # fmt: skip
         consumer.subscribe(topic, handle)
@@ -549,12 +550,12 @@ def test_a_backlog_drains_within_the_in_flight_limit_and_commits_its_end(
     run_async(scenario(), timeout_s=60)
 
 
-def test_a_pull_asks_for_no_more_record_bytes_than_pull_batch_bytes(cluster: cc.Cluster) -> None:
+def test_a_pull_asks_for_no_more_record_bytes_than_pull_batch_bytes(cluster: Cluster) -> None:
     """Behind, a pull stops at ``pull_batch_bytes`` before ``pull_batch_size`` messages."""
     topic, group, total = "PullBytes", "group-pull-bytes", 60
 
     async def scenario() -> None:
-        await cc.create_topic(cluster, topic, ["broker-b"], queues=1)
+        await cluster.create_topic(topic, groups=["broker-b"], queues=1)
         sender = cc.Sender(cluster)
         await sender.send(topic, [("broker-b", 0)], total)
         release = asyncio.Event()
@@ -567,7 +568,7 @@ def test_a_pull_asks_for_no_more_record_bytes_than_pull_batch_bytes(cluster: cc.
         # One message in flight is the limit: the first pull's messages are all it takes.
         budget = 1000
         consumer = PushConsumer(
-            cluster.nameservers, group, max_inflight_messages=1, pull_batch_size=256,
+            cluster.nameserver_addresses, group, max_inflight_messages=1, pull_batch_size=256,
             pull_batch_bytes=budget, **FAST,
         )  # fmt: skip
         consumer.subscribe(topic, handle)
@@ -587,13 +588,13 @@ def test_a_pull_asks_for_no_more_record_bytes_than_pull_batch_bytes(cluster: cc.
 
 
 def test_the_cli_tails_a_topic_shows_the_group_progress_and_resets_it(
-    cluster: cc.Cluster, capsys: pytest.CaptureFixture[str]
+    cluster: Cluster, capsys: pytest.CaptureFixture[str]
 ) -> None:
     topic, group = "CliTail", "group-cli"
-    ns = ["--nameserver", cluster.nameserver.grpc_address]
+    ns = ["--nameserver", cluster.nameserver_addresses[0]]
 
     async def setup() -> list[str]:
-        await cc.create_topic(cluster, topic, ["broker-c"], queues=2)
+        await cluster.create_topic(topic, groups=["broker-c"], queues=2)
         sender = cc.Sender(cluster)
         try:
             return await sender.send(topic, _queues(["broker-c"], 2), 10, tags="t")

@@ -1,8 +1,10 @@
 """metaq's test support, a pytest plugin kept out of every product wheel: real nameserver
 and broker processes, a minimal data-plane client, in-process fakes, a disk that can lose
-unsynced bytes, and deadline-bound waiting."""
+unsynced bytes, deadline-bound waiting, and the :class:`ClusterBuilder` that starts a
+whole cluster (fixture ``cluster_factory``)."""
 
 from metaq.testing.broker_process import BrokerProcess
+from metaq.testing.cluster import Cluster, ClusterBuilder
 from metaq.testing.data_client import BrokerError, DataClient, Reply
 from metaq.testing.nameserver_process import (
     NameServerProcess,
@@ -14,6 +16,7 @@ from metaq.testing.nameserver_process import (
 )
 from metaq.testing.waiting import (
     cluster_secret_for_tests,
+    deadline,
     holds_for,
     run_async,
     secret_env,
@@ -24,10 +27,13 @@ from metaq.testing.waiting import (
 __all__ = [
     "BrokerError",
     "BrokerProcess",
+    "Cluster",
+    "ClusterBuilder",
     "DataClient",
     "NameServerProcess",
     "Reply",
     "cluster_secret_for_tests",
+    "deadline",
     "free_ports",
     "holds_for",
     "run_async",

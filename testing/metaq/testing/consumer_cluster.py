@@ -1,8 +1,8 @@
 """A small real cluster for the consumer tests, and the tools to feed and check it.
 
-One nameserver and three brokers, each in its own computer room (``broker-a`` in r1,
-``broker-b`` in r2, ``broker-c`` in r3), all registered through ``--nameserver``. Tests
-create their own topics on the brokers they want, so one cluster serves a whole module.
+One nameserver and three brokers (:data:`BUILDER`), each in its own computer room
+(``broker-a`` in r1, ``broker-b`` in r2, ``broker-c`` in r3). Tests create their own
+topics on the brokers they want, so one cluster serves a whole module.
 :class:`Deliveries` is the checker: it counts every delivery by message id and says
 what was lost, duplicated or unexpected.
 """
@@ -14,60 +14,29 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from metaq.client.admin import Admin, TopicSettings
 from metaq.client.message import Message
-from metaq.client.routes import RouteCache
 from metaq.common.record import encode
-from metaq.testing import BrokerProcess, DataClient
-from metaq.testing.nameserver_process import NameServerProcess, start_nameserver
+from metaq.testing.cluster import Cluster, ClusterBuilder
+from metaq.testing.data_client import DataClient
 
 ROOMS = {"broker-a": "r1", "broker-b": "r2", "broker-c": "r3"}
 
 
-@dataclass
-class Cluster:
-    nameserver: NameServerProcess
-    brokers: dict[str, BrokerProcess]
-
-    @property
-    def nameservers(self) -> list[str]:
-        return [self.nameserver.grpc_address]
-
-    def address(self, broker_name: str) -> str:
-        broker = self.brokers[broker_name]
-        return f"{broker.data_host}:{broker.data_port}"
-
-    def broker_of(self, store_host: str) -> str:
-        """The broker group whose data address stamped a message."""
-        for name in self.brokers:
-            if self.address(name) == store_host:
-                return name
-        raise AssertionError(f"no broker of the cluster has data address {store_host}")
-
-    def stop(self) -> None:
-        for broker in self.brokers.values():
-            broker.kill()
-        self.nameserver.stop()
+BUILDER = ClusterBuilder(
+    groups=tuple(ROOMS),
+    broker_args=("--flush-mode", "async"),
+    group_args={name: ("--computer-room", room) for name, room in ROOMS.items()},
+)
+"""One nameserver and the three brokers, each in its room."""
 
 
-def start_cluster(work_dir: Path) -> Cluster:
-    nameserver = start_nameserver(work_dir / "ns")
-    brokers: dict[str, BrokerProcess] = {}
-    try:
-        for name, room in ROOMS.items():
-            brokers[name] = BrokerProcess.start(
-                work_dir / name,
-                *("--nameserver", nameserver.grpc_address),
-                *("--broker-name", name, "--computer-room", room, "--flush-mode", "async"),
-            )
-    except BaseException:
-        for broker in brokers.values():
-            broker.kill()
-        nameserver.stop()
-        raise
-    return Cluster(nameserver, brokers)
+def broker_of(cluster: Cluster, store_host: str) -> str:
+    """The broker group whose data address stamped a message."""
+    for name in cluster.builder.groups:
+        if cluster.data_address(name) == store_host:
+            return name
+    raise AssertionError(f"no broker of the cluster has data address {store_host}")
 
 
 async def wait_for(
@@ -83,35 +52,6 @@ async def wait_for(
     return time.monotonic() - start
 
 
-async def create_topic(
-    cluster: Cluster, topic: str, brokers: Sequence[str], queues: int = 4
-) -> None:
-    """Create ``topic`` with ``queues`` queues on each named broker; return once the
-    nameserver routes all of them."""
-    for name in brokers:
-        await Admin().put_topic(
-            cluster.brokers[name].http_url,
-            topic,
-            TopicSettings(read_queues=queues, write_queues=queues),
-        )
-    routes = RouteCache(cluster.nameservers)
-    try:
-        deadline = time.monotonic() + 15
-        while True:
-            try:
-                route = await routes.route(topic, refresh=True)
-                if len(route.read_queues) == queues * len(brokers):
-                    return
-            except Exception as exc:  # not routed yet
-                if time.monotonic() > deadline:
-                    raise AssertionError(f"topic {topic} was not routed: {exc}") from exc
-            if time.monotonic() > deadline:
-                raise AssertionError(f"topic {topic} is not routed on all of {brokers}")
-            await asyncio.sleep(0.02)  # poll interval of the deadline-bound wait above
-    finally:
-        await routes.stop()
-
-
 class Sender:
     """Sends test messages straight to the brokers' data ports (the test DataClient)."""
 
@@ -122,7 +62,7 @@ class Sender:
     async def _client(self, broker_name: str) -> DataClient:
         client = self._clients.get(broker_name)
         if client is None:
-            broker = self._cluster.brokers[broker_name]
+            broker = self._cluster.broker(broker_name)
             client = await DataClient.connect(broker.data_host, broker.data_port)
             self._clients[broker_name] = client
         return client

@@ -2,3 +2,26 @@
 real processes and stop them when the test ends, whatever happened in it."""
 
 from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from metaq.testing.cluster import Cluster, ClusterBuilder
+
+
+@pytest.fixture
+def cluster_factory(tmp_path: Path) -> Iterator[Callable[[ClusterBuilder], Cluster]]:
+    """``cluster_factory(ClusterBuilder(...))``: a started cluster under the test's
+    temporary directory, stopped at the end of the test."""
+    started: list[Cluster] = []
+
+    def start(builder: ClusterBuilder) -> Cluster:
+        cluster = builder.start(tmp_path / f"cluster-{len(started)}")
+        started.append(cluster)
+        return cluster
+
+    yield start
+    for cluster in started:
+        cluster.stop()
