@@ -7,7 +7,10 @@
   ``--behind-mib`` more alone (``min_in_sync_replicas = 1``), the slave is started again:
   the seconds from its start to its readiness and to being in sync again, and the MB/s of
   the copy from readiness to in sync (``catchup_mb_s``), beside what this machine's disk
-  (``dd`` with ``conv=fdatasync``) and loopback (one TCP stream, 4 MiB writes) move;
+  (``dd`` with ``conv=fdatasync``) and loopback (one TCP stream, 4 MiB writes) move; and
+  the slave's CPU seconds (user + system, every thread) per GB from readiness until it is
+  in sync and has dispatched everything (``catchup_cpu_s_per_gb``): on shared cores the
+  rate alone hides what the copy costs;
 - **slow slave** — a sync group of three (``min_in_sync_replicas = 2``) in network
   namespaces, send latency with every replica at full speed and with one slave's link
   throttled to ``--slow-kib-s`` (:mod:`slow_slave`; ``slow_slave_p99_ratio``);
@@ -39,6 +42,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import shutil
 import socket
 import statistics
@@ -178,11 +182,14 @@ def catch_up(root: Path, nameserver: NameServerProcess, mib: int) -> dict[str, f
         asyncio.run(_fill(nameserver.grpc_address, mib))
         behind = int(health(master)["commitlog_write_offset"]) - before
         started = time.perf_counter()
-        group.start(1)
+        slave = group.start(1)
         ready = time.perf_counter()
+        cpu_ready = cpu_seconds(slave.proc.pid)
         wait_until(lambda: 1 in health(master)["in_sync_ids"], 600, "the slave is in sync",
                    poll_s=0.02)  # fmt: skip
         in_sync = time.perf_counter()
+        wait_until(lambda: _dispatch_backlog(slave) == 0, 600, "the slave dispatched it all")
+        cpu = cpu_seconds(slave.proc.pid) - cpu_ready
     finally:
         group.stop()
     return {
@@ -190,7 +197,19 @@ def catch_up(root: Path, nameserver: NameServerProcess, mib: int) -> dict[str, f
         "catchup_ready_s": round(ready - started, 3),
         "catchup_rejoin_s": round(in_sync - started, 3),
         "catchup_mb_s": round(behind / (in_sync - ready) / 1e6, 1),
+        "catchup_cpu_s_per_gb": round(cpu / (behind / 1e9), 2),
     }
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of process ``pid`` so far, every thread included."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _dispatch_backlog(broker: BrokerProcess) -> float:
+    samples = asyncio.run(Admin().metrics(broker.http_url))
+    return samples[("metaq_dispatch_backlog_bytes", ())]
 
 
 def disk_mb_s(root: Path, mib: int) -> float:
@@ -452,7 +471,7 @@ def main(argv: list[str]) -> None:
     root = Path(tempfile.mkdtemp(prefix="bench-failover-"))
     nameserver = start_nameserver(root / "ns")
     try:
-        slow = slow_slave(root, args.slow_seconds, 32, args.slow_kib_s)
+        slow = {} if args.only_catchup else slow_slave(root, args.slow_seconds, 32, args.slow_kib_s)
         print(f"slow slave: {slow}", flush=True)
         if args.only_slow:
             print(json.dumps(slow, sort_keys=True))
