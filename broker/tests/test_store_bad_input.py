@@ -213,7 +213,7 @@ def test_a_batch_that_cannot_get_a_new_segment_is_refused_whole_and_takes_no_off
     offsets_before = dict(store.commitlog.queue_offsets)
     segments = store.commitlog.segments
 
-    def no_space(start: int) -> NoReturn:
+    def no_space(start: int, prefault: bool) -> NoReturn:
         raise OSError(errno.ENOSPC, "No space left on device")
 
     real_open, segments._open = segments._open, no_space  # type: ignore[method-assign]

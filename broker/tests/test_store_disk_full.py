@@ -107,7 +107,7 @@ def test_a_batch_that_cannot_get_its_next_segment_leaves_nothing_behind(
     _forget_prepared(store)
     segments = store.commitlog.segments
 
-    def no_space(start: int) -> Segment:
+    def no_space(start: int, prefault: bool) -> Segment:
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(segments, "_open", no_space)

@@ -372,11 +372,16 @@ class CommitLog:
         return view[pos:at]
 
     def write_raw(self, offset: int, data: bytes | bytearray | memoryview) -> None:
-        """Write bytes a master read, verbatim, at the end of this (slave's) log."""
+        """Write bytes a master read, verbatim, at the end of this (slave's) log.
+
+        Through the file rather than the mapping: the kernel copies into the page cache
+        with the GIL released and without a page fault per page, so a slave catching up
+        needs no pre-faulted files (readers' mappings see the same pages).
+        """
         with self._lock:
             if offset != self.write_offset:
                 raise ValueError(f"raw write at {offset}, but the log ends at {self.write_offset}")
-            segment = self.segments.segment_for_write(offset)
+            segment = self.segments.segment_for_write(offset, prefault=False)
             pos = offset - segment.start
             end = pos + len(data)
             if end > segment.size:
@@ -384,7 +389,15 @@ class CommitLog:
                     f"{len(data)} replicated bytes at {offset} cross the end of segment "
                     f"{segment.path.name}; master and slave segment sizes must agree"
                 )
-            segment.view[pos:end] = data
+            fd = segment.fd
+            if fd is None:
+                segment.view[pos:end] = data
+            else:
+                with memoryview(data) as rest:
+                    at = pos
+                    while rest:
+                        n = os.pwrite(fd, rest, at)
+                        rest, at = rest[n:], at + n
             segment.written = end
             self.write_offset = offset + len(data)
 

@@ -315,25 +315,32 @@ class SegmentQueue:
                     return segment
         return None
 
-    def segment_for_write(self, offset: int) -> Segment:
-        """The segment to write ``offset`` into, creating files as needed."""
+    def segment_for_write(self, offset: int, *, prefault: bool | None = None) -> Segment:
+        """The segment to write ``offset`` into, creating files as needed.
+
+        ``prefault`` overrides the queue's choice for files made now: a writer that
+        fills them with ``os.pwrite`` (a slave copying its master) pays no page faults,
+        and zeros written first would only be written over.
+        """
         last = self.segments[-1] if self.segments else None
         if last is not None and last.start <= offset < last.end:
             return last
         found = self.find(offset)
         if found is not None:
             return found
+        if prefault is None:
+            prefault = self.prefault
         start = offset - offset % self.segment_bytes
-        segment = self._take_prepared(start) or self._open(start)
+        segment = self._take_prepared(start) or self._open(start, prefault)
         with self._lock:
             # Build a new list: readers search this one without the lock, and an in-place
             # sort empties the list while it runs.
             self.segments = sorted([*self.segments, segment], key=lambda s: s.start)
         if self.preallocate:
-            self._prepare(start + self.segment_bytes)
+            self._prepare(start + self.segment_bytes, prefault)
         return segment
 
-    def _open(self, start: int) -> Segment:
+    def _open(self, start: int, prefault: bool) -> Segment:
         self.directory.mkdir(parents=True, exist_ok=True)
         path = self.directory / segment_name(start)
         if (
@@ -353,7 +360,7 @@ class SegmentQueue:
             self.segment_bytes,
             preallocate=self.preallocate,
             keep_fd=self.keep_fd,
-            prefault=self.prefault,
+            prefault=prefault,
         )
         if self.preallocate:
             # The commitlog's file names must survive a power loss with its data. Sparse
@@ -362,12 +369,12 @@ class SegmentQueue:
             fsync_dir(self.directory)
         return segment
 
-    def _prepare(self, start: int) -> None:
+    def _prepare(self, start: int, prefault: bool) -> None:
         if self._allocator is None:
             self._allocator = ThreadPoolExecutor(
                 1, thread_name_prefix="segment-alloc", initializer=no_higher_priority
             )
-        self._next = self._allocator.submit(self._open, start)
+        self._next = self._allocator.submit(self._open, start, prefault)
 
     def _take_prepared(self, start: int) -> Segment | None:
         prepared, self._next = self._next, None
