@@ -103,6 +103,24 @@ class ConsumeQueue:
             return
         self._put_slow(queue_offset, commitlog_offset, size, tag_code)
 
+    def put_many(self, first_queue_offset: int, entries: npt.NDArray[np.void]) -> None:
+        """Put ``entries`` (:data:`ENTRY_DTYPE`) at consecutive queue offsets from
+        ``first_queue_offset``: as :meth:`put` one by one, but a run that continues the
+        tail file goes in as one copy."""
+        done, count = 0, len(entries)
+        while done < count:
+            queue_offset = first_queue_offset + done
+            if queue_offset == self.max_offset and queue_offset < self._tail_end:
+                run = min(count - done, self._tail_end - queue_offset)
+                pos = (queue_offset - self._tail_first) * ENTRY_SIZE
+                self._tail_view[pos : pos + run * ENTRY_SIZE] = entries[done : done + run].tobytes()
+                self.max_offset = queue_offset + run
+                done += run
+            else:
+                offset, size, tag = entries[done].item()
+                self._put_slow(queue_offset, offset, size, tag)
+                done += 1
+
     def settle(self) -> None:
         """Bring the tail file's ``written`` mark up to the entries put into it."""
         tail = self._tail

@@ -7,22 +7,55 @@ the same code rebuilds queues after a crash and on a slave that received raw log
 
 from __future__ import annotations
 
+import itertools
 import threading
 import zlib
 from collections.abc import Callable
 from typing import Final
 
-from metaq.broker.store.commitlog import CommitLog
-from metaq.broker.store.consume_queue import ConsumeQueue, QueueTable
-from metaq.broker.store.index import MessageIndex, hash_id, hash_key, key_for_topic_key
-from metaq.broker.store.service import Service
-from metaq.common.record import BLANK_MAGIC, HEADER_SIZE, header_view
+import numpy as np
+import numpy.typing as npt
 
-_FIELDS: Final = header_view(
-    "size", "magic", "queue_offset", "store_timestamp_ms", "queue_id", "msg_id",
+from metaq.broker.store.commitlog import CommitLog
+from metaq.broker.store.consume_queue import ENTRY_DTYPE, ConsumeQueue, QueueTable
+from metaq.broker.store.index import MessageIndex, hash_ids, hash_key, key_for_topic_key
+from metaq.broker.store.segment import Segment
+from metaq.broker.store.service import Service
+from metaq.common.record import BLANK_MAGIC, FIELDS, HEADER_SIZE, header_view
+
+_ROUND_BYTES: Final = 4 * 1024 * 1024
+_SMALL_RUN: Final = 8
+"""A queue with fewer entries than this in a run takes them one put at a time: with
+thousands of queues a run has one or two entries each, and the arrays cost more."""
+
+
+def _header_dtype(*names: str) -> np.dtype[np.void]:
+    """The header fields ``names`` (:data:`~metaq.common.record.FIELDS`) as a numpy
+    record of the header's size, so a run's headers are decoded in one step."""
+    numpy_format = {"I": "<u4", "i": "<i4", "q": "<i8", "H": "<u2"}
+    fields = [FIELDS[name] for name in names]
+    return np.dtype(
+        {
+            "names": list(names),
+            "formats": [numpy_format.get(f.code, f"({f.packer.size},)u1") for f in fields],
+            "offsets": [f.offset for f in fields],
+            "itemsize": HEADER_SIZE,
+        }
+    )
+
+
+_HEADER_DTYPE: Final = _header_dtype(
+    "size", "queue_offset", "store_timestamp_ms", "queue_id", "msg_id",
     "topic_len", "tags_len", "keys_len",
 )  # fmt: skip
-_ROUND_BYTES: Final = 4 * 1024 * 1024
+_SIZE_MAGIC: Final = header_view("size", "magic")
+_SIZE_MAGIC_DTYPE: Final = _header_dtype("size", "magic")
+_LIKE_BEFORE_SKIP: Final = 8
+"""Records of one size in a row before the walk looks further ahead for more."""
+_LIKE_RUN: Final = 64
+_LIKE_WAIT_MAX: Final = 4096
+_LIKE_LOOKAHEAD: Final = 65_536
+_HEADER_ITEM: Final = np.dtype(f"V{HEADER_SIZE}")
 
 DispatchListener = Callable[[set[tuple[bytes, int]]], None]
 """Told which (topic, queue id) pairs got new entries in a round; long polling uses it."""
@@ -66,57 +99,94 @@ class Dispatcher:
         count = 0
         end = min(self.commitlog.write_offset, self.dispatched + limit_bytes)
         offset = self.dispatched
-        segments = self.commitlog.segments
-        queues = self.queues
-        rows = queues.rows
         # Index entries are gathered for one put at the end of the round.
-        hashes: list[int] = []
-        offsets: list[int] = []
-        times: list[int] = []
+        index_runs: list[
+            tuple[npt.NDArray[np.uint32], npt.NDArray[np.int64], npt.NDArray[np.int64]]
+        ] = []
         while offset < end:
-            segment = segments.find(offset)
+            segment = self.commitlog.segments.find(offset)
             if segment is None:
                 raise RuntimeError(f"commitlog offset {offset} has no segment to dispatch")
-            view = segment.view
-            mm = segment.mm  # slicing the mmap itself yields bytes in one step
-            pos = offset - segment.start
-            stop = min(end - segment.start, segment.size)
-            while pos < stop:
-                # Too little room for any record: the rest is a blank (or nothing).
-                if segment.size - pos < HEADER_SIZE:
-                    pos = segment.size
-                    break
-                (size, magic, q_offset, store_ms, queue_id, msg_id, topic_len, tags_len,
-                 keys_len) = _FIELDS.unpack_from(view, pos)  # fmt: skip
-                if magic == BLANK_MAGIC or size == 0:
-                    pos = segment.size
-                    break
-                at = pos + HEADER_SIZE
-                topic = mm[at : at + topic_len]
-                row = rows.get(topic)
-                queue = row[queue_id] if row is not None and queue_id < len(row) else None
-                if queue is None:
-                    queue = queues.get_or_create(topic, queue_id)
-                at += topic_len
-                tag_code = zlib.crc32(view[at : at + tags_len]) if tags_len else 0
-                cl_offset = segment.start + pos
-                queue.put(q_offset, cl_offset, size, tag_code)
-                hashes.append(hash_id(msg_id))
-                offsets.append(cl_offset)
-                times.append(store_ms)
-                if keys_len:
-                    at += tags_len
-                    for k in mm[at : at + keys_len].split(b" "):
-                        hashes.append(hash_key(key_for_topic_key(topic, k)))
-                        offsets.append(cl_offset)
-                        times.append(store_ms)
-                touched.add(queue)
-                pos += size
-                count += 1
+            starts, pos = _record_starts(segment, offset - segment.start, end - segment.start)
+            if starts:
+                index_runs.append(self._dispatch_run(segment, starts, touched))
+                count += len(starts)
             offset = segment.start + pos
-        self.index.put_many(hashes, offsets, times)
+        if index_runs:
+            self.index.put_many(
+                *(np.concatenate(column) for column in zip(*index_runs, strict=True))
+            )
         self.dispatched = offset
         return touched, count
+
+    def _dispatch_run(
+        self, segment: Segment, starts: list[int], touched: set[ConsumeQueue]
+    ) -> tuple[npt.NDArray[np.uint32], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """Put the records at ``starts`` of ``segment`` into their queues; return their
+        index entries (key hash, commitlog offset, store time), in commitlog order."""
+        at = np.array(starts, np.int64)
+        heads = _at_every_byte(segment, _HEADER_ITEM)[at].view(_HEADER_DTYPE)
+        count = len(starts)
+        offsets = at + segment.start
+        store_ms = heads["store_timestamp_ms"].astype(np.int64)
+        topic_len = heads["topic_len"].astype(np.int64)
+        tags_len = heads["tags_len"]
+        keys_len = heads["keys_len"]
+        topics, topic_of = _topics(segment, at + HEADER_SIZE, topic_len)
+        tag_codes = np.zeros(count, np.int64)
+        view = segment.view
+        for n in np.flatnonzero(tags_len).tolist():
+            tags_at = starts[n] + HEADER_SIZE + int(topic_len[n])
+            tag_codes[n] = zlib.crc32(view[tags_at : tags_at + int(tags_len[n])])
+        # Group the records by queue, in commitlog order within each.
+        queue_ids = heads["queue_id"]
+        keys = (topic_of.astype(np.int64) << 32) | queue_ids.view(np.uint32)
+        order = np.argsort(keys, kind="stable")
+        bounds = [0, *(np.flatnonzero(np.diff(keys[order])) + 1).tolist(), count]
+        queue_offsets = heads["queue_offset"]
+        sizes = heads["size"]
+        queues = self.queues
+        rows = queues.rows
+        for first, last in itertools.pairwise(bounds):
+            members = order[first:last]
+            head = int(members[0])
+            topic = topics[int(topic_of[head])]
+            queue_id = int(queue_ids[head])
+            row = rows.get(topic)
+            queue = row[queue_id] if row is not None and 0 <= queue_id < len(row) else None
+            if queue is None:
+                queue = queues.get_or_create(topic, queue_id)
+            touched.add(queue)
+            run = queue_offsets[members]
+            if len(members) < _SMALL_RUN or not (np.diff(run) == 1).all():
+                for n in members.tolist():
+                    queue.put(int(queue_offsets[n]), int(offsets[n]), int(sizes[n]),
+                              int(tag_codes[n]))  # fmt: skip
+                continue
+            entries = np.empty(len(members), ENTRY_DTYPE)
+            entries["offset"] = offsets[members]
+            entries["size"] = sizes[members]
+            entries["tag"] = tag_codes[members]
+            queue.put_many(int(run[0]), entries)
+        id_hashes = hash_ids(heads["msg_id"])
+        keyed = np.flatnonzero(keys_len).tolist()
+        if not keyed:
+            return id_hashes, offsets, store_ms
+        # Each record's id entry is followed by an entry per key, as a lookup expects.
+        key_hashes: list[list[int]] = []
+        for n in keyed:
+            topic = topics[int(topic_of[n])]
+            keys_at = starts[n] + HEADER_SIZE + int(topic_len[n]) + int(tags_len[n])
+            names = segment.mm[keys_at : keys_at + int(keys_len[n])].split(b" ")
+            key_hashes.append([hash_key(key_for_topic_key(topic, k)) for k in names])
+        per_record = np.ones(count, np.int64)
+        per_record[keyed] += [len(h) for h in key_hashes]
+        id_at = np.cumsum(per_record) - per_record
+        hashes = np.empty(int(per_record.sum()), np.uint32)
+        hashes[id_at] = id_hashes
+        for n, found in zip(keyed, key_hashes, strict=True):
+            hashes[id_at[n] + 1 : id_at[n] + 1 + len(found)] = found
+        return hashes, np.repeat(offsets, per_record), np.repeat(store_ms, per_record)
 
     def _tell(self, touched: set[ConsumeQueue]) -> None:
         if touched and self.listeners:
@@ -130,6 +200,98 @@ class Dispatcher:
         while self.dispatched < self.commitlog.write_offset:
             total += self.dispatch()
         return total
+
+
+def _at_every_byte(segment: Segment, dtype: np.dtype[np.void]) -> npt.NDArray[np.void]:
+    """The file as an item of ``dtype`` starting at every byte (they overlap): picking
+    items out of it at record offsets is one copy of each, however unaligned."""
+    count = segment.size - dtype.itemsize + 1
+    return np.ndarray((count,), dtype, segment.mm, 0, (1,))
+
+
+def _record_starts(segment: Segment, pos: int, stop: int) -> tuple[list[int], int]:
+    """Where each record from ``pos`` to ``stop`` in ``segment`` begins, and where the
+    next round goes on: the segment's end once a blank (or no room for a record) ends it.
+
+    Records vary in size, so this walks from record to record; but where several in a
+    row have had the same size (a batch of like messages), it checks the sizes at the
+    places the next ones would start, all at once, and skips over those that have it.
+    """
+    starts: list[int] = []
+    append = starts.append
+    unpack = _SIZE_MAGIC.unpack_from
+    view = segment.view
+    stop = min(stop, segment.size)
+    # Too little room for any record past this: the rest is a blank (or nothing).
+    last = segment.size - HEADER_SIZE
+    previous = same = 0
+    wait = _LIKE_BEFORE_SKIP
+    while pos < stop:
+        if pos > last:
+            return starts, segment.size
+        size, magic = unpack(view, pos)
+        if magic == BLANK_MAGIC or size == 0:
+            return starts, segment.size
+        append(pos)
+        pos += size
+        if size != previous:
+            previous, same = size, 0
+            continue
+        same += 1
+        if same < wait:
+            continue
+        run = _like_run(segment, pos, min(stop, last + 1), size)
+        starts.extend(range(pos, pos + run * size, size))
+        pos += run * size
+        # Where sizes vary, a look ahead finds little: try less often.
+        wait = _LIKE_BEFORE_SKIP if run >= _LIKE_RUN else min(2 * wait, _LIKE_WAIT_MAX)
+        same = 0
+    return starts, pos
+
+
+def _like_run(segment: Segment, pos: int, stop: int, size: int) -> int:
+    """How many records of ``size`` bytes follow one another from ``pos``, each starting
+    before ``stop``."""
+    count = min(-(-(stop - pos) // size), _LIKE_LOOKAHEAD)
+    if count <= 0:
+        return 0
+    found = _at_every_byte(segment, _SIZE_MAGIC_DTYPE)[np.arange(pos, pos + count * size, size)]
+    like = (found["size"] == size) & (found["magic"] != BLANK_MAGIC)
+    return count if like.all() else int(like.argmin())
+
+
+def _topics(
+    segment: Segment, at: npt.NDArray[np.int64], lengths: npt.NDArray[np.int64]
+) -> tuple[list[bytes], npt.NDArray[np.intp]]:
+    """The distinct topics of the names at ``at`` (of ``lengths`` bytes) in ``segment``,
+    and for each name the position of its topic among them. Neighbours mostly share a
+    topic, so names are compared with the one before and each change looked up."""
+    width = int(lengths.max())
+    if width == int(lengths.min()):
+        names = _at_every_byte(segment, np.dtype(f"V{width}"))[at]
+    else:
+        # Each name zero-padded to the longest, its length in front (names have no
+        # NULs, but the length keeps even those apart).
+        columns = np.arange(width)
+        padded = np.zeros((len(at), width + 2), np.uint8)
+        padded[:, :2] = lengths.astype("<u2")[:, None].view(np.uint8)
+        inside = columns < lengths[:, None]
+        data = np.frombuffer(segment.mm, np.uint8)
+        padded[:, 2:][inside] = data[(at[:, None] + columns)[inside]]
+        names = padded.view(f"V{width + 2}")[:, 0]
+    changes = [0, *(np.flatnonzero(names[1:] != names[:-1]) + 1).tolist()]
+    known: dict[bytes, int] = {}
+    topics: list[bytes] = []
+    run_topics: list[int] = []
+    for n in changes:
+        name = segment.mm[int(at[n]) : int(at[n] + lengths[n])]
+        number = known.get(name)
+        if number is None:
+            number = known[name] = len(topics)
+            topics.append(name)
+        run_topics.append(number)
+    runs = np.diff([*changes, len(at)])
+    return topics, np.repeat(np.array(run_topics, np.intp), runs)
 
 
 class DispatchService(Service):

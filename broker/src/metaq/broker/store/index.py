@@ -29,6 +29,11 @@ _ENTRY: Final = struct.Struct("<Iqii")
 """key hash, commitlog offset, seconds since the file's begin time, previous entry."""
 _ENTRY_WORDS: Final = _ENTRY.size // 4
 _WORD: Final = np.dtype("<u4")
+_ENTRY_DTYPE: Final = np.dtype(
+    {"names": ["hash", "offset", "seconds", "previous"],
+     "formats": ["<u4", "<i8", "<i4", "<i4"], "offsets": [0, 4, 12, 16]}
+)  # fmt: skip
+"""An entry as a numpy record (:data:`_ENTRY`, packed), for adding many at once."""
 
 MSG_ID_PREFIX: Final = b"\x00"
 _ID_SEED: Final = zlib.crc32(MSG_ID_PREFIX)
@@ -50,6 +55,37 @@ def hash_key(key: bytes) -> int:
 def hash_id(msg_id: bytes) -> int:
     """``hash_key(key_for_id(msg_id))`` without building the key."""
     return zlib.crc32(msg_id, _ID_SEED)
+
+
+def _id_byte_hashes(width: int) -> tuple[int, npt.NDArray[np.uint32]]:
+    """CRC-32 is affine in the message for a fixed length and start: the hash of a
+    ``width``-byte id is that of ``width`` zeros XOR, for each position, what its byte
+    there changes. Returns the first and a table of the second by (position, byte)."""
+    zeros = zlib.crc32(bytes(width), _ID_SEED)
+    table = np.empty((width, 256), np.uint32)
+    probe = bytearray(width)
+    for position in range(width):
+        for byte in range(256):
+            probe[position] = byte
+            table[position, byte] = zlib.crc32(probe, _ID_SEED) ^ zeros
+        probe[position] = 0
+    return zeros, table
+
+
+_ID_WIDTH: Final = 16
+_ID_ZEROS, _ID_BYTE_HASHES = _id_byte_hashes(_ID_WIDTH)
+
+
+def hash_ids(ids: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint32]:
+    """:func:`hash_id` of each row of ``ids`` (16-byte message ids), as array operations:
+    a call per id costs more than the CRC itself."""
+    if ids.shape[1:] != (_ID_WIDTH,):
+        raise ValueError(f"message ids are {_ID_WIDTH} bytes, not {ids.shape[1:]}")
+    by_position = ids.T.copy()
+    hashes = np.full(len(ids), _ID_ZEROS, np.uint32)
+    for position in range(_ID_WIDTH):
+        hashes ^= _ID_BYTE_HASHES[position].take(by_position[position])
+    return hashes
 
 
 class HashSummary:
@@ -106,33 +142,48 @@ class IndexFile:
         """Full, and its :class:`HashSummary` for :meth:`held` not made yet."""
         return self.full and self._summary is None
 
-    def put_many(self, hashes: list[int], offsets: list[int], times: list[int], at: int) -> int:
-        """Add entries from position ``at`` of the lists on until this file is full;
-        return the position after the last one added. One loop, locals only: the
-        dispatcher adds an entry per message and per key."""
+    def put_many(
+        self, hashes: npt.NDArray[np.uint32], offsets: npt.NDArray[np.int64],
+        times: npt.NDArray[np.int64], at: int,
+    ) -> int:  # fmt: skip
+        """Add entries from position ``at`` of the arrays on until this file is full;
+        return the position after the last one added.
+
+        Each entry links to the one before it in its slot, which may be one added in the
+        same call: the entries are grouped by slot (stably, so in order within a slot)
+        and each takes its predecessor in the group, the first the slot's old value. The
+        dispatcher adds an entry per message and per key, so this is array operations,
+        not a loop per entry.
+        """
         view = self.segment.view
         if self.count == 0 and at < len(hashes):
-            self.begin_ms, self.begin_offset = times[at], offsets[at]
-            _HEADER.pack_into(view, 0, times[at], offsets[at], times[at], offsets[at], 0, 0)
+            begin_ms, begin_offset = int(times[at]), int(offsets[at])
+            self.begin_ms, self.begin_offset = begin_ms, begin_offset
+            _HEADER.pack_into(view, 0, begin_ms, begin_offset, begin_ms, begin_offset, 0, 0)
         end: int = min(len(hashes), at + self.capacity - self.count)
         if end <= at:
             return at
-        slots, begin_ms, number = self.slots, self.begin_ms, self.count
-        slot_unpack, slot_pack, entry_pack = _SLOT.unpack_from, _SLOT.pack_into, _ENTRY.pack_into
-        slots_at, slot_size = _HEADER.size, _SLOT.size
-        entries_at, entry_size = self._entries_at, _ENTRY.size
-        for n in range(at, end):
-            key_hash = hashes[n]
-            slot_at = slots_at + (key_hash % slots) * slot_size
-            previous = slot_unpack(view, slot_at)[0]
-            # Entry numbers start at 1 so that slot value 0 means an empty slot.
-            number += 1
-            entry_at = entries_at + number * entry_size
-            seconds = (times[n] - begin_ms) // 1000
-            entry_pack(view, entry_at, key_hash, offsets[n], seconds, previous)
-            slot_pack(view, slot_at, number)
-        self.count = number
-        self.end_ms, self.end_offset = times[end - 1], offsets[end - 1]
+        n = end - at
+        key_hashes = hashes[at:end]
+        # Entry numbers start at 1 so that slot value 0 means an empty slot.
+        numbers = np.arange(self.count + 1, self.count + 1 + n, dtype=np.uint32)
+        slot_of = key_hashes % np.uint32(self.slots)
+        slot_numbers = np.frombuffer(view, _WORD, self.slots, _HEADER.size)
+        order = np.argsort(slot_of, kind="stable")
+        sorted_slots = slot_of[order]
+        same_slot = sorted_slots[1:] == sorted_slots[:-1]
+        previous_sorted = slot_numbers[sorted_slots]
+        previous_sorted[1:][same_slot] = numbers[order][:-1][same_slot]
+        first_at = self._entries_at + (self.count + 1) * _ENTRY.size
+        entries = np.frombuffer(view, _ENTRY_DTYPE, n, first_at)
+        entries["hash"] = key_hashes
+        entries["offset"] = offsets[at:end]
+        entries["seconds"] = (times[at:end] - self.begin_ms) // 1000
+        entries["previous"][order] = previous_sorted
+        last_in_slot = np.append(~same_slot, True)
+        slot_numbers[sorted_slots[last_in_slot]] = numbers[order][last_in_slot]
+        self.count += n
+        self.end_ms, self.end_offset = int(times[end - 1]), int(offsets[end - 1])
         return end
 
     def write_header(self) -> None:
@@ -231,13 +282,16 @@ class MessageIndex:
             segment.written = segment.synced = IndexFile.size_for(self.slots, index.count)
             self.files.append(index)
 
-    def put_many(self, hashes: list[int], offsets: list[int], times: list[int]) -> None:
+    def put_many(self, hashes: npt.ArrayLike, offsets: npt.ArrayLike, times: npt.ArrayLike) -> None:
         """Add entries (key hash, commitlog offset, store time ms) in commitlog order."""
+        key_hashes = np.asarray(hashes, np.uint32)
+        at_offsets = np.asarray(offsets, np.int64)
+        at_times = np.asarray(times, np.int64)
         at = 0
-        while at < len(hashes):
+        while at < len(key_hashes):
             if not self.files or self.files[-1].full:
-                self._roll(offsets[at])
-            at = self.files[-1].put_many(hashes, offsets, times, at)
+                self._roll(int(at_offsets[at]))
+            at = self.files[-1].put_many(key_hashes, at_offsets, at_times, at)
 
     def _roll(self, commitlog_offset: int) -> None:
         if self.files:
