@@ -22,6 +22,7 @@ from metaq.common.framing import (
     PROTOCOL_VERSION,
     Frame,
     FrameDecoder,
+    FrameReceiver,
     FrameType,
     encode_error,
     encode_frame,
@@ -553,3 +554,51 @@ def test_a_pull_request_header_parses_straight_from_the_frame() -> None:
 
     assert parsed == request
     assert parsed.HasField("commit_offset")
+
+
+# --- receiving into one reused buffer ----------------------------------------------------
+
+
+def receive(receiver: FrameReceiver, data: bytes, cuts: list[int]) -> list[Spec]:
+    """Deliver ``data`` as a transport would, in pieces no larger than the buffer offered;
+    each frame is read at once, before more arrives (as the buffer's users must)."""
+    out: list[Spec] = []
+    for chunk in split(data, cuts):
+        while chunk:
+            room = receiver.buffer()
+            n = min(len(room), len(chunk))
+            room[:n] = chunk[:n]
+            out.extend(as_spec(f) for f in receiver.received(n))
+            chunk = chunk[n:]
+    return out
+
+
+@given(
+    stream=st.lists(specs(max_payload=3000), max_size=25),
+    cuts=st.lists(st.integers(min_value=0), max_size=40),
+)
+@settings(suppress_health_check=[HealthCheck.too_slow])
+def test_a_receiver_gives_what_a_decoder_gives_for_any_split(
+    stream: list[Spec], cuts: list[int]
+) -> None:
+    data = b"".join(wire(s) for s in stream)
+    # A small buffer: frames larger than it make it grow, partial ones move to its front.
+    assert receive(FrameReceiver(initial_bytes=64), data, cuts) == stream
+
+
+def test_a_receiver_reuses_its_buffer_once_it_holds_the_largest_frame() -> None:
+    receiver = FrameReceiver(initial_bytes=1024)
+    big = wire((FrameType.REPLICA_FETCH, FLAG_RESPONSE, 1, b"h", bytes(10_000)))
+    assert len(receive(receiver, big, [100, 5000])) == 1
+    buffer = receiver.buffer()
+    assert len(receive(receiver, big, [7])) == 1
+    assert receiver.buffer().obj is buffer.obj
+
+
+def test_a_receiver_refuses_a_bad_prefix_and_stays_broken() -> None:
+    receiver = FrameReceiver(max_frame_bytes=1024)
+    with pytest.raises(ProtocolError) as caught:
+        receive(receiver, prefix(length=5000), [])
+    assert caught.value.code is ErrorCode.FRAME_TOO_LARGE
+    with pytest.raises(ProtocolError):
+        receiver.received(0)

@@ -416,3 +416,81 @@ class FrameDecoder:
         self._partial = bytearray()
         self._need = 0
         return pos + missing
+
+
+class FrameReceiver:
+    """Cuts a byte stream into frames received straight into one buffer that is reused.
+
+    For an ``asyncio.BufferedProtocol``: :meth:`buffer` is where the transport puts the
+    next bytes, :meth:`received` says how many came. No chunk is copied and no frame
+    gets memory of its own, which is what a slave copying its master's log at disk
+    speed needs (each new page of a fresh buffer costs more than the bytes in it). The
+    price: a payload is a view of the buffer and is overwritten by later frames, so only
+    a connection that asks one thing at a time and has done with each answer before it
+    asks the next may use this; others use :class:`FrameDecoder`. The buffer grows to
+    the largest frame seen. Any ProtocolError leaves the receiver dead.
+    """
+
+    __slots__ = ("_buffer", "_end", "_error", "_max_length", "_start", "_view")
+
+    def __init__(self, max_frame_bytes: int = MAX_FRAME_BYTES, initial_bytes: int = 1 << 20):
+        self._max_length = FrameDecoder(max_frame_bytes).max_frame_bytes - 4
+        self._buffer = bytearray(max(initial_bytes, PREFIX_SIZE))
+        self._view = memoryview(self._buffer)
+        # Bytes [_start, _end) of the buffer are received and not yet cut into frames.
+        self._start = self._end = 0
+        self._error: ProtocolError | None = None
+
+    def buffer(self) -> memoryview:
+        """Where the next bytes go: the free end of the buffer, never empty."""
+        if self._start == self._end:
+            self._start = self._end = 0  # every frame handed out: start over
+        elif self._end == len(self._buffer):
+            self._make_room()
+        return self._view[self._end :]
+
+    def _make_room(self) -> None:
+        pending = self._end - self._start
+        need = _check_prefix(self._buffer, self._start, pending, self._max_length)
+        size = max(need, pending + PREFIX_SIZE, len(self._buffer))
+        if size > len(self._buffer):
+            # Earlier payloads may still be viewed: they keep the old buffer alive.
+            self._buffer = bytearray(size)
+            self._buffer[:pending] = self._view[self._start : self._end]
+            self._view = memoryview(self._buffer)
+        else:
+            self._view[:pending] = self._view[self._start : self._end]
+        self._start, self._end = 0, pending
+
+    def received(self, nbytes: int) -> list[Frame]:
+        """``nbytes`` arrived in :meth:`buffer`; return the frames now complete, in order."""
+        if self._error is not None:
+            raise ProtocolError(
+                self._error.code,
+                f"the connection already broke the protocol and must be closed: {self._error}",
+            )
+        self._end += nbytes
+        frames: list[Frame] = []
+        view, start, end = self._view, self._start, self._end
+        try:
+            while end - start >= PREFIX_SIZE:
+                size = _check_prefix(view, start, end - start, self._max_length)
+                if end - start < size:
+                    break
+                _, _, type_code, flags, request_id, header_length = PREFIX.unpack_from(view, start)
+                at = start + PREFIX_SIZE + header_length
+                frames.append(
+                    Frame(
+                        _KINDS[(type_code << 16) | flags],
+                        flags,
+                        request_id,
+                        bytes(view[start + PREFIX_SIZE : at]),
+                        view[at : start + size],
+                    )
+                )
+                start += size
+        except ProtocolError as exc:
+            self._error = exc
+            raise
+        self._start = start
+        return frames

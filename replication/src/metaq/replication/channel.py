@@ -14,17 +14,19 @@ path itself can alter them, unless the connection runs over TLS (``ssl``: the br
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import itertools
 import socket
 import ssl as ssl_module
 from collections.abc import Awaitable
 from dataclasses import dataclass
+from typing import cast
 
 from metaq.common import auth
 from metaq.common.auth import ClusterSecret
-from metaq.common.errors import ErrorCode, MetaqError, NotAuthenticated
-from metaq.common.framing import Buffer, Frame, FrameDecoder, FrameType, encode_frame
+from metaq.common.errors import ErrorCode, MetaqError, NotAuthenticated, ProtocolError
+from metaq.common.framing import Buffer, Frame, FrameReceiver, FrameType, encode_frame
 from metaq.common.tls import tls_peer_hint
 from metaq.common.v1.data_pb2 import (
     ErrorResponse,
@@ -58,15 +60,70 @@ class FetchError(MetaqError):
         self.code = code
 
 
-class DataPlaneChannel:
-    """Sequential fetches on one connection; a slave needs no more."""
+class _Receiving(asyncio.BufferedProtocol):
+    """The connection's receiving side: frames cut in its buffer, queued for ``_answer``."""
 
-    def __init__(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, address: str
-    ) -> None:
-        self._reader = reader
-        self._writer = writer
-        self._decoder = FrameDecoder()
+    def __init__(self) -> None:
+        self.frames: collections.deque[Frame] = collections.deque()
+        self.receiver = FrameReceiver()
+        self.transport: asyncio.Transport | None = None
+        self.ended = False
+        self.error: BaseException | None = None
+        self._wakeup: asyncio.Future[None] | None = None
+        self._closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are not asyncio.Transport subclasses, but are ones.
+        self.transport = cast(asyncio.Transport, transport)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.receiver.buffer()
+
+    def buffer_updated(self, nbytes: int) -> None:
+        try:
+            self.frames.extend(self.receiver.received(nbytes))
+        except ProtocolError as exc:
+            self.error = exc
+            assert self.transport is not None
+            self.transport.abort()
+        self._wake()
+
+    def eof_received(self) -> bool:
+        self.ended = True
+        self._wake()
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.ended = True
+        if exc is not None and self.error is None:
+            self.error = exc
+        if not self._closed.done():
+            self._closed.set_result(None)
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._wakeup is not None and not self._wakeup.done():
+            self._wakeup.set_result(None)
+
+    async def wait(self) -> None:
+        """Until a frame arrives or the connection ends."""
+        self._wakeup = asyncio.get_running_loop().create_future()
+        await self._wakeup
+
+    async def closed(self) -> None:
+        await self._closed
+
+
+class DataPlaneChannel:
+    """Sequential fetches on one connection; a slave needs no more.
+
+    Answers arrive in one reused buffer: a fetch's payload is valid until the next
+    request on this channel is sent (the follower writes it before it fetches again).
+    """
+
+    def __init__(self, transport: asyncio.Transport, receiving: _Receiving, address: str) -> None:
+        self._transport = transport
+        self._receiving = receiving
         self._ids = itertools.count(1)
         self.address = address
         self._answered = False
@@ -74,7 +131,7 @@ class DataPlaneChannel:
     @property
     def closed(self) -> bool:
         """The master closed the connection (or it failed) while nothing was asked."""
-        return self._reader.at_eof() or self._writer.is_closing()
+        return self._receiving.ended or self._transport.is_closing()
 
     @classmethod
     async def open(
@@ -89,9 +146,12 @@ class DataPlaneChannel:
         ``identity.secret``, authenticate both ways first (raises NotAuthenticated when
         the master cannot prove it)."""
         host, _, port = address.rpartition(":")
+        loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(timeout_s):
-                reader, writer = await asyncio.open_connection(host.strip("[]"), int(port), ssl=ssl)
+                transport, receiving = await loop.create_connection(
+                    _Receiving, host.strip("[]"), int(port), ssl=ssl
+                )
         except ssl_module.SSLError as exc:
             raise ConnectionError(tls_peer_hint(address, exc, "master")) from None
         except TimeoutError:
@@ -101,11 +161,11 @@ class DataPlaneChannel:
                 f"no TLS handshake with the master at {address} within {timeout_s} s: its "
                 "port may be plain (is TLS on there?) or it is overloaded"
             ) from None
-        sock = writer.get_extra_info("socket")
+        sock = transport.get_extra_info("socket")
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        channel = cls(reader, writer, address)
+        channel = cls(transport, receiving, address)
         if identity is not None and identity.secret is not None:
             try:
                 await channel._authenticate(identity, identity.secret)
@@ -191,30 +251,39 @@ class DataPlaneChannel:
 
     def _send(self, frame_type: FrameType, header: bytes) -> int:
         request_id = next(self._ids)
-        self._writer.writelines(encode_frame(frame_type, request_id, header))
+        self._transport.writelines(encode_frame(frame_type, request_id, header))
         return request_id
 
     async def _answer(self, frame_type: FrameType, request_id: int, timeout_s: float) -> Frame:
+        receiving = self._receiving
         async with asyncio.timeout(timeout_s):
             while True:
-                chunk = await self._reader.read(1 << 20)
-                if not chunk:
-                    if not self._answered and self._writer.get_extra_info("sslcontext") is None:
+                while receiving.frames:
+                    frame = receiving.frames.popleft()
+                    self._answered = True
+                    if frame.is_error:
+                        error = ErrorResponse.FromString(frame.header)
+                        raise FetchError(ErrorCode(error.code), error.message)
+                    if frame.type is frame_type and frame.request_id == request_id:
+                        return frame
+                if receiving.error is not None:
+                    if isinstance(receiving.error, ProtocolError):
+                        raise receiving.error
+                    raise ConnectionError(
+                        f"connection to master {self.address} failed: {receiving.error}"
+                    )
+                if receiving.ended:
+                    tls = self._transport.get_extra_info("sslcontext") is not None
+                    if not self._answered and not tls:
                         raise ConnectionError(
                             f"master {self.address} closed the connection before answering "
                             "anything: if it serves TLS, give this broker the tls_* "
                             "settings too (tls_ca_file to trust it)"
                         )
                     raise ConnectionError(f"master {self.address} closed the connection")
-                self._answered = True
-                for frame in self._decoder.feed(chunk):
-                    if frame.is_error:
-                        error = ErrorResponse.FromString(frame.header)
-                        raise FetchError(ErrorCode(error.code), error.message)
-                    if frame.type is frame_type and frame.request_id == request_id:
-                        return frame
+                await receiving.wait()
 
     async def close(self) -> None:
-        self._writer.close()
+        self._transport.close()
         with contextlib.suppress(OSError, ConnectionError):
-            await self._writer.wait_closed()
+            await self._receiving.closed()

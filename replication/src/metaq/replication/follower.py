@@ -30,7 +30,8 @@ log = logging.getLogger(__name__)
 
 class FetchChannel(Protocol):
     def fetch(self, request: ReplicaFetchRequest) -> Awaitable[tuple[ReplicaFetchResponse, Buffer]]:
-        """The answer to ``request``; a channel sends it as soon as called."""
+        """The answer to ``request``; a channel sends it as soon as called. The payload
+        may be a view of the channel's buffer, valid until the next request."""
         ...
 
     async def close(self) -> None: ...
