@@ -359,8 +359,8 @@ _BUFFERS: Final = (bytes, bytearray, memoryview)
 
 class RecordEncoder:
     """The record encoder: producers, Spark's writer and the broker's re-addressing all
-    build records here (:func:`encode` is the one-off form), each method with one
-    ``pack`` of :data:`HEADER` and one ``join``; each topic is checked once.
+    build records here (:func:`encode` is the one-off form), with one ``pack`` of
+    :data:`HEADER` per record and one ``join`` per buffer; each topic is checked once.
 
     Records are built as a producer sends them: broker-stamped fields unset, CRC unset.
     The broker computes the CRC after stamping (see :func:`seal`), so a record is checked
@@ -416,55 +416,12 @@ class RecordEncoder:
                 f"message body is {size} bytes{after}; the producer's limit is "
                 f"{self.max_message_bytes} bytes (max_message_bytes)"
             )
-        if tags or keys or properties:
-            tags_b, keys_b, props_b = encode_extras(tags, keys, properties)
-            flags |= property_flags(properties)
-        else:
-            tags_b = keys_b = props_b = b""
-        header = HEADER.pack(
-            HEADER_SIZE + len(topic_b) + len(tags_b) + len(keys_b) + len(props_b) + size,
-            MAGIC, 0, flags, -1, -1, 0, NO_HOST, queue_id, 0,
-            time.time_ns() // 1_000_000, _IDS.next(), NO_HOST,
-            len(topic_b), len(tags_b), len(keys_b), len(props_b), size,
+        return b"".join(
+            _parts(
+                topic_b, body, flags | property_flags(properties), queue_id, 0,
+                time.time_ns() // 1_000_000, _IDS.next(), NO_HOST, tags, keys, properties,
+            )
         )  # fmt: skip
-        return b"".join((header, topic_b, tags_b, keys_b, props_b, body))
-
-    def encode_fields(
-        self,
-        topic: str,
-        body: bytes | bytearray | memoryview,
-        *,
-        queue_id: int = 0,
-        tags: str = "",
-        keys: Sequence[str] = (),
-        properties: Mapping[str, str] | None = None,
-        flags: int = 0,
-        msg_id: bytes | None = None,
-        born_timestamp_ms: int = 0,
-        born_host: bytes = NO_HOST,
-        reconsume_times: int = 0,
-    ) -> bytes:
-        """A record of exactly these fields: the body as given (never compressed here),
-        the flags as given; ``msg_id`` None for a new id of this process."""
-        topic_b = self._topics.get(topic) or self.topic_bytes(topic)
-        if tags or keys or properties:
-            tags_b, keys_b, props_b = encode_extras(tags, keys, properties)
-        else:
-            tags_b = keys_b = props_b = b""
-        if msg_id is None:
-            msg_id = _IDS.next()
-        elif len(msg_id) != 16:
-            raise InvalidMessage(f"a message id is 16 bytes, not {len(msg_id)}")
-        if len(born_host) != 8:
-            raise InvalidMessage("born_host is 8 bytes: IPv4 address, port, two reserved")
-        size = len(body)
-        header = HEADER.pack(
-            HEADER_SIZE + len(topic_b) + len(tags_b) + len(keys_b) + len(props_b) + size,
-            MAGIC, 0, flags, -1, -1, 0, NO_HOST, queue_id, reconsume_times,
-            born_timestamp_ms, msg_id, born_host,
-            len(topic_b), len(tags_b), len(keys_b), len(props_b), size,
-        )  # fmt: skip
-        return b"".join((header, topic_b, tags_b, keys_b, props_b, body))
 
     def encode_batch(
         self,
@@ -537,6 +494,35 @@ class RecordEncoder:
         return batches
 
 
+def _parts(
+    topic_b: bytes,
+    body: bytes | bytearray | memoryview,
+    flags: int,
+    queue_id: int,
+    reconsume_times: int,
+    born_timestamp_ms: int,
+    msg_id: bytes,
+    born_host: bytes,
+    tags: str,
+    keys: Sequence[str],
+    properties: Mapping[str, str] | None,
+) -> tuple[bytes | bytearray | memoryview, ...]:
+    """The parts of one record of these fields, in order, to be joined: the header with
+    the broker-stamped fields and the CRC unset, then topic, extras and body."""
+    if tags or keys or properties:
+        tags_b, keys_b, props_b = encode_extras(tags, keys, properties)
+    else:
+        tags_b = keys_b = props_b = b""
+    size = len(body)
+    header = HEADER.pack(
+        HEADER_SIZE + len(topic_b) + len(tags_b) + len(keys_b) + len(props_b) + size,
+        MAGIC, 0, flags, -1, -1, 0, NO_HOST, queue_id, reconsume_times,
+        born_timestamp_ms, msg_id, born_host,
+        len(topic_b), len(tags_b), len(keys_b), len(props_b), size,
+    )  # fmt: skip
+    return header, topic_b, tags_b, keys_b, props_b, body
+
+
 _PLAIN: Final = RecordEncoder()
 
 
@@ -554,12 +540,20 @@ def encode(
     born_host: bytes = NO_HOST,
     reconsume_times: int = 0,
 ) -> bytearray:
-    """:meth:`RecordEncoder.encode_fields`, in a buffer the caller may stamp and seal."""
-    return bytearray(
-        _PLAIN.encode_fields(
-            topic, body, queue_id=queue_id, tags=tags, keys=keys, properties=properties,
-            flags=flags, msg_id=msg_id, born_timestamp_ms=born_timestamp_ms,
-            born_host=born_host, reconsume_times=reconsume_times,
+    """A record of exactly these fields, in a buffer the caller may stamp and seal: the
+    body as given (never compressed here), the flags as given; ``msg_id`` None for a new
+    id of this process."""
+    topic_b = _PLAIN.topic_bytes(topic)
+    if msg_id is None:
+        msg_id = _IDS.next()
+    elif len(msg_id) != 16:
+        raise InvalidMessage(f"a message id is 16 bytes, not {len(msg_id)}")
+    if len(born_host) != 8:
+        raise InvalidMessage("born_host is 8 bytes: IPv4 address, port, two reserved")
+    return bytearray().join(
+        _parts(
+            topic_b, body, flags, queue_id, reconsume_times, born_timestamp_ms, msg_id,
+            born_host, tags, keys, properties,
         )
     )  # fmt: skip
 

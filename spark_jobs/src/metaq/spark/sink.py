@@ -99,8 +99,7 @@ class RowSender:
         self.producer = producer
         self.prefix = prefix
         self.row = 0
-        self.pending: dict[tuple[str, QueueRoute], list[bytes]] = {}
-        self.encoder = record.RecordEncoder()
+        self.pending: dict[tuple[str, QueueRoute], list[bytearray]] = {}
         self.in_flight: list[asyncio.Future[Any]] = []
         self.stats = WriteStats()
 
@@ -187,7 +186,7 @@ class RowSender:
             # By the id: a retry of the task sends each row where its first try went.
             queue = shard_queue(route, shard) if shard else shard_queue(route, msg_id)
             try:
-                rec = self.encoder.encode_fields(
+                rec = record.encode(
                     topic,
                     body,
                     queue_id=queue.queue_id,
@@ -212,7 +211,7 @@ class RowSender:
         await self._settle()
         return self.stats
 
-    def _send(self, topic: str, queue: QueueRoute, records: list[bytes]) -> None:
+    def _send(self, topic: str, queue: QueueRoute, records: list[bytearray]) -> None:
         self._send_payload(topic, queue, b"".join(records), len(records))
 
     def _send_payload(
