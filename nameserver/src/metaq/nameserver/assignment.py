@@ -64,11 +64,12 @@ non-members and for queues that no longer exist are ignored.
 from __future__ import annotations
 
 import bisect
+import functools
 import hashlib
 import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final, TypeAlias
+from typing import Final, Protocol, TypeAlias
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -90,7 +91,18 @@ class Member:
 
 Assignment: TypeAlias = dict[str, list[QueueRef]]
 Previous: TypeAlias = Mapping[str, Sequence[QueueRef]]
-Strategy: TypeAlias = Callable[[Iterable[Member], Iterable[QueueRef], Previous | None], Assignment]
+
+
+class Strategy(Protocol):
+    """Members, queues and (for stickiness) the previous assignment to an assignment."""
+
+    def __call__(
+        self,
+        members: Iterable[Member],
+        queues: Iterable[QueueRef],
+        previous: Previous | None = None,
+    ) -> Assignment: ...
+
 
 # RocketMQ defaults to 10 points per member, which leaves shares uneven by tens of percent;
 # with 100 a member's share of the ring is within about 10% of 1/n (one standard deviation).
@@ -126,13 +138,27 @@ def _empty(members: Sequence[Member]) -> Assignment:
     return {member.consumer_id: [] for member in members}
 
 
+def _strategy(
+    body: Callable[[list[Member], list[QueueRef], Previous | None], Assignment],
+) -> Strategy:
+    """A strategy whose ``body`` takes the members (at least one) and the queues sorted,
+    de-duplicated and checked by :func:`_prepare`; with no member, nobody gets anything."""
+
+    @functools.wraps(body)
+    def strategy(
+        members: Iterable[Member], queues: Iterable[QueueRef], previous: Previous | None = None
+    ) -> Assignment:
+        member_list, queue_list = _prepare(members, queues)
+        return body(member_list, queue_list, previous) if member_list else {}
+
+    return strategy
+
+
+@_strategy
 def average(
-    members: Iterable[Member], queues: Iterable[QueueRef], previous: Previous | None = None
+    member_list: list[Member], queue_list: list[QueueRef], previous: Previous | None
 ) -> Assignment:
     """Contiguous blocks in sorted order, the larger blocks first (RocketMQ averagely)."""
-    member_list, queue_list = _prepare(members, queues)
-    if not member_list:
-        return {}
     result = _empty(member_list)
     base, extra = divmod(len(queue_list), len(member_list))
     start = 0
@@ -143,13 +169,11 @@ def average(
     return result
 
 
+@_strategy
 def round_robin(
-    members: Iterable[Member], queues: Iterable[QueueRef], previous: Previous | None = None
+    member_list: list[Member], queue_list: list[QueueRef], previous: Previous | None
 ) -> Assignment:
     """Sorted queue i to sorted member i mod n (RocketMQ averagely by circle)."""
-    member_list, queue_list = _prepare(members, queues)
-    if not member_list:
-        return {}
     result = _empty(member_list)
     for index, queue in enumerate(queue_list):
         result[member_list[index % len(member_list)].consumer_id].append(queue)
@@ -165,13 +189,11 @@ def _queue_ring_key(queue: QueueRef) -> str:
     return f"{queue.queue_id}:{queue.broker}"
 
 
+@_strategy
 def consistent_hash(
-    members: Iterable[Member], queues: Iterable[QueueRef], previous: Previous | None = None
+    member_list: list[Member], queue_list: list[QueueRef], previous: Previous | None
 ) -> Assignment:
     """Each queue to the member owning the next point clockwise on a blake2b hash ring."""
-    member_list, queue_list = _prepare(members, queues)
-    if not member_list:
-        return {}
     result = _empty(member_list)
     # The replica number follows the last '#', so "a#1" replica 0 never collides with "a"
     # replica 10. Ties on the 64-bit hash, however unlikely, are broken by consumer id.
@@ -235,13 +257,11 @@ def _sticky_pool(
     return held
 
 
+@_strategy
 def computer_room_first(
-    members: Iterable[Member], queues: Iterable[QueueRef], previous: Previous | None = None
+    member_list: list[Member], queue_list: list[QueueRef], previous: Previous | None
 ) -> Assignment:
     """Same-room queues to same-room members, orphaned rooms to everyone; sticky and balanced."""
-    member_list, queue_list = _prepare(members, queues)
-    if not member_list:
-        return {}
     result = _empty(member_list)
     owners = _previous_owners(previous)
     staffed = {member.room for member in member_list}
