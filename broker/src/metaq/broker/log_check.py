@@ -17,7 +17,6 @@ no sense stops the check: the broker stays unverified and the operator decides.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import ssl
 from collections.abc import Callable
@@ -26,6 +25,7 @@ from typing import Final
 from metaq.broker.store import MessageStore
 from metaq.common.auth import ClusterSecret
 from metaq.common.errors import CorruptLog, MetaqError
+from metaq.common.service import cancel_and_wait
 from metaq.common.v1.data_pb2 import EpochEntry, ReplicaFetchRequest
 from metaq.replication.channel import DataPlaneChannel, SlaveIdentity
 from metaq.replication.epochs import EpochHistory
@@ -74,10 +74,7 @@ class LogCheck:
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait(self._task)
 
     async def _run(self) -> None:
         commitlog = self._store.commitlog

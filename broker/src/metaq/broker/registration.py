@@ -33,6 +33,7 @@ from tenacity.wait import wait_random_exponential
 
 from metaq.common.auth import ClusterSecret, call_metadata, session_identity, session_metadata
 from metaq.common.model import Permission, ReplicationMode, Role, TopicConfig
+from metaq.common.service import cancel_and_wait
 from metaq.common.tls import TlsConfig, grpc_channel
 from metaq.common.v1 import control_pb2 as pb
 from metaq.common.v1 import control_pb2_grpc
@@ -141,10 +142,7 @@ class _Link:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
 
     async def unregister(self, broker_name: str, broker_id: int, timeout_s: float) -> None:
         request = pb.UnregisterBrokerRequest(broker_name=broker_name, broker_id=broker_id)

@@ -62,6 +62,7 @@ from metaq.common.auth import ClusterSecret
 from metaq.common.errors import MetaqError, NotEnoughReplicas
 from metaq.common.framing import FLAG_RESPONSE, Buffer, Frame, FrameType, encode_error, encode_frame
 from metaq.common.model import ReplicationMode, Role
+from metaq.common.service import cancel_and_wait
 from metaq.common.v1 import control_pb2 as pb
 from metaq.common.v1.data_pb2 import ReplicaFetchRequest, ReplicaFetchResponse
 from metaq.replication.channel import DataPlaneChannel, SlaveIdentity
@@ -166,10 +167,7 @@ class GroupRole:
         self._worker = asyncio.get_running_loop().create_task(self._apply_changes())
 
     async def stop(self) -> None:
-        if self._worker is not None:
-            self._worker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._worker
+        await cancel_and_wait(self._worker)
         await self.follower.stop()
         if self.check is not None:
             await self.check.stop()

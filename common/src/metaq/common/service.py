@@ -3,10 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from abc import ABC, abstractmethod
+from typing import Any
 
 log = logging.getLogger(__name__)
+
+
+async def cancel_and_wait(task: asyncio.Task[Any] | None) -> None:
+    """Cancel ``task`` (None: nothing to do) and wait until it has ended, taking its
+    cancellation as the end asked for; any other error it ended with is raised."""
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 class PeriodicService(ABC):

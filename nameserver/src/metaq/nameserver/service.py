@@ -25,7 +25,6 @@ of its writes.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import time
@@ -47,6 +46,7 @@ from metaq.common.auth import (
 )
 from metaq.common.model import TopicConfig, TopicRoute
 from metaq.common.names import shown
+from metaq.common.service import cancel_and_wait
 from metaq.common.v1 import control_pb2 as pb
 from metaq.common.v1 import control_pb2_grpc
 from metaq.nameserver import convert
@@ -145,9 +145,7 @@ class NameServerService(control_pb2_grpc.NameServerServicer):
                     await context.abort(item.code, item.details)
                 yield item
         finally:
-            reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reader
+            await cancel_and_wait(reader)
             self._end(stream)
 
     async def _read(

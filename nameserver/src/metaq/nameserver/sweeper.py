@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
+from metaq.common.service import cancel_and_wait
 from metaq.nameserver.registry import Registry
 
 log = logging.getLogger(__name__)
@@ -31,10 +31,7 @@ class ExpirySweeper:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
 
     def sweep(self) -> None:
         for key in self._registry.expire():

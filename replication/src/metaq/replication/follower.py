@@ -21,6 +21,7 @@ from typing import Protocol
 
 from metaq.common.errors import EpochMismatch, MetaqError
 from metaq.common.framing import Buffer
+from metaq.common.service import cancel_and_wait
 from metaq.common.v1.data_pb2 import EpochEntry, ReplicaFetchRequest, ReplicaFetchResponse
 from metaq.replication.epochs import Epoch, EpochHistory, divergence
 from metaq.replication.log import ReplicaLog
@@ -107,10 +108,7 @@ class Follower:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
         self.connected = False
 
     async def _run(self) -> None:
