@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -128,37 +128,39 @@ class Transactions:
 
     # --- state ----------------------------------------------------------------------------
 
+    def _batches(self, topic: str, offset: int) -> Iterator[tuple[Sequence[Buffer], int]]:
+        """The records of ``topic`` from ``offset`` on, a batch at a time with the offset
+        after it (no records where the log no longer holds ``offset``); each batch is
+        released when the caller takes the next."""
+        while True:
+            result = self._store.get(topic, 0, offset, max_messages=256)
+            if result.status is GetStatus.OFFSET_TOO_SMALL:
+                offset = result.next_offset
+                yield (), offset
+                continue
+            if result.status is not GetStatus.FOUND:
+                return
+            yield result.records, result.next_offset
+            offset = result.next_offset
+            result.release()
+
     def _catch_up(self) -> dict[int, int]:
         """Read op records and half messages dispatched since the last call."""
         if self._ended is None:
             self._ended, self._ops_read, self._halves_read, self._pending = {}, 0, 0, {}
         ended = self._ended
-        while True:
-            result = self._store.get(OP_TOPIC, 0, self._ops_read, max_messages=256)
-            if result.status is GetStatus.OFFSET_TOO_SMALL:
-                self._ops_read = result.next_offset
-                continue
-            if result.status is not GetStatus.FOUND:
-                break
-            for raw in result.records:
+        for records, next_offset in self._batches(OP_TOPIC, self._ops_read):
+            for raw in records:
                 op = json.loads(decode(raw, verify=False).body)
                 ended[int(op["half"])] = int(op["action"])
                 self._pending.pop(int(op["half"]), None)
-            self._ops_read = result.next_offset
-            result.release()
-        while True:
-            result = self._store.get(HALF_TOPIC, 0, self._halves_read, max_messages=256)
-            if result.status is GetStatus.OFFSET_TOO_SMALL:
-                self._halves_read = result.next_offset
-                continue
-            if result.status is not GetStatus.FOUND:
-                break
-            for raw in result.records:
+            self._ops_read = next_offset
+        for records, next_offset in self._batches(HALF_TOPIC, self._halves_read):
+            for raw in records:
                 half = decode(raw, verify=False)
                 if half.commitlog_offset not in ended:
                     self._pending[half.commitlog_offset] = _Pending(half.store_timestamp_ms)
-            self._halves_read = result.next_offset
-            result.release()
+            self._halves_read = next_offset
         return ended
 
     def pending(self) -> int:

@@ -282,17 +282,8 @@ class SegmentQueue:
                 )
             if self.segments and start != self.segments[-1].end:
                 gaps.append(self.segments[-1].end)
-            self.segments.append(
-                # Existing files are never refilled; the flag still picks the access pattern.
-                open_segment(
-                    path,
-                    start,
-                    self.segment_bytes,
-                    preallocate=self.preallocate,
-                    keep_fd=self.keep_fd,
-                    prefault=self.prefault,
-                )
-            )
+            # Existing files are never refilled; the flag still picks the access pattern.
+            self.segments.append(self._open_file(path, start, self.prefault))
         return gaps
 
     @property
@@ -340,6 +331,17 @@ class SegmentQueue:
             self._prepare(start + self.segment_bytes, prefault)
         return segment
 
+    def _open_file(self, path: Path, start: int, prefault: bool) -> Segment:
+        """The segment file at ``path``, opened with this log's settings."""
+        return open_segment(
+            path,
+            start,
+            self.segment_bytes,
+            preallocate=self.preallocate,
+            keep_fd=self.keep_fd,
+            prefault=prefault,
+        )
+
     def _open(self, start: int, prefault: bool) -> Segment:
         self.directory.mkdir(parents=True, exist_ok=True)
         path = self.directory / segment_name(start)
@@ -354,14 +356,7 @@ class SegmentQueue:
                 f"no room for commitlog segment {path.name} ({self.segment_bytes} bytes) "
                 "above the disk reserve",
             )
-        segment = open_segment(
-            path,
-            start,
-            self.segment_bytes,
-            preallocate=self.preallocate,
-            keep_fd=self.keep_fd,
-            prefault=prefault,
-        )
+        segment = self._open_file(path, start, prefault)
         if self.preallocate:
             # The commitlog's file names must survive a power loss with its data. Sparse
             # logs (consume queues, index) are rebuilt from the commitlog, and the next

@@ -257,13 +257,18 @@ class MessageStore:
             appended = self.commitlog.append(records)
         except OSError as exc:
             raise self._write_failed(exc) from exc
+        self._written(wake_dispatcher)
+        return appended
+
+    def _written(self, wake_dispatcher: bool) -> None:
+        """After a write to the commitlog: dispatch it (unless the caller will) and have
+        it flushed as the flush mode says."""
         if wake_dispatcher:
             self.dispatch_service.wakeup()
         if self.config.flush_mode is FlushMode.SYNC:
             self.flusher.request()
         else:
             self.flusher.maybe_request()
-        return appended
 
     def _write_failed(self, exc: OSError) -> StoreUnavailable:
         """Record a failed commitlog write; the error to answer it with. Nothing of the
@@ -383,12 +388,7 @@ class MessageStore:
             self.commitlog.write_raw(offset, data)
         except OSError as exc:
             raise self._write_failed(exc) from exc
-        if wake_dispatcher:
-            self.dispatch_service.wakeup()
-        if self.config.flush_mode is FlushMode.SYNC:
-            self.flusher.request()
-        else:
-            self.flusher.maybe_request()
+        self._written(wake_dispatcher)
 
     def truncate(self, offset: int) -> None:
         """Cut the log, queues and dispatch state at ``offset`` (a slave's diverged tail).
