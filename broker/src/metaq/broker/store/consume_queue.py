@@ -167,6 +167,19 @@ class ConsumeQueue:
         offset, size, tag = ENTRY.unpack_from(segment.view, at - segment.start)
         return offset, size, tag
 
+    def first_at_or_after(self, commitlog_offset: int, start: int | None = None) -> int:
+        """The first queue offset from ``start`` on (default: the queue's first) whose entry
+        points at or after ``commitlog_offset``; ``max_offset`` when none does. Entries
+        are in commitlog order, so a binary search finds it."""
+        lo, hi = (self.min_offset if start is None else start), self.max_offset
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self.entry(mid)[0] < commitlog_offset:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
     def entries(self, start: int, end: int) -> Iterator[tuple[int, int, int]]:
         """(commitlog offset, size, tag code) for ``start <= n < end``, in order, unpacked
         in C a file's run at a time (a pull reads hundreds per request)."""
@@ -289,20 +302,9 @@ class QueueTable:
     def entries_below(self, commitlog_offset: int) -> int:
         """Sum over queues of how many entries point below ``commitlog_offset``.
 
-        Entries are in commitlog order, so each queue answers by binary search; the
-        checkpoint stores this sum so that a queue whose files vanished is noticed.
+        The checkpoint stores this sum so that a queue whose files vanished is noticed.
         """
-        total = 0
-        for queue in self.queues.values():
-            lo, hi = queue.min_offset, queue.max_offset
-            while lo < hi:
-                mid = (lo + hi) // 2
-                if queue.entry(mid)[0] < commitlog_offset:
-                    lo = mid + 1
-                else:
-                    hi = mid
-            total += lo
-        return total
+        return sum(queue.first_at_or_after(commitlog_offset) for queue in self.queues.values())
 
     def dirty_segments(self) -> list[Segment]:
         """Files with entries not yet synced; call with the dispatcher held off."""

@@ -176,7 +176,7 @@ def read_batch(
             if view is None:
                 if not count:
                     result.status = GetStatus.OFFSET_MOVED
-                    result.next_offset = _first_present(commitlog, queue, n)
+                    result.next_offset = queue.first_at_or_after(commitlog.min_offset, n)
                     return result
                 break
             if count:
@@ -270,16 +270,3 @@ def _closed(run_view: memoryview, size: int) -> memoryview:
     span = run_view[:size]
     run_view.release()
     return span
-
-
-def _first_present(commitlog: CommitLog, queue: ConsumeQueue, start: int) -> int:
-    """The first queue offset at or after ``start`` whose record is still in the log."""
-    lo, hi = start, queue.max_offset
-    floor = commitlog.min_offset
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if queue.entry(mid)[0] < floor:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo

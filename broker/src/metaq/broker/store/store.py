@@ -631,16 +631,10 @@ class MessageStore:
         with self.dispatcher.lock:
             queues = list(self.queues.queues.values())
         for queue in queues:
-            lo, hi = queue.min_offset, queue.max_offset
-            if lo == hi or queue.entry(lo)[0] >= end:
+            lo = queue.min_offset
+            if lo == queue.max_offset or queue.entry(lo)[0] >= end:
                 continue  # nothing of this queue below end
-            while lo < hi:
-                mid = (lo + hi) // 2
-                if queue.entry(mid)[0] < end:
-                    lo = mid + 1
-                else:
-                    hi = mid
-            if floors.get((queue.topic, queue.queue_id), 0) < lo:
+            if floors.get((queue.topic, queue.queue_id), 0) < queue.first_at_or_after(end, lo):
                 return False
         return True
 
