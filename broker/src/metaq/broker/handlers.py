@@ -26,6 +26,7 @@ from metaq.common.framing import FLAG_RESPONSE, Frame, FrameType, encode_error, 
 from metaq.common.model import ConsumeMode
 from metaq.common.names import check_group
 from metaq.common.record import check_topic
+from metaq.common.service import spawn
 from metaq.common.v1.data_pb2 import (
     CommitOffsetRequest,
     CommitOffsetResponse,
@@ -124,8 +125,11 @@ class Handlers:
             )
         if held:
             self.forwarder.wakeup()
-            self._answer_after(
-                responder, frame, _EMPTY_COMMIT_RESPONSE, self._offsets.held.persist()
+            spawn(
+                self._tasks,
+                self._answer_when(
+                    responder, frame, _EMPTY_COMMIT_RESPONSE, self._offsets.held.persist()
+                ),
             )
             return
         self._answer_journaled(responder, frame, _EMPTY_COMMIT_RESPONSE)
@@ -179,20 +183,10 @@ class Handlers:
             )
             return
         # Under sync replication a commit is answered once a promoted slave would have it.
-        self._answer_after(responder, frame, response, self.role.wait_replicated(journaled.end))
-
-    def _answer_after(
-        self,
-        responder: Responder,
-        frame: Frame,
-        response: bytes,
-        done: Coroutine[Any, Any, object],
-    ) -> None:
-        task = asyncio.get_running_loop().create_task(
-            self._answer_when(responder, frame, response, done)
+        spawn(
+            self._tasks,
+            self._answer_when(responder, frame, response, self.role.wait_replicated(journaled.end)),
         )
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     async def _answer_when(
         self,

@@ -62,7 +62,7 @@ from metaq.common.auth import ClusterSecret
 from metaq.common.errors import MetaqError, NotEnoughReplicas
 from metaq.common.framing import FLAG_RESPONSE, Buffer, Frame, FrameType, encode_error, encode_frame
 from metaq.common.model import ReplicationMode, Role
-from metaq.common.service import cancel_and_wait
+from metaq.common.service import cancel_and_wait, spawn
 from metaq.common.v1 import control_pb2 as pb
 from metaq.common.v1.data_pb2 import ReplicaFetchRequest, ReplicaFetchResponse
 from metaq.replication.channel import DataPlaneChannel, SlaveIdentity
@@ -272,11 +272,9 @@ class GroupRole:
         if request.epoch <= self.epoch:
             self._check_master()  # raises NotMaster, naming the master if known
             return
-        task = asyncio.get_running_loop().create_task(
-            self._answer_when_taken_up(responder, frame.request_id, request, answer)
+        spawn(
+            self._fetches, self._answer_when_taken_up(responder, frame.request_id, request, answer)
         )
-        self._fetches.add(task)
-        task.add_done_callback(self._fetches.discard)
 
     async def _answer_when_taken_up(
         self,

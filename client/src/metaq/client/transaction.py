@@ -36,6 +36,7 @@ from metaq.client.results import SendResult
 from metaq.common.errors import MetaqError
 from metaq.common.framing import Frame, FrameType
 from metaq.common.record import PROP_REAL_QUEUE, PROP_REAL_TOPIC, PROP_TRANSACTION
+from metaq.common.service import spawn
 from metaq.common.v1.data_pb2 import (
     CheckTransactionRequest,
     EndTransactionRequest,
@@ -154,11 +155,7 @@ class TransactionProducer:
         if frame.type is not FrameType.CHECK_TRANSACTION:
             return
         request = CheckTransactionRequest.FromString(frame.header)
-        task = asyncio.get_running_loop().create_task(
-            self._answer_check(connection, request, bytes(frame.payload))
-        )
-        self._checks.add(task)
-        task.add_done_callback(self._checks.discard)
+        spawn(self._checks, self._answer_check(connection, request, bytes(frame.payload)))
 
     async def _answer_check(
         self, connection: BrokerConnection, request: CheckTransactionRequest, half: bytes

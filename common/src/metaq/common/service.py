@@ -6,9 +6,20 @@ import asyncio
 import contextlib
 import logging
 from abc import ABC, abstractmethod
-from typing import Any
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def spawn(tasks: set[asyncio.Task[T]], coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+    """Run ``coro`` as a task held in ``tasks`` until it ends: the event loop keeps only a
+    weak reference to a task, so one that nobody holds may vanish before it ends."""
+    task = asyncio.get_running_loop().create_task(coro)
+    tasks.add(task)
+    task.add_done_callback(tasks.discard)
+    return task
 
 
 async def cancel_and_wait(task: asyncio.Task[Any] | None) -> None:
