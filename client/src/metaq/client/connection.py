@@ -325,15 +325,7 @@ class BrokerConnection(asyncio.Protocol):
         if self._closed:
             future.set_exception(ConnectionLost(self.address, "the connection is closed"))
             return future
-        request_id = self._take_id()
-        self._out += self._encode(frame_type, request_id, header, payload)
-        deadline = self._loop.time() + timeout_s
-        self._pending[request_id] = (future, deadline)
-        if self._timer is None or deadline < self._timer_at:
-            self._arm(deadline)
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            self._loop.call_soon(self.flush)
+        self._queue(frame_type, header, payload, future, timeout_s)
         return future
 
     def request_callback(
@@ -354,10 +346,22 @@ class BrokerConnection(asyncio.Protocol):
         if self._closed:
             callback(None, ConnectionLost(self.address, "the connection is closed"))
             return
+        self._queue(frame_type, header, payload, callback, timeout_s)
+
+    def _queue(
+        self,
+        frame_type: FrameType,
+        header: bytes,
+        payload: Sequence[Buffer],
+        waiter: _Waiter,
+        timeout_s: float,
+    ) -> None:
+        """Encode a request into the write buffer, its ``waiter`` answered by the response
+        or at its deadline; the buffer is flushed on the next loop turn."""
         request_id = self._take_id()
         self._out += self._encode(frame_type, request_id, header, payload)
         deadline = self._loop.time() + timeout_s
-        self._pending[request_id] = (callback, deadline)
+        self._pending[request_id] = (waiter, deadline)
         if self._timer is None or deadline < self._timer_at:
             self._arm(deadline)
         if not self._flush_scheduled:
