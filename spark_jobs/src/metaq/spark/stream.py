@@ -12,8 +12,9 @@ later trigger; executors follow a failover to the new master or read from the sl
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
@@ -86,24 +87,27 @@ class MetaqStreamReader(DataSourceStreamReader):
                     "committing offsets for %s failed: %s", self.options.consumer_group, exc
                 )
 
-    def _routes(self) -> RouteCache:
-        o = self.options
-        return RouteCache(o.nameservers, rpc_timeout_s=o.request_timeout_s, tls=o.tls)
-
-    async def _initial(self) -> StreamOffset:
+    @contextlib.asynccontextmanager
+    async def _consumer(self, group: str) -> AsyncIterator[tuple[RouteCache, PullConsumer]]:
+        """A route cache and a pull consumer of ``group`` over it, both closed after."""
         o = self.options
         async with RouteCache(
             o.nameservers, rpc_timeout_s=o.request_timeout_s, tls=o.tls
         ) as routes:
-            consumer = PullConsumer(o.nameservers, PLANNER_GROUP, routes=routes, tls=o.tls)
+            consumer = PullConsumer(o.nameservers, group, routes=routes, tls=o.tls)
             try:
-                topics = await plan.resolve_topics(o, routes)
-                states = await plan.queue_states(o, routes, consumer, topics)
-                offsets = await plan.resolve_offsets(
-                    o.starting, o.starting_timestamp_ms, states, consumer, option="startingOffsets"
-                )
+                yield routes, consumer
             finally:
                 await consumer.close()
+
+    async def _initial(self) -> StreamOffset:
+        o = self.options
+        async with self._consumer(PLANNER_GROUP) as (routes, consumer):
+            topics = await plan.resolve_topics(o, routes)
+            states = await plan.queue_states(o, routes, consumer, topics)
+            offsets = await plan.resolve_offsets(
+                o.starting, o.starting_timestamp_ms, states, consumer, option="startingOffsets"
+            )
         result: StreamOffset = {t: {} for t in topics}
         for (topic, key), offset in offsets.items():
             result[topic][key] = offset
@@ -111,36 +115,23 @@ class MetaqStreamReader(DataSourceStreamReader):
 
     async def _states(self) -> list[QueueState]:
         o = self.options
-        async with RouteCache(
-            o.nameservers, rpc_timeout_s=o.request_timeout_s, tls=o.tls
-        ) as routes:
-            consumer = PullConsumer(o.nameservers, PLANNER_GROUP, routes=routes, tls=o.tls)
-            try:
-                topics = await plan.resolve_topics(o, routes)
-                return await plan.queue_states(o, routes, consumer, topics, tolerate_failures=True)
-            finally:
-                await consumer.close()
+        async with self._consumer(PLANNER_GROUP) as (routes, consumer):
+            topics = await plan.resolve_topics(o, routes)
+            return await plan.queue_states(o, routes, consumer, topics, tolerate_failures=True)
 
     async def _commit(self, end: StreamOffset) -> None:
-        o = self.options
-        async with RouteCache(
-            o.nameservers, rpc_timeout_s=o.request_timeout_s, tls=o.tls
-        ) as routes:
-            consumer = PullConsumer(o.nameservers, o.consumer_group, routes=routes, tls=o.tls)
-            try:
-                by_address: dict[str, list[tuple[str, int, int]]] = {}
-                for topic, queues in end.items():
-                    for queue in (await routes.route(topic)).read_queues:
-                        offset = queues.get(str(queue))
-                        if offset is not None:
-                            by_address.setdefault(queue.address, []).append(
-                                (topic, queue.queue_id, offset)
-                            )
-                await asyncio.gather(
-                    *(consumer.commit_many(a, offsets) for a, offsets in by_address.items())
-                )
-            finally:
-                await consumer.close()
+        async with self._consumer(self.options.consumer_group) as (routes, consumer):
+            by_address: dict[str, list[tuple[str, int, int]]] = {}
+            for topic, queues in end.items():
+                for queue in (await routes.route(topic)).read_queues:
+                    offset = queues.get(str(queue))
+                    if offset is not None:
+                        by_address.setdefault(queue.address, []).append(
+                            (topic, queue.queue_id, offset)
+                        )
+            await asyncio.gather(
+                *(consumer.commit_many(a, offsets) for a, offsets in by_address.items())
+            )
 
 
 def cap(start: StreamOffset, latest: StreamOffset, max_rows: int) -> StreamOffset:
