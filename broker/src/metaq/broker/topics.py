@@ -11,7 +11,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from metaq.broker.files import load_json_state, write_json_atomically
 from metaq.common.errors import ErrorCode, InvalidMessage, MetaqError
@@ -227,26 +227,11 @@ class TopicTable:
                     "is off: create it first (admin API) or check the name"
                 )
             config = TopicConfig(name, self.default_queue_count, self.default_queue_count)
-        if not config.permission.writable:
-            raise _refusal(config, "write")
-        if queue_id >= config.write_queues:
-            raise InvalidMessage(
-                f"queue id {queue_id} is out of range: topic {name!r} has "
-                f"{config.write_queues} write queues (0-{config.write_queues - 1}); "
-                "refresh the route"
-            )
-        return config
+        return _open_for(config, "write", queue_id, "; refresh the route")
 
     def resolve_pull(self, name: str, queue_id: int) -> TopicConfig:
         config = self._require(name)
-        if not config.permission.readable:
-            raise _refusal(config, "read")
-        if queue_id >= config.read_queues:
-            raise InvalidMessage(
-                f"queue id {queue_id} is out of range: topic {name!r} has "
-                f"{config.read_queues} read queues (0-{config.read_queues - 1})"
-            )
-        return config
+        return _open_for(config, "read", queue_id)
 
     def _require(self, name: str) -> TopicConfig:
         config = self._topics.get(name)
@@ -254,6 +239,22 @@ class TopicTable:
             check_topic(name)
             raise UnknownTopic(f"topic {name!r} does not exist on this broker")
         return config
+
+
+def _open_for(
+    config: TopicConfig, operation: Literal["read", "write"], queue_id: int, hint: str = ""
+) -> TopicConfig:
+    """``config``, if its permission allows ``operation`` on ``queue_id``; else the error
+    to answer with (``hint`` ends the message of a queue out of range)."""
+    if not (config.permission.writable if operation == "write" else config.permission.readable):
+        raise _refusal(config, operation)
+    queues = config.write_queues if operation == "write" else config.read_queues
+    if queue_id >= queues:
+        raise InvalidMessage(
+            f"queue id {queue_id} is out of range: topic {config.name!r} has "
+            f"{queues} {operation} queues (0-{queues - 1}){hint}"
+        )
+    return config
 
 
 def _refusal(config: TopicConfig, operation: str) -> NoPermission:
