@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import struct
+from typing import Any
 
+import numpy as np
 import pytest
 
 from metaq.broker import delay, send, transactions
@@ -35,7 +37,7 @@ HEADER = dict(zip(record.FIELDS, record.HEADER.unpack_from(SAMPLE), strict=True)
         commitlog._BLANK,
         record.header_view(*commitlog._BATCH_FIELDS, topic_len=len("orders")),
         send._FIELDS,
-        dispatch._FIELDS,
+        dispatch._SIZE_MAGIC,
         reads._LENGTH,
         reads._QUEUE_OFFSET,
     ],
@@ -73,3 +75,15 @@ def test_message_ids_are_cut_where_the_header_keeps_them() -> None:
     assert bytes(SAMPLE[send._MSG_ID_AT : send._MSG_ID_END]) == HEADER["msg_id"]
     magic = record.FIELDS["magic"]
     assert SAMPLE[magic.offset : magic.end] == commitlog._MAGIC_BYTES
+
+
+@pytest.mark.parametrize(
+    "dtype", [dispatch._HEADER_DTYPE, dispatch._SIZE_MAGIC_DTYPE], ids=["header", "size-magic"]
+)
+def test_the_dispatchers_numpy_views_agree_with_the_header(dtype: np.dtype[Any]) -> None:
+    row = np.frombuffer(bytes(SAMPLE[: dtype.itemsize]), dtype)[0]
+    assert dtype.names is not None
+
+    got = {n: bytes(row[n]) if isinstance(row[n], np.ndarray) else int(row[n]) for n in dtype.names}
+
+    assert got == {name: HEADER[name] for name in dtype.names}

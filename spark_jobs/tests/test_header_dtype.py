@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from metaq.common import record
+from metaq.common.record_dtype import header_dtype
 from metaq.spark import arrow_records
-from metaq.spark.header_dtype import header_dtype
 
 SAMPLE = record.encode(
     "orders",

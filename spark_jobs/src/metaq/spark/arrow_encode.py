@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from metaq.common import record
-from metaq.spark.header_dtype import header_dtype
+from metaq.common.record_dtype import header_dtype
 
 
 def derived_ids(prefix: bytes, first_row: int, count: int) -> np.ndarray:

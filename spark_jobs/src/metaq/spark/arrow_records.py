@@ -23,7 +23,7 @@ from zlib_ng.zlib_ng import crc32
 
 from metaq.common import record
 from metaq.common.errors import InvalidRecord
-from metaq.spark.header_dtype import header_dtype
+from metaq.common.record_dtype import header_dtype
 from metaq.spark.schema import ARROW_SCHEMA
 
 _PREFIX: Final = record.header_view("size", "magic", "crc")

@@ -21,7 +21,8 @@ from metaq.broker.store.consume_queue import ENTRY_DTYPE, ConsumeQueue, QueueTab
 from metaq.broker.store.index import MessageIndex, hash_ids, hash_key, key_for_topic_key
 from metaq.broker.store.segment import Segment
 from metaq.broker.store.service import Service
-from metaq.common.record import BLANK_MAGIC, FIELDS, HEADER_SIZE, header_view
+from metaq.common.record import BLANK_MAGIC, HEADER_SIZE, header_view
+from metaq.common.record_dtype import header_dtype
 
 _ROUND_BYTES: Final = 4 * 1024 * 1024
 _SMALL_RUN: Final = 8
@@ -29,27 +30,12 @@ _SMALL_RUN: Final = 8
 thousands of queues a run has one or two entries each, and the arrays cost more."""
 
 
-def _header_dtype(*names: str) -> np.dtype[np.void]:
-    """The header fields ``names`` (:data:`~metaq.common.record.FIELDS`) as a numpy
-    record of the header's size, so a run's headers are decoded in one step."""
-    numpy_format = {"I": "<u4", "i": "<i4", "q": "<i8", "H": "<u2"}
-    fields = [FIELDS[name] for name in names]
-    return np.dtype(
-        {
-            "names": list(names),
-            "formats": [numpy_format.get(f.code, f"({f.packer.size},)u1") for f in fields],
-            "offsets": [f.offset for f in fields],
-            "itemsize": HEADER_SIZE,
-        }
-    )
-
-
-_HEADER_DTYPE: Final = _header_dtype(
+_HEADER_DTYPE: Final = header_dtype(
     "size", "queue_offset", "store_timestamp_ms", "queue_id", "msg_id",
     "topic_len", "tags_len", "keys_len",
 )  # fmt: skip
 _SIZE_MAGIC: Final = header_view("size", "magic")
-_SIZE_MAGIC_DTYPE: Final = _header_dtype("size", "magic")
+_SIZE_MAGIC_DTYPE: Final = header_dtype("size", "magic")
 _LIKE_BEFORE_SKIP: Final = 8
 """Records of one size in a row before the walk looks further ahead for more."""
 _LIKE_RUN: Final = 64

@@ -1,4 +1,8 @@
-"""Numpy views of the record header, derived from ``record.FIELDS`` like every other view."""
+"""Numpy views of the record header, derived from ``record.FIELDS`` like every other view.
+
+For the broker's dispatcher and Spark's Arrow paths, which decode many headers at once;
+it needs numpy (``metaq-common[numpy]``), which the client does not.
+"""
 
 from __future__ import annotations
 
