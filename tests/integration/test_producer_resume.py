@@ -39,11 +39,16 @@ def test_a_producer_sends_to_the_new_master_within_a_second_of_the_takeover(
         "--nameserver", group.nameserver_addresses[0], "--set", "failover=false",
     )  # fmt: skip
     try:
-        asyncio.run(
-            Admin().put_topic(
-                lone.http_url, TOPIC, TopicSettings(read_queues=QUEUES, write_queues=QUEUES)
-            )
-        )
+        settings = TopicSettings(read_queues=QUEUES, write_queues=QUEUES)
+
+        async def on_both_groups() -> None:
+            async with Admin(group.nameserver_addresses, timeout_s=deadline(30.0)) as admin:
+                await admin.put_topic(lone.http_url, TOPIC, settings)
+                # Routed to both before the producer caches the route: a producer learns
+                # of a new group for a topic at its next periodic refresh (30 s).
+                await admin.wait_routed(TOPIC, {GROUP: settings, "broker-lone": settings})
+
+        asyncio.run(on_both_groups())
 
         async def scenario() -> float:
             oks: list[tuple[float, str]] = []
