@@ -48,9 +48,9 @@ MIN_SECRET_BYTES: Final = 16
 """Shorter secrets are refused: an HMAC is only as strong as the guessing of its key."""
 MAX_SECRET_BYTES: Final = 4096
 METADATA_KEY: Final = "x-metaq-auth"
+"""The gRPC metadata key of a call's proof (lowercase, as gRPC requires)."""
 HTTP_HEADER: Final = "X-Metaq-Cluster"
 """The HTTP header of :func:`sign_http` proofs."""
-"""The gRPC metadata key of a call's proof (lowercase, as gRPC requires)."""
 SESSION_IDENTITY_KEY: Final = "x-metaq-broker-bin"
 """Binary gRPC metadata a Session opens with: the broker it speaks for, a serialized
 ``BrokerState`` with only cluster, broker_name, broker_id and data_address set; the
