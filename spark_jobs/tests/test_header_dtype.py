@@ -10,23 +10,7 @@ import pytest
 from metaq.common import record
 from metaq.common.record_dtype import header_dtype
 from metaq.spark import arrow_records
-
-SAMPLE = record.encode(
-    "orders",
-    b"body",
-    queue_id=7,
-    tags="tag-abcd",
-    keys=("key-1", "key-2"),
-    properties={"p": "v", "DELAY": "2"},
-    flags=record.FLAG_DELAYED,
-    msg_id=bytes(range(16)),
-    born_timestamp_ms=1_700_000_000_456,
-    born_host=bytes([10, 0, 0, 1, 0x90, 0x1F, 0, 0]),
-    reconsume_times=3,
-)
-record.STAMP.pack_into(SAMPLE, record.STAMP_AT, 4096, 41, 1_700_000_000_789, bytes(range(8)))
-record.seal(SAMPLE, 0, len(SAMPLE))
-HEADER = dict(zip(record.FIELDS, record.HEADER.unpack_from(SAMPLE), strict=True))
+from metaq.testing.sample_record import HEADER, SAMPLE
 
 
 def _value(raw: Any) -> int | bytes:
