@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import resource
 import socket
 import time
 from collections.abc import Callable
@@ -15,6 +16,7 @@ import pytest
 from metaq.broker.limits import raise_nofile_limit
 from metaq.client.admin import Admin, TopicSettings
 from metaq.client.connection import ConnectionPool
+from metaq.client.errors import AdminError
 from metaq.common.errors import ErrorCode
 from metaq.common.framing import Frame, FrameDecoder, FrameType, encode_frame
 from metaq.common.record import encode
@@ -452,38 +454,80 @@ def test_idle_connections_are_closed_but_not_those_awaiting_a_long_poll(
 # file descriptors running out
 
 
-def test_a_broker_whose_queues_took_every_descriptor_says_it_cannot_serve(
+def held_descriptors(broker: BrokerProcess) -> int:
+    return len(os.listdir(f"/proc/{broker.proc.pid}/fd"))
+
+
+def set_soft_nofile(broker: BrokerProcess, soft: int) -> None:
+    """The broker's soft open-file limit from now on (as ``prlimit --pid`` would set it)."""
+    _, hard = resource.prlimit(broker.proc.pid, resource.RLIMIT_NOFILE)
+    resource.prlimit(broker.proc.pid, resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_topic_whose_queues_would_leave_too_few_connections_is_refused(
     tmp_path: Path,
 ) -> None:
-    nofile = 1200  # the store's files and fd_reserve (1024) leave about a hundred
+    nofile = 2048  # about 1000 descriptors beside fd_reserve (1024) and the broker's own
     command = ["prlimit", f"--nofile={nofile}:{nofile}", *broker_command()]
-    with BrokerProcess.start(tmp_path / "data", command=command) as broker:
-        assert run_async(Admin().health(broker.http_url)).status == "ok"
-        # A topic whose queue files take the descriptors clients need.
-        run_async(Admin().put_topic(broker.http_url, "Wide", TopicSettings(256, 256)))
-        for queue in range(256):
-            run_async(_send_one(broker, "Wide", queue))
+    flags = ("--set", "auto_create_topics=true", "--set", "default_queue_count=900")
+    with BrokerProcess.start(tmp_path / "data", *flags, command=command) as broker:
+        admin = Admin()
 
-        def unhealthy() -> bool:
-            state = run_async(Admin().health(broker.http_url))
-            return state.status != "ok" and "takes no data-plane connection" in str(state.reason)
+        async def scenario() -> tuple[AdminError, BrokerError]:
+            await admin.put_topic(broker.http_url, "Fits", TopicSettings(8, 8))
+            with pytest.raises(AdminError) as put:
+                await admin.put_topic(broker.http_url, "Wide", TopicSettings(1024, 1024))
+            # A topic made by a first send is judged alike (900 queues do not fit now).
+            client = await connect(broker)
+            try:
+                with pytest.raises(BrokerError) as send:
+                    await client.send("Auto", 0, [encode("Auto", b"x", queue_id=0)])
+                # The queues that fit take their files; clients still connect.
+                for queue in range(8):
+                    sent = await client.send("Fits", queue, [encode("Fits", b"x", queue_id=queue)])
+                    assert sent.status == SendResponse.OK
+            finally:
+                await client.close()
+            return put.value, send.value
 
-        wait_until(unhealthy, 30.0, "/health says the broker cannot serve")
-        metrics = run_async(Admin().metrics(broker.http_url))
-        assert metrics[("metaq_writable", ())] == 0
+        refused, auto = run_async(scenario())
+        message = str(refused)
+        assert "topic 'Wide' is refused: its 1024 queues" in message, message
+        assert f"open-file limit of {nofile}" in message and "min_connection_slots=256" in message
+        assert "ulimit -n" in message and "LimitNOFILE=" in message
+        assert auto.code is ErrorCode.STORE_UNAVAILABLE and auto.retriable, auto
+        assert "topic 'Auto' is refused: its 900 queues" in auto.detail, auto.detail
+        topics = run_async(admin.broker_topics(broker.http_url))
+        assert set(topics) == {"Fits"}, topics
+        metrics = run_async(admin.metrics(broker.http_url))
+        assert metrics[("metaq_connection_slots", ())] >= 256, metrics
+        assert "Fits" in broker.output  # the broker logged the one it took
 
 
-async def _send_one(broker: BrokerProcess, topic: str, queue: int) -> None:
-    try:
-        client = await connect(broker)
-    except OSError:
-        return  # refused once the descriptors ran out: what the test waits to see
-    try:
-        await client.send(topic, queue, [encode(topic, b"x", queue_id=queue)])
-    except (BrokerError, OSError):
-        pass
-    finally:
-        await client.close()
+def test_a_broker_left_no_descriptor_for_connections_says_it_cannot_serve(
+    start_broker: StartBroker,
+) -> None:
+    broker = start_broker()
+    _, hard = resource.prlimit(broker.proc.pid, resource.RLIMIT_NOFILE)
+    admin = Admin()
+    assert run_async(admin.health(broker.http_url)).status == "ok"
+    # Only fd_reserve (1024) left beside what the broker holds: no connection fits.
+    set_soft_nofile(broker, held_descriptors(broker) + 1024)
+
+    def unhealthy() -> bool:
+        state = run_async(admin.health(broker.http_url))
+        return state.status != "ok" and "takes no data-plane connection" in str(state.reason)
+
+    wait_until(unhealthy, 30.0, "/health says the broker cannot serve")
+    metrics = run_async(admin.metrics(broker.http_url))
+    assert metrics[("metaq_writable", ())] == 0
+    assert metrics[("metaq_connection_slots", ())] == 0
+    set_soft_nofile(broker, hard)
+    wait_until(
+        lambda: run_async(admin.health(broker.http_url)).status == "ok",
+        30.0,
+        "/health is ok again once the limit is raised",
+    )
 
 
 def test_a_connection_flood_leaves_the_store_its_file_descriptors(tmp_path: Path) -> None:
@@ -522,7 +566,10 @@ def test_a_connection_flood_leaves_the_store_its_file_descriptors(tmp_path: Path
                     return False
                 taken = metrics[("metaq_connections", ())]
                 refused = metrics.get(("metaq_connections_refused_total", ()), 0.0)
-                return taken + refused >= flood_size + 1
+                # Silent ones past the limit displace older silent ones (or, past
+                # max_connections_per_address, are refused).
+                displaced = metrics.get(("metaq_connections_idle_closed_total", ()), 0.0)
+                return taken + refused + displaced >= flood_size + 1
 
             wait_until(flood_landed, 30.0, "the broker saw the whole flood", poll_s=0.1)
 

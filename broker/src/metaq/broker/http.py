@@ -5,7 +5,8 @@
   errors, a background thread died, shutting down; reads go on).
 - ``GET /metrics`` — Prometheus text format.
 - ``GET /topics``, ``PUT /topics/{name}`` (JSON: read_queues, write_queues, perm,
-  ordered; creates or replaces), ``DELETE /topics/{name}``.
+  ordered; creates or replaces; 507 when its new queues would leave fewer than
+  ``min_connection_slots`` file descriptors for connections), ``DELETE /topics/{name}``.
 - ``GET /consumers`` — live members per consumer group; ``GET /offsets`` — committed
   consumer offsets with their lag.
 - ``GET /messages/{msg_id}`` (32 hex digits) — one stored message, 404 if this broker
@@ -21,7 +22,7 @@ import base64
 import ssl
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +30,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from metaq.broker.consumers import ConsumerGroups
+from metaq.broker.limits import OutOfDescriptors
 from metaq.broker.log_check import LogCheck
 from metaq.broker.metrics import BrokerMetrics
 from metaq.broker.offsets import ConsumerOffsets
@@ -59,6 +61,8 @@ class HttpContext:
     """With auth_enabled: who may use the admin API (``metaq.common.http_auth``)."""
     serving_refusal: Callable[[], str | None] = lambda: None
     """Why the data plane takes no connection now (None: it does)."""
+    recount_descriptors: Callable[[], Awaitable[None]] | None = None
+    """Counts the descriptor budget afresh (before a topic change is judged by it)."""
 
 
 @web.middleware
@@ -173,7 +177,13 @@ class HttpServer:
         refused = self._refuse_on_slave()
         if refused is not None:
             return refused
-        self._context.topics.put(config)
+        if self._context.recount_descriptors is not None:
+            # Queue files opened since the data plane's last count count too.
+            await self._context.recount_descriptors()
+        try:
+            self._context.topics.put(config)
+        except OutOfDescriptors as exc:
+            return web.json_response({"error": str(exc)}, status=507)
         return web.json_response({name: config.to_json()})
 
     async def delete_topic(self, request: web.Request) -> web.Response:

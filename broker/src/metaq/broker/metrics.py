@@ -35,6 +35,7 @@ from prometheus_client.metrics_core import Metric
 from metaq.broker.consumers import ConsumerGroups
 from metaq.broker.delay import DelayScheduler
 from metaq.broker.latency import FSYNC_BUCKETS_S, RPC_BUCKETS_S, LatencyFamily, SingleLatency
+from metaq.broker.limits import OutOfDescriptors
 from metaq.broker.offsets import ConsumerOffsets
 from metaq.broker.role import GroupRole
 from metaq.broker.store import MessageStore
@@ -90,7 +91,8 @@ class BrokerMetrics:
         self._rejected = Counter(
             "metaq_rejected_writes",
             "SEND requests refused, by reason: not_master, not_enough_replicas, disk_full, "
-            "io_errors, service_dead, unavailable (starting or stopping), and the error "
+            "io_errors, service_dead, out_of_descriptors, unavailable (starting or "
+            "stopping), and the error "
             "code of any other refusal (invalid_message, unknown_topic, no_permission ...)",
             ["reason"],
             registry=r,
@@ -239,6 +241,8 @@ def rejection_reason(error: MetaqError, store: MessageStore) -> str:
         return error.code.name.lower()
     if store.dead_service is not None:
         return "service_dead"
+    if isinstance(error, OutOfDescriptors):
+        return "out_of_descriptors"
     if store.guard.io_refused:
         return "io_errors"
     if store.guard.reason is not None:
@@ -262,6 +266,8 @@ class MetricSources:
     member_notices_sent: Callable[[], int] = lambda: 0
     serving_refusal: Callable[[], str | None] = lambda: None
     """Why the data plane takes no connection now (None: it does)."""
+    connection_slots: Callable[[], int] = lambda: 0
+    """Connections the data plane takes at once now (the descriptor budget's share)."""
 
 
 class _StateCollector:
@@ -409,6 +415,13 @@ class _StateCollector:
         )
         discarded.add_metric([], txn.discarded)
         yield discarded
+        yield _gauge(
+            "metaq_connection_slots",
+            "Data-plane connections taken at once now: max_connections, or what the "
+            "open-file limit leaves beside the store's files, queues still to be opened "
+            "and fd_reserve",
+            state.connection_slots(),
+        )
         writable = 0 if store.refusal or state.serving_refusal() else 1
         yield _gauge(
             "metaq_writable", "1 if the store accepts writes and clients can connect", writable

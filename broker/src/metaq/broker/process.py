@@ -32,7 +32,7 @@ from metaq.broker.handlers import Handlers
 from metaq.broker.http import HttpContext, HttpServer
 from metaq.broker.idle_poll import IdlePoll
 from metaq.broker.journal import Journal, JournalService
-from metaq.broker.limits import raise_nofile_limit
+from metaq.broker.limits import DescriptorBudget, raise_nofile_limit
 from metaq.broker.member_notices import MemberChangeNotices
 from metaq.broker.metrics import BrokerMetrics, MetricSources
 from metaq.broker.offset_forward import OffsetForwarder
@@ -148,7 +148,6 @@ class Broker:
             idle_timeout_s=config.idle_timeout_s,
             handshake_timeout_s=config.handshake_timeout_s,
             max_connections_per_address=config.max_connections_per_address,
-            fd_reserve=config.fd_reserve,
             max_buffered_request_bytes=config.max_buffered_request_bytes,
             max_connection_write_bytes=config.max_connection_write_bytes,
             small_request_reserve_bytes=config.small_request_reserve_bytes,
@@ -156,7 +155,11 @@ class Broker:
             min_request_bytes_per_s=config.min_request_bytes_per_s,
             request_arrival_window_s=config.request_arrival_window_s,
             max_connection_inflight_requests=config.max_connection_inflight_requests,
+        )
+        descriptors = DescriptorBudget(
             nofile=raise_nofile_limit(),
+            fd_reserve=config.fd_reserve,
+            min_connection_slots=min(config.min_connection_slots, config.max_connections),
         )
         self._data = DataServer(
             self._handlers,
@@ -166,6 +169,7 @@ class Broker:
             idle_poll,
             limits,
             user_gate,
+            descriptors,
         )
         host, port = await self._data.bind(config.listen_host, config.data_port, serve_tls)
         self.data_address = f"{host}:{port}"
@@ -178,6 +182,10 @@ class Broker:
         self.store = MessageStore(store_config)
         self.store.flusher.observe_fsync = self.metrics.fsync_latency.latency.observe
         report = self.store.start()
+        descriptors.topics = self.topics.all
+        queues = self.store.queues
+        descriptors.queues_without_files = lambda t: queues.without_files(t.name, t.write_queues)
+        self.topics.admit = descriptors.admit
         idle_poll.busy = self.store.background_busy
         log.info(
             "store open: crashed=%s end=%d redispatched=%d (%.1f ms, %s)",
@@ -236,6 +244,7 @@ class Broker:
         self._handlers[FrameType.AUTH] = user_gate.handle
         pull = self._pull
         notices = self.member_notices
+        data = self._data
         self.metrics.watch(
             MetricSources(
                 self.store,
@@ -249,6 +258,7 @@ class Broker:
                 self.transactions,
                 lambda: notices.sent,
                 self._data.refusal,
+                lambda: data.room,
             )
         )
 
@@ -265,6 +275,7 @@ class Broker:
                 lambda: self._stopping,
                 HttpAuth(self.acl, user_gate.count, self.secret) if self.acl is not None else None,
                 self._data.refusal,
+                self._data.recount,
             )
         )
         http_host, http_port = await self._http.start(

@@ -1,14 +1,15 @@
 """The data-plane listener: accepts connections, tracks them, and closes them at shutdown.
 
-It also keeps connections within bounds: at most ``max_connections`` (and never so many
-that the store runs out of file descriptors), at most ``max_connections_per_address``
-from one client address, none that has not sent a whole request (with auth: an
-authenticated one) after ``handshake_timeout_s`` — and when every slot is taken, a new
-connection takes the slot of the oldest such connection, so sockets that connect and say
-nothing cannot keep clients out — none idle for longer than
-``idle_timeout_s``, incomplete request frames within one broker-wide byte budget (part
-of it kept for small frames), and none whose incomplete frame arrives slower than
-``min_request_bytes_per_s``.
+It also keeps connections within bounds: at most ``max_connections`` (and never more
+than the descriptor budget leaves beside the store's files, its queues still to be
+opened and ``fd_reserve``: :class:`~metaq.broker.limits.DescriptorBudget`), at most
+``max_connections_per_address`` from one client address, none that has not sent a
+whole request (with auth: an authenticated one) after ``handshake_timeout_s`` — and
+when every slot is taken, a new connection takes the slot of the oldest such
+connection, so sockets that connect and say nothing cannot keep clients out — none idle
+for longer than ``idle_timeout_s``, incomplete request frames within one broker-wide
+byte budget (part of it kept for small frames), and none whose incomplete frame arrives
+slower than ``min_request_bytes_per_s``.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 
 from metaq.broker.connection import Connection, Gate, Handler
 from metaq.broker.idle_poll import IdlePoll
-from metaq.broker.limits import RequestBudget, connection_room, open_fds, too_slow
+from metaq.broker.limits import DescriptorBudget, RequestBudget, too_slow
 from metaq.broker.metrics import BrokerMetrics
 from metaq.common.errors import ErrorCode
 from metaq.common.framing import FrameType
@@ -50,7 +51,6 @@ class ConnectionLimits:
     idle_timeout_s: float = 120.0
     handshake_timeout_s: float = 10.0
     max_connections_per_address: int = 1000
-    fd_reserve: int = 1024
     max_buffered_request_bytes: int = 256 * 1024 * 1024
     max_connection_write_bytes: int = 16 * 1024 * 1024
     small_request_reserve_bytes: int = 16 * 1024 * 1024
@@ -58,8 +58,6 @@ class ConnectionLimits:
     min_request_bytes_per_s: int = 64 * 1024
     request_arrival_window_s: float = 5.0
     max_connection_inflight_requests: int = 4096
-    nofile: int = 1 << 20
-    """The soft RLIMIT_NOFILE in force (after raising it)."""
 
 
 class DataServer:
@@ -78,6 +76,7 @@ class DataServer:
         idle_poll: IdlePoll,
         limits: ConnectionLimits | None = None,
         gate: Gate | None = None,
+        descriptors: DescriptorBudget | None = None,
     ) -> None:
         self._handlers = handlers
         self._gate = gate
@@ -87,14 +86,17 @@ class DataServer:
         self._idle_poll = idle_poll
         self.limits = limits or ConnectionLimits()
         limits = self.limits
+        self.descriptors = descriptors or DescriptorBudget(
+            nofile=1 << 20, fd_reserve=0, min_connection_slots=0
+        )
         self.budget = RequestBudget(
             max(limits.max_buffered_request_bytes, max_frame_bytes),
             limits.small_request_reserve_bytes,
             limits.small_request_max_bytes,
         )
         self.room = self.limits.max_connections
-        """Connections taken at once now: ``max_connections`` or fewer, so that
-        ``fd_reserve`` descriptors stay free for the store."""
+        """Connections taken at once now: ``max_connections`` or fewer, as many as the
+        descriptor budget leaves (recounted every sweep)."""
         self._server: asyncio.Server | None = None
         self._sweeper: _Sweeper | None = None
         self._refused_since_log = 0
@@ -131,23 +133,31 @@ class DataServer:
 
     async def serve(self) -> None:
         assert self._server is not None, "bind() first"
-        self.refresh_room()
+        self.descriptors.recount_now(len(self.connections))
+        self._set_room()
+        budget = self.descriptors
         if self.room <= 0:
             raise ValueError(
-                f"the open-file limit of {self.limits.nofile} leaves no descriptors for "
-                f"connections once fd_reserve={self.limits.fd_reserve} and the broker's "
-                "own files are set aside: raise the hard RLIMIT_NOFILE (LimitNOFILE= under "
-                "systemd) or lower fd_reserve"
+                f"the open-file limit of {budget.nofile} leaves no descriptors for "
+                f"connections once fd_reserve={budget.fd_reserve}, the broker's own files "
+                f"({budget.held}) and one for each queue not opened yet ({budget.unopened}) "
+                "are set aside: raise the hard RLIMIT_NOFILE (LimitNOFILE= under systemd), "
+                "lower fd_reserve or delete topics"
             )
         if self.room < self.limits.max_connections:
             log.warning(
                 "only %d data-plane connections fit in the open-file limit of %d "
-                "(max_connections=%d, fd_reserve=%d): raise the hard RLIMIT_NOFILE "
-                "(LimitNOFILE= under systemd)",
+                "(max_connections=%d, fd_reserve=%d, %d queues not opened yet)%s: raise "
+                "the hard RLIMIT_NOFILE (LimitNOFILE= under systemd)",
                 self.room,
-                self.limits.nofile,
+                budget.nofile,
                 self.limits.max_connections,
-                self.limits.fd_reserve,
+                budget.fd_reserve,
+                budget.unopened,
+                f", under min_connection_slots={budget.min_connection_slots}, so no topic "
+                "whose queues have no files yet can be created"
+                if self.room < budget.min_connection_slots
+                else "",
             )
         self._sweeper = _Sweeper(self)
         self._sweeper.start()
@@ -165,27 +175,25 @@ class DataServer:
             self._gate,
         )
 
-    def refresh_room(self, open_now: int | None = None) -> None:
-        """Recompute ``room`` from ``open_now`` descriptors (counted here if not given)."""
-        limits = self.limits
-        self.room = connection_room(
-            limits.max_connections,
-            limits.nofile,
-            limits.fd_reserve,
-            open_fds() if open_now is None else open_now,
-            len(self.connections),
-        )
+    async def recount(self) -> None:
+        """Count descriptors again (off the loop) and set ``room`` from the budget."""
+        await self.descriptors.recount(lambda: len(self.connections))
+        self._set_room()
+
+    def _set_room(self) -> None:
+        self.room = max(0, min(self.limits.max_connections, self.descriptors.connection_slots()))
 
     def refusal(self) -> str | None:
         """Why no client can connect now, for /health (None while one can)."""
         if self.room > 0:
             return None
-        limits = self.limits
+        budget = self.descriptors
         return (
             f"the broker takes no data-plane connection: its open-file limit of "
-            f"{limits.nofile} leaves none once the store's files and fd_reserve="
-            f"{limits.fd_reserve} are counted; raise the hard RLIMIT_NOFILE (systemd "
-            "LimitNOFILE=) or hold fewer queues"
+            f"{budget.nofile} leaves none once the store's files ({budget.held} open, "
+            f"{budget.unopened} queues still to open) and fd_reserve={budget.fd_reserve} "
+            "are counted; raise the hard RLIMIT_NOFILE (systemd LimitNOFILE=) or hold "
+            "fewer queues"
         )
 
     # --- ConnectionHooks --------------------------------------------------------------
@@ -205,7 +213,7 @@ class DataServer:
             return (
                 f"the broker has {len(self.connections)} connections, all it takes now "
                 f"(max_connections={self.limits.max_connections}, fd_reserve="
-                f"{self.limits.fd_reserve}); retry later or use another broker"
+                f"{self.descriptors.fd_reserve}); retry later or use another broker"
             )
         self.connections.add(connection)
         self._unsettled[connection] = None
@@ -372,7 +380,7 @@ class DataServer:
 
 
 class _Sweeper(PeriodicService):
-    """Closes idle connections and re-counts the descriptors the broker holds itself."""
+    """Closes idle connections and re-counts the descriptor budget."""
 
     name = "connection-sweep"
 
@@ -387,6 +395,5 @@ class _Sweeper(PeriodicService):
         self._server = server
 
     async def run_once(self) -> None:
-        # Listing tens of thousands of descriptors takes milliseconds: not on the loop.
-        self._server.refresh_room(await asyncio.to_thread(open_fds))
+        await self._server.recount()
         self._server.close_idle(asyncio.get_running_loop().time())
