@@ -29,6 +29,7 @@ from metaq.common.v1.data_pb2 import (
 )
 from metaq.testing import BrokerError, BrokerProcess, DataClient, run_async, wait_until
 from metaq.testing.broker_process import broker_command
+from metaq.testing.cluster import Cluster, ClusterBuilder
 from metaq.testing.waiting import deadline, wait_until_async
 
 StartBroker = Callable[..., BrokerProcess]
@@ -528,6 +529,60 @@ def test_a_broker_left_no_descriptor_for_connections_says_it_cannot_serve(
         30.0,
         "/health is ok again once the limit is raised",
     )
+
+
+def test_the_dispatcher_waits_for_descriptors_and_resumes_when_the_limit_is_raised(
+    cluster_factory: Callable[[ClusterBuilder], Cluster],
+) -> None:
+    cluster = cluster_factory(ClusterBuilder())
+    broker = cluster.broker("broker-a")
+    _, hard = resource.prlimit(broker.proc.pid, resource.RLIMIT_NOFILE)
+    queues = 64
+
+    async def scenario() -> None:
+        await Admin().put_topic(broker.http_url, "Grow", TopicSettings(queues, queues))
+        client = await connect(broker)
+        try:
+            # Room for a few of the new queues' files, not all: the dispatcher runs out.
+            set_soft_nofile(broker, held_descriptors(broker) + 8)
+            acked: dict[int, bytes] = {}
+            for queue in range(queues):
+                body = f"queue {queue}".encode()
+                try:
+                    await client.send("Grow", queue, [encode("Grow", body, queue_id=queue)])
+                except BrokerError as exc:  # once the dispatcher said it cannot go on
+                    assert exc.code is ErrorCode.STORE_UNAVAILABLE, exc
+                else:
+                    acked[queue] = body
+            await asyncio.to_thread(
+                broker.wait_for_line, "dispatch waiting for a file descriptor", 30.0
+            )
+            assert broker.proc.poll() is None, broker.output
+            assert acked
+            # A send the dispatcher could not make readable is refused, saying why.
+            with pytest.raises(BrokerError) as refused:
+                await client.send("Grow", 0, [encode("Grow", b"refused", queue_id=0)])
+            assert refused.value.code is ErrorCode.STORE_UNAVAILABLE, refused.value
+            assert "open-file limit" in refused.value.detail, refused.value.detail
+            set_soft_nofile(broker, hard)
+            await asyncio.to_thread(
+                broker.wait_for_line, "dispatch waiting for a file descriptor no longer", 30.0
+            )
+
+            async def healthy() -> bool:
+                return (await Admin().health(broker.http_url)).status == "ok"
+
+            await wait_until_async(healthy, 30.0, "/health is ok again")
+            for queue, body in acked.items():
+                records = await client.read_queue("Grow", queue)
+                assert [r.body for r in records] == [body], queue
+            sent = await client.send("Grow", 0, [encode("Grow", b"after", queue_id=0)])
+            assert sent.status == SendResponse.OK
+        finally:
+            await client.close()
+
+    run_async(scenario(), 90.0)
+    assert "dispatch died" not in broker.output, broker.output
 
 
 def test_a_connection_flood_leaves_the_store_its_file_descriptors(tmp_path: Path) -> None:

@@ -241,7 +241,7 @@ def rejection_reason(error: MetaqError, store: MessageStore) -> str:
         return error.code.name.lower()
     if store.dead_service is not None:
         return "service_dead"
-    if isinstance(error, OutOfDescriptors):
+    if isinstance(error, OutOfDescriptors) or store.dispatch_starved is not None:
         return "out_of_descriptors"
     if store.guard.io_refused:
         return "io_errors"
@@ -421,6 +421,11 @@ class _StateCollector:
             "open-file limit leaves beside the store's files, queues still to be opened "
             "and fd_reserve",
             state.connection_slots(),
+        )
+        yield _gauge(
+            "metaq_dispatch_waiting_for_descriptor",
+            "1 while the dispatcher cannot open a file (EMFILE/ENFILE) and retries",
+            0 if store.dispatch_service.starved is None else 1,
         )
         writable = 0 if store.refusal or state.serving_refusal() else 1
         yield _gauge(

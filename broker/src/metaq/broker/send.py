@@ -235,7 +235,7 @@ class SendHandler:
         are looked up, reading records to tell a stored id from a hash collision.
         """
         store = self._store
-        store.dispatcher.catch_up()  # the id index is built by the dispatcher
+        store.catch_up_dispatch()  # the id index is built by the dispatcher
         oldest = time.time_ns() // 1_000_000 - self._config.dedup_window_ms
         name = topic.name
         for position in store.index.maybe_stored(batch.msg_ids, oldest):
@@ -254,7 +254,7 @@ class SendHandler:
         (a copy of messages into a new topic keeps their ids).
         """
         store = self._store
-        store.dispatcher.catch_up()
+        store.catch_up_dispatch()
         oldest = time.time_ns() // 1_000_000 - self._config.dedup_window_ms
         found: list[Record | None] = []
         for raw in records:

@@ -182,7 +182,7 @@ class Transactions:
         return int(request.action)
 
     def _half(self, offset: int, msg_id: bytes) -> Record:
-        self._store.dispatcher.catch_up()  # the queues must see the half message too
+        self._store.catch_up_dispatch()  # the queues must see the half message too
         record = self._store.record_at(offset)
         if record is None or record.topic != HALF_TOPIC or record.msg_id != msg_id:
             raise InvalidMessage(

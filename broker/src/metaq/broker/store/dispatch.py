@@ -8,6 +8,8 @@ the same code rebuilds queues after a crash and on a slave that received raw log
 from __future__ import annotations
 
 import itertools
+import logging
+import resource
 import threading
 import zlib
 from collections.abc import Callable
@@ -19,10 +21,14 @@ import numpy.typing as npt
 from metaq.broker.store.commitlog import CommitLog
 from metaq.broker.store.consume_queue import ENTRY_DTYPE, ConsumeQueue, QueueTable
 from metaq.broker.store.index import MessageIndex, hash_ids, hash_key, key_for_topic_key
+from metaq.broker.store.retention import DESCRIPTOR_ERRNOS
 from metaq.broker.store.segment import Segment
 from metaq.broker.store.service import Service
+from metaq.common.log_limit import Repeated
 from metaq.common.record import BLANK_MAGIC, HEADER_SIZE, header_view
 from metaq.common.record_dtype import header_dtype
+
+log = logging.getLogger(__name__)
 
 _ROUND_BYTES: Final = 4 * 1024 * 1024
 _SMALL_RUN: Final = 8
@@ -42,6 +48,9 @@ _LIKE_RUN: Final = 64
 _LIKE_WAIT_MAX: Final = 4096
 _LIKE_LOOKAHEAD: Final = 65_536
 _HEADER_ITEM: Final = np.dtype(f"V{HEADER_SIZE}")
+
+_STARVED_RETRY_S: Final = (0.01, 1.0)
+"""First and longest wait before a round that found no file descriptor is tried again."""
 
 DispatchListener = Callable[[set[tuple[bytes, int]]], None]
 """Told which (topic, queue id) pairs got new entries in a round; long polling uses it."""
@@ -281,7 +290,15 @@ def _topics(
 
 
 class DispatchService(Service):
-    """Runs the dispatcher whenever appends wake it, and lets appenders wait for room."""
+    """Runs the dispatcher whenever appends wake it, and lets appenders wait for room.
+
+    A round that cannot open a file for want of a descriptor (EMFILE, ENFILE: a new
+    queue's first file, the next index file) is tried again, waiting a little longer each
+    time up to a second, until it goes through: ``starved`` holds the error meanwhile,
+    the log says so once (then once a minute, and when it ends), and the store reports
+    it. A round leaves nothing half done that a retry could break: ``dispatched`` moves
+    only when a round completes, and entries put again land where they already are.
+    """
 
     name = "dispatch"
 
@@ -291,19 +308,51 @@ class DispatchService(Service):
         super().__init__(interval_s=1.0)
         self.dispatcher = dispatcher
         self._progress = threading.Condition()
+        self.starved: OSError | None = None
+        """Why the dispatcher waits for a file descriptor now; None while it goes on."""
+        self._starving = Repeated(log, "dispatch waiting for a file descriptor")
 
     def run_once(self) -> None:
-        while self.dispatcher.dispatched < self.dispatcher.commitlog.write_offset:
-            self.dispatcher.dispatch()
+        wait_s = _STARVED_RETRY_S[0]
+        while not self.stopping and (
+            self.dispatcher.dispatched < self.dispatcher.commitlog.write_offset
+        ):
+            try:
+                self.dispatcher.dispatch()
+            except OSError as exc:
+                if exc.errno not in DESCRIPTOR_ERRNOS:
+                    raise
+                self._starved(exc)
+                self.pause(wait_s)
+                wait_s = min(2 * wait_s, _STARVED_RETRY_S[1])
+                continue
+            if self.starved is not None:
+                self.starved = None
+                self._starving.ended()
             with self._progress:
                 self._progress.notify_all()
+
+    def _starved(self, exc: OSError) -> None:
+        if self.starved is None:
+            self.starved = exc
+            with self._progress:  # appenders waiting for room learn why there is none
+                self._progress.notify_all()
+        limit, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        self._starving.happened(
+            f"{exc} (open-file limit {limit}); messages are stored but not readable until "
+            "one frees up or the limit is raised; retrying"
+        )
 
     def wait_for_room(self, backlog_bytes: int, timeout_s: float) -> bool:
         """Block until the undispatched backlog is under ``backlog_bytes`` (back-pressure)."""
         self.wakeup()
         with self._progress:
             return self._progress.wait_for(
-                lambda: self.dispatcher.backlog_bytes < backlog_bytes or self.error is not None,
+                lambda: (
+                    self.dispatcher.backlog_bytes < backlog_bytes
+                    or self.error is not None
+                    or self.starved is not None
+                ),
                 timeout_s,
             )
 

@@ -21,6 +21,7 @@ import enum
 import errno
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -29,11 +30,15 @@ from typing import Final, NamedTuple
 from metaq.broker.store.config import MIB, StoreConfig
 from metaq.broker.store.service import Service
 from metaq.common.errors import StoreUnavailable
+from metaq.common.log_limit import Repeated
 
 log = logging.getLogger(__name__)
 
 SPACE_ERRNOS: Final = frozenset({errno.ENOSPC, errno.EDQUOT})
 """Errors that say the filesystem is full, not that the device fails."""
+DESCRIPTOR_ERRNOS: Final = frozenset({errno.EMFILE, errno.ENFILE})
+"""Errors that say the process (or the system) has no file descriptor left, not that
+the device fails: the same call works again once one is closed or the limit raised."""
 
 
 class DiskSpace(NamedTuple):
@@ -76,6 +81,8 @@ class WriteGuard:
         self.available_bytes: int | None = None
         self.io_errors = 0
         self._io_reason: str | None = None
+        self._no_descriptor = Repeated(log, "a store file could not be opened: no descriptor")
+        self._no_descriptor_lock = threading.Lock()  # the loop's and the store threads' errors
         self._sampled_s = float("-inf")
         self._interval_s = config.disk_check_interval_ms / 1e3
         # Judged once a sample: every append asks, and must not pay for it.
@@ -107,6 +114,12 @@ class WriteGuard:
             # Not a failing device: the space check refuses writes until room returns.
             log.error("the data directory's filesystem is full: %s", exc)
             self.refresh_disk()
+            return
+        if exc.errno in DESCRIPTOR_ERRNOS:
+            # Not a failing device either: the write is refused (retriable) and works
+            # again once a descriptor is free; the open-file limit is what to raise.
+            with self._no_descriptor_lock:
+                self._no_descriptor.happened(str(exc))
             return
         self.io_errors += 1
         log.error("I/O error %d of %d allowed: %s", self.io_errors, self.config.io_error_limit, exc)

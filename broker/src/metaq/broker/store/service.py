@@ -47,6 +47,10 @@ class Service(ABC):
     def stopping(self) -> bool:
         return self._stopping.is_set()
 
+    def pause(self, seconds: float) -> None:
+        """Wait ``seconds`` inside :meth:`run_once`, or less if the service is stopped."""
+        self._stopping.wait(seconds)
+
     def _loop(self) -> None:
         try:
             while not self._stopping.is_set():

@@ -12,6 +12,7 @@ import enum
 import fcntl
 import logging
 import os
+import resource
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from metaq.broker.store.page_cache import PageCacheWindow
 from metaq.broker.store.reads import GetResult, GetStatus, read_batch
 from metaq.broker.store.recovery import RecoveryReport, recover
 from metaq.broker.store.retention import (
+    DESCRIPTOR_ERRNOS,
     SPACE_ERRNOS,
     CleanService,
     Deletion,
@@ -74,10 +76,11 @@ class _Checkpointer(Service):
         try:
             self._store.checkpoint(queues=due)
         except OSError as exc:
-            if exc.errno not in SPACE_ERRNOS:
+            if exc.errno not in SPACE_ERRNOS | DESCRIPTOR_ERRNOS:
                 raise
-            # Filled from outside the broker: the old checkpoint still holds (recovery
-            # trusts less of the log), and the next round tries again once room returns.
+            # Filled from outside the broker, or out of file descriptors: the old
+            # checkpoint still holds (recovery trusts less of the log), and the next
+            # round tries again once room returns.
             return
         if due:
             self._queues_synced = now
@@ -251,6 +254,7 @@ class MessageStore:
         self.ensure_writable()
         if not self._open:
             raise StoreUnavailable("store is not open (starting or shutting down); retry")
+        self.ensure_dispatching()
         if self.dispatcher.backlog_bytes > self.config.dispatch_backlog_bytes:
             self._wait_for_dispatch()
         try:
@@ -285,7 +289,43 @@ class MessageStore:
     @property
     def refusal(self) -> str | None:
         """Why the store refuses writes now, or None while it takes them."""
-        return self.dead_service or self.guard.reason
+        return self.dead_service or self.dispatch_starved or self.guard.reason
+
+    @property
+    def dispatch_starved(self) -> str | None:
+        """Why the dispatcher waits for a file descriptor, if it does. Producers' writes
+        are refused meanwhile (they would be stored but not readable; another broker can
+        serve them now); a slave goes on copying its master's log."""
+        exc = self.dispatch_service.starved
+        if exc is None:
+            return None
+        limit, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        return (
+            f"the dispatcher cannot open a consume-queue or index file ({exc.strerror}; "
+            f"open-file limit {limit}), so new messages would not be readable: it retries "
+            "by itself; raise the limit (ulimit -n, systemd LimitNOFILE=, or prlimit --pid "
+            "on the running broker) or close what holds descriptors; reads continue"
+        )
+
+    def catch_up_dispatch(self) -> None:
+        """Dispatch everything appended, on this thread (a lookup by id needs the index
+        whole); StoreUnavailable, not OSError, while no file descriptor can be had."""
+        self.ensure_dispatching()
+        try:
+            self.dispatcher.catch_up()
+        except OSError as exc:
+            if exc.errno not in DESCRIPTOR_ERRNOS:
+                raise
+            self.dispatch_service.wakeup()  # it meets the same, waits and reports it
+            raise StoreUnavailable(
+                f"store refuses writes: no file descriptor to dispatch with ({exc}); retry"
+            ) from exc
+
+    def ensure_dispatching(self) -> None:
+        """Raise StoreUnavailable while the dispatcher waits for a file descriptor."""
+        starved = self.dispatch_starved
+        if starved is not None:
+            raise StoreUnavailable(f"store refuses writes: {starved}")
 
     @property
     def dead_service(self) -> str | None:
@@ -319,19 +359,22 @@ class MessageStore:
         backlog = dispatcher.backlog_bytes
         if not backlog:
             return
-        if backlog <= self.config.dispatch_inline_bytes:
+        if backlog <= self.config.dispatch_inline_bytes and self.dispatch_service.starved is None:
             try:
                 if dispatcher.try_dispatch() and not dispatcher.backlog_bytes:
                     return
-            except Exception:
-                # Left to the dispatcher thread, which meets the same fault and records it.
-                log.exception("dispatching on the appending thread failed")
+            except Exception as exc:
+                # Left to the dispatcher thread, which meets the same fault and records
+                # it (and, short of a descriptor, waits and says so).
+                if getattr(exc, "errno", None) not in DESCRIPTOR_ERRNOS:
+                    log.exception("dispatching on the appending thread failed")
         self.dispatch_service.wakeup()
 
     def _wait_for_dispatch(self) -> None:
         room = self.dispatch_service.wait_for_room(
             self.config.dispatch_backlog_bytes, self.config.dispatch_backlog_wait_ms / 1e3
         )
+        self.ensure_dispatching()
         if not room:
             raise StoreUnavailable(
                 f"dispatch backlog over {self.config.dispatch_backlog_bytes} bytes for "
