@@ -12,12 +12,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import pickle
+import resource
 import socket
 import struct
 import threading
 import time
+import urllib.error
+import urllib.request
 import zlib
 from pathlib import Path
 from typing import Any
@@ -247,6 +251,31 @@ async def fake_groups(host: str, port: int, topic: str, groups: int) -> tuple[in
     return accepted, f"{accepted} of {groups} fake groups' commits accepted" + (
         f"; refused: {reason}" if reason else ""
     )
+
+
+def huge_topic(http_url: str, topic: str, queues: int) -> tuple[int, str]:
+    """Ask a broker's HTTP admin API, without credentials, for a topic of ``queues``
+    queues (each a file descriptor once written): its status and its words."""
+    body = json.dumps({"read_queues": queues, "write_queues": queues}).encode()
+    request = urllib.request.Request(
+        f"{http_url}/topics/{topic}", body, {"Content-Type": "application/json"}, method="PUT"
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as refused:
+        return refused.code, refused.read().decode()
+
+
+def held_descriptors(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def set_soft_nofile(pid: int, soft: int) -> int:
+    """Set a process's soft open-file limit (as ``prlimit --pid`` does); the old one."""
+    old, hard = resource.prlimit(pid, resource.RLIMIT_NOFILE)
+    resource.prlimit(pid, resource.RLIMIT_NOFILE, (min(soft, hard), hard))
+    return old
 
 
 def rss_bytes(pid: int, kind: str = "RssAnon") -> int:

@@ -780,7 +780,7 @@ def stale_nameserver_lease(ctx: Ctx) -> None:
             f"elected (first: {late[0]})" if late else "none")  # fmt: skip
 
 
-# --- 13-16. a stranger on the network: the adversary scenarios -----------------------------
+# --- 13-16, 18. a stranger on the network: the adversary scenarios -----------------------------
 
 
 def _unchanged(c: Cluster, group: str, master: str, epoch: int, what: str) -> None:
@@ -995,6 +995,74 @@ def adversary_disk(ctx: Ctx) -> None:
     c.release_held_consumers()
 
 
+def adversary_descriptors(ctx: Ctx) -> None:
+    """Against group a's master, under load: a stranger asks for a topic of 65,536
+    queues; then the master's open-file limit is cut to what it holds plus a few while
+    new queues get their first messages, and given back after 10 s. The topic is refused
+    naming the limit; the dispatcher waits for descriptors instead of dying, group a
+    refuses sends meanwhile (the producers go to group b), and goes on when they return."""
+    c = ctx.cluster
+    c.wait_in_sync("a")
+    master = c.wait_master("a")
+    epoch = (c.health(master) or {})["epoch"]
+    broker = c.brokers[master]
+    pid = broker.proc.pid
+    start = c.fault("start", "adversary-descriptors", node=master, group="a")
+    status, said = adversary.huge_topic(broker.http_url, "chaos-wide", 65_536)
+    c.history.write("note", text=f"descriptors: a 65,536-queue topic: {status} {said[:300]}")
+    c.check("descriptors: a topic that would lock clients out is refused",
+            status == 507 and "open-file limit" in said, f"{status} {said[:300]}")  # fmt: skip
+    status, said = adversary.huge_topic(broker.http_url, "chaos-grow", 64)
+    c.check("descriptors: a topic that fits is taken", status == 200, f"{status} {said[:200]}")
+    acked: dict[int, bytes] = {}
+
+    async def first_messages() -> None:
+        client = await DataClient.connect(broker.data_host, broker.data_port)
+        try:
+            for queue in range(64):
+                body = f"chaos-grow {queue}".encode()
+                record = encode("chaos-grow", body, queue_id=queue)
+                try:
+                    sent = await client.send("chaos-grow", queue, [record])
+                except Exception:  # refused once the dispatcher waits: what is tested
+                    continue
+                if sent.status == SendResponse.OK:
+                    acked[queue] = body
+        finally:
+            await client.close()
+
+    soft = adversary.set_soft_nofile(pid, adversary.held_descriptors(pid) + 16)
+    try:
+        asyncio.run(first_messages())
+        broker.wait_for_line("dispatch waiting for a file descriptor", 20.0)
+        ctx.hold(10.0)  # the workload goes on against a master out of descriptors
+        alive = broker.proc.poll() is None
+        c.check("descriptors: the master lives through it", alive,
+                f"pid {pid} running" if alive else "it exited")  # fmt: skip
+    finally:
+        adversary.set_soft_nofile(pid, soft)
+    freed = c.fault("end", "adversary-descriptors", node=master, group="a")
+    broker.wait_for_line("dispatch waiting for a file descriptor no longer", 20.0)
+    c.wait_acked("a", 20, 30.0, since=freed)
+    died = [line for line in broker.output.splitlines() if " died" in line]
+    c.check("descriptors: no store thread died", not died, died[0][:200] if died else "none")
+
+    async def read_back() -> list[int]:
+        client = await DataClient.connect(broker.data_host, broker.data_port)
+        try:
+            read = {q: [r.body for r in await client.read_queue("chaos-grow", q)] for q in acked}
+            return [q for q, body in acked.items() if read[q] != [body]]
+        finally:
+            await client.close()
+
+    missing = asyncio.run(read_back())
+    c.check("descriptors: every first message acknowledged is readable", not missing,
+            f"{len(acked)} acknowledged, queues unreadable: {missing}")  # fmt: skip
+    _unchanged(c, "a", master, epoch, "descriptors")
+    c.history.write("note", text=f"descriptors: held {time.monotonic() - start:.1f} s, "
+                    f"{len(acked)} of 64 first messages acknowledged")  # fmt: skip
+
+
 # --- 17. three replicas: the master dies while the slaves hold different tails -------------
 
 
@@ -1202,6 +1270,10 @@ SCENARIOS: dict[int, Scenario] = {
                  producers=high_rate_producers, consumers=held_consumers,
                  after_drain=held_read_everything, expect={"quiet_groups": ["b"]},
                  summary="disk past force-clean and full under load, one group unread"),
+        Scenario(18, "adversary-descriptors", adversary_descriptors,
+                 producers=high_rate_producers, expect={"quiet_groups": ["b"]},
+                 summary="a 65,536-queue topic from a stranger; the master's open-file "
+                         "limit cut while new queues get their first messages"),
         Scenario(17, "uneven-tails-failover", uneven_tails_failover,
                  ClusterSpec(brokers=("a0", "a1", "a2", "b0", "b1"), min_in_sync=2),
                  producers=high_rate_producers, expect={"quiet_groups": ["b"]},
