@@ -23,7 +23,12 @@ from metaq.common.users import Credentials, Verifier
 from metaq.testing import BrokerProcess
 from metaq.testing.console import BROKER_TIMEOUT_MS, Browser
 from metaq.testing.nameserver_process import NameServerProcess, start_nameserver
-from metaq.testing.waiting import cluster_secret_for_tests, run_async, wait_until
+from metaq.testing.waiting import (
+    cluster_secret_for_tests,
+    run_async,
+    wait_until,
+    wait_until_async,
+)
 
 ADMIN = Credentials("console-admin", "console-admin-secret-key-for-tests")
 GROUP = "secured"
@@ -129,8 +134,12 @@ def test_signed_calls_name_topics_and_groups_that_are_percent_encoded_on_the_wir
     async def as_cluster_member() -> None:
         member = Admin.cluster_member(cluster_secret_for_tests(), timeout_s=5)
         try:
-            [queue] = await member.broker_queues(broker, topic)
-            assert (queue.min_offset, queue.max_offset) == (0, 1)
+            # The send is acknowledged once stored; its queue entry follows at dispatch.
+            async def dispatched() -> bool:
+                [queue] = await member.broker_queues(broker, topic)
+                return (queue.min_offset, queue.max_offset) == (0, 1)
+
+            await wait_until_async(dispatched, 10, "the queue holds the one message")
             [found] = await member.broker_messages_by_key(broker, topic, key)
             assert found.body == "signed"
             [read] = await member.read_queue(broker, topic, 0, offset=0)
