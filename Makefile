@@ -18,7 +18,7 @@ STAMP := .venv/.setup-stamp
 
 PYTEST_ARGS ?=
 
-.PHONY: setup ci-deps test lint dist deploy-lint deploy-test generate check-generated run store-demo spark-demo bench-spark bench-store bench-framing bench-idle-poll bench-sync-one bench-e2e bench-failover bench-features bench-compare bench-accumulation bench-metaq2 chaos clean
+.PHONY: setup ci-deps test lint dist deploy-lint deploy-test generate check-generated run store-demo spark-demo bench-spark bench-store bench-framing bench-idle-poll bench-sync-one bench-e2e bench-failover bench-features bench-compare bench-accumulation bench-metaq2 chaos clean peers peers-kafka
 
 setup: $(STAMP)
 
@@ -36,8 +36,9 @@ ci-deps:
 	sh .ci/system-packages.sh
 
 # Everything CI runs: the lint gate, then the suite but for the deploy lab's playbook runs
-# (about six minutes: make deploy-test).
-test: lint ci-deps
+# (about six minutes: make deploy-test). Its peer smoke tests start the peers from their
+# jars (make peers).
+test: lint ci-deps peers
 	$(UV) run --frozen pytest -m "not lab" --durations=25 $(PYTEST_ARGS)
 
 # Generated code is checked in; lint fails when it no longer matches common/proto.
@@ -121,13 +122,26 @@ bench-failover: setup ci-deps
 bench-features: setup
 	$(UV) run --frozen python bench/bench_features.py
 
+# The peers that run from Maven Central's jars (bench/peers/, docs/benchmarks.md), each in
+# a git-ignored lib/ of its own; done once, again only when its pom changes.
+KAFKA_PEER := bench/peers/kafka
+peers: peers-kafka
+
+peers-kafka: $(KAFKA_PEER)/lib/.stamp
+
+$(KAFKA_PEER)/lib/.stamp: $(KAFKA_PEER)/pom.xml | ci-deps
+	rm -rf $(KAFKA_PEER)/lib
+	cd $(KAFKA_PEER) && mvn -q -B dependency:copy-dependencies
+	touch $@
+
 # metaq beside NATS JetStream, RabbitMQ (stream, quorum queue) and Redis streams on this
-# machine (docs/benchmarks.md): installs the servers from Debian's packages when missing
-# (root) and the peers' clients (the `bench` group), starts and stops every server itself.
+# and Apache Kafka 4 on this machine (docs/benchmarks.md): installs the servers from
+# Debian's packages when missing (root), Kafka's jars (make peers-kafka) and the peers'
+# clients (the `bench` group), starts and stops every server itself.
 # The last line is the JSON object of bench/results/compare.json.
 # make bench-compare COMPARE_ARGS="--seconds 2 --only metaq,nats"
 COMPARE_ARGS ?=
-bench-compare: setup
+bench-compare: setup peers-kafka
 	sh bench/install_peers.sh
 	$(UV) sync --frozen --all-packages --group bench
 	$(UV) run --frozen --group bench python bench/bench_compare.py $(COMPARE_ARGS)
