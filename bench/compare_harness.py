@@ -10,6 +10,10 @@ A system is driven in three modes, each bounded by a :class:`~metaq_load.Budget`
   scheduled time whether or not earlier ones were answered, consumed back in the same
   process; latency is from the scheduled send to the consumer's callback, so a stall
   shows as latency instead of a lower rate (the schedule of ``bench_e2e_latency.py``).
+
+Systems that can also be offered a fixed rate without a consumer (``paced``, with
+:func:`offer`) and name their servers' process ids (``server_pids``) get a cost cell:
+the servers' CPU seconds per million acknowledged messages (:func:`cpu_seconds`).
 """
 
 from __future__ import annotations
@@ -17,11 +21,12 @@ from __future__ import annotations
 import asyncio
 import gc
 import math
+import os
 import struct
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Final, Protocol
+from typing import Final, Protocol, runtime_checkable
 
 from metaq_load import Budget, percentile_ms
 from ticker import Ticker
@@ -86,6 +91,19 @@ class System(Protocol):
         ...
 
     async def end_to_end(self, size: int, rate: float, seconds: float) -> EndToEnd: ...
+
+
+@runtime_checkable
+class LoadTool(Protocol):
+    """A system's own load generator in another language, in a process of its own: only
+    the throughput cells, (b), each after ``warmup_s`` of the same load unmeasured."""
+
+    key: str
+    label: str
+    durability: str
+    in_flight_how: str
+
+    def throughput(self, size: int, warmup_s: float, seconds: float) -> float: ...
 
 
 @dataclass
@@ -165,3 +183,55 @@ async def windowed(
             budget.sent += batch
 
     await asyncio.gather(*(worker() for _ in range(windows)))
+
+
+async def offer(rate: float, seconds: float, send: Callable[[int], Awaitable[None]]) -> int:
+    """``rate`` msgs/s for ``seconds``: on :class:`OpenLoop`'s grid, ``send(n)`` with the
+    ``n`` messages that came due (it must not wait for their acknowledgements); returns
+    how many were offered."""
+    total = int(rate * seconds)
+    start = time.perf_counter()
+    sent = 0
+    with Ticker(TICK_S, start) as ticker:
+        while sent < total:
+            due = min(total, int((time.perf_counter() - start) * rate) + 1)
+            if due > sent:
+                await send(due - sent)
+                sent = due
+            await ticker.wait()
+    return sent
+
+
+_CLOCK_TICKS: Final = os.sysconf("SC_CLK_TCK")
+
+
+def _descendants(pid: int) -> list[int]:
+    found: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return found
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as children:
+                for child in children.read().split():
+                    found += [int(child), *_descendants(int(child))]
+        except FileNotFoundError:
+            continue
+    return found
+
+
+def cpu_seconds(pids: Iterable[int]) -> float:
+    """User plus system CPU time of the processes ``pids`` and their live descendants
+    (every thread of each), from ``/proc/<pid>/stat``."""
+    ticks = 0
+    for pid in pids:
+        for one in (pid, *_descendants(pid)):
+            try:
+                with open(f"/proc/{one}/stat") as stat:
+                    # Fields after the command name, which may hold spaces and ')'.
+                    fields = stat.read().rpartition(")")[2].split()
+            except FileNotFoundError:
+                continue
+            ticks += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
+    return ticks / _CLOCK_TICKS
