@@ -1,6 +1,7 @@
-"""metaq side by side with NATS JetStream, RabbitMQ (stream and quorum queue) and Redis
-streams, on this machine, in one run; and metaq's sync-replicated pair beside the same
-peers replicating three ways (NATS JetStream on 3 servers, RabbitMQ on 3 nodes).
+"""metaq side by side with NATS JetStream, RabbitMQ (stream and quorum queue), Redis
+streams and Apache Kafka 4 (one broker, acks=1), on this machine, in one run; and
+metaq's sync-replicated pair beside the same peers replicating three ways (NATS
+JetStream on 3 servers, RabbitMQ on 3 nodes, Kafka on 3 brokers with acks=all).
 
 Every server runs on loopback with its data under one temporary directory, started here
 and stopped here by process id however the run ends (``peer_servers.py``). Each system
@@ -10,7 +11,15 @@ gets the same workload, 128 B and 1 KiB bodies of random bytes, and three modes:
 - **(b) in flight** — up to 1,000 unacknowledged sends, batched or pipelined as the
   system's client does best (metaq: ``send_batch``; its pipelined ``send`` too, apart);
 - **(c) end to end** — ``--rate`` msgs/s offered open-loop and consumed back in the same
-  process, latency from scheduled send to the consumer's callback (p50/p99/p99.9).
+  process, latency from scheduled send to the consumer's callback (p50/p99/p99.9);
+- **cost** — for the systems that name their servers' processes (metaq's one broker and
+  sync pair, Kafka through confluent-kafka), ``--cost-rate`` msgs/s of 1 KiB offered
+  open-loop for ``--cost-seconds`` with no consumer: the servers' CPU seconds
+  (``/proc/<pid>/stat``) per million acknowledged messages.
+
+Kafka runs with two Python clients (confluent-kafka, aiokafka) and, for its servers'
+capacity, its own Java ``ProducerPerformance`` ((b) only); its rows need ``make
+peers-kafka`` (the jars) and are skipped, saying so, without it.
 
 Each cell is bounded in time (``--seconds``, at most 15) and count; each (b) cell comes
 after ``WARMUP_S`` of the same load, unmeasured. metaq runs four times:
@@ -24,7 +33,9 @@ Writes ``compare.md``, ``compare.png`` and ``compare.json`` to ``--out``; the la
 printed is the JSON object (``ratio_vs_rabbitmq_stream_batched``,
 ``ratio_vs_nats_batched``, ``ratio_vs_nats_sync``, ``e2e_p99_vs_best_peer_ratio``,
 ``sync_vs_best_r3_batched_ratio``, ``sync_vs_best_r3_one_ratio``,
-``sync_e2e_p99_vs_best_r3_ratio``, ``sync_vs_async_one_ratio``, the targets met, and
+``sync_e2e_p99_vs_best_r3_ratio``, ``sync_vs_async_one_ratio``,
+``ratio_vs_kafka_batched``, ``ratio_vs_kafka_acks_all_batched``,
+``cpu_per_million_vs_kafka_ratio``, ``send_p50_vs_kafka_ratio``, the targets met, and
 every cell).
 """
 
@@ -41,20 +52,22 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any, Final
 
 import uvloop
 from compare_harness import Latencies as Lat
-from compare_harness import System
+from compare_harness import LoadTool, System, cpu_seconds
 from compare_report import (
     HEADLINE_SIZE,
     R3_PEERS,
+    TOOL_ROWS,
     Cell,
     SystemInfo,
     chart,
+    kafka_ratios,
     markdown,
     ratio_to_plain,
     ratios,
@@ -66,6 +79,16 @@ from compare_report import (
 from machine_stalls import StallWatch
 from metaq_load import Budget, settle_disk
 from metaq_system import Metaq, replicated_pair, single_broker, single_broker_auth, tls_broker
+from peer_kafka import (
+    CLUSTER_SIZE as KAFKA_CLUSTER_SIZE,
+)
+from peer_kafka import (
+    KafkaAio,
+    KafkaConfluent,
+    KafkaNotInstalled,
+    KafkaProducerPerf,
+    kafka_running,
+)
 from peer_nats import NatsJetStream, NatsJetStreamR3
 from peer_rabbitmq import RabbitQuorum, RabbitQuorumR3, RabbitStream, RabbitStreamR3
 from peer_redis import RedisStreams
@@ -84,9 +107,10 @@ MAX_CELL_S: Final = 15.0
 MAX_MESSAGES: Final = 5_000_000
 WARMUP_S: Final = 2.0
 """Of (b) load, unmeasured, before each (b) cell, for every system."""
-PEERS: Final = ("rabbitmq_stream", "nats", "rabbitmq_quorum", "redis")
+PEERS: Final = ("rabbitmq_stream", "nats", "rabbitmq_quorum", "redis", "kafka", "kafka_aiokafka")
+COST_SIZE: Final = 1024
 
-Launcher = Callable[[Path], AbstractContextManager[list[System]]]
+Launcher = Callable[[Path], AbstractContextManager[Sequence[System | LoadTool]]]
 
 
 @contextmanager
@@ -155,6 +179,18 @@ def _redis(work: Path) -> Iterator[list[System]]:
         yield [RedisStreams(servers[0].ports["client"])]
 
 
+@contextmanager
+def _kafka(work: Path) -> Iterator[list[System | LoadTool]]:
+    with kafka_running(work) as cluster:
+        yield [KafkaConfluent(cluster), KafkaAio(cluster), KafkaProducerPerf(cluster)]
+
+
+@contextmanager
+def _kafka_r3(work: Path) -> Iterator[list[System | LoadTool]]:
+    with kafka_running(work, KAFKA_CLUSTER_SIZE) as cluster:
+        yield [KafkaConfluent(cluster), KafkaAio(cluster), KafkaProducerPerf(cluster)]
+
+
 # What starts each server (or servers), and the keys of the systems it yields.
 LAUNCHERS: Final[dict[str, tuple[Launcher, tuple[str, ...]]]] = {
     "metaq": (_metaq, ("metaq",)),
@@ -166,15 +202,44 @@ LAUNCHERS: Final[dict[str, tuple[Launcher, tuple[str, ...]]]] = {
     "redis": (_redis, ("redis",)),
     "nats_r3": (_nats_r3, ("nats_r3",)),
     "rabbitmq_r3": (_rabbitmq_r3, ("rabbitmq_stream_r3", "rabbitmq_quorum_r3")),
+    "kafka": (_kafka, ("kafka", "kafka_aiokafka", "kafka_perf")),
+    "kafka_r3": (_kafka_r3, ("kafka_r3", "kafka_r3_aiokafka", "kafka_r3_perf")),
 }
 
 
+async def cost(system: Any, rate: float, seconds: float) -> Cell:
+    """The servers' CPU seconds per million acknowledged 1 KiB messages, ``rate`` msgs/s
+    offered for ``seconds`` (``Cell.msgs_s``: the acknowledged rate)."""
+    settle_disk()
+    body = os.urandom(COST_SIZE)
+    began, cpu = time.perf_counter(), cpu_seconds(system.server_pids)
+    acked: int = await system.paced(body, rate, seconds)
+    used, took = cpu_seconds(system.server_pids) - cpu, time.perf_counter() - began
+    per_million = used / acked * 1e6 if acked else None
+    return Cell(system.key, "cost", COST_SIZE, acked / took, cpu_per_million=per_million,
+                sent=int(rate * seconds), delivered=acked)  # fmt: skip
+
+
+def _throughput_only(system: LoadTool, seconds: float) -> list[Cell]:
+    """A load generator of its own ((b) only): its throughput at each size."""
+    cells = []
+    for size in SIZES:
+        cells.append(
+            Cell(system.key, "in_flight", size, system.throughput(size, WARMUP_S, seconds))
+        )
+        cells += [Cell(system.key, mode, size, None, note="—")
+                  for mode in ("one_at_a_time", "end_to_end")]  # fmt: skip
+        print(f"  {system.label}, {size} B: done", file=sys.stderr, flush=True)
+    return cells
+
+
 async def drive(
-    system: System, seconds: float, e2e_seconds: float, rate: float, stalls: StallWatch
-) -> list[Cell]:
+    system: System, seconds: float, e2e_seconds: float, rate: float, stalls: StallWatch,
+    cost_rate: float = 0.0, cost_seconds: float = 0.0,
+) -> list[Cell]:  # fmt: skip
     """Every mode and size of one system. The end-to-end cells go first, while the
     server is quiet, each after what earlier cells (of this system or the last one)
-    left dirty is written back."""
+    left dirty is written back; the cost cell, where the system has one, last."""
     cells: list[Cell] = []
     await system.open()
     try:
@@ -203,6 +268,9 @@ async def drive(
                 latencies = await system.pipelined(body, budget)
                 cells.append(Cell(system.key, "pipelined", size, budget.rate(), Lat.of(latencies)))
             print(f"  {system.label}, {size} B: done", file=sys.stderr, flush=True)
+        if cost_rate and hasattr(system, "paced") and getattr(system, "server_pids", None):
+            cells.append(await cost(system, cost_rate, cost_seconds))
+            print(f"  {system.label}, cost: done", file=sys.stderr, flush=True)
     finally:
         await system.close()
     return cells
@@ -213,16 +281,23 @@ def _failed(system: str, note: str) -> list[Cell]:
             for mode in ("one_at_a_time", "in_flight", "end_to_end")]  # fmt: skip
 
 
-def _drive_or_fail(system: System, args: argparse.Namespace, stalls: StallWatch) -> list[Cell]:
+def _drive_or_fail(
+    system: System | LoadTool, args: argparse.Namespace, stalls: StallWatch
+) -> list[Cell]:
     try:
+        if isinstance(system, LoadTool):
+            return _throughput_only(system, args.seconds)
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            return runner.run(drive(system, args.seconds, args.e2e_seconds, args.rate, stalls))
+            return runner.run(
+                drive(system, args.seconds, args.e2e_seconds, args.rate, stalls,
+                      args.cost_rate, args.cost_seconds)
+            )  # fmt: skip
     except Exception as exc:  # the cells say so; the other systems still run
         traceback.print_exc()
         return _failed(system.key, f"failed: {type(exc).__name__}")
 
 
-def _info(system: System) -> SystemInfo:
+def _info(system: System | LoadTool) -> SystemInfo:
     return SystemInfo(system.key, system.label, system.durability, system.in_flight_how)
 
 
@@ -233,10 +308,18 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--seconds", type=float, default=3.0, help="seconds per (a)/(b) cell")
     parser.add_argument("--e2e-seconds", type=float, default=12.0, help="measured seconds of (c)")
     parser.add_argument("--rate", type=float, default=5000.0, help="(c) offered msgs/s")
+    parser.add_argument(
+        "--cost-rate",
+        type=float,
+        default=20000.0,
+        help="msgs/s offered in the cost cell (0: no cost cells)",
+    )
+    parser.add_argument("--cost-seconds", type=float, default=5.0, help="seconds of the cost cell")
     parser.add_argument("--only", default=",".join(LAUNCHERS), help="comma-separated launchers")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args(argv)
-    if not 0 < args.seconds <= MAX_CELL_S or not 0 < args.e2e_seconds + 1 <= MAX_CELL_S:
+    if (not 0 < args.seconds <= MAX_CELL_S or not 0 < args.e2e_seconds + 1 <= MAX_CELL_S
+            or not 0 < args.cost_seconds <= MAX_CELL_S):  # fmt: skip
         parser.error(f"every cell must take at most {MAX_CELL_S:.0f} s")
     names = [name.strip() for name in args.only.split(",") if name.strip()]
     unknown = [name for name in names if name not in LAUNCHERS]
@@ -265,11 +348,16 @@ def main(argv: list[str]) -> None:
                             driven.add(system.key)
                             cells += _drive_or_fail(system, args, stalls)
                 except Exception as exc:  # one server failing leaves the others' figures
-                    traceback.print_exc()
+                    if isinstance(exc, KafkaNotInstalled):
+                        print(f"{name}: skipped: {exc}", file=sys.stderr, flush=True)
+                        why = "skipped: make peers-kafka"
+                    else:
+                        traceback.print_exc()
+                        why = f"failed to start: {type(exc).__name__}"
                     for key in keys:
                         if key not in driven:
                             systems.append(SystemInfo(key, key, "—", "—"))
-                            cells += _failed(key, f"failed to start: {type(exc).__name__}")
+                            cells += _failed(key, why)
         finally:
             shutil.rmtree(work, ignore_errors=True)  # gigabytes of logs and segments
 
@@ -288,9 +376,10 @@ def main(argv: list[str]) -> None:
          if k in ("sync_vs_best_r3_batched_ratio", "sync_vs_best_r3_one_ratio",
                   "sync_e2e_p99_vs_best_r3_ratio", "sync_vs_async_one_ratio")}
     )  # fmt: skip
+    headline.update(kafka_ratios(cells, HEADLINE_SIZE))
     headline["targets_met"] = targets_met(headline)
     ordered = [s for key in ("metaq", "metaq_auth", "metaq_sync_replicated", "metaq_tls",
-                             *PEERS, *R3_PEERS)
+                             *PEERS, *R3_PEERS, *TOOL_ROWS)
                for s in systems if s.key == key]  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     table = markdown(cells, ordered, SIZES, args.rate, headline, when)
@@ -303,6 +392,7 @@ def main(argv: list[str]) -> None:
             "seconds_per_cell": args.seconds,
             "e2e_seconds": args.e2e_seconds,
             "e2e_offered_msgs_s": args.rate,
+            "cost_offered_msgs_s": args.cost_rate,
             **{
                 f"{size}b": {**ratios(cells, peers, size), **sync_ratios(cells, r3_peers, size)}
                 for size in SIZES

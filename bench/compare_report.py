@@ -26,9 +26,17 @@ SATURATED_MS: Final = 100.0
 """An end-to-end p50 above this means the system did not keep up with the offered rate."""
 METAQ: Final = "metaq"
 METAQ_SYNC: Final = "metaq_sync_replicated"
-R3_PEERS: Final = ("nats_r3", "rabbitmq_stream_r3", "rabbitmq_quorum_r3")
-"""Peers replicating three ways, acknowledging once a majority (two copies) hold a
-message: what metaq's sync-replicated pair (two copies before the answer) is set against."""
+R3_PEERS: Final = (
+    "nats_r3", "rabbitmq_stream_r3", "rabbitmq_quorum_r3", "kafka_r3", "kafka_r3_aiokafka",
+)  # fmt: skip
+"""Peers replicating three ways, acknowledging once two copies (a majority, or for Kafka's
+acks=all every in-sync replica, at least two) hold a message: what metaq's
+sync-replicated pair (two copies before the answer) is set against."""
+TOOL_ROWS: Final = ("kafka_perf", "kafka_r3_perf")
+"""A peer's own load generator in another language ((b) only): its servers' capacity,
+shown beside the Python clients' rows, not counted among the peers "best" picks from."""
+KAFKA: Final = "kafka"
+KAFKA_R3: Final = "kafka_r3"
 TARGETS: Final = {
     "ratio_vs_rabbitmq_stream_batched": (">=", 1.0),
     "ratio_vs_nats_batched": (">=", 3.0),
@@ -42,6 +50,10 @@ TARGETS: Final = {
     "sync_vs_best_r3_one_ratio": (">=", 1.3),
     "sync_e2e_p99_vs_best_r3_ratio": ("<=", 1.0),
     "sync_vs_async_one_ratio": (">=", 0.3),
+    "ratio_vs_kafka_batched": (">=", 1.0),
+    "ratio_vs_kafka_acks_all_batched": (">=", 1.0),
+    "cpu_per_million_vs_kafka_ratio": ("<=", 2.0),
+    "send_p50_vs_kafka_ratio": ("<=", 1.0),
 }
 
 
@@ -58,6 +70,8 @@ class Cell:
     sent: int | None = None
     stalls: Stalls | None = None
     """The machine's pauses during an end-to-end cell."""
+    cpu_per_million: float | None = None
+    """A cost cell's servers' CPU seconds per million acknowledged messages."""
     note: str = ""
 
 
@@ -145,6 +159,39 @@ def sync_ratios(cells: Sequence[Cell], peers: Sequence[str], size: int) -> dict[
         mine_one, _throughput(cells, METAQ, "one_at_a_time", size)
     )
     return out
+
+
+def _one_p50(cells: Sequence[Cell], system: str, size: int) -> float | None:
+    cell = _find(cells, system, "one_at_a_time", size)
+    return None if cell is None or cell.msgs_s is None else cell.latency.p50_ms
+
+
+def _cpu(cells: Sequence[Cell], system: str, size: int) -> float | None:
+    cell = _find(cells, system, "cost", size)
+    return None if cell is None else cell.cpu_per_million
+
+
+def kafka_ratios(cells: Sequence[Cell], size: int) -> dict[str, float | None]:
+    """metaq ÷ Kafka through confluent-kafka: (b) of one broker ÷ Kafka's one broker
+    (acks=1), (b) of the sync pair ÷ Kafka's three (acks=all), the servers' CPU per
+    million acknowledged of the sync pair ÷ Kafka's three, and (a) send p50 of one broker
+    ÷ Kafka's one broker."""
+    return {
+        "ratio_vs_kafka_batched": _ratio(
+            _throughput(cells, METAQ, "in_flight", size),
+            _throughput(cells, KAFKA, "in_flight", size),
+        ),
+        "ratio_vs_kafka_acks_all_batched": _ratio(
+            _throughput(cells, METAQ_SYNC, "in_flight", size),
+            _throughput(cells, KAFKA_R3, "in_flight", size),
+        ),
+        "cpu_per_million_vs_kafka_ratio": _ratio(
+            _cpu(cells, METAQ_SYNC, size), _cpu(cells, KAFKA_R3, size)
+        ),
+        "send_p50_vs_kafka_ratio": _ratio(
+            _one_p50(cells, METAQ, size), _one_p50(cells, KAFKA, size)
+        ),
+    }
 
 
 def ratio_to_plain(cells: Sequence[Cell], key: str, size: int) -> float | None:
@@ -253,7 +300,8 @@ def markdown(
             f"- {labels.get(cell.system, cell.system)}, {cell.size} B: {_num(cell.msgs_s)} msgs/s "
             f"(send p50 {_num(cell.latency.p50_ms, 2)} ms, p99 {_num(cell.latency.p99_ms, 2)} ms)"
         )
-    peers = [s.key for s in systems if not s.key.startswith(METAQ) and s.key not in R3_PEERS]
+    peers = [s.key for s in systems
+             if not s.key.startswith(METAQ) and s.key not in (*R3_PEERS, *TOOL_ROWS)]  # fmt: skip
     lines += [
         "",
         "## metaq (one broker, ASYNC flush) ÷ each peer, same run",
@@ -296,6 +344,35 @@ def markdown(
         own = sync_ratios(cells, [], size)["sync_vs_async_one_ratio"]
         lines.append(f"\nmetaq's own (a), sync replication ÷ one broker, {size} B: "
                      f"{_ratio_text(own)}")  # fmt: skip
+    costs = [c for c in cells if c.mode == "cost"]
+    if costs:
+        lines += [
+            "",
+            "## Cost: the servers' CPU per million acknowledged messages",
+            "",
+            "The same rate of 1 KiB messages offered to each, open-loop with no consumer; "
+            "user + system CPU of every server process (/proc/<pid>/stat) over the cell.",
+            "",
+            "| system | size | offered | acknowledged msgs/s | CPU s per million |",
+            "|---|---:|---:|---:|---:|",
+        ]
+        for cell in costs:
+            lines.append(
+                f"| {labels.get(cell.system, cell.system)} | {cell.size} B "
+                f"| {_num(cell.sent)} | {_num(cell.msgs_s)} | {_num(cell.cpu_per_million, 1)} |"
+            )
+    tools = [s.key for s in systems if s.key in TOOL_ROWS]
+    if tools:
+        lines += ["", "Kafka's own Java producer (ProducerPerformance), (b) only:", ""]
+        for key in tools:
+            for size in sizes:
+                mine = METAQ_SYNC if key == "kafka_r3_perf" else METAQ
+                lines.append(
+                    f"- {labels[key]}, {size} B: {_cell_text(_find(cells, key, 'in_flight', size))}"
+                    f" msgs/s; {labels.get(mine, mine)} (b) ÷ it: "
+                    + _ratio_text(_ratio(_throughput(cells, mine, "in_flight", size),
+                                         _throughput(cells, key, "in_flight", size)))
+                )  # fmt: skip
     lines += [
         "",
         "## Targets (1 KiB)",

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Final
 
 from bench_e2e_latency import measure as measure_e2e
-from compare_harness import IN_FLIGHT, EndToEnd, Latencies
+from compare_harness import IN_FLIGHT, EndToEnd, Latencies, offer
 from metaq_load import Budget, batched, one_at_a_time, pipelined, ready_producer, wait_routed
 
 from metaq.client.admin import Admin, TopicSettings
@@ -66,6 +66,8 @@ class Metaq:
         self._producer: Producer | None = None
         self.broker_pid: int | None = None
         """The (master) broker's process id, for what reads its /proc entry or profiles it."""
+        self.server_pids: list[int] = []
+        """Every server process (nameserver, brokers), for the cost cell's CPU reading."""
 
     @property
     def producer(self) -> Producer:
@@ -94,6 +96,18 @@ class Metaq:
         """The other way to have many sends in flight: concurrent ``send`` calls that the
         accumulator coalesces."""
         return (await pipelined(self.producer, TOPIC, body, budget, IN_FLIGHT))[1]
+
+    async def paced(self, body: bytes, rate: float, seconds: float) -> int:
+        """``rate`` msgs/s offered for ``seconds`` as pipelined ``send`` calls (the
+        accumulator coalesces them); how many were acknowledged."""
+        sends: list[asyncio.Task[object]] = []
+
+        async def send(count: int) -> None:
+            sends.extend(asyncio.create_task(self.producer.send(TOPIC, body)) for _ in range(count))
+
+        await offer(rate, seconds, send)
+        answers = await asyncio.gather(*sends, return_exceptions=True)
+        return sum(1 for answer in answers if not isinstance(answer, BaseException))
 
     async def end_to_end(self, size: int, rate: float, seconds: float) -> EndToEnd:
         figures = await measure_e2e(
@@ -125,6 +139,7 @@ def single_broker(work: Path, store: Sequence[str] = STORE) -> Iterator[Metaq]:
                 nameserver.grpc_address, broker.http_url,
             )  # fmt: skip
             system.broker_pid = broker.proc.pid
+            system.server_pids = [nameserver.process.pid, broker.proc.pid]
             yield system
     finally:
         nameserver.stop()
@@ -260,11 +275,14 @@ def replicated_pair(work: Path) -> Iterator[Metaq]:
             )
         )
         wait_until(lambda: _both_in_sync(master), 60, "the slave is in sync")
-        yield Metaq(
+        system = Metaq(
             "metaq_sync_replicated", "metaq, sync replication",
             f"2 copies: answered once the slave holds it too (sync replication); {ASYNC_FLUSH}",
             nameserver.grpc_address, master.http_url,
         )  # fmt: skip
+        system.broker_pid = master.proc.pid
+        system.server_pids = [nameserver.process.pid, *(b.proc.pid for b in brokers)]
+        yield system
     finally:
         for broker in brokers:
             broker.kill()
