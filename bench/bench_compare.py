@@ -394,7 +394,11 @@ def main(argv: list[str]) -> None:
             "e2e_offered_msgs_s": args.rate,
             "cost_offered_msgs_s": args.cost_rate,
             **{
-                f"{size}b": {**ratios(cells, peers, size), **sync_ratios(cells, r3_peers, size)}
+                f"{size}b": {
+                    **ratios(cells, peers, size),
+                    **sync_ratios(cells, r3_peers, size),
+                    **kafka_ratios(cells, size),
+                }
                 for size in SIZES
             },
             **raw(cells, ordered),

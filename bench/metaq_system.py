@@ -99,11 +99,18 @@ class Metaq:
 
     async def paced(self, body: bytes, rate: float, seconds: float) -> int:
         """``rate`` msgs/s offered for ``seconds`` as pipelined ``send`` calls (the
-        accumulator coalesces them); how many were acknowledged."""
+        accumulator coalesces them), at most :data:`IN_FLIGHT` unacknowledged (a
+        schedule the broker falls behind waits, as the peers' clients do); how many were
+        acknowledged."""
         sends: list[asyncio.Task[object]] = []
+        window = asyncio.Semaphore(IN_FLIGHT)
 
         async def send(count: int) -> None:
-            sends.extend(asyncio.create_task(self.producer.send(TOPIC, body)) for _ in range(count))
+            for _ in range(count):
+                await window.acquire()
+                task = asyncio.create_task(self.producer.send(TOPIC, body))
+                task.add_done_callback(lambda _: window.release())
+                sends.append(task)
 
         await offer(rate, seconds, send)
         answers = await asyncio.gather(*sends, return_exceptions=True)
