@@ -206,7 +206,7 @@ def create_topic(cluster: KafkaCluster) -> None:
 
 def start_kafka(work: Path, size: int = 1) -> KafkaCluster:
     """``size`` combined broker-controller nodes in one KRaft cluster, with :data:`TOPIC`
-    created; stop them with :func:`stop_kafka` (or :func:`kafka_running`)."""
+    created; stop each of ``servers`` (or start them with :func:`kafka_running`)."""
     require_jars()
     work.mkdir(parents=True, exist_ok=True)
     ports = [(free_port(), free_port()) for _ in range(size)]
@@ -240,11 +240,6 @@ def start_kafka(work: Path, size: int = 1) -> KafkaCluster:
     return cluster
 
 
-def stop_kafka(cluster: KafkaCluster) -> None:
-    for server in reversed(cluster.servers):
-        server.stop()
-
-
 @contextlib.contextmanager
 def kafka_running(work: Path, size: int = 1) -> Iterator[KafkaCluster]:
     """A cluster of ``size`` nodes for the block's length; its data removed afterwards."""
@@ -269,10 +264,12 @@ ACKS_ALL: Final = (
 )
 
 
-class _KafkaSystem:
-    """What the Kafka rows share: the cluster, and the producer settings of its setup."""
+class _KafkaRow:
+    """What the Kafka rows share: the cluster, and the row's key, label and durability
+    by its setup (one broker with acks=1, or three with acks=all)."""
 
     key: str
+    key_r3: str
     label: str
     durability: str
     in_flight_how: str
@@ -281,19 +278,21 @@ class _KafkaSystem:
         self.cluster = cluster
         self.replicated = cluster.replicas > 1
         self.server_pids = cluster.pids
-        self.key = self.key + ("_r3" if self.replicated else "")
-        self.label = self.label + (", 3 brokers, acks=all" if self.replicated else ", acks=1")
+        if self.replicated:
+            self.key, self.label = self.key_r3, self.label + ", 3 brokers, acks=all"
+        else:
+            self.label += ", acks=1"
         self.durability = ACKS_ALL if self.replicated else ONE_COPY
 
 
-class KafkaConfluent(_KafkaSystem):
+class KafkaConfluent(_KafkaRow):
     """confluent-kafka (librdkafka), two producers: one at its defaults (``linger.ms``
     5) for (b), (c) and the cost cell, one with ``linger.ms=0`` for (a), as its docs
     advise for the lowest latency of a lone send; both with the setup's acks and
     idempotence, and at most :data:`IN_FLIGHT` unacknowledged. Its calls block; the
     harness runs one cell at a time, so nothing else waits on the event loop meanwhile."""
 
-    key = "kafka"
+    key, key_r3 = "kafka", "kafka_r3"
     label = "Kafka, confluent-kafka"
     in_flight_how = (
         f"produce() with ≤ {IN_FLIGHT:,} unacknowledged (queue.buffering.max.messages), "
@@ -452,16 +451,15 @@ class KafkaConfluent(_KafkaSystem):
             self._flush(producer)
 
 
-class KafkaAio(_KafkaSystem):
+class KafkaAio(_KafkaRow):
     """aiokafka, its settings at their defaults but the acks and the idempotence."""
 
-    key = "kafka_aiokafka"
+    key, key_r3 = "kafka_aiokafka", "kafka_r3_aiokafka"
     label = "Kafka, aiokafka"
     in_flight_how = f"send() with ≤ {IN_FLIGHT:,} unacknowledged (linger_ms 0, its default)"
 
     def __init__(self, cluster: KafkaCluster) -> None:
         super().__init__(cluster)
-        self.key = "kafka_r3_aiokafka" if self.replicated else "kafka_aiokafka"
         self._producer: AIOKafkaProducer | None = None
         self._errors = 0
 
@@ -556,32 +554,18 @@ class KafkaAio(_KafkaSystem):
 _REPORT: Final = re.compile(r"^(\d+) records sent, ([\d.]+) records/sec")
 
 
-class KafkaProducerPerf:
+class KafkaProducerPerf(_KafkaRow):
     """Kafka's own load generator, ``org.apache.kafka.tools.ProducerPerformance``
     (``kafka-producer-perf-test.sh``): the Java client unthrottled, with kafka-clients'
     defaults but the acks and the idempotence. What the servers take from the fastest
     client there is; only the throughput cells, from its once-a-second reports."""
 
-    key = "kafka_perf"
+    key, key_r3 = "kafka_perf", "kafka_r3_perf"
     label = "Kafka, ProducerPerformance (Java)"
     in_flight_how = (
         "the Java producer unthrottled (linger.ms 5, batch.size 16 KiB, 5 requests in "
         "flight per connection: kafka-clients' defaults), its own process"
     )
-
-    def __init__(self, cluster: KafkaCluster) -> None:
-        self.cluster = cluster
-        self.replicated = cluster.replicas > 1
-        self.server_pids = cluster.pids
-        if self.replicated:
-            self.key, self.label = "kafka_r3_perf", self.label + ", 3 brokers, acks=all"
-        self.durability = ACKS_ALL if self.replicated else ONE_COPY
-
-    async def open(self) -> None:
-        pass
-
-    async def close(self) -> None:
-        pass
 
     def throughput(self, size: int, warmup_s: float, seconds: float) -> float:
         """msgs/s acknowledged over ``seconds`` of its reports, after ``warmup_s`` more
