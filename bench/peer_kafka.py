@@ -63,6 +63,9 @@ JVM_OPTS: Final = (
 """``kafka-run-class.sh``'s ``KAFKA_JVM_PERFORMANCE_OPTS``."""
 TOOL_HEAP: Final = ("-Xmx512m",)
 """``kafka-producer-perf-test.sh``'s heap."""
+FORMAT_OPTS: Final = (*TOOL_HEAP, "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC")
+"""The storage tool runs for a second: no optimising compiler or concurrent collector
+to start (about half its CPU, seconds on a loaded machine)."""
 TOPIC: Final = "bench-compare"
 PARTITIONS: Final = 8
 """As many as metaq's topic has queues (``metaq_system.QUEUES``)."""
@@ -153,7 +156,7 @@ def _node_config(node: int, ports: list[tuple[int, int]], data: Path) -> str:
 
 
 def _format(node_dir: Path, config: Path, cluster_id: str) -> None:
-    argv = _java(*TOOL_HEAP, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c",
+    argv = _java(*FORMAT_OPTS, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c",
                  str(config))  # fmt: skip
     done = subprocess.run(argv, cwd=node_dir, capture_output=True, timeout=BOOT_S, check=False)
     if done.returncode != 0:
