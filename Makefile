@@ -165,13 +165,15 @@ bench-metaq2: setup
 
 # The chaos suite (docs/chaos.md): every scenario on network namespaces (needs root; falls
 # back to loopback and says so), a checker table each, one JSON line last.
-# make chaos SEED=7 DURATION=600 ONLY=1,3
+# make chaos SEED=7 DURATION=600 ONLY=1,3; SYSTEM=kafka runs scenario 1 against Kafka on
+# three KRaft nodes on loopback (bench/peer_kafka.py), checked the same way.
 SEED ?= 1
 DURATION ?= 120
 ONLY ?=
-chaos: setup ci-deps
-	PYTHONPATH=tests/integration/chaos $(UV) run --frozen python -m chaoslib.run \
-		--seed $(SEED) --duration $(DURATION) $(if $(ONLY),--only $(ONLY))
+SYSTEM ?= metaq
+chaos: setup ci-deps $(if $(filter kafka,$(SYSTEM)),peers-kafka)
+	PYTHONPATH=tests/integration/chaos$(if $(filter kafka,$(SYSTEM)),:bench) $(UV) run --frozen python -m chaoslib.run \
+		--system $(SYSTEM) --seed $(SEED) --duration $(DURATION) $(if $(ONLY),--only $(ONLY))
 
 clean:
 	rm -rf .venv $(TOOLS) .pytest_cache .mypy_cache .ruff_cache .hypothesis run-data

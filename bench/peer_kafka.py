@@ -32,6 +32,7 @@ import contextlib
 import os
 import re
 import shutil
+import signal
 import subprocess
 import threading
 import time
@@ -47,7 +48,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 from metaq_load import Budget
-from peer_servers import ServerProcess, free_port, running
+from peer_servers import ServerProcess, free_port
 
 PEER_DIR: Final = Path(__file__).parent / "peers" / "kafka"
 LIB: Final = PEER_DIR / "lib"
@@ -117,9 +118,12 @@ class KafkaCluster:
     """Running Kafka nodes; ``replicas`` copies of each partition of :data:`TOPIC`."""
 
     servers: list[ServerProcess]
+    """By node: ``servers[i]`` is node ``i + 1``, replaced when :func:`restart_node`."""
     bootstrap: str
     replicas: int
     work: Path
+    argv: list[list[str]]
+    """What started each node, to start it again."""
 
     @property
     def pids(self) -> list[int]:
@@ -189,21 +193,23 @@ def _brokers_up(admin: AdminClient, size: int) -> bool:
     return len(admin.list_topics(timeout=5).brokers) == size
 
 
-def _topic_in_sync(admin: AdminClient, replicas: int) -> bool:
-    topic = admin.list_topics(TOPIC, timeout=5).topics.get(TOPIC)
-    if topic is None or topic.error is not None or len(topic.partitions) != PARTITIONS:
+def _topic_in_sync(admin: AdminClient, name: str, partitions: int, replicas: int) -> bool:
+    topic = admin.list_topics(name, timeout=5).topics.get(name)
+    if topic is None or topic.error is not None or len(topic.partitions) != partitions:
         return False
     return all(p.leader >= 0 and len(p.isrs) == replicas for p in topic.partitions.values())
 
 
-def create_topic(cluster: KafkaCluster) -> None:
-    """:data:`TOPIC`, :data:`PARTITIONS` partitions of ``cluster.replicas`` copies, and
-    until every partition has a leader and all its replicas in sync."""
+def create_topic(cluster: KafkaCluster, topic: str = TOPIC, partitions: int = PARTITIONS) -> None:
+    """``topic``, ``partitions`` partitions of ``cluster.replicas`` copies
+    (``min.insync.replicas`` 2 where there are more), and until every partition has a
+    leader and all its replicas in sync."""
     admin = _admin(cluster.bootstrap)
     config = {"min.insync.replicas": str(min(2, cluster.replicas))}
-    futures = admin.create_topics([NewTopic(TOPIC, PARTITIONS, cluster.replicas, config=config)])
-    futures[TOPIC].result(timeout=BOOT_S)
-    _wait("the topic's replicas in sync", lambda: _topic_in_sync(admin, cluster.replicas),
+    futures = admin.create_topics([NewTopic(topic, partitions, cluster.replicas, config=config)])
+    futures[topic].result(timeout=BOOT_S)
+    _wait("the topic's replicas in sync",
+          lambda: _topic_in_sync(admin, topic, partitions, cluster.replicas),
           cluster.servers)  # fmt: skip
 
 
@@ -217,6 +223,7 @@ def start_kafka(work: Path, size: int = 1) -> KafkaCluster:
     log4j = work / "log4j2.properties"
     log4j.write_text(LOG4J2)
     servers: list[ServerProcess] = []
+    commands: list[list[str]] = []
     try:
         for node in range(1, size + 1):
             node_dir = work / f"kafka-{node}"
@@ -229,10 +236,11 @@ def start_kafka(work: Path, size: int = 1) -> KafkaCluster:
             server = ServerProcess.spawn(f"kafka-{node}", argv, node_dir)
             server.ports["client"] = ports[node - 1][0]
             servers.append(server)
+            commands.append(argv)
         for server in servers:
             server.wait_listening(server.ports["client"], BOOT_S)
         bootstrap = ",".join(f"127.0.0.1:{s.ports['client']}" for s in servers)
-        cluster = KafkaCluster(servers, bootstrap, size, work)
+        cluster = KafkaCluster(servers, bootstrap, size, work, commands)
         admin = _admin(bootstrap)
         _wait(f"{size} brokers registered", lambda: _brokers_up(admin, size), servers)
         create_topic(cluster)
@@ -243,17 +251,37 @@ def start_kafka(work: Path, size: int = 1) -> KafkaCluster:
     return cluster
 
 
+def kill_node(cluster: KafkaCluster, node: int) -> None:
+    """``kill -9`` of node ``node`` (1-based), reaped."""
+    server = cluster.servers[node - 1]
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(server.proc.pid, signal.SIGKILL)
+    server.proc.wait(30)
+
+
+def restart_node(cluster: KafkaCluster, node: int) -> None:
+    """Node ``node`` started again on its data and ports, until it listens."""
+    old = cluster.servers[node - 1]
+    server = ServerProcess.spawn(old.name, cluster.argv[node - 1], old.log_path.parent)
+    server.ports.update(old.ports)
+    cluster.servers[node - 1] = server
+    server.wait_listening(server.ports["client"], BOOT_S)
+
+
 @contextlib.contextmanager
-def kafka_running(work: Path, size: int = 1) -> Iterator[KafkaCluster]:
-    """A cluster of ``size`` nodes for the block's length; its data removed afterwards."""
-    servers: list[ServerProcess] = []
+def kafka_running(work: Path, size: int = 1, keep: bool = False) -> Iterator[KafkaCluster]:
+    """A cluster of ``size`` nodes for the block's length, stopped however it ends
+    (whatever nodes it has then), its data removed unless ``keep``."""
     try:
-        with running(servers):
-            cluster = start_kafka(work, size)
-            servers.extend(cluster.servers)
+        cluster = start_kafka(work, size)
+        try:
             yield cluster
+        finally:
+            for server in reversed(cluster.servers):
+                server.stop()
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if not keep:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 ONE_COPY: Final = (

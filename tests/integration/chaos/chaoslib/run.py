@@ -47,18 +47,41 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work-dir", type=Path, default=Path("run-data/chaos"))
     parser.add_argument("--loopback", action="store_true", help="no namespaces")
     parser.add_argument("--short", action="store_true", help="the CI selection's lengths")
+    parser.add_argument(
+        "--system",
+        choices=("metaq", "kafka"),
+        default="metaq",
+        help="the system under test (kafka: bench/peer_kafka.py's cluster)",
+    )
     args = parser.parse_args(argv)
-    numbers = [int(n) for n in args.only.split(",") if n] or sorted(SCENARIOS)
+    if args.system == "kafka":
+        # Only here: it needs bench/ on the path and Kafka's jars (make chaos SYSTEM=kafka).
+        from chaoslib import kafka
+
+        available = sorted(kafka.SCENARIOS)
+    else:
+        available = sorted(SCENARIOS)
+    numbers = [int(n) for n in args.only.split(",") if n] or available
+    missing = [n for n in numbers if n not in available]
+    if missing:
+        parser.error(f"--only: no scenario {missing} for {args.system}; it has {available}")
     run_dir = args.work_dir / time.strftime("%Y%m%d-%H%M%S")
     results = []
     for number in numbers:
-        scenario = SCENARIOS[number]
         started = time.monotonic()
-        print(f"== scenario {number}: {scenario.summary} (seed {args.seed})", flush=True)
-        result = run_scenario(
-            scenario, run_dir / f"{number}-{scenario.name}", seed=args.seed + number,
-            duration_s=args.duration, short=args.short, loopback=args.loopback,
-        )  # fmt: skip
+        if args.system == "kafka":
+            name = kafka.SCENARIOS[number]
+            print(f"== scenario {number}: {name}, Kafka (seed {args.seed})", flush=True)
+            result = kafka.run_kafka_scenario(
+                number, run_dir / f"{number}-kafka-{name}", seed=args.seed + number
+            )
+        else:
+            scenario = SCENARIOS[number]
+            print(f"== scenario {number}: {scenario.summary} (seed {args.seed})", flush=True)
+            result = run_scenario(
+                scenario, run_dir / f"{number}-{scenario.name}", seed=args.seed + number,
+                duration_s=args.duration, short=args.short, loopback=args.loopback,
+            )  # fmt: skip
         print(result.table())
         print(f"   ({time.monotonic() - started:.0f} s)\n", flush=True)
         results.append(result)
@@ -75,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         "lost_allowed": sum(len(r.lost_allowed) for r in ran),
         "skipped": [r.scenario for r in results if r.skipped],
         "seed": args.seed,
+        "system": args.system,
         "histories": str(run_dir),
     }
     print(json.dumps(line))
