@@ -171,8 +171,9 @@ SEED ?= 1
 DURATION ?= 120
 ONLY ?=
 SYSTEM ?= metaq
-chaos: setup ci-deps $(if $(filter kafka,$(SYSTEM)),peers-kafka)
-	PYTHONPATH=tests/integration/chaos$(if $(filter kafka,$(SYSTEM)),:bench) $(UV) run --frozen python -m chaoslib.run \
+KAFKA_CHAOS := $(filter kafka,$(SYSTEM))
+chaos: setup ci-deps $(if $(KAFKA_CHAOS),peers-kafka)
+	PYTHONPATH=tests/integration/chaos$(if $(KAFKA_CHAOS),:bench) $(UV) run --frozen python -m chaoslib.run \
 		--system $(SYSTEM) --seed $(SEED) --duration $(DURATION) $(if $(ONLY),--only $(ONLY))
 
 clean:
