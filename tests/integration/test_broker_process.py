@@ -521,7 +521,11 @@ def test_health_and_metrics_answer(broker: BrokerProcess) -> None:
         await wait_until_async(flushed, 10, "the sends' fsync is in the fsync histogram")
         assert ("python_gc_collections_total", (("generation", "0"),)) in samples
         assert samples[("metaq_queue_max_offset", (("queue", "3"), ("topic", "Metered")))] == 7
-        assert samples[("metaq_commitlog_write_offset", ())] > 0
+        written = samples[("metaq_commitlog_write_offset", ())]
+        assert written > 0
+        # What the log holds, not the size its preallocated segment files take.
+        assert samples[("metaq_storage_size_bytes", ())] == written
+        assert samples[("metaq_storage_allocated_bytes", ())] > written
         assert samples[("metaq_dispatch_backlog_bytes", ())] >= 0
         assert 0 <= samples[("metaq_disk_used_ratio", ())] <= 1
 

@@ -323,10 +323,17 @@ class _StateCollector:
             "Commitlog bytes written but not yet fsynced",
             max(0, store.commitlog.write_offset - store.flusher.durable),
         )
+        segments = store.commitlog.segments
         yield _gauge(
             "metaq_storage_size_bytes",
-            "Bytes of the commitlog's segment files",
-            len(store.commitlog.segments.segments) * store.commitlog.segments.segment_bytes,
+            "Commitlog bytes written and still kept (from the oldest segment's start to "
+            "the log's end)",
+            max(0, store.commitlog.write_offset - segments.min_offset),
+        )
+        yield _gauge(
+            "metaq_storage_allocated_bytes",
+            "Bytes of the commitlog's segment files, allocated whole ahead of the writes",
+            len(segments.segments) * segments.segment_bytes,
         )
         yield _gauge(
             "metaq_disk_used_ratio",
