@@ -25,11 +25,14 @@ TOTAL = 1000 * MIB
 class FakeDisk:
     """A filesystem of TOTAL bytes with ``available`` free, as statvfs would say."""
 
-    def __init__(self, available: int) -> None:
+    def __init__(self, available: int, used: int | None = None) -> None:
         self.available = available
+        self.used = used
+        """None: whatever is not available (size = used + available)."""
 
     def __call__(self, _path: Path) -> DiskSpace:
-        return DiskSpace(TOTAL, self.available)
+        used = TOTAL - self.available if self.used is None else self.used
+        return DiskSpace(used, self.available)
 
 
 def _forget_prepared(store: MessageStore) -> None:
@@ -63,7 +66,8 @@ def test_writes_are_refused_when_free_space_less_the_next_segment_is_under_the_r
 
     disk.available = 10 * MIB + SEGMENT - 1
     store.guard.refresh_disk()
-    with pytest.raises(StoreUnavailable, match=r"reserve \(store.disk_reserve_bytes\)") as info:
+    refusal = r"under the reserve: .*store.disk_reserve_bytes"
+    with pytest.raises(StoreUnavailable, match=refusal) as info:
         store.put("orders", b"refused")
     assert info.value.retriable
     assert "next segment" in str(info.value)
@@ -73,6 +77,32 @@ def test_writes_are_refused_when_free_space_less_the_next_segment_is_under_the_r
     disk.available = 10 * MIB + SEGMENT
     store.guard.refresh_disk()
     assert store.put("orders", b"accepted again").appended.queue_offsets == [1]
+
+
+def test_disk_use_is_counted_as_df_counts_it_on_a_volume_larger_than_used_plus_available(
+    open_store: OpenStore,
+) -> None:
+    # A thin-provisioned 252 GB volume: 42 GB used, 61 GB available, which df calls 41 %
+    # used; 1 - available / size would say 76 %.
+    gb = 1000**3
+    assert DiskSpace(42 * gb, 61 * gb).used_ratio == pytest.approx(42 / 103)
+    # The fake volume is TOTAL (1000 MiB) large: by 1 - available / size it is 94 % full.
+    disk = FakeDisk(available=61 * MIB, used=42 * MIB)
+    store = open_store(disk_usage=disk, disk_reserve_bytes=1 * MIB)
+    assert store.config.disk_full_ratio == 0.9
+    assert store.put("orders", b"taken at 41 %").appended.queue_offsets == [0]
+
+    # Over the ratio: the refusal says both figures, the ratio and the bytes free
+    # beside the reserve.
+    disk.used, disk.available = 95 * MIB, 5 * MIB
+    store.guard.refresh_disk()
+    with pytest.raises(StoreUnavailable, match="disk 95% full") as info:
+        store.put("orders", b"refused")
+    message = str(info.value)
+    assert "limit 90%, store.disk_full_ratio" in message
+    assert "95.0 MiB used, 5.0 MiB available (reserve 1.0 MiB, store.disk_reserve_bytes)" in (
+        message
+    )
 
 
 def test_the_write_path_samples_the_disk_itself_between_cleaner_rounds(
@@ -156,7 +186,7 @@ class FillingDisk(FakeDisk):
 
     def __call__(self, path: Path) -> DiskSpace:
         taken = sum(f.stat().st_size for f in (path / "commitlog").glob("*"))
-        return DiskSpace(TOTAL, self.available - taken)
+        return DiskSpace(TOTAL - self.available + taken, self.available - taken)
 
 
 def test_a_segment_not_prepared_for_want_of_room_is_made_once_room_returns(

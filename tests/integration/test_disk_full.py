@@ -153,6 +153,18 @@ def test_sends_are_refused_for_the_full_disk_before_the_kernel_runs_out_of_space
         state = health(broker)
         assert state.status == "not-writable", state
         assert "disk" in str(state.reason), state
+        # Both limits, in the refusal, /health and the metrics: the used ratio as df
+        # counts it and the free bytes beside the absolute reserve.
+        for told in (refusal, str(state.reason)):
+            assert "store.disk_full_ratio" in told and "store.disk_reserve_bytes" in told, told
+        stats = os.statvfs(small_fs)
+        used = (stats.f_blocks - stats.f_bfree) * stats.f_frsize
+        available = stats.f_bavail * stats.f_frsize
+        assert state.disk_used_ratio == pytest.approx(used / (used + available), abs=0.02)
+        assert state.disk_used_bytes == pytest.approx(used, abs=2 * MIB)
+        assert state.disk_available_bytes == pytest.approx(available, abs=2 * MIB)
+        assert state.disk_reserve_bytes == 8 * MIB
+        assert metric(broker, "metaq_disk_reserve_bytes") == 8 * MIB
         # Reads go on, and every acknowledged message is there.
         assert run_async(read_keys(broker, "Fill"), 60.0) == acked
         assert_no_trouble(broker)

@@ -145,11 +145,15 @@ class HttpServer:
             "uptime_s": round(time.monotonic() - c.started_monotonic, 3),
             "commitlog_write_offset": c.store.commitlog.write_offset,
             "commitlog_durable_offset": c.store.flusher.durable,
+            # Use as df counts it, and the bytes it is made of; writes stop at
+            # disk_full_ratio, or when the available bytes reach disk_reserve_bytes.
             "disk_used_ratio": round(c.store.guard.disk_ratio, 4),
+            "disk_used_bytes": c.store.guard.used_bytes,
             "disk_available_bytes": c.store.guard.available_bytes,
             # The thresholds and modes the console shows beside the figures.
             "disk_clean_ratio": c.store.config.disk_clean_ratio,
             "disk_full_ratio": c.store.config.disk_full_ratio,
+            "disk_reserve_bytes": c.store.config.disk_reserve_bytes,
             "flush_mode": c.store.config.flush_mode.value,
             "replication_mode": c.role.config.replication_mode.value,
             "retention_hours": c.store.config.retention_hours,

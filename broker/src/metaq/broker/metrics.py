@@ -337,7 +337,7 @@ class _StateCollector:
         )
         yield _gauge(
             "metaq_disk_used_ratio",
-            "Used fraction of the data directory's disk",
+            "Used fraction of the data directory's disk as df counts it: used / (used + available)",
             store.guard.disk_ratio,
         )
         yield _gauge(
@@ -348,9 +348,16 @@ class _StateCollector:
         if store.guard.available_bytes is not None:
             yield _gauge(
                 "metaq_disk_available_bytes",
-                "Free bytes on the data directory's disk (as of the last sample)",
+                "Free bytes on the data directory's disk the broker may still allocate "
+                "(df's Avail, as of the last sample)",
                 store.guard.available_bytes,
             )
+        yield _gauge(
+            "metaq_disk_reserve_bytes",
+            "Free bytes the store never writes into: under them it refuses writes "
+            "whatever the used ratio (store.disk_reserve_bytes)",
+            store.config.disk_reserve_bytes,
+        )
         deleted = CounterMetricFamily(
             "metaq_commitlog_segments_deleted",
             "Commitlog segments retention deleted, by reason: expired, consumed (by every "

@@ -3,7 +3,10 @@ delete old segments (seed Q&A 18-19).
 
 Writes stop, reads go on, when disk use passes ``disk_full_ratio``, when the free space
 less the next commitlog segment (if it is not allocated yet) would go under
-``disk_reserve_bytes``, or after ``io_error_limit`` consecutive I/O errors. The space
+``disk_reserve_bytes`` (the hard guard: what the filesystem can still give, whatever the
+ratio says), or after ``io_error_limit`` consecutive I/O errors. Use is counted as ``df``
+counts it, used / (used + available): on thin-provisioned, overlay or quota-limited
+volumes the size is not used + available, and 1 - available / size overstates it. The space
 check is sampled at most ``disk_check_interval_ms`` apart on the write path, and again
 before every segment is allocated, so the store stops before the filesystem runs out: a
 full filesystem is an error for a write() but SIGBUS for a store into a mapped page. A
@@ -27,10 +30,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Final, NamedTuple
 
-from metaq.broker.store.config import MIB, StoreConfig
+from metaq.broker.store.config import StoreConfig
 from metaq.broker.store.service import Service
 from metaq.common.errors import StoreUnavailable
 from metaq.common.log_limit import Repeated
+from metaq.common.units import size_text
 
 log = logging.getLogger(__name__)
 
@@ -42,18 +46,20 @@ the device fails: the same call works again once one is closed or the limit rais
 
 
 class DiskSpace(NamedTuple):
-    """A filesystem's size and what this process may still allocate on it, in bytes."""
+    """A filesystem's bytes in use and what this process may still allocate, as ``df``
+    reports them (Used, Avail)."""
 
-    total_bytes: int
+    used_bytes: int
     available_bytes: int
 
     @property
     def used_ratio(self) -> float:
-        # Counted against what this process may use (f_bavail), as df does: blocks kept
-        # for root on ext4 are full for everyone else, which is where ENOSPC comes.
-        if self.total_bytes <= 0:
+        """df's Use%: used / (used + available). Blocks kept for root on ext4 are in
+        neither, so they do not count as room: ENOSPC comes when Avail is gone."""
+        room = self.used_bytes + self.available_bytes
+        if room <= 0:
             return 1.0
-        return 1.0 - self.available_bytes / self.total_bytes
+        return self.used_bytes / room
 
 
 DiskUsage = Callable[[Path], "DiskSpace | float"]
@@ -63,7 +69,8 @@ DiskUsage = Callable[[Path], "DiskSpace | float"]
 
 def disk_space(path: Path) -> DiskSpace:
     stats = os.statvfs(path)
-    return DiskSpace(stats.f_blocks * stats.f_frsize, stats.f_bavail * stats.f_frsize)
+    used = (stats.f_blocks - stats.f_bfree) * stats.f_frsize
+    return DiskSpace(used, stats.f_bavail * stats.f_frsize)
 
 
 class WriteGuard:
@@ -78,6 +85,8 @@ class WriteGuard:
         self.usage = usage
         self.pending_bytes: Callable[[], int] = lambda: 0
         self.disk_ratio = 0.0
+        """Used fraction of the disk, as df's Use% (as of the last sample)."""
+        self.used_bytes: int | None = None
         self.available_bytes: int | None = None
         self.io_errors = 0
         self._io_reason: str | None = None
@@ -91,9 +100,10 @@ class WriteGuard:
     def refresh_disk(self) -> float:
         sample = self.usage(self.config.data_dir)
         if isinstance(sample, DiskSpace):
-            self.disk_ratio, self.available_bytes = sample.used_ratio, sample.available_bytes
+            self.disk_ratio = sample.used_ratio
+            self.used_bytes, self.available_bytes = sample.used_bytes, sample.available_bytes
         else:
-            self.disk_ratio, self.available_bytes = sample, None
+            self.disk_ratio, self.used_bytes, self.available_bytes = sample, None, None
         self._sampled_s = time.monotonic()
         self._space_refusal = self._space_reason()
         return self.disk_ratio
@@ -133,22 +143,38 @@ class WriteGuard:
         if self._io_reason is None:
             self.io_errors = 0
 
+    def space_figures(self) -> str:
+        """Both figures the space check judges, as the refusals say them: use as df
+        counts it beside store.disk_full_ratio, and the free bytes beside the absolute
+        store.disk_reserve_bytes."""
+        config = self.config
+        ratio = (
+            f"{self.disk_ratio:.0%} used as df counts it (limit {config.disk_full_ratio:.0%}, "
+            "store.disk_full_ratio)"
+        )
+        if self.available_bytes is None or self.used_bytes is None:
+            return ratio
+        return (
+            f"{ratio}; {size_text(self.used_bytes)} used, {size_text(self.available_bytes)} "
+            f"available (reserve {size_text(config.disk_reserve_bytes)}, "
+            "store.disk_reserve_bytes)"
+        )
+
     def _space_reason(self) -> str | None:
         config = self.config
         if self.disk_ratio >= config.disk_full_ratio:
             return (
-                f"disk {self.disk_ratio:.0%} full, over the {config.disk_full_ratio:.0%} "
-                "limit (store.disk_full_ratio): free space or add disk; reads continue"
+                f"disk {self.disk_ratio:.0%} full: {self.space_figures()}: free space or add "
+                "disk; reads continue"
             )
         if self.available_bytes is None:
             return None
         pending = self.pending_bytes()
         if self.available_bytes - pending < config.disk_reserve_bytes:
-            upcoming = f" and {pending / MIB:.1f} MiB for the next segment" if pending else ""
+            upcoming = f" less {size_text(pending)} for the next segment" if pending else ""
             return (
-                f"disk nearly full: {self.available_bytes / MIB:.1f} MiB free, under the "
-                f"{config.disk_reserve_bytes / MIB:.1f} MiB reserve (store.disk_reserve_bytes)"
-                f"{upcoming}: free space or add disk; reads continue"
+                f"disk nearly full: the free space{upcoming} is under the reserve: "
+                f"{self.space_figures()}: free space or add disk; reads continue"
             )
         return None
 

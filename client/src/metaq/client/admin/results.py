@@ -107,9 +107,13 @@ class BrokerHealth(msgspec.Struct, frozen=True):
     commitlog_write_offset: int = 0
     commitlog_durable_offset: int = 0
     disk_used_ratio: float = 0.0
-    disk_available_bytes: int = 0
+    """As df counts it: used / (used + available)."""
+    disk_used_bytes: int | None = None
+    disk_available_bytes: int | None = None
     disk_clean_ratio: float = 0.0
     disk_full_ratio: float = 0.0
+    disk_reserve_bytes: int = 0
+    """Writes stop when the available bytes fall under it, whatever the ratio."""
     flush_mode: str = ""
     replication_mode: str = ""
     retention_hours: float = 0.0

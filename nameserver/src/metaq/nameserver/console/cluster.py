@@ -10,6 +10,7 @@ from aiohttp import web
 
 from metaq.client.admin import Admin, BrokerHealth
 from metaq.common.http import takes_forms
+from metaq.common.units import size_text
 from metaq.nameserver.console.context import ConsoleContext
 from metaq.nameserver.console.page import (
     Html,
@@ -144,7 +145,7 @@ def _group_section(
             "http address",
             "epoch",
             "replica lag (behind the master)",
-            "disk used (clean at / refuse writes at)",
+            "disk used (clean at / refuse writes at); free (reserve)",
             "flush",
             "replication",
             "commitlog end",
@@ -163,9 +164,15 @@ def _lag(lag_bytes: dict[str, int], lag_s: dict[str, float], key: str) -> str | 
 
 
 def _disk(h: BrokerHealth | None) -> str | None:
+    """Both figures writes stop at: use as df counts it beside its thresholds, and the
+    bytes available beside the reserve."""
     if h is None:
         return None
-    return f"{ratio(h.disk_used_ratio)} ({ratio(h.disk_clean_ratio)} / {ratio(h.disk_full_ratio)})"
+    use = f"{ratio(h.disk_used_ratio)} ({ratio(h.disk_clean_ratio)} / {ratio(h.disk_full_ratio)})"
+    if h.disk_available_bytes is None:
+        return use
+    free = size_text(h.disk_available_bytes)
+    return f"{use}; {free} free (reserve {size_text(h.disk_reserve_bytes)})"
 
 
 def _controller_section(context: ConsoleContext) -> str:
