@@ -55,6 +55,9 @@ def test_groups_brokers_and_master_changes_are_exported() -> None:
     assert got[("metaq_group_has_master", (("broker_group", "broker-b"),))] == 0
     assert got[("metaq_controller_groups_without_master", ())] == 1
     assert ("process_resident_memory_bytes", ()) in got
+    # At zero from the first sight of a group: increase() then counts its first failover.
+    assert got[("metaq_controller_failovers_total", (("broker_group", "broker-a"),))] == 0
+    assert got[("metaq_controller_failovers_total", (("broker_group", "broker-b"),))] == 0
 
     # The controller committed broker-a with 0 as master, then elected 1.
     controller._take({"broker-a": GroupControl("broker-a", 1, 0, (0, 1))})

@@ -237,6 +237,35 @@ def test_dashboard_and_alerts_name_only_metrics_the_processes_export(cluster: Cl
     assert used - exported == set(), "named in the dashboard or alerts but exported by none"
 
 
+def scraped(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of a /metrics page: {(name, sorted label pairs): value}."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def test_counters_that_alerts_watch_are_exported_at_zero_before_their_first_count(
+    cluster: Cluster,
+) -> None:
+    """increase() sees nothing of a series that first appears at 1: the DLQ alert
+    would miss a group's first dead letter. Each series is there at zero from when its
+    labels are known: the group once it committed here, every refusal reason, every
+    broker group the controller knows."""
+    master = scraped(cluster.master.http_url)
+    assert master[("metaq_send_to_dlq_messages_total", (("group", BACKLOG_GROUP),))] == 0
+    for reason in ("disk_full", "not_master", "not_enough_replicas", "io_errors"):
+        assert master[("metaq_rejected_writes_total", (("reason", reason),))] == 0, reason
+    for reason in ("unauthenticated", "permission"):
+        assert master[("metaq_auth_denied_total", (("reason", reason),))] == 0, reason
+    nameserver = scraped(f"http://{cluster.nameserver.http_address}")
+    assert ("metaq_controller_failovers_total", (("broker_group", GROUP),)) in nameserver
+    assert nameserver[("metaq_auth_denied_total", (("reason", "permission"),))] == 0
+
+
 def test_prometheus_sees_the_backlog_and_the_in_sync_set_shrink_when_the_slave_dies(
     cluster: Cluster, prometheus: Prometheus
 ) -> None:

@@ -193,6 +193,12 @@ class BrokerMetrics:
         )
         self._appended_children: dict[str, tuple[Counter, Counter, Counter | None]] = {}
         self._pull_children: dict[tuple[str, str], tuple[Counter, Counter, Counter]] = {}
+        # Counters an alert takes increase() of are exported at zero as soon as their
+        # labels are known: a series that first appears at 1 shows no increase.
+        for reason in REJECTION_REASONS:
+            self._rejected.labels(reason)
+        self._dlq_groups: set[str] = set()
+        self._state: MetricSources | None = None
 
     def appended(self, topic: str, messages: int, nbytes: int) -> None:
         children = self._appended_children.get(topic)
@@ -229,10 +235,36 @@ class BrokerMetrics:
 
     def watch(self, state: MetricSources) -> None:
         """Report ``state`` at every scrape."""
+        self._state = state
         self.registry.register(_StateCollector(state))
 
     def render(self) -> bytes:
+        if self._state is not None:
+            self._groups_at_zero(self._state)
         return generate_latest(self.registry)
+
+    def _groups_at_zero(self, state: MetricSources) -> None:
+        """A dead-letter count of zero for every consumer group this broker knows (it
+        committed offsets here or heartbeats here) that has none yet."""
+        known = self._dlq_groups
+        for group in (*state.offsets.groups(), *state.groups.groups()):
+            if group not in known:
+                known.add(group)
+                self._dlq.labels(group)
+
+
+REJECTION_REASONS: Final = (
+    "service_dead",
+    "io_errors",
+    "disk_full",
+    "unavailable",
+    *(
+        code.name.lower()
+        for code in ErrorCode
+        if code not in (ErrorCode.UNSPECIFIED, ErrorCode.STORE_UNAVAILABLE)
+    ),
+)
+"""Every ``reason`` label :func:`rejection_reason` gives."""
 
 
 def rejection_reason(error: MetaqError, store: MessageStore) -> str:

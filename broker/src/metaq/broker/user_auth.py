@@ -49,12 +49,15 @@ class _Pending(NamedTuple):
 
 
 def denied_counter(registry: CollectorRegistry) -> Counter:
-    return Counter(
+    counter = Counter(
         "metaq_auth_denied",
         "Requests refused by authentication or authorization, by reason",
         ["reason"],
         registry=registry,
     )
+    for reason in acl.DENIAL_REASONS:
+        counter.labels(reason)
+    return counter
 
 
 class UserGate:

@@ -38,14 +38,29 @@ class AclError(ValueError):
     """A grant, a CIDR or an ACL file that cannot be taken; the message says why."""
 
 
+DENIAL_REASONS: Final = (
+    "unauthenticated",
+    "bad_proof",
+    "bad_signature",
+    "replay",
+    "clock",
+    "address",
+    "permission",
+    "csrf",
+    "not_local",
+    "throttled",
+)
+"""The ``reason`` labels of ``metaq_auth_denied_total``: a server exports each at zero
+from its start, so an alert on ``increase()`` sees the first refusal of every kind."""
+
+
 class PermissionDenied(NotAuthenticated):
     """A request refused by authentication or authorization (NO_PERMISSION)."""
 
     def __init__(self, message: str, reason: str) -> None:
         super().__init__(message)
         self.reason = reason
-        """A short label for metrics: unauthenticated, bad_proof, replay, clock,
-        address, permission."""
+        """A short label for metrics, one of :data:`DENIAL_REASONS`."""
 
 
 @dataclass(frozen=True, slots=True)

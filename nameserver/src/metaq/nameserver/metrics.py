@@ -101,8 +101,11 @@ class _StateCollector:
             "nameserver has applied since it started",
             labels=["broker_group"],
         )
-        for name, count in sorted(controller.master_changes.items()):
-            failovers.add_metric([name], count)
+        # Every group known here, at zero until its first change: increase() over a
+        # series that appears at 1 would miss that change.
+        changes = controller.master_changes
+        for name in sorted(set(groups) | set(changes)):
+            failovers.add_metric([name], changes.get(name, 0))
         yield failovers
         yield GaugeMetricFamily(
             "metaq_controller_is_leader",

@@ -21,7 +21,7 @@ from typing import Any
 import grpc
 from prometheus_client import CollectorRegistry, Counter
 
-from metaq.common.acl import PermissionDenied, User
+from metaq.common.acl import DENIAL_REASONS, PermissionDenied, User
 from metaq.common.acl_source import AclSource
 from metaq.common.auth import METADATA_KEY, AuthFailed, ClusterSecret, verify_call
 from metaq.common.users import USER_METADATA_KEY, ProofError, parse_proof, verify_request
@@ -57,6 +57,8 @@ class UserCalls:
             ["reason"],
             registry=registry,
         )
+        for reason in DENIAL_REASONS:
+            self._counter.labels(reason)
         for reason, count in self.denied.items():
             self._counter.labels(reason).inc(count)
 
