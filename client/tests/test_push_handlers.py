@@ -340,3 +340,43 @@ def test_calls_after_the_waiting_worker_was_cancelled_still_run() -> None:
         assert done == [0, 1, 2, 3]
 
     asyncio.run(scenario())
+
+
+def test_no_call_of_a_dropped_queue_starts_and_its_messages_stay_unfinished() -> None:
+    """A handler that drops its queue (the consumer stopping delivery at a count) is the
+    last one called: the rest of the pull is never handed out, and drain waits for
+    nothing (no "outlived the close timeout")."""
+
+    async def scenario() -> None:
+        stats = ConsumeStats()
+        sent_back: list[int] = []
+
+        async def send_back(_queue: Any, message: Message, _failure: Exception) -> bool:
+            sent_back.append(message.queue_offset)
+            return True
+
+        pool = HandlerPool(1, max_attempts=3, retry_backoff_s=0.001, stats=stats,
+                           send_back=send_back)  # fmt: skip
+        queue, other = _queue(), _queue()
+        seen: list[int] = []
+
+        async def handle(message: Message) -> None:
+            seen.append(message.queue_offset)
+            if message.queue_offset == 2:
+                queue.dropped = True
+
+        async def fails() -> None:
+            other.dropped = True
+            raise RuntimeError("stopped mid-way")
+
+        pool.submit_each(queue, _messages(queue, 6), handle)
+        (failing,) = _messages(other, 1)
+        pool.submit(other, [failing], fails)
+        assert await pool.drain(5) == 0
+        assert seen == [0, 1, 2]
+        assert queue.commit_due() == 3  # 3-5 were never handed out
+        # A failure of a dropped queue is not sent back: its next owner has it again.
+        assert sent_back == [] and other.commit_due() == 0
+        assert stats.handled == 3
+
+    asyncio.run(scenario())

@@ -138,3 +138,50 @@ def test_an_unreachable_nameserver_is_a_clear_error() -> None:
     assert done.returncode == 1
     assert done.stderr.startswith("metaq: error: no nameserver answered")
     assert "127.0.0.1:1" in done.stderr
+
+
+def test_read_prints_stored_messages_and_leaves_no_group_behind(cluster: Cluster) -> None:
+    assert (
+        metaq(cluster, "topic", "create", "cli-read", "-q", "2", "--brokers", "broker-a").returncode
+        == 0
+    )
+    sending = metaq(cluster, "send", "cli-read", "--count", "10", "--json", "r")
+    sent = json.loads(sending.stdout)["results"]
+    assert len(sent) == 10, sent
+
+    done = metaq(cluster, "read", "cli-read", "--count", "7", "--json")
+    assert done.returncode == 0, done.stderr
+    read = [json.loads(line) for line in done.stdout.splitlines()]
+    assert len(read) == 7
+    assert {m["msg_id"] for m in read} <= {m["msg_id"] for m in sent}
+    # Queue by queue, each in offset order.
+    assert read == sorted(read, key=lambda m: (m["queue_id"], m["queue_offset"]))
+
+    one = metaq(
+        cluster, "read", "cli-read", "--queue", "1", "--from", "2", "--count", "50", "--json"
+    )
+    assert one.returncode == 0, one.stderr
+    rows = [json.loads(line) for line in one.stdout.splitlines()]
+    in_queue_1 = sum(m["queue_id"] == 1 for m in sent)
+    assert [m["queue_offset"] for m in rows] == list(range(2, in_queue_1))
+
+    later = metaq(cluster, "read", "cli-read", "--since", str(2**42), "--json")
+    assert later.returncode == 0 and later.stdout == "", later
+
+    bad = metaq(cluster, "read", "cli-read", "--queue", "9")
+    assert bad.returncode == 2 and "no readable queue 9" in bad.stderr, bad.stderr
+
+
+def test_consume_stops_at_its_count_cleanly_and_commits_what_it_printed(cluster: Cluster) -> None:
+    assert metaq(cluster, "topic", "create", "cli-tail", "-q", "4").returncode == 0
+    assert metaq(cluster, "send", "cli-tail", "--count", "40", "t").returncode == 0
+
+    done = metaq(
+        cluster, "consume", "cli-tail", "-g", "cli-tailers", "--count", "5", "--timeout", "30"
+    )
+
+    assert done.returncode == 0, done.stderr
+    assert len(done.stdout.splitlines()) == 5
+    assert done.stderr == "", done.stderr  # no "handler calls outlived the close timeout"
+    progress = metaq(cluster, "progress", "-g", "cli-tailers", "-t", "cli-tail", "--json")
+    assert json.loads(progress.stdout)["total_lag"] == 35

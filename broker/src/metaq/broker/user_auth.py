@@ -232,7 +232,8 @@ def _authorize(user: User, frame: Frame) -> None:
         acl.check(user, "pub", "topic", send.topic)
     elif t is FrameType.PULL:
         pull = data_pb2.PullRequest.FromString(frame.header)
-        acl.check(user, "sub", "group", pull.consumer_group)
+        if pull.consumer_group:  # none: a read for no group, which commits nothing
+            acl.check(user, "sub", "group", pull.consumer_group)
         acl.check(user, "sub", "topic", pull.topic)
     elif t is FrameType.COMMIT_OFFSET:
         commit = data_pb2.CommitOffsetRequest.FromString(frame.header)

@@ -17,7 +17,10 @@ naming its topic, queue, offset and message id, and is then skipped.
 
 A handler call cancelled at close (it outlived ``close_timeout_s``), or not started by
 then, does **not** mark its messages finished, so the offset stops below them and they
-are delivered again later.
+are delivered again later. Nor does a call of a queue that was dropped (given away at a
+rebalance, reset, or the consumer closing) before a worker took it: it is never started
+(RocketMQ's consume service checks ``isDropped`` the same way), and a call of a dropped
+queue that fails is not sent back for a retry: whoever runs the queue next has it again.
 """
 
 from __future__ import annotations
@@ -222,6 +225,9 @@ class HandlerPool:
                     assert isinstance(item, _Call)
                     ready.popleft()
                     self._queued -= 1
+                    if item.queue.dropped:
+                        self._check_idle()
+                        continue
                     self._busy += 1
                     try:
                         await self._attempt(item)
@@ -254,6 +260,12 @@ class HandlerPool:
         messages, handler, queue = run.messages, run.handler, run.queue
         last = len(messages) - 1
         while (index := run.next) <= last:
+            if queue.dropped:  # the rest of the run is never started
+                run.next = last + 1
+                ready.remove(run)
+                self._queued -= last - index + 1
+                self._check_idle()
+                return
             run.next = index + 1
             if index == last:
                 ready.popleft()
@@ -293,7 +305,10 @@ class HandlerPool:
 
     async def _failed(self, item: _Call, failure: Exception) -> bool:
         """True when the call's messages are done with (sent back or skipped); otherwise
-        the call is queued again after a back-off (no worker waits meanwhile)."""
+        the call is queued again after a back-off (no worker waits meanwhile). A call
+        of a dropped queue is neither: it ends unfinished."""
+        if item.queue.dropped:
+            return False
         messages = item.messages
         if self._send_back is not None:
             # Sent back, a message counts as consumed: its retry comes later.
@@ -330,6 +345,9 @@ class HandlerPool:
 
     def _retry(self, item: _Call) -> None:
         self._backing_off.discard(item)
+        if item.queue.dropped:
+            self._check_idle()
+            return
         self._enqueue(item)
 
     async def drain(self, timeout_s: float) -> int:

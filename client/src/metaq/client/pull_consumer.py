@@ -110,8 +110,11 @@ class PullConsumer:
     """Pull, commit and look up offsets for consumer group ``group``.
 
     Offsets are always **the next offset to consume** (one past the last message
-    processed), as the broker stores them. Use inside one event loop, as an async
-    context manager or between :meth:`start` and :meth:`close`. ``routes`` and
+    processed), as the broker stores them. With ``group`` empty the consumer belongs to
+    no group: it pulls and looks up bounds only (RocketMQ's ``printMsg``), the brokers
+    keep no trace of it, and a commit or a committed-offset lookup is refused. Use inside
+    one event loop, as an async context manager or between :meth:`start` and
+    :meth:`close`. ``routes`` and
     ``connections`` may be shared with other clients; the consumer closes only what it
     created itself.
     """
@@ -129,7 +132,8 @@ class PullConsumer:
         credentials: Credentials | None = None,
         tls: TlsConfig | None = None,
     ) -> None:
-        check_group(group)
+        if group:
+            check_group(group)
         self.group = group
         self.request_timeout_s = request_timeout_s
         self._own_routes = routes is None

@@ -126,8 +126,9 @@ class PushConsumer:
 
     ``subscribe`` (one message per call) or ``subscribe_batch`` (a list) before
     :meth:`start`; :meth:`close` stops pulling, lets running handlers finish (at most
-    ``close_timeout_s``), commits and leaves the group. Keyword arguments are the fields
-    of :class:`~metaq.client.consume_options.PushConsumerConfig`.
+    ``close_timeout_s``; messages pulled and not handed to a handler yet are left for
+    the group to have again), commits and leaves the group. Keyword arguments are the
+    fields of :class:`~metaq.client.consume_options.PushConsumerConfig`.
     """
 
     def __init__(
@@ -190,6 +191,7 @@ class PushConsumer:
         self._committer: _Periodic | None = None
         self._rebalance_lock = asyncio.Lock()
         self._started = False
+        self._delivering = True
         self._closed = False
 
     # --- subscriptions ----------------------------------------------------------------
@@ -281,18 +283,28 @@ class PushConsumer:
         self._rebalancer.start()
         self._committer.start()
 
+    def stop_delivery(self) -> None:
+        """Hand no further message to a handler, from now on: pulling stops, and messages
+        pulled but not handed out yet stay uncommitted (whoever runs their queues next
+        has them). Handlers running finish. For an application that has had enough
+        before :meth:`close` (``metaq consume --count``): a handler may call it for the
+        last message it wants, and no call follows that one."""
+        self._delivering = False
+        for run in self._running.values():
+            run.queue.dropped = True
+            run.task.cancel()
+
     async def close(self) -> None:
-        """Stop pulling, let handlers finish, commit, leave the group, close connections."""
+        """Stop pulling, let running handlers finish, commit, leave the group, close
+        connections."""
         if self._closed:
             return
         self._closed = True
+        self.stop_delivery()
+        running = list(self._running.values())
         for service in (self._rebalancer, self._membership):
             if service is not None:
                 await service.stop()
-        running = list(self._running.values())
-        for run in running:
-            run.queue.dropped = True
-            run.task.cancel()
         await asyncio.gather(*(r.task for r in running), return_exceptions=True)
         await self._handlers.drain(self.config.close_timeout_s)
         if self._committer is not None:
@@ -439,6 +451,8 @@ class PushConsumer:
             self._begin(key, route)
 
     def _begin(self, key: QueueKey, route: QueueRoute) -> None:
+        if not self._delivering:
+            return
         subscription = self._subscriptions[key[0]]
         # The start offset is resolved inside the loop (it takes a round trip); until
         # then the queue sits at offset 0 with nothing in flight and is not committed.

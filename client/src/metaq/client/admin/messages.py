@@ -1,11 +1,20 @@
-"""Stored messages across the cluster: by id, and by key in a topic."""
+"""Stored messages across the cluster: by id, by key in a topic, and read in queue order
+for no consumer group."""
 
 from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from typing import Final
 
 from metaq.client.admin.cluster import ClusterAdmin
 from metaq.client.admin.results import StoredMessage
 from metaq.client.errors import AdminError, BrokerAdminError
+from metaq.client.message import Message
+from metaq.client.pull_consumer import PullStatus
 from metaq.client.routes import BrokerInfo
+from metaq.common.model import QueueRoute
+
+_READ_BATCH: Final = 256
 
 
 class MessageAdmin(ClusterAdmin):
@@ -56,3 +65,47 @@ class MessageAdmin(ClusterAdmin):
             found += await self.broker_messages_by_key(brokers[name], topic, key, limit=limit)
         found.sort(key=lambda m: m.store_timestamp_ms, reverse=True)
         return found
+
+    async def read_messages(
+        self,
+        topic: str,
+        count: int,
+        *,
+        queues: Sequence[QueueRoute] | None = None,
+        offset: int | None = None,
+        since_ms: int | None = None,
+    ) -> AsyncIterator[Message]:
+        """Up to ``count`` stored messages of ``topic``, pulled for no consumer group:
+        nothing is committed, no group is joined, the brokers keep no trace of the read
+        (RocketMQ's ``printMsg`` / ``printMsgByQueue``).
+
+        Queue by queue (``queues``, else every readable queue of the topic, in route
+        order), each from ``offset``, else the first message stored at or after
+        ``since_ms``, else its oldest kept message, up to its end as of the read: what
+        arrives meanwhile may be included, nothing is waited for.
+        """
+        if count < 1:
+            raise AdminError("count must be at least 1")
+        reader = self._consumer("")
+        left = count
+        for queue in queues if queues is not None else await reader.queues(topic):
+            if offset is not None:
+                at = offset
+            else:
+                bounds = await reader.query(
+                    topic, queue, timestamp_ms=since_ms, with_committed=False
+                )
+                at = bounds.min_offset if since_ms is None else bounds.timestamp_offset or 0
+            while left:
+                pulled = await reader.pull(topic, queue, at, min(left, _READ_BATCH))
+                if pulled.status in (PullStatus.OFFSET_TOO_SMALL, PullStatus.OFFSET_MOVED):
+                    at = pulled.next_offset  # retention deleted them: on from the oldest
+                    continue
+                if pulled.status not in (PullStatus.FOUND, PullStatus.NO_MATCHED_MESSAGE):
+                    break  # at (or past) the queue's end
+                for message in pulled.messages[:left]:
+                    yield message
+                left -= min(len(pulled.messages), left)
+                at = pulled.next_offset
+            if not left:
+                return

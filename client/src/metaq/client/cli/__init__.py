@@ -28,6 +28,7 @@ COMMAND_MODULES: Final = (
     "send",
     "query",
     "consume",
+    "read",
     "progress",
     "reset_offsets",
     "dlq",

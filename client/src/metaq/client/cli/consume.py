@@ -11,6 +11,9 @@ epoch). It stops after ``--count`` messages or ``--timeout`` seconds, whichever 
 first (neither: until Ctrl-C); messages pulled beyond the count are not committed.
 Here ``--timeout`` is how long to tail, not the per-answer timeout of other commands.
 With ``--json`` each message is one JSON object per line.
+
+The group's offsets stay on the brokers (and count in its lag) after the command ends:
+to look at messages without a group, use ``metaq read``.
 """
 
 from __future__ import annotations
@@ -162,23 +165,33 @@ async def consume(
     render: Callable[[Message], str] = format_message,
     tls: TlsConfig | None = None,
 ) -> int:
-    """Print messages until ``count`` were printed or ``timeout_s`` passed; how many."""
+    """Print messages until ``count`` were printed or ``timeout_s`` passed; how many.
+
+    One handler runs at a time, and the one that prints the count-th message stops the
+    delivery: no message past the count is handed out, so none is committed. Output
+    into a pipe whose reader has gone (``| head``) stops the delivery too, leaving the
+    message that could not be printed uncommitted, and raises BrokenPipeError after the
+    consumer closed.
+    """
     printed = 0
+    broken: BrokenPipeError | None = None
     enough = asyncio.Event()
-    held = asyncio.Event()  # never set: messages past the count wait here, uncommitted
 
     async def show(message: Message) -> None:
-        nonlocal printed
-        if count is not None and printed >= count:
-            await held.wait()
+        nonlocal printed, broken
+        try:
+            print(render(message), file=out or sys.stdout, flush=True)
+        except BrokenPipeError as exc:
+            broken = exc
+            consumer.stop_delivery()  # before raising: the failure is not sent back
+            enough.set()
+            raise
         printed += 1
-        print(render(message), file=out or sys.stdout, flush=True)
         if count is not None and printed >= count:
+            consumer.stop_delivery()
             enough.set()
 
-    consumer = PushConsumer(
-        nameservers, group, tls=tls, consume_from=start, concurrency=1, close_timeout_s=0.2
-    )
+    consumer = PushConsumer(nameservers, group, tls=tls, consume_from=start, concurrency=1)
     consumer.subscribe(topic, show, tags=tags)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -194,4 +207,6 @@ async def consume(
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.remove_signal_handler(sig)
         await consumer.close()
+    if broken is not None:
+        raise broken
     return printed
