@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
@@ -107,6 +108,14 @@ def test_failures_exit_non_zero_with_one_line_on_stderr(cluster: Cluster) -> Non
         ("query", "id", "xyz"): (2, "32 hex digits"),
         ("topic", "route", "cli-no-such-topic"): (1, "unknown topic"),
         ("topic", "create", "x", "--brokers", "broker-z"): (1, "no live master"),
+        ("cluster", "switchover", "--group", "broker-a", "--to", "7"): (
+            1,
+            "broker group 'broker-a' has no broker with id 7; its brokers: 0 (master)",
+        ),
+        ("progress", "-g", "nobody", "-t", "cli-twice"): (
+            1,
+            "consumer group 'nobody' has committed no offset on topic 'cli-twice'",
+        ),
     }
     running = {
         args: subprocess.Popen(
@@ -140,6 +149,57 @@ def test_an_unreachable_nameserver_is_a_clear_error() -> None:
     assert "127.0.0.1:1" in done.stderr
 
 
+def test_common_options_go_before_the_command_as_well_as_after(cluster: Cluster) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "METAQ_NAMESERVERS"}
+    address = cluster.nameserver_addresses[0]
+    for args in (
+        ["-n", address, "--json", "cluster", "list"],
+        ["cluster", "-n", address, "list", "--json"],
+        ["cluster", "list", "--json", "-n", address],
+    ):
+        done = subprocess.run(
+            [*_metaq_command(), *args], capture_output=True, text=True, env=env, timeout=30
+        )
+        assert done.returncode == 0, (args, done.stderr)
+        listed = json.loads(done.stdout)
+        assert {b["broker_name"] for b in listed["brokers"]} == {"broker-a", "broker-b"}, args
+
+
+def test_output_into_a_pipe_nobody_reads_ends_quietly(cluster: Cluster) -> None:
+    """``metaq ... | head``: once the reader is gone, the command stops without a
+    traceback and exits as SIGPIPE would have it (141), whatever command it was."""
+    assert metaq(cluster, "topic", "create", "cli-piped", "-q", "4").returncode == 0
+    assert metaq(cluster, "send", "cli-piped", "--count", "8", "piped").returncode == 0
+    for args in (
+        ["cluster", "list", "--json"],
+        ["topic", "list", "--json"],
+        ["topic", "stats", "cli-piped"],
+        ["read", "cli-piped"],
+        ["consume", "cli-piped", "-g", "cli-pipe-readers", "--count", "8", "--timeout", "20"],
+        ["--help"],
+    ):
+        read_end, write_end = os.pipe()
+        os.close(read_end)  # the reader has gone before the first byte is written
+        try:
+            done = subprocess.run(
+                [*_metaq_command(), *args],
+                stdout=write_end,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=_env(cluster),
+                timeout=30,
+                check=False,
+            )
+        finally:
+            os.close(write_end)
+        assert done.stderr == "", (args, done.stderr)
+        assert done.returncode in (0, 141), (args, done.returncode)
+    # The consumer printed nothing: it committed nothing past where it started.
+    progress = metaq(cluster, "progress", "-g", "cli-pipe-readers", "-t", "cli-piped", "--json")
+    assert progress.returncode == 0, progress.stderr
+    assert json.loads(progress.stdout)["total_lag"] == 8
+
+
 def test_read_prints_stored_messages_and_leaves_no_group_behind(cluster: Cluster) -> None:
     assert (
         metaq(cluster, "topic", "create", "cli-read", "-q", "2", "--brokers", "broker-a").returncode
@@ -171,6 +231,10 @@ def test_read_prints_stored_messages_and_leaves_no_group_behind(cluster: Cluster
     bad = metaq(cluster, "read", "cli-read", "--queue", "9")
     assert bad.returncode == 2 and "no readable queue 9" in bad.stderr, bad.stderr
 
+    # Nothing was committed: no group has offsets on the topic.
+    offsets = metaq(cluster, "progress", "-g", "anyone", "-t", "cli-read")
+    assert offsets.returncode == 1 and "(groups with offsets on it: none)" in offsets.stderr
+
 
 def test_consume_stops_at_its_count_cleanly_and_commits_what_it_printed(cluster: Cluster) -> None:
     assert metaq(cluster, "topic", "create", "cli-tail", "-q", "4").returncode == 0
@@ -185,3 +249,20 @@ def test_consume_stops_at_its_count_cleanly_and_commits_what_it_printed(cluster:
     assert done.stderr == "", done.stderr  # no "handler calls outlived the close timeout"
     progress = metaq(cluster, "progress", "-g", "cli-tailers", "-t", "cli-tail", "--json")
     assert json.loads(progress.stdout)["total_lag"] == 35
+
+
+def test_every_program_says_its_version() -> None:
+    for program, distribution in (
+        ("metaq", "metaq-client"),
+        ("metaq-broker", "metaq-broker"),
+        ("metaq-nameserver", "metaq-nameserver"),
+    ):
+        done = subprocess.run(
+            [str(Path(sys.executable).with_name(program)), "--version"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == f"{program} {version(distribution)}"

@@ -26,6 +26,7 @@ from metaq.common.framing import MAX_FRAME_BYTES
 from metaq.common.model import ReplicationMode
 from metaq.common.record import HEADER_SIZE
 from metaq.common.tls import TlsConfig, TlsError, server_tls
+from metaq.common.version import installed_version
 
 _NAME: Final = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _ADDRESS: Final = re.compile(r"(?P<host>[^\s:]+|\[[0-9A-Fa-f:.]+\]):(?P<port>\d{1,5})")
@@ -366,6 +367,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="metaq-broker",
         description="The metaq broker: store, data plane and HTTP health/metrics.",
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"%(prog)s {installed_version('metaq-broker')}"
     )
     parser.add_argument("--config", type=Path, help="TOML file; flags override its keys")
     add = parser.add_argument

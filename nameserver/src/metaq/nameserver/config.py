@@ -19,6 +19,7 @@ from typing import Any, Final
 
 from metaq.common.config import ConfigError, Schema, flag_settings, read_settings
 from metaq.common.tls import TlsConfig, TlsError, server_tls
+from metaq.common.version import installed_version
 
 DEFAULT_GRPC_PORT: Final = 9876
 LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -140,6 +141,9 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="metaq-nameserver",
         description="Run a metaq nameserver: broker registry, routes and queue assignment.",
+    )
+    p.add_argument(
+        "--version", action="version", version=f"%(prog)s {installed_version('metaq-nameserver')}"
     )
     p.add_argument("--config", type=Path, help="TOML file with the settings below")
     for f in dataclasses.fields(NameServerConfig):

@@ -127,6 +127,12 @@ class ClusterAdmin(BrokerCalls):
         found = next((g for c in view.clusters for g in c.groups if g.broker_name == group), None)
         if found is None:
             raise AdminError(f"no broker group {group!r} is registered")
+        members = {b.broker_id: b for b in found.brokers}
+        if to not in members:
+            listed = ", ".join(f"{i} ({members[i].role})" for i in sorted(members)) or "none"
+            raise AdminError(
+                f"broker group {group!r} has no broker with id {to}; its brokers: {listed}"
+            )
         if found.in_sync_ids is None:
             raise AdminError(f"group {group!r} is not managed by the failover controller")
         master = found.master

@@ -29,6 +29,14 @@ class GroupAdmin(ClusterAdmin):
         answers = await asyncio.gather(*(consumer.query(topic, q) for q in queues))
         return [QueueProgress(q, a) for q, a in zip(queues, answers, strict=True)]
 
+    async def topic_groups(self, topic: str) -> list[str]:
+        """The consumer groups with an offset committed on ``topic``, as the masters
+        serving it hold them, sorted."""
+        route = await self.route(topic)
+        masters = await self.masters([g.broker_name for g in route.groups])
+        answers = await asyncio.gather(*(self.consumer_offsets(b) for b in masters))
+        return sorted({c.group for answer in answers for c in answer if c.topic == topic})
+
     async def reset_offsets(self, group: str, topic: str, timestamp_ms: int) -> list[QueueReset]:
         """Commit for ``group``, on every readable queue of ``topic``, the first offset
         stored at or after ``timestamp_ms`` (the queue's end when every message is older).

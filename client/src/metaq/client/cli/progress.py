@@ -5,7 +5,8 @@
 Per readable queue: the broker group, the queue id, the group's committed offset (the
 next it will consume; ``-`` when it never committed there), the queue's max offset and
 the lag between them; then the total. A queue the group never committed in counts all
-the messages it holds.
+the messages it holds. A group that committed on no queue of the topic is refused (a
+misspelt name, or a group that never consumed it), naming the groups that did.
 """
 
 from __future__ import annotations
@@ -13,7 +14,15 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from metaq.client.cli.support import add_command, admin, group_name, print_json, table, topic_name
+from metaq.client.cli.support import (
+    CliError,
+    add_command,
+    admin,
+    group_name,
+    print_json,
+    table,
+    topic_name,
+)
 
 
 def register(subparsers: Any) -> None:
@@ -31,6 +40,12 @@ def register(subparsers: Any) -> None:
 async def run(args: argparse.Namespace) -> int:
     async with admin(args) as client:
         rows = await client.progress(args.group, args.topic)
+        if all(r.offsets.committed is None for r in rows):
+            known = ", ".join(await client.topic_groups(args.topic)) or "none"
+            raise CliError(
+                f"consumer group {args.group!r} has committed no offset on topic "
+                f"{args.topic!r}: check the name (groups with offsets on it: {known})"
+            )
     total = sum(row.lag for row in rows)
     if args.json:
         print_json(

@@ -35,9 +35,21 @@ class CliError(Exception):
         self.code = code
 
 
-def common_options() -> argparse.ArgumentParser:
-    """Options every leaf command takes (after its name): nameservers, timeout, JSON."""
-    parent = argparse.ArgumentParser(add_help=False)
+def common_options(*, defaults: bool = False) -> argparse.ArgumentParser:
+    """Options every command takes, before its name (``metaq -n HOST:PORT topic list``)
+    or after it: nameservers, timeout, JSON, credentials, TLS.
+
+    Only the top-level parser has the ``defaults``: argparse copies every value a
+    subcommand's parser holds over the ones parsed before the subcommand, so a default
+    there would undo an option given before it. Given on both sides, the later wins.
+    """
+    parent = argparse.ArgumentParser(
+        add_help=False, argument_default=None if defaults else argparse.SUPPRESS
+    )
+
+    def default(value: object) -> object:
+        return value if defaults else argparse.SUPPRESS
+
     group = parent.add_argument_group("connection and output")
     group.add_argument(
         "-n",
@@ -51,21 +63,28 @@ def common_options() -> argparse.ArgumentParser:
     group.add_argument(
         "--timeout",
         type=float,
-        default=5.0,
+        default=default(5.0),
         metavar="S",
         help="seconds to wait for any one answer (default: 5)",
     )
-    group.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    group.add_argument(
+        "--json", action="store_true", default=default(False), help="print JSON instead of a table"
+    )
     group.add_argument(
         "--credentials-file",
-        default="",
+        default=default(""),
         metavar="FILE",
         help="the user to prove on a cluster with auth (what `metaq acl add-user --out` "
         "writes; default: $METAQ_CREDENTIALS_FILE, else $METAQ_ACCESS_KEY and "
         "$METAQ_SECRET_KEY)",
     )
     tls = parent.add_argument_group("TLS (on when any of these is given)")
-    tls.add_argument("--tls", action="store_true", help="speak TLS, trusting the system's CAs")
+    tls.add_argument(
+        "--tls",
+        action="store_true",
+        default=default(False),
+        help="speak TLS, trusting the system's CAs",
+    )
     tls.add_argument(
         "--tls-ca", metavar="FILE", help="the CA (PEM) the servers' certificates chain to"
     )
@@ -166,7 +185,7 @@ def _wrap(text: str) -> str:
 def add_group(subparsers: Any, name: str, *, help: str, description: str | None = None) -> Any:
     """A command group (``metaq topic ...``); returns the subparsers to add leaves to."""
     parser: argparse.ArgumentParser = subparsers.add_parser(
-        name, help=help, description=description or help
+        name, help=help, description=description or help, parents=[common_options()]
     )
     parser.set_defaults(handler=None, group_parser=parser)
     return parser.add_subparsers(title="commands", metavar="COMMAND")
