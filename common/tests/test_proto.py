@@ -183,7 +183,7 @@ def test_every_header_enum_starts_unspecified_so_a_missing_status_is_not_ok() ->
     assert data_pb2.PullResponse.FOUND != 0
 
 
-def test_pull_statuses_are_the_store_get_statuses() -> None:
+def test_pull_statuses_are_the_store_get_statuses_and_the_reset() -> None:
     names = [n for n, _ in data_pb2.PullResponse.Status.items()]
     assert names == [
         "STATUS_UNSPECIFIED",
@@ -194,6 +194,7 @@ def test_pull_statuses_are_the_store_get_statuses() -> None:
         "OFFSET_OVERFLOW_ONE",
         "OFFSET_OVERFLOW_BADLY",
         "OFFSET_MOVED",
+        "OFFSET_RESET",  # the pull handler's own: the group's offsets were reset
     ]
 
 

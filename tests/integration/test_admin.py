@@ -79,8 +79,10 @@ def test_messages_are_found_by_id_and_key_and_offsets_reset(cluster: Cluster) ->
             assert (stats.min_offset, stats.max_offset, stats.messages) == (0, 3, 3)
             [progress] = await admin.progress("adm-readers", "adm-lookups")
             assert (progress.offsets.committed, progress.lag) == (None, 3)
-            [reset] = await admin.reset_offsets("adm-readers", "adm-lookups", before_ms)
-            assert (reset.before, reset.after) == (None, 0)
+            reset = await admin.reset_offsets("adm-readers", "adm-lookups", before_ms)
+            [queue] = reset.queues
+            assert (queue.before, queue.after) == (None, 0)
+            assert (reset.live_members, reset.unreplicated) == ([], [])
             [progress] = await admin.progress("adm-readers", "adm-lookups")
             assert (progress.offsets.committed, progress.lag) == (0, 3)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from pathlib import Path
 
 import pytest
@@ -626,3 +626,138 @@ def test_the_cli_tails_a_topic_shows_the_group_progress_and_resets_it(
     table = capsys.readouterr().out
     assert "total lag: 10" in table
     assert table.splitlines()[0].split() == ["BROKER", "QUEUE", "COMMITTED", "MAX", "OFFSET", "LAG"]
+
+
+def test_a_reset_reaches_a_live_member_which_reads_again_and_never_commits_its_old_place(
+    cluster: Cluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``metaq reset-offsets`` on a group with a running member: the member reads the
+    queue again from the reset offset, and its old position (or anything it had in
+    flight) is never committed back over the reset while messages keep flowing."""
+    topic, group = "ResetLive", "group-reset-live"
+    ns = ["--nameserver", cluster.nameserver_addresses[0]]
+    hold_from = 3
+
+    async def scenario() -> None:
+        await cluster.create_topic(topic, groups=["broker-c"], queues=1)
+        sender = cc.Sender(cluster)
+        handled: dict[int, int] = {}
+        release = asyncio.Event()
+
+        async def handle(message: Message) -> None:
+            seen = handled.get(message.queue_offset, 0)
+            handled[message.queue_offset] = seen + 1
+            if seen and message.queue_offset >= hold_from:
+                await release.wait()  # the second reading stops here until released
+
+        consumer = PushConsumer(cluster.nameserver_addresses, group, **FAST)
+        consumer.subscribe(topic, handle)
+        admin = Admin(cluster.nameserver_addresses)
+
+        async def committed() -> int | None:
+            [row] = await admin.progress(group, topic)
+            return row.offsets.committed
+
+        try:
+            await sender.send(topic, [("broker-c", 0)], 10)
+            await consumer.start()
+            await wait_until_async(
+                lambda: _equals(committed(), 10), 20, "the member consumed and committed all 10"
+            )
+
+            code = await asyncio.to_thread(
+                cli.main,
+                ["reset-offsets", "-g", group, "-t", topic, "--to-time", "0", *ns],
+            )
+            assert code == 0
+            told = capsys.readouterr().out
+            assert "1 live member(s) told" in told and consumer.client_id in told, told
+            # Messages keep flowing: the member's old position moves on and would be
+            # committed again (RocketMQ's problem before resetOffsetByTime reached clients).
+            await sender.send(topic, [("broker-c", 0)], 5)
+
+            await cc.wait_for(
+                lambda: handled.get(hold_from, 0) == 2, 20, "the member reads offset 3 again"
+            )
+            assert all(handled[o] == 2 for o in range(hold_from)), handled
+            assert consumer.stats.offset_resets == 1
+            # Held at offset 3 on its second reading: the group's offset stays there for
+            # ten commit intervals, neither back at 10 nor at the 15 the old place led to.
+            for _ in range(10):
+                assert await committed() == hold_from
+                await asyncio.sleep(FAST["commit_interval_s"])
+
+            release.set()
+            await wait_until_async(
+                lambda: _equals(committed(), 15), 20, "the member goes on to the end"
+            )
+            assert sorted(handled) == list(range(15))
+            assert all(handled[o] == 2 for o in range(10)), handled
+        finally:
+            release.set()
+            await consumer.close()
+            await admin.close()
+            await sender.close()
+
+    run_async(scenario(), timeout_s=90)
+
+
+async def _equals(value: Awaitable[int | None], expected: int) -> bool:
+    return await value == expected
+
+
+def test_commits_and_pulls_from_before_a_reset_are_refused_and_told_the_new_offset(
+    cluster: Cluster,
+) -> None:
+    """The broker's side of a reset: a commit or a pull carrying an older reset
+    generation stores nothing; the pull is answered OFFSET_RESET with the new offset
+    and generation, at once even when it was parked at the queue's end."""
+    topic, group = "ResetRules", "group-reset-rules"
+
+    async def scenario() -> None:
+        await cluster.create_topic(topic, groups=["broker-c"], queues=1)
+        sender = cc.Sender(cluster)
+        await sender.send(topic, [("broker-c", 0)], 5)
+        await sender.close()
+        async with (
+            PullConsumer(cluster.nameserver_addresses, group) as consumer,
+            Admin(cluster.nameserver_addresses) as admin,
+        ):
+            [queue] = await consumer.queues(topic)
+            before = (await consumer.query(topic, queue)).reset_generation
+            mine = {(topic, 0): before}
+            await consumer.commit_many(queue.address, [(topic, 0, 5)], reset_generations=mine)
+            assert await consumer.committed(topic, queue) == 5
+
+            reset = await admin.reset_offsets(group, topic, 0)
+            assert [(q.before, q.after) for q in reset.queues] == [(5, 0)]
+            now = (await consumer.query(topic, queue)).reset_generation
+            assert now > before
+
+            # From the old position: neither stored...
+            await consumer.commit_many(queue.address, [(topic, 0, 5)], reset_generations=mine)
+            assert await consumer.committed(topic, queue) == 0
+            # ...nor served: told where the group is now.
+            told = await consumer.pull(topic, queue, 5, commit_offset=5, reset_generation=before)
+            assert (told.status, told.next_offset, told.reset_generation) == (
+                PullStatus.OFFSET_RESET, 0, now,
+            )  # fmt: skip
+            assert await consumer.committed(topic, queue) == 0
+            # From the new one, as usual; and a commit without a generation (a tool's)
+            # is never refused.
+            found = await consumer.pull(topic, queue, 0, commit_offset=2, reset_generation=now)
+            assert found.status is PullStatus.FOUND and len(found.messages) == 5
+            assert await consumer.committed(topic, queue) == 2
+            await consumer.commit(topic, queue, 4)
+            assert await consumer.committed(topic, queue) == 4
+
+            # A member waiting at the queue's end hears of the next reset at once.
+            parked = asyncio.ensure_future(
+                consumer.pull(topic, queue, 5, timeout_s=30, reset_generation=now)
+            )
+            await asyncio.sleep(0.5)  # parked by now; were it not, it would be told anyway
+            await admin.reset_offsets(group, topic, 0)
+            answer = await asyncio.wait_for(parked, 10)  # not its 30 s long poll
+            assert answer.status is PullStatus.OFFSET_RESET and answer.next_offset == 0
+
+    run_async(scenario(), timeout_s=60)

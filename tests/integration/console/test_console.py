@@ -262,6 +262,9 @@ def test_a_reset_by_time_previews_then_changes_the_committed_offsets(
     page.get_by_role("region", name="Offsets committed").wait_for()
     for group in GROUPS:
         assert set(committed(cluster, group, GROUP).values()) == {0}, group
+    # It says what became of the group's running members: here there are none.
+    told = page.get_by_role("status").inner_text()
+    assert "no member is consuming the topic: the group starts from these offsets" in told
     assert browser.problems == []
 
 

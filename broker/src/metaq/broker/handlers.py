@@ -110,7 +110,9 @@ class Handlers:
         """Store a group's offsets, all or none: every entry is checked first.
 
         A master journals them; a slave holds them on its disk and forwards them to its
-        master (see metaq.broker.held_offsets), answering once they are on its disk."""
+        master (see metaq.broker.held_offsets), answering once they are on its disk.
+        An entry from a position the group's offsets were reset past (its
+        ``reset_generation``) is left out: it would undo the reset."""
         request = CommitOffsetRequest.FromString(frame.header)
         check_group(request.consumer_group)
         if request.forwarded:
@@ -119,10 +121,13 @@ class Handlers:
         for entry in request.offsets:
             self._check_commit(entry)
         held = self.role.holds_commits
+        group, offsets = request.consumer_group, self._offsets
         for entry in request.offsets:
-            self._offsets.commit(
-                request.consumer_group, entry.topic, entry.queue_id, entry.offset, held=held
-            )
+            if entry.HasField("reset_generation") and offsets.stale(
+                group, entry.topic, entry.reset_generation
+            ):
+                continue
+            offsets.commit(group, entry.topic, entry.queue_id, entry.offset, held=held)
         if held:
             self.forwarder.wakeup()
             spawn(
@@ -265,9 +270,11 @@ class Handlers:
             max_offset=store.max_offset(request.topic, request.queue_id),
         )
         if request.consumer_group:
-            committed = self._offsets.get(request.consumer_group, request.topic, request.queue_id)
+            group, offsets = request.consumer_group, self._offsets
+            committed = offsets.get(group, request.topic, request.queue_id)
             if committed is not None:
                 response.committed_offset = committed
+            response.reset_generation = offsets.reset_generation(group, request.topic)
         if request.HasField("timestamp_ms"):
             response.timestamp_offset = store.offset_for_timestamp(
                 request.topic, request.queue_id, request.timestamp_ms

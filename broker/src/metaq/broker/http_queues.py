@@ -14,6 +14,9 @@ web console reads and drives (docs/operations.md, "Console").
   commit, on every read queue of T here, the first offset stored at or after the time;
   a dry run answers the same rows and commits nothing. ``replicated`` is false when,
   under sync replication, no slave confirmed the commits within the replication timeout.
+  The reset reaches the group's live members (``metaq.broker.offsets``): each drops what
+  it has in flight at its next pull and goes on from the new offsets, and commits from
+  before the reset are refused. ``live_members`` names those consuming T here now.
 - ``POST /topics/{name}/messages`` ``{"body": text, "tags": t, "keys": [...],
   "properties": {...}}`` — store one message (a test message from the console).
 - ``POST /groups/{group}/dlq/resend`` ``{"msg_ids": [...]}`` — store the group's dead
@@ -237,10 +240,10 @@ class _Views:
             for q, after in new.items()
         ]
         replicated = False
+        generation = offsets.reset_generation(group, topic)
         if not dry_run:
             try:
-                for queue_id, after in new.items():
-                    offsets.commit(group, topic, queue_id, after)
+                generation = offsets.reset(group, topic, new)
             except MetaqError as exc:  # a new group past max_consumer_groups, say
                 return _error(400, str(exc))
             role = self._c.role
@@ -250,6 +253,11 @@ class _Views:
             replicated = (
                 journaled is None or not role.sync or await role.wait_replicated(journaled.end)
             )
+        live = [
+            m.client_id
+            for m in self._c.groups.members(group)
+            if any(subscribed == topic for subscribed, _ in m.subscriptions)
+        ]
         return web.json_response(
             {
                 "group": group,
@@ -257,6 +265,8 @@ class _Views:
                 "dry_run": dry_run,
                 "queues": rows,
                 "replicated": replicated,
+                "reset_generation": generation,
+                "live_members": live,
             }
         )
 

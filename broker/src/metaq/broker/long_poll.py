@@ -42,6 +42,9 @@ class PendingPull:
     tag_codes: Collection[int] | None
     deadline: float
     """Loop time after which it is answered whatever the queue holds."""
+    group: str = ""
+    reset_generation: int | None = None
+    """The reset generation the consumer's position comes from (None: not checked)."""
     key: QueueKey = field(init=False)
     timer: asyncio.TimerHandle | None = None
 

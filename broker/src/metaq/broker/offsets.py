@@ -11,13 +11,24 @@ re-read those messages, which at-least-once delivery allows.
 
 On a slave, consumers' commits are held (:mod:`metaq.broker.held_offsets`) until the
 master takes them; the master's journal does not overwrite a held commit meanwhile.
+
+An operator's reset (:meth:`ConsumerOffsets.reset`) would be undone by the group's live
+members, who go on committing the positions they had (RocketMQ pushes its
+resetOffsetByTime to the clients for that reason). So each reset moves the (group,
+topic)'s **reset generation** on: consumers carry the generation their position comes
+from on every pull and commit, a commit from an older one is not stored, and a pull
+from one is answered OFFSET_RESET with the new offset, from which the member goes on
+(``metaq.broker.pull``). A generation is the reset's wall-clock time in ms (at least one
+past the last): generations live in memory only, and a broker that restarted or was
+elected since knows none, yet still counts its next reset newer than any position a
+consumer holds.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Final
 
@@ -42,6 +53,10 @@ class ConsumerOffsets:
         slave's forwarded commits may)."""
         self._offsets: dict[OffsetKey, int] = {}
         self._groups: set[str] = set()
+        self._generations: dict[tuple[str, str], int] = {}
+        self.on_reset: Callable[[str, Iterable[int]], None] = lambda _topic, _queues: None
+        """Called after a reset with its topic and queue ids (the pull handler wakes the
+        long polls parked there, so their members learn of it at once)."""
         self._unjournaled: dict[OffsetKey, int] = {}
         self._journal_offset = 0
         self.saved_journal_offset = 0
@@ -131,6 +146,28 @@ class ConsumerOffsets:
             self._unjournaled[key] = offset
         self._offsets[key] = offset
         self._changes += 1
+
+    def reset(self, group: str, topic: str, offsets: dict[int, int]) -> int:
+        """Commit ``offsets`` (queue id -> next offset to consume) for ``group`` as an
+        operator's reset of its position on ``topic``: the reset generation moves on, so
+        members' commits from before it are refused and their pulls told. Returns the
+        new generation. InvalidMessage as :meth:`commit` (a new group past
+        ``max_groups``), before anything is stored."""
+        for queue_id, offset in offsets.items():
+            self.commit(group, topic, queue_id, offset)
+        key = (group, topic)
+        generation = max(self._generations.get(key, 0) + 1, time.time_ns() // 1_000_000)
+        self._generations[key] = generation
+        self.on_reset(topic, offsets)
+        return generation
+
+    def reset_generation(self, group: str, topic: str) -> int:
+        """The generation of ``group``'s last reset on ``topic`` here (0: none known)."""
+        return self._generations.get((group, topic), 0)
+
+    def stale(self, group: str, topic: str, generation: int) -> bool:
+        """Whether a position of that reset generation predates the group's last reset."""
+        return generation < self._generations.get((group, topic), 0)
 
     def forwarded(self, sent: list[tuple[OffsetKey, int]], answer: dict[OffsetKey, int]) -> None:
         """The master answered held commits ``sent``: its offsets (``answer``) replace

@@ -12,6 +12,11 @@ on a backlog) is read in from disk on a reader thread before it is answered
 (:mod:`metaq.broker.cold_reads`), so its page faults never stop the loop that serves
 sends and the other pulls.
 
+A pull whose ``reset_generation`` predates the group's last reset of the topic's offsets
+(:meth:`ConsumerOffsets.reset`) stores no piggybacked commit and is answered
+OFFSET_RESET with the group's new offset; a reset wakes the pulls parked on the topic's
+queues, so a member waiting at a queue's end hears of it at once too.
+
 A master serves records only up to what every slave that could be elected holds
 (:meth:`GroupRole.readable_end`): a record past that may be cut by a failover and its
 queue offset reused by another message, which a consumer that had read the first would
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterable
 from typing import Final
 
 from metaq.broker import zero_copy
@@ -77,6 +83,7 @@ class PullHandler:
         """Queues with pulls parked because their records were not confirmed yet."""
         if role is not None:
             role.on_confirmed = self._confirmed
+        offsets.on_reset = self._offsets_reset
         self.draining = False
         """Set at shutdown: pulls are answered at once, never parked."""
         self._refused_groups: set[str] = set()
@@ -100,9 +107,19 @@ class PullHandler:
             self._groups.pulled(
                 request.consumer_group, request.topic, request.queue_id, responder.connection_id
             )
+        generation = (
+            request.reset_generation
+            if request.HasField("reset_generation") and request.consumer_group
+            else None
+        )
         if (
             request.HasField("commit_offset")
             and request.consumer_group
+            # From a position the group's offsets were reset past: it would undo the reset.
+            and (
+                generation is None
+                or not self._offsets.stale(request.consumer_group, request.topic, generation)
+            )
             # Past the queue's end it cannot be what the consumer read here (a slave still
             # copying, say): not stored, and the pull is served all the same.
             and request.commit_offset <= self._store.max_offset(request.topic, request.queue_id)
@@ -138,10 +155,17 @@ class PullHandler:
             min(request.max_bytes or DEFAULT_MAX_BYTES, self._config.max_pull_bytes),
             frozenset(request.tag_codes) if request.tag_codes else None,
             self._loop.time() + timeout_ms / 1e3,
+            request.consumer_group,
+            generation,
         )
         self._serve(pull, timeout_ms == 0)
 
     def _serve(self, pull: PendingPull, final: bool) -> None:
+        if pull.reset_generation is not None and self._offsets.stale(
+            pull.group, pull.topic, pull.reset_generation
+        ):
+            self._answer_reset(pull)
+            return
         limit = self._limit()
         result = self._read(pull, limit)
         if final or self.draining or result.status not in _WAITING:
@@ -178,6 +202,27 @@ class PullHandler:
         if limit is None or limit >= self._store.commitlog.write_offset:
             return None
         return limit
+
+    def _offsets_reset(self, topic: str, queue_ids: Iterable[int]) -> None:
+        """A group's offsets on ``topic`` were reset: the pulls parked on its queues
+        look again, and those of the group's members are told."""
+        self.long_polls.wake({(topic.encode(), q) for q in queue_ids})
+
+    def _answer_reset(self, pull: PendingPull) -> None:
+        """OFFSET_RESET: go on from the group's committed offset, under its generation."""
+        offsets, store = self._offsets, self._store
+        committed = offsets.get(pull.group, pull.topic, pull.queue_id)
+        header = PullResponse(
+            status=PullResponse.OFFSET_RESET,
+            next_offset=pull.offset if committed is None else committed,
+            min_offset=store.min_offset(pull.topic, pull.queue_id),
+            max_offset=store.max_offset(pull.topic, pull.queue_id),
+            reset_generation=offsets.reset_generation(pull.group, pull.topic),
+        ).SerializeToString()
+        self._metrics.pulled(pull.topic, "offset_reset", 0, 0)
+        pull.responder.respond(
+            encode_frame(FrameType.PULL, pull.request_id, header, flags=FLAG_RESPONSE)
+        )
 
     def _confirmed(self) -> None:
         """The slaves' copies moved on: read the held-back pulls again."""

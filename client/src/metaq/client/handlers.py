@@ -73,6 +73,8 @@ class ConsumeStats:
     """Clustering: messages whose handler failed, sent back for a retry (or to the DLQ)."""
     offset_corrections: int = 0
     """Pulls answered with a wrong-offset status the consumer corrected itself from."""
+    offset_resets: int = 0
+    """Queues started afresh because an operator reset the group's offsets."""
     rebalances: int = 0
     """Rebalances that changed this consumer's queues."""
 

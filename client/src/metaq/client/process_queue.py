@@ -32,6 +32,10 @@ class ProcessQueue(Generic[R]):
         self.max_bytes = max_bytes
         self.committed: int | None = None
         """The offset last stored for the queue (broker or local file); None: not yet."""
+        self.reset_generation: int | None = None
+        """The generation of the group's offsets the position comes from (clustering),
+        carried on pulls and commits: after an operator's reset the broker refuses the
+        commits and answers the pulls OFFSET_RESET."""
         self.started = False
         """Set once the start offset is known: from then on the queue's offset is real."""
         self.dropped = False

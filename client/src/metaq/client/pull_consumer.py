@@ -12,7 +12,7 @@ errors (``docs/protocol.md``). Failures raise the connection's errors unchanged:
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 
@@ -56,6 +56,10 @@ class PullStatus(enum.Enum):
     """Past the queue's end: the offset is wrong; reset to ``next_offset`` (the end)."""
     OFFSET_MOVED = PullResponse.OFFSET_MOVED
     """The entry's bytes were deleted: restart at ``next_offset``."""
+    OFFSET_RESET = PullResponse.OFFSET_RESET
+    """An operator reset the group's offsets on the topic since the pull's
+    ``reset_generation``: drop what is in flight, go on from ``next_offset`` under the
+    result's ``reset_generation``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +79,8 @@ class PullResult:
     max_offset: int
     filtered: int = field(default=0)
     """Messages the broker returned that the client's tag check dropped."""
+    reset_generation: int = field(default=0)
+    """With OFFSET_RESET: the generation of the group's offsets now."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +94,7 @@ class RawPullResult:
     next_offset: int
     min_offset: int
     max_offset: int
+    reset_generation: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +106,10 @@ class QueueOffsets:
     committed: int | None
     """The group's next offset to consume; None when the group never committed here."""
     timestamp_offset: int | None = None
+    reset_generation: int = 0
+    """The generation of the group's offsets on the topic (moved on by each operator
+    reset): a consumer starting from ``committed`` carries it on its pulls and commits,
+    so a reset after that reaches it (OFFSET_RESET) instead of being undone."""
 
     @property
     def lag(self) -> int | None:
@@ -185,6 +196,7 @@ class PullConsumer:
         tags: TagFilter | str | Sequence[str] | None = None,
         max_bytes: int = 0,
         commit_offset: int | None = None,
+        reset_generation: int | None = None,
     ) -> PullResult:
         """Read up to ``max_messages`` messages of ``queue`` from ``offset`` on.
 
@@ -192,11 +204,15 @@ class PullConsumer:
         request until a message arrives or the time is up (capped by the broker's
         ``long_poll_max_ms``), and the answer comes within milliseconds of the send.
         ``commit_offset`` stores the group's offset for the queue in the same round trip.
+        ``reset_generation`` (:attr:`QueueOffsets.reset_generation`) says where the
+        position comes from: after a reset of the group's offsets since, the commit is
+        not stored and the answer is OFFSET_RESET.
         """
         tag_filter = tags if isinstance(tags, TagFilter) else TagFilter.parse(tags)
         raw = await self.pull_records(
             topic, queue, offset, max_messages, timeout_s,
             tags=tag_filter, max_bytes=max_bytes, commit_offset=commit_offset,
+            reset_generation=reset_generation,
         )  # fmt: skip
         status = raw.status
         messages: list[Message] = []
@@ -210,7 +226,13 @@ class PullConsumer:
             if not messages and status is PullStatus.FOUND:
                 status = PullStatus.NO_MATCHED_MESSAGE
         return PullResult(
-            status, messages, raw.next_offset, raw.min_offset, raw.max_offset, filtered
+            status,
+            messages,
+            raw.next_offset,
+            raw.min_offset,
+            raw.max_offset,
+            filtered,
+            raw.reset_generation,
         )
 
     async def pull_records(
@@ -224,6 +246,7 @@ class PullConsumer:
         tags: TagFilter | str | Sequence[str] | None = None,
         max_bytes: int = 0,
         commit_offset: int | None = None,
+        reset_generation: int | None = None,
     ) -> RawPullResult:
         """:meth:`pull`, with the records left as the broker sent them: for readers that
         decode a whole payload at once (the Spark source builds Arrow columns from it).
@@ -242,6 +265,8 @@ class PullConsumer:
         )
         if commit_offset is not None:
             request.commit_offset = commit_offset
+        if reset_generation is not None:
+            request.reset_generation = reset_generation
         connection = await self.connections.get(await self._address(topic, queue))
         frame = await connection.request(
             FrameType.PULL,
@@ -256,18 +281,32 @@ class PullConsumer:
             header.next_offset,
             header.min_offset,
             header.max_offset,
+            header.reset_generation,
         )
 
     async def commit(self, topic: str, queue: QueueRoute, offset: int) -> None:
         """Store ``offset`` (the next to consume) as the group's position in the queue."""
         await self.commit_many(await self._address(topic, queue), [(topic, queue.queue_id, offset)])
 
-    async def commit_many(self, address: str, offsets: Iterable[tuple[str, int, int]]) -> None:
+    async def commit_many(
+        self,
+        address: str,
+        offsets: Iterable[tuple[str, int, int]],
+        *,
+        reset_generations: Mapping[tuple[str, int], int] | None = None,
+    ) -> None:
         """Store several (topic, queue id, offset) of queues held by the broker at
-        ``address`` in one request; all or none are stored."""
+        ``address`` in one request; all or none are checked and taken. A queue with a
+        ``reset_generations`` entry ((topic, queue id) -> :attr:`QueueOffsets.
+        reset_generation`) is left as it is when the group's offsets on its topic were
+        reset since: the commit would undo the reset."""
+        generations = reset_generations or {}
         request = CommitOffsetRequest(
             consumer_group=self.group,
-            offsets=[QueueOffset(topic=t, queue_id=q, offset=o) for t, q, o in offsets],
+            offsets=[
+                QueueOffset(topic=t, queue_id=q, offset=o, reset_generation=generations.get((t, q)))
+                for t, q, o in offsets
+            ],
         )
         connection = await self.connections.get(address)
         await connection.request(
@@ -330,6 +369,7 @@ class PullConsumer:
             timestamp_offset=(
                 answer.timestamp_offset if answer.HasField("timestamp_offset") else None
             ),
+            reset_generation=answer.reset_generation,
         )
 
     async def committed(self, topic: str, queue: QueueRoute) -> int | None:

@@ -34,7 +34,13 @@ Broadcasting: every member consumes every readable queue; offsets live in a loca
 
 Wrong offsets correct themselves: OFFSET_TOO_SMALL and OFFSET_MOVED jump to the
 broker's ``next_offset``, OFFSET_OVERFLOW_BADLY resets to the queue's end; each is
-logged and counted in ``stats.offset_corrections``. Errors back off (full-jitter
+logged and counted in ``stats.offset_corrections``. An operator's reset of the group's
+offsets (``metaq reset-offsets``) reaches a running member as OFFSET_RESET at its next
+pull of each queue: the queue is dropped (what is in flight counts for nothing and is
+not committed, calls not started are not made) and started again from the group's new
+offset, counted in ``stats.offset_resets``. Its pulls and commits carry the reset
+generation its position comes from, and the broker refuses commits from before the
+reset, so nothing this member had in flight undoes it. Errors back off (full-jitter
 exponential, up to 5 s) and refresh the topic's route before the next try.
 """
 
@@ -519,7 +525,13 @@ class PushConsumer:
         self, address: str, entries: Sequence[tuple[ProcessQueue[QueueRoute], int]]
     ) -> None:
         await self._puller.commit_many(
-            address, [(q.topic, q.route.queue_id, offset) for q, offset in entries]
+            address,
+            [(q.topic, q.route.queue_id, offset) for q, offset in entries],
+            reset_generations={
+                (q.topic, q.route.queue_id): q.reset_generation
+                for q, _ in entries
+                if q.reset_generation is not None
+            },
         )
         for queue, offset in entries:
             queue.committed = offset
@@ -538,6 +550,7 @@ class PushConsumer:
             timestamp_ms=_timestamp(self.config.consume_from),
             with_committed=local is None,
         )
+        queue.reset_generation = None if local is not None else answer.reset_generation
         if answer.committed is not None:
             queue.committed = answer.committed
             return answer.committed
@@ -689,6 +702,7 @@ class PushConsumer:
             tags=sub.tags,
             max_bytes=self.config.pull_batch_bytes,
             commit_offset=commit,
+            reset_generation=queue.reset_generation,
         )
         if commit is not None:
             queue.committed = commit
@@ -708,7 +722,27 @@ class PushConsumer:
             self._correct(queue, result, "is no longer stored")
         elif status is PullStatus.OFFSET_OVERFLOW_BADLY:
             self._correct(queue, result, "is past the queue's end")
+        elif status is PullStatus.OFFSET_RESET:
+            self._restart(queue, result)
         # NO_MESSAGE_IN_QUEUE, OFFSET_OVERFLOW_ONE: the long poll ended with nothing new.
+
+    def _restart(self, queue: ProcessQueue[QueueRoute], result: PullResult) -> None:
+        """The group's offsets on the queue's topic were reset: drop the queue as it is
+        (its loop ends, its messages in flight are neither committed nor, if not started
+        yet, handled) and run it afresh from the group's committed offset."""
+        route = queue.route
+        key = (queue.topic, route.broker_name, route.queue_id)
+        log.warning(
+            "the offsets of group %s on %s were reset (generation %d): queue %s drops %d "
+            "messages in flight and continues from offset %d",
+            self.config.group, queue.topic, result.reset_generation, route,
+            queue.offsets.count, result.next_offset,
+        )  # fmt: skip
+        self.stats.offset_resets += 1
+        queue.dropped = True
+        run = self._running.get(key)
+        if run is not None and run.queue is queue:
+            self._begin(key, route)
 
     def _correct(self, queue: ProcessQueue[QueueRoute], result: PullResult, why: str) -> None:
         log.warning(

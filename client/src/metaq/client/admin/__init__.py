@@ -20,6 +20,7 @@ from metaq.client.admin.results import (
     StoredQueue,
     SwitchoverResult,
     TopicListing,
+    TopicReset,
     TopicSettings,
 )
 from metaq.client.admin.session import BrokerRef
@@ -56,6 +57,7 @@ __all__ = [
     "TopicListing",
     "TopicMissing",
     "TopicPlacement",
+    "TopicReset",
     "TopicSettings",
     "TopicSettingsError",
 ]

@@ -1,5 +1,6 @@
-"""Consumer groups: their progress and lag, a reset of their offsets by time, and their
-dead letters (read and sent again), through the data-plane consumer and producer."""
+"""Consumer groups: their progress and lag (through the data-plane consumer), a reset of
+their offsets by time (through the masters' admin API, which tells the live members),
+and their dead letters (read and sent again through the consumer and producer)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import asyncio
 from typing import Final
 
 from metaq.client.admin.cluster import ClusterAdmin
-from metaq.client.admin.results import QueueProgress, QueueReset
+from metaq.client.admin.results import QueueProgress, QueueReset, TopicReset
 from metaq.client.errors import AdminError
 from metaq.client.message import Message
 from metaq.client.results import SendResult
@@ -37,23 +38,42 @@ class GroupAdmin(ClusterAdmin):
         answers = await asyncio.gather(*(self.consumer_offsets(b) for b in masters))
         return sorted({c.group for answer in answers for c in answer if c.topic == topic})
 
-    async def reset_offsets(self, group: str, topic: str, timestamp_ms: int) -> list[QueueReset]:
+    async def reset_offsets(
+        self, group: str, topic: str, timestamp_ms: int, *, dry_run: bool = False
+    ) -> TopicReset:
         """Commit for ``group``, on every readable queue of ``topic``, the first offset
-        stored at or after ``timestamp_ms`` (the queue's end when every message is older).
+        stored at or after ``timestamp_ms`` (the queue's end when every message is
+        older), through each serving group's master (:meth:`reset_group`).
 
-        Running members of the group keep committing their own positions and would undo
-        the reset: stop them first.
+        The reset reaches live members: each drops what it has in flight at its next
+        pull (at once when it waits at a queue's end) and goes on from the new offsets,
+        and their commits from before the reset are refused, so it sticks (RocketMQ's
+        resetOffsetByTime pushes it to the clients for the same reason). A dry run
+        answers the same offsets and changes nothing.
         """
-        consumer = self._consumer(group)
-        queues = await consumer.queues(topic)
-
-        async def one(queue: QueueRoute) -> QueueReset:
-            found = await consumer.query(topic, queue, timestamp_ms=timestamp_ms)
-            assert found.timestamp_offset is not None, "the broker ignored timestamp_ms"
-            await consumer.commit(topic, queue, found.timestamp_offset)
-            return QueueReset(queue, found.committed, found.timestamp_offset)
-
-        return list(await asyncio.gather(*(one(q) for q in queues)))
+        route = await self.route(topic)
+        masters = await self.masters([g.broker_name for g in route.groups])
+        answers = await asyncio.gather(
+            *(self.reset_group(m, group, topic, timestamp_ms, dry_run=dry_run) for m in masters)
+        )
+        routes = {(q.broker_name, q.queue_id): q for q in route.read_queues}
+        queues = [
+            QueueReset(
+                routes.get((m.broker_name, q.queue_id))
+                or QueueRoute(m.broker_name, m.data_address, q.queue_id, m.computer_room),
+                q.before,
+                q.after,
+            )
+            for m, answer in zip(masters, answers, strict=True)
+            for q in answer.queues
+        ]
+        live = sorted({c for answer in answers for c in answer.live_members})
+        unreplicated = [
+            m.broker_name
+            for m, answer in zip(masters, answers, strict=True)
+            if not dry_run and not answer.replicated
+        ]
+        return TopicReset(queues, live, unreplicated)
 
     async def dead_letters(self, group: str) -> list[Message]:
         """Every dead letter of ``group`` (``%DLQ%<group>``), in queue order: messages its

@@ -160,6 +160,19 @@ class QueueReset:
 
 
 @dataclass(frozen=True, slots=True)
+class TopicReset:
+    """``Admin.reset_offsets``: every readable queue's offset before and after, the
+    group's members that were consuming the topic (they go on from the new offsets at
+    their next pull; none: the group starts there when it next runs), and the broker
+    groups where no slave confirmed the new offsets in time (a failover there now could
+    lose them)."""
+
+    queues: list[QueueReset]
+    live_members: list[str]
+    unreplicated: list[str]
+
+
+@dataclass(frozen=True, slots=True)
 class QueueStats:
     """A readable queue's bounds ``[min_offset, max_offset)``."""
 
@@ -220,13 +233,18 @@ class OffsetChange(msgspec.Struct, frozen=True):
 class GroupReset(msgspec.Struct, frozen=True):
     """A broker's reset of a group's offsets by time (``Admin.reset_group``).
     ``replicated`` is False when, under sync replication, no slave confirmed the new
-    offsets in time (a failover now could lose them); a dry run commits nothing."""
+    offsets in time (a failover now could lose them); a dry run commits nothing.
+    ``live_members``: the group's members consuming the topic at the broker now, each of
+    which drops what it has in flight at its next pull and goes on from the new offsets
+    (their commits from before the reset are refused)."""
 
     group: str
     topic: str
     dry_run: bool
     queues: list[OffsetChange]
     replicated: bool
+    reset_generation: int = 0
+    live_members: list[str] = msgspec.field(default_factory=list)
 
 
 class NewMessage(msgspec.Struct, frozen=True):

@@ -205,6 +205,7 @@ class PullRequest(_message.Message):
     TAG_EXPRESSION_FIELD_NUMBER: _builtins.int
     LONG_POLL_TIMEOUT_MS_FIELD_NUMBER: _builtins.int
     COMMIT_OFFSET_FIELD_NUMBER: _builtins.int
+    RESET_GENERATION_FIELD_NUMBER: _builtins.int
     consumer_group: _builtins.str
     topic: _builtins.str
     queue_id: _builtins.int
@@ -227,6 +228,12 @@ class PullRequest(_message.Message):
     """When present, the group's consumed offset for this queue to store, piggybacked on the
     pull so a consumer commits without a separate round trip.
     """
+    reset_generation: _builtins.int
+    """The reset generation of the group's offsets on this topic that the consumer's
+    position derives from (QueryOffsetResponse, or an OFFSET_RESET answer). Older than
+    the broker's: an operator reset the offsets since; commit_offset is not stored and
+    the answer is OFFSET_RESET. Absent: not checked (no group, an older client).
+    """
     @_builtins.property
     def tag_codes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """Tag hash codes (metaq.common.record.tag_code) to filter on; empty means every message.
@@ -246,14 +253,20 @@ class PullRequest(_message.Message):
         tag_expression: _builtins.str = ...,
         long_poll_timeout_ms: _builtins.int = ...,
         commit_offset: _builtins.int | None = ...,
+        reset_generation: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_commit_offset", b"_commit_offset", "commit_offset", b"commit_offset"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_commit_offset", b"_commit_offset", "_reset_generation", b"_reset_generation", "commit_offset", b"commit_offset", "reset_generation", b"reset_generation"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_commit_offset", b"_commit_offset", "commit_offset", b"commit_offset", "consumer_group", b"consumer_group", "long_poll_timeout_ms", b"long_poll_timeout_ms", "max_bytes", b"max_bytes", "max_messages", b"max_messages", "offset", b"offset", "queue_id", b"queue_id", "tag_codes", b"tag_codes", "tag_expression", b"tag_expression", "topic", b"topic"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_commit_offset", b"_commit_offset", "_reset_generation", b"_reset_generation", "commit_offset", b"commit_offset", "consumer_group", b"consumer_group", "long_poll_timeout_ms", b"long_poll_timeout_ms", "max_bytes", b"max_bytes", "max_messages", b"max_messages", "offset", b"offset", "queue_id", b"queue_id", "reset_generation", b"reset_generation", "tag_codes", b"tag_codes", "tag_expression", b"tag_expression", "topic", b"topic"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__commit_offset: _TypeAlias = _typing.Literal["commit_offset"]  # noqa: Y015
     _WhichOneofArgType__commit_offset: _TypeAlias = _typing.Literal["_commit_offset", b"_commit_offset"]  # noqa: Y015
+    _WhichOneofReturnType__reset_generation: _TypeAlias = _typing.Literal["reset_generation"]  # noqa: Y015
+    _WhichOneofArgType__reset_generation: _TypeAlias = _typing.Literal["_reset_generation", b"_reset_generation"]  # noqa: Y015
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__commit_offset) -> _WhichOneofReturnType__commit_offset | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__reset_generation) -> _WhichOneofReturnType__reset_generation | None: ...
 
 Global___PullRequest: _TypeAlias = PullRequest  # noqa: Y015
 
@@ -285,6 +298,12 @@ class PullResponse(_message.Message):
         """Past the queue's end: the consumer's offset is wrong; reset to next_offset."""
         OFFSET_MOVED: PullResponse._Status.ValueType  # 7
         """The entry exists but its commitlog bytes were deleted; restart at next_offset."""
+        OFFSET_RESET: PullResponse._Status.ValueType  # 8
+        """The group's offsets on the topic were reset after the consumer's position was
+        taken (the request's reset_generation is older): drop what is in flight for the
+        queue and go on from next_offset, the group's committed offset now, under
+        reset_generation. Only answered to a request carrying reset_generation.
+        """
 
     class Status(_Status, metaclass=_StatusEnumTypeWrapper):
         """Mirrors the store's GetStatus."""
@@ -303,12 +322,19 @@ class PullResponse(_message.Message):
     """Past the queue's end: the consumer's offset is wrong; reset to next_offset."""
     OFFSET_MOVED: PullResponse.Status.ValueType  # 7
     """The entry exists but its commitlog bytes were deleted; restart at next_offset."""
+    OFFSET_RESET: PullResponse.Status.ValueType  # 8
+    """The group's offsets on the topic were reset after the consumer's position was
+    taken (the request's reset_generation is older): drop what is in flight for the
+    queue and go on from next_offset, the group's committed offset now, under
+    reset_generation. Only answered to a request carrying reset_generation.
+    """
 
     STATUS_FIELD_NUMBER: _builtins.int
     NEXT_OFFSET_FIELD_NUMBER: _builtins.int
     MIN_OFFSET_FIELD_NUMBER: _builtins.int
     MAX_OFFSET_FIELD_NUMBER: _builtins.int
     RECORD_COUNT_FIELD_NUMBER: _builtins.int
+    RESET_GENERATION_FIELD_NUMBER: _builtins.int
     status: Global___PullResponse.Status.ValueType
     next_offset: _builtins.int
     """Where the next pull of this queue should start."""
@@ -316,6 +342,8 @@ class PullResponse(_message.Message):
     """The queue's current bounds: [min_offset, max_offset)."""
     max_offset: _builtins.int
     record_count: _builtins.int
+    reset_generation: _builtins.int
+    """With OFFSET_RESET: the group's reset generation on the topic now."""
     def __init__(
         self,
         *,
@@ -324,10 +352,11 @@ class PullResponse(_message.Message):
         min_offset: _builtins.int = ...,
         max_offset: _builtins.int = ...,
         record_count: _builtins.int = ...,
+        reset_generation: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_offset", b"max_offset", "min_offset", b"min_offset", "next_offset", b"next_offset", "record_count", b"record_count", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_offset", b"max_offset", "min_offset", b"min_offset", "next_offset", b"next_offset", "record_count", b"record_count", "reset_generation", b"reset_generation", "status", b"status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -343,6 +372,7 @@ class QueueOffset(_message.Message):
     QUEUE_ID_FIELD_NUMBER: _builtins.int
     OFFSET_FIELD_NUMBER: _builtins.int
     EXPECTED_OFFSET_FIELD_NUMBER: _builtins.int
+    RESET_GENERATION_FIELD_NUMBER: _builtins.int
     topic: _builtins.str
     queue_id: _builtins.int
     offset: _builtins.int
@@ -353,6 +383,10 @@ class QueueOffset(_message.Message):
     """Forwarded commits only: the group's offset for the queue as the slave last had it
     from its master, before the consumer committed there; absent when it had none.
     """
+    reset_generation: _builtins.int
+    """As PullRequest.reset_generation: a commit from a position older than the group's
+    last reset of the topic's offsets is not stored (the rest of the request is).
+    """
     def __init__(
         self,
         *,
@@ -360,14 +394,20 @@ class QueueOffset(_message.Message):
         queue_id: _builtins.int = ...,
         offset: _builtins.int = ...,
         expected_offset: _builtins.int | None = ...,
+        reset_generation: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_expected_offset", b"_expected_offset", "expected_offset", b"expected_offset"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_expected_offset", b"_expected_offset", "_reset_generation", b"_reset_generation", "expected_offset", b"expected_offset", "reset_generation", b"reset_generation"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expected_offset", b"_expected_offset", "expected_offset", b"expected_offset", "offset", b"offset", "queue_id", b"queue_id", "topic", b"topic"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expected_offset", b"_expected_offset", "_reset_generation", b"_reset_generation", "expected_offset", b"expected_offset", "offset", b"offset", "queue_id", b"queue_id", "reset_generation", b"reset_generation", "topic", b"topic"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__expected_offset: _TypeAlias = _typing.Literal["expected_offset"]  # noqa: Y015
     _WhichOneofArgType__expected_offset: _TypeAlias = _typing.Literal["_expected_offset", b"_expected_offset"]  # noqa: Y015
+    _WhichOneofReturnType__reset_generation: _TypeAlias = _typing.Literal["reset_generation"]  # noqa: Y015
+    _WhichOneofArgType__reset_generation: _TypeAlias = _typing.Literal["_reset_generation", b"_reset_generation"]  # noqa: Y015
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__expected_offset) -> _WhichOneofReturnType__expected_offset | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__reset_generation) -> _WhichOneofReturnType__reset_generation | None: ...
 
 Global___QueueOffset: _TypeAlias = QueueOffset  # noqa: Y015
 
@@ -481,6 +521,7 @@ class QueryOffsetResponse(_message.Message):
     MIN_OFFSET_FIELD_NUMBER: _builtins.int
     MAX_OFFSET_FIELD_NUMBER: _builtins.int
     TIMESTAMP_OFFSET_FIELD_NUMBER: _builtins.int
+    RESET_GENERATION_FIELD_NUMBER: _builtins.int
     committed_offset: _builtins.int
     """The group's committed offset for the queue (the next offset to consume); absent when
     the group never committed one here (start from min, max or a timestamp instead).
@@ -492,6 +533,10 @@ class QueryOffsetResponse(_message.Message):
     """The first queue offset whose message was stored at or after timestamp_ms (max_offset
     when every message is older); present only when timestamp_ms was asked.
     """
+    reset_generation: _builtins.int
+    """With consumer_group: the reset generation of the group's offsets on the topic, which
+    a consumer starting from committed_offset carries on its pulls and commits.
+    """
     def __init__(
         self,
         *,
@@ -499,10 +544,11 @@ class QueryOffsetResponse(_message.Message):
         min_offset: _builtins.int = ...,
         max_offset: _builtins.int = ...,
         timestamp_offset: _builtins.int | None = ...,
+        reset_generation: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_committed_offset", b"_committed_offset", "_timestamp_offset", b"_timestamp_offset", "committed_offset", b"committed_offset", "timestamp_offset", b"timestamp_offset"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_committed_offset", b"_committed_offset", "_timestamp_offset", b"_timestamp_offset", "committed_offset", b"committed_offset", "max_offset", b"max_offset", "min_offset", b"min_offset", "timestamp_offset", b"timestamp_offset"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_committed_offset", b"_committed_offset", "_timestamp_offset", b"_timestamp_offset", "committed_offset", b"committed_offset", "max_offset", b"max_offset", "min_offset", b"min_offset", "reset_generation", b"reset_generation", "timestamp_offset", b"timestamp_offset"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__committed_offset: _TypeAlias = _typing.Literal["committed_offset"]  # noqa: Y015
     _WhichOneofArgType__committed_offset: _TypeAlias = _typing.Literal["_committed_offset", b"_committed_offset"]  # noqa: Y015

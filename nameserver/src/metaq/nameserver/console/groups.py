@@ -207,8 +207,8 @@ def _reset_form(group: str, topics: list[str]) -> str:
 {field("time", "Time (UTC, ISO 8601)", now, required="required")}
 <button type="submit" name="action" value="preview">Preview (dry run)</button>
 <button type="submit" name="action" value="apply">Reset offsets</button>
-<p class="muted">Stop the group's consumers first: running members commit their own
-positions again. Preview shows the new offsets without changing anything.</p>
+<p class="muted">Running members of the group are told: each drops what it has in flight
+and goes on from the new offsets. Preview shows them without changing anything.</p>
 </fieldset></form>"""
 
 
@@ -258,7 +258,14 @@ async def _reset(context: ConsoleContext, request: web.Request) -> web.Response:
     heading = f"{esc(what)} ({esc(topic)}, {esc(when(stamp))})"
     preview = f'<section aria-label="{esc(what)}"><h2>{heading}</h2>'
     preview += table(["broker group", "queue", "before", "after"], rows) + "</section>"
-    message = "" if dry_run or problems else f"reset {group} on {topic} to {when(stamp)}"
+    live = sorted({c for a in answers if a.value is not None for c in a.value.live_members})
+    if live:
+        told = f"{len(live)} live member(s) told, each goes on from these offsets: " + ", ".join(
+            live
+        )
+    else:
+        told = "no member is consuming the topic: the group starts from these offsets"
+    message = "" if dry_run or problems else f"reset {group} on {topic} to {when(stamp)}; {told}"
     return await group_page(
         context, group, message=message, problem="; ".join(problems), preview=preview
     )
