@@ -178,7 +178,12 @@ def test_http_admin_needs_an_admin_user_and_refuses_replays(cluster: AuthCluster
     # /metrics stays open to scrapers and counts the refusals.
     with urllib.request.urlopen(f"http://{cluster.nameserver.http_address}/metrics") as r:
         scraped = r.read().decode()
-    assert 'metaq_auth_denied_total{reason="permission"}' in scraped
+    denied = [line for line in scraped.splitlines() if "auth_denied_total{" in line]
+    assert any(
+        line.startswith('metaq_auth_denied_total{reason="permission"} ')
+        and float(line.split()[-1]) >= 1
+        for line in denied
+    ), denied
 
 
 def test_login_sets_a_strict_http_only_cookie_and_refuses_cross_site_changes(
