@@ -257,7 +257,7 @@ def test_counters_that_alerts_watch_are_exported_at_zero_before_their_first_coun
     broker group the controller knows."""
     master = scraped(cluster.master.http_url)
     assert master[("metaq_send_to_dlq_messages_total", (("group", BACKLOG_GROUP),))] == 0
-    for reason in ("disk_full", "not_master", "not_enough_replicas", "io_errors"):
+    for reason in ("disk_full", "not_master", "not_enough_replicas", "out_of_descriptors"):
         assert master[("metaq_rejected_writes_total", (("reason", reason),))] == 0, reason
     for reason in ("unauthenticated", "permission"):
         assert master[("metaq_auth_denied_total", (("reason", reason),))] == 0, reason

@@ -255,6 +255,7 @@ class BrokerMetrics:
 
 REJECTION_REASONS: Final = (
     "service_dead",
+    "out_of_descriptors",
     "io_errors",
     "disk_full",
     "unavailable",
