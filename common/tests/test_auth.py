@@ -61,25 +61,20 @@ def test_a_missing_or_malformed_proof_is_refused_saying_what_to_configure(
     assert "Switchover" in str(caught.value)
 
 
-def test_an_http_proof_covers_method_path_and_body_and_is_no_grpc_proof() -> None:
-    proof = sign_http(SECRET, "PUT", "/topics/A?x=1", b"{}", NOW)
+def test_an_http_proof_covers_its_purpose_and_body_and_is_no_grpc_proof() -> None:
+    purpose = "http PUT 10.0.0.5:10912 00ff00ff00ff00ff /topics/A?x=1"
+    proof = sign_http(SECRET, purpose, b"{}", NOW)
 
-    verify_http(SECRET, "PUT", "/topics/A?x=1", b"{}", proof, NOW + 5)
-    for method, path, body in (("DELETE", "/topics/A?x=1", b"{}"), ("PUT", "/topics/B", b"{}"),
-                               ("PUT", "/topics/A?x=1", b'{"perm": "read-only"}')):  # fmt: skip
+    verify_http(SECRET, purpose, b"{}", proof, NOW + 5)
+    for other, body in ((purpose.replace("PUT", "DELETE"), b"{}"),
+                        (purpose.replace("10.0.0.5", "10.0.0.6"), b"{}"),
+                        (purpose, b'{"perm": "read-only"}')):  # fmt: skip
         with pytest.raises(AuthFailed, match="does not match this server's cluster secret"):
-            verify_http(SECRET, method, path, body, proof, NOW)
+            verify_http(SECRET, other, body, proof, NOW)
     with pytest.raises(AuthFailed, match="does not match"):
-        verify_call(SECRET, "PUT /topics/A?x=1", b"{}", proof, NOW)
+        verify_call(SECRET, purpose, b"{}", proof, NOW)
     with pytest.raises(AuthFailed, match="does not match"):
-        verify_http(
-            SECRET,
-            "PUT",
-            "/topics/A?x=1",
-            b"{}",
-            sign_call(SECRET, "PUT /topics/A?x=1", b"{}", NOW),
-            NOW,
-        )
+        verify_http(SECRET, purpose, b"{}", sign_call(SECRET, purpose, b"{}", NOW), NOW)
 
 
 def test_no_secret_sends_no_metadata() -> None:

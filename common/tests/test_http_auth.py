@@ -12,13 +12,21 @@ from aiohttp.test_utils import TestClient, TestServer
 from metaq.common import acl, http, http_auth
 from metaq.common.acl import Acl, Grant, User
 from metaq.common.acl_source import AclSource
-from metaq.common.auth import HTTP_HEADER, ClusterSecret, sign_http
-from metaq.common.http_auth import HEADER, HttpAuth, signed_purpose
+from metaq.common.auth import ClusterSecret
+from metaq.common.http_auth import HttpAuth, SignedRequests, sign_headers
 from metaq.common.login_guard import FREE_FAILURES
-from metaq.common.users import ITERATIONS, Credentials, Verifier, sign_request
+from metaq.common.server_names import ServerNames, http_target
+from metaq.common.users import ITERATIONS, Credentials, Verifier
 from metaq.testing.waiting import run_async
 
 ADMIN = Credentials("admin", "admin-secret-key-for-http-tests")
+
+
+def _listening(client: TestClient[web.Request, web.Application], names: ServerNames) -> str:
+    """The test server's name, now that it has its port (as a server sets its names once
+    bound)."""
+    names.listening(client.port, client.host)
+    return http_target(client.host, client.port)
 
 
 def test_a_route_added_after_the_app_was_made_needs_a_user(tmp_path: Path) -> None:
@@ -26,7 +34,8 @@ def test_a_route_added_after_the_app_was_made_needs_a_user(tmp_path: Path) -> No
     table = Acl().with_user(User("admin", Verifier.make("admin", ADMIN.secret_key)))
     acl.save(path, table.grant("admin", Grant("admin", "cluster")))
     refusals: list[str] = []
-    app = http.application(HttpAuth(AclSource(path), refusals.append))
+    names = ServerNames()
+    app = http.application(HttpAuth(SignedRequests(names, None, AclSource(path)), refusals.append))
 
     async def console(_request: web.Request) -> web.Response:
         return web.json_response({"console": True})
@@ -35,12 +44,13 @@ def test_a_route_added_after_the_app_was_made_needs_a_user(tmp_path: Path) -> No
 
     async def scenario() -> None:
         async with TestClient(TestServer(app)) as client:
+            target = _listening(client, names)
             response = await client.get("/console/")
             assert response.status == 401
             assert refusals == ["unauthenticated"]
             assert (await client.get("/health")).status == 200
-            proof = sign_request(ADMIN, signed_purpose("GET", "/console/"), b"", time.time())
-            response = await client.get("/console/", headers={HEADER: proof})
+            signed = sign_headers("GET", target, "/console/", b"", credentials=ADMIN)
+            response = await client.get("/console/", headers=signed)
             assert response.status == 200, await response.text()
 
     run_async(scenario())
@@ -49,11 +59,14 @@ def test_a_route_added_after_the_app_was_made_needs_a_user(tmp_path: Path) -> No
 SECRET = ClusterSecret(b"0123456789abcdef0123", "test")
 
 
-def _app(tmp_path: Path, refusals: list[str]) -> web.Application:
+def _app(tmp_path: Path, refusals: list[str]) -> tuple[web.Application, ServerNames]:
     path = tmp_path / "acl.json"
     table = Acl().with_user(User("admin", Verifier.make("admin", ADMIN.secret_key)))
     acl.save(path, table.grant("admin", Grant("admin", "cluster")))
-    app = http.application(HttpAuth(AclSource(path), refusals.append, SECRET))
+    names = ServerNames()
+    app = http.application(
+        HttpAuth(SignedRequests(names, SECRET, AclSource(path)), refusals.append)
+    )
 
     @http.takes_forms
     async def form(_request: web.Request) -> web.Response:
@@ -63,33 +76,80 @@ def _app(tmp_path: Path, refusals: list[str]) -> web.Application:
         return web.json_response({"page": True})
 
     app.add_routes([web.get("/console/topics", page), web.post("/console/topics", form)])
-    return app
+    return app, names
 
 
 def test_a_cluster_member_signs_with_the_secret_once(tmp_path: Path) -> None:
     refusals: list[str] = []
+    app, names = _app(tmp_path, refusals)
 
     async def scenario() -> None:
-        async with TestClient(TestServer(_app(tmp_path, refusals))) as client:
-            proof = sign_http(SECRET, "GET", "/console/topics", b"", time.time())
-            response = await client.get("/console/topics", headers={HTTP_HEADER: proof})
+        async with TestClient(TestServer(app)) as client:
+            target = _listening(client, names)
+            signed = sign_headers("GET", target, "/console/topics", b"", secret=SECRET)
+            response = await client.get("/console/topics", headers=signed)
             assert response.status == 200, await response.text()
-            response = await client.get("/console/topics", headers={HTTP_HEADER: proof})
+            response = await client.get("/console/topics", headers=signed)
             assert response.status == 401 and "replay" in await response.text()
             other = ClusterSecret(b"fedcba9876543210fedc", "test")
-            forged = sign_http(other, "GET", "/console/topics", b"", time.time())
-            response = await client.get("/console/topics", headers={HTTP_HEADER: forged})
+            forged = sign_headers("GET", target, "/console/topics", b"", secret=other)
+            response = await client.get("/console/topics", headers=forged)
             assert response.status == 401 and "cluster secret" in await response.text()
 
     run_async(scenario())
     assert refusals == ["replay", "bad_signature"]
 
 
+@pytest.mark.parametrize("signer", ["member", "user"])
+def test_a_request_signed_for_another_server_is_refused_and_stays_good_for_its_own(
+    tmp_path: Path, signer: str
+) -> None:
+    refusals: list[str] = []
+    app, names = _app(tmp_path, refusals)
+    secret, credentials = (SECRET, None) if signer == "member" else (None, ADMIN)
+
+    def sign(target: str, now_s: float | None = None) -> dict[str, str]:
+        return sign_headers(
+            "GET", target, "/console/topics", b"", secret=secret, credentials=credentials,
+            now_s=now_s,
+        )  # fmt: skip
+
+    async def scenario() -> None:
+        async with TestClient(TestServer(app)) as client:
+            target = _listening(client, names)
+            elsewhere = http_target(client.host, client.port + 1)
+            for_other = sign(elsewhere)
+            response = await client.get("/console/topics", headers=for_other)
+            assert response.status == 401
+            error = (await response.json())["error"]
+            assert f"signed for server '{elsewhere}'" in error, error
+            assert f"this server is {target}" in error, error
+            # Claiming this server's name instead breaks the proof, which covers the name.
+            claimed = {**for_other, http_auth.TARGET_HEADER: target}
+            response = await client.get("/console/topics", headers=claimed)
+            assert response.status == 401
+            # Requests alike in all else, signed in one millisecond: different request
+            # ids, so neither is the other's replay.
+            now = time.time()
+            for _ in range(2):
+                mine = sign(target, now)
+                response = await client.get("/console/topics", headers=mine)
+                assert response.status == 200, await response.text()
+            unbound = {k: v for k, v in mine.items() if k != http_auth.TARGET_HEADER}
+            response = await client.get("/console/topics", headers=unbound)
+            assert response.status == 401
+            assert http_auth.TARGET_HEADER in (await response.json())["error"]
+
+    run_async(scenario())
+    assert refusals[0] == "wrong_server"
+    assert refusals[-1] == "unbound"
+
+
 def test_a_browser_goes_to_login_and_a_session_posts_forms_only_from_this_site(
     tmp_path: Path,
 ) -> None:
     async def scenario() -> None:
-        async with TestClient(TestServer(_app(tmp_path, []))) as client:
+        async with TestClient(TestServer(_app(tmp_path, [])[0])) as client:
             page = await client.get(
                 "/console/topics?x=1", headers={"Accept": "text/html"}, allow_redirects=False
             )
@@ -127,7 +187,7 @@ def test_an_unknown_users_login_derives_a_key_as_a_known_users_does(
     monkeypatch.setattr(http_auth, "_proves", spy)
 
     async def scenario() -> None:
-        async with TestClient(TestServer(_app(tmp_path, []))) as client:
+        async with TestClient(TestServer(_app(tmp_path, [])[0])) as client:
             for user in ("admin", "nobody"):
                 wrong = {"access_key": user, "secret_key": "not-the-secret-key-at-all"}
                 assert (await client.post("/login", json=wrong)).status == 401
@@ -141,7 +201,7 @@ def test_failed_logins_are_held_back_longer_and_longer(tmp_path: Path) -> None:
     refusals: list[str] = []
 
     async def scenario() -> None:
-        async with TestClient(TestServer(_app(tmp_path, refusals))) as client:
+        async with TestClient(TestServer(_app(tmp_path, refusals)[0])) as client:
             wrong = {"access_key": "admin", "secret_key": "not-the-secret-key-at-all"}
             for _ in range(FREE_FAILURES):
                 assert (await client.post("/login", json=wrong)).status == 401
@@ -167,7 +227,10 @@ async def _from(request: web.Request, handler: http.Handler) -> web.StreamRespon
 
 def test_without_auth_console_changes_come_from_this_host_or_a_cluster_member() -> None:
     refusals: list[str] = []
-    guard = http_auth.loopback_or_member("/console/", SECRET, refusals.append)
+    names = ServerNames()
+    guard = http_auth.loopback_or_member(
+        "/console/", SignedRequests(names, SECRET), refusals.append
+    )
     app = web.Application(middlewares=[_from, guard])
 
     async def changed(_request: web.Request) -> web.Response:
@@ -179,14 +242,14 @@ def test_without_auth_console_changes_come_from_this_host_or_a_cluster_member() 
 
     async def scenario() -> None:
         async with TestClient(TestServer(app)) as client:
+            target = _listening(client, names)
             assert (await client.get("/console/x", headers=far)).status == 200  # reading
             refused = await client.post("/console/x", headers=far)
             assert refused.status == 403
             assert "only from this host" in (await refused.json())["error"]
             assert (await client.post("/console/x")).status == 200  # from loopback
             assert (await client.post("/elsewhere", headers=far)).status == 200
-            proof = sign_http(SECRET, "POST", "/console/x", b"", time.time())
-            signed = {**far, HTTP_HEADER: proof}
+            signed = {**far, **sign_headers("POST", target, "/console/x", b"", secret=SECRET)}
             assert (await client.post("/console/x", headers=signed)).status == 200
             assert (await client.post("/console/x", headers=signed)).status == 401  # replay
 

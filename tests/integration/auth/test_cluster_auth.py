@@ -10,8 +10,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
-import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,9 +23,9 @@ from metaq.client.push_consumer import PushConsumer
 from metaq.client.routes import NameServerError, RouteCache
 from metaq.common import acl
 from metaq.common.acl import Acl, Grant, User
-from metaq.common.http_auth import HEADER, signed_purpose
-from metaq.common.users import Credentials, Verifier, credentials_text, sign_request
+from metaq.common.users import Credentials, Verifier, credentials_text
 from metaq.testing import BrokerProcess
+from metaq.testing.http_signing import http_json, signed_for
 from metaq.testing.nameserver_process import NameServerProcess, start_nameserver
 from metaq.testing.waiting import TEST_CLUSTER_SECRET, run_async, wait_until_async
 
@@ -129,51 +127,33 @@ def test_the_cli_without_credentials_is_refused_and_says_how_to_give_them(
     assert "broker-a" in done.stdout
 
 
-def _http(
-    url: str,
-    method: str = "GET",
-    headers: dict[str, str] | None = None,
-    body: bytes | None = None,
-) -> tuple[int, dict[str, object], dict[str, str]]:
-    request = urllib.request.Request(url, data=body, method=method, headers=headers or {})
-    try:
-        with urllib.request.urlopen(request, timeout=5) as response:
-            return response.status, json.loads(response.read() or b"{}"), dict(response.headers)
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read() or b"{}"), dict(exc.headers)
-
-
-def _signed(credentials: Credentials, method: str, url: str, body: bytes = b"") -> dict[str, str]:
-    path = "/" + url.split("/", 3)[3]
-    proof = sign_request(credentials, signed_purpose(method, path), body, time.time())
-    return {HEADER: proof}
-
-
 def test_http_admin_needs_an_admin_user_and_refuses_replays(cluster: AuthCluster) -> None:
     broker_topics = f"{cluster.broker.http_url}/topics"
     ns_cluster = f"http://{cluster.nameserver.http_address}/cluster"
     for url in (broker_topics, ns_cluster):
-        status, body, _ = _http(url)
+        status, body, _ = http_json(url)
         assert status == 401, (url, body)
         assert "log in at /login" in str(body["error"])
-    assert _http(f"{cluster.broker.http_url}/health")[0] == 200
-    assert _http(f"http://{cluster.nameserver.http_address}/health")[0] == 200
+    assert http_json(f"{cluster.broker.http_url}/health")[0] == 200
+    assert http_json(f"http://{cluster.nameserver.http_address}/health")[0] == 200
 
-    headers = _signed(ADMIN, "GET", broker_topics)
-    status, body, _ = _http(broker_topics, headers=headers)
+    headers = signed_for(broker_topics, "GET", credentials=ADMIN)
+    status, body, _ = http_json(broker_topics, headers=headers)
     assert status == 200, body
-    status, body, _ = _http(broker_topics, headers=headers)  # the same request again
+    status, body, _ = http_json(broker_topics, headers=headers)  # the same request again
     assert status == 401 and "replay" in str(body["error"])
     wrong = Credentials("admin", ADMIN.secret_key + "-wrong")
-    status, body, _ = _http(ns_cluster, headers=_signed(wrong, "GET", ns_cluster))
+    status, body, _ = http_json(
+        ns_cluster, headers=signed_for(ns_cluster, "GET", credentials=wrong)
+    )
     assert status == 401, body
-    status, body, _ = _http(ns_cluster, headers=_signed(APP1, "GET", ns_cluster))
+    status, body, _ = http_json(ns_cluster, headers=signed_for(ns_cluster, "GET", credentials=APP1))
     assert status == 403
     assert "user app1 lacks admin on cluster" in str(body["error"])
     # A signature covers the method and path: taken to another route it is worthless.
     delete = f"{cluster.broker.http_url}/topics/A"
-    moved = _signed(ADMIN, "GET", f"{cluster.broker.http_url}/topics/B")
-    status, _, _ = _http(delete, "DELETE", moved)
+    moved = signed_for(f"{cluster.broker.http_url}/topics/B", "GET", credentials=ADMIN)
+    status, _, _ = http_json(delete, "DELETE", moved)
     assert status == 401
     # /metrics stays open to scrapers and counts the refusals.
     with urllib.request.urlopen(f"http://{cluster.nameserver.http_address}/metrics") as r:
@@ -192,16 +172,16 @@ def test_login_sets_a_strict_http_only_cookie_and_refuses_cross_site_changes(
     base = f"http://{cluster.nameserver.http_address}"
     json_type = {"Content-Type": "application/json"}
     wrong = json.dumps({"access_key": "admin", "secret_key": "nope-nope-nope-nope"}).encode()
-    assert _http(f"{base}/login", "POST", json_type, wrong)[0] == 401
+    assert http_json(f"{base}/login", "POST", json_type, wrong)[0] == 401
     login = json.dumps({"access_key": "admin", "secret_key": ADMIN.secret_key}).encode()
-    status, _, headers = _http(f"{base}/login", "POST", json_type, login)
+    status, _, headers = http_json(f"{base}/login", "POST", json_type, login)
     assert status == 200
     cookie = headers["Set-Cookie"]
     assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and "Max-Age=" in cookie
     session = {"Cookie": cookie.split(";", 1)[0]}
-    assert _http(f"{base}/cluster", headers=session)[0] == 200
+    assert http_json(f"{base}/cluster", headers=session)[0] == 200
     cross_site = {**session, **json_type, "Origin": "http://evil.example"}
-    status, body, _ = _http(f"{base}/cluster", "POST", cross_site, b"{}")
+    status, body, _ = http_json(f"{base}/cluster", "POST", cross_site, b"{}")
     assert status == 403 and "CSRF" in str(body["error"])
 
 

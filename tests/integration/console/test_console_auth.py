@@ -5,7 +5,6 @@ the cluster secret."""
 
 from __future__ import annotations
 
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -18,10 +17,10 @@ import pytest
 from metaq.client.admin import Admin, TopicSettings
 from metaq.common import acl
 from metaq.common.acl import Acl, Grant, User
-from metaq.common.auth import HTTP_HEADER, sign_http
 from metaq.common.users import Credentials, Verifier
 from metaq.testing import BrokerProcess
 from metaq.testing.console import BROKER_TIMEOUT_MS, Browser
+from metaq.testing.http_signing import signed_for
 from metaq.testing.nameserver_process import NameServerProcess, start_nameserver
 from metaq.testing.waiting import (
     cluster_secret_for_tests,
@@ -103,8 +102,7 @@ def test_both_servers_take_a_cluster_members_signed_call_and_no_unsigned_one(
     secured: AuthConsole,
 ) -> None:
     for base, path in ((secured.console_url, "/cluster"), (secured.broker.http_url, "/topics")):
-        proof = sign_http(cluster_secret_for_tests(), "GET", path, b"", time.time())
-        signed = urllib.request.Request(f"{base}{path}", headers={HTTP_HEADER: proof})
+        signed = urllib.request.Request(f"{base}{path}", headers=signed_for(f"{base}{path}"))
         with urllib.request.urlopen(signed, timeout=5) as answer:
             assert answer.status == 200, (base, path)
         with pytest.raises(urllib.error.HTTPError) as unsigned:

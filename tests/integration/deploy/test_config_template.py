@@ -57,6 +57,7 @@ def test_every_broker_key_renders_and_loads_back(tmp_path: Path) -> None:
         auth_enabled=True, auth_acl_file="/etc/metaq/acl.json",
         tls_cert_file="/etc/metaq/tls/node.crt", tls_key_file="/etc/metaq/tls/node.key",
         tls_ca_file="/etc/metaq/tls/ca.crt", tls_verify_client=True,
+        http_names=("broker-x.example", "localhost:19912"),
         store=StoreConfig(data_dir=Path("."), commitlog_segment_bytes=8 << 20,
                           retention_hours=12.5, prefault_segments=False),
     )  # fmt: skip
@@ -77,6 +78,7 @@ def test_every_nameserver_key_renders_and_loads_back(tmp_path: Path) -> None:
         auth_acl_file="/etc/metaq/acl.json",
         tls_cert_file="/etc/metaq/tls/node.crt", tls_key_file="/etc/metaq/tls/node.key",
         tls_ca_file="/etc/metaq/tls/ca.crt", tls_verify_client=True,
+        http_names=("ns-7.example",),
     )  # fmt: skip
     settings = {f.name: toml_value(getattr(expected, f.name))
                 for f in dataclasses.fields(NameServerConfig)}  # fmt: skip

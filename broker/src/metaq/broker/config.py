@@ -25,6 +25,7 @@ from metaq.common.config import ConfigError, Schema, Setting, flag_settings, rea
 from metaq.common.framing import MAX_FRAME_BYTES
 from metaq.common.model import ReplicationMode
 from metaq.common.record import HEADER_SIZE
+from metaq.common.server_names import name_problems
 from metaq.common.tls import TlsConfig, TlsError, server_tls
 from metaq.common.version import installed_version
 
@@ -197,6 +198,12 @@ class BrokerConfig:
     auth_acl_file: str = ""
     """The users and grants file (``metaq acl init ADMIN --file FILE`` makes it); reread
     when it changes. Required with ``auth_enabled``. In TOML also ``[auth] acl_file``."""
+    http_names: tuple[str, ...] = ()
+    """Other names (``host`` or ``host:port``) that admin tools address this broker's
+    HTTP port by, beside ``listen_host`` (and, on loopback, ``localhost``) with
+    ``http_port``: a DNS name, a proxy, an SSH tunnel's ``localhost:PORT``. A signed admin
+    request names the server it is for and is taken only when that is one of these
+    (``metaq.common.server_names``), so one signed for another broker is refused."""
     tls_cert_file: str = ""
     """A PEM certificate (chain) the data plane and HTTP serve TLS with; empty serves
     them plain. With it set the broker also dials its nameservers and its master over
@@ -327,6 +334,7 @@ class BrokerConfig:
             problems.append(
                 "auth_enabled needs auth_acl_file (create it with metaq acl init ADMIN --file FILE)"
             )
+        problems += name_problems(self.http_names)
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
             problems.append("log_level must be DEBUG, INFO, WARNING or ERROR")
         try:

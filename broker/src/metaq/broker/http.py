@@ -39,7 +39,7 @@ from metaq.broker.store import MessageStore
 from metaq.broker.topics import TopicTable
 from metaq.common import http
 from metaq.common.errors import InvalidMessage, MetaqError, StoreUnavailable
-from metaq.common.http_auth import HttpAuth
+from metaq.common.http_auth import HttpAuth, SignedRequests
 from metaq.common.model import TOPIC_PERMISSIONS, Permission, TopicConfig
 from metaq.common.names import shown
 from metaq.common.record import FLAG_COMPRESSED, Record
@@ -57,6 +57,8 @@ class HttpContext:
     metrics: BrokerMetrics
     started_monotonic: float
     stopping: Callable[[], bool]
+    signed: SignedRequests
+    """Requests signed for this broker; its names are set once the port is bound."""
     auth: HttpAuth | None = None
     """With auth_enabled: who may use the admin API (``metaq.common.http_auth``)."""
     serving_refusal: Callable[[], str | None] = lambda: None
@@ -115,6 +117,7 @@ class HttpServer:
         site = web.TCPSite(self._runner, host, port, reuse_address=True, ssl_context=tls)
         await site.start()
         bound = self._runner.addresses[0]
+        self._context.signed.names.listening(int(bound[1]), host, str(bound[0]))
         return str(bound[0]), int(bound[1])
 
     async def stop(self) -> None:

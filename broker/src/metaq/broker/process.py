@@ -49,7 +49,8 @@ from metaq.broker.user_auth import UserGate, denied_counter
 from metaq.common.acl_source import AclReloader, AclSource, open_source
 from metaq.common.auth import ClusterSecret, is_loopback, load_secret, require_secret
 from metaq.common.framing import FrameType
-from metaq.common.http_auth import HttpAuth
+from metaq.common.http_auth import HttpAuth, SignedRequests
+from metaq.common.server_names import ServerNames
 from metaq.common.service import PeriodicService
 
 log = logging.getLogger(__name__)
@@ -262,6 +263,7 @@ class Broker:
             )
         )
 
+        signed = SignedRequests(ServerNames(config.http_names), self.secret, self.acl)
         self._http = HttpServer(
             HttpContext(
                 config.broker_name,
@@ -273,7 +275,8 @@ class Broker:
                 self.metrics,
                 self.started_monotonic,
                 lambda: self._stopping,
-                HttpAuth(self.acl, user_gate.count, self.secret) if self.acl is not None else None,
+                signed,
+                HttpAuth(signed, user_gate.count) if self.acl is not None else None,
                 self._data.refusal,
                 self._data.recount,
             )

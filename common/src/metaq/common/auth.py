@@ -189,11 +189,13 @@ def sign_call(secret: ClusterSecret, method: str, request: bytes, now_s: float) 
     return _sign(secret, "grpc", method, request, now_s)
 
 
-def sign_http(secret: ClusterSecret, method: str, path_qs: str, body: bytes, now_s: float) -> str:
+def sign_http(secret: ClusterSecret, purpose: str, body: bytes, now_s: float) -> str:
     """The :data:`HTTP_HEADER` value proving the secret for one HTTP request (the
-    nameservers' console calling a broker's admin API): over the method, the path with its
-    query (as sent, percent-encoded) and the body. Worthless as a gRPC proof and back."""
-    return _sign(secret, "http", f"{method} {path_qs}", body, now_s)
+    nameservers' console calling a broker's admin API): over ``purpose``
+    (:func:`metaq.common.http_auth.signed_purpose`: the method, the server it is for, its
+    request id, the path with its query as sent) and the body. Worthless as a gRPC proof
+    and back."""
+    return _sign(secret, "http", purpose, body, now_s)
 
 
 def _sign(secret: ClusterSecret, domain: str, what: str, request: bytes, now_s: float) -> str:
@@ -244,10 +246,10 @@ def verify_call(
 
 
 def verify_http(
-    secret: ClusterSecret, method: str, path_qs: str, body: bytes, proof: str, now_s: float
+    secret: ClusterSecret, purpose: str, body: bytes, proof: str, now_s: float
 ) -> float:
     """:func:`verify_call` for a :func:`sign_http` proof (a server's HTTP admin API)."""
-    return _verify(secret, "http", f"{method} {path_qs}", body, proof, now_s, "this server")
+    return _verify(secret, "http", purpose, body, proof, now_s, "this server")
 
 
 def _verify(

@@ -1,4 +1,4 @@
-"""Users on the HTTP admin APIs and console of brokers and nameservers.
+"""Who may use the HTTP APIs and consoles of brokers and nameservers.
 
 With ``auth_enabled`` the middleware of :func:`metaq.common.http.application` lets
 through only ``/health``, ``/metrics`` and ``/login`` unauthenticated; every other route,
@@ -6,7 +6,7 @@ including ones added to the app later (the console), needs a user holding ``admi
 cluster``, proven one of two ways:
 
 - **Tools** sign each request: header ``X-Metaq-User`` with
-  :func:`metaq.common.users.sign_request` over ``"http METHOD PATH?QUERY"`` and the body,
+  :func:`metaq.common.users.sign_request` over :func:`signed_purpose` and the body,
   within the clock window; each proof is taken once (a replay within the window is
   refused).
 - **People** log in: ``POST /login`` with JSON ``{"access_key", "secret_key"}`` (the
@@ -21,6 +21,15 @@ cluster``, proven one of two ways:
   with the cluster secret: header :data:`metaq.common.auth.HTTP_HEADER` made by
   :func:`metaq.common.auth.sign_http`, taken once, as a user's signature is.
 
+Both kinds of signature cover the server the request is for (:data:`TARGET_HEADER`,
+``host:port`` as the signer dialled it) and a random request id (:data:`REQUEST_ID_HEADER`)
+besides the method, path, body and time; a server takes one only when it names this server
+(:mod:`metaq.common.server_names`), so a signed request copied to another server, even within
+the window, is refused. :func:`sign_headers` is the one signer.
+
+Without auth, :func:`loopback_or_member` keeps the nameservers' console's changes to this
+host and cluster members.
+
 Refusals are 401 (who are you) or 403 (not allowed), JSON ``{"error": ...}`` saying what
 to do, counted by reason and logged without any key.
 """
@@ -34,6 +43,7 @@ import hmac
 import ipaddress
 import logging
 import math
+import re
 import secrets
 import time
 from collections.abc import Awaitable, Callable
@@ -46,16 +56,19 @@ from aiohttp.typedefs import Middleware
 from metaq.common import acl
 from metaq.common.acl import PermissionDenied, User
 from metaq.common.acl_source import AclSource
-from metaq.common.auth import HTTP_HEADER, AuthFailed, ClusterSecret, verify_http
+from metaq.common.auth import HTTP_HEADER, AuthFailed, ClusterSecret, sign_http, verify_http
 from metaq.common.http import json_object, same_site
 from metaq.common.login_guard import LoginGuard
 from metaq.common.names import shown
+from metaq.common.server_names import ServerNames
 from metaq.common.users import (
     MAX_CLOCK_SKEW_S,
     USER_METADATA_KEY,
+    Credentials,
     ProofError,
     Verifier,
     parse_proof,
+    sign_request,
     verify_request,
 )
 
@@ -64,6 +77,15 @@ log = logging.getLogger(__name__)
 OPEN_PATHS: Final = frozenset({"/health", "/metrics", "/login"})
 HEADER: Final = "X-Metaq-User"
 assert HEADER.lower() == USER_METADATA_KEY
+TARGET_HEADER: Final = "X-Metaq-Target"
+"""The server a signed request is for: ``host:port`` as the signer dialled it
+(:func:`metaq.common.server_names.http_target`), under its proof."""
+REQUEST_ID_HEADER: Final = "X-Metaq-Request-Id"
+"""A random id of each signed request, under its proof: two requests alike in every other
+way and signed within one millisecond have different proofs, so the second is not taken
+for a replay of the first."""
+REQUEST_ID_BYTES: Final = 8
+_REQUEST_ID: Final = re.compile(rf"[0-9a-f]{{{2 * REQUEST_ID_BYTES}}}")
 COOKIE: Final = "metaq_session"
 SESSION_TTL_S: Final = 8 * 3600.0
 MAX_SESSIONS: Final = 10_000
@@ -111,39 +133,118 @@ def _refusal(status: int, message: str) -> web.Response:
     return web.json_response({"error": message}, status=status)
 
 
-def signed_purpose(method: str, path_qs: str) -> str:
-    return f"http {method} {path_qs}"
+def signed_purpose(method: str, target: str, request_id: str, path_qs: str) -> str:
+    """What both kinds of proof of an HTTP request cover, besides its body and time: the
+    method, the server it is for (:func:`~metaq.common.server_names.http_target`), its
+    request id and the path with its query as sent (percent-encoded)."""
+    return f"http {method} {target} {request_id} {path_qs}"
 
 
-class MemberProofs:
-    """Requests a cluster member signed with the cluster secret, each taken once."""
+def sign_headers(
+    method: str,
+    target: str,
+    path_qs: str,
+    body: bytes,
+    *,
+    secret: ClusterSecret | None = None,
+    credentials: Credentials | None = None,
+    now_s: float | None = None,
+) -> dict[str, str]:
+    """The headers that sign one HTTP request for server ``target`` (``http_target`` of
+    the host and port it is sent to): with ``secret`` as a cluster member, else with a
+    user's ``credentials``; none with neither."""
+    if secret is None and credentials is None:
+        return {}
+    request_id = secrets.token_hex(REQUEST_ID_BYTES)
+    purpose = signed_purpose(method, target, request_id, path_qs)
+    now_s = time.time() if now_s is None else now_s
+    headers = {TARGET_HEADER: target, REQUEST_ID_HEADER: request_id}
+    if secret is not None:
+        headers[HTTP_HEADER] = sign_http(secret, purpose, body, now_s)
+    else:
+        assert credentials is not None
+        headers[HEADER] = sign_request(credentials, purpose, body, now_s)
+    return headers
 
-    def __init__(self, secret: ClusterSecret | None) -> None:
+
+class SignedRequests:
+    """Requests signed for this server: by a cluster member (the cluster secret) or, with
+    users (``source``), by a user; each proof taken once within the clock window.
+
+    A proof covers the server the request names (:data:`TARGET_HEADER`), which must be one
+    of this server's own :class:`~metaq.common.server_names.ServerNames`: a request signed
+    for another server (another nameserver, a master when this is its slave) is refused,
+    saying so, before its proof is even checked."""
+
+    def __init__(
+        self, names: ServerNames, secret: ClusterSecret | None, source: AclSource | None = None
+    ) -> None:
+        self.names = names
+        self.source = source
         self._secret = secret
         # proofs taken within the window -> when they stop mattering
         self._seen: dict[bytes, float] = {}
 
-    async def proved(self, request: web.Request) -> bool:
-        """True for a request a cluster member signed; False for one that carries no
-        member's signature; ProofError for a signature that does not hold."""
-        proof = request.headers.get(HTTP_HEADER)
-        if proof is None:
+    async def admitted(self, request: web.Request) -> bool:
+        """True for a request signed for this server by a cluster member, or by a user
+        holding ``admin cluster``; False for one that carries no signature this server
+        reads (a user's, without users); ProofError for a signature that does not hold,
+        PermissionDenied for a user without the grant."""
+        member = request.headers.get(HTTP_HEADER)
+        if member is not None:
+            await self._member(request, member)
+            return True
+        user = request.headers.get(HEADER)
+        if user is None or self.source is None:
             return False
+        acl.check(await self._user(request, user), "admin", "cluster", "")
+        return True
+
+    async def _member(self, request: web.Request, proof: str) -> None:
         if self._secret is None:
             raise ProofError(
                 f"this server holds no cluster secret, so the {HTTP_HEADER} header proves "
                 "nothing here; sign as a user (X-Metaq-User)",
                 "bad_signature",
             )
+        purpose = self._purpose(request)
         body = await request.read()
         try:
-            verify_http(self._secret, request.method, request.path_qs, body, proof, time.time())
+            verify_http(self._secret, purpose, body, proof, time.time())
         except AuthFailed as exc:
             raise ProofError(str(exc), "bad_signature") from None
-        self.once(proof.encode())
-        return True
+        self._once(proof.encode())
 
-    def once(self, proof: bytes) -> None:
+    async def _user(self, request: web.Request, header: str) -> User:
+        assert self.source is not None
+        access_key, stamp, proof = parse_proof(header)
+        purpose = self._purpose(request)
+        user = self.source.acl.user(access_key)
+        body = await request.read()
+        verify_request(
+            user.verifier if user else None, access_key, stamp, proof, purpose, body, time.time()
+        )
+        self._once(proof)
+        assert user is not None
+        return user
+
+    def _purpose(self, request: web.Request) -> str:
+        """What the request's proof must cover, once it is known to be for this server."""
+        target = request.headers.get(TARGET_HEADER)
+        request_id = request.headers.get(REQUEST_ID_HEADER, "")
+        if not target or not _REQUEST_ID.fullmatch(request_id):
+            raise ProofError(
+                f"a signed request names the server it is for ({TARGET_HEADER}: host:port as "
+                f"dialled) and carries a request id ({REQUEST_ID_HEADER}: "
+                f"{2 * REQUEST_ID_BYTES} hex digits), both under its proof; this one lacks "
+                "them: sign it with a metaq client of this release",
+                "unbound",
+            )
+        if target not in self.names:
+            raise ProofError(self.names.refusal(shown(target)), "wrong_server")
+        return signed_purpose(request.method, target, request_id, request.path_qs)
+
+    def _once(self, proof: bytes) -> None:
         """Take a proof, or refuse it as a replay of one already taken."""
         now = time.monotonic()
         if len(self._seen) > 4 * MAX_SESSIONS:
@@ -154,12 +255,11 @@ class MemberProofs:
 
 
 def loopback_or_member(
-    prefix: str, secret: ClusterSecret | None, count: Callable[[str], None]
+    prefix: str, signed: SignedRequests, count: Callable[[str], None]
 ) -> Middleware:
     """Without auth: a middleware that lets a change under ``prefix`` (the console's
-    buttons) through only from this host or signed by a cluster member; what only reads
-    stays open, as everything does without auth."""
-    members = MemberProofs(secret)
+    buttons) through only from this host or signed for this server by a cluster member;
+    what only reads stays open, as everything does without auth."""
 
     @web.middleware
     async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -168,7 +268,7 @@ def loopback_or_member(
         if _is_loopback(request.remote):
             return await handler(request)
         try:
-            if await members.proved(request):
+            if await signed.admitted(request):
                 return await handler(request)
         except ProofError as exc:
             count(exc.reason)
@@ -194,18 +294,15 @@ def _is_loopback(address: str | None) -> bool:
 
 
 class HttpAuth:
-    """The middleware and the ``/login`` handlers, over one :class:`AclSource`."""
+    """The middleware and the ``/login`` handlers: requests signed for this server
+    (``signed``, which holds the users' :class:`AclSource`) and people's sessions."""
 
-    def __init__(
-        self,
-        source: AclSource,
-        count: Callable[[str], None] | None = None,
-        secret: ClusterSecret | None = None,
-    ) -> None:
-        self._source = source
+    def __init__(self, signed: SignedRequests, count: Callable[[str], None] | None = None) -> None:
+        if signed.source is None:
+            raise ValueError("HttpAuth needs users: SignedRequests with an AclSource")
+        self._source: AclSource = signed.source
+        self._signed = signed
         self._count = count or (lambda _reason: None)
-        self._members = MemberProofs(secret)
-        """Requests signed with the cluster secret are a cluster member's, admitted."""
         # token -> (access key, expiry, monotonic)
         self._sessions: dict[str, tuple[str, float]] = {}
         self._guard = LoginGuard()
@@ -221,8 +318,8 @@ class HttpAuth:
         if request.path in OPEN_PATHS:
             return await handler(request)
         try:
-            if not await self._members.proved(request):
-                acl.check(await self._user(request), "admin", "cluster", "")
+            if not await self._signed.admitted(request):
+                acl.check(self._session_user(request), "admin", "cluster", "")
         except ProofError as exc:
             if self._wants_page(request, exc):
                 # A person at a browser: the login page, and back here afterwards.
@@ -241,19 +338,7 @@ class HttpAuth:
             and "text/html" in request.headers.get("Accept", "")
         )
 
-    async def _user(self, request: web.Request) -> User:
-        header = request.headers.get(HEADER)
-        if header is not None:
-            access_key, stamp, proof = parse_proof(header)
-            user = self._source.acl.user(access_key)
-            body = await request.read()
-            verify_request(
-                user.verifier if user else None, access_key, stamp, proof,
-                signed_purpose(request.method, request.path_qs), body, time.time(),
-            )  # fmt: skip
-            self._members.once(proof)
-            assert user is not None
-            return user
+    def _session_user(self, request: web.Request) -> User:
         token = request.cookies.get(COOKIE)
         session = self._sessions.get(token) if token else None
         if session is None or session[1] < time.monotonic():

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from metaq.common.config import ConfigError, Schema, flag_settings, read_settings
+from metaq.common.server_names import name_problems
 from metaq.common.tls import TlsConfig, TlsError, server_tls
 from metaq.common.version import installed_version
 
@@ -76,6 +77,11 @@ class NameServerConfig:
     auth_enabled: bool = False
     # The users and grants file (`metaq acl init ADMIN --file FILE`); reread on change.
     auth_acl_file: str = ""
+    # Other names (host or host:port) admin tools address the HTTP port by, beside
+    # listen_host (and, on loopback, localhost) with http_port: a DNS name, a proxy, an SSH
+    # tunnel's localhost:PORT. A signed request is taken only when it names one of these
+    # (metaq.common.server_names), so one signed for another server is refused.
+    http_names: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         problems = []
@@ -118,6 +124,7 @@ class NameServerConfig:
             problems.append(
                 "auth_enabled needs auth_acl_file (create it with metaq acl init ADMIN --file FILE)"
             )
+        problems += name_problems(self.http_names)
         if problems:
             raise ConfigError("invalid nameserver config: " + "; ".join(problems))
 

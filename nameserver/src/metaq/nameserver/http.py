@@ -13,10 +13,9 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from metaq.common import http
-from metaq.common.acl_source import AclSource
-from metaq.common.auth import ClusterSecret
-from metaq.common.http_auth import HttpAuth, loopback_or_member
+from metaq.common.http_auth import HttpAuth, SignedRequests, loopback_or_member
 from metaq.common.names import shown
+from metaq.common.server_names import ServerNames
 from metaq.common.version import installed_version
 from metaq.nameserver.console import ConsoleContext
 from metaq.nameserver.console import add_routes as add_console_routes
@@ -37,17 +36,19 @@ def _respond(body: Any, status: int = 200) -> web.Response:
 def make_app(
     registry: Registry,
     metrics: NameServerMetrics | None = None,
-    acl: AclSource | None = None,
+    signed: SignedRequests | None = None,
     count: Callable[[str], None] | None = None,
     console: ConsoleContext | None = None,
-    secret: ClusterSecret | None = None,
 ) -> web.Application:
     """``GET /health``, ``GET /cluster``, ``GET /route/{topic}`` (404 for an unknown topic),
     with ``metrics`` ``GET /metrics`` (Prometheus text format, open to scrapers), and with
-    ``console`` the web console under ``/console/`` (``/`` leads there); with ``acl``, all
-    but /health and /metrics need a user or, with ``secret``, a cluster member's signature;
-    without, the console's changes are taken only from this host or signed with ``secret``
+    ``console`` the web console under ``/console/`` (``/`` leads there). ``signed`` holds
+    this server's names, its cluster secret and, with users, its ACL: then all but
+    /health and /metrics need a user or a cluster member's signature; without users, the
+    console's changes are taken only from this host or signed by a cluster member
     (``metaq.common.http_auth``)."""
+    count = count or (lambda _reason: None)
+    signed = signed or SignedRequests(ServerNames(), None)
 
     async def health(_request: web.Request) -> web.Response:
         return _respond(
@@ -75,13 +76,13 @@ def make_app(
             )
         return _respond(dataclasses.asdict(found))
 
-    async def scrape(_request: web.Request) -> web.Response:
+    async def metrics_page(_request: web.Request) -> web.Response:
         assert metrics is not None
         response = web.Response(body=metrics.render())
         response.headers["Content-Type"] = CONTENT_TYPE_LATEST
         return response
 
-    app = http.application(HttpAuth(acl, count, secret) if acl is not None else None)
+    app = http.application(HttpAuth(signed, count) if signed.source is not None else None)
     app.add_routes(
         [
             web.get("/health", health),
@@ -90,11 +91,9 @@ def make_app(
         ]
     )
     if metrics is not None:
-        app.add_routes([web.get("/metrics", scrape)])
+        app.add_routes([web.get("/metrics", metrics_page)])
     if console is not None:
-        if acl is None:
-            app.middlewares.append(
-                loopback_or_member("/console/", secret, count or (lambda _reason: None))
-            )
+        if signed.source is None:
+            app.middlewares.append(loopback_or_member("/console/", signed, count))
         add_console_routes(app, console)
     return app

@@ -11,6 +11,8 @@ from aiohttp import web
 
 from metaq.common.acl_source import AclReloader, open_source
 from metaq.common.auth import ClusterSecret, is_loopback, load_secret, require_secret
+from metaq.common.http_auth import SignedRequests
+from metaq.common.server_names import ServerNames
 from metaq.common.v1 import control_pb2_grpc
 from metaq.nameserver.config import NameServerConfig
 from metaq.nameserver.console import ConsoleContext
@@ -115,9 +117,9 @@ class NameServer:
                     tls,
                     self.secret,
                 )
-                runner = web.AppRunner(
-                    make_app(self.registry, metrics, self.acl, users.count, console, self.secret)
-                )
+                signed = SignedRequests(ServerNames(config.http_names), self.secret, self.acl)
+                app = make_app(self.registry, metrics, signed, users.count, console)
+                runner = web.AppRunner(app)
                 await runner.setup()
                 self._http = runner
                 site = web.TCPSite(
@@ -125,6 +127,7 @@ class NameServer:
                 )
                 await site.start()
                 bound = runner.addresses[0]
+                signed.names.listening(int(bound[1]), config.listen_host, str(bound[0]))
                 self.http_address = host_port(config.listen_host, bound[1])
             self._sweeper.start()
             if self._acl_reloader is not None:

@@ -4,22 +4,23 @@ A broker is named by its HTTP address (``host:port``, as it registers it) or by 
 URL (``https://host:port``). Every call is bounded by ``timeout_s``. A request is signed
 with a user's credentials (brokers with ``auth_enabled`` check them against the ACL) or
 with the cluster secret (what the nameservers' console proves: a cluster member), over
-the path as it goes on the wire.
+the path as it goes on the wire and the broker it is sent to (``host:port`` of the URL),
+so that no other server takes it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import time
 from typing import TYPE_CHECKING, Any
 
 from metaq.client.errors import BrokerAdminError, BrokerAnswerUnreadable, BrokerUnreachable
 from metaq.common import http
-from metaq.common.auth import HTTP_HEADER, ClusterSecret, sign_http
-from metaq.common.http_auth import HEADER, signed_purpose
+from metaq.common.auth import ClusterSecret
+from metaq.common.http_auth import sign_headers
+from metaq.common.server_names import http_target
 from metaq.common.tls import TlsConfig
-from metaq.common.users import Credentials, sign_request
+from metaq.common.users import Credentials
 
 if TYPE_CHECKING:
     import aiohttp
@@ -90,13 +91,14 @@ class BrokerHttp:
         sent = http.json_for(method, body)
         data = json.dumps(sent).encode() if sent is not None else b""
         headers = {"Content-Type": http.JSON_TYPE} if sent is not None else {}
-        if self._secret is not None:
-            headers[HTTP_HEADER] = sign_http(
-                self._secret, method, url.raw_path_qs, data, time.time()
+        if url.host is None or url.port is None:
+            raise BrokerUnreachable(broker, str(url), "the address names no host and port")
+        headers.update(
+            sign_headers(
+                method, http_target(url.host, url.port), url.raw_path_qs, data,
+                secret=self._secret, credentials=self._credentials,
             )
-        elif self._credentials is not None:
-            purpose = signed_purpose(method, url.raw_path_qs)
-            headers[HEADER] = sign_request(self._credentials, purpose, data, time.time())
+        )  # fmt: skip
         session = self._session
         if session is None:
             ssl = self._tls.client_context() if self._tls is not None else None
