@@ -9,6 +9,7 @@ installs it); without them these tests skip and say so.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any, Final
 
 import pytest
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from metaq.client.admin import Admin, TopicSettings
@@ -104,27 +106,32 @@ async def _leave_backlog(master: BrokerProcess) -> None:
         await client.close()
 
 
-class Prometheus:
-    """A Prometheus server on a loopback port with a temporary storage directory."""
+def scrape_configs(cluster: Cluster) -> list[dict[str, Any]]:
+    return [
+        {
+            "job_name": "metaq-broker",
+            "static_configs": [
+                {"targets": [host_port(b.http_url) for b in cluster.group.brokers.values()]}
+            ],
+        },
+        {
+            "job_name": "metaq-nameserver",
+            "static_configs": [{"targets": [cluster.nameserver.http_address]}],
+        },
+    ]
 
-    def __init__(self, work: Path, cluster: Cluster) -> None:
+
+class Prometheus:
+    """A Prometheus server on a loopback port with a temporary storage directory,
+    scraping every second."""
+
+    def __init__(self, work: Path, scrapes: list[dict[str, Any]]) -> None:
         (port,) = free_ports(1)
         self.url = f"http://127.0.0.1:{port}"
         config = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
             "rule_files": [str(MONITORING / "alerts.yml")],
-            "scrape_configs": [
-                {
-                    "job_name": "metaq-broker",
-                    "static_configs": [
-                        {"targets": [host_port(b.http_url) for b in cluster.group.brokers.values()]}
-                    ],
-                },
-                {
-                    "job_name": "metaq-nameserver",
-                    "static_configs": [{"targets": [cluster.nameserver.http_address]}],
-                },
-            ],
+            "scrape_configs": scrapes,
         }
         work.mkdir(parents=True, exist_ok=True)
         config_path = work / "prometheus.yml"
@@ -178,16 +185,22 @@ class Prometheus:
         self.process.wait(timeout=10)
 
 
-@pytest.fixture
-def prometheus(tmp_path: Path, cluster: Cluster) -> Iterator[Prometheus]:
+@contextlib.contextmanager
+def running_prometheus(work: Path, scrapes: list[dict[str, Any]]) -> Iterator[Prometheus]:
     if PROMETHEUS is None:
         pytest.skip(MISSING)
-    server = Prometheus(tmp_path / "prometheus", cluster)
+    server = Prometheus(work, scrapes)
     try:
         wait_until(server.ready, 15, "prometheus answers /-/ready", poll_s=0.1)
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def prometheus(tmp_path: Path, cluster: Cluster) -> Iterator[Prometheus]:
+    with running_prometheus(tmp_path / "prometheus", scrape_configs(cluster)) as server:
+        yield server
 
 
 def exported_names(url: str) -> set[str]:
@@ -352,3 +365,69 @@ def test_promtool_accepts_the_monitoring_files(args: tuple[str, ...]) -> None:
         [PROMTOOL, *args], cwd=MONITORING, capture_output=True, text=True, timeout=60, check=False
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def example_config_with_the_token(token: Path) -> dict[str, Any]:
+    """deploy/monitoring/prometheus.yml as an operator of servers with metrics_auth =
+    "bearer" makes it: its authorization lines uncommented, naming ``token``."""
+    text = (MONITORING / "prometheus.yml").read_text()
+    text, uncommented = re.subn(r"(?m)^(\s*)# (authorization:|  credentials_file: .*)$",
+                                r"\1\2", text)  # fmt: skip
+    assert uncommented == 4, "both jobs' two authorization lines, commented out"
+    config: dict[str, Any] = yaml.safe_load(text)
+    for job in config["scrape_configs"]:
+        assert job["authorization"] == {"credentials_file": "/etc/prometheus/metaq-metrics-token"}
+        job["authorization"]["credentials_file"] = str(token)
+    return config
+
+
+def test_prometheus_scrapes_servers_with_metrics_auth_as_the_example_config_says(
+    tmp_path: Path,
+) -> None:
+    token = tmp_path / "metrics-token"
+    token.write_text("a-token-prometheus-and-the-servers-share\n")
+    token.chmod(0o600)
+    auth = ["metrics_auth=bearer", f"metrics_auth_file={token}"]
+    nameserver = start_nameserver(
+        tmp_path / "ns", "--http-port", "0", "--metrics-auth", "bearer",
+        "--metrics-auth-file", str(token),
+    )  # fmt: skip
+    try:
+        with BrokerProcess.start(
+            tmp_path / "broker", "--broker-name", GROUP, "--nameserver", nameserver.grpc_address,
+            *(arg for setting in auth for arg in ("--set", setting)),
+            health_headers={"Authorization": "Bearer a-token-prometheus-and-the-servers-share"},
+        ) as broker:  # fmt: skip
+            config = example_config_with_the_token(token)
+            if PROMTOOL is not None:
+                checked = tmp_path / "prometheus.yml"
+                checked.write_text(json.dumps({**config, "rule_files": []}))
+                command = [PROMTOOL, "check", "config", str(checked)]
+                done = subprocess.run(
+                    command, capture_output=True, text=True, timeout=60, check=False
+                )
+                assert done.returncode == 0, done.stdout + done.stderr
+            jobs = config["scrape_configs"]
+            jobs[0]["static_configs"] = [{"targets": [host_port(broker.http_url)]}]
+            jobs[1]["static_configs"] = [{"targets": [nameserver.http_address]}]
+            with running_prometheus(tmp_path / "prometheus", jobs) as prometheus:
+                wait_until(
+                    lambda: (
+                        prometheus.value('up{job="metaq-broker"}') == 1
+                        and prometheus.value('up{job="metaq-nameserver"}') == 1
+                    ),
+                    20,
+                    "prometheus scrapes both servers with the token",
+                    poll_s=0.2,
+                )
+                assert prometheus.value('metaq_is_master{job="metaq-broker"}') == 1
+                wait_until(
+                    lambda: (
+                        prometheus.value(f'metaq_group_has_master{{broker_group="{GROUP}"}}') == 1
+                    ),
+                    20,
+                    "prometheus has the nameserver's view of the group",
+                    poll_s=0.2,
+                )
+    finally:
+        nameserver.stop()

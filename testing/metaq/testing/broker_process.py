@@ -59,10 +59,13 @@ class BrokerProcess:
         command: Sequence[str] | None = None,
         env: Mapping[str, str] | None = None,
         tls: TlsConfig | None = None,
+        health_headers: Mapping[str, str] | None = None,
     ) -> None:
         self.data_dir = data_dir
         self.tls = tls
         """How the tests reach a broker serving TLS (its HTTP port included)."""
+        self.health_headers = dict(health_headers or {})
+        """What :meth:`health` sends: the credentials of a broker with ``metrics_auth``."""
         self._http_tls: ssl.SSLContext | None = tls.client_context() if tls else None
         self.args = list(args)
         self.command = list(command) if command is not None else broker_command()
@@ -94,6 +97,7 @@ class BrokerProcess:
         command: Sequence[str] | None = None,
         env: Mapping[str, str] | None = None,
         tls: TlsConfig | None = None,
+        health_headers: Mapping[str, str] | None = None,
     ) -> BrokerProcess:
         """Start a broker and wait for its readiness line.
 
@@ -110,6 +114,8 @@ class BrokerProcess:
 
         ``tls`` is how the tests themselves reach a broker started with ``--tls-*`` flags:
         its ``/health`` over HTTPS, with a client certificate if the broker wants one.
+        ``health_headers`` go with every ``/health`` the tests ask (``Authorization`` for
+        a broker started with ``metrics_auth``).
         """
         if wait_for_master is None:
             wait_for_master = "--nameserver" in args and "--broker-id" not in args
@@ -120,7 +126,7 @@ class BrokerProcess:
         if small_store:
             for setting in SMALL_STORE:
                 argv += ["--set", setting]
-        broker = cls(data_dir, [*argv, *args], command, env, tls)
+        broker = cls(data_dir, [*argv, *args], command, env, tls, health_headers)
         try:
             broker.wait_ready(ready_timeout_s)
             if wait_for_master:
@@ -179,8 +185,9 @@ class BrokerProcess:
         if self.proc.poll() is not None:
             return None
         try:
+            request = urllib.request.Request(f"{self.http_url}/health", headers=self.health_headers)
             with urllib.request.urlopen(
-                f"{self.http_url}/health", timeout=timeout_s, context=self._http_tls
+                request, timeout=timeout_s, context=self._http_tls
             ) as answer:
                 body: dict[str, Any] = json.load(answer)
         except urllib.error.HTTPError as answered:

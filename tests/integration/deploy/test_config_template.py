@@ -18,6 +18,7 @@ from lab import PLAYBOOKS
 from metaq.broker.config import BrokerConfig
 from metaq.broker.config import load_config as load_broker_config
 from metaq.broker.store.config import FlushMode, StoreConfig
+from metaq.common.scrape_auth import MetricsAuth
 from metaq.nameserver.config import NameServerConfig
 from metaq.nameserver.config import load_config as load_nameserver_config
 
@@ -57,7 +58,8 @@ def test_every_broker_key_renders_and_loads_back(tmp_path: Path) -> None:
         auth_enabled=True, auth_acl_file="/etc/metaq/acl.json",
         tls_cert_file="/etc/metaq/tls/node.crt", tls_key_file="/etc/metaq/tls/node.key",
         tls_ca_file="/etc/metaq/tls/ca.crt", tls_verify_client=True,
-        http_names=("broker-x.example", "localhost:19912"),
+        http_names=("broker-x.example", "localhost:19912"), metrics_auth=MetricsAuth.BASIC,
+        metrics_auth_file="/etc/metaq/metrics-secret", metrics_auth_user="scraper",
         store=StoreConfig(data_dir=Path("."), commitlog_segment_bytes=8 << 20,
                           retention_hours=12.5, prefault_segments=False),
     )  # fmt: skip
@@ -78,7 +80,8 @@ def test_every_nameserver_key_renders_and_loads_back(tmp_path: Path) -> None:
         auth_acl_file="/etc/metaq/acl.json",
         tls_cert_file="/etc/metaq/tls/node.crt", tls_key_file="/etc/metaq/tls/node.key",
         tls_ca_file="/etc/metaq/tls/ca.crt", tls_verify_client=True,
-        http_names=("ns-7.example",),
+        http_names=("ns-7.example",), metrics_auth=MetricsAuth.BEARER,
+        metrics_auth_file="/etc/metaq/metrics-secret",
     )  # fmt: skip
     settings = {f.name: toml_value(getattr(expected, f.name))
                 for f in dataclasses.fields(NameServerConfig)}  # fmt: skip

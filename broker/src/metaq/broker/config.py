@@ -25,6 +25,7 @@ from metaq.common.config import ConfigError, Schema, Setting, flag_settings, rea
 from metaq.common.framing import MAX_FRAME_BYTES
 from metaq.common.model import ReplicationMode
 from metaq.common.record import HEADER_SIZE
+from metaq.common.scrape_auth import MetricsAuth, config_problems
 from metaq.common.server_names import name_problems
 from metaq.common.tls import TlsConfig, TlsError, server_tls
 from metaq.common.version import installed_version
@@ -204,6 +205,15 @@ class BrokerConfig:
     ``http_port``: a DNS name, a proxy, an SSH tunnel's ``localhost:PORT``. A signed admin
     request names the server it is for and is taken only when that is one of these
     (``metaq.common.server_names``), so one signed for another broker is refused."""
+    metrics_auth: MetricsAuth = MetricsAuth.NONE
+    """What ``/metrics`` and the detail of ``/health`` need (``metaq.common.scrape_auth``):
+    ``none`` (open, the default), ``bearer`` (a token) or ``basic`` (a user and password),
+    as Prometheus sends them."""
+    metrics_auth_file: str = ""
+    """The file (readable by the service user only) holding the bearer token or the basic
+    password; required unless ``metrics_auth`` is ``none``."""
+    metrics_auth_user: str = "prometheus"
+    """The user name of ``basic`` credentials."""
     tls_cert_file: str = ""
     """A PEM certificate (chain) the data plane and HTTP serve TLS with; empty serves
     them plain. With it set the broker also dials its nameservers and its master over
@@ -335,6 +345,9 @@ class BrokerConfig:
                 "auth_enabled needs auth_acl_file (create it with metaq acl init ADMIN --file FILE)"
             )
         problems += name_problems(self.http_names)
+        problems += config_problems(
+            self.metrics_auth, self.metrics_auth_file, self.metrics_auth_user
+        )
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
             problems.append("log_level must be DEBUG, INFO, WARNING or ERROR")
         try:

@@ -2,8 +2,10 @@
 
 - ``GET /health`` — 200 ``{"status": "ok", ...}`` while the store takes writes, 503
   ``{"status": "not-writable", "reason": ...}`` while it refuses them (disk full, I/O
-  errors, a background thread died, shutting down; reads go on).
-- ``GET /metrics`` — Prometheus text format.
+  errors, a background thread died, shutting down; reads go on). With ``metrics_auth``,
+  a request without credentials gets the status code and ``{"status": ...}`` only.
+- ``GET /metrics`` — Prometheus text format; with ``metrics_auth`` only with credentials
+  (:mod:`metaq.common.scrape_auth`).
 - ``GET /topics``, ``PUT /topics/{name}`` (JSON: read_queues, write_queues, perm,
   ordered; creates or replaces; 507 when its new queues would leave fewer than
   ``min_connection_slots`` file descriptors for connections), ``DELETE /topics/{name}``.
@@ -39,10 +41,11 @@ from metaq.broker.store import MessageStore
 from metaq.broker.topics import TopicTable
 from metaq.common import http
 from metaq.common.errors import InvalidMessage, MetaqError, StoreUnavailable
-from metaq.common.http_auth import HttpAuth, SignedRequests
+from metaq.common.http_auth import HttpAuth, SignedRequests, scrape_guard, shows_detail
 from metaq.common.model import TOPIC_PERMISSIONS, Permission, TopicConfig
 from metaq.common.names import shown
 from metaq.common.record import FLAG_COMPRESSED, Record
+from metaq.common.scrape_auth import ScrapeCredentials
 from metaq.common.version import installed_version
 
 
@@ -65,6 +68,10 @@ class HttpContext:
     """Why the data plane takes no connection now (None: it does)."""
     recount_descriptors: Callable[[], Awaitable[None]] | None = None
     """Counts the descriptor budget afresh (before a topic change is judged by it)."""
+    scrape: ScrapeCredentials | None = None
+    """With metrics_auth: what /metrics and the detail of /health need."""
+    count: Callable[[str], None] = lambda _reason: None
+    """Counts a refusal by reason (``metaq_auth_denied_total``)."""
 
 
 @web.middleware
@@ -87,6 +94,8 @@ class HttpServer:
     def __init__(self, context: HttpContext) -> None:
         self._context = context
         app = http.application(context.auth)
+        if context.scrape is not None:
+            app.middlewares.append(scrape_guard(context.scrape, context.signed, context.count))
         app.middlewares.append(_store_unavailable)
         app.add_routes(
             [
@@ -125,11 +134,15 @@ class HttpServer:
 
     # --- handlers ---------------------------------------------------------------------
 
-    async def health(self, _request: web.Request) -> web.Response:
+    async def health(self, request: web.Request) -> web.Response:
         c = self._context
         reason = c.store.refusal or c.serving_refusal()
         if c.stopping():
             reason = "the broker is shutting down"
+        status = 200 if reason is None else 503
+        if not shows_detail(request):
+            return web.json_response({"status": "ok" if reason is None else "not-writable"},
+                                     status=status)  # fmt: skip
         body = {
             "status": "ok" if reason is None else "not-writable",
             "reason": reason,
@@ -161,7 +174,7 @@ class HttpServer:
             "replication_mode": c.role.config.replication_mode.value,
             "retention_hours": c.store.config.retention_hours,
         }
-        return web.json_response(body, status=200 if reason is None else 503)
+        return web.json_response(body, status=status)
 
     async def metrics(self, _request: web.Request) -> web.Response:
         response = web.Response(body=self._context.metrics.render())

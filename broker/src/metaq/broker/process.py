@@ -50,6 +50,7 @@ from metaq.common.acl_source import AclReloader, AclSource, open_source
 from metaq.common.auth import ClusterSecret, is_loopback, load_secret, require_secret
 from metaq.common.framing import FrameType
 from metaq.common.http_auth import HttpAuth, SignedRequests
+from metaq.common.scrape_auth import load_scrape_credentials
 from metaq.common.server_names import ServerNames
 from metaq.common.service import PeriodicService
 
@@ -123,6 +124,9 @@ class Broker:
     async def start(self) -> None:
         config = self.config
         self.secret = cluster_secret(config)  # before anything listens
+        scrape = load_scrape_credentials(
+            config.metrics_auth, config.metrics_auth_file, config.metrics_auth_user
+        )
         self.acl = open_source(
             config.auth_enabled, config.auth_acl_file, "the broker", self.secret is not None
         )
@@ -279,6 +283,8 @@ class Broker:
                 HttpAuth(signed, user_gate.count) if self.acl is not None else None,
                 self._data.refusal,
                 self._data.recount,
+                scrape=scrape,
+                count=user_gate.count,
             )
         )
         http_host, http_port = await self._http.start(

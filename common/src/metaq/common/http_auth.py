@@ -28,7 +28,8 @@ besides the method, path, body and time; a server takes one only when it names t
 the window, is refused. :func:`sign_headers` is the one signer.
 
 Without auth, :func:`loopback_or_member` keeps the nameservers' console's changes to this
-host and cluster members.
+host and cluster members; with ``metrics_auth``, :func:`scrape_guard` keeps ``/metrics`` and
+the detail of ``/health`` to those with the scrape credentials (:mod:`metaq.common.scrape_auth`).
 
 Refusals are 401 (who are you) or 403 (not allowed), JSON ``{"error": ...}`` saying what
 to do, counted by reason and logged without any key.
@@ -60,6 +61,7 @@ from metaq.common.auth import HTTP_HEADER, AuthFailed, ClusterSecret, sign_http,
 from metaq.common.http import json_object, same_site
 from metaq.common.login_guard import LoginGuard
 from metaq.common.names import shown
+from metaq.common.scrape_auth import MetricsAuth, ScrapeCredentials
 from metaq.common.server_names import ServerNames
 from metaq.common.users import (
     MAX_CLOCK_SKEW_S,
@@ -75,6 +77,8 @@ from metaq.common.users import (
 log = logging.getLogger(__name__)
 
 OPEN_PATHS: Final = frozenset({"/health", "/metrics", "/login"})
+SCRAPE_PATHS: Final = frozenset({"/health", "/metrics"})
+"""What ``metrics_auth`` guards (:func:`scrape_guard`)."""
 HEADER: Final = "X-Metaq-User"
 assert HEADER.lower() == USER_METADATA_KEY
 TARGET_HEADER: Final = "X-Metaq-Target"
@@ -86,6 +90,7 @@ way and signed within one millisecond have different proofs, so the second is no
 for a replay of the first."""
 REQUEST_ID_BYTES: Final = 8
 _REQUEST_ID: Final = re.compile(rf"[0-9a-f]{{{2 * REQUEST_ID_BYTES}}}")
+_DETAIL: Final = web.RequestKey("metaq_health_detail", bool)
 COOKIE: Final = "metaq_session"
 SESSION_TTL_S: Final = 8 * 3600.0
 MAX_SESSIONS: Final = 10_000
@@ -284,6 +289,72 @@ def loopback_or_member(
         )
 
     return guard
+
+
+def shows_detail(request: web.Request) -> bool:
+    """Whether ``/health`` may say more than ok / not-ok to this request: always, unless
+    :func:`scrape_guard` found it without credentials."""
+    return bool(request.get(_DETAIL, True))
+
+
+def scrape_guard(
+    credentials: ScrapeCredentials, signed: SignedRequests, count: Callable[[str], None]
+) -> Middleware:
+    """With ``metrics_auth`` (:mod:`metaq.common.scrape_auth`): ``/metrics`` only with the
+    credentials, ``/health``'s detail (:func:`shows_detail`) likewise; a request signed as
+    a cluster member or an admin user counts as credentials. Wrong credentials are 401 on
+    both pages, so a scraper configured with a stale secret hears about it."""
+    what = (
+        "Authorization: Bearer TOKEN (Prometheus: authorization.credentials_file)"
+        if credentials.scheme is MetricsAuth.BEARER
+        else "Authorization: Basic (Prometheus: basic_auth with username and password_file)"
+    )
+
+    @web.middleware
+    async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path not in SCRAPE_PATHS:
+            return await handler(request)
+        authorization = request.headers.get("Authorization")
+        try:
+            if authorization is not None:
+                proved = credentials.admits(authorization)
+                if not proved:
+                    raise ProofError(
+                        f"the Authorization header does not carry this server's metrics "
+                        f"credentials (metrics_auth = {credentials.scheme.value}): check the "
+                        "secret the scraper sends against metrics_auth_file",
+                        "metrics_auth",
+                    )
+            else:
+                proved = await signed.admitted(request)
+        except ProofError as exc:
+            return _scrape_refusal(request, 401, str(exc), exc.reason, credentials, count)
+        except PermissionDenied as exc:
+            return _scrape_refusal(request, 403, str(exc), exc.reason, credentials, count)
+        if not proved and request.path == "/metrics":
+            why = f"/metrics needs the credentials this server's metrics_auth sets: send {what}"
+            return _scrape_refusal(request, 401, why, "metrics_auth", credentials, count)
+        request[_DETAIL] = proved
+        return await handler(request)
+
+    return guard
+
+
+def _scrape_refusal(
+    request: web.Request,
+    status: int,
+    why: str,
+    reason: str,
+    credentials: ScrapeCredentials,
+    count: Callable[[str], None],
+) -> web.Response:
+    count(reason)
+    log.warning("refused HTTP %s %s from %s: %s", request.method, request.path,
+                request.remote, why)  # fmt: skip
+    response = _refusal(status, why)
+    if status == 401:
+        response.headers["WWW-Authenticate"] = credentials.challenge
+    return response
 
 
 def _is_loopback(address: str | None) -> bool:

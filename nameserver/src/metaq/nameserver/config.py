@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from metaq.common.config import ConfigError, Schema, flag_settings, read_settings
+from metaq.common.scrape_auth import MetricsAuth, config_problems
 from metaq.common.server_names import name_problems
 from metaq.common.tls import TlsConfig, TlsError, server_tls
 from metaq.common.version import installed_version
@@ -82,6 +83,12 @@ class NameServerConfig:
     # tunnel's localhost:PORT. A signed request is taken only when it names one of these
     # (metaq.common.server_names), so one signed for another server is refused.
     http_names: tuple[str, ...] = ()
+    # What /metrics and the detail of /health need (metaq.common.scrape_auth): none (open,
+    # the default), bearer (a token) or basic (a user and password), as Prometheus sends
+    # them; the token or password in metrics_auth_file (the service user's only).
+    metrics_auth: MetricsAuth = MetricsAuth.NONE
+    metrics_auth_file: str = ""
+    metrics_auth_user: str = "prometheus"
 
     def __post_init__(self) -> None:
         problems = []
@@ -125,6 +132,9 @@ class NameServerConfig:
                 "auth_enabled needs auth_acl_file (create it with metaq acl init ADMIN --file FILE)"
             )
         problems += name_problems(self.http_names)
+        problems += config_problems(
+            self.metrics_auth, self.metrics_auth_file, self.metrics_auth_user
+        )
         if problems:
             raise ConfigError("invalid nameserver config: " + "; ".join(problems))
 

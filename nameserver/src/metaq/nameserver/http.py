@@ -13,8 +13,15 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from metaq.common import http
-from metaq.common.http_auth import HttpAuth, SignedRequests, loopback_or_member
+from metaq.common.http_auth import (
+    HttpAuth,
+    SignedRequests,
+    loopback_or_member,
+    scrape_guard,
+    shows_detail,
+)
 from metaq.common.names import shown
+from metaq.common.scrape_auth import ScrapeCredentials
 from metaq.common.server_names import ServerNames
 from metaq.common.version import installed_version
 from metaq.nameserver.console import ConsoleContext
@@ -39,6 +46,7 @@ def make_app(
     signed: SignedRequests | None = None,
     count: Callable[[str], None] | None = None,
     console: ConsoleContext | None = None,
+    scrape: ScrapeCredentials | None = None,
 ) -> web.Application:
     """``GET /health``, ``GET /cluster``, ``GET /route/{topic}`` (404 for an unknown topic),
     with ``metrics`` ``GET /metrics`` (Prometheus text format, open to scrapers), and with
@@ -46,11 +54,14 @@ def make_app(
     this server's names, its cluster secret and, with users, its ACL: then all but
     /health and /metrics need a user or a cluster member's signature; without users, the
     console's changes are taken only from this host or signed by a cluster member
-    (``metaq.common.http_auth``)."""
+    (``metaq.common.http_auth``). With ``scrape`` (``metrics_auth``), /metrics and the
+    detail of /health need those credentials."""
     count = count or (lambda _reason: None)
     signed = signed or SignedRequests(ServerNames(), None)
 
-    async def health(_request: web.Request) -> web.Response:
+    async def health(request: web.Request) -> web.Response:
+        if not shows_detail(request):
+            return _respond({"status": "ok"})
         return _respond(
             {
                 "status": "ok",
@@ -83,6 +94,8 @@ def make_app(
         return response
 
     app = http.application(HttpAuth(signed, count) if signed.source is not None else None)
+    if scrape is not None:
+        app.middlewares.append(scrape_guard(scrape, signed, count))
     app.add_routes(
         [
             web.get("/health", health),

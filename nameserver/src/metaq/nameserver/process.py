@@ -12,6 +12,7 @@ from aiohttp import web
 from metaq.common.acl_source import AclReloader, open_source
 from metaq.common.auth import ClusterSecret, is_loopback, load_secret, require_secret
 from metaq.common.http_auth import SignedRequests
+from metaq.common.scrape_auth import load_scrape_credentials
 from metaq.common.server_names import ServerNames
 from metaq.common.v1 import control_pb2_grpc
 from metaq.nameserver.config import NameServerConfig
@@ -62,6 +63,9 @@ class NameServer:
     ) -> None:
         self.config = config
         self.secret = cluster_secret(config, env)
+        self._scrape = load_scrape_credentials(
+            config.metrics_auth, config.metrics_auth_file, config.metrics_auth_user
+        )
         self.acl = open_source(
             config.auth_enabled, config.auth_acl_file, "the nameserver", self.secret is not None
         )
@@ -118,7 +122,7 @@ class NameServer:
                     self.secret,
                 )
                 signed = SignedRequests(ServerNames(config.http_names), self.secret, self.acl)
-                app = make_app(self.registry, metrics, signed, users.count, console)
+                app = make_app(self.registry, metrics, signed, users.count, console, self._scrape)
                 runner = web.AppRunner(app)
                 await runner.setup()
                 self._http = runner

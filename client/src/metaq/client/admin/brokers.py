@@ -37,6 +37,12 @@ class BrokerCalls(AdminSession):
         status, body = await self.request(broker, "GET", "/health")
         if status not in (200, 503) or not isinstance(body, dict):
             raise refused(broker, status, body, f"answered {status} to GET /health: {body}")
+        if set(body) == {"status"}:
+            raise refused(
+                broker, status, body,
+                "said only its status to GET /health: it sets metrics_auth, and shows more "
+                "only to a request signed by an admin user (with auth) or a cluster member",
+            )  # fmt: skip
         return decoded(broker, status, body, BrokerHealth)
 
     async def metrics(self, broker: BrokerRef) -> MetricSamples:
