@@ -94,7 +94,9 @@ def test_metrics_answer_only_with_the_credentials_and_say_which(guarded: Guarded
         wrong = {"Authorization": _header(guarded.scheme, SECRET + "-old")}
         status, body, _ = http_json(f"{base}/metrics", headers=wrong)
         assert status == 401 and "metrics_auth_file" in body["error"], body
-        assert "metaq_" in _text(f"{base}/metrics", guarded.credentials)
+        scraped = _text(f"{base}/metrics", guarded.credentials)
+        # The two refusals just now, counted (first in this module, so from zero).
+        assert 'metaq_auth_denied_total{reason="metrics_auth"} 2.0' in scraped.splitlines()
 
 
 def test_health_says_only_ok_without_credentials_and_everything_with_them(

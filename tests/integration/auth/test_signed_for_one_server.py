@@ -105,8 +105,21 @@ def test_the_cli_the_admin_library_and_the_console_still_reach_the_brokers(
         assert 'role="alert"' not in page, page  # a broker that refused would be listed
 
 
-def test_no_credential_reaches_the_logs(cluster: Cluster) -> None:
+def _denied(base: str, reason: str) -> float:
+    """``metaq_auth_denied_total{reason}`` on a server's /metrics."""
+    with urllib.request.urlopen(f"{base}/metrics", timeout=10) as answer:
+        text = answer.read().decode()
+    prefix = f'metaq_auth_denied_total{{reason="{reason}"}} '
+    return sum(float(line[len(prefix) :]) for line in text.splitlines() if line.startswith(prefix))
+
+
+def test_the_refusals_above_are_counted_and_logged_without_a_key(cluster: Cluster) -> None:
+    # The tests above sent each kind of signer's request to the wrong nameserver, and to
+    # the slave; the master refused what was signed for a nameserver.
+    assert _denied(f"http://{cluster.nameservers[1].http_address}", "wrong_server") == 2
+    for broker_id in (0, 1):
+        assert _denied(cluster.broker(GROUP, broker_id).http_url, "wrong_server") == 2
     logs = "".join(b.output for b in cluster.brokers.values())
     logs += "".join(ns.output() for ns in cluster.nameservers)
     assert ADMIN.secret_key not in logs
-    assert "signed for server" in logs  # the refusals above were logged, saying why
+    assert "signed for server" in logs  # the refusals were logged, saying why

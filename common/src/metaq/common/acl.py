@@ -49,6 +49,9 @@ DENIAL_REASONS: Final = (
     "csrf",
     "not_local",
     "throttled",
+    "unbound",
+    "wrong_server",
+    "metrics_auth",
 )
 """The ``reason`` labels of ``metaq_auth_denied_total``: a server exports each at zero
 from its start, so an alert on ``increase()`` sees the first refusal of every kind."""
