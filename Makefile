@@ -18,7 +18,7 @@ STAMP := .venv/.setup-stamp
 
 PYTEST_ARGS ?=
 
-.PHONY: setup ci-deps test lint dist deploy-lint deploy-test generate check-generated run store-demo spark-demo bench-spark bench-store bench-framing bench-idle-poll bench-sync-one bench-e2e bench-failover bench-features bench-compare bench-accumulation bench-metaq2 chaos clean peers peers-kafka
+.PHONY: setup ci-deps test lint dist deploy-lint deploy-test generate check-generated run store-demo spark-demo bench-spark bench-store bench-framing bench-idle-poll bench-sync-one bench-e2e bench-failover bench-features bench-compare bench-accumulation bench-metaq2 chaos clean peers peers-kafka peers-rocketmq
 
 setup: $(STAMP)
 
@@ -125,13 +125,24 @@ bench-features: setup
 # The peers that run from Maven Central's jars (bench/peers/, docs/benchmarks.md), each in
 # a git-ignored lib/ of its own; done once, again only when its pom changes.
 KAFKA_PEER := bench/peers/kafka
-peers: peers-kafka
+peers: peers-kafka peers-rocketmq
 
 peers-kafka: $(KAFKA_PEER)/lib/.stamp
 
 $(KAFKA_PEER)/lib/.stamp: $(KAFKA_PEER)/pom.xml | ci-deps
 	rm -rf $(KAFKA_PEER)/lib
 	cd $(KAFKA_PEER) && mvn -q -B dependency:copy-dependencies
+	touch $@
+
+# RocketMQ 5: its nameserver, broker, proxy and controller jars and their dependencies in
+# target/lib, and the Java client the benchmark drives (src/) in target/rocketmq-bench.jar;
+# again when the pom or the client's sources change.
+ROCKETMQ_PEER := bench/peers/rocketmq
+peers-rocketmq: $(ROCKETMQ_PEER)/target/.stamp
+
+$(ROCKETMQ_PEER)/target/.stamp: $(ROCKETMQ_PEER)/pom.xml $(shell find $(ROCKETMQ_PEER)/src -name '*.java') | ci-deps
+	rm -rf $(ROCKETMQ_PEER)/target/lib
+	cd $(ROCKETMQ_PEER) && mvn -q -B package dependency:copy-dependencies
 	touch $@
 
 # metaq beside NATS JetStream, RabbitMQ (stream, quorum queue) and Redis streams on this
@@ -141,7 +152,7 @@ $(KAFKA_PEER)/lib/.stamp: $(KAFKA_PEER)/pom.xml | ci-deps
 # The last line is the JSON object of bench/results/compare.json.
 # make bench-compare COMPARE_ARGS="--seconds 2 --only metaq,nats"
 COMPARE_ARGS ?=
-bench-compare: setup peers-kafka
+bench-compare: setup peers-kafka peers-rocketmq
 	sh bench/install_peers.sh
 	$(UV) sync --frozen --all-packages --group bench
 	$(UV) run --frozen --group bench python bench/bench_compare.py $(COMPARE_ARGS)

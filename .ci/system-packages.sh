@@ -19,8 +19,9 @@ command -v mount >/dev/null 2>&1 || need="$need mount"
 [ -x /usr/bin/systemd-analyze ] || need="$need systemd"
 # Java 17 runs Spark for the spark_jobs tests (pyspark 4.3).
 command -v java >/dev/null 2>&1 || need="$need openjdk-17-jre-headless"
-# Maven resolves the benchmark peers' jars (make peers: Apache Kafka), whose smoke tests
-# are part of the suite.
+# Maven resolves the benchmark peers' jars (make peers: Apache Kafka, RocketMQ), whose
+# smoke tests are part of the suite; the JDK's compiler builds RocketMQ's Java client.
+command -v javac >/dev/null 2>&1 || need="$need openjdk-17-jdk-headless"
 command -v mvn >/dev/null 2>&1 || need="$need maven"
 # prometheus (with promtool): the monitoring tests scrape a real cluster and run the
 # alert rules' unit tests.

@@ -1,0 +1,531 @@
+package metaq.bench;
+
+import java.io.BufferedReader;
+import java.io.InputStreamReader;
+import java.io.PrintStream;
+import java.nio.ByteBuffer;
+import java.nio.ByteOrder;
+import java.nio.charset.StandardCharsets;
+import java.util.Arrays;
+import java.util.HashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.concurrent.CountDownLatch;
+import java.util.concurrent.Semaphore;
+import java.util.concurrent.ThreadLocalRandom;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicLong;
+import java.util.concurrent.locks.LockSupport;
+import org.apache.rocketmq.client.consumer.DefaultLitePullConsumer;
+import org.apache.rocketmq.client.consumer.DefaultMQPushConsumer;
+import org.apache.rocketmq.client.consumer.listener.ConsumeConcurrentlyStatus;
+import org.apache.rocketmq.client.consumer.listener.MessageListenerConcurrently;
+import org.apache.rocketmq.client.producer.DefaultMQProducer;
+import org.apache.rocketmq.client.producer.SendCallback;
+import org.apache.rocketmq.client.producer.SendResult;
+import org.apache.rocketmq.client.producer.SendStatus;
+import org.apache.rocketmq.common.TopicConfig;
+import org.apache.rocketmq.common.consumer.ConsumeFromWhere;
+import org.apache.rocketmq.common.message.Message;
+import org.apache.rocketmq.common.message.MessageExt;
+import org.apache.rocketmq.remoting.protocol.body.ClusterInfo;
+import org.apache.rocketmq.remoting.protocol.route.BrokerData;
+import org.apache.rocketmq.remoting.protocol.route.TopicRouteData;
+import org.apache.rocketmq.tools.admin.DefaultMQAdminExt;
+
+/**
+ * RocketMQ's own Java client (remoting protocol) driven by bench/peer_rocketmq.py: one
+ * command per line on stdin (or one on the command line), one {@code RESULT {json}} line
+ * per command on stdout. Everything else the client libraries print is not a result.
+ *
+ * <pre>
+ * wait BROKERS SECONDS                       until the nameserver lists BROKERS brokers, a master among them
+ * topic TOPIC QUEUES                         create TOPIC on every master, wait until a send to it
+ *                                            is acknowledged (a SYNC_MASTER's slave connected)
+ * one TOPIC SIZE SECONDS MAX                 synchronous sends, one at a time
+ * many TOPIC SIZE SECONDS MAX IN_FLIGHT      asynchronous sends, at most IN_FLIGHT unanswered
+ * rate TOPIC SIZE SECONDS RATE IN_FLIGHT     asynchronous sends offered at RATE msgs/s
+ * e2e TOPIC SIZE SECONDS RATE WARMUP         as rate, consumed back by a push consumer here
+ * smoke TOPIC                                send one message and consume it back
+ * </pre>
+ *
+ * Latencies are in milliseconds: of each send to its answer, or (rate, e2e) from the
+ * moment the schedule said to send to the answer or to the consumer's callback, so that
+ * a stall shows as latency instead of a lower rate.
+ */
+public final class RocketBench {
+    private static final long SEND_TIMEOUT_MS = 10_000;
+    private static final long TICK_NS = 1_000_000;
+    private static final long DRAIN_MS = 30_000;
+    private static final int MAX_SAMPLES = 10_000_000;
+
+    private final String namesrv;
+    private final PrintStream out;
+    private DefaultMQProducer producer;
+
+    private RocketBench(String namesrv, PrintStream out) {
+        this.namesrv = namesrv;
+        this.out = out;
+    }
+
+    public static void main(String[] args) throws Exception {
+        if (args.length < 1) {
+            System.err.println("usage: RocketBench NAMESRV_ADDR [COMMAND ARGS...]; commands on stdin without one");
+            System.exit(2);
+        }
+        // The client libraries log to stdout too; results go to the real stdout only.
+        PrintStream results = System.out;
+        System.setOut(System.err);
+        RocketBench bench = new RocketBench(args[0], results);
+        try {
+            if (args.length > 1) {
+                bench.run(Arrays.copyOfRange(args, 1, args.length));
+            } else {
+                BufferedReader in = new BufferedReader(new InputStreamReader(System.in, StandardCharsets.UTF_8));
+                String line;
+                while ((line = in.readLine()) != null) {
+                    String[] words = line.trim().split("\\s+");
+                    if (words.length == 0 || words[0].isEmpty()) {
+                        continue;
+                    }
+                    if (words[0].equals("quit")) {
+                        break;
+                    }
+                    bench.run(words);
+                }
+            }
+        } finally {
+            bench.close();
+        }
+        System.exit(0);
+    }
+
+    private void run(String[] w) {
+        Map<String, Object> result;
+        try {
+            switch (w[0]) {
+                case "wait" -> result = waitBrokers(Integer.parseInt(w[1]), seconds(w[2]));
+                case "topic" -> result = topic(w[1], Integer.parseInt(w[2]));
+                case "one" -> result = one(w[1], size(w[2]), seconds(w[3]), Long.parseLong(w[4]));
+                case "many" -> result = many(w[1], size(w[2]), seconds(w[3]), Long.parseLong(w[4]),
+                    Integer.parseInt(w[5]));
+                case "rate" -> result = rate(w[1], size(w[2]), seconds(w[3]), Double.parseDouble(w[4]),
+                    Integer.parseInt(w[5]));
+                case "e2e" -> result = e2e(w[1], size(w[2]), seconds(w[3]), Double.parseDouble(w[4]),
+                    seconds(w[5]));
+                case "smoke" -> result = smoke(w[1]);
+                default -> throw new IllegalArgumentException("unknown command " + w[0]
+                    + "; one of wait, topic, one, many, rate, e2e, smoke, quit");
+            }
+        } catch (Throwable e) {
+            e.printStackTrace();
+            result = new HashMap<>();
+            result.put("error", e.getClass().getSimpleName() + ": " + e.getMessage());
+        }
+        out.println("RESULT " + json(result));
+        out.flush();
+    }
+
+    private static int size(String word) {
+        return Integer.parseInt(word);
+    }
+
+    private static long seconds(String word) {
+        return (long) (Double.parseDouble(word) * 1e9);
+    }
+
+    private DefaultMQProducer producer() throws Exception {
+        if (producer == null) {
+            DefaultMQProducer p = new DefaultMQProducer("bench_producer_" + ProcessHandle.current().pid());
+            p.setNamesrvAddr(namesrv);
+            p.setSendMsgTimeout((int) SEND_TIMEOUT_MS);
+            // Bodies are random bytes: nothing to gain from compressing them.
+            p.setCompressMsgBodyOverHowmuch(Integer.MAX_VALUE);
+            p.start();
+            producer = p;
+        }
+        return producer;
+    }
+
+    private void close() {
+        if (producer != null) {
+            producer.shutdown();
+        }
+    }
+
+    private DefaultMQAdminExt admin() throws Exception {
+        DefaultMQAdminExt admin = new DefaultMQAdminExt();
+        admin.setNamesrvAddr(namesrv);
+        admin.setInstanceName("bench_admin_" + System.nanoTime());
+        admin.start();
+        return admin;
+    }
+
+    /** Until the nameserver lists {@code brokers} broker addresses in all, a master among them. */
+    private Map<String, Object> waitBrokers(int brokers, long ns) throws Exception {
+        DefaultMQAdminExt admin = admin();
+        try {
+            long deadline = System.nanoTime() + ns;
+            String seen = "nothing";
+            while (System.nanoTime() < deadline) {
+                try {
+                    ClusterInfo cluster = admin.examineBrokerClusterInfo();
+                    seen = cluster.getBrokerAddrTable().toString();
+                    int listed = 0;
+                    boolean master = false;
+                    for (BrokerData b : cluster.getBrokerAddrTable().values()) {
+                        listed += b.getBrokerAddrs().size();
+                        master |= b.getBrokerAddrs().containsKey(0L);
+                    }
+                    if (listed >= brokers && master) {
+                        Map<String, Object> r = new HashMap<>();
+                        r.put("brokers", seen);
+                        return r;
+                    }
+                } catch (Exception notYet) {
+                    seen = notYet.toString();
+                }
+                Thread.sleep(100);
+            }
+            throw new IllegalStateException(brokers + " brokers with a master not registered in time; "
+                + "the nameserver lists " + seen);
+        } finally {
+            admin.shutdown();
+        }
+    }
+
+    /** TOPIC on every master the nameserver knows, then until its route lists them all. */
+    private Map<String, Object> topic(String topic, int queues) throws Exception {
+        DefaultMQAdminExt admin = admin();
+        try {
+            long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(60);
+            List<String> masters;
+            while (true) {
+                ClusterInfo cluster = admin.examineBrokerClusterInfo();
+                masters = cluster.getBrokerAddrTable().values().stream()
+                    .map(b -> b.getBrokerAddrs().get(0L)).filter(a -> a != null).toList();
+                if (!masters.isEmpty()) {
+                    break;
+                }
+                if (System.nanoTime() > deadline) {
+                    throw new IllegalStateException("no master registered with " + namesrv + " in 60 s");
+                }
+                Thread.sleep(100);
+            }
+            TopicConfig config = new TopicConfig(topic, queues, queues);
+            // The gRPC proxy hands out a topic's queues to the message types it accepts.
+            config.setAttributes(Map.of("+message.type", "NORMAL"));
+            for (String master : masters) {
+                admin.createAndUpdateTopicConfig(master, config);
+            }
+            while (true) {
+                try {
+                    TopicRouteData route = admin.examineTopicRouteInfo(topic);
+                    long routed = route.getBrokerDatas().stream().map(BrokerData::getBrokerAddrs)
+                        .filter(a -> a.containsKey(0L)).count();
+                    if (routed == masters.size()) {
+                        break;
+                    }
+                } catch (Exception notYet) {
+                    // TOPIC_NOT_EXIST until the master's registration reaches the nameserver.
+                }
+                if (System.nanoTime() > deadline) {
+                    throw new IllegalStateException(topic + " not routed in 60 s");
+                }
+                Thread.sleep(50);
+            }
+            int attempts = 0;
+            String last = "";
+            while (true) {
+                attempts++;
+                try {
+                    SendResult sent = producer().send(message(topic, new byte[] {0}));
+                    if (sent.getSendStatus() == SendStatus.SEND_OK) {
+                        break;
+                    }
+                    last = sent.getSendStatus().name();
+                } catch (Exception e) {
+                    last = e.toString();
+                }
+                if (System.nanoTime() > deadline) {
+                    throw new IllegalStateException("no send to " + topic + " acknowledged in 60 s: " + last);
+                }
+                Thread.sleep(100);
+            }
+            Map<String, Object> r = new HashMap<>();
+            r.put("masters", masters);
+            r.put("attempts", attempts);
+            return r;
+        } finally {
+            admin.shutdown();
+        }
+    }
+
+    private static Message message(String topic, byte[] body) {
+        return new Message(topic, body);
+    }
+
+    private static byte[] randomBody(int size) {
+        byte[] body = new byte[size];
+        ThreadLocalRandom.current().nextBytes(body);
+        return body;
+    }
+
+    private Map<String, Object> one(String topic, int size, long ns, long max) throws Exception {
+        DefaultMQProducer p = producer();
+        byte[] body = randomBody(size);
+        long[] lat = new long[(int) Math.min(max, MAX_SAMPLES)];
+        int n = 0;
+        long errors = 0;
+        long start = System.nanoTime();
+        long end = start + ns;
+        while (n < lat.length && System.nanoTime() < end) {
+            long t = System.nanoTime();
+            try {
+                SendResult sent = p.send(message(topic, body));
+                if (sent.getSendStatus() != SendStatus.SEND_OK) {
+                    errors++;
+                    continue;
+                }
+            } catch (Exception e) {
+                errors++;
+                continue;
+            }
+            lat[n++] = System.nanoTime() - t;
+        }
+        return result(n, errors, System.nanoTime() - start, lat, n);
+    }
+
+    private Map<String, Object> many(String topic, int size, long ns, long max, int inFlight) throws Exception {
+        DefaultMQProducer p = producer();
+        byte[] body = randomBody(size);
+        long[] lat = new long[(int) Math.min(max, MAX_SAMPLES)];
+        Semaphore window = new Semaphore(inFlight);
+        AtomicLong acked = new AtomicLong();
+        AtomicLong errors = new AtomicLong();
+        int n = 0;
+        long start = System.nanoTime();
+        long end = start + ns;
+        while (n < lat.length && System.nanoTime() < end) {
+            window.acquire();
+            final int i = n++;
+            final long t = System.nanoTime();
+            p.send(message(topic, body), callback(window, acked, errors, lat, i, t), SEND_TIMEOUT_MS);
+        }
+        drain(window, inFlight);
+        long elapsed = System.nanoTime() - start;
+        return result(acked.get(), errors.get(), elapsed, lat, n);
+    }
+
+    private static SendCallback callback(Semaphore window, AtomicLong acked, AtomicLong errors, long[] lat,
+                                         int i, long since) {
+        return new SendCallback() {
+            @Override
+            public void onSuccess(SendResult sent) {
+                if (sent.getSendStatus() == SendStatus.SEND_OK) {
+                    lat[i] = System.nanoTime() - since;
+                    acked.incrementAndGet();
+                } else {
+                    lat[i] = -1;
+                    errors.incrementAndGet();
+                }
+                window.release();
+            }
+
+            @Override
+            public void onException(Throwable e) {
+                lat[i] = -1;
+                errors.incrementAndGet();
+                window.release();
+            }
+        };
+    }
+
+    private static void drain(Semaphore window, int inFlight) throws InterruptedException {
+        if (!window.tryAcquire(inFlight, DRAIN_MS, TimeUnit.MILLISECONDS)) {
+            throw new IllegalStateException("sends still unanswered " + DRAIN_MS + " ms after the last");
+        }
+    }
+
+    /** Offers RATE msgs/s on a 1 ms grid; each message's latency counts from its due time. */
+    private Map<String, Object> rate(String topic, int size, long ns, double rate, int inFlight) throws Exception {
+        DefaultMQProducer p = producer();
+        byte[] body = randomBody(size);
+        long total = (long) (rate * ns / 1e9);
+        long[] lat = new long[(int) Math.min(total, MAX_SAMPLES)];
+        Semaphore window = new Semaphore(inFlight);
+        AtomicLong acked = new AtomicLong();
+        AtomicLong errors = new AtomicLong();
+        long start = System.nanoTime();
+        int n = 0;
+        while (n < lat.length) {
+            long due = Math.min(lat.length, (long) ((System.nanoTime() - start) * rate / 1e9) + 1);
+            while (n < due) {
+                window.acquire();
+                final int i = n++;
+                final long scheduled = start + (long) (i * 1e9 / rate);
+                p.send(message(topic, body), callback(window, acked, errors, lat, i, scheduled), SEND_TIMEOUT_MS);
+            }
+            sleepToNextTick(start);
+        }
+        long sendNs = System.nanoTime() - start;
+        drain(window, inFlight);
+        Map<String, Object> r = result(acked.get(), errors.get(), System.nanoTime() - start, lat, n);
+        r.put("offered_msgs_s", n / (sendNs / 1e9));
+        return r;
+    }
+
+    private static void sleepToNextTick(long start) {
+        long now = System.nanoTime();
+        long next = start + ((now - start) / TICK_NS + 1) * TICK_NS;
+        LockSupport.parkNanos(next - now);
+    }
+
+    /**
+     * RATE msgs/s for WARMUP + SECONDS, consumed back by a push consumer of a fresh group;
+     * each body starts with its index, from which the consumer knows when it was due.
+     */
+    private Map<String, Object> e2e(String topic, int size, long ns, double rate, long warmupNs) throws Exception {
+        DefaultMQProducer p = producer();
+        int total = (int) Math.min(MAX_SAMPLES, (long) (rate * (ns + warmupNs) / 1e9));
+        int warmup = (int) (rate * warmupNs / 1e9);
+        long[] lat = new long[total];
+        Arrays.fill(lat, -1);
+        AtomicLong received = new AtomicLong();
+        AtomicLong startAt = new AtomicLong();
+        CountDownLatch all = new CountDownLatch(total);
+        DefaultMQPushConsumer consumer = new DefaultMQPushConsumer("bench_e2e_" + topic);
+        consumer.setNamesrvAddr(namesrv);
+        consumer.setInstanceName("bench_e2e_" + System.nanoTime());
+        consumer.setConsumeFromWhere(ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET);
+        consumer.subscribe(topic, "*");
+        consumer.registerMessageListener((MessageListenerConcurrently) (msgs, context) -> {
+            long now = System.nanoTime();
+            for (MessageExt m : msgs) {
+                int i = (int) ByteBuffer.wrap(m.getBody()).order(ByteOrder.LITTLE_ENDIAN).getLong();
+                if (i >= 0 && i < total && lat[i] < 0) {
+                    lat[i] = now - (startAt.get() + (long) (i * 1e9 / rate));
+                    received.incrementAndGet();
+                    all.countDown();
+                }
+            }
+            return ConsumeConcurrentlyStatus.CONSUME_SUCCESS;
+        });
+        consumer.start();
+        try {
+            Semaphore window = new Semaphore(10_000);
+            AtomicLong acked = new AtomicLong();
+            AtomicLong errors = new AtomicLong();
+            long[] ackLat = new long[total];
+            long start = System.nanoTime();
+            startAt.set(start);
+            int n = 0;
+            while (n < total) {
+                long due = Math.min(total, (long) ((System.nanoTime() - start) * rate / 1e9) + 1);
+                while (n < due) {
+                    byte[] body = new byte[Math.max(size, 8)];
+                    ByteBuffer.wrap(body).order(ByteOrder.LITTLE_ENDIAN).putLong(n);
+                    window.acquire();
+                    final int i = n++;
+                    p.send(message(topic, body), callback(window, acked, errors, ackLat, i,
+                        start + (long) (i * 1e9 / rate)), SEND_TIMEOUT_MS);
+                }
+                sleepToNextTick(start);
+            }
+            long sendNs = System.nanoTime() - start;
+            all.await(8, TimeUnit.SECONDS);
+            long[] measured = Arrays.stream(lat, warmup, total).filter(v -> v >= 0).toArray();
+            Map<String, Object> r = result(received.get(), errors.get(), sendNs, measured, measured.length);
+            r.put("sent", total);
+            r.put("delivered", received.get());
+            r.put("offered_msgs_s", total / (sendNs / 1e9));
+            return r;
+        } finally {
+            consumer.shutdown();
+        }
+    }
+
+    /** One message there and back: what the smoke test asks of a running broker. */
+    private Map<String, Object> smoke(String topic) throws Exception {
+        DefaultMQProducer p = producer();
+        String token = "smoke-" + System.nanoTime();
+        SendResult sent = p.send(message(topic, token.getBytes(StandardCharsets.UTF_8)));
+        // Every queue assigned from its first offset: no rebalance to wait for.
+        DefaultLitePullConsumer consumer = new DefaultLitePullConsumer("bench_smoke_" + System.nanoTime());
+        consumer.setNamesrvAddr(namesrv);
+        consumer.setConsumeFromWhere(ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET);
+        consumer.start();
+        try {
+            consumer.assign(consumer.fetchMessageQueues(topic));
+            String got = null;
+            long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(60);
+            while (got == null && System.nanoTime() < deadline) {
+                for (MessageExt m : consumer.poll(1000)) {
+                    if (new String(m.getBody(), StandardCharsets.UTF_8).equals(token)) {
+                        got = m.getMsgId();
+                    }
+                }
+            }
+            Map<String, Object> r = new HashMap<>();
+            r.put("status", sent.getSendStatus().name());
+            r.put("sent_id", sent.getMsgId());
+            r.put("received_id", got);
+            r.put("body", token);
+            return r;
+        } finally {
+            consumer.shutdown();
+        }
+    }
+
+    private static Map<String, Object> result(long acked, long errors, long elapsedNs, long[] lat, int n) {
+        long[] ok = Arrays.stream(lat, 0, n).filter(v -> v >= 0).toArray();
+        Arrays.sort(ok);
+        Map<String, Object> r = new HashMap<>();
+        r.put("acked", acked);
+        r.put("errors", errors);
+        r.put("seconds", elapsedNs / 1e9);
+        r.put("msgs_s", acked / (elapsedNs / 1e9));
+        r.put("p50_ms", percentileMs(ok, 0.5));
+        r.put("p99_ms", percentileMs(ok, 0.99));
+        r.put("p999_ms", percentileMs(ok, 0.999));
+        return r;
+    }
+
+    private static Double percentileMs(long[] sorted, double fraction) {
+        if (sorted.length == 0) {
+            return null;
+        }
+        return sorted[Math.min(sorted.length - 1, (int) (sorted.length * fraction))] / 1e6;
+    }
+
+    private static String json(Object value) {
+        if (value == null) {
+            return "null";
+        }
+        if (value instanceof Map<?, ?> map) {
+            StringBuilder s = new StringBuilder("{");
+            for (Map.Entry<?, ?> e : map.entrySet()) {
+                if (s.length() > 1) {
+                    s.append(',');
+                }
+                s.append(json(String.valueOf(e.getKey()))).append(':').append(json(e.getValue()));
+            }
+            return s.append('}').toString();
+        }
+        if (value instanceof List<?> list) {
+            StringBuilder s = new StringBuilder("[");
+            for (Object o : list) {
+                if (s.length() > 1) {
+                    s.append(',');
+                }
+                s.append(json(o));
+            }
+            return s.append(']').toString();
+        }
+        if (value instanceof Number || value instanceof Boolean) {
+            return value.toString();
+        }
+        String text = value.toString().replace("\\", "\\\\").replace("\"", "\\\"").replace("\n", "\\n");
+        return '"' + text + '"';
+    }
+}
