@@ -1,7 +1,8 @@
 """metaq side by side with NATS JetStream, RabbitMQ (stream and quorum queue), Redis
-streams and Apache Kafka 4 (one broker, acks=1), on this machine, in one run; and
-metaq's sync-replicated pair beside the same peers replicating three ways (NATS
-JetStream on 3 servers, RabbitMQ on 3 nodes, Kafka on 3 brokers with acks=all).
+streams, Apache Kafka 4 (one broker, acks=1) and Apache RocketMQ 5 (one broker,
+ASYNC_FLUSH), on this machine, in one run; and metaq's sync-replicated pair beside the
+same peers replicating three ways (NATS JetStream on 3 servers, RabbitMQ on 3 nodes,
+Kafka on 3 brokers with acks=all) and beside RocketMQ's SYNC_MASTER and SLAVE.
 
 Every server runs on loopback with its data under one temporary directory, started here
 and stopped here by process id however the run ends (``peer_servers.py``). Each system
@@ -13,13 +14,17 @@ gets the same workload, 128 B and 1 KiB bodies of random bytes, and three modes:
 - **(c) end to end** — ``--rate`` msgs/s offered open-loop and consumed back in the same
   process, latency from scheduled send to the consumer's callback (p50/p99/p99.9);
 - **cost** — for the systems that name their servers' processes (metaq's one broker and
-  sync pair, Kafka through confluent-kafka), ``--cost-rate`` msgs/s of 1 KiB offered
-  open-loop for ``--cost-seconds`` with no consumer: the servers' CPU seconds
-  (``/proc/<pid>/stat``) per million acknowledged messages.
+  sync pair, Kafka through confluent-kafka, RocketMQ through its Java client),
+  ``--cost-rate`` msgs/s of 1 KiB offered open-loop for ``--cost-seconds`` with no
+  consumer: the servers' CPU seconds (``/proc/<pid>/stat``) per million acknowledged
+  messages.
 
 Kafka runs with two Python clients (confluent-kafka, aiokafka) and, for its servers'
 capacity, its own Java ``ProducerPerformance`` ((b) only); its rows need ``make
-peers-kafka`` (the jars) and are skipped, saying so, without it.
+peers-kafka`` (the jars) and are skipped, saying so, without it. RocketMQ runs with its
+own Python client (gRPC, through the proxy) and, for its servers' capacity, its Java
+client (``bench/peers/rocketmq``: the remoting protocol, asynchronous sends), every mode;
+its rows need ``make peers-rocketmq`` and are skipped the same way.
 
 Each cell is bounded in time (``--seconds``, at most 15) and count; each (b) cell comes
 after ``WARMUP_S`` of the same load, unmeasured. metaq runs four times:
@@ -35,8 +40,10 @@ printed is the JSON object (``ratio_vs_rabbitmq_stream_batched``,
 ``sync_vs_best_r3_batched_ratio``, ``sync_vs_best_r3_one_ratio``,
 ``sync_e2e_p99_vs_best_r3_ratio``, ``sync_vs_async_one_ratio``,
 ``ratio_vs_kafka_batched``, ``ratio_vs_kafka_acks_all_batched``,
-``cpu_per_million_vs_kafka_ratio``, ``send_p50_vs_kafka_ratio``, the targets met, and
-every cell).
+``cpu_per_million_vs_kafka_ratio``, ``send_p50_vs_kafka_ratio``,
+``ratio_vs_rocketmq_python_batched``, ``ratio_vs_rocketmq_batched``,
+``ratio_vs_rocketmq_sync_master_batched``, ``cpu_per_million_vs_rocketmq_ratio``,
+``cpu_per_million_async_vs_rocketmq_ratio``, the targets met, and every cell).
 """
 
 from __future__ import annotations
@@ -62,6 +69,7 @@ from compare_harness import Latencies as Lat
 from compare_harness import LoadTool, System, cpu_seconds
 from compare_report import (
     HEADLINE_SIZE,
+    PAIR_PEERS,
     R3_PEERS,
     TOOL_ROWS,
     Cell,
@@ -72,6 +80,7 @@ from compare_report import (
     ratio_to_plain,
     ratios,
     raw,
+    rocketmq_ratios,
     strict_json,
     sync_ratios,
     targets_met,
@@ -92,6 +101,14 @@ from peer_kafka import (
 from peer_nats import NatsJetStream, NatsJetStreamR3
 from peer_rabbitmq import RabbitQuorum, RabbitQuorumR3, RabbitStream, RabbitStreamR3
 from peer_redis import RedisStreams
+from peer_rocketmq import (
+    ASYNC_DURABILITY,
+    SYNC_MASTER_DURABILITY,
+    RocketmqJava,
+    RocketmqNotInstalled,
+)
+from peer_rocketmq import single as rocketmq_single
+from peer_rocketmq import sync_pair as rocketmq_sync_pair
 from peer_servers import (
     ServerProcess,
     running,
@@ -107,7 +124,10 @@ MAX_CELL_S: Final = 15.0
 MAX_MESSAGES: Final = 5_000_000
 WARMUP_S: Final = 2.0
 """Of (b) load, unmeasured, before each (b) cell, for every system."""
-PEERS: Final = ("rabbitmq_stream", "nats", "rabbitmq_quorum", "redis", "kafka", "kafka_aiokafka")
+PEERS: Final = (
+    "rabbitmq_stream", "nats", "rabbitmq_quorum", "redis", "kafka", "kafka_aiokafka",
+    "rocketmq", "rocketmq_python",
+)  # fmt: skip
 COST_SIZE: Final = 1024
 
 Launcher = Callable[[Path], AbstractContextManager[Sequence[System | LoadTool]]]
@@ -191,6 +211,23 @@ def _kafka_r3(work: Path) -> Iterator[list[System | LoadTool]]:
         yield [KafkaConfluent(cluster), KafkaAio(cluster), KafkaProducerPerf(cluster)]
 
 
+@contextmanager
+def _rocketmq(work: Path) -> Iterator[list[System]]:
+    # Imported here: the Python client comes with the `bench` group only.
+    from peer_rocketmq_grpc import RocketmqPython
+
+    with rocketmq_single(work) as cluster:
+        java = RocketmqJava("rocketmq", "RocketMQ 5, Java client", ASYNC_DURABILITY, cluster)
+        yield [java, RocketmqPython(cluster)]
+
+
+@contextmanager
+def _rocketmq_sync_master(work: Path) -> Iterator[list[System]]:
+    with rocketmq_sync_pair(work) as cluster:
+        label = "RocketMQ 5 SYNC_MASTER + SLAVE, Java client"
+        yield [RocketmqJava("rocketmq_sync_master", label, SYNC_MASTER_DURABILITY, cluster)]
+
+
 # What starts each server (or servers), and the keys of the systems it yields.
 LAUNCHERS: Final[dict[str, tuple[Launcher, tuple[str, ...]]]] = {
     "metaq": (_metaq, ("metaq",)),
@@ -204,6 +241,8 @@ LAUNCHERS: Final[dict[str, tuple[Launcher, tuple[str, ...]]]] = {
     "rabbitmq_r3": (_rabbitmq_r3, ("rabbitmq_stream_r3", "rabbitmq_quorum_r3")),
     "kafka": (_kafka, ("kafka", "kafka_aiokafka", "kafka_perf")),
     "kafka_r3": (_kafka_r3, ("kafka_r3", "kafka_r3_aiokafka", "kafka_r3_perf")),
+    "rocketmq": (_rocketmq, ("rocketmq", "rocketmq_python")),
+    "rocketmq_sync_master": (_rocketmq_sync_master, ("rocketmq_sync_master",)),
 }
 
 
@@ -262,7 +301,8 @@ async def drive(
             await system.in_flight(body, Budget(WARMUP_S, MAX_MESSAGES))
             budget = Budget(seconds, MAX_MESSAGES)
             await system.in_flight(body, budget)
-            cells.append(Cell(system.key, "in_flight", size, budget.rate()))
+            latency = getattr(system, "in_flight_latency", Lat.none())  # where a client times it
+            cells.append(Cell(system.key, "in_flight", size, budget.rate(), latency))
             if isinstance(system, Metaq):
                 budget = Budget(seconds, MAX_MESSAGES)
                 latencies = await system.pipelined(body, budget)
@@ -348,9 +388,14 @@ def main(argv: list[str]) -> None:
                             driven.add(system.key)
                             cells += _drive_or_fail(system, args, stalls)
                 except Exception as exc:  # one server failing leaves the others' figures
-                    if isinstance(exc, KafkaNotInstalled):
+                    if isinstance(exc, KafkaNotInstalled | RocketmqNotInstalled):
                         print(f"{name}: skipped: {exc}", file=sys.stderr, flush=True)
-                        why = "skipped: make peers-kafka"
+                        target = (
+                            "peers-kafka"
+                            if isinstance(exc, KafkaNotInstalled)
+                            else "peers-rocketmq"
+                        )
+                        why = f"skipped: make {target}"
                     else:
                         traceback.print_exc()
                         why = f"failed to start: {type(exc).__name__}"
@@ -377,9 +422,10 @@ def main(argv: list[str]) -> None:
                   "sync_e2e_p99_vs_best_r3_ratio", "sync_vs_async_one_ratio")}
     )  # fmt: skip
     headline.update(kafka_ratios(cells, HEADLINE_SIZE))
+    headline.update(rocketmq_ratios(cells, HEADLINE_SIZE))
     headline["targets_met"] = targets_met(headline)
     ordered = [s for key in ("metaq", "metaq_auth", "metaq_sync_replicated", "metaq_tls",
-                             *PEERS, *R3_PEERS, *TOOL_ROWS)
+                             *PEERS, *R3_PEERS, *PAIR_PEERS, *TOOL_ROWS)
                for s in systems if s.key == key]  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     table = markdown(cells, ordered, SIZES, args.rate, headline, when)
@@ -398,6 +444,7 @@ def main(argv: list[str]) -> None:
                     **ratios(cells, peers, size),
                     **sync_ratios(cells, r3_peers, size),
                     **kafka_ratios(cells, size),
+                    **rocketmq_ratios(cells, size),
                 }
                 for size in SIZES
             },

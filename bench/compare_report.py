@@ -32,6 +32,13 @@ R3_PEERS: Final = (
 """Peers replicating three ways, acknowledging once two copies (a majority, or for Kafka's
 acks=all every in-sync replica, at least two) hold a message: what metaq's
 sync-replicated pair (two copies before the answer) is set against."""
+PAIR_PEERS: Final = ("rocketmq_sync_master",)
+"""Peers whose master answers once its one slave holds a message too: two copies before
+the answer, as metaq's sync-replicated pair."""
+REPLICATED_PEERS: Final = R3_PEERS + PAIR_PEERS
+ROCKETMQ: Final = "rocketmq"
+ROCKETMQ_PYTHON: Final = "rocketmq_python"
+ROCKETMQ_SYNC: Final = "rocketmq_sync_master"
 TOOL_ROWS: Final = ("kafka_perf", "kafka_r3_perf")
 """A peer's own load generator in another language ((b) only): its servers' capacity,
 shown beside the Python clients' rows, not counted among the peers "best" picks from."""
@@ -54,6 +61,9 @@ TARGETS: Final = {
     "ratio_vs_kafka_acks_all_batched": (">=", 1.0),
     "cpu_per_million_vs_kafka_ratio": ("<=", 2.0),
     "send_p50_vs_kafka_ratio": ("<=", 1.0),
+    "ratio_vs_rocketmq_python_batched": (">=", 3.0),
+    "ratio_vs_rocketmq_sync_master_batched": (">=", 1.0),
+    "cpu_per_million_vs_rocketmq_ratio": ("<=", 1.5),
 }
 
 
@@ -194,6 +204,33 @@ def kafka_ratios(cells: Sequence[Cell], size: int) -> dict[str, float | None]:
     }
 
 
+def rocketmq_ratios(cells: Sequence[Cell], size: int) -> dict[str, float | None]:
+    """metaq ÷ RocketMQ 5: (b) of one broker ÷ RocketMQ's one broker through its Python
+    client and its Java client, (b) of the sync pair ÷ SYNC_MASTER and SLAVE with the
+    Java client, and the servers' CPU per million acknowledged: sync pair ÷ SYNC_MASTER
+    pair, one broker ÷ one broker."""
+    return {
+        "ratio_vs_rocketmq_python_batched": _ratio(
+            _throughput(cells, METAQ, "in_flight", size),
+            _throughput(cells, ROCKETMQ_PYTHON, "in_flight", size),
+        ),
+        "ratio_vs_rocketmq_batched": _ratio(
+            _throughput(cells, METAQ, "in_flight", size),
+            _throughput(cells, ROCKETMQ, "in_flight", size),
+        ),
+        "ratio_vs_rocketmq_sync_master_batched": _ratio(
+            _throughput(cells, METAQ_SYNC, "in_flight", size),
+            _throughput(cells, ROCKETMQ_SYNC, "in_flight", size),
+        ),
+        "cpu_per_million_vs_rocketmq_ratio": _ratio(
+            _cpu(cells, METAQ_SYNC, size), _cpu(cells, ROCKETMQ_SYNC, size)
+        ),
+        "cpu_per_million_async_vs_rocketmq_ratio": _ratio(
+            _cpu(cells, METAQ, size), _cpu(cells, ROCKETMQ, size)
+        ),
+    }
+
+
 def ratio_to_plain(cells: Sequence[Cell], key: str, size: int) -> float | None:
     """``key``'s (b) ÷ plain metaq's (b), measured in the same run: what a feature costs."""
     return _ratio(
@@ -300,8 +337,8 @@ def markdown(
             f"- {labels.get(cell.system, cell.system)}, {cell.size} B: {_num(cell.msgs_s)} msgs/s "
             f"(send p50 {_num(cell.latency.p50_ms, 2)} ms, p99 {_num(cell.latency.p99_ms, 2)} ms)"
         )
-    peers = [s.key for s in systems
-             if not s.key.startswith(METAQ) and s.key not in (*R3_PEERS, *TOOL_ROWS)]  # fmt: skip
+    apart = (*REPLICATED_PEERS, *TOOL_ROWS)
+    peers = [s.key for s in systems if not s.key.startswith(METAQ) and s.key not in apart]
     lines += [
         "",
         "## metaq (one broker, ASYNC flush) ÷ each peer, same run",
@@ -320,13 +357,14 @@ def markdown(
                 f"| {_ratio_text(r[f'ratio_vs_{peer}_batched'])} "
                 f"| {_ratio_text(r[f'e2e_p99_vs_{peer}_ratio'])} |"
             )
-    r3_peers = [s.key for s in systems if s.key in R3_PEERS]
+    r3_peers = [s.key for s in systems if s.key in REPLICATED_PEERS]
     lines += [
         "",
-        "## metaq (master and slave, sync replication) ÷ each three-replica peer, same run",
+        "## metaq (master and slave, sync replication) ÷ each replicating peer, same run",
         "",
         "Each side answers once two copies hold a message (metaq: the master and its "
-        "slave; the peers: a majority of three, Kafka's acks=all every in-sync replica). "
+        "slave; the peers: a majority of three, Kafka's acks=all every in-sync replica, "
+        "RocketMQ's SYNC_MASTER its SLAVE). "
         "Throughput: metaq ÷ peer (above 1: metaq faster). End-to-end p99: metaq ÷ peer "
         "(below 1: metaq lower).",
         "",

@@ -38,7 +38,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
+import math
 import os
 import shutil
 import signal
@@ -50,6 +52,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+from compare_harness import IN_FLIGHT, EndToEnd, Latencies
+from metaq_load import Budget
 from peer_servers import ServerProcess, free_port
 
 PEER_DIR: Final = Path(__file__).resolve().parent / "peers" / "rocketmq"
@@ -69,6 +73,10 @@ BOOT_S: Final = 120.0
 """How long a JVM server may take to listen, or a group to elect and register its master,
 on a loaded machine."""
 CLIENT_CALL_S: Final = 180.0
+
+
+class RocketmqNotInstalled(RuntimeError):
+    """RocketMQ's jars were not resolved, or no JVM runs here; says what to do."""
 
 
 def missing() -> str | None:
@@ -265,7 +273,7 @@ def _start_broker(
 def _cluster(work: Path, jvm: Sequence[str] = JVM) -> Iterator[tuple[_Layout, RocketmqCluster]]:
     why = missing()
     if why is not None:
-        raise RuntimeError(why)
+        raise RocketmqNotInstalled(why)
     layout = _Layout(work, jvm)
     cluster = RocketmqCluster(work, "", jvm)
     try:
@@ -413,3 +421,92 @@ class RocketClient:
         except TimeoutError:
             proc.kill()
             await proc.wait()
+
+
+class RocketmqJava:
+    """RocketMQ's Java client against a running cluster: its fastest way to publish
+    (asynchronous sends, at most :data:`~compare_harness.IN_FLIGHT` unanswered)."""
+
+    in_flight_how = f"Java client, async send, ≤ {IN_FLIGHT:,} unanswered"
+
+    def __init__(self, key: str, label: str, durability: str, cluster: RocketmqCluster) -> None:
+        self.key = key
+        self.label = label
+        self.durability = durability
+        self.cluster = cluster
+        self._client = RocketClient(cluster)
+        self._topics = (f"Bench{n}" for n in itertools.count())
+        self._topic = ""
+        self.in_flight_latency = Latencies.none()
+        """Send latency of the last ``in_flight`` cell (ms)."""
+        self.server_pids = cluster.pids()
+        """Every server JVM, for the cost cell's CPU reading."""
+
+    async def _new_topic(self) -> str:
+        topic = next(self._topics)
+        await self._client.call("topic", topic, QUEUES)
+        return topic
+
+    async def open(self) -> None:
+        await self._client.start()
+        self._topic = await self._new_topic()
+
+    async def close(self) -> None:
+        await self._client.close()
+
+    async def one_at_a_time(self, body: bytes, budget: Budget) -> list[float]:
+        figures = await self._client.call(
+            "one", self._topic, len(body), budget.seconds, budget.max_messages, "latencies"
+        )
+        _account(budget, figures)
+        return [us / 1e6 for us in figures["latencies_us"]]
+
+    async def in_flight(self, body: bytes, budget: Budget) -> None:
+        figures = await self._client.call(
+            "many", self._topic, len(body), budget.seconds, budget.max_messages, IN_FLIGHT
+        )
+        _account(budget, figures)
+        self.in_flight_latency = _latencies(figures)
+
+    async def paced(self, body: bytes, rate: float, seconds: float) -> int:
+        """``rate`` msgs/s offered for ``seconds`` on the 1 ms grid, asynchronous sends of
+        one message each, at most :data:`~compare_harness.IN_FLIGHT` unanswered (the
+        schedule waits while the broker is behind, as metaq's does); how many were
+        acknowledged."""
+        figures = await self._client.call("rate", self._topic, len(body), seconds, rate, IN_FLIGHT)
+        return int(figures["acked"])
+
+    async def end_to_end(self, size: int, rate: float, seconds: float) -> EndToEnd:
+        topic = await self._new_topic()  # a fresh topic and group: nothing to skip first
+        figures = await self._client.call("e2e", topic, size, seconds, rate, E2E_WARMUP_S)
+        return EndToEnd(
+            figures["offered_msgs_s"], figures["sent"], figures["delivered"], _latencies(figures)
+        )
+
+
+QUEUES: Final = 8
+"""Queues of every benchmark topic, on each master: as many as metaq's."""
+E2E_WARMUP_S: Final = 1.0
+
+
+def _account(budget: Budget, figures: dict[str, Any]) -> None:
+    """The cell's count and rate as the Java client measured them: the JVM's command
+    round trip over a pipe is not the system's time."""
+    budget.sent = figures["acked"]
+    budget.began = time.perf_counter() - figures["seconds"]
+
+
+def _latencies(figures: dict[str, Any]) -> Latencies:
+    def ms(key: str) -> float:
+        value = figures.get(key)
+        return math.nan if value is None else float(value)
+
+    return Latencies(ms("p50_ms"), ms("p99_ms"), ms("p999_ms"))
+
+
+ASYNC_DURABILITY: Final = (
+    "1 copy; ASYNC_MASTER, ASYNC_FLUSH: acknowledged once in the page cache, flushed every 500 ms"
+)
+SYNC_MASTER_DURABILITY: Final = (
+    "2 copies: SYNC_MASTER answers once its SLAVE holds it too; ASYNC_FLUSH on both"
+)
