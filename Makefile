@@ -177,14 +177,17 @@ bench-metaq2: setup
 # The chaos suite (docs/chaos.md): every scenario on network namespaces (needs root; falls
 # back to loopback and says so), a checker table each, one JSON line last.
 # make chaos SEED=7 DURATION=600 ONLY=1,3; SYSTEM=kafka runs scenario 1 against Kafka on
-# three KRaft nodes on loopback (bench/peer_kafka.py), checked the same way.
+# three KRaft nodes on loopback (bench/peer_kafka.py), SYSTEM=rocketmq against RocketMQ's
+# controller mode, three brokers (bench/peer_rocketmq.py), checked the same way.
 SEED ?= 1
 DURATION ?= 120
 ONLY ?=
 SYSTEM ?= metaq
 KAFKA_CHAOS := $(filter kafka,$(SYSTEM))
-chaos: setup ci-deps $(if $(KAFKA_CHAOS),peers-kafka)
-	PYTHONPATH=tests/integration/chaos$(if $(KAFKA_CHAOS),:bench) $(UV) run --frozen python -m chaoslib.run \
+ROCKETMQ_CHAOS := $(filter rocketmq,$(SYSTEM))
+PEER_CHAOS := $(KAFKA_CHAOS)$(ROCKETMQ_CHAOS)
+chaos: setup ci-deps $(if $(KAFKA_CHAOS),peers-kafka) $(if $(ROCKETMQ_CHAOS),peers-rocketmq)
+	PYTHONPATH=tests/integration/chaos$(if $(PEER_CHAOS),:bench) $(UV) run --frozen python -m chaoslib.run \
 		--system $(SYSTEM) --seed $(SEED) --duration $(DURATION) $(if $(ONLY),--only $(ONLY))
 
 clean:

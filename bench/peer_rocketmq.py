@@ -140,6 +140,8 @@ class RocketmqCluster:
     servers: list[ServerProcess] = field(default_factory=list)
     brokers: dict[str, ServerProcess] = field(default_factory=dict)
     """Each broker by its name in this cluster (``master``, ``slave``, ``n0``...)."""
+    argv: dict[str, list[str]] = field(default_factory=dict)
+    """Each broker's command line, to start it again on its store (:func:`restart_broker`)."""
     grpc_endpoint: str | None = None
 
     def pids(self) -> list[int]:
@@ -260,6 +262,7 @@ def _start_broker(
     server = layout.spawn(name, argv)
     cluster.servers.append(server)
     cluster.brokers[name] = server
+    cluster.argv[name] = argv
     server.ports["broker"] = port
     # Said once started, after the broker's first registration with the nameserver.
     _wait_said(server, "startup successfully" if proxy else "boot success", BOOT_S)
@@ -270,17 +273,21 @@ def _start_broker(
 
 
 @contextlib.contextmanager
-def _cluster(work: Path, jvm: Sequence[str] = JVM) -> Iterator[tuple[_Layout, RocketmqCluster]]:
+def _cluster(
+    work: Path, jvm: Sequence[str] = JVM, keep: bool = False
+) -> Iterator[tuple[_Layout, RocketmqCluster]]:
     why = missing()
     if why is not None:
         raise RocketmqNotInstalled(why)
+    work = work.resolve()  # each JVM runs in a directory of its own: absolute paths
     layout = _Layout(work, jvm)
     cluster = RocketmqCluster(work, "", jvm)
     try:
         yield layout, cluster
     finally:
         cluster.stop()
-        shutil.rmtree(work, ignore_errors=True)
+        if not keep:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 ASYNC_FLUSH: Final = {"brokerRole": "ASYNC_MASTER", "flushDiskType": "ASYNC_FLUSH"}
@@ -320,11 +327,11 @@ CONTROLLER_REPLICAS: Final = 3
 
 
 @contextlib.contextmanager
-def controller_group(work: Path) -> Iterator[RocketmqCluster]:
+def controller_group(work: Path, keep: bool = False) -> Iterator[RocketmqCluster]:
     """A nameserver with the controller in its JVM and three brokers of one group in
     controller mode, 2 of 3 copies before the answer; yields once a master is elected
-    and registered with both slaves."""
-    with _cluster(work) as (layout, cluster):
+    and registered with both slaves. Its files are removed after unless ``keep``."""
+    with _cluster(work, keep=keep) as (layout, cluster):
         controller = free_port()
         cluster.namesrv = f"127.0.0.1:{_start_namesrv(layout, cluster, controller)}"
         for i in range(CONTROLLER_REPLICAS):
@@ -339,6 +346,31 @@ def controller_group(work: Path) -> Iterator[RocketmqCluster]:
             )  # fmt: skip
         wait_registered(cluster, CONTROLLER_REPLICAS)
         yield cluster
+
+
+def kill_broker(cluster: RocketmqCluster, name: str) -> None:
+    """``kill -9`` of broker ``name``, reaped."""
+    server = cluster.brokers[name]
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(server.proc.pid, signal.SIGKILL)
+    server.proc.wait(30)
+
+
+def restart_broker(cluster: RocketmqCluster, name: str) -> None:
+    """Broker ``name`` started again on its store and ports, until it says it booted."""
+    old = cluster.brokers[name]
+    server = ServerProcess.spawn(old.name, cluster.argv[name], old.log_path.parent,
+                                 {"ROCKETMQ_HOME": str(cluster.work / "home")})  # fmt: skip
+    server.ports.update(old.ports)
+    cluster.servers[cluster.servers.index(old)] = server
+    cluster.brokers[name] = server
+    _wait_said(server, "boot success", BOOT_S)
+
+
+def broker_at(cluster: RocketmqCluster, address: str) -> str | None:
+    """The name of the broker listening at ``address`` (host:port), None if none."""
+    port = int(address.rpartition(":")[2])
+    return next((name for name, b in cluster.brokers.items() if b.ports["broker"] == port), None)
 
 
 def client_argv(cluster: RocketmqCluster, *command: str) -> list[str]:

@@ -49,9 +49,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--short", action="store_true", help="the CI selection's lengths")
     parser.add_argument(
         "--system",
-        choices=("metaq", "kafka"),
+        choices=("metaq", "kafka", "rocketmq"),
         default="metaq",
-        help="the system under test (kafka: bench/peer_kafka.py's cluster)",
+        help="the system under test (kafka: bench/peer_kafka.py's cluster; rocketmq: "
+        "bench/peer_rocketmq.py's controller-mode group)",
     )
     args = parser.parse_args(argv)
     if args.system == "kafka":
@@ -59,6 +60,11 @@ def main(argv: list[str] | None = None) -> int:
         from chaoslib import kafka
 
         available = sorted(kafka.SCENARIOS)
+    elif args.system == "rocketmq":
+        # The same: bench/ on the path and RocketMQ's jars (make chaos SYSTEM=rocketmq).
+        from chaoslib import rocketmq
+
+        available = sorted(rocketmq.SCENARIOS)
     else:
         available = sorted(SCENARIOS)
     numbers = [int(n) for n in args.only.split(",") if n] or available
@@ -74,6 +80,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"== scenario {number}: {name}, Kafka (seed {args.seed})", flush=True)
             result = kafka.run_kafka_scenario(
                 number, run_dir / f"{number}-kafka-{name}", seed=args.seed + number
+            )
+        elif args.system == "rocketmq":
+            name = rocketmq.SCENARIOS[number]
+            print(f"== scenario {number}: {name}, RocketMQ (seed {args.seed})", flush=True)
+            result = rocketmq.run_rocketmq_scenario(
+                number, run_dir / f"{number}-rocketmq-{name}", seed=args.seed + number
             )
         else:
             scenario = SCENARIOS[number]

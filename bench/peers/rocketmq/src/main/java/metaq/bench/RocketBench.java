@@ -28,6 +28,8 @@ import org.apache.rocketmq.common.TopicConfig;
 import org.apache.rocketmq.common.consumer.ConsumeFromWhere;
 import org.apache.rocketmq.common.message.Message;
 import org.apache.rocketmq.common.message.MessageExt;
+import org.apache.rocketmq.common.message.MessageQueue;
+import org.apache.rocketmq.remoting.protocol.body.BrokerReplicasInfo;
 import org.apache.rocketmq.remoting.protocol.body.ClusterInfo;
 import org.apache.rocketmq.remoting.protocol.route.BrokerData;
 import org.apache.rocketmq.remoting.protocol.subscription.SubscriptionGroupConfig;
@@ -50,6 +52,13 @@ import org.apache.rocketmq.tools.admin.DefaultMQAdminExt;
  * rate TOPIC SIZE SECONDS RATE IN_FLIGHT     asynchronous sends offered at RATE msgs/s
  * e2e TOPIC SIZE SECONDS RATE WARMUP         as rate, consumed back by a push consumer here
  * smoke TOPIC                                send one message and consume it back
+ * master CONTROLLER GROUP                    the controller's master of GROUP (null while none)
+ *                                            and how many replicas it counts in sync
+ * paced_ids TOPIC ID_PREFIX RATE TIMEOUT_MS  synchronous sends of ids ID_PREFIX-0, -1, ... at RATE/s
+ *                                            until a line arrives on stdin: an EVENT line each
+ *                                            invoke and each answer (ok, or info with the error)
+ * read_all TOPIC                             every message of TOPIC from its start to its end now,
+ *                                            an EVENT line each (the chaos suite's checker reads them)
  * </pre>
  *
  * Latencies are in milliseconds: of each send to its answer, or (rate, e2e) from the
@@ -61,6 +70,7 @@ public final class RocketBench {
     private static final long TICK_NS = 1_000_000;
     private static final long DRAIN_MS = 30_000;
     private static final int MAX_SAMPLES = 10_000_000;
+    private static final String WARMUP_TAG = "warmup";
 
     private final String namesrv;
     private final PrintStream out;
@@ -119,8 +129,11 @@ public final class RocketBench {
                 case "e2e" -> result = e2e(w[1], size(w[2]), seconds(w[3]), Double.parseDouble(w[4]),
                     seconds(w[5]));
                 case "smoke" -> result = smoke(w[1]);
+                case "master" -> result = master(w[1], w[2]);
+                case "paced_ids" -> result = pacedIds(w[1], w[2], Double.parseDouble(w[3]), Long.parseLong(w[4]));
+                case "read_all" -> result = readAll(w[1]);
                 default -> throw new IllegalArgumentException("unknown command " + w[0]
-                    + "; one of wait, topic, group, one, many, rate, e2e, smoke, quit");
+                    + "; one of wait, topic, group, one, many, rate, e2e, smoke, master, paced_ids, read_all, quit");
             }
         } catch (Throwable e) {
             e.printStackTrace();
@@ -274,7 +287,7 @@ public final class RocketBench {
             while (true) {
                 attempts++;
                 try {
-                    SendResult sent = producer().send(message(topic, new byte[] {0}));
+                    SendResult sent = producer().send(new Message(topic, WARMUP_TAG, new byte[] {0}));
                     if (sent.getSendStatus() == SendStatus.SEND_OK) {
                         break;
                     }
@@ -520,6 +533,111 @@ public final class RocketBench {
             return r;
         } finally {
             consumer.shutdown();
+        }
+    }
+
+    private Map<String, Object> master(String controller, String group) throws Exception {
+        DefaultMQAdminExt admin = admin();
+        try {
+            BrokerReplicasInfo.ReplicasInfo info =
+                admin.getInSyncStateData(controller, List.of(group)).getReplicasInfoTable().get(group);
+            Map<String, Object> r = new HashMap<>();
+            String master = info == null ? null : info.getMasterAddress();
+            r.put("master", master == null || master.isEmpty() ? null : master);
+            r.put("in_sync", info == null ? 0 : info.getInSyncReplicas().size());
+            r.put("epoch", info == null ? 0 : info.getMasterEpoch());
+            return r;
+        } finally {
+            admin.shutdown();
+        }
+    }
+
+    private void event(Map<String, Object> fields) {
+        out.println("EVENT " + json(fields));
+        out.flush();
+    }
+
+    /**
+     * One synchronous send at a time at RATE/s, each given TIMEOUT_MS, until stdin has a
+     * line (or closes): what the chaos suite's main producer does.
+     */
+    private Map<String, Object> pacedIds(String topic, String prefix, double rate, long timeoutMs)
+            throws Exception {
+        DefaultMQProducer p = producer();
+        p.setSendMsgTimeout((int) timeoutMs);
+        // One try a send within its timeout, as metaq's main producers: an answer or an error.
+        p.setRetryTimesWhenSendFailed(0);
+        BufferedReader in = new BufferedReader(new InputStreamReader(System.in, StandardCharsets.UTF_8));
+        long start = System.nanoTime();
+        int sent = 0;
+        long acked = 0;
+        while (!in.ready()) {
+            String id = prefix + "-" + sent++;
+            event(Map.of("type", "invoke", "id", id));
+            try {
+                SendResult answer = p.send(message(topic, id.getBytes(StandardCharsets.UTF_8)), timeoutMs);
+                if (answer.getSendStatus() == SendStatus.SEND_OK) {
+                    acked++;
+                    event(Map.of("type", "ok", "id", id));
+                } else {
+                    event(Map.of("type", "info", "id", id, "error", answer.getSendStatus().name()));
+                }
+            } catch (Exception e) {
+                event(Map.of("type", "info", "id", id, "error", String.valueOf(e.getMessage())));
+            }
+            long next = start + (long) (sent * 1e9 / rate);
+            long now = System.nanoTime();
+            if (next > now) {
+                LockSupport.parkNanos(next - now);
+            }
+        }
+        Map<String, Object> r = new HashMap<>();
+        r.put("sent", sent);
+        r.put("acked", acked);
+        return r;
+    }
+
+    /** Every queue of TOPIC from its first offset to the master's end offset now. */
+    private Map<String, Object> readAll(String topic) throws Exception {
+        DefaultMQAdminExt admin = admin();
+        DefaultLitePullConsumer consumer = new DefaultLitePullConsumer("bench_read_all_" + System.nanoTime());
+        consumer.setNamesrvAddr(namesrv);
+        consumer.setAutoCommit(false);
+        consumer.start();
+        try {
+            Map<MessageQueue, Long> ends = new HashMap<>();
+            admin.examineTopicStats(topic).getOffsetTable().forEach((q, o) -> ends.put(q, o.getMaxOffset()));
+            Map<MessageQueue, Long> positions = new HashMap<>();
+            consumer.assign(ends.keySet());
+            for (MessageQueue q : ends.keySet()) {
+                consumer.seekToBegin(q);
+                positions.put(q, 0L);
+            }
+            long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(120);
+            while (System.nanoTime() < deadline
+                && ends.entrySet().stream().anyMatch(e -> positions.get(e.getKey()) < e.getValue())) {
+                for (MessageExt m : consumer.poll(1000)) {
+                    MessageQueue q = new MessageQueue(m.getTopic(), m.getBrokerName(), m.getQueueId());
+                    positions.merge(q, m.getQueueOffset() + 1, Math::max);
+                    if (WARMUP_TAG.equals(m.getTags())) {
+                        continue;  // the message of `topic`, which proved the topic writable
+                    }
+                    event(Map.of("type", "read", "id", new String(m.getBody(), StandardCharsets.UTF_8),
+                        "queue", m.getQueueId(), "offset", m.getQueueOffset()));
+                }
+            }
+            Map<String, Object> behind = new HashMap<>();
+            ends.forEach((q, end) -> {
+                if (positions.get(q) < end) {
+                    behind.put(topic + "/" + q.getQueueId(), end - positions.get(q));
+                }
+            });
+            Map<String, Object> r = new HashMap<>();
+            r.put("behind", behind);
+            return r;
+        } finally {
+            consumer.shutdown();
+            admin.shutdown();
         }
     }
 
