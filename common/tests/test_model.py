@@ -13,6 +13,8 @@ from hypothesis import strategies as st
 from metaq.common.model import (
     TOPIC_PERMISSIONS,
     BrokerAddress,
+    BrokerKey,
+    BrokerState,
     ConsumeMode,
     GroupRoute,
     Permission,
@@ -216,6 +218,48 @@ def test_a_topic_config_round_trips_through_the_wire(
 
     assert (message.topic, message.read_queues, message.write_queues) == (name, reads, writes)
     assert TopicConfig.from_proto(pb.TopicConfig.FromString(message.SerializeToString())) == config
+
+
+broker_states = st.builds(
+    BrokerState,
+    cluster=st.sampled_from(["c1", "other"]),
+    key=st.builds(BrokerKey, names, st.integers(0, 16)),
+    role=st.sampled_from(Role),
+    data_address=st.sampled_from(["127.0.0.1:1", "[::1]:2"]),
+    http_address=st.sampled_from(["", "127.0.0.1:3"]),
+    computer_room=st.sampled_from(["", "r1"]),
+    epoch=st.integers(0, 9),
+    permission=st.sampled_from(Permission),
+    replication_mode=st.sampled_from([None, *ReplicationMode]),
+    commitlog_max_offset=st.integers(0, 1 << 40),
+    controlled=st.booleans(),
+    configured_master=st.booleans(),
+    in_sync_ids=st.sets(st.integers(0, 16), max_size=3).map(lambda ids: tuple(sorted(ids))),
+    unverified=st.booleans(),
+)
+
+
+@given(broker_states)
+def test_a_broker_state_round_trips_through_the_wire(state: BrokerState) -> None:
+    message = pb.BrokerState.FromString(state.to_proto().SerializeToString())
+
+    assert (message.broker_name, message.broker_id) == (state.broker_name, state.broker_id)
+    assert BrokerState.from_proto(message) == state
+
+
+def test_a_broker_that_does_not_say_has_no_mode_and_its_in_sync_ids_come_out_sorted() -> None:
+    message = pb.BrokerState(
+        cluster="c1", broker_name="b", broker_id=0, role=pb.BROKER_ROLE_MASTER,
+        data_address="127.0.0.1:1", permission=pb.PERMISSION_READ_WRITE, in_sync_ids=[2, 0, 2],
+    )  # fmt: skip
+
+    state = BrokerState.from_proto(message)
+
+    assert state.replication_mode is None
+    assert state.to_proto().replication_mode == pb.REPLICATION_MODE_UNSPECIFIED
+    assert state.in_sync_ids == (0, 2)
+    with pytest.raises(ValueError, match="broker role"):
+        BrokerState.from_proto(pb.BrokerState(broker_name="b", permission=1))
 
 
 addresses = st.builds(

@@ -8,7 +8,7 @@ import pytest
 from aiohttp import web
 
 from metaq.client.admin import Admin, MessagesStored, StoredMessage
-from metaq.common.model import Role
+from metaq.common.model import BrokerKey, BrokerState, Role
 from metaq.nameserver.console.context import (
     FORGET_GONE_AFTER_S,
     Brokers,
@@ -19,7 +19,7 @@ from metaq.nameserver.console.context import (
 from metaq.nameserver.console.messages import _body
 from metaq.nameserver.console.page import Html, esc, table
 from metaq.nameserver.console.page import parse_time_ms as _parse_time
-from metaq.nameserver.model import BrokerKey, BrokerState, BrokerView
+from metaq.nameserver.model import BrokerView
 from metaq.nameserver.registry import Registry
 from metaq.testing.waiting import run_async
 

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from metaq.common.model import Permission
+from metaq.common.model import BrokerKey, Permission
 from metaq.common.v1 import control_pb2 as pb
 from metaq.nameserver import convert
 from metaq.nameserver.convert import InvalidRequest
-from metaq.nameserver.model import BrokerKey
 
 
 def good_state(**changes: object) -> pb.BrokerState:
@@ -35,7 +34,7 @@ def test_a_broker_state_survives_the_round_trip_through_the_model() -> None:
 
     assert model.key == BrokerKey("broker-a", 1)
     assert model.permission is Permission.WRITE_WIPE
-    assert convert.state_out(model) == state
+    assert model.to_proto() == state
 
 
 @pytest.mark.parametrize(

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from metaq.common.model import Permission, Role, TopicConfig
+from metaq.common.model import BrokerKey, BrokerState, Permission, Role, TopicConfig
 from metaq.nameserver.assignment import QueueRef
-from metaq.nameserver.model import BrokerKey, BrokerState, GroupControl
+from metaq.nameserver.model import GroupControl
 from metaq.nameserver.registry import RegistrationRefused, Registry, readable_queues
 
 EXPIRY_S = 10.0

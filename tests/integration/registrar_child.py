@@ -16,19 +16,19 @@ import sys
 
 from metaq.broker.registration import BrokerDescription, NameServerRegistrar
 from metaq.common.auth import load_secret
-from metaq.common.model import Role, TopicConfig
+from metaq.common.model import BrokerKey, BrokerState, ReplicationMode, Role, TopicConfig
 
 
 async def run(args: argparse.Namespace) -> None:
-    description = BrokerDescription(
+    state = BrokerState(
         cluster="c1",
-        broker_name=args.broker_name,
-        broker_id=args.broker_id,
+        key=BrokerKey(args.broker_name, args.broker_id),
         role=Role.MASTER if args.broker_id == 0 else Role.SLAVE,
         data_address=f"127.0.0.1:{10000 + args.broker_id}",
         computer_room=args.room,
-        topics=(TopicConfig(args.topic, args.queues, args.queues),),
+        replication_mode=ReplicationMode.ASYNC,
     )
+    description = BrokerDescription(state, (TopicConfig(args.topic, args.queues, args.queues),))
     registrar = NameServerRegistrar(
         args.nameserver,
         lambda: description,

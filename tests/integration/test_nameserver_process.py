@@ -22,7 +22,14 @@ import grpc
 import pytest
 
 from metaq.broker.registration import BrokerDescription, NameServerRegistrar
-from metaq.common.model import Permission, Role, TopicConfig
+from metaq.common.model import (
+    BrokerKey,
+    BrokerState,
+    Permission,
+    ReplicationMode,
+    Role,
+    TopicConfig,
+)
 from metaq.common.v1 import control_pb2 as pb
 from metaq.common.v1 import control_pb2_grpc
 from metaq.testing.nameserver_process import (
@@ -130,17 +137,17 @@ def describe(
     room: str = "",
     topics: tuple[TopicConfig, ...] = (TopicConfig("orders", 4, 4),),
 ) -> BrokerDescription:
-    return BrokerDescription(
+    state = BrokerState(
         cluster="c1",
-        broker_name=broker_name,
-        broker_id=0,
+        key=BrokerKey(broker_name, 0),
         role=Role.MASTER,
         data_address="127.0.0.1:10911",
         http_address="127.0.0.1:10912",
         computer_room=room,
         epoch=3,
-        topics=topics,
+        replication_mode=ReplicationMode.ASYNC,
     )
+    return BrokerDescription(state, topics)
 
 
 def register_request(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from metaq.broker.registration import BrokerDescription, NameServerRegistrar
-from metaq.common.model import ReplicationMode, Role, TopicConfig
+from metaq.common.model import BrokerKey, BrokerState, ReplicationMode, Role, TopicConfig
 
 if TYPE_CHECKING:
     from metaq.broker.process import Broker
@@ -41,12 +41,12 @@ def nameserver_registrar(broker: Broker) -> NameServerRegistrar:
     store = broker.store
     group = broker.group_role
     mode = ReplicationMode.SYNC if group.sync else ReplicationMode.ASYNC
+    key = BrokerKey(config.broker_name, config.broker_id)
 
     def describe() -> BrokerDescription:
-        return BrokerDescription(
+        state = BrokerState(
             cluster=config.cluster_name,
-            broker_name=config.broker_name,
-            broker_id=config.broker_id,
+            key=key,
             role=Role.MASTER if group.replicas is not None else Role.SLAVE,
             data_address=broker.data_address,
             http_address=broker.http_address,
@@ -54,12 +54,12 @@ def nameserver_registrar(broker: Broker) -> NameServerRegistrar:
             epoch=group.epoch,
             replication_mode=mode,
             commitlog_max_offset=store.commitlog.write_offset,
-            topics=topics.get(),
             controlled=group.controlled,
             configured_master=config.is_master,
             in_sync_ids=group.in_sync_ids(),
             unverified=not group.verified,
         )
+        return BrokerDescription(state, topics.get())
 
     registrar = NameServerRegistrar(
         list(config.nameservers),

@@ -32,7 +32,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 from tenacity.wait import wait_random_exponential
 
 from metaq.common.auth import ClusterSecret, call_metadata, session_identity, session_metadata
-from metaq.common.model import Permission, ReplicationMode, Role, TopicConfig
+from metaq.common.model import BrokerState, TopicConfig
 from metaq.common.service import cancel_and_wait
 from metaq.common.tls import TlsConfig, grpc_channel
 from metaq.common.v1 import control_pb2 as pb
@@ -43,52 +43,19 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class BrokerDescription:
-    """What the broker tells the nameservers about itself, asked for at every heartbeat.
+    """What the broker tells the nameservers, asked for at every heartbeat: its state and
+    its topic table.
 
-    ``broker_name`` is the broker group's name (shared by a master and its slaves);
-    ``broker_id`` tells the group's brokers apart (0 for the master as deployed). Return
-    the same ``topics`` tuple while the table is unchanged: a changed tuple is what makes
-    the registrar send the table again.
+    Return the same ``topics`` tuple while the table is unchanged: a changed tuple is what
+    makes the registrar send the table again.
     """
 
-    cluster: str
-    broker_name: str
-    broker_id: int
-    role: Role
-    data_address: str
-    http_address: str = ""
-    computer_room: str = ""
-    epoch: int = 0
-    permission: Permission = Permission.READ_WRITE
-    replication_mode: ReplicationMode = ReplicationMode.ASYNC
-    commitlog_max_offset: int = 0
+    state: BrokerState
     topics: tuple[TopicConfig, ...] = ()
-    controlled: bool = False
-    configured_master: bool = False
-    in_sync_ids: tuple[int, ...] = ()
-    unverified: bool = False
 
 
 def heartbeat(description: BrokerDescription, *, with_topics: bool) -> pb.BrokerHeartbeat:
-    message = pb.BrokerHeartbeat(
-        broker=pb.BrokerState(
-            cluster=description.cluster,
-            broker_name=description.broker_name,
-            broker_id=description.broker_id,
-            role=description.role.to_proto(),
-            data_address=description.data_address,
-            http_address=description.http_address,
-            computer_room=description.computer_room,
-            epoch=description.epoch,
-            permission=description.permission.to_proto(),
-            replication_mode=description.replication_mode.to_proto(),
-            commitlog_max_offset=description.commitlog_max_offset,
-            controlled=description.controlled,
-            configured_master=description.configured_master,
-            in_sync_ids=description.in_sync_ids,
-            unverified=description.unverified,
-        )
-    )
+    message = pb.BrokerHeartbeat(broker=description.state.to_proto())
     if with_topics:
         message.topic_table.SetInParent()  # present even when empty: "no topics"
         message.topic_table.topics.extend(topic.to_proto() for topic in description.topics)
@@ -195,7 +162,7 @@ class _Link:
         try:
             async with grpc_channel(self.address, registrar.tls) as channel:
                 # The proof names this broker: the stream can register no other.
-                me = registrar.describe()
+                me = registrar.describe().state
                 identity = session_identity(
                     me.cluster, me.broker_name, me.broker_id, me.data_address
                 )
@@ -341,12 +308,10 @@ class NameServerRegistrar:
         await asyncio.gather(*(link.stop() for link in links))
         if not links:
             return
-        description = self.describe()
+        me = self.describe().state
         await asyncio.gather(
             *(
-                link.unregister(
-                    description.broker_name, description.broker_id, self.unregister_timeout_s
-                )
+                link.unregister(me.broker_name, me.broker_id, self.unregister_timeout_s)
                 for link in links
             )
         )

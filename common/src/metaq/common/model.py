@@ -1,4 +1,5 @@
-"""The shared vocabulary: permissions, roles, modes, topic configs and routes, and their wire forms.
+"""The shared vocabulary: permissions, roles, modes, topic configs, brokers and routes, and
+their wire forms.
 
 Every member uses these types; the converters to and from the ``metaq.v1`` protobuf
 messages, and to and from the broker's persisted JSON, sit beside them and nowhere else.
@@ -279,6 +280,102 @@ class TopicConfig:
             write_queues=message.write_queues,
             permission=Permission.from_proto(message.permission),
             ordered=message.ordered,
+        )
+
+
+# --- brokers ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class BrokerKey:
+    """A broker's identity: its group (RocketMQ's brokerName) and its id within the group."""
+
+    broker_name: str
+    broker_id: int
+
+    def __str__(self) -> str:
+        return f"{self.broker_name}/{self.broker_id}"
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerState:
+    """Who a broker is, where to reach it and how it stands (``metaq.v1.BrokerState``):
+    what a broker tells the nameservers at every heartbeat, and what they keep of it.
+
+    ``key`` names the broker's group (shared by a master and its slaves) and its id in
+    the group (0 for the master as deployed).
+    """
+
+    cluster: str
+    key: BrokerKey
+    role: Role
+    data_address: str
+    http_address: str = ""
+    computer_room: str = ""
+    epoch: int = 0
+    permission: Permission = Permission.READ_WRITE
+    replication_mode: ReplicationMode | None = None
+    """None: the broker does not say (UNSPECIFIED on the wire)."""
+    commitlog_max_offset: int = 0
+    controlled: bool = False
+    """The failover controller decides this broker's role."""
+    configured_master: bool = False
+    """Deployed as its group's master: the controller's first choice for a new group."""
+    in_sync_ids: tuple[int, ...] = ()
+    """Master only: the ids it sees in sync with its log (itself included), ascending."""
+    unverified: bool = False
+    """Controlled brokers: its log is not checked (or not repaired) since it started."""
+
+    @property
+    def broker_name(self) -> str:
+        return self.key.broker_name
+
+    @property
+    def broker_id(self) -> int:
+        return self.key.broker_id
+
+    def to_proto(self) -> pb.BrokerState:
+        return pb.BrokerState(
+            cluster=self.cluster,
+            broker_name=self.key.broker_name,
+            broker_id=self.key.broker_id,
+            role=self.role.to_proto(),
+            data_address=self.data_address,
+            http_address=self.http_address,
+            computer_room=self.computer_room,
+            epoch=self.epoch,
+            permission=self.permission.to_proto(),
+            replication_mode=(
+                pb.REPLICATION_MODE_UNSPECIFIED
+                if self.replication_mode is None
+                else self.replication_mode.to_proto()
+            ),
+            commitlog_max_offset=self.commitlog_max_offset,
+            controlled=self.controlled,
+            configured_master=self.configured_master,
+            in_sync_ids=self.in_sync_ids,
+            unverified=self.unverified,
+        )
+
+    @classmethod
+    def from_proto(cls, message: pb.BrokerState) -> BrokerState:
+        """ValueError for a role, permission or replication mode this version does not
+        take; the in-sync ids come out ascending, each once."""
+        return cls(
+            cluster=message.cluster,
+            key=BrokerKey(message.broker_name, message.broker_id),
+            role=Role.from_proto(message.role),
+            data_address=message.data_address,
+            http_address=message.http_address,
+            computer_room=message.computer_room,
+            epoch=message.epoch,
+            permission=Permission.from_proto(message.permission),
+            replication_mode=ReplicationMode.from_proto(message.replication_mode),
+            commitlog_max_offset=message.commitlog_max_offset,
+            controlled=message.controlled,
+            configured_master=message.configured_master,
+            in_sync_ids=tuple(sorted(set(message.in_sync_ids))),
+            unverified=message.unverified,
         )
 
 

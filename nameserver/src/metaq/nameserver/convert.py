@@ -6,12 +6,19 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Final
 
 from metaq.common.errors import InvalidMessage
-from metaq.common.model import Permission, ReplicationMode, Role, TopicConfig
+from metaq.common.model import (
+    BrokerKey,
+    BrokerState,
+    Permission,
+    ReplicationMode,
+    Role,
+    TopicConfig,
+)
 from metaq.common.names import check_group, shown
 from metaq.common.record import MAX_QUEUES_PER_TOPIC, check_topic
 from metaq.common.v1 import control_pb2 as pb
 from metaq.nameserver.assignment import Member, QueueRef
-from metaq.nameserver.model import BrokerKey, BrokerState, ClusterView, GroupControl
+from metaq.nameserver.model import ClusterView, GroupControl
 
 
 class InvalidRequest(ValueError):
@@ -74,37 +81,24 @@ def broker_key(broker_name: str, broker_id: int) -> BrokerKey:
 
 
 def broker_state(state: pb.BrokerState) -> BrokerState:
+    """A broker's heartbeat state, each field checked; InvalidRequest names what is wrong."""
     key = broker_key(state.broker_name, state.broker_id)
     check_text(state.cluster, f"broker {key}: cluster")
     check_text(state.computer_room, f"broker {key}: computer_room", required=False)
     try:
-        role = Role.from_proto(state.role)
+        Role.from_proto(state.role)
     except ValueError:
         raise InvalidRequest(f"broker {key}: role must be BROKER_ROLE_MASTER or _SLAVE") from None
     check_address(state.data_address, f"broker {key} data_address")
     check_address(state.http_address, f"broker {key} http_address", required=False)
     try:
-        mode = ReplicationMode.from_proto(state.replication_mode)
+        ReplicationMode.from_proto(state.replication_mode)
     except ValueError:
         raise InvalidRequest(
             f"broker {key}: unknown replication_mode {state.replication_mode}"
         ) from None
-    return BrokerState(
-        cluster=state.cluster,
-        key=key,
-        role=role,
-        data_address=state.data_address,
-        http_address=state.http_address,
-        computer_room=state.computer_room,
-        epoch=state.epoch,
-        permission=_permission(state.permission, f"broker {key}"),
-        replication_mode=mode,
-        commitlog_max_offset=state.commitlog_max_offset,
-        controlled=state.controlled,
-        configured_master=state.configured_master,
-        in_sync_ids=tuple(sorted(set(state.in_sync_ids))),
-        unverified=state.unverified,
-    )
+    _permission(state.permission, f"broker {key}")
+    return BrokerState.from_proto(state)
 
 
 def topic_table(table: pb.TopicTable, key: BrokerKey) -> dict[str, TopicConfig]:
@@ -123,30 +117,6 @@ def topic_table(table: pb.TopicTable, key: BrokerKey) -> dict[str, TopicConfig]:
         _permission(topic.permission, where)
         topics[topic.topic] = TopicConfig.from_proto(topic)
     return topics
-
-
-def state_out(state: BrokerState) -> pb.BrokerState:
-    return pb.BrokerState(
-        cluster=state.cluster,
-        broker_name=state.key.broker_name,
-        broker_id=state.key.broker_id,
-        role=state.role.to_proto(),
-        data_address=state.data_address,
-        http_address=state.http_address,
-        computer_room=state.computer_room,
-        epoch=state.epoch,
-        permission=state.permission.to_proto(),
-        replication_mode=(
-            pb.REPLICATION_MODE_UNSPECIFIED
-            if state.replication_mode is None
-            else state.replication_mode.to_proto()
-        ),
-        commitlog_max_offset=state.commitlog_max_offset,
-        controlled=state.controlled,
-        configured_master=state.configured_master,
-        in_sync_ids=state.in_sync_ids,
-        unverified=state.unverified,
-    )
 
 
 def control_out(control: GroupControl, master_data_address: str = "") -> pb.GroupControl:
@@ -174,7 +144,7 @@ def clusters_out(
                     computer_room=group.computer_room,
                     brokers=[
                         pb.BrokerInfo(
-                            state=state_out(broker.state),
+                            state=broker.state.to_proto(),
                             last_heartbeat_age_ms=round(broker.last_heartbeat_age_s * 1000),
                             session_open=broker.session_open,
                             topic_count=broker.topic_count,

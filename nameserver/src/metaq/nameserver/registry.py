@@ -43,17 +43,17 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from metaq.common.model import BrokerAddress, GroupRoute, Role, TopicConfig, TopicRoute
-from metaq.nameserver.assignment import QueueRef
-from metaq.nameserver.model import (
+from metaq.common.model import (
+    BrokerAddress,
     BrokerKey,
     BrokerState,
-    BrokerView,
-    ClusterView,
-    GroupControl,
-    GroupView,
-    Registered,
+    GroupRoute,
+    Role,
+    TopicConfig,
+    TopicRoute,
 )
+from metaq.nameserver.assignment import QueueRef
+from metaq.nameserver.model import BrokerView, ClusterView, GroupControl, GroupView, Registered
 
 Clock = Callable[[], float]
 

@@ -12,10 +12,10 @@ from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 from metaq.client.admin import Admin, MessagesStored
 from metaq.client.errors import BrokerAdminError, BrokerAnswerUnreadable, BrokerUnreachable
 from metaq.common.auth import ClusterSecret
-from metaq.common.model import Role
+from metaq.common.model import BrokerKey, BrokerState, Role
 from metaq.common.tls import TlsConfig
 from metaq.nameserver.controller import Controller
-from metaq.nameserver.model import BrokerKey, BrokerState, BrokerView
+from metaq.nameserver.model import BrokerView
 from metaq.nameserver.registry import Registry
 
 T = TypeVar("T")
