@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import grpc
 import pytest
@@ -13,17 +12,19 @@ from metaq.client.admin import Admin, TopicSettings
 from metaq.common.v1 import control_pb2 as pb
 from metaq.common.v1.control_pb2_grpc import NameServerStub
 from metaq.testing import BrokerProcess, run_async
-from metaq.testing.nameserver_process import NameServerProcess, start_nameserver
+from metaq.testing.cluster import Cluster, ClusterBuilder
 from metaq.testing.waiting import deadline
 
 
-@pytest.fixture
-def nameserver(tmp_path: Path) -> Iterator[NameServerProcess]:
-    server = start_nameserver(tmp_path / "ns", "--broker-expiry-s", "30")
-    try:
-        yield server
-    finally:
-        server.stop()
+def registered(
+    cluster_factory: Callable[[ClusterBuilder], Cluster], group: str
+) -> tuple[str, BrokerProcess]:
+    """A nameserver whose expiry is far off and a broker of ``group`` registered there: its
+    address and the broker."""
+    cluster = cluster_factory(
+        ClusterBuilder(groups=(group,), nameserver_args=("--broker-expiry-s", "30"))
+    )
+    return cluster.nameserver_addresses[0], cluster.broker(group)
 
 
 def _route(address: str, topic: str) -> pb.TopicRoute | None:
@@ -49,61 +50,46 @@ def _wait_for_route(address: str, topic: str, present: bool, timeout_s: float) -
 
 
 def test_a_topic_created_on_a_broker_is_routed_by_the_nameserver(
-    nameserver: NameServerProcess, tmp_path: Path
+    cluster_factory: Callable[[ClusterBuilder], Cluster],
 ) -> None:
-    args = ("--nameserver", nameserver.grpc_address, "--broker-name", "broker-a")
-    with BrokerProcess.start(tmp_path / "broker", *args) as broker:
-        run_async(
-            Admin().put_topic(
-                broker.http_url, "orders", TopicSettings(read_queues=4, write_queues=4)
-            )
-        )
+    nameserver, broker = registered(cluster_factory, "broker-a")
+    run_async(
+        Admin().put_topic(broker.http_url, "orders", TopicSettings(read_queues=4, write_queues=4))
+    )
 
-        _wait_for_route(nameserver.grpc_address, "orders", present=True, timeout_s=10)
-        route = _route(nameserver.grpc_address, "orders")
+    _wait_for_route(nameserver, "orders", present=True, timeout_s=10)
+    route = _route(nameserver, "orders")
 
-        assert route is not None
-        assert route.SerializeToString()  # a real, non-empty answer
-        text = str(route)
-        assert "broker-a" in text and f"{broker.data_host}:{broker.data_port}" in text
+    assert route is not None
+    assert route.SerializeToString()  # a real, non-empty answer
+    text = str(route)
+    assert "broker-a" in text and f"{broker.data_host}:{broker.data_port}" in text
 
 
 def test_a_killed_broker_leaves_the_routes_at_once(
-    nameserver: NameServerProcess, tmp_path: Path
+    cluster_factory: Callable[[ClusterBuilder], Cluster],
 ) -> None:
-    args = ("--nameserver", nameserver.grpc_address, "--broker-name", "broker-k")
-    broker = BrokerProcess.start(tmp_path / "broker", *args)
-    try:
-        run_async(
-            Admin().put_topic(
-                broker.http_url, "payments", TopicSettings(read_queues=4, write_queues=4)
-            )
-        )
-        _wait_for_route(nameserver.grpc_address, "payments", present=True, timeout_s=10)
+    nameserver, broker = registered(cluster_factory, "broker-k")
+    run_async(
+        Admin().put_topic(broker.http_url, "payments", TopicSettings(read_queues=4, write_queues=4))
+    )
+    _wait_for_route(nameserver, "payments", present=True, timeout_s=10)
 
-        broker.kill()
+    broker.kill()
 
-        # Expiry is 30 s; the dropped session must take it out long before that.
-        _wait_for_route(nameserver.grpc_address, "payments", False, timeout_s=deadline(5))
-    finally:
-        broker.kill()
+    # Expiry is 30 s; the dropped session must take it out long before that.
+    _wait_for_route(nameserver, "payments", False, timeout_s=deadline(5))
 
 
 def test_a_broker_that_stops_cleanly_unregisters(
-    nameserver: NameServerProcess, tmp_path: Path
+    cluster_factory: Callable[[ClusterBuilder], Cluster],
 ) -> None:
-    args = ("--nameserver", nameserver.grpc_address, "--broker-name", "broker-s")
-    broker = BrokerProcess.start(tmp_path / "broker", *args)
-    try:
-        run_async(
-            Admin().put_topic(
-                broker.http_url, "audit", TopicSettings(read_queues=4, write_queues=4)
-            )
-        )
-        _wait_for_route(nameserver.grpc_address, "audit", present=True, timeout_s=10)
+    nameserver, broker = registered(cluster_factory, "broker-s")
+    run_async(
+        Admin().put_topic(broker.http_url, "audit", TopicSettings(read_queues=4, write_queues=4))
+    )
+    _wait_for_route(nameserver, "audit", present=True, timeout_s=10)
 
-        assert broker.terminate() == 0
+    assert broker.terminate() == 0
 
-        _wait_for_route(nameserver.grpc_address, "audit", present=False, timeout_s=5)
-    finally:
-        broker.kill()
+    _wait_for_route(nameserver, "audit", present=False, timeout_s=5)

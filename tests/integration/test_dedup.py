@@ -4,6 +4,7 @@ stored is answered from the log, and a producer whose reply was lost stores once
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 
 from metaq.client.admin import Admin, TopicSettings
@@ -11,7 +12,7 @@ from metaq.client.producer import Producer
 from metaq.common.record import encode
 from metaq.common.v1.data_pb2 import SendRequest
 from metaq.testing import BrokerProcess, DataClient
-from metaq.testing.nameserver_process import start_nameserver
+from metaq.testing.cluster import Cluster, ClusterBuilder
 from metaq.testing.replica_group import read_records
 from metaq.testing.waiting import run_async, wait_until, wait_until_async
 
@@ -60,43 +61,34 @@ def test_a_retried_batch_stores_only_what_the_broker_lacks(tmp_path: Path) -> No
         broker.kill()
 
 
-def test_a_send_whose_reply_was_lost_is_stored_once(tmp_path: Path) -> None:
-    nameserver = start_nameserver(tmp_path / "ns")
-    try:
-        broker = BrokerProcess.start(tmp_path / "broker", "--nameserver", nameserver.grpc_address)
-    except BaseException:
-        nameserver.stop()
-        raise
-    try:
-        run_async(
-            Admin().put_topic(broker.http_url, TOPIC, TopicSettings(read_queues=1, write_queues=1))
-        )
+def test_a_send_whose_reply_was_lost_is_stored_once(
+    cluster_factory: Callable[[ClusterBuilder], Cluster],
+) -> None:
+    cluster = cluster_factory(ClusterBuilder())
+    broker = cluster.broker("broker-a")
+    run_async(cluster.create_topic(TOPIC, queues=1))
 
-        async def scenario() -> None:
-            async with Producer(
-                [nameserver.grpc_address], send_timeout_s=0.5, retries=4
-            ) as producer:
-                await producer.send(TOPIC, b"warm-up")
-                # The broker hangs: the send and its retries wait unanswered in its socket,
-                # and the producer's first tries time out.
-                broker.pause()
-                sending = asyncio.ensure_future(producer.send(TOPIC, b"pay 10 EUR"))
+    async def scenario() -> None:
+        async with Producer(
+            cluster.nameserver_addresses, send_timeout_s=0.5, retries=4
+        ) as producer:
+            await producer.send(TOPIC, b"warm-up")
+            # The broker hangs: the send and its retries wait unanswered in its socket,
+            # and the producer's first tries time out.
+            broker.pause()
+            sending = asyncio.ensure_future(producer.send(TOPIC, b"pay 10 EUR"))
 
-                # The warm-up, the send, and at least one retry after its timeout.
-                async def retried() -> bool:
-                    return producer.sender.batches_sent >= 3
+            # The warm-up, the send, and at least one retry after its timeout.
+            async def retried() -> bool:
+                return producer.sender.batches_sent >= 3
 
-                await wait_until_async(retried, 10, "the send was retried")
-                broker.resume()
-                result = await sending
-                assert result.status.value == "OK"
+            await wait_until_async(retried, 10, "the send was retried")
+            broker.resume()
+            result = await sending
+            assert result.status.value == "OK"
 
-        run_async(scenario(), timeout_s=60)
-        assert dispatched(broker, 2) == [b"warm-up", b"pay 10 EUR"]
-    finally:
-        broker.resume()
-        broker.kill()
-        nameserver.stop()
+    run_async(scenario(), timeout_s=60)
+    assert dispatched(broker, 2) == [b"warm-up", b"pay 10 EUR"]
 
 
 def test_a_retried_send_of_an_id_stored_in_another_topic_is_stored(tmp_path: Path) -> None:

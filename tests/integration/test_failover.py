@@ -26,13 +26,12 @@ from metaq.common.record import encode
 from metaq.common.v1 import control_pb2 as pb
 from metaq.replication.epochs import EpochHistory
 from metaq.testing import DataClient
+from metaq.testing.cluster import Group, controller_state
 from metaq.testing.data_client import BrokerError
 from metaq.testing.replica_group import (
     TOPIC,
     History,
-    ReplicaGroup,
     commitlog_bytes,
-    controller_state,
     health,
     produce,
     read_all,
@@ -47,9 +46,7 @@ T = TypeVar("T")
 FAST = ("--set", "replica_lag_max_ms=2000", "--set", "replication_timeout_ms=1000")
 
 
-async def with_producer(
-    group: ReplicaGroup, history: History, during: Callable[[], Awaitable[T]]
-) -> T:
+async def with_producer(group: Group, history: History, during: Callable[[], Awaitable[T]]) -> T:
     """Run ``during`` while a producer sends; stop the producer after it."""
     stop = asyncio.Event()
     task = asyncio.create_task(produce(group.nameserver_addresses, history, stop))
@@ -73,7 +70,7 @@ async def acked_count_reaches(history: History, count: int, timeout_s: float = 2
         ) from None
 
 
-def lost(group: ReplicaGroup, master_id: int, history: History) -> list[bytes]:
+def lost(group: Group, master_id: int, history: History) -> list[bytes]:
     """Acknowledged messages the master does not hold. The newest may still be on their
     way into the consume queues (dispatch runs after the append), so a message counts as
     lost only if it is still missing after a few seconds."""
@@ -265,7 +262,7 @@ def test_a_divergent_tail_on_the_old_master_is_cut_when_it_rejoins(tmp_path: Pat
         group.stop()
 
 
-def _log_end(group: ReplicaGroup, broker_id: int) -> int:
+def _log_end(group: Group, broker_id: int) -> int:
     """Where a stopped broker's log ends: the first zero size field."""
     data = commitlog_bytes(group.brokers[broker_id], 1 << 30)
     pos = 0

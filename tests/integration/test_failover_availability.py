@@ -37,14 +37,8 @@ from metaq.common.errors import ErrorCode
 from metaq.common.v1 import control_pb2 as pb
 from metaq.common.v1 import control_pb2_grpc
 from metaq.testing import BrokerProcess
-from metaq.testing.replica_group import (
-    TOPIC,
-    ReplicaGroup,
-    controller_state,
-    health,
-    read_all,
-    start_group,
-)
+from metaq.testing.cluster import Group, controller_state
+from metaq.testing.replica_group import TOPIC, health, read_all, start_group
 from metaq.testing.waiting import deadline, run_async, wait_until, wait_until_async
 
 pytestmark = pytest.mark.slow
@@ -109,7 +103,7 @@ async def oks_after(answers: Answers, t: float, count: int, timeout_s: float) ->
         ) from None
 
 
-def missing_on(group: ReplicaGroup, broker_id: int, acked: list[bytes]) -> list[bytes]:
+def missing_on(group: Group, broker_id: int, acked: list[bytes]) -> list[bytes]:
     """Acknowledged bodies ``broker_id`` does not serve (waiting a moment for dispatch)."""
     missing: list[bytes] = []
 
@@ -123,7 +117,7 @@ def missing_on(group: ReplicaGroup, broker_id: int, acked: list[bytes]) -> list[
     return missing
 
 
-async def elected_after(group: ReplicaGroup, epoch: int) -> int:
+async def elected_after(group: Group, epoch: int) -> int:
     """The master the controller names once it has moved past ``epoch``, seen within a
     millisecond or two of the commit."""
     async with grpc.aio.insecure_channel(group.nameserver_addresses[0]) as channel:

@@ -20,15 +20,16 @@ from metaq.client.transaction import TransactionProducer, TransactionState
 from metaq.common.record import encode
 from metaq.common.v1.data_pb2 import SendRequest
 from metaq.testing import DataClient
+from metaq.testing.cluster import Group
 from metaq.testing.data_client import BrokerError
-from metaq.testing.replica_group import ReplicaGroup, read_records, start_group
+from metaq.testing.replica_group import read_records, start_group
 from metaq.testing.waiting import run_async, wait_until_async
 
 FAST = ("--set", "queue_lock_ttl_ms=2000", "--set", "txn_check_after_ms=1000",
         "--set", "txn_check_interval_ms=500")  # fmt: skip
 
 
-def group_of_two(tmp_path: Path, topic: str, queues: int = 1) -> ReplicaGroup:
+def group_of_two(tmp_path: Path, topic: str, queues: int = 1) -> Group:
     group = start_group(tmp_path, brokers=2, mode="sync", min_in_sync=1, extra=FAST)
     master = group.brokers[group.master()]
     run_async(
@@ -40,11 +41,11 @@ def group_of_two(tmp_path: Path, topic: str, queues: int = 1) -> ReplicaGroup:
     return group
 
 
-async def read_bodies(group: ReplicaGroup, broker_id: int, topic: str) -> list[bytes]:
+async def read_bodies(group: Group, broker_id: int, topic: str) -> list[bytes]:
     return [r.body for r in await read_records(group.brokers[broker_id], topic)]
 
 
-async def until_bodies(group: ReplicaGroup, broker_id: int, topic: str, count: int) -> list[bytes]:
+async def until_bodies(group: Group, broker_id: int, topic: str, count: int) -> list[bytes]:
     found: list[bytes] = []
 
     async def enough() -> bool:
@@ -55,7 +56,7 @@ async def until_bodies(group: ReplicaGroup, broker_id: int, topic: str, count: i
     return found
 
 
-def kill_master(group: ReplicaGroup) -> int:
+def kill_master(group: Group) -> int:
     old = group.master()
     group.brokers[old].kill()
     return group.master(15.0, other_than=old)

@@ -28,8 +28,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from metaq.client.admin import Admin, TopicSettings
 from metaq.common.record import encode
 from metaq.testing import BrokerProcess, DataClient
+from metaq.testing.cluster import ClusterBuilder, Group
 from metaq.testing.nameserver_process import NameServerProcess, free_ports, start_nameserver
-from metaq.testing.replica_group import GROUP, TOPIC, ReplicaGroup
+from metaq.testing.replica_group import GROUP, TOPIC
 from metaq.testing.waiting import run_async, wait_until, wait_until_async
 
 MONITORING: Final = Path(__file__).resolve().parents[2] / "deploy" / "monitoring"
@@ -48,9 +49,9 @@ METRIC_NAME: Final = re.compile(r"\b((?:metaq|process|python)_[a-z0-9_]+)\b")
 
 
 @dataclass
-class Cluster:
+class Monitored:
     nameserver: NameServerProcess
-    group: ReplicaGroup
+    group: Group
     master_id: int
 
     @property
@@ -67,27 +68,21 @@ def host_port(url: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Monitored]:
     """Two brokers of one group, a master and its sync slave as the controller chose,
     both in its in-sync set; topic TOPIC with SENT messages in queue 0, COMMITTED of them
     consumed by group BACKLOG_GROUP."""
-    work = tmp_path_factory.mktemp("monitored")
-    nameserver = start_nameserver(work / "ns0", "--http-port", "0")
-    args = [
-        "--nameserver", nameserver.grpc_address,
-        "--set", "replication_mode=sync", "--set", "min_in_sync_replicas=2", *FAST,
-    ]  # fmt: skip
-    group = ReplicaGroup(work, [nameserver], args)
-    try:
-        group.start_broker(0)
-        group.start_broker(1)
+    builder = ClusterBuilder(
+        groups=(GROUP,), replicas=2, replication_mode="sync", min_in_sync=2,
+        nameserver_args=("--http-port", "0"), broker_args=FAST,
+    )  # fmt: skip
+    with builder.start(tmp_path_factory.mktemp("monitored")) as started:
+        group = started.group(GROUP)
         master_id = group.master()
         group.wait_in_sync([0, 1])
         group.wait_committed_in_sync([0, 1])
         run_async(_leave_backlog(group.brokers[master_id]))
-        yield Cluster(nameserver, group, master_id)
-    finally:
-        group.stop()
+        yield Monitored(started.nameservers[0], group, master_id)
 
 
 async def _leave_backlog(master: BrokerProcess) -> None:
@@ -106,7 +101,7 @@ async def _leave_backlog(master: BrokerProcess) -> None:
         await client.close()
 
 
-def scrape_configs(cluster: Cluster) -> list[dict[str, Any]]:
+def scrape_configs(cluster: Monitored) -> list[dict[str, Any]]:
     return [
         {
             "job_name": "metaq-broker",
@@ -198,7 +193,7 @@ def running_prometheus(work: Path, scrapes: list[dict[str, Any]]) -> Iterator[Pr
 
 
 @pytest.fixture
-def prometheus(tmp_path: Path, cluster: Cluster) -> Iterator[Prometheus]:
+def prometheus(tmp_path: Path, cluster: Monitored) -> Iterator[Prometheus]:
     with running_prometheus(tmp_path / "prometheus", scrape_configs(cluster)) as server:
         yield server
 
@@ -227,7 +222,7 @@ def dashboard_exprs() -> list[str]:
     return exprs
 
 
-def test_dashboard_and_alerts_name_only_metrics_the_processes_export(cluster: Cluster) -> None:
+def test_dashboard_and_alerts_name_only_metrics_the_processes_export(cluster: Monitored) -> None:
     dashboard = json.loads((MONITORING / "grafana-dashboard.json").read_text())
     rows = [p["title"] for p in dashboard["panels"] if p["type"] == "row"]
     assert rows == ["Cluster overview", "Topic", "Consumer group", "Replication", "Storage"]
@@ -262,7 +257,7 @@ def scraped(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 
 def test_counters_that_alerts_watch_are_exported_at_zero_before_their_first_count(
-    cluster: Cluster,
+    cluster: Monitored,
 ) -> None:
     """increase() sees nothing of a series that first appears at 1: the DLQ alert
     would miss a group's first dead letter. Each series is there at zero from when its
@@ -280,7 +275,7 @@ def test_counters_that_alerts_watch_are_exported_at_zero_before_their_first_coun
 
 
 def test_prometheus_sees_the_backlog_and_the_in_sync_set_shrink_when_the_slave_dies(
-    cluster: Cluster, prometheus: Prometheus
+    cluster: Monitored, prometheus: Prometheus
 ) -> None:
     master = host_port(cluster.master.http_url)
     backlog = f'metaq_consumer_lag_messages{{group="{BACKLOG_GROUP}",instance="{master}"}}'

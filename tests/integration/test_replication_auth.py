@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -28,9 +29,9 @@ from metaq.common.v1.data_pb2 import (
 )
 from metaq.replication.channel import DataPlaneChannel, SlaveIdentity
 from metaq.testing import BrokerError, BrokerProcess, DataClient
+from metaq.testing.cluster import Cluster, ClusterBuilder
 from metaq.testing.impostor import Impostor
-from metaq.testing.nameserver_process import NameServerProcess, start_nameserver
-from metaq.testing.replica_group import GROUP, TOPIC, health, start_group
+from metaq.testing.replica_group import GROUP, TOPIC, health, read_records, start_group
 from metaq.testing.waiting import (
     cluster_secret_for_tests,
     holds_for,
@@ -152,6 +153,11 @@ def test_an_unauthenticated_fetch_does_not_hold_back_consumers(tmp_path: Path) -
 
 # --- a forged master ---------------------------------------------------------------------
 
+PAIR_WITHOUT_FAILOVER = ClusterBuilder(
+    groups=(GROUP,), replicas=2, broker_args=("--set", "failover=false")
+)
+"""A master (broker 0) and its slave that stay so (no controller picks)."""
+
 
 def _held_by_both(master: BrokerProcess, slave: BrokerProcess) -> tuple[list[bytes], int]:
     """Five messages sent to queue 0 of the master and held by its slave too; their
@@ -192,52 +198,36 @@ def _newer_epoch(frame_type: FrameType, header: bytes) -> bytes | None:
     ).SerializeToString()  # fmt: skip
 
 
-def test_a_slave_cuts_nothing_for_a_master_that_cannot_prove_the_secret(tmp_path: Path) -> None:
-    nameserver: NameServerProcess = start_nameserver(tmp_path / "ns")
-    common = ["--nameserver", nameserver.grpc_address, "--broker-name", GROUP,
-              "--set", "failover=false"]  # fmt: skip
-    brokers: list[BrokerProcess] = []
-    try:
-        master = BrokerProcess.start(tmp_path / "master", *common)
-        brokers.append(master)
-        slave = BrokerProcess.start(tmp_path / "slave", *common, "--broker-id", "1")
-        brokers.append(slave)
-        bodies, end = _held_by_both(master, slave)
-        master.kill()
+def test_a_slave_cuts_nothing_for_a_master_that_cannot_prove_the_secret(
+    cluster_factory: Callable[[ClusterBuilder], Cluster],
+) -> None:
+    cluster = cluster_factory(PAIR_WITHOUT_FAILOVER)
+    master, slave = cluster.broker(GROUP, 0), cluster.broker(GROUP, 1)
+    bodies, end = _held_by_both(master, slave)
+    master.kill()
 
-        async def impersonate() -> list[FrameType]:
-            impostor = Impostor(_newer_epoch)
-            # The slave goes on following the dead master's address: take it over.
-            await impostor.start(master.data_host, master.data_port)
-            try:
-                await wait_until_async(impostor.asked, 20, "the slave connects to the impostor")
-                await asyncio.to_thread(
-                    holds_for,
-                    lambda: health(slave)["commitlog_write_offset"] == end,
-                    WATCH_S,
-                    "the slave keeps its log",
-                )
-                return list(impostor.seen)
-            finally:
-                await impostor.close()
+    async def impersonate() -> list[FrameType]:
+        impostor = Impostor(_newer_epoch)
+        # The slave goes on following the dead master's address: take it over.
+        await impostor.start(master.data_host, master.data_port)
+        try:
+            await wait_until_async(impostor.asked, 20, "the slave connects to the impostor")
+            await asyncio.to_thread(
+                holds_for,
+                lambda: health(slave)["commitlog_write_offset"] == end,
+                WATCH_S,
+                "the slave keeps its log",
+            )
+            return list(impostor.seen)
+        finally:
+            await impostor.close()
 
-        seen = run_async(impersonate(), timeout_s=60)
+    seen = run_async(impersonate(), timeout_s=60)
 
-        assert FrameType.REPLICA_FETCH not in seen
-        assert FrameType.REPLICA_AUTH in seen
+    assert FrameType.REPLICA_FETCH not in seen
+    assert FrameType.REPLICA_AUTH in seen
 
-        async def read_slave() -> list[bytes]:
-            client = await DataClient.connect(slave.data_host, slave.data_port)
-            try:
-                return [r.body for r in await client.read_queue(TOPIC, 0)]
-            finally:
-                await client.close()
-
-        assert run_async(read_slave()) == bodies
-    finally:
-        for broker in brokers:
-            broker.kill()
-        nameserver.stop()
+    assert [r.body for r in run_async(read_records(slave, TOPIC))] == bodies
 
 
 # --- a relay at a stale master address -------------------------------------------------------
@@ -295,19 +285,14 @@ class _Relay:
         await asyncio.gather(pipe(reader, up_writer, True), pipe(up_reader, writer, False))
 
 
-def test_a_slave_refuses_a_masters_proof_relayed_from_another_address(tmp_path: Path) -> None:
-    nameserver: NameServerProcess = start_nameserver(tmp_path / "ns")
-    common = ["--nameserver", nameserver.grpc_address, "--broker-name", GROUP,
-              "--set", "failover=false"]  # fmt: skip
-    brokers: list[BrokerProcess] = []
+def test_a_slave_refuses_a_masters_proof_relayed_from_another_address(
+    tmp_path: Path, cluster_factory: Callable[[ClusterBuilder], Cluster]
+) -> None:
+    cluster = cluster_factory(PAIR_WITHOUT_FAILOVER)
+    master, slave = cluster.broker(GROUP, 0), cluster.broker(GROUP, 1)
+    # A real master of the same group, with the secret and an empty log, elsewhere.
+    other = BrokerProcess.start(tmp_path / "other", "--broker-name", GROUP)
     try:
-        master = BrokerProcess.start(tmp_path / "master", *common)
-        brokers.append(master)
-        slave = BrokerProcess.start(tmp_path / "slave", *common, "--broker-id", "1")
-        brokers.append(slave)
-        # A real master of the same group, with the secret and an empty log, elsewhere.
-        other = BrokerProcess.start(tmp_path / "other", "--broker-name", GROUP)
-        brokers.append(other)
         bodies, end = _held_by_both(master, slave)
         master.kill()
         stale = f"{master.data_host}:{master.data_port}"
@@ -344,18 +329,9 @@ def test_a_slave_refuses_a_masters_proof_relayed_from_another_address(tmp_path: 
         assert kinds == {FrameType.REPLICA_AUTH}, kinds
         assert not any(ReplicaAuthRequest.FromString(h).slave_proof for _, h in sent)
 
-        async def read_slave() -> list[bytes]:
-            client = await DataClient.connect(slave.data_host, slave.data_port)
-            try:
-                return [r.body for r in await client.read_queue(TOPIC, 0)]
-            finally:
-                await client.close()
-
-        assert run_async(read_slave()) == bodies
+        assert [r.body for r in run_async(read_records(slave, TOPIC))] == bodies
     finally:
-        for broker in brokers:
-            broker.kill()
-        nameserver.stop()
+        other.kill()
 
 
 def _relayed_auth(relay: _Relay) -> object:

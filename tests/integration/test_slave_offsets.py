@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from metaq.client.admin import Admin, QueueProgress, TopicSettings
+from metaq.client.admin import Admin, QueueProgress
 from metaq.common.framing import FrameType
 from metaq.common.record import encode
 from metaq.common.v1.data_pb2 import (
@@ -22,11 +22,11 @@ from metaq.common.v1.data_pb2 import (
     SendResponse,
 )
 from metaq.testing import BrokerError, BrokerProcess, DataClient
+from metaq.testing.cluster import ClusterBuilder, Group
 from metaq.testing.impostor import Impostor
-from metaq.testing.nameserver_process import NameServerProcess, start_nameserver
 from metaq.testing.replica_group import (
+    GROUP,
     TOPIC,
-    ReplicaGroup,
     health,
     start_group,
     start_pair_without_failover,
@@ -97,7 +97,7 @@ async def progress(nameservers: list[str]) -> list[QueueProgress]:
         return await admin.progress(READERS, TOPIC)
 
 
-def progress_of_queue_0(group: ReplicaGroup) -> int | None:
+def progress_of_queue_0(group: Group) -> int | None:
     """What ``metaq progress`` shows for queue 0; None while it cannot answer (a dead
     master still routed)."""
     try:
@@ -235,23 +235,26 @@ def test_a_promotion_journals_an_offsets_table_larger_than_one_record(tmp_path: 
 
 def _master_and_slave(
     tmp_path: Path, master_args: Sequence[str] = ()
-) -> tuple[NameServerProcess, ReplicaGroup, BrokerProcess, BrokerProcess]:
+) -> tuple[Group, BrokerProcess, BrokerProcess]:
     """A master (broker 0) and its slave without failover, the slave caught up on 100
     messages of queue 0 and on the group's commit of offset 10 there."""
-    nameserver = start_nameserver(tmp_path / "ns0")
-    group = ReplicaGroup(
-        tmp_path, [nameserver], ["--nameserver", nameserver.grpc_address, "--set", "failover=false"]
-    )
-    master, slave = group.start_broker(0, *master_args), group.start_broker(1)
-    master.wait_master(20)
-    run_async(
-        Admin().put_topic(master.http_url, TOPIC, TopicSettings(read_queues=2, write_queues=2))
-    )
-    send(master, 100)
-    group.wait_caught_up(1)
-    commit(master, 10)
-    wait_committed(slave, 10, "the slave applies the master's journal")
-    return nameserver, group, master, slave
+    builder = ClusterBuilder(
+        groups=(GROUP,), replicas=2, broker_args=("--set", "failover=false"),
+        node_args={f"{GROUP}-0": master_args},
+    )  # fmt: skip
+    cluster = builder.start(tmp_path)
+    group = cluster.group(GROUP)
+    try:
+        master, slave = group.brokers[0], group.brokers[1]
+        run_async(cluster.create_topic(TOPIC, queues=2))
+        send(master, 100)
+        group.wait_caught_up(1)
+        commit(master, 10)
+        wait_committed(slave, 10, "the slave applies the master's journal")
+    except BaseException:
+        cluster.stop()
+        raise
+    return group, master, slave
 
 
 def _commits_at_zero(frame_type: FrameType, header: bytes) -> bytes | None:
@@ -268,7 +271,7 @@ def _commits_at_zero(frame_type: FrameType, header: bytes) -> bytes | None:
 def test_a_slave_forwards_held_commits_only_to_a_master_that_proves_the_secret(
     tmp_path: Path,
 ) -> None:
-    nameserver, group, master, slave = _master_and_slave(tmp_path)
+    group, master, slave = _master_and_slave(tmp_path)
     try:
         master.kill()
 
@@ -297,16 +300,13 @@ def test_a_slave_forwards_held_commits_only_to_a_master_that_proves_the_secret(
         assert "did not prove the cluster secret" in slave.output
     finally:
         group.stop()
-        nameserver.stop()
 
 
 def test_forwarded_commits_of_a_new_group_reach_a_master_at_its_group_limit(
     tmp_path: Path,
 ) -> None:
     # The slave answered its consumers OK: the master's group limit must not lose them.
-    nameserver, group, master, slave = _master_and_slave(
-        tmp_path, ("--set", "max_consumer_groups=1")
-    )
+    group, master, slave = _master_and_slave(tmp_path, ("--set", "max_consumer_groups=1"))
     try:
         run_async(_call(slave, "commit", "latecomers", [(TOPIC, 0, 20), (TOPIC, 1, 0)]))
         wait_committed(master, 20, "the master takes the forwarded commit", "latecomers")
@@ -323,13 +323,12 @@ def test_forwarded_commits_of_a_new_group_reach_a_master_at_its_group_limit(
         assert run_async(queue_1()), "the whole forwarded batch was taken"
     finally:
         group.stop()
-        nameserver.stop()
 
 
 def test_the_forwarder_reconnects_quietly_after_the_masters_idle_timeout(
     tmp_path: Path,
 ) -> None:
-    nameserver, group, master, slave = _master_and_slave(tmp_path, ("--set", "idle_timeout_s=1"))
+    group, master, slave = _master_and_slave(tmp_path, ("--set", "idle_timeout_s=1"))
     try:
         commit(slave, 20)
         wait_committed(master, 20, "the slave forwards a commit to its live master")
@@ -346,4 +345,3 @@ def test_the_forwarder_reconnects_quietly_after_the_masters_idle_timeout(
         assert "held offset commits to master" not in slave.output, slave.output[-3000:]
     finally:
         group.stop()
-        nameserver.stop()

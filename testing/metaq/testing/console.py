@@ -16,6 +16,7 @@ from typing import Any
 from metaq.client.message import Message
 from metaq.client.push_consumer import PushConsumer
 from metaq.testing import BrokerProcess
+from metaq.testing.cluster import Cluster, ClusterBuilder
 from metaq.testing.nameserver_process import NameServerProcess
 from metaq.testing.waiting import run_async
 
@@ -39,10 +40,24 @@ def call(method: str, url: str, body: Any = None, timeout_s: float = 10.0) -> tu
         return refused.code, json.load(refused)
 
 
+BUILDER = ClusterBuilder(
+    groups=GROUPS, replicas=2, replication_mode="sync", min_in_sync=2,
+    nameserver_args=("--http-port", "0", "--console-broker-timeout-ms", str(BROKER_TIMEOUT_MS)),
+)  # fmt: skip
+"""One nameserver serving the console and two groups of a master and a sync slave."""
+
+
 @dataclass
 class ConsoleCluster:
-    nameserver: NameServerProcess
-    brokers: dict[tuple[str, int], BrokerProcess] = field(default_factory=dict)
+    cluster: Cluster
+
+    @property
+    def nameserver(self) -> NameServerProcess:
+        return self.cluster.nameservers[0]
+
+    @property
+    def brokers(self) -> dict[tuple[str, int], BrokerProcess]:
+        return self.cluster.brokers
 
     @property
     def console_url(self) -> str:
@@ -69,12 +84,6 @@ class ConsoleCluster:
         found = self.route_master(group)
         assert found is not None, f"{group} has no master in the route"
         return self.brokers[(group, found)]
-
-    def stop(self) -> None:
-        for broker in self.brokers.values():
-            broker.resume()
-            broker.kill()
-        self.nameserver.stop()
 
 
 def all_in_sync(cluster: ConsoleCluster) -> bool:

@@ -25,7 +25,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, TypeVar
@@ -34,6 +34,7 @@ import grpc
 from google.protobuf.message import Message
 
 from metaq.common.auth import ClusterSecret, call_metadata, session_identity, session_metadata
+from metaq.common.tls import TlsConfig, grpc_channel
 from metaq.common.v1 import control_pb2 as pb
 from metaq.testing.waiting import cluster_secret_for_tests, deadline, secret_env
 
@@ -191,11 +192,14 @@ class _SigningInterceptor(grpc.aio.UnaryUnaryClientInterceptor):
         return await continuation(signed, request)
 
 
-def signed_channel(address: str, secret: ClusterSecret | None = None) -> grpc.aio.Channel:
-    """A gRPC channel to a nameserver whose unary calls prove ``secret`` (by default the
-    tests' one); a Session stream opened on it must pass its own metadata."""
+def signed_channel(
+    address: str, secret: ClusterSecret | None = None, *, tls: TlsConfig | None = None
+) -> grpc.aio.Channel:
+    """A gRPC channel to a nameserver (over TLS with ``tls``) whose unary calls prove
+    ``secret`` (by default the tests' one); a Session stream opened on it must pass its
+    own metadata."""
     secret = secret or cluster_secret_for_tests()
-    return grpc.aio.insecure_channel(address, interceptors=[_SigningInterceptor(secret)])
+    return grpc_channel(address, tls, interceptors=[_SigningInterceptor(secret)])
 
 
 def session_proof(
@@ -228,6 +232,12 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
             sock.close()
 
 
+def controller_flags(addresses: Sequence[str]) -> list[list[str]]:
+    """Each nameserver's flags to host one controller (Raft) group on ``addresses``."""
+    peers = ",".join(addresses)
+    return [["--controller-address", address, "--controller-peers", peers] for address in addresses]
+
+
 def start_controller_group(
     work_dir: Path, count: int, *args: str, timeout_s: float = 20.0
 ) -> list[NameServerProcess]:
@@ -237,20 +247,11 @@ def start_controller_group(
     others are stopped and the error raised.
     """
     addresses = [f"127.0.0.1:{port}" for port in free_ports(count)]
-    peers = ",".join(addresses)
     started: list[NameServerProcess] = []
     try:
-        for index, address in enumerate(addresses):
+        for index, flags in enumerate(controller_flags(addresses)):
             started.append(
-                start_nameserver(
-                    work_dir / f"ns{index}",
-                    "--controller-address",
-                    address,
-                    "--controller-peers",
-                    peers,
-                    *args,
-                    timeout_s=timeout_s,
-                )
+                start_nameserver(work_dir / f"ns{index}", *flags, *args, timeout_s=timeout_s)
             )
     except BaseException:
         for server in started:

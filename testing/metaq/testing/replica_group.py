@@ -1,5 +1,6 @@
 """One broker group (a master and its slaves) with nameservers hosting the controller, as
-real processes, plus a steady producer and a full read-back for the failover tests.
+real processes (:class:`~metaq.testing.cluster.ClusterBuilder`), plus a steady producer
+and a full read-back for the failover tests.
 
 Brokers run with failover on; the controller picks the master. Every broker of the group
 keeps its data directory across restarts, as a machine that reboots would.
@@ -15,34 +16,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from metaq.client.admin import Admin, TopicSettings
 from metaq.client.producer import Producer
 from metaq.client.results import SendStatus
 from metaq.common.record import Record
-from metaq.common.v1 import control_pb2 as pb
-from metaq.common.v1 import control_pb2_grpc
 from metaq.testing import BrokerProcess, DataClient
-from metaq.testing.nameserver_process import (
-    NameServerProcess,
-    signed_channel,
-    start_controller_group,
-    start_nameserver,
-)
-from metaq.testing.waiting import wait_until
+from metaq.testing.cluster import ClusterBuilder, Group
 
 GROUP = "broker-g"
 TOPIC = "orders"
 QUEUES = 4
-
-
-async def controller_state(address: str) -> pb.GetControllerStateResponse:
-    # Signed with the cluster secret, as a cluster member's call: answered with auth on too.
-    async with signed_channel(address) as channel:
-        stub = control_pb2_grpc.NameServerStub(channel)
-        response: pb.GetControllerStateResponse = await stub.GetControllerState(
-            pb.GetControllerStateRequest(), timeout=5
-        )
-        return response
 
 
 def health(broker: BrokerProcess) -> dict[str, Any]:
@@ -51,108 +33,23 @@ def health(broker: BrokerProcess) -> dict[str, Any]:
     return state
 
 
-@dataclass
-class ReplicaGroup:
-    work_dir: Path
-    nameservers: list[NameServerProcess]
-    broker_args: list[str]
-    brokers: dict[int, BrokerProcess] = field(default_factory=dict)
-
-    @property
-    def nameserver_addresses(self) -> list[str]:
-        return [ns.grpc_address for ns in self.nameservers]
-
-    def start_broker(self, broker_id: int, *extra: str) -> BrokerProcess:
-        broker = BrokerProcess.start(
-            self.work_dir / f"broker-{broker_id}",
-            "--broker-name", GROUP, "--broker-id", str(broker_id), *self.broker_args, *extra,
-        )  # fmt: skip
-        self.brokers[broker_id] = broker
-        return broker
-
-    def master(self, timeout_s: float = 15.0, *, other_than: int | None = None) -> int:
-        """The id of the broker that takes writes (waiting for one)."""
-        found: list[int] = []
-
-        def one_master() -> bool:
-            found.clear()
-            for broker_id, broker in self.brokers.items():
-                state = broker.health()
-                if state and state["role"] == "master" and broker_id != other_than:
-                    found.append(broker_id)
-            return len(found) == 1
-
-        wait_until(one_master, timeout_s, f"one broker of {GROUP} is master")
-        return found[0]
-
-    def wait_in_sync(self, ids: Sequence[int], timeout_s: float = 20.0) -> None:
-        def in_sync() -> bool:
-            state = self.brokers[self.master()].health()
-            return state is not None and sorted(state["in_sync_ids"]) == sorted(ids)
-
-        wait_until(in_sync, timeout_s, f"the master has {sorted(ids)} in sync")
-
-    def controller(self) -> pb.GetControllerStateResponse:
-        return asyncio.run(controller_state(self.nameserver_addresses[0]))
-
-    def wait_committed_in_sync(self, ids: Sequence[int], timeout_s: float = 20.0) -> None:
-        """Until the controller agrees that ``ids`` are in sync (so any may be elected)."""
-
-        def committed() -> bool:
-            groups = self.controller().groups
-            return any(g.broker_name == GROUP and sorted(g.in_sync_ids) == sorted(ids)
-                       for g in groups)  # fmt: skip
-
-        wait_until(committed, timeout_s, f"the controller has {sorted(ids)} in sync")
-
-    def wait_caught_up(self, broker_id: int, timeout_s: float = 20.0) -> None:
-        def caught_up() -> bool:
-            master = self.brokers[self.master()].health()
-            slave = self.brokers[broker_id].health()
-            return (
-                master is not None
-                and slave is not None
-                and slave["commitlog_write_offset"] == master["commitlog_write_offset"]
-            )
-
-        wait_until(caught_up, timeout_s, f"broker {broker_id} caught up with the master")
-
-    def stop(self) -> None:
-        for broker in self.brokers.values():
-            broker.resume()
-            broker.kill()
-        for nameserver in self.nameservers:
-            nameserver.resume()
-            nameserver.stop()
-
-
-def start_pair_without_failover(work_dir: Path, *, queues: int) -> ReplicaGroup:
+def start_pair_without_failover(work_dir: Path, *, queues: int) -> Group:
     """MetaQ 2.0's master and slave: sync replication and no failover (the slave stays a
     slave), behind a nameserver that drops a dead broker from routes within 2 s; the
     pair in sync, holding ``TOPIC`` with ``queues`` queues."""
-    nameserver = start_nameserver(
-        work_dir / "ns0", "--broker-expiry-s", "2", "--expiry-scan-interval-s", "0.2"
-    )
-    group = ReplicaGroup(
-        work_dir,
-        [nameserver],
-        ["--nameserver", nameserver.grpc_address, "--set", "failover=false",
-         "--set", "replication_mode=sync", "--set", "min_in_sync_replicas=2"],
+    builder = ClusterBuilder(
+        groups=(GROUP,), replicas=2, replication_mode="sync", min_in_sync=2,
+        nameserver_args=("--broker-expiry-s", "2", "--expiry-scan-interval-s", "0.2"),
+        broker_args=("--set", "failover=false"),
     )  # fmt: skip
+    cluster = builder.start(work_dir)
     try:
-        master = group.start_broker(0)
-        group.start_broker(1)
-        master.wait_master(20)
-        asyncio.run(
-            Admin().put_topic(
-                master.http_url, TOPIC, TopicSettings(read_queues=queues, write_queues=queues)
-            )
-        )
-        group.wait_in_sync([0, 1])
+        asyncio.run(cluster.create_topic(TOPIC, queues=queues))
+        cluster.wait_in_sync(GROUP, [0, 1])
     except BaseException:
-        group.stop()
+        cluster.stop()
         raise
-    return group
+    return cluster.group(GROUP)
 
 
 def start_group(
@@ -163,29 +60,22 @@ def start_group(
     mode: str = "sync",
     min_in_sync: int = 2,
     extra: Sequence[str] = (),
-) -> ReplicaGroup:
-    if nameservers == 1:
-        servers = [start_nameserver(work_dir / "ns0")]
-    else:
-        servers = start_controller_group(work_dir, nameservers)
-    args = [f for ns in servers for f in ("--nameserver", ns.grpc_address)]
-    args += ["--set", f"replication_mode={mode}", "--set", f"min_in_sync_replicas={min_in_sync}"]
-    group = ReplicaGroup(work_dir, servers, [*args, *extra])
+) -> Group:
+    """``brokers`` of ``GROUP`` holding ``TOPIC``, every one in sync by the master's word
+    and the controller's."""
+    builder = ClusterBuilder(
+        nameservers=nameservers, groups=(GROUP,), replicas=brokers, replication_mode=mode,
+        min_in_sync=min_in_sync, broker_args=tuple(extra),
+    )  # fmt: skip
+    cluster = builder.start(work_dir)
     try:
-        for broker_id in range(brokers):
-            group.start_broker(broker_id)
-        master = group.brokers[group.master()]
-        asyncio.run(
-            Admin().put_topic(
-                master.http_url, TOPIC, TopicSettings(read_queues=QUEUES, write_queues=QUEUES)
-            )
-        )
-        group.wait_in_sync(list(range(brokers)))
-        group.wait_committed_in_sync(list(range(brokers)))
+        asyncio.run(cluster.create_topic(TOPIC, queues=QUEUES))
+        cluster.wait_in_sync(GROUP, list(range(brokers)))
+        cluster.wait_committed_in_sync(GROUP, list(range(brokers)))
     except BaseException:
-        group.stop()
+        cluster.stop()
         raise
-    return group
+    return cluster.group(GROUP)
 
 
 @dataclass

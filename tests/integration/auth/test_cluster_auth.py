@@ -25,8 +25,9 @@ from metaq.common import acl
 from metaq.common.acl import Acl, Grant, User
 from metaq.common.users import Credentials, Verifier, credentials_text
 from metaq.testing import BrokerProcess
+from metaq.testing.cluster import ClusterBuilder
 from metaq.testing.http_signing import http_json, signed_for
-from metaq.testing.nameserver_process import NameServerProcess, start_nameserver
+from metaq.testing.nameserver_process import NameServerProcess
 from metaq.testing.waiting import TEST_CLUSTER_SECRET, run_async, wait_until_async
 
 ADMIN = Credentials("admin", "admin-secret-key-for-the-cluster-tests")
@@ -63,29 +64,17 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AuthCluster]:
     write_acl(acl_file)
     admin_file = root / "admin.credentials"
     admin_file.write_text(credentials_text(ADMIN))
-    nameserver = start_nameserver(
-        root / "ns", "--http-port", "0", "--auth-enabled", "true", "--auth-acl-file",
-        str(acl_file),
-    )  # fmt: skip
-    try:
-        broker = BrokerProcess.start(
-            root / "broker", "--broker-name", "broker-a", "--nameserver",
-            nameserver.grpc_address, "--set", "auth_enabled=true", "--set",
-            f"auth_acl_file={acl_file}",
-        )  # fmt: skip
-    except BaseException:
-        nameserver.stop()
-        raise
-    try:
+    builder = ClusterBuilder(
+        auth=True, acl_file=acl_file, admin=ADMIN, nameserver_args=("--http-port", "0")
+    )
+    with builder.start(root / "cluster") as started:
+        nameserver = started.nameservers[0]
         done = _cli(
             "topic", "create", "A", "--queues", "2", "-n", nameserver.grpc_address,
             "--credentials-file", str(admin_file),
         )  # fmt: skip
         assert done.returncode == 0, done.stderr
-        yield AuthCluster(root, nameserver, broker, admin_file)
-    finally:
-        broker.kill()
-        nameserver.stop()
+        yield AuthCluster(root, nameserver, started.broker("broker-a"), admin_file)
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:

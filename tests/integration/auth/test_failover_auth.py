@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -25,8 +25,8 @@ from metaq.common.framing import FrameType
 from metaq.common.users import Credentials, Verifier, credentials_text
 from metaq.common.v1.data_pb2 import ReplicaFetchRequest
 from metaq.testing import BrokerError, BrokerProcess, DataClient
-from metaq.testing.nameserver_process import start_nameserver
-from metaq.testing.replica_group import GROUP, ReplicaGroup
+from metaq.testing.cluster import Cluster, ClusterBuilder, Group
+from metaq.testing.replica_group import GROUP
 from metaq.testing.waiting import holds_for, run_async, wait_until, wait_until_async
 
 pytestmark = pytest.mark.slow
@@ -48,32 +48,26 @@ def _acl(path: Path) -> None:
 
 
 @pytest.fixture
-def group(tmp_path: Path) -> Iterator[ReplicaGroup]:
+def group(tmp_path: Path, cluster_factory: Callable[[ClusterBuilder], Cluster]) -> Group:
     acl_file = tmp_path / "acl.json"
     _acl(acl_file)
-    auth = ["--set", "auth_enabled=true", "--set", f"auth_acl_file={acl_file}"]
-    nameserver = start_nameserver(
-        tmp_path / "ns0", "--auth-enabled", "true", "--auth-acl-file", str(acl_file)
-    )
-    args = ["--nameserver", nameserver.grpc_address, "--set", "replication_mode=async",
-            "--set", "min_in_sync_replicas=1", *auth]  # fmt: skip
-    replicas = ReplicaGroup(tmp_path, [nameserver], args)
-    try:
-        replicas.start_broker(0)
-        replicas.start_broker(1)
-        admin_file = tmp_path / "admin.credentials"
-        admin_file.write_text(credentials_text(ADMIN))
-        done = subprocess.run(
-            [sys.executable, "-m", "metaq.client.cli", "topic", "create", TOPIC, "--queues", "2",
-             "-n", nameserver.grpc_address, "--credentials-file", str(admin_file)],
-            capture_output=True, text=True, timeout=60, check=False,
-        )  # fmt: skip
-        assert done.returncode == 0, done.stderr
-        replicas.wait_in_sync([0, 1])
-        replicas.wait_committed_in_sync([0, 1])
-        yield replicas
-    finally:
-        replicas.stop()
+    cluster = cluster_factory(
+        ClusterBuilder(
+            groups=(GROUP,), replicas=2, replication_mode="async", min_in_sync=1,
+            auth=True, acl_file=acl_file, admin=ADMIN,
+        )
+    )  # fmt: skip
+    admin_file = tmp_path / "admin.credentials"
+    admin_file.write_text(credentials_text(ADMIN))
+    done = subprocess.run(
+        [sys.executable, "-m", "metaq.client.cli", "topic", "create", TOPIC, "--queues", "2",
+         "-n", cluster.nameserver_addresses[0], "--credentials-file", str(admin_file)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    cluster.wait_in_sync(GROUP, [0, 1])
+    cluster.wait_committed_in_sync(GROUP, [0, 1])
+    return cluster.group(GROUP)
 
 
 async def _produce(nameservers: list[str], first: int, count: int) -> None:
@@ -82,7 +76,7 @@ async def _produce(nameservers: list[str], first: int, count: int) -> None:
             await producer.send(TOPIC, b"m%03d" % i)
 
 
-def test_produce_consume_and_failover_work_with_auth(group: ReplicaGroup) -> None:
+def test_produce_consume_and_failover_work_with_auth(group: Group) -> None:
     nameservers = group.nameserver_addresses
     run_async(_produce(nameservers, 0, 10))
     group.wait_caught_up(1)
@@ -120,7 +114,7 @@ def _fetch(broker_id: int) -> ReplicaFetchRequest:
 
 
 def test_no_commitlog_for_strangers_nor_users_and_no_takeover_without_the_secret(
-    group: ReplicaGroup, tmp_path: Path
+    group: Group, tmp_path: Path
 ) -> None:
     master = group.brokers[group.master()]
 
@@ -170,7 +164,7 @@ def test_no_commitlog_for_strangers_nor_users_and_no_takeover_without_the_secret
 
 
 def test_an_admin_user_may_switch_the_master_over_and_others_may_not(
-    group: ReplicaGroup, tmp_path: Path
+    group: Group, tmp_path: Path
 ) -> None:
     def switchover(credentials: Credentials, to: int) -> subprocess.CompletedProcess[str]:
         file = tmp_path / f"{credentials.access_key}.credentials"

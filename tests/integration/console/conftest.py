@@ -1,5 +1,6 @@
 """A real cluster (one nameserver serving the console, two broker groups of a master and
-a slave) and one headless Chromium per module, driven by Playwright.
+a slave: ``metaq.testing.console.BUILDER``) and one headless Chromium per module, driven
+by Playwright.
 
 The browser is Debian's ``chromium`` (``.ci/system-packages.sh`` installs it); the tests
 skip, saying so, on a machine without it. Screenshots go to ``tests/results/console/``.
@@ -13,9 +14,8 @@ from typing import Any
 
 import pytest
 
-from metaq.testing import BrokerProcess
 from metaq.testing.console import (
-    BROKER_TIMEOUT_MS,
+    BUILDER,
     CHROMIUM,
     GROUPS,
     QUEUES,
@@ -23,46 +23,22 @@ from metaq.testing.console import (
     Browser,
     ConsoleCluster,
     all_in_sync,
-    call,
 )
-from metaq.testing.nameserver_process import start_nameserver
-from metaq.testing.waiting import wait_until
+from metaq.testing.waiting import run_async, wait_until
 
 RESULTS = Path(__file__).resolve().parents[2] / "results" / "console"
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConsoleCluster]:
-    work = tmp_path_factory.mktemp("console")
-    nameserver = start_nameserver(
-        work / "ns", "--http-port", "0",
-        "--console-broker-timeout-ms", str(BROKER_TIMEOUT_MS),
-    )  # fmt: skip
-    started = ConsoleCluster(nameserver)
-    try:
-        common = ["--nameserver", nameserver.grpc_address,
-                  "--set", "replication_mode=sync", "--set", "min_in_sync_replicas=2"]  # fmt: skip
-        for group in GROUPS:
-            for broker_id in (0, 1):
-                started.brokers[(group, broker_id)] = BrokerProcess.start(
-                    work / f"{group}-{broker_id}",
-                    "--broker-name", group, "--broker-id", str(broker_id), *common,
-                )  # fmt: skip
-        for group in GROUPS:
-            broker = started.brokers[(group, 0)]
-            broker.wait_master(30)
-            status, answer = call(
-                "PUT", f"{broker.http_url}/topics/{TOPIC}",
-                {"read_queues": QUEUES, "write_queues": QUEUES},
-            )  # fmt: skip
-            assert status == 200, answer
-        wait_until(lambda: all_in_sync(started), 30, "both groups have both brokers in sync",
+    with BUILDER.start(tmp_path_factory.mktemp("console")) as started:
+        console = ConsoleCluster(started)
+        run_async(started.create_topic(TOPIC, queues=QUEUES, timeout_s=30))
+        wait_until(lambda: all_in_sync(console), 30, "both groups have both brokers in sync",
                    poll_s=0.2)  # fmt: skip
-        wait_until(lambda: all(started.route_master(g) == 0 for g in GROUPS), 30,
+        wait_until(lambda: all(console.route_master(g) == 0 for g in GROUPS), 30,
                    "the route of orders has both groups' masters", poll_s=0.2)  # fmt: skip
-        yield started
-    finally:
-        started.stop()
+        yield console
 
 
 @pytest.fixture(scope="module")

@@ -10,18 +10,16 @@ import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
 from metaq.client.admin import Admin, TopicSettings
-from metaq.common import acl
-from metaq.common.acl import Acl, Grant, User
-from metaq.common.users import Credentials, Verifier
+from metaq.common.users import Credentials
 from metaq.testing import BrokerProcess
+from metaq.testing.cluster import ClusterBuilder
 from metaq.testing.console import BROKER_TIMEOUT_MS, Browser
 from metaq.testing.http_signing import signed_for
-from metaq.testing.nameserver_process import NameServerProcess, start_nameserver
+from metaq.testing.nameserver_process import NameServerProcess
 from metaq.testing.waiting import (
     cluster_secret_for_tests,
     run_async,
@@ -45,23 +43,13 @@ class AuthConsole:
 
 @pytest.fixture(scope="module")
 def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AuthConsole]:
-    work: Path = tmp_path_factory.mktemp("console-auth")
-    acl_file = work / "acl.json"
-    user = User(ADMIN.access_key, Verifier.make(ADMIN.access_key, ADMIN.secret_key))
-    acl.save(acl_file, Acl().with_user(user).grant(ADMIN.access_key, Grant("admin", "cluster")))
-    auth = ("--set", "auth_enabled=true", "--set", f"auth_acl_file={acl_file}")
-    nameserver = start_nameserver(
-        work / "ns", "--http-port", "0", "--console-broker-timeout-ms", str(BROKER_TIMEOUT_MS),
-        "--auth-enabled", "true", "--auth-acl-file", str(acl_file),
+    builder = ClusterBuilder(
+        groups=(GROUP,), auth=True, admin=ADMIN,
+        nameserver_args=("--http-port", "0",
+                         "--console-broker-timeout-ms", str(BROKER_TIMEOUT_MS)),
     )  # fmt: skip
-    try:
-        with BrokerProcess.start(
-            work / "broker", "--broker-name", GROUP, "--nameserver", nameserver.grpc_address,
-            *auth,
-        ) as broker:  # fmt: skip
-            yield AuthConsole(nameserver, broker)
-    finally:
-        nameserver.stop()
+    with builder.start(tmp_path_factory.mktemp("console-auth")) as started:
+        yield AuthConsole(started.nameservers[0], started.broker(GROUP))
 
 
 def test_the_console_sends_a_browser_to_log_in_and_its_forms_work_after(

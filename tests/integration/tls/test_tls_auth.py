@@ -6,26 +6,19 @@ from __future__ import annotations
 
 import json
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from metaq.client.admin import Admin, TopicSettings
 from metaq.client.connection import BrokerConnection
 from metaq.client.errors import ConnectionLost
-from metaq.client.user_calls import UserSigningInterceptor
 from metaq.common import acl
 from metaq.common.acl import Acl, Grant, User
-from metaq.common.tls import TlsConfig, grpc_channel
 from metaq.common.users import Credentials, Verifier
-from metaq.common.v1 import control_pb2 as pb
-from metaq.common.v1 import control_pb2_grpc
-from metaq.testing import BrokerProcess
-from metaq.testing.certs import Pki
-from metaq.testing.nameserver_process import NameServerProcess, start_nameserver
-from metaq.testing.tls_failover import produce_fail_over_and_read, role
-from metaq.testing.waiting import run_async, wait_until
+from metaq.testing.cluster import Cluster, ClusterBuilder
+from metaq.testing.tls_failover import produce_fail_over_and_read
+from metaq.testing.waiting import run_async
 
 GROUP = "broker-tls-auth"
 TOPIC = "secured-orders"
@@ -49,70 +42,38 @@ def acl_file(tmp_path: Path) -> Path:
     return path
 
 
-@pytest.fixture
-def nameserver(pki: Pki, tmp_path: Path, acl_file: Path) -> Iterator[NameServerProcess]:
-    server = start_nameserver(
-        tmp_path / "ns", "--http-port", "0", *pki.server_flags(verify_client=True),
-        "--auth-enabled", "true", "--auth-acl-file", str(acl_file),
-    )  # fmt: skip
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-async def controller_in_sync(address: str, tls: TlsConfig) -> list[int]:
-    signing = [UserSigningInterceptor(ADMIN)]
-    async with grpc_channel(address, tls, interceptors=signing) as channel:
-        state = await control_pb2_grpc.NameServerStub(channel).GetControllerState(
-            pb.GetControllerStateRequest(), timeout=5
-        )
-    return sorted(g.in_sync_ids for g in state.groups if g.broker_name == GROUP)[0] or []
-
-
 def test_a_user_produces_and_consumes_through_failover_with_tls_and_auth_on(
-    pki: Pki, tmp_path: Path, nameserver: NameServerProcess, acl_file: Path
+    acl_file: Path, cluster_factory: Callable[[ClusterBuilder], Cluster]
 ) -> None:
-    tls = pki.client_tls(with_cert=True)
-    names = [nameserver.grpc_address]
+    cluster = cluster_factory(
+        ClusterBuilder(
+            groups=(GROUP,), replicas=2, tls=True, verify_client=True, auth=True,
+            acl_file=acl_file, admin=ADMIN, nameserver_args=("--http-port", "0"),
+            broker_args=FAST,
+        )
+    )  # fmt: skip
+    tls = cluster.tls
+    assert tls is not None
     login = json.dumps({"access_key": ADMIN.access_key, "secret_key": ADMIN.secret_key})
     request = urllib.request.Request(
-        f"https://{nameserver.http_address}/login", data=login.encode(), method="POST",
-        headers={"Content-Type": "application/json"},
+        f"https://{cluster.nameservers[0].http_address}/login", data=login.encode(),
+        method="POST", headers={"Content-Type": "application/json"},
     )  # fmt: skip
     with urllib.request.urlopen(request, timeout=5, context=tls.client_context()) as answer:
         cookie = answer.headers["Set-Cookie"]
     # Over HTTPS the browser must never send the session on a plain connection.
     assert "Secure" in cookie and "HttpOnly" in cookie, cookie
 
-    auth = ("--set", "auth_enabled=true", "--set", f"auth_acl_file={acl_file}")
-    brokers: dict[int, BrokerProcess] = {}
-    try:
-        for i in (0, 1):
-            brokers[i] = BrokerProcess.start(
-                tmp_path / f"broker-{i}", "--broker-name", GROUP, "--broker-id", str(i),
-                "--nameserver", nameserver.grpc_address, *pki.server_flags(verify_client=True),
-                *FAST, *auth, tls=tls,
-            )  # fmt: skip
-        wait_until(lambda: role(brokers[0]) == "master", 30, "broker 0 is master")
-        # Credentials without TLS: the AUTH step cannot start, and the client says why.
-        address = f"{brokers[0].data_host}:{brokers[0].data_port}"
-        with pytest.raises(ConnectionLost, match=f"the broker at {address} speaks TLS"):
-            run_async(BrokerConnection.open(address, credentials=APP))
-        run_async(
-            Admin(credentials=ADMIN, tls=tls).put_topic(
-                brokers[0].http_url, TOPIC, TopicSettings(read_queues=2, write_queues=2)
-            )
-        )
-        wait_until(
-            lambda: run_async(controller_in_sync(names[0], tls)) == [0, 1],
-            30, "the controller has the slave in sync (it fetches over TLS with the secret)",
-            poll_s=0.2,
-        )  # fmt: skip
+    master_id = cluster.master_id(GROUP, 30)
+    master, slave = cluster.broker(GROUP, master_id), cluster.broker(GROUP, 1 - master_id)
+    # Credentials without TLS: the AUTH step cannot start, and the client says why.
+    address = f"{master.data_host}:{master.data_port}"
+    with pytest.raises(ConnectionLost, match=f"the broker at {address} speaks TLS"):
+        run_async(BrokerConnection.open(address, credentials=APP))
+    run_async(cluster.create_topic(TOPIC, queues=2))
+    # The slave fetches over TLS with the cluster secret.
+    cluster.wait_committed_in_sync(GROUP, [0, 1], 30)
 
-        produce_fail_over_and_read(
-            names, TOPIC, "readers", tls, brokers[0], brokers[1], 100, 50, APP
-        )
-    finally:
-        for broker in brokers.values():
-            broker.kill()
+    produce_fail_over_and_read(
+        cluster.nameserver_addresses, TOPIC, "readers", tls, master, slave, 100, 50, APP
+    )

@@ -5,10 +5,11 @@ right TLS settings is told."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import ssl
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,20 +20,24 @@ from metaq.client.admin import Admin
 from metaq.client.connection import BrokerConnection
 from metaq.client.errors import ConnectionLost, NoNameServer
 from metaq.common.framing import FrameType
-from metaq.common.tls import TlsConfig, grpc_channel
-from metaq.common.v1 import control_pb2 as pb
-from metaq.common.v1 import control_pb2_grpc
+from metaq.common.tls import TlsConfig
 from metaq.testing import BrokerProcess
 from metaq.testing.certs import Pki
+from metaq.testing.cluster import Cluster, ClusterBuilder
 from metaq.testing.nameserver_process import NameServerProcess, start_nameserver
-from metaq.testing.tls_failover import produce_fail_over_and_read, role
-from metaq.testing.waiting import run_async, wait_until
+from metaq.testing.tls_failover import produce_fail_over_and_read
+from metaq.testing.waiting import run_async
 
 GROUP = "broker-tls"
 TOPIC = "orders"
 QUEUES = 2
 # Quick to leave the in-sync set and to time a send out, so that failover is quick too.
 FAST = ("--set", "replica_lag_max_ms=2000", "--set", "replication_timeout_ms=1000")
+TLS_CLUSTER = ClusterBuilder(
+    groups=(GROUP,), tls=True, verify_client=True, nameserver_args=("--http-port", "0"),
+    broker_args=FAST,
+)  # fmt: skip
+"""Every listener on TLS, asking clients for a certificate."""
 
 
 @pytest.fixture
@@ -46,18 +51,6 @@ def nameserver(pki: Pki, tmp_path: Path) -> Iterator[NameServerProcess]:
         server.stop()
 
 
-def start_broker(
-    pki: Pki, tmp_path: Path, nameserver: NameServerProcess, broker_id: int
-) -> BrokerProcess:
-    return BrokerProcess.start(
-        tmp_path / f"broker-{broker_id}",
-        "--broker-name", GROUP, "--broker-id", str(broker_id),
-        "--nameserver", nameserver.grpc_address,
-        *pki.server_flags(verify_client=True), *FAST,
-        tls=pki.client_tls(with_cert=True),
-    )  # fmt: skip
-
-
 async def put_topic(broker: BrokerProcess, tls: TlsConfig) -> None:
     url = f"{broker.http_url}/topics/{TOPIC}"
     body = {"read_queues": QUEUES, "write_queues": QUEUES, "perm": "read-write"}
@@ -68,46 +61,33 @@ async def put_topic(broker: BrokerProcess, tls: TlsConfig) -> None:
         assert answer.status == 200, await answer.text()
 
 
-async def controller_in_sync(address: str, tls: TlsConfig) -> list[int]:
-    async with grpc_channel(address, tls) as channel:
-        state = await control_pb2_grpc.NameServerStub(channel).GetControllerState(
-            pb.GetControllerStateRequest(), timeout=5
-        )
-    return sorted(g.in_sync_ids for g in state.groups if g.broker_name == GROUP)[0] or []
-
-
 def https_get(url: str, context: ssl.SSLContext | None) -> Any:
     with urllib.request.urlopen(url, timeout=5, context=context) as answer:
         return answer.status
 
 
 def test_produce_consume_and_failover_with_tls_on_every_listener(
-    pki: Pki, tmp_path: Path, nameserver: NameServerProcess
+    cluster_factory: Callable[[ClusterBuilder], Cluster],
 ) -> None:
-    tls = pki.client_tls(with_cert=True)
-    names = [nameserver.grpc_address]
+    cluster = cluster_factory(dataclasses.replace(TLS_CLUSTER, replicas=2))
+    tls = cluster.tls
+    assert tls is not None
+    nameserver = cluster.nameservers[0]
     # HTTP: the nameserver's /health answers over HTTPS only.
     assert https_get(f"https://{nameserver.http_address}/health", tls.client_context()) == 200
     with pytest.raises((urllib.error.URLError, ConnectionError)):
         https_get(f"http://{nameserver.http_address}/health", None)
 
-    brokers = {i: start_broker(pki, tmp_path, nameserver, i) for i in (0, 1)}
-    try:
-        # gRPC: both brokers registered over TLS, with their certificates (the nameserver
-        # verifies clients), so the controller could name a master and see the slave.
-        wait_until(lambda: role(brokers[0]) == "master", 30, "broker 0 is master")
-        run_async(put_topic(brokers[0], tls))
-        wait_until(
-            lambda: run_async(controller_in_sync(names[0], tls)) == [0, 1],
-            30, "the controller has both brokers in sync", poll_s=0.2,
-        )  # fmt: skip
+    # gRPC: both brokers registered over TLS, with their certificates (the nameserver
+    # verifies clients), so the controller could name a master and see the slave.
+    master_id = cluster.master_id(GROUP, 30)
+    run_async(put_topic(cluster.broker(GROUP, master_id), tls))
+    cluster.wait_committed_in_sync(GROUP, [0, 1], 30)
 
-        produce_fail_over_and_read(
-            names, TOPIC, "tls-readers", tls, brokers[0], brokers[1], 200, 100
-        )
-    finally:
-        for broker in brokers.values():
-            broker.kill()
+    produce_fail_over_and_read(
+        cluster.nameserver_addresses, TOPIC, "tls-readers", tls,
+        cluster.broker(GROUP, master_id), cluster.broker(GROUP, 1 - master_id), 200, 100,
+    )  # fmt: skip
 
 
 @pytest.fixture
@@ -188,18 +168,15 @@ def test_concurrent_pipelined_requests_share_one_tls_connection(
 
 
 def test_the_console_of_a_tls_nameserver_reads_its_brokers_over_https(
-    pki: Pki, tmp_path: Path, nameserver: NameServerProcess
+    cluster_factory: Callable[[ClusterBuilder], Cluster],
 ) -> None:
-    broker = start_broker(pki, tmp_path, nameserver, 0)
-    try:
-        wait_until(lambda: role(broker) == "master", 30, "the broker is master", poll_s=0.1)
-        context = pki.client_tls(with_cert=True).client_context()
-        url = f"https://{nameserver.http_address}/console/cluster"
-        with urllib.request.urlopen(url, timeout=10, context=context) as answer:
-            page = answer.read().decode()
-        # The broker verifies client certificates: its figures are on the page only if the
-        # console dialled it over HTTPS with the nameserver's certificate.
-        assert 'role="alert"' not in page, page
-        assert "(75.0 % / 90.0 %)" in page  # disk thresholds, from the broker's /health
-    finally:
-        broker.kill()
+    cluster = cluster_factory(TLS_CLUSTER)
+    tls = cluster.tls
+    assert tls is not None
+    url = f"https://{cluster.nameservers[0].http_address}/console/cluster"
+    with urllib.request.urlopen(url, timeout=10, context=tls.client_context()) as answer:
+        page = answer.read().decode()
+    # The broker verifies client certificates: its figures are on the page only if the
+    # console dialled it over HTTPS with the nameserver's certificate.
+    assert 'role="alert"' not in page, page
+    assert "(75.0 % / 90.0 %)" in page  # disk thresholds, from the broker's /health
