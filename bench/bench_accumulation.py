@@ -308,7 +308,8 @@ def cold(work: Path, args: argparse.Namespace) -> dict[str, Any]:
         run(fill_metaq(metaq.nameserver, COLD_TOPIC, os.urandom(COLD_SIZE), messages))
         figures["fill_s"] = round(time.monotonic() - began, 1)
         run(claim_backlog(metaq.nameserver, COLD_TOPIC, COLD_GROUP))
-        segments = _segments(work / "broker")
+        assert metaq.data_dir is not None
+        segments = _segments(metaq.data_dir)
         os.sync()
         rate, how = disk_read_mb_s(segments, 4 << 30)
         figures["disk_read_mb_s"] = round(rate, 1)

@@ -45,13 +45,10 @@ from metaq_load import (
     percentile_ms,
     pipelined,
     settle_disk,
-    wait_routed,
 )
 
-from metaq.client.admin import Admin, TopicSettings
 from metaq.client.producer import Producer
-from metaq.testing import BrokerProcess
-from metaq.testing.nameserver_process import start_nameserver
+from metaq.testing.cluster import ClusterBuilder
 
 TOPIC: Final = "BenchE2E"
 QUEUES: Final = 8
@@ -219,38 +216,26 @@ def main(argv: list[str]) -> None:
         return
 
     work = Path(tempfile.mkdtemp(prefix="bench-e2e-"))
-    nameserver = start_nameserver(work / "ns")
     figures: dict[str, Any] = {}
     rows: list[list[str]] = []
+    builder = ClusterBuilder(
+        broker_args=("--flush-mode", "async", "--set", "store.commitlog_segment_bytes=268435456"),
+        small_store=False,
+        ready_timeout_s=60,
+    )
     try:
-        broker = BrokerProcess.start(
-            work / "broker",
-            "--nameserver",
-            nameserver.grpc_address,
-            "--flush-mode",
-            "async",
-            "--set",
-            "store.commitlog_segment_bytes=268435456",
-            small_store=False,
-            ready_timeout_s=60,
-        )
-        with broker:
-            run(
-                Admin().put_topic(
-                    broker.http_url, TOPIC, TopicSettings(read_queues=QUEUES, write_queues=QUEUES)
-                )
-            )
-            run(wait_routed(nameserver.grpc_address, TOPIC, QUEUES))
-            run(measure(nameserver.grpc_address, args.seconds, figures, rows))
+        with builder.start(work) as cluster:
+            nameserver = cluster.nameserver_addresses[0]
+            run(cluster.create_topic(TOPIC, queues=QUEUES))
+            run(measure(nameserver, args.seconds, figures, rows))
             for size in SIZES:
                 tag = _tag(size)
                 for mode in ("pipelined", "batch"):
-                    rate = parallel(nameserver.grpc_address, mode, size, args.seconds)
+                    rate = parallel(nameserver, mode, size, args.seconds)
                     figures[f"two_procs_{mode}_{tag}_msgs_s"] = round(rate)
                     name = "pipelined" if mode == "pipelined" else "send_batch"
                     rows.append(_row(f"2 processes, {name}", size, rate, None))
     finally:
-        nameserver.stop()
         shutil.rmtree(work, ignore_errors=True)  # gigabytes of preallocated segments
     settle_disk()
     latency = e2e_latency()

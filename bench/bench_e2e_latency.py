@@ -40,8 +40,7 @@ from metaq.client.producer import Producer
 from metaq.client.routes import RouteCache
 from metaq.common.tls import TlsConfig
 from metaq.common.users import Credentials
-from metaq.testing import BrokerProcess
-from metaq.testing.nameserver_process import start_nameserver
+from metaq.testing.cluster import ClusterBuilder
 
 TOPIC = "BenchE2ELatency"
 
@@ -168,32 +167,33 @@ def main() -> None:
     )  # fmt: skip
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    with tempfile.TemporaryDirectory(prefix="metaq-bench-e2e-") as work:
-        nameserver = start_nameserver(Path(work) / "ns")
-        try:
-            with BrokerProcess.start(
-                Path(work) / "broker",
-                *("--nameserver", nameserver.grpc_address, "--flush-mode", args.flush_mode),
-                *("--set", "store.commitlog_segment_bytes=134217728"),
-                *(arg for setting in args.broker_set for arg in ("--set", setting)),
-                small_store=False,
-            ) as broker:
-                with asyncio.Runner(loop_factory=_loop_factory(args.uvloop)) as runner:
-                    figures = runner.run(
-                        measure(
-                            nameserver.grpc_address,
-                            broker.http_url,
-                            rate=args.rate,
-                            seconds=args.seconds,
-                            warmup_s=args.warmup_s,
-                            size=args.size,
-                            queues=args.queues,
-                            gc_freeze=args.gc_freeze,
-                        )
-                    )
-                broker.terminate()
-        finally:
-            nameserver.stop()
+    builder = ClusterBuilder(
+        broker_args=(
+            *("--flush-mode", args.flush_mode),
+            *("--set", "store.commitlog_segment_bytes=134217728"),
+            *(arg for setting in args.broker_set for arg in ("--set", setting)),
+        ),
+        small_store=False,
+    )
+    with (
+        tempfile.TemporaryDirectory(prefix="metaq-bench-e2e-") as work,
+        builder.start(Path(work)) as cluster,
+    ):
+        broker = cluster.broker("broker-a")
+        with asyncio.Runner(loop_factory=_loop_factory(args.uvloop)) as runner:
+            figures = runner.run(
+                measure(
+                    cluster.nameserver_addresses[0],
+                    broker.http_url,
+                    rate=args.rate,
+                    seconds=args.seconds,
+                    warmup_s=args.warmup_s,
+                    size=args.size,
+                    queues=args.queues,
+                    gc_freeze=args.gc_freeze,
+                )
+            )
+        broker.terminate()
     for key, value in figures.items():
         print(f"{key:>22}: {value}")
     if args.rate == 5000 and args.size == 1024:

@@ -59,11 +59,11 @@ from metaq_load import Budget, batched, one_at_a_time, percentile_ms, ready_prod
 from ordered_resume import ordered_resumes
 from slow_slave import slow_slave
 
-from metaq.client.admin import Admin, TopicSettings
+from metaq.client.admin import Admin
 from metaq.client.producer import Producer
 from metaq.client.results import SendStatus
 from metaq.testing import BrokerProcess
-from metaq.testing.nameserver_process import NameServerProcess, start_nameserver
+from metaq.testing.cluster import Cluster, ClusterBuilder, Group
 from metaq.testing.waiting import wait_until
 
 GROUP: Final = "bench-g"
@@ -85,45 +85,42 @@ def _role(broker: BrokerProcess) -> str:
     return str(state["role"]) if state is not None else "unreachable"
 
 
-class Group:
-    def __init__(self, work: Path, nameserver: NameServerProcess, mode: str) -> None:
-        self.work = work
-        self.args = [
-            "--nameserver", nameserver.grpc_address, "--broker-name", f"{GROUP}-{work.name}",
-            "--set", f"replication_mode={mode}", "--set", "min_in_sync_replicas=1", *SEGMENT,
-        ]  # fmt: skip
-        self.brokers: dict[int, BrokerProcess] = {}
-        self.nameserver = nameserver.grpc_address
+MODES: Final = {
+    "replication": "async",
+    "catchup": "sync",
+    "sync": "sync",
+    "async": "async",
+    "failover": "sync",
+    "resume": "sync",
+    "ordered": "sync",
+}
+"""Each cell's group (``bench-g-<cell>``) and its replication mode."""
+LONE: Final = "bench-lone"
+BUILDER: Final = ClusterBuilder(
+    groups=(),
+    replicas=2,
+    group_replicas={LONE: 1},
+    broker_args=SEGMENT,
+    group_args={
+        **{f"{GROUP}-{cell}": ("--set", f"replication_mode={mode}",
+                               "--set", "min_in_sync_replicas=1")
+           for cell, mode in MODES.items()},
+        LONE: ("--set", "failover=false"),
+    },
+    small_store=False,
+    ready_timeout_s=60,
+)  # fmt: skip
+"""One nameserver; each cell starts its group on it and stops it when done."""
 
-    def start(self, broker_id: int) -> BrokerProcess:
-        self.brokers[broker_id] = BrokerProcess.start(
-            self.work / f"broker-{broker_id}",
-            "--broker-id", str(broker_id), *self.args,
-            small_store=False, ready_timeout_s=60,
-        )  # fmt: skip
-        return self.brokers[broker_id]
 
-    def master(self, timeout_s: float = 30.0) -> int:
-        found: list[int] = []
+def cell(cluster: Cluster, name: str) -> Group:
+    """The group of cell ``name``, none of its brokers started yet."""
+    return cluster.group(f"{GROUP}-{name}")
 
-        def one() -> bool:
-            found[:] = [i for i, b in self.brokers.items() if _role(b) == "master"]
-            return len(found) == 1
 
-        wait_until(one, timeout_s, "the group has one master")
-        return found[0]
-
-    def wait_in_sync(self, count: int, timeout_s: float = 60.0) -> None:
-        """Until ``count`` brokers are in sync and the controller agrees (electable)."""
-        wait_until(
-            lambda: len(health(self.brokers[self.master()])["electable_ids"]) == count,
-            timeout_s,
-            f"{count} brokers in sync",
-        )
-
-    def stop(self) -> None:
-        for broker in self.brokers.values():
-            broker.kill()
+def wait_electable(group: Group, timeout_s: float = 60.0) -> None:
+    """Until both brokers are in sync and the controller agrees (either may be elected)."""
+    group.wait_committed_in_sync([0, 1], timeout_s)
 
 
 async def _fill(nameserver: str, mib: int) -> None:
@@ -136,19 +133,14 @@ async def _fill(nameserver: str, mib: int) -> None:
         await producer.close()
 
 
-def replication_throughput(root: Path, nameserver: NameServerProcess, mib: int) -> float:
-    group = Group(root / "replication", nameserver, "async")
+def replication_throughput(cluster: Cluster, mib: int) -> float:
+    group = cell(cluster, "replication")
     try:
-        master = group.start(0)
-        group.master()
-        asyncio.run(
-            Admin().put_topic(
-                master.http_url, TOPIC, TopicSettings(read_queues=QUEUES, write_queues=QUEUES)
-            )
-        )
-        asyncio.run(_fill(nameserver.grpc_address, mib))
+        master = group.start_broker(0)
+        asyncio.run(cluster.create_topic(TOPIC, queues=QUEUES, groups=[group.name]))
+        asyncio.run(_fill(cluster.nameserver_addresses[0], mib))
         end = int(health(master)["commitlog_write_offset"])
-        slave = group.start(1)
+        slave = group.start_broker(1)
         began = time.perf_counter()
         seen = [0]
 
@@ -160,29 +152,24 @@ def replication_throughput(root: Path, nameserver: NameServerProcess, mib: int) 
         seconds = time.perf_counter() - began
         return end / seconds / 1e6
     finally:
-        group.stop()
+        cluster.stop_group(group.name)
 
 
-def catch_up(root: Path, nameserver: NameServerProcess, mib: int) -> dict[str, float]:
+def catch_up(cluster: Cluster, mib: int) -> dict[str, float]:
     """Restart a slave that is ``mib`` MiB behind: readiness, rejoin and copy rate."""
-    group = Group(root / "catchup", nameserver, "sync")
+    group = cell(cluster, "catchup")
     try:
-        master = group.start(0)
-        group.start(1)
-        group.master()
-        asyncio.run(
-            Admin().put_topic(
-                master.http_url, TOPIC, TopicSettings(read_queues=QUEUES, write_queues=QUEUES)
-            )
-        )
-        group.wait_in_sync(2)
+        master = group.start_broker(0)
+        group.start_broker(1)
+        asyncio.run(cluster.create_topic(TOPIC, queues=QUEUES, groups=[group.name]))
+        wait_electable(group)
         group.brokers[1].kill()
         wait_until(lambda: 1 not in health(master)["in_sync_ids"], 60, "the slave is out")
         before = int(health(master)["commitlog_write_offset"])
-        asyncio.run(_fill(nameserver.grpc_address, mib))
+        asyncio.run(_fill(cluster.nameserver_addresses[0], mib))
         behind = int(health(master)["commitlog_write_offset"]) - before
         started = time.perf_counter()
-        slave = group.start(1)
+        slave = group.start_broker(1)
         ready = time.perf_counter()
         cpu_ready = cpu_seconds(slave.proc.pid)
         wait_until(lambda: 1 in health(master)["in_sync_ids"], 600, "the slave is in sync",
@@ -191,7 +178,7 @@ def catch_up(root: Path, nameserver: NameServerProcess, mib: int) -> dict[str, f
         wait_until(lambda: _dispatch_backlog(slave) == 0, 600, "the slave dispatched it all")
         cpu = cpu_seconds(slave.proc.pid) - cpu_ready
     finally:
-        group.stop()
+        cluster.stop_group(group.name)
     return {
         "catchup_behind_mib": round(behind / MIB, 1),
         "catchup_ready_s": round(ready - started, 3),
@@ -272,23 +259,18 @@ async def _modes_cell(nameserver: str, seconds: float) -> dict[str, float]:
     }
 
 
-def sync_vs_async(root: Path, nameserver: NameServerProcess, seconds: float) -> dict[str, Any]:
+def sync_vs_async(cluster: Cluster, seconds: float) -> dict[str, Any]:
     cells: dict[str, dict[str, float]] = {}
     for mode in ("sync", "async"):
-        group = Group(root / mode, nameserver, mode)
+        group = cell(cluster, mode)
         try:
-            group.start(0)
-            group.start(1)
-            master = group.brokers[group.master()]
-            asyncio.run(
-                Admin().put_topic(
-                    master.http_url, TOPIC, TopicSettings(read_queues=QUEUES, write_queues=QUEUES)
-                )
-            )
-            group.wait_in_sync(2)
-            cells[mode] = asyncio.run(_modes_cell(nameserver.grpc_address, seconds))
+            group.start_broker(0)
+            group.start_broker(1)
+            asyncio.run(cluster.create_topic(TOPIC, queues=QUEUES, groups=[group.name]))
+            wait_electable(group)
+            cells[mode] = asyncio.run(_modes_cell(cluster.nameserver_addresses[0], seconds))
         finally:
-            group.stop()
+            cluster.stop_group(group.name)
     return cells
 
 
@@ -306,38 +288,33 @@ async def _until_acked_after(producer: Producer, after: float, limit_s: float) -
     raise TimeoutError(f"no send acknowledged within {limit_s} s of the kill")
 
 
-def failovers(root: Path, nameserver: NameServerProcess, runs: int) -> list[float]:
-    group = Group(root / "failover", nameserver, "sync")
+def failovers(cluster: Cluster, runs: int) -> list[float]:
+    group = cell(cluster, "failover")
     times: list[float] = []
     try:
-        group.start(0)
-        group.start(1)
-        master = group.brokers[group.master()]
-        asyncio.run(
-            Admin().put_topic(
-                master.http_url, TOPIC, TopicSettings(read_queues=QUEUES, write_queues=QUEUES)
-            )
-        )
-        group.wait_in_sync(2)
+        group.start_broker(0)
+        group.start_broker(1)
+        asyncio.run(cluster.create_topic(TOPIC, queues=QUEUES, groups=[group.name]))
+        wait_electable(group)
 
         async def run_all() -> None:
-            producer = await ready_producer(nameserver.grpc_address, TOPIC)
+            producer = await ready_producer(cluster.nameserver_addresses[0], TOPIC)
             try:
                 for _ in range(runs):
-                    old = await asyncio.to_thread(group.master)
-                    await asyncio.to_thread(group.wait_in_sync, 2)
+                    old = await asyncio.to_thread(group.master, 30)
+                    await asyncio.to_thread(wait_electable, group)
                     group.brokers[old].kill()
                     killed = time.monotonic()
                     acked = await _until_acked_after(producer, killed, 60)
                     times.append(acked - killed)
                     print(f"  failover {len(times)}: {acked - killed:.3f} s", flush=True)
-                    await asyncio.to_thread(group.start, old)
+                    await asyncio.to_thread(group.start_broker, old)
             finally:
                 await producer.close()
 
         asyncio.run(run_all())
     finally:
-        group.stop()
+        cluster.stop_group(group.name)
     return times
 
 
@@ -384,8 +361,8 @@ async def _kill_and_resume(
 ) -> tuple[float, float, list[float]]:
     """kill -9 the master; when it was killed, when a new master was seen, and each
     producer's first OK from the group after the kill. The old master is started again."""
-    await asyncio.to_thread(group.wait_in_sync, 2)
-    old = await asyncio.to_thread(group.master)
+    await asyncio.to_thread(wait_electable, group)
+    old = await asyncio.to_thread(group.master, 30)
     group.brokers[old].kill()
     killed = time.monotonic()
     others = [b for i, b in group.brokers.items() if i != old]
@@ -400,38 +377,26 @@ async def _kill_and_resume(
     took_over = time.monotonic()
     await asyncio.to_thread(wait_until, resumed, 60, "every producer resumed")
     firsts = [resumes.first_after(k, name, killed) or 0.0 for k in resumes.KINDS]
-    await asyncio.to_thread(group.start, old)
+    await asyncio.to_thread(group.start_broker, old)
     return killed, took_over, firsts
 
 
-def producer_resumes(
-    root: Path, nameserver: NameServerProcess, runs: int
-) -> tuple[list[float], list[float]]:
+def producer_resumes(cluster: Cluster, runs: int) -> tuple[list[float], list[float]]:
     """Per kill and producer: kill → first OK from the group, and takeover → that OK."""
-    group = Group(root / "resume", nameserver, "sync")
-    name = f"{GROUP}-resume"
-    lone = BrokerProcess.start(
-        root / "resume-lone", "--broker-name", "bench-lone", "--broker-id", "0",
-        "--nameserver", nameserver.grpc_address, "--set", "failover=false", *SEGMENT,
-        small_store=False, ready_timeout_s=60,
-    )  # fmt: skip
+    group = cell(cluster, "resume")
+    name = group.name
     from_kill: list[float] = []
     from_takeover: list[float] = []
     try:
-        group.start(0)
-        group.start(1)
-        master = group.brokers[group.master()]
-        for url in (master.http_url, lone.http_url):
-            asyncio.run(
-                Admin().put_topic(
-                    url, TOPIC, TopicSettings(read_queues=QUEUES, write_queues=QUEUES)
-                )
-            )
-        group.wait_in_sync(2)
+        cluster.start_broker(LONE)
+        group.start_broker(0)
+        group.start_broker(1)
+        asyncio.run(cluster.create_topic(TOPIC, queues=QUEUES, groups=[name, LONE]))
+        wait_electable(group)
 
         async def run_all() -> None:
             resumes = _Resumes()
-            address = nameserver.grpc_address
+            address = cluster.nameserver_addresses[0]
             tasks = [asyncio.ensure_future(resumes.run(address, k)) for k in resumes.KINDS]
             try:
                 for run in range(runs):
@@ -447,8 +412,8 @@ def producer_resumes(
 
         asyncio.run(run_all())
     finally:
-        lone.kill()
-        group.stop()
+        cluster.stop_group(LONE)
+        cluster.stop_group(name)
     return from_kill, from_takeover
 
 
@@ -469,21 +434,21 @@ def main(argv: list[str]) -> None:
     args = parser.parse_args(argv)
 
     root = Path(tempfile.mkdtemp(prefix="bench-failover-"))
-    nameserver = start_nameserver(root / "ns")
+    cluster = BUILDER.start(root / "cluster")
     try:
         slow = {} if args.only_catchup else slow_slave(root, args.slow_seconds, 32, args.slow_kib_s)
         print(f"slow slave: {slow}", flush=True)
         if args.only_slow:
             print(json.dumps(slow, sort_keys=True))
             return
-        catchup = catch_up(root, nameserver, args.behind_mib)
+        catchup = catch_up(cluster, args.behind_mib)
         catchup["disk_dd_mb_s"] = round(disk_mb_s(root, args.behind_mib), 1)
         catchup["loopback_mb_s"] = round(loopback_mb_s(args.behind_mib), 1)
         print(f"catch-up: {catchup}", flush=True)
         if args.only_catchup:
             print(json.dumps(catchup, sort_keys=True))
             return
-        from_kill, from_takeover = producer_resumes(root, nameserver, args.resume_kills)
+        from_kill, from_takeover = producer_resumes(cluster, args.resume_kills)
         resume = {
             "producer_resume_p50_s": round(statistics.median(from_kill), 3),
             "producer_resume_p99_s": round(_p99(from_kill), 3),
@@ -491,18 +456,18 @@ def main(argv: list[str]) -> None:
             "producer_resume_max_s": round(max(from_kill), 3),
         }
         print(f"producer resume over {args.resume_kills} kills x 3 producers: {resume}")
-        ordered = ordered_resume_cell(root, nameserver, args.resume_kills)
+        ordered = ordered_resume_cell(cluster, args.resume_kills)
         resume.update(ordered)
         print(f"ordered resume over {args.resume_kills} kills: {ordered}", flush=True)
         if args.only_resume:
             print(json.dumps(resume, sort_keys=True))
             return
-        mb_s = replication_throughput(root, nameserver, args.fill_mib)
+        mb_s = replication_throughput(cluster, args.fill_mib)
         print(f"replication: {mb_s:,.0f} MB/s master -> slave ({args.fill_mib} MiB)", flush=True)
-        cells = sync_vs_async(root, nameserver, args.seconds)
-        times = failovers(root, nameserver, args.failovers)
+        cells = sync_vs_async(cluster, args.seconds)
+        times = failovers(cluster, args.failovers)
     finally:
-        nameserver.stop()
+        cluster.stop()
         shutil.rmtree(root, ignore_errors=True)
 
     ratio = cells["sync"]["batch_msgs_s"] / cells["async"]["batch_msgs_s"]
@@ -535,16 +500,16 @@ def main(argv: list[str]) -> None:
     print(json.dumps(figures, sort_keys=True))
 
 
-def ordered_resume_cell(root: Path, nameserver: NameServerProcess, runs: int) -> dict[str, float]:
-    group = Group(root / "ordered", nameserver, "sync")
+def ordered_resume_cell(cluster: Cluster, runs: int) -> dict[str, float]:
+    group = cell(cluster, "ordered")
     try:
-        group.start(0)
-        group.start(1)
-        group.master()
-        group.wait_in_sync(2)
-        times = ordered_resumes(group, nameserver.grpc_address, runs)
+        group.start_broker(0)
+        group.start_broker(1)
+        group.master(30)
+        wait_electable(group)
+        times = ordered_resumes(group, cluster.nameserver_addresses[0], runs)
     finally:
-        group.stop()
+        cluster.stop_group(group.name)
     return {
         "ordered_resume_p50_s": round(statistics.median(times), 3),
         "ordered_resume_p99_s": round(_p99(times), 3),

@@ -26,13 +26,12 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Final
 
-from metaq.client.admin import Admin, TopicSettings
 from metaq.client.message import Message, OutgoingMessage
 from metaq.client.producer import Producer
 from metaq.client.results import SendResult
 from metaq.client.transaction import TransactionProducer, TransactionState
 from metaq.testing import BrokerProcess, DataClient
-from metaq.testing.nameserver_process import start_nameserver
+from metaq.testing.cluster import ClusterBuilder
 
 TOPIC: Final = "BenchDelayed"
 PLAIN: Final = "BenchPlain"
@@ -133,29 +132,21 @@ def main(argv: list[str]) -> None:
     )
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="bench-features-"))
-    nameserver = start_nameserver(work / "ns")
+    builder = ClusterBuilder(
+        broker_args=("--set", "store.commitlog_segment_bytes=268435456"),
+        small_store=False,
+        ready_timeout_s=60,
+    )
     try:
-        broker = BrokerProcess.start(
-            work / "broker", "--nameserver", nameserver.grpc_address,
-            "--set", "store.commitlog_segment_bytes=268435456",
-            small_store=False, ready_timeout_s=60,
-        )  # fmt: skip
-        with broker:
+        with builder.start(work) as cluster:
+            broker = cluster.broker("broker-a")
+            nameserver = cluster.nameserver_addresses[0]
             for topic in (TOPIC, PLAIN):
-                asyncio.run(
-                    Admin().put_topic(
-                        broker.http_url,
-                        topic,
-                        TopicSettings(read_queues=QUEUES, write_queues=QUEUES),
-                    )
-                )
-            figures = asyncio.run(
-                measure(nameserver.grpc_address, broker, args.pending, args.lead_s)
-            )
-            figures.update(asyncio.run(transactions(nameserver.grpc_address, args.txn_seconds)))
+                asyncio.run(cluster.create_topic(topic, queues=QUEUES))
+            figures = asyncio.run(measure(nameserver, broker, args.pending, args.lead_s))
+            figures.update(asyncio.run(transactions(nameserver, args.txn_seconds)))
             broker.terminate()
     finally:
-        nameserver.stop()
         shutil.rmtree(work, ignore_errors=True)
     print(f"| send_batch, plain      | {figures['plain_send_batch_msgs_s']:>9,} msgs/s |")
     print(f"| send_batch, delayed    | {figures['delayed_schedule_msgs_s']:>9,} msgs/s |"

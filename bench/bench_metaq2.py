@@ -39,8 +39,7 @@ from metaq_load import Budget, batched, percentile_ms, ready_producer, wait_rout
 
 from metaq.client.admin import Admin, TopicSettings
 from metaq.client.producer import Producer
-from metaq.testing import BrokerProcess
-from metaq.testing.nameserver_process import start_nameserver
+from metaq.testing.cluster import ClusterBuilder
 
 PARTITIONS: Final = (1024, 10240)
 MAX_CELL_S: Final = 15.0
@@ -129,22 +128,18 @@ async def measure(nameserver: str, rows: list[Row], seconds: float, callers: int
 def run_flush_mode(work: Path, flush: str, seconds: float, callers: int,
                    batch: int) -> list[Result]:  # fmt: skip
     rows = [row for row in GRID if row.flush == flush]
-    nameserver = start_nameserver(work / "ns")
-    try:
-        with (
-            BrokerProcess.start(
-                work / "broker",
-                *("--nameserver", nameserver.grpc_address, "--flush-mode", flush),
-                *("--set", "store.commitlog_segment_bytes=268435456"),
-                small_store=False,
-                ready_timeout_s=60,
-            ) as broker,
-            asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner,
-        ):
-            runner.run(prepare(nameserver.grpc_address, broker.http_url, callers))
-            return runner.run(measure(nameserver.grpc_address, rows, seconds, callers, batch))
-    finally:
-        nameserver.stop()
+    builder = ClusterBuilder(
+        broker_args=("--flush-mode", flush, "--set", "store.commitlog_segment_bytes=268435456"),
+        small_store=False,
+        ready_timeout_s=60,
+    )
+    with (
+        builder.start(work) as cluster,
+        asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner,
+    ):
+        nameserver = cluster.nameserver_addresses[0]
+        runner.run(prepare(nameserver, cluster.broker("broker-a").http_url, callers))
+        return runner.run(measure(nameserver, rows, seconds, callers, batch))
 
 
 def _num(value: float | None, digits: int = 0) -> str:

@@ -40,13 +40,11 @@ from typing import Any
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from spark_cpu import cpu_by_role, spent
 
-from metaq.client.admin import Admin, TopicSettings
 from metaq.client.message import OutgoingMessage
 from metaq.client.producer import Producer
 from metaq.client.pull_consumer import PullConsumer, PullStatus
 from metaq.spark.schema import SCHEMA_DDL
-from metaq.testing import BrokerProcess
-from metaq.testing.nameserver_process import start_nameserver
+from metaq.testing.cluster import ClusterBuilder
 
 QUEUES = 8
 BODY = 1024
@@ -89,21 +87,6 @@ async def consume_all(nameserver: str, topic: str) -> tuple[int, float]:
                 total += sum(len(m.body) > 0 for m in result.messages)
                 offset = result.next_offset
         return total, time.perf_counter() - start
-
-
-async def wait_routed(nameserver: str, topic: str) -> None:
-    from metaq.client.routes import RouteCache
-
-    async with RouteCache([nameserver]) as routes:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if len((await routes.route(topic, refresh=True)).write_queues) == QUEUES:
-                    return
-            except Exception:
-                if time.monotonic() > deadline:
-                    raise
-            await asyncio.sleep(0.05)  # poll interval of a deadline-bound wait
 
 
 def spark_session() -> Any:
@@ -250,16 +233,15 @@ def main(argv: list[str]) -> None:
     p.add_argument("--stream-seconds", type=float, default=20.0)
     args = p.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="bench-spark-"))
-    nameserver = start_nameserver(work / "ns")
     figures: dict[str, Any] = {"messages": args.messages, "body_bytes": BODY}
+    builder = ClusterBuilder(
+        broker_args=("--flush-mode", "async", "--set", "store.commitlog_segment_bytes=268435456"),
+        small_store=False,
+        ready_timeout_s=60,
+    )
     try:
-        broker = BrokerProcess.start(
-            work / "broker", "--nameserver", nameserver.grpc_address, "--flush-mode", "async",
-            "--set", "store.commitlog_segment_bytes=268435456", small_store=False,
-            ready_timeout_s=60,
-        )  # fmt: skip
-        with broker:
-            ns = nameserver.grpc_address
+        with builder.start(work) as cluster:
+            ns = cluster.nameserver_addresses[0]
             for topic in (
                 "bench-read",
                 "bench-warm",
@@ -267,14 +249,7 @@ def main(argv: list[str]) -> None:
                 "bench-produce",
                 "bench-stream",
             ):
-                asyncio.run(
-                    Admin().put_topic(
-                        broker.http_url,
-                        topic,
-                        TopicSettings(read_queues=QUEUES, write_queues=QUEUES),
-                    )
-                )
-                asyncio.run(wait_routed(ns, topic))
+                asyncio.run(cluster.create_topic(topic, queues=QUEUES))
             producer_rate = asyncio.run(fill(ns, "bench-read", args.messages))
             figures["producer_fill_rows_s"] = round(producer_rate)
             spark = spark_session()
@@ -325,7 +300,6 @@ def main(argv: list[str]) -> None:
             figures["spark_stream_p99_ms"] = round(percentile(latencies, 0.99), 1)
             spark.stop()
     finally:
-        nameserver.stop()
         shutil.rmtree(work, ignore_errors=True)
     figures["spark_read_vs_parquet_ratio"] = round(
         figures["spark_read_rows_s"] / figures["parquet_read_rows_s"], 3

@@ -23,12 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from metaq_load import Budget, one_at_a_time, percentile_ms, ready_producer
-from metaq_system import QUEUES, STORE, TOPIC, _both_in_sync, _is_master
-
-from metaq.client.admin import Admin, TopicSettings
-from metaq.testing import BrokerProcess
-from metaq.testing.nameserver_process import start_nameserver
-from metaq.testing.waiting import wait_until
+from metaq_system import PAIR, QUEUES, TOPIC, system
 
 _TICK_S = 1 / os.sysconf("SC_CLK_TCK")
 
@@ -77,46 +72,22 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--one-broker", action="store_true", help="one broker, no slave")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="bench-sync-one-") as tmp:
-        work = Path(tmp)
-        nameserver = start_nameserver(work / "ns")
-        brokers: list[BrokerProcess] = []
-        try:
-            common = ["--nameserver", nameserver.grpc_address, "--flush-mode", "async", *STORE]
-            if args.one_broker:
-                broker = BrokerProcess.start(
-                    work / "broker", *common, "--broker-name", "bench-one",
-                    small_store=False, ready_timeout_s=60,
-                )  # fmt: skip
-                brokers.append(broker)
-                broker.wait_master(60)
-                master = broker
-                pids = {"broker": broker.proc.pid}
-            else:
-                sync = ["--set", "replication_mode=sync", "--set", "min_in_sync_replicas=2"]
-                for broker_id in (0, 1):
-                    pair = [*common, *sync, "--broker-name", "bench-pair"]
-                    broker = BrokerProcess.start(
-                        work / f"broker-{broker_id}", *pair, "--broker-id", str(broker_id),
-                        small_store=False, ready_timeout_s=60,
-                    )  # fmt: skip
-                    brokers.append(broker)
-                wait_until(lambda: sum(map(_is_master, brokers)) == 1, 60, "one master")
-                master = next(b for b in brokers if _is_master(b))
-                slave = next(b for b in brokers if b is not master)
-                pids = {"master": master.proc.pid, "slave": slave.proc.pid}
-            asyncio.run(
-                Admin().put_topic(
-                    master.http_url, TOPIC, TopicSettings(read_queues=QUEUES, write_queues=QUEUES)
-                )
-            )
-            if not args.one_broker:
-                wait_until(lambda: _both_in_sync(master), 60, "the slave is in sync")
-            results = asyncio.run(_rounds(nameserver.grpc_address, pids, args.seconds, args.rounds))
-        finally:
-            for broker in brokers:
-                broker.kill()
-            nameserver.stop()
+    builder = system(groups=("bench-one",)) if args.one_broker else PAIR
+    (group,) = builder.groups
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-sync-one-") as tmp,
+        builder.start(Path(tmp)) as cluster,
+    ):
+        asyncio.run(cluster.create_topic(TOPIC, queues=QUEUES, timeout_s=60))
+        master_id = cluster.master_id(group, 60)
+        if args.one_broker:
+            pids = {"broker": cluster.broker(group).proc.pid}
+        else:
+            cluster.wait_in_sync(group, [0, 1], 60)
+            slave = cluster.broker(group, 1 - master_id)
+            pids = {"master": cluster.broker(group, master_id).proc.pid, "slave": slave.proc.pid}
+        nameserver = cluster.nameserver_addresses[0]
+        results = asyncio.run(_rounds(nameserver, pids, args.seconds, args.rounds))
     print(json.dumps({"one_broker": args.one_broker, "rounds": results}))
 
 

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from bench_e2e_latency import measure as measure_e2e
 from compare_harness import IN_FLIGHT, EndToEnd, Latencies, offer
@@ -19,13 +18,9 @@ from metaq_load import Budget, batched, one_at_a_time, pipelined, ready_producer
 
 from metaq.client.admin import Admin, TopicSettings
 from metaq.client.producer import Producer
-from metaq.common import acl
-from metaq.common.acl import Acl, Grant, User
 from metaq.common.tls import TlsConfig
-from metaq.common.users import ACCESS_KEY_ENV, SECRET_KEY_ENV, Credentials, Verifier
-from metaq.testing import BrokerProcess
-from metaq.testing.nameserver_process import NameServerProcess, start_nameserver
-from metaq.testing.waiting import wait_until
+from metaq.common.users import ACCESS_KEY_ENV, SECRET_KEY_ENV, Credentials
+from metaq.testing.cluster import Cluster, ClusterBuilder
 
 TOPIC: Final = "BenchCompare"
 QUEUES: Final = 8
@@ -68,6 +63,8 @@ class Metaq:
         """The (master) broker's process id, for what reads its /proc entry or profiles it."""
         self.server_pids: list[int] = []
         """Every server process (nameserver, brokers), for the cost cell's CPU reading."""
+        self.data_dir: Path | None = None
+        """The (master) broker's data directory."""
 
     @property
     def producer(self) -> Producer:
@@ -129,27 +126,46 @@ class Metaq:
         )
 
 
+def system(*, store: Sequence[str] = STORE, **changes: Any) -> ClusterBuilder:
+    """The cluster every metaq of this benchmark is: ASYNC flush, ``store``'s settings
+    (flags), full-size files, a minute to start; ``changes`` to the builder on top."""
+    return ClusterBuilder(
+        broker_args=("--flush-mode", "async", *store),
+        small_store=False,
+        ready_timeout_s=60,
+        **changes,
+    )
+
+
+PAIR: Final = system(groups=("bench-pair",), replicas=2, replication_mode="sync", min_in_sync=2)
+"""A master and a slave under sync replication (both copies before the answer)."""
+
+
+def _metaq(cluster: Cluster, key: str, label: str, durability: str, group: str) -> Metaq:
+    """The benchmark's client of ``cluster``, whose ``group`` takes the writes."""
+    master = cluster.master(group)
+    metaq = Metaq(
+        key, label, durability, cluster.nameserver_addresses[0], master.http_url,
+        admin=cluster.admin, tls=cluster.tls,
+    )  # fmt: skip
+    metaq.broker_pid = master.proc.pid
+    metaq.data_dir = master.data_dir
+    return metaq
+
+
+def _server_pids(cluster: Cluster) -> list[int]:
+    return [*(ns.process.pid for ns in cluster.nameservers),
+            *(b.proc.pid for b in cluster.brokers.values())]  # fmt: skip
+
+
 @contextmanager
 def single_broker(work: Path, store: Sequence[str] = STORE) -> Iterator[Metaq]:
     """One nameserver and one broker, ASYNC flush, with ``store``'s settings (flags);
     stopped however the block ends."""
-    nameserver = start_nameserver(work / "ns")
-    try:
-        with BrokerProcess.start(
-            work / "broker",
-            *("--nameserver", nameserver.grpc_address, "--flush-mode", "async", *store),
-            small_store=False,
-            ready_timeout_s=60,
-        ) as broker:
-            system = Metaq(
-                "metaq", "metaq", f"1 copy; {ASYNC_FLUSH}",
-                nameserver.grpc_address, broker.http_url,
-            )  # fmt: skip
-            system.broker_pid = broker.proc.pid
-            system.server_pids = [nameserver.process.pid, broker.proc.pid]
-            yield system
-    finally:
-        nameserver.stop()
+    with system(store=store).start(work) as cluster:
+        metaq = _metaq(cluster, "metaq", "metaq", f"1 copy; {ASYNC_FLUSH}", "broker-a")
+        metaq.server_pids = _server_pids(cluster)
+        yield metaq
 
 
 BENCH_USER: Final = Credentials("bench", "bench-user-secret-key-not-for-real-use")
@@ -160,31 +176,17 @@ def single_broker_auth(work: Path) -> Iterator[Metaq]:
     """:func:`single_broker` with auth_enabled on both servers: every connection proves a
     user (AUTH) and every frame is signed. The clients find the user in the environment
     (METAQ_ACCESS_KEY / METAQ_SECRET_KEY), set here for the block's length."""
-    work.mkdir(parents=True, exist_ok=True)
-    acl_file = work / "acl.json"
-    user = User(BENCH_USER.access_key, Verifier.make(BENCH_USER.access_key, BENCH_USER.secret_key))
-    acl.save(acl_file, Acl().with_user(user).grant(user.access_key, Grant("admin", "cluster")))
     saved = {k: os.environ.get(k) for k in (ACCESS_KEY_ENV, SECRET_KEY_ENV)}
     os.environ[ACCESS_KEY_ENV], os.environ[SECRET_KEY_ENV] = (
         BENCH_USER.access_key, BENCH_USER.secret_key,
     )  # fmt: skip
-    nameserver = start_nameserver(
-        work / "ns", "--auth-enabled", "true", "--auth-acl-file", str(acl_file)
-    )
     try:
-        with BrokerProcess.start(
-            work / "broker",
-            *("--nameserver", nameserver.grpc_address, "--flush-mode", "async", *STORE),
-            *("--set", "auth_enabled=true", "--set", f"auth_acl_file={acl_file}"),
-            small_store=False,
-            ready_timeout_s=60,
-        ) as broker:
-            yield Metaq(
-                "metaq_auth", "metaq auth", f"1 copy; {ASYNC_FLUSH}; users and signed frames",
-                nameserver.grpc_address, broker.http_url, admin=BENCH_USER,
+        with system(auth=True, admin=BENCH_USER).start(work) as cluster:
+            yield _metaq(
+                cluster, "metaq_auth", "metaq auth",
+                f"1 copy; {ASYNC_FLUSH}; users and signed frames", "broker-a",
             )  # fmt: skip
     finally:
-        nameserver.stop()
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
@@ -192,105 +194,30 @@ def single_broker_auth(work: Path) -> Iterator[Metaq]:
                 os.environ[key] = value
 
 
-def _openssl(*args: str) -> None:
-    subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60)
-
-
-def make_certificates(directory: Path) -> TlsConfig:
-    """A CA and a certificate for 127.0.0.1 it signs (OpenSSL 3), as a server's settings."""
-    directory.mkdir(parents=True, exist_ok=True)
-    ca, node = directory / "ca", directory / "node"
-    key = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-noenc", "-days", "2")
-    _openssl("req", "-x509", *key, "-keyout", f"{ca}.key", "-out", f"{ca}.crt",
-             "-subj", "/CN=bench CA", "-addext", "basicConstraints=critical,CA:TRUE")  # fmt: skip
-    _openssl("req", "-x509", *key, "-keyout", f"{node}.key", "-out", f"{node}.crt",
-             "-subj", "/CN=127.0.0.1", "-CA", f"{ca}.crt", "-CAkey", f"{ca}.key",
-             "-addext", "subjectAltName=IP:127.0.0.1")  # fmt: skip
-    return TlsConfig(f"{node}.crt", f"{node}.key", f"{ca}.crt")
-
-
 @contextmanager
 def tls_broker(work: Path) -> Iterator[Metaq]:
     """As :func:`single_broker`, with TLS on the data plane, HTTP and gRPC (the client
     verifies the servers; the servers do not ask for client certificates)."""
-    tls = make_certificates(work / "tls")
-    flags = ("--tls-cert-file", tls.cert_file, "--tls-key-file", tls.key_file)
-    client = TlsConfig(ca_file=tls.ca_file)
-    nameserver = start_nameserver(work / "ns", *flags)
-    try:
-        with BrokerProcess.start(
-            work / "broker",
-            *("--nameserver", nameserver.grpc_address, "--flush-mode", "async", *STORE),
-            *flags, "--tls-ca-file", tls.ca_file,
-            small_store=False,
-            ready_timeout_s=60,
-            tls=client,
-        ) as broker:  # fmt: skip
-            yield Metaq(
-                "metaq_tls", "metaq, TLS", f"1 copy; {ASYNC_FLUSH}; TLS 1.2+ on every listener",
-                nameserver.grpc_address, broker.http_url, tls=client,
-            )  # fmt: skip
-    finally:
-        nameserver.stop()
-
-
-def _is_master(broker: BrokerProcess) -> bool:
-    state = broker.health()
-    return state is not None and state["role"] == "master"
-
-
-def _both_in_sync(master: BrokerProcess) -> bool:
-    state = master.health()
-    return state is not None and len(state["in_sync_ids"]) == 2
+    with system(tls=True).start(work) as cluster:
+        yield _metaq(
+            cluster, "metaq_tls", "metaq, TLS",
+            f"1 copy; {ASYNC_FLUSH}; TLS 1.2+ on every listener", "broker-a",
+        )  # fmt: skip
 
 
 @contextmanager
 def replicated_pair(work: Path) -> Iterator[Metaq]:
     """A master and a slave under sync replication (both copies before the answer,
     ``min_in_sync_replicas = 2``), ASYNC flush on both, the controller on a nameserver."""
-    nameserver: NameServerProcess = start_nameserver(work / "ns")
-    brokers: list[BrokerProcess] = []
-    try:
-        args = [
-            "--nameserver", nameserver.grpc_address, "--broker-name", "bench-pair",
-            "--flush-mode", "async", *STORE,
-            "--set", "replication_mode=sync", "--set", "min_in_sync_replicas=2",
-        ]  # fmt: skip
-        for broker_id in (0, 1):
-            brokers.append(
-                BrokerProcess.start(
-                    work / f"broker-{broker_id}",
-                    "--broker-id",
-                    str(broker_id),
-                    *args,
-                    small_store=False,
-                    ready_timeout_s=60,
-                )
-            )
-        masters: list[BrokerProcess] = []
-
-        def one_master() -> bool:
-            masters[:] = [b for b in brokers if _is_master(b)]
-            return len(masters) == 1
-
-        wait_until(one_master, 60, "the pair has one master")
-        master = masters[0]
+    with PAIR.start(work) as cluster:
+        (group,) = PAIR.groups
         # The topic goes to the master; the slave copies it with the log.
-        asyncio.run(
-            Admin().put_topic(
-                master.http_url, TOPIC, TopicSettings(read_queues=QUEUES, write_queues=QUEUES)
-            )
-        )
-        wait_until(lambda: _both_in_sync(master), 60, "the slave is in sync")
-        system = Metaq(
-            "metaq_sync_replicated", "metaq, sync replication",
+        asyncio.run(cluster.create_topic(TOPIC, queues=QUEUES, timeout_s=60))
+        cluster.wait_in_sync(group, [0, 1], 60)
+        metaq = _metaq(
+            cluster, "metaq_sync_replicated", "metaq, sync replication",
             f"2 copies: answered once the slave holds it too (sync replication); {ASYNC_FLUSH}",
-            nameserver.grpc_address, master.http_url,
+            group,
         )  # fmt: skip
-        system.broker_pid = master.proc.pid
-        system.server_pids = [nameserver.process.pid, *(b.proc.pid for b in brokers)]
-        yield system
-    finally:
-        for broker in brokers:
-            broker.kill()
-        nameserver.stop()
+        metaq.server_pids = _server_pids(cluster)
+        yield metaq

@@ -11,28 +11,19 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Final, Protocol
+from typing import Final
 
 from metaq.client.admin import Admin, TopicSettings
 from metaq.client.consumer import FIRST, PushConsumer
 from metaq.client.message import Message
 from metaq.client.producer import Producer
 from metaq.testing import BrokerProcess
+from metaq.testing.cluster import Group
 from metaq.testing.waiting import wait_until, wait_until_async
 
 TOPIC: Final = "bench-ordered"
 QUEUES: Final = 4
 KEYS: Final = [f"key-{n}" for n in range(8)]
-
-
-class Group(Protocol):
-    brokers: dict[int, BrokerProcess]
-
-    def start(self, broker_id: int) -> BrokerProcess: ...
-
-    def master(self, timeout_s: float = 30.0) -> int: ...
-
-    def wait_in_sync(self, count: int, timeout_s: float = 60.0) -> None: ...
 
 
 def _role(broker: BrokerProcess) -> str:
@@ -42,8 +33,8 @@ def _role(broker: BrokerProcess) -> str:
 
 async def _kill_and_time(group: Group, handled: list[tuple[float, int]]) -> float:
     """kill -9 the master; seconds from the new master until every queue is handled."""
-    await asyncio.to_thread(group.wait_in_sync, 2)
-    old = await asyncio.to_thread(group.master)
+    await asyncio.to_thread(group.wait_committed_in_sync, [0, 1], 60)
+    old = await asyncio.to_thread(group.master, 30)
     group.brokers[old].kill()
     others = [b for i, b in group.brokers.items() if i != old]
     await asyncio.to_thread(
@@ -57,13 +48,13 @@ async def _kill_and_time(group: Group, handled: list[tuple[float, int]]) -> floa
 
     await wait_until_async(resumed, 90, "every queue is handled again")
     firsts = [min(t for t, q in handled if t > took_over and q == queue) for queue in range(QUEUES)]
-    await asyncio.to_thread(group.start, old)
+    await asyncio.to_thread(group.start_broker, old)
     return max(firsts) - took_over
 
 
 def ordered_resumes(group: Group, nameserver: str, runs: int) -> list[float]:
     """Per kill, seconds from the new master until every ordered queue is handled."""
-    master = group.brokers[group.master()]
+    master = group.brokers[group.master(30)]
     asyncio.run(
         Admin().put_topic(
             master.http_url, TOPIC, TopicSettings(read_queues=QUEUES, write_queues=QUEUES)

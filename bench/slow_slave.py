@@ -14,6 +14,7 @@ that failed, and how often the slow slave left and rejoined the master's in-sync
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import subprocess
 import time
 from collections import Counter
@@ -23,19 +24,19 @@ from typing import Any, Final
 from chaoslib.net import Network
 from metaq_load import percentile_ms
 
-from metaq.client.admin import Admin, TopicSettings
 from metaq.client.producer import Producer
 from metaq.client.results import SendStatus
-from metaq.testing import BrokerProcess
-from metaq.testing.broker_process import broker_command
-from metaq.testing.nameserver_process import NameServerProcess, nameserver_command, start_nameserver
+from metaq.testing.cluster import Cluster, ClusterBuilder, broker_node
 from metaq.testing.waiting import wait_until
 
 TOPIC: Final = "slow-slave"
 BODY: Final = b"s" * 1024
-NODES: Final = ("ns", "b0", "b1", "b2")
-SLOW: Final = "b2"
-GRPC_PORT, DATA_PORT, HTTP_PORT = 9876, 10911, 10912
+GROUP: Final = "slow-g"
+BUILDER: Final = ClusterBuilder(groups=(GROUP,), replicas=3, replication_mode="sync", min_in_sync=2)
+"""The nameserver and the three brokers; :class:`SyncGroup` gives each a host."""
+NODES: Final = ("ns0", *(broker_node(GROUP, i) for i in range(3)))
+SLOW_ID: Final = 2
+SLOW: Final = broker_node(GROUP, SLOW_ID)
 
 
 class SyncGroup:
@@ -46,45 +47,21 @@ class SyncGroup:
         self.net = Network.create(NODES)
         if not self.net.namespaces:
             raise RuntimeError(f"network namespaces are needed: {self.net.why_loopback}")
-        self.nameserver: NameServerProcess | None = None
-        self.brokers: dict[str, BrokerProcess] = {}
+        self.cluster: Cluster | None = None
 
     def start(self) -> None:
-        address = self.net.address("ns")
-        self.nameserver = start_nameserver(
-            self.root / "ns", "--listen-host", address, "--grpc-port", str(GRPC_PORT),
-            command=self.net.command("ns", nameserver_command()),
-        )  # fmt: skip
-        for node in NODES[1:]:
-            self.brokers[node] = BrokerProcess.start(
-                self.root / node, "--broker-name", "slow-g", "--broker-id", node[1:],
-                "--listen-host", self.net.address(node), "--data-port", str(DATA_PORT),
-                "--http-port", str(HTTP_PORT), "--nameserver", f"{address}:{GRPC_PORT}",
-                "--set", "replication_mode=sync", "--set", "min_in_sync_replicas=2",
-                command=self.net.command(node, broker_command()),
-            )  # fmt: skip
-        master = self.brokers[self.master()]
-        asyncio.run(
-            Admin().put_topic(master.http_url, TOPIC, TopicSettings(read_queues=8, write_queues=8))
-        )
+        self.cluster = dataclasses.replace(BUILDER, hosts=self.net).start(self.root)
+        asyncio.run(self.cluster.create_topic(TOPIC, queues=8, timeout_s=60))
         wait_until(lambda: len(self.in_sync()) == 3, 60, "three brokers in sync")
 
     @property
     def nameserver_address(self) -> str:
-        return f"{self.net.address('ns')}:{GRPC_PORT}"
-
-    def master(self) -> str:
-        found: list[str] = []
-
-        def one() -> bool:
-            found[:] = [n for n, b in self.brokers.items() if _role(b) == "master"]
-            return len(found) == 1
-
-        wait_until(one, 60, "the group has one master")
-        return found[0]
+        assert self.cluster is not None
+        return self.cluster.nameserver_addresses[0]
 
     def in_sync(self) -> list[int]:
-        state = self.brokers[self.master()].health(timeout_s=2.0)
+        assert self.cluster is not None
+        state = self.cluster.master(GROUP, 60).health(timeout_s=2.0)
         return list(state["in_sync_ids"]) if state else []
 
     def throttle(self, rate_kib_s: int) -> None:
@@ -97,16 +74,9 @@ class SyncGroup:
         )  # fmt: skip
 
     def stop(self) -> None:
-        for broker in self.brokers.values():
-            broker.kill()
-        if self.nameserver is not None:
-            self.nameserver.kill()
+        if self.cluster is not None:
+            self.cluster.stop()
         self.net.destroy()
-
-
-def _role(broker: BrokerProcess) -> str:
-    state = broker.health(timeout_s=2.0)
-    return str(state["role"]) if state is not None else "unreachable"
 
 
 async def _cell(group: SyncGroup, seconds: float, senders: int) -> dict[str, Any]:
@@ -128,7 +98,7 @@ async def _cell(group: SyncGroup, seconds: float, senders: int) -> dict[str, Any
                 outcomes[result.status.name] += 1
 
         async def watch() -> None:
-            slow_id = int(SLOW[1:])
+            slow_id = SLOW_ID
             was = True
             while time.perf_counter() < deadline:
                 now = slow_id in await asyncio.to_thread(group.in_sync)
