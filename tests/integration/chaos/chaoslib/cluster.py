@@ -2,10 +2,11 @@
 failover controller), two broker groups of a master and a slave, and a client host for
 the workload — each node in its own network namespace (:mod:`chaoslib.net`).
 
-The cluster writes every fault it makes into the history, so the checker knows what
-happened when. Brokers keep their data directories across restarts, as rebooted
-machines would. :meth:`Cluster.close` kills whatever is still running and removes the
-namespaces, on success and on failure alike.
+The processes are started by the testing member's ``ClusterBuilder`` (the network here
+is its :class:`~metaq.testing.cluster.Hosts`). The cluster writes every fault it makes
+into the history, so the checker knows what happened when. Brokers keep their data
+directories across restarts, as rebooted machines would. :meth:`Cluster.close` kills
+whatever is still running and removes the namespaces, on success and on failure alike.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,18 +30,13 @@ from chaoslib import disk
 from chaoslib.history import HistoryTail, HistoryWriter
 from chaoslib.net import Network
 from chaoslib.workload import ConsumerSpec, ProducerSpec, WorkloadSpec
-from metaq.client.admin import Admin, TopicSettings
 from metaq.client.routes import RouteCache
 from metaq.common.v1 import control_pb2 as pb
 from metaq.common.v1 import control_pb2_grpc
 from metaq.testing import BrokerProcess
-from metaq.testing.broker_process import broker_command
-from metaq.testing.nameserver_process import (
-    NameServerProcess,
-    free_ports,
-    nameserver_command,
-    start_nameserver,
-)
+from metaq.testing.cluster import Cluster as Processes
+from metaq.testing.cluster import ClusterBuilder, broker_node
+from metaq.testing.nameserver_process import NameServerProcess
 from metaq.testing.waiting import wait_until
 
 CHAOS_DIR: Final = Path(__file__).resolve().parent.parent
@@ -50,7 +47,6 @@ CLIENT: Final = "client"
 QUEUES: Final = 4
 # topic -> (broker group holding it, ordered)
 TOPICS: Final = {"chaos-a": ("a", False), "chaos-b": ("b", False), "chaos-ordered": ("a", True)}
-GRPC_PORT, RAFT_PORT, DATA_PORT, HTTP_PORT = 9876, 9877, 10911, 10912
 # Failure detection as the failover tests use it; the rest are the production defaults.
 FAST: Final = ("replica_lag_max_ms=2000", "replication_timeout_ms=1000")
 POLL_S: Final = 0.05
@@ -93,18 +89,35 @@ class ClusterSpec:
     small_disk_mib: int = 256
 
 
+@dataclass(frozen=True)
+class OnNetwork:
+    """The chaos network as the cluster builder's hosts (:class:`metaq.testing.cluster.Hosts`):
+    the builder's ``broker-a-0`` is node ``a0`` here, its ``ns0`` is ``ns0``."""
+
+    net: Network
+
+    def address(self, node: str) -> str:
+        return self.net.address(_node(node))
+
+    def command(self, node: str, argv: Sequence[str]) -> list[str]:
+        return self.net.command(_node(node), argv)
+
+
+def _node(builder_node: str) -> str:
+    group, _, broker_id = builder_node.rpartition("-")
+    return f"{group.removeprefix('broker-')}{broker_id}" if group else builder_node
+
+
 @dataclass
 class Cluster:
     work_dir: Path
     spec: ClusterSpec
     history: HistoryWriter
     net: Network = field(init=False)
-    nameservers: dict[str, NameServerProcess] = field(default_factory=dict)
-    brokers: dict[str, BrokerProcess] = field(default_factory=dict)
+    processes: Processes | None = None
+    """The nameservers and brokers, started by the testing member's ClusterBuilder."""
     workload: subprocess.Popen[bytes] | None = None
     tail: HistoryTail = field(init=False)
-    _ns_args: dict[str, list[str]] = field(default_factory=dict)
-    _broker_args: dict[str, list[str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.tail = HistoryTail(self.history.path)
@@ -118,85 +131,69 @@ class Cluster:
             "network", namespaces=self.net.namespaces, why_loopback=self.net.why_loopback,
             hosts={n: h.address for n, h in self.net.hosts.items()},
         )  # fmt: skip
-        self._start_nameservers()
+        self.processes = Processes(self._builder(), self.work_dir)
         for node in self.spec.small_disks:
             disk.mount_small_disk(self.data_dir(node), self.spec.small_disk_mib)
-        for node in self.spec.brokers:
-            self._broker_args[node] = self._broker_flags(node)
-            self.start_broker(node)
+        self.processes.start()
         for group in GROUPS:
             self.wait_master(group)
-        self._create_topics()
+        for topic, (group, ordered) in TOPICS.items():
+            asyncio.run(self.processes.create_topic(
+                topic, queues=QUEUES, groups=[broker_name(group)], ordered=ordered, timeout_s=30
+            ))  # fmt: skip
         for group in GROUPS:
             self.wait_in_sync(group)
 
-    def _start_nameservers(self) -> None:
-        if self.net.namespaces:
-            grpc_ports = {n: GRPC_PORT for n in NAMESERVERS}
-            raft = {n: f"{self.net.address(n)}:{RAFT_PORT}" for n in NAMESERVERS}
-        else:
-            ports = free_ports(2 * len(NAMESERVERS))
-            grpc_ports = {n: ports[2 * i] for i, n in enumerate(NAMESERVERS)}
-            raft = {n: f"127.0.0.1:{ports[2 * i + 1]}" for i, n in enumerate(NAMESERVERS)}
-        peers = ",".join(raft[n] for n in NAMESERVERS)
-        for node in NAMESERVERS:
-            self._ns_args[node] = [
-                "--listen-host", self.net.address(node), "--grpc-port", str(grpc_ports[node]),
-                "--controller-address", raft[node], "--controller-peers", peers,
-                *self.spec.nameserver_args,
-            ]  # fmt: skip
-            self.start_nameserver(node)
+    def _builder(self) -> ClusterBuilder:
+        """Three nameservers (one controller group) and the spec's brokers, each on its own
+        host when the network has namespaces (then on the deployed ports)."""
+        replicas = Counter(group_of(node) for node in self.spec.brokers)
+        lossy = ["env", python_path(), sys.executable, "-m", "chaoslib.lossy_broker"]
+        return ClusterBuilder(
+            nameservers=len(NAMESERVERS),
+            groups=tuple(broker_name(g) for g in GROUPS),
+            group_replicas={broker_name(g): count for g, count in replicas.items()},
+            replication_mode=self.spec.replication_mode,
+            min_in_sync=self.spec.min_in_sync,
+            nameserver_args=self.spec.nameserver_args,
+            broker_args=("--flush-mode", self.spec.flush_mode,
+                         *(arg for setting in self.spec.settings for arg in ("--set", setting))),
+            broker_command=lossy if self.spec.lossy else None,
+            hosts=OnNetwork(self.net) if self.net.namespaces else None,
+        )  # fmt: skip
+
+    def _started(self) -> Processes:
+        assert self.processes is not None, "start() first"
+        return self.processes
+
+    @property
+    def nameservers(self) -> dict[str, NameServerProcess]:
+        started = self.processes.nameservers if self.processes is not None else []
+        return dict(zip(NAMESERVERS, started, strict=False))
+
+    @property
+    def brokers(self) -> dict[str, BrokerProcess]:
+        started = self.processes.brokers if self.processes is not None else {}
+        return {_node(broker_node(name, i)): b for (name, i), b in started.items()}
 
     def start_nameserver(self, node: str) -> NameServerProcess:
-        server = start_nameserver(
-            self.work_dir / node, *self._ns_args[node],
-            command=self.net.command(node, nameserver_command()),
-        )  # fmt: skip
-        self.nameservers[node] = server
-        return server
+        """Start ``node`` again, on its directory, address and ports."""
+        return self._started().start_nameserver(NAMESERVERS.index(node))
 
     def raft_address(self, node: str) -> str:
         """The nameserver's controller (Raft) address, host:port."""
-        args = self._ns_args[node]
-        return args[args.index("--controller-address") + 1]
+        return self.nameservers[node].raft_address
 
     @property
     def nameserver_addresses(self) -> list[str]:
-        return [self.nameservers[n].grpc_address for n in NAMESERVERS]
-
-    def _broker_flags(self, node: str) -> list[str]:
-        namespaced = self.net.namespaces
-        flags = [
-            "--broker-name", broker_name(group_of(node)), "--broker-id", str(broker_id(node)),
-            "--listen-host", self.net.address(node),
-            "--data-port", str(DATA_PORT if namespaced else 0),
-            "--http-port", str(HTTP_PORT if namespaced else 0),
-            "--flush-mode", self.spec.flush_mode,
-            "--set", f"replication_mode={self.spec.replication_mode}",
-            "--set", f"min_in_sync_replicas={self.spec.min_in_sync}",
-        ]  # fmt: skip
-        for address in self.nameserver_addresses:
-            flags += ["--nameserver", address]
-        for setting in self.spec.settings:
-            flags += ["--set", setting]
-        return flags
-
-    def _broker_command(self, node: str) -> list[str]:
-        if self.spec.lossy:
-            base = ["env", python_path(), sys.executable, "-m", "chaoslib.lossy_broker"]
-        else:
-            base = broker_command()
-        return self.net.command(node, base)
+        return self._started().nameserver_addresses
 
     def data_dir(self, node: str) -> Path:
-        return self.work_dir / node / "data"
+        return self._started().data_dir(broker_name(group_of(node)), broker_id(node))
 
     def start_broker(self, node: str) -> BrokerProcess:
-        broker = BrokerProcess.start(
-            self.data_dir(node), *self._broker_args[node], command=self._broker_command(node)
-        )
-        self.brokers[node] = broker
-        return broker
+        """Start ``node`` again, on its data."""
+        return self._started().start_broker(broker_name(group_of(node)), broker_id(node))
 
     def close(self) -> None:
         """Kill everything still running and remove the network; never raises."""
@@ -381,17 +378,6 @@ class Cluster:
             )
 
         wait_until(caught_up, timeout_s, f"{node} caught up with its master", poll_s=0.1)
-
-    def _create_topics(self) -> None:
-        for topic, (group, ordered) in TOPICS.items():
-            master = self.brokers[self.wait_master(group)]
-            settings = TopicSettings(QUEUES, QUEUES, "read-write", ordered)
-            asyncio.run(Admin().put_topic(master.http_url, topic, settings))
-
-        def routed() -> bool:
-            return asyncio.run(all_routed(self.nameserver_addresses))
-
-        wait_until(routed, 30.0, "every nameserver routes the chaos topics", poll_s=0.2)
 
     # --- faults (each one recorded) -------------------------------------------------------
 
