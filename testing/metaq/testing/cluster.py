@@ -138,11 +138,13 @@ class ClusterBuilder:
         if hosts is not None:
             flags = [["--listen-host", hosts.address(n), "--grpc-port", str(GRPC_PORT)]
                      for n in nodes]  # fmt: skip
-            raft = [f"{hosts.address(n)}:{RAFT_PORT}" for n in nodes]
         else:
             flags = [[] for _ in nodes]
-            raft = [f"127.0.0.1:{port}" for port in free_ports(count)]
         if count > 1:
+            if hosts is not None:
+                raft = [f"{hosts.address(n)}:{RAFT_PORT}" for n in nodes]
+            else:
+                raft = [f"127.0.0.1:{port}" for port in free_ports(count)]
             for own, controller in zip(flags, controller_flags(raft), strict=True):
                 own += controller
         common: list[str] = []
