@@ -20,6 +20,7 @@ import pytest
 from metaq.client.admin import Admin
 from metaq.client.errors import BrokerAdminError
 from metaq.testing import BrokerProcess, cluster_secret_for_tests, run_async
+from metaq.testing.cluster import ClusterBuilder
 from metaq.testing.http_signing import http_json
 from metaq.testing.nameserver_process import NameServerProcess, start_nameserver
 
@@ -63,19 +64,15 @@ def guarded(
     secret_file.write_text(SECRET + "\n")
     secret_file.chmod(0o600)
     settings = _settings(scheme, secret_file)
-    nameserver = start_nameserver(
-        work / "ns", "--http-port", "0", "--metrics-auth", scheme,
-        "--metrics-auth-file", str(secret_file), "--metrics-auth-user", USER,
+    builder = ClusterBuilder(
+        groups=(GROUP,),
+        nameserver_args=("--http-port", "0", "--metrics-auth", scheme,
+                         "--metrics-auth-file", str(secret_file), "--metrics-auth-user", USER),
+        broker_args=tuple(arg for s in settings for arg in ("--set", s)),
+        health_headers={"Authorization": _header(scheme, SECRET)},
     )  # fmt: skip
-    try:
-        with BrokerProcess.start(
-            work / "broker", "--broker-name", GROUP, "--nameserver", nameserver.grpc_address,
-            *(arg for s in settings for arg in ("--set", s)),
-            health_headers={"Authorization": _header(scheme, SECRET)},
-        ) as broker:  # fmt: skip
-            yield Guarded(scheme, nameserver, broker)
-    finally:
-        nameserver.stop()
+    with builder.start(work / "cluster") as cluster:
+        yield Guarded(scheme, cluster.nameservers[0], cluster.broker(GROUP))
 
 
 def _text(url: str, headers: dict[str, str]) -> str:

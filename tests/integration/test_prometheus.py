@@ -16,7 +16,7 @@ import shutil
 import subprocess
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -28,8 +28,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from metaq.client.admin import Admin, TopicSettings
 from metaq.common.record import encode
 from metaq.testing import BrokerProcess, DataClient
-from metaq.testing.cluster import ClusterBuilder, Group
-from metaq.testing.nameserver_process import NameServerProcess, free_ports, start_nameserver
+from metaq.testing.cluster import Cluster, ClusterBuilder, Group
+from metaq.testing.nameserver_process import NameServerProcess, free_ports
 from metaq.testing.replica_group import GROUP, TOPIC
 from metaq.testing.waiting import run_async, wait_until, wait_until_async
 
@@ -377,52 +377,46 @@ def example_config_with_the_token(token: Path) -> dict[str, Any]:
 
 
 def test_prometheus_scrapes_servers_with_metrics_auth_as_the_example_config_says(
-    tmp_path: Path,
+    tmp_path: Path, cluster_factory: Callable[[ClusterBuilder], Cluster]
 ) -> None:
     token = tmp_path / "metrics-token"
     token.write_text("a-token-prometheus-and-the-servers-share\n")
     token.chmod(0o600)
     auth = ["metrics_auth=bearer", f"metrics_auth_file={token}"]
-    nameserver = start_nameserver(
-        tmp_path / "ns", "--http-port", "0", "--metrics-auth", "bearer",
-        "--metrics-auth-file", str(token),
-    )  # fmt: skip
-    try:
-        with BrokerProcess.start(
-            tmp_path / "broker", "--broker-name", GROUP, "--nameserver", nameserver.grpc_address,
-            *(arg for setting in auth for arg in ("--set", setting)),
+    cluster = cluster_factory(
+        ClusterBuilder(
+            groups=(GROUP,),
+            nameserver_args=("--http-port", "0", "--metrics-auth", "bearer",
+                             "--metrics-auth-file", str(token)),
+            broker_args=tuple(arg for setting in auth for arg in ("--set", setting)),
             health_headers={"Authorization": "Bearer a-token-prometheus-and-the-servers-share"},
-        ) as broker:  # fmt: skip
-            config = example_config_with_the_token(token)
-            if PROMTOOL is not None:
-                checked = tmp_path / "prometheus.yml"
-                checked.write_text(json.dumps({**config, "rule_files": []}))
-                command = [PROMTOOL, "check", "config", str(checked)]
-                done = subprocess.run(
-                    command, capture_output=True, text=True, timeout=60, check=False
-                )
-                assert done.returncode == 0, done.stdout + done.stderr
-            jobs = config["scrape_configs"]
-            jobs[0]["static_configs"] = [{"targets": [host_port(broker.http_url)]}]
-            jobs[1]["static_configs"] = [{"targets": [nameserver.http_address]}]
-            with running_prometheus(tmp_path / "prometheus", jobs) as prometheus:
-                wait_until(
-                    lambda: (
-                        prometheus.value('up{job="metaq-broker"}') == 1
-                        and prometheus.value('up{job="metaq-nameserver"}') == 1
-                    ),
-                    20,
-                    "prometheus scrapes both servers with the token",
-                    poll_s=0.2,
-                )
-                assert prometheus.value('metaq_is_master{job="metaq-broker"}') == 1
-                wait_until(
-                    lambda: (
-                        prometheus.value(f'metaq_group_has_master{{broker_group="{GROUP}"}}') == 1
-                    ),
-                    20,
-                    "prometheus has the nameserver's view of the group",
-                    poll_s=0.2,
-                )
-    finally:
-        nameserver.stop()
+        )
+    )  # fmt: skip
+    nameserver, broker = cluster.nameservers[0], cluster.broker(GROUP)
+    config = example_config_with_the_token(token)
+    if PROMTOOL is not None:
+        checked = tmp_path / "prometheus.yml"
+        checked.write_text(json.dumps({**config, "rule_files": []}))
+        command = [PROMTOOL, "check", "config", str(checked)]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+        assert done.returncode == 0, done.stdout + done.stderr
+    jobs = config["scrape_configs"]
+    jobs[0]["static_configs"] = [{"targets": [host_port(broker.http_url)]}]
+    jobs[1]["static_configs"] = [{"targets": [nameserver.http_address]}]
+    with running_prometheus(tmp_path / "prometheus", jobs) as prometheus:
+        wait_until(
+            lambda: (
+                prometheus.value('up{job="metaq-broker"}') == 1
+                and prometheus.value('up{job="metaq-nameserver"}') == 1
+            ),
+            20,
+            "prometheus scrapes both servers with the token",
+            poll_s=0.2,
+        )
+        assert prometheus.value('metaq_is_master{job="metaq-broker"}') == 1
+        wait_until(
+            lambda: prometheus.value(f'metaq_group_has_master{{broker_group="{GROUP}"}}') == 1,
+            20,
+            "prometheus has the nameserver's view of the group",
+            poll_s=0.2,
+        )

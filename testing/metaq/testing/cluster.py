@@ -78,7 +78,8 @@ class ClusterBuilder:
     processes last, in that order, so they win over what the builder sets. ``broker_command``
     replaces the installed ``metaq-broker`` (it must exec the broker). With ``hosts``
     every process runs on its own host, on the deployed ports; without, all run on
-    loopback on free ports.
+    loopback on free ports. ``health_headers`` go with every ``/health`` the builder and
+    the tests ask a broker (the scrape credentials of brokers with ``metrics_auth``).
     """
 
     nameservers: int = 1
@@ -100,6 +101,7 @@ class ClusterBuilder:
     node_args: Mapping[str, Sequence[str]] = field(default_factory=dict)
     broker_command: Sequence[str] | None = None
     hosts: Hosts | None = None
+    health_headers: Mapping[str, str] = field(default_factory=dict)
 
     def start(self, work_dir: Path) -> Cluster:
         """Start the cluster under ``work_dir`` (see :meth:`Cluster.start`)."""
@@ -286,6 +288,7 @@ class Cluster:
             ready_timeout_s=builder.ready_timeout_s,
             command=command,
             tls=self.tls,
+            health_headers=builder.health_headers,
         )
         self.brokers[(group, broker_id)] = broker
         return broker
