@@ -512,8 +512,9 @@ def test_a_broker_left_no_descriptor_for_connections_says_it_cannot_serve(
     _, hard = resource.prlimit(broker.proc.pid, resource.RLIMIT_NOFILE)
     admin = Admin()
     assert run_async(admin.health(broker.http_url)).status == "ok"
-    # Only fd_reserve (1024) left beside what the broker holds: no connection fits.
-    set_soft_nofile(broker, held_descriptors(broker) + 1024)
+    # Less than fd_reserve (1024) left beside what the broker holds: no connection fits,
+    # even when a descriptor open at this count (a checkpoint, a scrape) closes after it.
+    set_soft_nofile(broker, held_descriptors(broker) + 1024 - 8)
 
     def unhealthy() -> bool:
         state = run_async(admin.health(broker.http_url))
@@ -522,7 +523,7 @@ def test_a_broker_left_no_descriptor_for_connections_says_it_cannot_serve(
     wait_until(unhealthy, 30.0, "/health says the broker cannot serve")
     metrics = run_async(admin.metrics(broker.http_url))
     assert metrics[("metaq_writable", ())] == 0
-    assert metrics[("metaq_connection_slots", ())] == 0
+    assert metrics[("metaq_connection_slots", ())] <= 0
     set_soft_nofile(broker, hard)
     wait_until(
         lambda: run_async(admin.health(broker.http_url)).status == "ok",
