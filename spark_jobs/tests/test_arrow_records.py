@@ -96,3 +96,35 @@ def test_a_damaged_record_is_refused() -> None:
 def test_an_empty_payload_is_an_empty_batch() -> None:
     assert to_arrow("b", "t", [memoryview(b"")]).num_rows == 0
     assert to_arrow("b", "t", []).num_rows == 0
+
+
+def test_only_the_columns_asked_for_are_built_in_their_order() -> None:
+    records = [
+        stored("t", b"a", 0, tags="red", keys=("k",), properties={"p": "1"}),
+        stored("t", b"b", 1, tags="blue"),
+    ]
+    batch = to_arrow("b", "t", [payload_of(records)], columns=("offset", "body"))
+    assert batch.schema.names == ["offset", "body"]
+    assert batch.to_pylist() == [{"offset": 0, "body": b"a"}, {"offset": 1, "body": b"b"}]
+
+
+def test_a_body_only_read_decodes_neither_keys_nor_properties() -> None:
+    # Keys and properties that are not UTF-8 fail a read that asks for them, and only that.
+    rec = stored("t", b"body", 0, keys=("k",), properties={"p": "1"})
+    at = rec.index(b"k", record.HEADER_SIZE + 1)
+    rec[at] = 0xFF
+    record.seal(rec, 0, len(rec))
+    with pytest.raises(InvalidRecord, match="keys are not UTF-8"):
+        to_arrow("b", "t", [payload_of([rec])])
+    assert to_arrow("b", "t", [payload_of([rec])], columns=("body",)).to_pylist() == [
+        {"body": b"body"}
+    ]
+
+
+def test_rows_outside_the_store_time_bounds_are_dropped() -> None:
+    records = [stored("t", b"m%d" % i, i) for i in range(3)]
+    for i, rec in enumerate(records):
+        record.STAMP.pack_into(rec, record.STAMP_AT, 4096 * i, i, 1_000 + i, bytes(8))
+        record.seal(rec, 0, len(rec))
+    batch = to_arrow("b", "t", [payload_of(records)], from_ms=1_001, until_ms=1_002)
+    assert batch.column("offset").to_pylist() == [1]

@@ -7,10 +7,12 @@ import itertools
 
 import pytest
 from pyspark.sql.datasource import EqualTo, GreaterThanOrEqual, In, LessThan, StringContains
+from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
 
 from metaq.spark.options import OptionError, parse_source_options
 from metaq.spark.plan import QueueRange, split
 from metaq.spark.pushdown import Pushed, push
+from metaq.spark.schema import Projection, SchemaError
 from metaq.spark.stream import cap
 
 NS = {"nameservers": "127.0.0.1:9876"}
@@ -79,3 +81,28 @@ def test_pushed_filters_become_tags_queues_and_a_time_range() -> None:
     assert pushed.until_ms == pushed.from_ms + 1000
     # Time bounds are checked again by Spark; unsupported filters stay with Spark.
     assert rest == [filters[2], filters[3], filters[4]]
+
+
+def test_a_user_schema_projects_columns_by_name_in_its_order() -> None:
+    fields = [StructField("offset", LongType()), StructField("BODY", BinaryType())]
+    projection = Projection.of(StructType(fields))
+    assert projection.columns == ("offset", "body")
+    assert projection.arrow.names == ["offset", "BODY"]
+
+
+@pytest.mark.parametrize(
+    ("fields", "words"),
+    [
+        ([StructField("value", BinaryType())], ["'value'", "not one of its", "body binary"]),
+        ([StructField("queue", StringType())], ["'queue'", "string", "gives it as int", "cast"]),
+        ([StructField("body", BinaryType()), StructField("Body", BinaryType())], ["twice"]),
+        ([], ["names no column"]),
+    ],
+)
+def test_a_user_schema_naming_what_the_source_lacks_is_refused(
+    fields: list[StructField], words: list[str]
+) -> None:
+    with pytest.raises(SchemaError) as failure:
+        Projection.of(StructType(fields))
+    for word in words:
+        assert word in str(failure.value)

@@ -12,7 +12,8 @@ throughput (docs/spark.md, "Benchmark").
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import itertools
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 import numpy as np
@@ -24,7 +25,7 @@ from zlib_ng.zlib_ng import crc32
 from metaq.common import record
 from metaq.common.errors import InvalidRecord
 from metaq.common.record_dtype import header_dtype
-from metaq.spark.schema import ARROW_SCHEMA
+from metaq.spark.schema import ARROW_SCHEMA, COLUMNS
 
 _PREFIX: Final = record.header_view("size", "magic", "crc")
 _HEX: Final = np.frombuffer(b"0123456789abcdef", np.uint8)
@@ -32,6 +33,7 @@ _KEYS_TYPE: Final = ARROW_SCHEMA.field("keys").type
 _PROPS_TYPE: Final = ARROW_SCHEMA.field("properties").type
 _TIME_TYPE: Final = ARROW_SCHEMA.field("store_timestamp").type
 _INLINE: Final = np.arange(12)
+_PARTS: Final = ("tags_len", "keys_len", "props_len", "body_len")
 # The header fields the columns need.
 _HEADER: Final = header_dtype(
     "size", "flags", "queue_offset", "store_timestamp_ms", "queue_id", "born_timestamp_ms",
@@ -68,50 +70,52 @@ def record_starts(payload: memoryview, *, verify: bool = True) -> list[int]:
 def to_arrow(
     broker: str, topic: str, payloads: Sequence[memoryview], *,
     tags: frozenset[str] | None = None, end_offset: int | None = None,
+    from_ms: int | None = None, until_ms: int | None = None,
+    columns: Sequence[str] = COLUMNS,
 ) -> pa.RecordBatch:  # fmt: skip
-    """The records of ``payloads`` (all of ``topic``, in order) as one batch in
-    :data:`~metaq.spark.schema.ARROW_SCHEMA`; rows whose tags are not in ``tags`` (None:
-    keep all) or whose queue offset is ``end_offset`` or more are dropped."""
+    """The records of ``payloads`` (all of ``topic``, in order) as one batch of ``columns``
+    (named and typed as in :data:`~metaq.spark.schema.ARROW_SCHEMA`), keeping the rows
+    whose tags are in ``tags`` (None: all), whose queue offset is below ``end_offset`` and
+    whose store time is in ``[from_ms, until_ms)``. Only the columns asked for are built:
+    a body-only read neither decodes keys and properties nor formats ids."""
     name = topic.encode()
     runs = [_Run(payload, name) for payload in payloads]
-    n = sum(len(run.starts) for run in runs)
-    head = np.concatenate([run.headers for run in runs]) if runs else np.empty(0, _HEADER)
-    # Each row's payload, and where its variable parts start in it.
-    buffer = np.repeat(np.arange(len(runs), dtype=np.int64), [len(r.starts) for r in runs])
-    start = np.concatenate([run.starts for run in runs]) if runs else np.empty(0, np.int64)
-    tags_len = head["tags_len"].astype(np.int64)
-    keys_len = head["keys_len"].astype(np.int64)
-    props_len = head["props_len"].astype(np.int64)
-    body_len = head["body_len"].astype(np.int64)
-    tags_at = start + record.HEADER_SIZE + len(name)
-    keys_at = tags_at + tags_len
-    props_at = keys_at + keys_len
-    body_at = props_at + props_len
-    parts = _Parts(runs, buffer)
-    tags_col = parts.strings(tags_at, tags_len, pa.string())
-    columns: list[Any] = [
-        _constant(name, n),
-        _constant(broker.encode(), n),
-        pa.array(np.ascontiguousarray(head["queue_id"]), pa.int32()),
-        pa.array(np.ascontiguousarray(head["queue_offset"]), pa.int64()),
-        _hex_ids(head["msg_id"]),
-        parts.keys(keys_at, keys_len),
-        tags_col,
-        parts.properties(props_at, props_len),
-        parts.bodies(body_at, body_len, head["flags"]),
-        pa.array(head["born_timestamp_ms"] * 1000, _TIME_TYPE),
-        pa.array(head["store_timestamp_ms"] * 1000, _TIME_TYPE),
-    ]
-    batch = pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)
-    keep = None
-    if tags is not None:
-        keep = pc.is_in(tags_col, value_set=pa.array(sorted(tags), pa.string()))
+    rows = _Rows.of(runs, len(name))
+    head = rows.head
+    keep = np.ones(len(head), bool)
     if end_offset is not None:
-        below = pc.less(batch.column(3), end_offset)
-        keep = below if keep is None else pc.and_(keep, below)
-    if keep is not None and not pc.all(keep).as_py():
-        batch = batch.filter(keep)
-    return batch
+        keep &= head["queue_offset"] < end_offset
+    if from_ms is not None:
+        keep &= head["store_timestamp_ms"] >= from_ms
+    if until_ms is not None:
+        keep &= head["store_timestamp_ms"] < until_ms
+    tags_col = None
+    if tags is not None:
+        tags_col = rows.tags()
+        wanted = pa.array(sorted(tags), pa.string())
+        keep &= pc.is_in(tags_col, value_set=wanted).to_numpy(zero_copy_only=False)
+    if not keep.all():
+        rows = rows.take(keep)
+        if tags_col is not None:
+            tags_col = tags_col.filter(pa.array(keep))
+    head = rows.head
+    n = len(head)
+    build: dict[str, Callable[[], pa.Array]] = {
+        "topic": lambda: _constant(name, n),
+        "broker": lambda: _constant(broker.encode(), n),
+        "queue": lambda: pa.array(np.ascontiguousarray(head["queue_id"]), pa.int32()),
+        "offset": lambda: pa.array(np.ascontiguousarray(head["queue_offset"]), pa.int64()),
+        "msg_id": lambda: _hex_ids(head["msg_id"]),
+        "keys": rows.keys,
+        "tags": lambda: rows.tags() if tags_col is None else tags_col,
+        "properties": rows.properties,
+        "body": rows.bodies,
+        "born_timestamp": lambda: pa.array(head["born_timestamp_ms"] * 1000, _TIME_TYPE),
+        "store_timestamp": lambda: pa.array(head["store_timestamp_ms"] * 1000, _TIME_TYPE),
+    }
+    return pa.RecordBatch.from_arrays(
+        [build[c]() for c in columns], schema=pa.schema([ARROW_SCHEMA.field(c) for c in columns])
+    )
 
 
 class _Run:
@@ -148,14 +152,52 @@ def _gather(raw: npt.NDArray[np.uint8], at: Ints, dtype: np.dtype[Any]) -> Any:
     return every[at]
 
 
-class _Parts:
-    """The variable parts of the rows of ``runs``: byte ranges of their payloads."""
+class _Rows:
+    """The rows of ``runs``: each one's header, payload and record start; the variable
+    parts (tags, keys, properties, body) are byte ranges of the payloads, read on demand."""
 
-    def __init__(self, runs: list[_Run], buffer: Ints) -> None:
+    def __init__(
+        self, runs: list[_Run], head: Any, buffer: Ints, start: Ints, name_len: int
+    ) -> None:
         self.runs = runs
+        self.head = head
         self.buffer = buffer
-        ends = np.cumsum([len(run.starts) for run in runs]).tolist()
-        self.rows = [slice(a, b) for a, b in zip([0, *ends], ends, strict=False)]
+        self.start = start
+        self.name_len = name_len
+        # Rows stay in payload order, so each payload's rows are one slice.
+        bounds = np.searchsorted(buffer, np.arange(len(runs) + 1)).tolist()
+        self.rows = [slice(a, b) for a, b in itertools.pairwise(bounds)]
+
+    @classmethod
+    def of(cls, runs: list[_Run], name_len: int) -> _Rows:
+        if not runs:
+            return cls(runs, np.empty(0, _HEADER), np.empty(0, np.int64), np.empty(0, np.int64), 0)
+        buffer = np.repeat(np.arange(len(runs), dtype=np.int64), [len(r.starts) for r in runs])
+        head = np.concatenate([run.headers for run in runs])
+        return cls(runs, head, buffer, np.concatenate([run.starts for run in runs]), name_len)
+
+    def take(self, keep: npt.NDArray[np.bool_]) -> _Rows:
+        return _Rows(self.runs, self.head[keep], self.buffer[keep], self.start[keep], self.name_len)
+
+    def _part(self, length: str) -> tuple[Ints, Ints]:
+        """Where each row's variable part ``length`` names starts, and its length: the
+        parts follow the topic name in the order of :data:`_PARTS`."""
+        at = self.start + record.HEADER_SIZE + self.name_len
+        for before in _PARTS[: _PARTS.index(length)]:
+            at = at + self.head[before].astype(np.int64)
+        return at, self.head[length].astype(np.int64)
+
+    def tags(self) -> pa.Array:
+        return self.strings(*self._part("tags_len"), pa.string())
+
+    def keys(self) -> pa.Array:
+        return self._keys(*self._part("keys_len"))
+
+    def properties(self) -> pa.Array:
+        return self._properties(*self._part("props_len"))
+
+    def bodies(self) -> pa.Array:
+        return self._bodies(*self._part("body_len"), self.head["flags"])
 
     def strings(self, at: Ints, lengths: Ints, kind: pa.DataType) -> pa.Array:
         """The byte ranges ``[at, at + lengths)`` as one string (or binary) array.
@@ -193,7 +235,7 @@ class _Parts:
         except pa.ArrowInvalid as exc:
             raise InvalidRecord(f"a text field of a record is not UTF-8: {exc}") from None
 
-    def bodies(self, at: Ints, lengths: Ints, flags: Any) -> pa.Array:
+    def _bodies(self, at: Ints, lengths: Ints, flags: Any) -> pa.Array:
         compressed = (flags & record.FLAG_COMPRESSED) != 0
         if not compressed.any():
             return self.strings(at, lengths, pa.binary())
@@ -203,7 +245,7 @@ class _Parts:
         ]
         return pa.array(bodies, pa.binary())
 
-    def keys(self, at: Ints, lengths: Ints) -> pa.Array:
+    def _keys(self, at: Ints, lengths: Ints) -> pa.Array:
         n = len(at)
         if not lengths.any():
             return pa.ListArray.from_arrays(
@@ -215,7 +257,7 @@ class _Parts:
             raise InvalidRecord(f"a record's keys are not UTF-8: {exc}") from None
         return pa.array(rows, _KEYS_TYPE)
 
-    def properties(self, at: Ints, lengths: Ints) -> pa.Array:
+    def _properties(self, at: Ints, lengths: Ints) -> pa.Array:
         n = len(at)
         if not lengths.any():
             return pa.MapArray.from_arrays(

@@ -13,6 +13,8 @@ from collections.abc import Collection, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from pyspark.sql.datasource import InputPartition
+
 from metaq.client.admin import Admin
 from metaq.client.errors import NoNameServer, UnknownTopic
 from metaq.client.pull_consumer import PullConsumer
@@ -49,6 +51,17 @@ class QueueRange:
     @property
     def size(self) -> int:
         return max(self.end - self.start, 0)
+
+
+@dataclass(frozen=True)
+class RangePartition(InputPartition):
+    """One Spark partition: a queue's offset range, the tag filter to pull it with, and
+    the store-time bounds ``[from_ms, until_ms)`` its rows must fall in (None: open)."""
+
+    range: QueueRange
+    tags: str
+    from_ms: int | None = None
+    until_ms: int | None = None
 
 
 @dataclass(frozen=True)

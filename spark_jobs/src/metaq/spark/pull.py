@@ -23,7 +23,8 @@ from metaq.common.errors import MetaqError
 from metaq.common.model import QueueRoute
 from metaq.spark.arrow_records import to_arrow
 from metaq.spark.options import SourceOptions
-from metaq.spark.plan import QueueRange
+from metaq.spark.plan import QueueRange, RangePartition
+from metaq.spark.schema import Projection
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +45,12 @@ class DataLoss(MetaqError):
     retriable = False
 
 
-def read_range(options: SourceOptions, rng: QueueRange, tags: str) -> Iterator[pa.RecordBatch]:
-    """Every message of ``rng`` (matching ``tags``), in offset order, as Arrow batches."""
+def read_range(
+    options: SourceOptions, partition: RangePartition, projection: Projection
+) -> Iterator[pa.RecordBatch]:
+    """Every message of the partition's range (matching its tags and store-time bounds), in
+    offset order, as Arrow batches of the projection's columns."""
+    rng = partition.range
     if rng.size <= 0:
         return
     loop = uvloop.new_event_loop()
@@ -55,7 +60,7 @@ def read_range(options: SourceOptions, rng: QueueRange, tags: str) -> Iterator[p
         request_timeout_s=options.request_timeout_s,
         tls=options.tls,
     )
-    tag_filter = TagFilter.parse(tags)
+    tag_filter = TagFilter.parse(partition.tags)
     try:
         reader = _RangeReader(options, rng, tag_filter, consumer)
         while True:
@@ -63,10 +68,12 @@ def read_range(options: SourceOptions, rng: QueueRange, tags: str) -> Iterator[p
             if not payloads:
                 return
             batch = to_arrow(
-                rng.broker, rng.topic, payloads, tags=tag_filter.tags, end_offset=rng.end
-            )
+                rng.broker, rng.topic, payloads, tags=tag_filter.tags, end_offset=rng.end,
+                from_ms=partition.from_ms, until_ms=partition.until_ms,
+                columns=projection.columns,
+            )  # fmt: skip
             if batch.num_rows:
-                yield batch
+                yield projection.fit(batch)
     finally:
         loop.run_until_complete(consumer.close())
         loop.close()

@@ -8,7 +8,6 @@ through :mod:`metaq.spark.pull`.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -27,18 +26,10 @@ from metaq.client.pull_consumer import PullConsumer
 from metaq.client.routes import RouteCache
 from metaq.spark import plan
 from metaq.spark.options import SourceOptions, parse_sink_options, parse_source_options
-from metaq.spark.plan import PLANNER_GROUP, QueueRange
+from metaq.spark.plan import PLANNER_GROUP, QueueRange, RangePartition
 from metaq.spark.pull import read_range
 from metaq.spark.pushdown import Pushed, push
-from metaq.spark.schema import SCHEMA_DDL
-
-
-@dataclass(frozen=True)
-class RangePartition(InputPartition):
-    """One Spark partition: a queue's offset range and the tag filter to pull it with."""
-
-    range: QueueRange
-    tags: str
+from metaq.spark.schema import FULL, SCHEMA_DDL, Projection
 
 
 class MetaqDataSource(DataSource):
@@ -53,12 +44,16 @@ class MetaqDataSource(DataSource):
         return SCHEMA_DDL
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return MetaqBatchReader(parse_source_options(self.options, streaming=False))
+        return MetaqBatchReader(
+            parse_source_options(self.options, streaming=False), Projection.of(schema)
+        )
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         from metaq.spark.stream import MetaqStreamReader
 
-        return MetaqStreamReader(parse_source_options(self.options, streaming=True))
+        return MetaqStreamReader(
+            parse_source_options(self.options, streaming=True), Projection.of(schema)
+        )
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         from metaq.spark.writer import MetaqBatchWriter
@@ -74,8 +69,9 @@ class MetaqDataSource(DataSource):
 class MetaqBatchReader(DataSourceReader):
     """One partition per (topic, broker group, queue, offset range); filters pushed down."""
 
-    def __init__(self, options: SourceOptions) -> None:
+    def __init__(self, options: SourceOptions, projection: Projection = FULL) -> None:
         self.options = options
+        self.projection = projection
         self.pushed = Pushed()
 
     def pushFilters(self, filters: list[Filter]) -> Sequence[Filter]:
@@ -87,11 +83,15 @@ class MetaqBatchReader(DataSourceReader):
         if tags is None:
             return []
         ranges = plan.run(plan_batch(self.options, self.pushed))
-        return [RangePartition(r, tags) for r in plan.split(ranges, self.options.min_partitions)]
+        p = self.pushed
+        return [
+            RangePartition(r, tags, p.from_ms, p.until_ms)
+            for r in plan.split(ranges, self.options.min_partitions)
+        ]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if isinstance(partition, RangePartition):  # Spark sends a bare one when there are none
-            yield from read_range(self.options, partition.range, partition.tags)
+            yield from read_range(self.options, partition, self.projection)
 
 
 async def plan_batch(options: SourceOptions, pushed: Pushed) -> list[QueueRange]:

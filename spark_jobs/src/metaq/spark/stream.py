@@ -24,9 +24,9 @@ from metaq.client.pull_consumer import PullConsumer
 from metaq.client.routes import RouteCache
 from metaq.spark import plan
 from metaq.spark.options import SourceOptions
-from metaq.spark.plan import PLANNER_GROUP, QueueRange, QueueState
+from metaq.spark.plan import PLANNER_GROUP, QueueRange, QueueState, RangePartition
 from metaq.spark.pull import read_range
-from metaq.spark.source import RangePartition
+from metaq.spark.schema import FULL, Projection
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +36,9 @@ StreamOffset = dict[str, dict[str, int]]
 class MetaqStreamReader(DataSourceStreamReader):
     """See the module docstring; holds only its options (it is pickled to executors)."""
 
-    def __init__(self, options: SourceOptions) -> None:
+    def __init__(self, options: SourceOptions, projection: Projection = FULL) -> None:
         self.options = options
+        self.projection = projection
 
     def initialOffset(self) -> StreamOffset:
         return plan.run(self._initial())
@@ -73,7 +74,7 @@ class MetaqStreamReader(DataSourceStreamReader):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if isinstance(partition, RangePartition):  # Spark sends a bare one when there are none
-            yield from read_range(self.options, partition.range, partition.tags)
+            yield from read_range(self.options, partition, self.projection)
 
     def commit(self, end: StreamOffset) -> None:
         """Store ``end`` as the consumer group's offsets (option ``consumerGroup``), so
