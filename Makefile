@@ -26,8 +26,10 @@ $(TOOLS)/bin/uv:
 	$(PYTHON) -m venv $(TOOLS)
 	$(TOOLS)/bin/pip install --quiet uv==$(UV_VERSION)
 
+# Bytecode compiled at install: Spark starts fresh Python processes that import pyspark,
+# pyarrow and pandas, and with PYTHONDONTWRITEBYTECODE set nothing else caches it.
 $(STAMP): uv.lock $(PYPROJECTS) $(UV_DEP)
-	$(UV) sync --frozen --all-packages
+	$(UV) sync --frozen --all-packages --compile-bytecode
 	touch $@
 
 # The Debian packages the suite needs (nftables, iproute2, ...): installed when missing,

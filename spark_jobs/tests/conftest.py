@@ -17,16 +17,20 @@ def local_spark(app_name: str = "metaq-tests") -> Any:
     """One local SparkSession for a test run: two cores, a failed task tried up to four
     times (``local[2,4]``; plain ``local`` never retries), loopback only, no UI, two shuffle
     partitions, executors' Python = this interpreter (so they import the installed
-    ``metaq.spark``), ``format("metaq")`` registered."""
+    ``metaq.spark``, and pyspark with its compiled bytecode: metaq.spark.home),
+    ``format("metaq")`` registered."""
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ["PYSPARK_PYTHON"] = sys.executable
-    # Python workers import pyspark, pyarrow and pandas; without cached bytecode each one
-    # compiles them again (seconds per worker), which would dominate the tests' run time.
-    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    # The workspace's own modules are not compiled at install (they are editable): let the
+    # workers cache their bytecode instead of compiling metaq.* in each one.
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     from pyspark.sql import SparkSession
 
     from metaq.spark import register
+    from metaq.spark.home import use_installed_pyspark
+
+    use_installed_pyspark()
 
     spark = (
         SparkSession.builder.master("local[2,4]")

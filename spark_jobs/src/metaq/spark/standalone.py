@@ -18,19 +18,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-import pyspark
+from metaq.spark.home import INSTALLED, linked_home
 
-SPARK_HOME: Final = Path(pyspark.__file__).parent
 _MASTER_URL: Final = re.compile(r"Starting Spark master at (spark://\S+)")
 _REGISTERED: Final = re.compile(r"Successfully registered with master")
 
 
 def spark_env(work_dir: Path) -> dict[str, str]:
-    """Environment for Spark's scripts and JVMs: this installation, loopback, logs and
-    work files under ``work_dir``, executors' Python = this interpreter."""
+    """Environment for Spark's scripts and JVMs: this installation (through
+    :func:`~metaq.spark.home.linked_home`, so Python workers import its compiled pyspark),
+    loopback, logs and work files under ``work_dir``, executors' Python = this
+    interpreter."""
     return {
         **os.environ,
-        "SPARK_HOME": str(SPARK_HOME),
+        "SPARK_HOME": str(linked_home()),
         "SPARK_LOCAL_IP": "127.0.0.1",
         "SPARK_LOG_DIR": str(work_dir / "logs"),
         "SPARK_WORKER_DIR": str(work_dir / "worker"),
@@ -74,7 +75,7 @@ class StandaloneCluster:
         """``spark-submit`` the Python ``script`` to this cluster; its output, or
         CalledProcessError with it."""
         command = [
-            str(SPARK_HOME / "bin" / "spark-submit"),
+            str(INSTALLED / "bin" / "spark-submit"),
             "--master", self.master_url,
             "--conf", "spark.ui.enabled=false",
             "--conf", "spark.executor.memory=1g",
@@ -111,7 +112,7 @@ class StandaloneCluster:
         with log.open("wb") as out:
             self.processes.append(
                 subprocess.Popen(
-                    [str(SPARK_HOME / "bin" / "spark-class"), main_class, *args],
+                    [str(INSTALLED / "bin" / "spark-class"), main_class, *args],
                     env=spark_env(self.work_dir),
                     stdout=out,
                     stderr=subprocess.STDOUT,

@@ -31,6 +31,9 @@ def session(app_name: str, master: str | None) -> Any:
     from pyspark.sql import SparkSession
 
     from metaq.spark import register
+    from metaq.spark.home import use_installed_pyspark
+
+    use_installed_pyspark()
 
     builder = SparkSession.builder.appName(app_name)
     # spark-submit starts this driver through its own JVM (PYSPARK_GATEWAY_PORT) with the
