@@ -16,6 +16,7 @@ import os
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -26,6 +27,14 @@ from typing import Final
 
 NAMESERVER_PORT: Final = 9876
 NAMESERVER_HTTP_PORT: Final = 9880
+BROKERS: Final = (("broker-a", "room-1", 10911), ("broker-b", "room-2", 11011))
+"""Name, computer room and data port; each broker's HTTP port is the next one."""
+PORTS: Final = {
+    NAMESERVER_PORT: "nameserver",
+    NAMESERVER_HTTP_PORT: "nameserver HTTP",
+    **{port: name for name, _, port in BROKERS},
+    **{port + 1: f"{name} HTTP" for name, _, port in BROKERS},
+}
 GRACE_S: Final = 30.0
 READY_TIMEOUT_S: Final = 60.0
 BANNER: Final = """
@@ -123,8 +132,7 @@ def _nodes(data_root: Path, flush: str, secret: Path) -> list[Node]:
             ],
         )
     ]
-    for index, (name, room) in enumerate((("broker-a", "room-1"), ("broker-b", "room-2"))):
-        data_port = 10911 + 100 * index
+    for name, room, data_port in BROKERS:
         flags = {
             "--broker-name": name,
             "--computer-room": room,
@@ -143,6 +151,21 @@ def _nodes(data_root: Path, flush: str, secret: Path) -> list[Node]:
     return nodes
 
 
+def taken_ports(ports: dict[int, str], host: str = "127.0.0.1") -> list[str]:
+    """The ports of ``ports`` (port: what listens on it) that something on ``host``
+    already holds, named: a node that cannot bind would only die with its own log line."""
+    taken = []
+    for port, what in ports.items():
+        with socket.socket() as probe:
+            # As the servers bind: a port left in TIME_WAIT by an earlier run is free.
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind((host, port))
+            except OSError:
+                taken.append(f"{host}:{port} ({what})")
+    return taken
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--data-dir", type=Path, default=Path("run-data/cluster"))
@@ -152,6 +175,15 @@ def main() -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
 
+    taken = taken_ports(PORTS)
+    if taken:
+        print(
+            f"local cluster: port {', '.join(taken)} is in use; another `make run` may be up "
+            "(use it: METAQ_NAMESERVERS=127.0.0.1:9876), or stop what holds the port",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 1
     secret = _secret_file(args.data_dir)
     nodes = _nodes(args.data_dir, args.flush, secret)
     started: list[Node] = []

@@ -36,14 +36,17 @@ def start_local_cluster() -> subprocess.Popen[bytes]:
     )
     assert cluster.stdout is not None
     deadline = time.monotonic() + READY_TIMEOUT_S
+    said: list[str] = []
     for line in cluster.stdout:
         if b"local cluster up" in line:
             threading.Thread(target=cluster.stdout.read, daemon=True).start()  # drain
             return cluster
+        said.append(line.decode(errors="replace").rstrip())
         if time.monotonic() > deadline:
             break
     cluster.kill()
-    raise SystemExit("the local cluster did not start; try `make run` to see why")
+    why = [line for line in said if line.startswith("local cluster:")] or said[-5:]
+    raise SystemExit("the local cluster did not start:\n  " + "\n  ".join(why or ["(no output)"]))
 
 
 def create_topic(nameserver: str, topic: str) -> None:
