@@ -38,3 +38,15 @@ def test_a_wait_gives_up_at_its_scaled_timeout(monkeypatch: pytest.MonkeyPatch) 
         AssertionError, match=re.escape("timed out after 0.02 s waiting until never")
     ):
         wait_until(lambda: False, 0.01, "never")
+
+
+def test_a_wait_gives_up_at_once_when_what_it_waits_on_has_failed() -> None:
+    polls = []
+
+    def never() -> bool:
+        polls.append(1)
+        return False
+
+    with pytest.raises(AssertionError, match="gave up waiting until rows arrive: query died"):
+        wait_until(never, 60.0, "rows arrive", failed=lambda: "query died" if polls else None)
+    assert len(polls) == 1

@@ -51,19 +51,28 @@ def deadline(seconds: float) -> float:
 
 
 def wait_until(
-    predicate: Callable[[], bool], timeout_s: float, message: str, *, poll_s: float = POLL_S
+    predicate: Callable[[], bool],
+    timeout_s: float,
+    message: str,
+    *,
+    poll_s: float = POLL_S,
+    failed: Callable[[], object] | None = None,
 ) -> float:
     """Poll ``predicate`` every ``poll_s`` until it holds and return the seconds it took.
 
     Raises AssertionError naming ``message`` at the deadline (``timeout_s`` through
-    :func:`deadline`), so a test fails saying what it was waiting for. Predicates that
-    ask a server (HTTP, gRPC) should poll less often than the default, so the waiting
-    does not load what it waits for.
+    :func:`deadline`), so a test fails saying what it was waiting for; at once, with
+    what it returned, when ``failed`` returns something (a streaming query's
+    ``exception``: a dead query never makes the condition hold). Predicates that ask a
+    server (HTTP, gRPC) should poll less often than the default, so the waiting does not
+    load what it waits for.
     """
     timeout_s = deadline(timeout_s)
     start = time.monotonic()
     give_up = start + timeout_s
     while not predicate():
+        if failed is not None and (why := failed()):
+            raise AssertionError(f"gave up waiting until {message}: {why}")
         if time.monotonic() > give_up:
             raise AssertionError(f"timed out after {timeout_s} s waiting until {message}")
         time.sleep(poll_s)
