@@ -6,14 +6,22 @@ import datetime as dt
 import itertools
 
 import pytest
-from pyspark.sql.datasource import EqualTo, GreaterThanOrEqual, In, LessThan, StringContains
+from pyspark.sql.datasource import (
+    EqualTo,
+    GreaterThanOrEqual,
+    In,
+    IsNotNull,
+    LessThan,
+    StringContains,
+)
 from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
 
+from metaq.common.model import QueueRoute
 from metaq.spark.options import OptionError, parse_source_options
-from metaq.spark.plan import QueueRange, split
+from metaq.spark.plan import DataLoss, QueueRange, QueueState, checked_range, split
 from metaq.spark.pushdown import Pushed, push
 from metaq.spark.schema import Projection, SchemaError
-from metaq.spark.stream import cap
+from metaq.spark.stream import cap, up_to_target
 
 NS = {"nameservers": "127.0.0.1:9876"}
 
@@ -79,8 +87,16 @@ def test_pushed_filters_become_tags_queues_and_a_time_range() -> None:
     assert pushed.queues == frozenset({3})
     assert pushed.from_ms == int(since.timestamp() * 1000)
     assert pushed.until_ms == pushed.from_ms + 1000
-    # Time bounds are checked again by Spark; unsupported filters stay with Spark.
-    assert rest == [filters[2], filters[3], filters[4]]
+    # Unsupported filters stay with Spark; the time bounds are exact (the source checks
+    # each row's store time), so Spark need not check them again.
+    assert rest == [filters[4]]
+
+
+def test_not_null_filters_and_columns_spelled_otherwise_are_taken() -> None:
+    filters = [IsNotNull(("tags",)), EqualTo(("Tags",), "red"), IsNotNull(("other",))]
+    pushed, rest = push(filters, Pushed())
+    assert pushed.tags == frozenset({"red"})
+    assert rest == [filters[2]]
 
 
 def test_a_user_schema_projects_columns_by_name_in_its_order() -> None:
@@ -106,3 +122,41 @@ def test_a_user_schema_naming_what_the_source_lacks_is_refused(
         Projection.of(StructType(fields))
     for word in words:
         assert word in str(failure.value)
+
+
+def test_an_available_now_run_stops_at_its_target_and_leaves_later_queues_out() -> None:
+    start = {"t": {"b:0": 10, "b:1": 0}}
+    target = {"t": {"b:0": 40, "b:1": 5}}
+    latest = {"t": {"b:0": 90, "b:1": 3, "b:2": 7}, "u": {"b:0": 4}}
+    assert up_to_target(start, latest, target) == {"t": {"b:0": 40, "b:1": 3}}
+
+
+QUEUE = QueueState("orders", QueueRoute("broker-a", "127.0.0.1:1", 0, ""), 10, 120)
+
+
+@pytest.mark.parametrize(
+    ("start", "end", "words"),
+    [
+        (500, 120, ["'startingOffsets'", "'orders'", "broker-a:0", "500", "end 120"]),
+        (20, 130, ["'endingOffsets'", "broker-a:0", "130", "end 120"]),
+        (60, 50, ["'startingOffsets' and 'endingOffsets'", "broker-a:0", "60", "50"]),
+    ],
+)
+def test_an_offset_range_the_queue_cannot_hold_is_refused_naming_queue_and_offsets(
+    start: int, end: int, words: list[str]
+) -> None:
+    with pytest.raises(OptionError) as failure:
+        checked_range(QUEUE, start, end, fail_on_data_loss=False)
+    for word in words:
+        assert word in str(failure.value)
+
+
+def test_a_start_retention_deleted_fails_unless_data_loss_is_allowed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with pytest.raises(DataLoss, match="offsets 3 to 9 were deleted by retention"):
+        checked_range(QUEUE, 3, 50, fail_on_data_loss=True)
+    assert checked_range(QUEUE, 3, 50, fail_on_data_loss=False) == (10, 50)
+    assert checked_range(QUEUE, 3, 5, fail_on_data_loss=False) == (10, 10)
+    assert "skipped (failOnDataLoss=false)" in caplog.text
+    assert checked_range(QUEUE, 10, 120, fail_on_data_loss=True) == (10, 120)

@@ -3,6 +3,7 @@ restart from a checkpoint into a file sink, read limits, and queues added mid-st
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,13 @@ def to_parquet(spark: Any, cluster: Cluster, topic: str, out: Path, **options: s
     assert query.exception() is None, query.exception()
 
 
+def rows_read(query: Any) -> int:
+    """Rows the query's batches have read, from its progress reports: polling them costs
+    no Spark job (a query of the memory sink's table would, every poll, on the cores the
+    stream needs)."""
+    return sum(p["numInputRows"] for p in query.recentProgress)
+
+
 def parquet_ids(spark: Any, out: Path) -> list[str]:
     return [r.msg_id for r in spark.read.parquet(str(out / "data")).select("msg_id").collect()]
 
@@ -75,10 +83,11 @@ def test_processing_time_trigger_honours_max_messages_per_trigger(
     )
     try:
         wait_until(
-            lambda: spark.sql("select count(*) c from stream_limit").first().c >= 50,
+            lambda: rows_read(query) >= 50,
             90.0,
             "the stream has read the 50 messages",
             poll_s=0.2,
+            failed=query.exception,
         )
     finally:
         query.stop()
@@ -100,17 +109,27 @@ def test_queues_added_mid_stream_are_picked_up(spark: Any, cluster: Cluster) -> 
         .start()
     )
 
-    def seen() -> set[str]:
-        return {r.msg_id for r in spark.sql("select msg_id from stream_grow").collect()}
-
     try:
-        wait_until(lambda: seen() >= before, 60.0, "the first queue is read", poll_s=0.2)
+        wait_until(
+            lambda: rows_read(query) >= 10,
+            60.0,
+            "the first queue is read",
+            poll_s=0.2,
+            failed=query.exception,
+        )
         run_async(cluster.create_topic("stream-grow", queues=3))
         after = send(cluster, "stream-grow", [f"y{i}" for i in range(40)])
-        wait_until(lambda: seen() >= before | after, 60.0, "the new queues are read", poll_s=0.2)
+        wait_until(
+            lambda: rows_read(query) >= 50,
+            60.0,
+            "the new queues are read",
+            poll_s=0.2,
+            failed=query.exception,
+        )
     finally:
         query.stop()
     rows = spark.sql("select broker, queue, msg_id from stream_grow").collect()
+    assert {r.msg_id for r in rows} == before | after
     assert len(rows) == 50
     assert len({(r.broker, r.queue) for r in rows}) > 1
 
@@ -132,13 +151,27 @@ def test_topic_pattern_picks_up_new_topics_and_commits_the_groups_offsets(
         return {r.msg_id for r in spark.sql("select msg_id from stream_pattern").collect()}
 
     try:
-        wait_until(lambda: seen() >= first, 60.0, "the first topic is read", poll_s=0.2)
+        wait_until(
+            lambda: seen() >= first,
+            60.0,
+            "the first topic is read",
+            poll_s=0.2,
+            failed=query.exception,
+        )
         run_async(cluster.create_topic("pat-two", queues=1, groups=["broker-b"]))
         second = send(cluster, "pat-two", [f"q{i}" for i in range(7)])
-        wait_until(lambda: seen() >= first | second, 60.0, "the new topic is read", poll_s=0.2)
+        wait_until(
+            lambda: seen() >= first | second,
+            60.0,
+            "the new topic is read",
+            poll_s=0.2,
+            failed=query.exception,
+        )
         # Spark commits a batch's end offsets to the source when it starts the next batch.
         third = send(cluster, "pat-one", ["one more"])
-        wait_until(lambda: seen() >= third, 60.0, "a further batch ran", poll_s=0.2)
+        wait_until(
+            lambda: seen() >= third, 60.0, "a further batch ran", poll_s=0.2, failed=query.exception
+        )
 
         async def committed() -> bool:
             async with PullConsumer(cluster.nameserver_addresses, "pattern-pipeline") as consumer:
@@ -150,3 +183,27 @@ def test_topic_pattern_picks_up_new_topics_and_commits_the_groups_offsets(
         )
     finally:
         query.stop()
+
+
+def test_available_now_reads_what_was_there_in_batches_of_max_messages_per_trigger(
+    spark: Any, cluster: Cluster
+) -> None:
+    run_async(cluster.create_topic("stream-now", queues=2))
+    sent = send(cluster, "stream-now", [f"n{i}" for i in range(50)])
+    query = (
+        stream(spark, cluster, "stream-now", maxMessagesPerTrigger="12")
+        .writeStream.format("memory")
+        .queryName("stream_now")
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(120)
+    assert query.exception() is None, query.exception()
+    assert {r.msg_id for r in spark.sql("select msg_id from stream_now").collect()} == sent
+    progress = [p for p in query.recentProgress if p["numInputRows"]]
+    assert [p["numInputRows"] for p in progress] == [12, 12, 12, 12, 2]
+    # The progress shows every queue's end beside where each batch stopped.
+    (source,) = progress[0]["sources"]
+    ends = json.loads(source["latestOffset"])["stream-now"]
+    assert sum(ends.values()) == 50
+    assert sum(json.loads(source["endOffset"])["stream-now"].values()) == 12

@@ -21,7 +21,14 @@ from metaq.client.pull_consumer import PullConsumer
 from metaq.client.routes import ClusterView, RouteCache
 from metaq.common.errors import MetaqError
 from metaq.common.model import QueueRoute, TopicRoute
-from metaq.spark.options import EARLIEST, LATEST, OptionError, QueueOffsets, SourceOptions
+from metaq.spark.options import (
+    EARLIEST,
+    LATEST,
+    OptionError,
+    QueueOffsets,
+    SinkOptions,
+    SourceOptions,
+)
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +36,12 @@ T = TypeVar("T")
 
 PLANNER_GROUP = "spark-planner"
 """The consumer group named in offset queries; nothing is committed under it."""
+
+
+class DataLoss(MetaqError):
+    """Messages a read was asked for are gone (retention deleted them)."""
+
+    retriable = False
 
 
 @dataclass(frozen=True)
@@ -179,6 +192,50 @@ async def resolve_offsets(
     return result
 
 
+def checked_range(
+    state: QueueState,
+    start: int,
+    end: int,
+    *,
+    fail_on_data_loss: bool,
+    start_option: str = "startingOffsets",
+    end_option: str = "endingOffsets",
+) -> tuple[int, int]:
+    """``[start, end)`` of a queue as the options asked, checked against its bounds as
+    the Kafka source checks a partition's: a start past the queue's end, an end past it
+    or a start after the end is an OptionError naming the queue and the offsets. A start
+    below the queue's first message (retention deleted the rest) is DataLoss, or with
+    ``fail_on_data_loss`` off a warning and the range from the first message on."""
+    where = f"topic {state.topic!r} queue {state.key}"
+    holds = f"it holds offsets {state.min_offset} to {state.max_offset - 1}"
+    if start > state.max_offset:
+        raise OptionError(
+            f"option {start_option!r}: {where} starts at {start}, past the queue's end "
+            f"{state.max_offset} ({holds}); start at or before the end"
+        )
+    if end > state.max_offset:
+        raise OptionError(
+            f"option {end_option!r}: {where} ends at {end}, past the queue's end "
+            f"{state.max_offset} ({holds}); end at or before it, or use 'latest'"
+        )
+    if start > end:
+        raise OptionError(
+            f"options {start_option!r} and {end_option!r}: {where} starts at {start}, after "
+            f"its ending offset {end}; the start must not be after the end"
+        )
+    if start < state.min_offset:
+        text = (
+            f"{where}: offsets {start} to {min(end, state.min_offset) - 1} were deleted by "
+            f"retention ({holds})"
+        )
+        if fail_on_data_loss:
+            raise DataLoss(text + "; set failOnDataLoss=false to skip them with a warning")
+        log.warning("%s; skipped (failOnDataLoss=false)", text)
+        start = state.min_offset
+        end = max(end, start)
+    return start, end
+
+
 def split(ranges: list[QueueRange], min_partitions: int) -> list[QueueRange]:
     """Cut the largest ranges until there are at least ``min_partitions`` (Kafka's
     ``minPartitions``): each piece stays one queue's contiguous offsets."""
@@ -199,8 +256,17 @@ def split(ranges: list[QueueRange], min_partitions: int) -> list[QueueRange]:
     return out
 
 
+async def check_topic(options: SourceOptions | SinkOptions, topic: str) -> None:
+    """OptionError unless ``topic`` exists (a live broker serves it) and a nameserver
+    answers: what a write checks on the driver, before any task runs."""
+    async with RouteCache(
+        options.nameservers, rpc_timeout_s=options.request_timeout_s, tls=options.tls
+    ) as routes:
+        await _route(options, routes, topic)
+
+
 async def _route(
-    options: SourceOptions, routes: RouteCache, topic: str, *, refresh: bool = False
+    options: SourceOptions | SinkOptions, routes: RouteCache, topic: str, *, refresh: bool = False
 ) -> TopicRoute:
     try:
         return await routes.route(topic, refresh=refresh)

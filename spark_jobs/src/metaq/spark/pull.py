@@ -23,7 +23,7 @@ from metaq.common.errors import MetaqError
 from metaq.common.model import QueueRoute
 from metaq.spark.arrow_records import to_arrow
 from metaq.spark.options import SourceOptions
-from metaq.spark.plan import QueueRange, RangePartition
+from metaq.spark.plan import DataLoss, QueueRange, RangePartition
 from metaq.spark.schema import Projection
 
 log = logging.getLogger(__name__)
@@ -37,12 +37,6 @@ _RETRY_PAUSE_S: Final = 0.2
 BATCH_BYTES: Final = 8 * 1024 * 1024
 """Pulled bytes gathered into one Arrow batch: few, large batches cost Spark less per row
 than one per pull (a pull is at most the broker's ``max_pull_messages``)."""
-
-
-class DataLoss(MetaqError):
-    """Messages the read was planned to return are gone (retention deleted them)."""
-
-    retriable = False
 
 
 def read_range(

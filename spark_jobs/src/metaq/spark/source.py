@@ -8,7 +8,6 @@ through :mod:`metaq.spark.pull`.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any
 
 import pyarrow as pa
 from pyspark.sql.datasource import (
@@ -96,7 +95,7 @@ class MetaqBatchReader(DataSourceReader):
 
 async def plan_batch(options: SourceOptions, pushed: Pushed) -> list[QueueRange]:
     """The queue ranges of a batch read: starting to ending offsets (or timestamps),
-    narrowed by the pushed filters."""
+    checked against each queue's bounds, then narrowed by the pushed filters."""
     async with RouteCache(
         options.nameservers, rpc_timeout_s=options.request_timeout_s, tls=options.tls
     ) as routes:
@@ -113,41 +112,39 @@ async def plan_batch(options: SourceOptions, pushed: Pushed) -> list[QueueRange]
                 for s in await plan.queue_states(options, routes, consumer, topics)
                 if pushed.allows_queue(s.topic, s.queue.broker_name, s.queue.queue_id)
             ]
-            starts = await _bounded(
-                options.starting, options.starting_timestamp_ms, pushed.from_ms, states,
-                consumer, "startingOffsets", max,
+            starts = await plan.resolve_offsets(
+                options.starting, options.starting_timestamp_ms, states, consumer,
+                option="startingOffsets",
             )  # fmt: skip
-            ends = await _bounded(
-                options.ending, options.ending_timestamp_ms, pushed.until_ms, states,
-                consumer, "endingOffsets", min,
+            ends = await plan.resolve_offsets(
+                options.ending, options.ending_timestamp_ms, states, consumer,
+                option="endingOffsets",
             )  # fmt: skip
+            from_time = until_time = None
+            if pushed.from_ms is not None:
+                from_time = await plan.resolve_offsets(
+                    "earliest", pushed.from_ms, states, consumer, option="startingOffsets"
+                )
+            if pushed.until_ms is not None:
+                until_time = await plan.resolve_offsets(
+                    "latest", pushed.until_ms, states, consumer, option="endingOffsets"
+                )
         finally:
             await consumer.close()
-    return [
-        QueueRange(
-            s.topic,
-            s.queue.broker_name,
-            s.queue.queue_id,
-            max(starts[(s.topic, s.key)], s.min_offset),
-            min(ends[(s.topic, s.key)], s.max_offset),
-        )
-        for s in states
-    ]
-
-
-async def _bounded(
-    spec: Any,
-    timestamp_ms: int | None,
-    pushed_ms: int | None,
-    states: list[plan.QueueState],
-    consumer: PullConsumer,
-    option: str,
-    pick: Any,
-) -> dict[tuple[str, str], int]:
-    """Offsets from the option, tightened (``pick`` = max for starts, min for ends) by a
-    pushed time bound."""
-    offsets = await plan.resolve_offsets(spec, timestamp_ms, states, consumer, option=option)
-    if pushed_ms is not None:
-        by_time = await plan.resolve_offsets(spec, pushed_ms, states, consumer, option=option)
-        offsets = {k: pick(v, by_time[k]) for k, v in offsets.items()}
-    return offsets
+    ranges = []
+    for s in states:
+        key = (s.topic, s.key)
+        start, end = plan.checked_range(
+            s, starts[key], ends[key], fail_on_data_loss=options.fail_on_data_loss,
+            start_option="startingTimestamp" if options.starting_timestamp_ms is not None
+            else "startingOffsets",
+            end_option="endingTimestamp" if options.ending_timestamp_ms is not None
+            else "endingOffsets",
+        )  # fmt: skip
+        # The pushed time bounds only narrow what the options asked for.
+        if from_time is not None:
+            start = min(max(start, from_time[key]), end)
+        if until_time is not None:
+            end = max(min(end, until_time[key]), start)
+        ranges.append(QueueRange(s.topic, s.queue.broker_name, s.queue.queue_id, start, end))
+    return ranges

@@ -18,7 +18,12 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
 
 from metaq.client.pull_consumer import PullConsumer
 from metaq.client.routes import RouteCache
@@ -33,12 +38,19 @@ log = logging.getLogger(__name__)
 StreamOffset = dict[str, dict[str, int]]
 
 
-class MetaqStreamReader(DataSourceStreamReader):
-    """See the module docstring; holds only its options (it is pickled to executors)."""
+class MetaqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """See the module docstring. Spark keeps one instance in a Python process on the driver
+    for the query's life (its offsets calls), and pickles another to the executors, which
+    only reads: the state kept between offsets calls (the ``availableNow`` target, the
+    latest offsets seen) lives only in the first."""
 
     def __init__(self, options: SourceOptions, projection: Projection = FULL) -> None:
         self.options = options
         self.projection = projection
+        self.target: StreamOffset | None = None
+        """Set by an ``availableNow`` run: the offsets it stops at."""
+        self.latest: StreamOffset | None = None
+        """Every queue's end when the last batch was planned, for the query's progress."""
 
     def initialOffset(self) -> StreamOffset:
         return plan.run(self._initial())
@@ -48,16 +60,36 @@ class MetaqStreamReader(DataSourceStreamReader):
             return ReadMaxRows(self.options.max_messages_per_trigger)
         return ReadAllAvailable()
 
+    def prepareForTriggerAvailableNow(self) -> None:
+        """Fix what an ``availableNow`` run reads: every queue's end now. Spark then plans
+        batches with :meth:`getDefaultReadLimit` (``maxMessagesPerTrigger``) until the
+        target is reached, as its Kafka source does; messages, queues and topics that
+        arrive later wait for the next run."""
+        self.target = self._ends({})
+
     def latestOffset(self, start: StreamOffset, limit: ReadLimit) -> StreamOffset:
-        states = plan.run(self._states())
+        latest = self._ends(start)
+        self.latest = latest
+        if self.target is not None:
+            latest = up_to_target(start, latest, self.target)
+        if isinstance(limit, ReadMaxRows):
+            latest = cap(start, latest, limit.max_rows)
+        return latest
+
+    def reportLatestOffset(self) -> StreamOffset | None:
+        """What Spark shows as the source's ``latestOffset`` in the query's progress: every
+        queue's end when the last batch was planned (its ``endOffset`` is where the batch
+        stopped, under ``maxMessagesPerTrigger``)."""
+        return self.latest
+
+    def _ends(self, start: StreamOffset) -> StreamOffset:
+        """Every queue's end now, for the queues in ``start`` and any that answer."""
         latest: StreamOffset = {t: dict(q) for t, q in start.items()}
-        for s in states:
+        for s in plan.run(self._states()):
             latest.setdefault(s.topic, {})
             known = start.get(s.topic, {}).get(s.key)
             # Never backwards: a slave answering during a failover may lag the master.
             latest[s.topic][s.key] = s.max_offset if known is None else max(known, s.max_offset)
-        if isinstance(limit, ReadMaxRows):
-            latest = cap(start, latest, limit.max_rows)
         return latest
 
     def partitions(self, start: StreamOffset, end: StreamOffset) -> Sequence[InputPartition]:
@@ -110,8 +142,13 @@ class MetaqStreamReader(DataSourceStreamReader):
                 o.starting, o.starting_timestamp_ms, states, consumer, option="startingOffsets"
             )
         result: StreamOffset = {t: {} for t in topics}
-        for (topic, key), offset in offsets.items():
-            result[topic][key] = offset
+        option = "startingOffsets" if o.starting_timestamp_ms is None else "startingTimestamp"
+        for s in states:
+            start, _ = plan.checked_range(
+                s, offsets[(s.topic, s.key)], s.max_offset,
+                fail_on_data_loss=o.fail_on_data_loss, start_option=option,
+            )  # fmt: skip
+            result[s.topic][s.key] = start
         return result
 
     async def _states(self) -> list[QueueState]:
@@ -133,6 +170,21 @@ class MetaqStreamReader(DataSourceStreamReader):
             await asyncio.gather(
                 *(consumer.commit_many(a, offsets) for a, offsets in by_address.items())
             )
+
+
+def up_to_target(start: StreamOffset, latest: StreamOffset, target: StreamOffset) -> StreamOffset:
+    """``latest`` cut back to ``target`` (an ``availableNow`` run's end), never below
+    ``start``; queues the target does not know are left where ``start`` has them."""
+    kept: StreamOffset = {t: {} for t in latest if t in start or t in target}
+    for topic, queues in latest.items():
+        for key, end in queues.items():
+            begin = start.get(topic, {}).get(key)
+            stop = target.get(topic, {}).get(key)
+            if stop is not None:
+                kept[topic][key] = max(min(end, stop), begin or 0)
+            elif begin is not None:
+                kept[topic][key] = begin
+    return kept
 
 
 def cap(start: StreamOffset, latest: StreamOffset, max_rows: int) -> StreamOffset:
