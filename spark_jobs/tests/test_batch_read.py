@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 import pytest
+from pyspark.errors import AnalysisException
 
 from metaq.client.producer import Producer
 from metaq.client.results import SendResult
@@ -39,6 +40,11 @@ def send_all(cluster: Cluster, topic: str, count: int, *, queues: int = 2) -> li
 def read(spark: Any, cluster: Cluster, topic: str, **options: str) -> Any:
     reader = spark.read.format("metaq").option("nameservers", cluster.nameserver_list)
     return reader.option("topic", topic).options(**options).load()
+
+
+def explained(df: Any) -> str:
+    """``df.explain("formatted")``'s text: each scan with its PushedFilters."""
+    return str(df._sc._jvm.PythonSQLUtils.explainString(df._jdf.queryExecution(), "formatted"))
 
 
 def test_batch_read_returns_every_message_as_sent(spark: Any, cluster: Cluster) -> None:
@@ -109,7 +115,9 @@ def test_tag_time_and_queue_filters_are_applied_at_the_brokers(
     send_all(cluster, "spark-push", 90)
     before = run_async(cluster.pulled("spark-push"))
     df = read(spark, cluster, "spark-push").where("tags = 'red'")
-    assert "tags" in df._jdf.queryExecution().executedPlan().toString().lower()
+    plan = explained(df)
+    assert "PushedFilters: [IsNotNull(tags), EqualTo(tags,red)]" in plan, plan
+    assert "Filter " not in plan, plan  # nothing left for Spark to check
     assert df.count() == 30
     assert run_async(cluster.pulled("spark-push")) - before == 30
 
@@ -125,6 +133,9 @@ def test_tag_time_and_queue_filters_are_applied_at_the_brokers(
     recent = read(spark, cluster, "spark-push").where(
         f"store_timestamp >= timestamp'{newest.isoformat()}'"
     )
+    plan = explained(recent)
+    assert "GreaterThanOrEqual(store_timestamp," in plan, plan
+    assert "Filter " not in plan, plan
     assert recent.count() == sum(1 for r in everything if r.store_timestamp >= newest)
     assert run_async(cluster.pulled("spark-push")) - before < 90
 
@@ -142,11 +153,37 @@ def test_tag_time_and_queue_filters_are_applied_at_the_brokers(
         ({"topic": "spark-batch", "maxMessagesPerTrigger": "lots"}, ["maxMessagesPerTrigger"]),
     ],
 )
-def test_bad_options_fail_at_planning_naming_the_option(
+def test_bad_options_fail_at_planning_naming_the_option_in_the_first_line(
     spark: Any, cluster: Cluster, options: dict[str, str], words: list[str]
 ) -> None:
     reader = spark.read.format("metaq").option("nameservers", cluster.nameserver_list)
-    with pytest.raises(Exception) as failure:
+    with pytest.raises(AnalysisException) as failure:
         reader.options(**options).load().collect()
+    first = str(failure.value).splitlines()[0]
     for word in words:
+        assert word in first
+
+
+def test_an_offset_range_the_queue_cannot_hold_fails_naming_the_queue_and_offsets(
+    spark: Any, cluster: Cluster
+) -> None:
+    sent = send_all(cluster, "spark-bad-range", 20)
+    queue = sent[0]
+    key = f"{queue.broker}:{queue.queue_id}"
+    mine = [
+        r.queue_offset for r in sent if (r.broker, r.queue_id) == (queue.broker, queue.queue_id)
+    ]
+    end = max(mine) + 1
+    past = json.dumps({"spark-bad-range": {key: end + 5}})
+    with pytest.raises(Exception) as failure:
+        read(spark, cluster, "spark-bad-range", startingOffsets=past).collect()
+    for word in ("'startingOffsets'", key, str(end + 5), f"past the queue's end {end}"):
+        assert word in str(failure.value)
+
+    starting, ending = (json.dumps({"spark-bad-range": {key: n}}) for n in (2, 1))
+    with pytest.raises(Exception) as failure:
+        read(
+            spark, cluster, "spark-bad-range", startingOffsets=starting, endingOffsets=ending
+        ).collect()
+    for word in (key, "starts at 2, after its ending offset 1"):
         assert word in str(failure.value)

@@ -3,11 +3,14 @@
 - ``tags = 'x'`` / ``tags IN (...)``: the broker's tag filter (its consume queue holds tag
   hashes, so unwanted messages are never read from the commitlog nor sent);
 - ``store_timestamp >=, >, <=, <, =``: the offset range, narrowed with the broker's
-  offset-by-time lookup;
-- ``topic``, ``broker``, ``queue`` ``=`` / ``IN``: whole queues pruned.
+  offset-by-time lookup, and each row's store time checked as its header is read (the
+  lookup finds the range only to the millisecond a queue's store times rise by);
+- ``topic``, ``broker``, ``queue`` ``=`` / ``IN``: whole queues pruned;
+- ``IS NOT NULL`` on any column: true of every row (no column of the source is null).
 
-Time bounds are also handed back to Spark to check row by row (the lookup is by store
-time, which is monotonic per queue only to the millisecond); the others are exact.
+All of them are exact, so Spark takes none back to check again, and lists every one
+under ``PushedFilters`` in ``explain("formatted")``: what a plan shows of the push-down,
+since a Python source cannot describe its scan otherwise (docs/spark.md).
 """
 
 from __future__ import annotations
@@ -23,11 +26,13 @@ from pyspark.sql.datasource import (
     GreaterThan,
     GreaterThanOrEqual,
     In,
+    IsNotNull,
     LessThan,
     LessThanOrEqual,
 )
 
 from metaq.client.tags import TagFilter
+from metaq.spark.schema import COLUMNS
 
 
 @dataclass(frozen=True)
@@ -68,47 +73,47 @@ def push(filters: Iterable[Filter], pushed: Pushed) -> tuple[Pushed, list[Filter
         taken = _take(f, pushed)
         if taken is None:
             rest.append(f)
-            continue
-        pushed, exact = taken
-        if not exact:
-            rest.append(f)
+        else:
+            pushed = taken
     return pushed, rest
 
 
-def _take(f: Filter, p: Pushed) -> tuple[Pushed, bool] | None:
+def _take(f: Filter, p: Pushed) -> Pushed | None:
     column: tuple[str, ...] = tuple(getattr(f, "attribute", ()))
     if len(column) != 1:
         return None
-    name = column[0]
+    name = column[0].lower()  # as a user schema spells it; Spark's names are case-blind
+    if isinstance(f, IsNotNull) and name in COLUMNS:
+        return p
     if name in ("tags", "topic", "broker", "queue") and isinstance(f, EqualTo | In):
         values = (f.value,) if isinstance(f, EqualTo) else tuple(f.value)
         if name == "queue":
             if not all(isinstance(v, int) for v in values):
                 return None
-            return replace(p, queues=_meet(p.queues, frozenset(values))), True
+            return replace(p, queues=_meet(p.queues, frozenset(values)))
         if not all(isinstance(v, str) for v in values):
             return None
         wanted = frozenset(values)
         if name == "tags":
-            return replace(p, tags=_meet(p.tags, wanted)), True
+            return replace(p, tags=_meet(p.tags, wanted))
         if name == "topic":
-            return replace(p, topics=_meet(p.topics, wanted)), True
-        return replace(p, brokers=_meet(p.brokers, wanted)), True
+            return replace(p, topics=_meet(p.topics, wanted))
+        return replace(p, brokers=_meet(p.brokers, wanted))
     if name == "store_timestamp":
         value = getattr(f, "value", None)
         if not isinstance(value, dt.datetime):
             return None
         us = _epoch_us(value)
         if isinstance(f, GreaterThanOrEqual):
-            return _from(p, -(-us // 1000)), False
+            return _from(p, -(-us // 1000))
         if isinstance(f, GreaterThan):
-            return _from(p, us // 1000 + 1 if us % 1000 == 0 else -(-us // 1000)), False
+            return _from(p, us // 1000 + 1 if us % 1000 == 0 else -(-us // 1000))
         if isinstance(f, LessThanOrEqual):
-            return _until(p, us // 1000 + 1), False
+            return _until(p, us // 1000 + 1)
         if isinstance(f, LessThan):
-            return _until(p, -(-us // 1000)), False
+            return _until(p, -(-us // 1000))
         if isinstance(f, EqualTo):
-            return _until(_from(p, -(-us // 1000)), us // 1000 + 1), False
+            return _until(_from(p, -(-us // 1000)), us // 1000 + 1)
     return None
 
 
