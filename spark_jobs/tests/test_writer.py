@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pyspark.errors import AnalysisException
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType
 
@@ -108,3 +109,13 @@ def test_rows_that_cannot_be_messages_fail_naming_the_column(
     for word in words:
         assert word in str(failure.value)
     assert read_back(spark, cluster, "write-bad") == []
+
+
+def test_a_write_to_a_topic_that_does_not_exist_fails_at_planning(
+    spark: Any, cluster: Cluster
+) -> None:
+    df = spark.range(3).selectExpr("CAST(id AS STRING) AS body")
+    with pytest.raises(AnalysisException) as failure:
+        writer(df, cluster).option("topic", "no-such-write-topic").save()
+    first = str(failure.value).splitlines()[0]
+    assert "'no-such-write-topic' does not exist" in first

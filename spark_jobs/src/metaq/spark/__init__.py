@@ -17,11 +17,20 @@ from __future__ import annotations
 
 from typing import Any
 
+PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
+HIDE_TRACEBACK_CONF = "spark.sql.execution.pyspark.udf.hideTraceback.enabled"
+
 
 def register(spark: Any) -> None:
-    """Register ``format("metaq")`` on ``spark`` and turn on Python filter push-down, which
-    the data source relies on to apply tag, time and queue filters at the brokers."""
+    """Register ``format("metaq")`` on ``spark``; turn on Python filter push-down, which
+    the data source relies on to apply tag, time and queue filters at the brokers; and,
+    unless the session sets it, Spark's switch that reports a Python error by its message
+    alone, so a bad option's error leads with what was wrong instead of ending a traceback
+    (set ``spark.sql.execution.pyspark.udf.hideTraceback.enabled=false`` for tracebacks,
+    of Python UDFs' errors too)."""
     from metaq.spark.source import MetaqDataSource
 
-    spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
+    spark.conf.set(PUSHDOWN_CONF, "true")
+    if HIDE_TRACEBACK_CONF not in spark.conf.getAll:
+        spark.conf.set(HIDE_TRACEBACK_CONF, "true")
     spark.dataSource.register(MetaqDataSource)

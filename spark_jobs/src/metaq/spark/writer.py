@@ -27,6 +27,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from metaq.client.producer import Producer
+from metaq.spark import plan
 from metaq.spark.options import SinkOptions
 from metaq.spark.sink import RowSender, WriteStats, check_schema, id_prefix
 
@@ -69,9 +70,18 @@ def write_partition(
     return TaskWritten(partition, stats.rows, stats.acknowledged)
 
 
+def check_on_driver(options: SinkOptions, schema: StructType) -> None:
+    """What a write can check before any task runs: the columns, and that the ``topic``
+    option names a topic that exists. The ``topic`` column's values are not known here
+    (Spark hands a writer the schema only); a row naming a missing topic fails its task."""
+    check_schema(schema, options)
+    if options.topic:
+        plan.run(plan.check_topic(options, options.topic))
+
+
 class MetaqBatchWriter(DataSourceArrowWriter):
     def __init__(self, options: SinkOptions, schema: StructType) -> None:
-        check_schema(schema, options)
+        check_on_driver(options, schema)
         self.options = options
         self.write_id = uuid.uuid4().hex
 
@@ -84,7 +94,7 @@ class MetaqBatchWriter(DataSourceArrowWriter):
 
 class MetaqStreamWriter(DataSourceStreamArrowWriter):
     def __init__(self, options: SinkOptions, schema: StructType) -> None:
-        check_schema(schema, options)
+        check_on_driver(options, schema)
         self.options = options
         self.fallback_id = uuid.uuid4().hex
 
