@@ -14,7 +14,12 @@ while the JIT compiles their code, for several reads (a 200,000-row Parquet read
 after two warm-ups (``spark_read_first_rows_s`` keeps the metaq read after one). Beside
 them, the same steady read of a stand-in Python source with metaq's schema whose reads
 cost nothing (``python_source_ceiling_rows_s``): what Spark spends on any Python
-source's rows, the ceiling of the metaq read on this machine. The write is timed warm
+source's rows, the ceiling of the metaq read on this machine. Both are read again given
+the one-column schema ``body binary`` (the projection pattern of docs/spark.md):
+``spark_read_body_only_rows_s`` against the stand-in's ceiling with the same schema,
+``spark_read_body_only_vs_ceiling_ratio`` (and by CPU seconds,
+``..._vs_ceiling_cpu_ratio``, which the machine's other load moves less). The write is
+timed warm
 too: the session's first write starts Python workers for the writer, seconds of imports
 that a long-running job pays once. The producer's batched send it is compared with runs
 right after it, into a topic of its own, with Spark's JVM alive beside it as during the
@@ -43,7 +48,7 @@ from spark_cpu import cpu_by_role, spent
 from metaq.client.message import OutgoingMessage
 from metaq.client.producer import Producer
 from metaq.client.pull_consumer import PullConsumer, PullStatus
-from metaq.spark.schema import SCHEMA_DDL
+from metaq.spark.schema import SCHEMA_DDL, Projection
 from metaq.testing.cluster import ClusterBuilder
 
 QUEUES = 8
@@ -51,6 +56,7 @@ BODY = 1024
 WARM_UP_READS = 2
 TIMED_READS = 3
 CEILING_BATCH_ROWS = 8192
+BODY_ONLY = "body binary"
 
 
 async def fill(nameserver: str, topic: str, count: int) -> float:
@@ -92,11 +98,15 @@ async def consume_all(nameserver: str, topic: str) -> tuple[int, float]:
 def spark_session() -> Any:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ["PYSPARK_PYTHON"] = sys.executable
-    # Workers recompiling pyspark/pyarrow/pandas on every start would be measured instead.
-    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     from pyspark.sql import SparkSession
 
     from metaq.spark import register
+    from metaq.spark.home import use_installed_pyspark
+
+    # Workers compiling pyspark from its zip, or metaq.* (editable, so not compiled at
+    # install), at every start would be measured instead.
+    use_installed_pyspark()
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
     spark = (
         SparkSession.builder.master("local[2]")
@@ -139,7 +149,8 @@ def steady_rows_s(df: Any, expected: int) -> float:
 class CeilingSource(DataSource):
     """A Python source with metaq's schema whose read costs nothing: every partition
     yields one prepared Arrow batch over and over. What Spark itself spends on a Python
-    source's rows bounds any such source's read; this measures that bound."""
+    source's rows bounds any such source's read; this measures that bound. Given a
+    schema, it yields those columns, as the metaq source does."""
 
     @classmethod
     def name(cls) -> str:
@@ -149,12 +160,13 @@ class CeilingSource(DataSource):
         return SCHEMA_DDL
 
     def reader(self, schema: Any) -> DataSourceReader:
-        return CeilingReader(int(self.options["rows"]))
+        return CeilingReader(int(self.options["rows"]), Projection.of(schema))
 
 
 class CeilingReader(DataSourceReader):
-    def __init__(self, rows: int) -> None:
+    def __init__(self, rows: int, projection: Projection) -> None:
         self.rows = rows
+        self.projection = projection
 
     def partitions(self) -> list[InputPartition]:
         return [InputPartition(i) for i in range(QUEUES)]
@@ -163,13 +175,18 @@ class CeilingReader(DataSourceReader):
         from metaq.common import record
         from metaq.spark.arrow_records import to_arrow
 
-        records = []
-        for offset in range(CEILING_BATCH_ROWS):
-            one = record.encode("bench-read", bytes(BODY), born_timestamp_ms=offset)
-            record.STAMP.pack_into(one, record.STAMP_AT, 0, offset, offset, bytes(8))
-            record.seal(one, 0, len(one))
-            records.append(bytes(one))
-        batch = to_arrow("broker-a", "bench-read", [memoryview(b"".join(records))])
+        # One record over and over: its offsets repeat, which costs Spark nothing more.
+        one = record.encode("bench-read", bytes(BODY), born_timestamp_ms=0)
+        record.STAMP.pack_into(one, record.STAMP_AT, 0, 0, 0, bytes(8))
+        record.seal(one, 0, len(one))
+        batch = self.projection.fit(
+            to_arrow(
+                "broker-a",
+                "bench-read",
+                [memoryview(bytes(one) * CEILING_BATCH_ROWS)],
+                columns=self.projection.columns,
+            )
+        )
         mine = self.rows // QUEUES + (partition.value < self.rows % QUEUES)
         for _ in range(mine // CEILING_BATCH_ROWS):
             yield batch
@@ -222,6 +239,12 @@ async def paced(nameserver: str, topic: str, rate: float, seconds: float) -> Non
         await asyncio.gather(*pending)
 
 
+def busy(cpu: dict[str, float]) -> float:
+    """CPU seconds of the processes a read keeps busy: the JVM, its Python workers and the
+    broker."""
+    return sum(cpu.get(role, 0.0) for role in ("jvm", "python_workers", "broker"))
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(int(q * len(ordered)), len(ordered) - 1)] if ordered else float("nan")
@@ -253,12 +276,10 @@ def main(argv: list[str]) -> None:
             producer_rate = asyncio.run(fill(ns, "bench-read", args.messages))
             figures["producer_fill_rows_s"] = round(producer_rate)
             spark = spark_session()
-            source = (
-                spark.read.format("metaq")
-                .option("nameservers", ns)
-                .option("topic", "bench-read")
-                .load()
+            source_read = (
+                spark.read.format("metaq").option("nameservers", ns).option("topic", "bench-read")
             )
+            source = source_read.load()
             timed_rows(source)  # warm: JVM code paths and the Python workers, as for Parquet
             cpu = cpu_by_role()
             rows, took = timed_rows(source)
@@ -267,11 +288,27 @@ def main(argv: list[str]) -> None:
             figures["spark_read_cpu_s"] = spent(cpu, cpu_by_role())
             figures["spark_read_rows_s"] = round(steady_rows_s(source, args.messages))
             spark.dataSource.register(CeilingSource)
-            ceiling = spark.read.format("bench_ceiling").option("rows", args.messages).load()
+            ceiling_read = spark.read.format("bench_ceiling").option("rows", args.messages)
+            ceiling = ceiling_read.load()
             cpu = cpu_by_role()
             timed_rows(ceiling)
             figures["ceiling_read_cpu_s"] = spent(cpu, cpu_by_role())
             figures["python_source_ceiling_rows_s"] = round(steady_rows_s(ceiling, args.messages))
+            # The projection pattern: only the body, through the source and the stand-in.
+            body_only = source_read.schema(BODY_ONLY).load()
+            ceiling_body = ceiling_read.schema(BODY_ONLY).load()
+            for name, df in (
+                ("spark_read_body_only", body_only),
+                ("ceiling_body_only", ceiling_body),
+            ):
+                timed_rows(df)
+                cpu = cpu_by_role()
+                timed_rows(df)
+                figures[f"{name}_cpu_s"] = spent(cpu, cpu_by_role())
+            figures["spark_read_body_only_rows_s"] = round(steady_rows_s(body_only, args.messages))
+            figures["python_source_ceiling_body_only_rows_s"] = round(
+                steady_rows_s(ceiling_body, args.messages)
+            )
             parquet = str(work / "parquet")
             source.select("topic", "queue", "offset", "msg_id", "body").write.parquet(parquet)
             figures["parquet_read_rows_s"] = round(
@@ -306,6 +343,15 @@ def main(argv: list[str]) -> None:
     )
     figures["spark_read_vs_ceiling_ratio"] = round(
         figures["spark_read_rows_s"] / figures["python_source_ceiling_rows_s"], 3
+    )
+    figures["spark_read_body_only_vs_ceiling_ratio"] = round(
+        figures["spark_read_body_only_rows_s"] / figures["python_source_ceiling_body_only_rows_s"],
+        3,
+    )
+    # By CPU seconds, which a shared machine's load moves far less than rows/s: what the
+    # stand-in's read cost Spark, the broker and the workers against what the source's did.
+    figures["spark_read_body_only_vs_ceiling_cpu_ratio"] = round(
+        busy(figures["ceiling_body_only_cpu_s"]) / busy(figures["spark_read_body_only_cpu_s"]), 3
     )
     figures["ceiling_vs_parquet_ratio"] = round(
         figures["python_source_ceiling_rows_s"] / figures["parquet_read_rows_s"], 3
