@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from metaq.broker.__main__ import main as broker_main
 from metaq.broker.config import BrokerConfig, ConfigError, load_config
 from metaq.broker.store import FlushMode
 
@@ -161,3 +162,20 @@ def test_errors_name_the_file_or_the_flag(tmp_path: Path) -> None:
 def test_a_missing_file_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read config file"):
         load_config(["--config", str(tmp_path / "absent.toml")])
+
+
+def test_check_config_judges_the_file_and_starts_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    good = write(tmp_path, 'broker_name = "broker-b"\n[store]\nflush_timeout_ms = 2000\n')
+    bad = tmp_path / "bad.toml"
+    bad.write_text('broker_name = "broker-b"\nbogus_key = 1\n')
+
+    # A broker that started would serve until a signal: these return at once.
+    assert broker_main(["--check-config", str(good)]) == 0
+    assert f"{good}: a valid broker config" in capsys.readouterr().out
+    assert broker_main(["--check-config", str(bad)]) == 2
+    assert f"{bad}: bogus_key: unknown key 'bogus_key'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        broker_main(["--config", str(good), "--check-config", str(good)])
+    assert "not allowed with argument" in capsys.readouterr().err

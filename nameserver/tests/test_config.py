@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from metaq.nameserver.__main__ import main as nameserver_main
 from metaq.nameserver.config import NameServerConfig, load_config
 
 
@@ -114,3 +115,18 @@ def test_controller_peers_in_the_file_must_be_a_list_of_strings(tmp_path: Path) 
 def test_invalid_controller_settings_are_refused(settings: dict[str, object], problem: str) -> None:
     with pytest.raises(ValueError, match=problem):
         NameServerConfig(**settings)  # type: ignore[arg-type]
+
+
+def test_check_config_judges_the_file_and_starts_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    good = tmp_path / "nameserver.toml"
+    good.write_text("grpc_port = 7000\n")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("grpc_port = 7000\ngrcp_port = 7001\n")
+
+    # A nameserver that started would serve until a signal: these return at once.
+    assert nameserver_main(["--check-config", str(good)]) == 0
+    assert f"{good}: a valid nameserver config" in capsys.readouterr().out
+    assert nameserver_main(["--check-config", str(bad)]) == 2
+    assert f"{bad}: grcp_port: unknown key 'grcp_port'" in capsys.readouterr().err

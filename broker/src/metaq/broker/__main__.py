@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Final
 
 from metaq.broker.announce import nameserver_registrar
-from metaq.broker.config import BrokerConfig, load_config
+from metaq.broker.config import BrokerConfig, build_parser, config_from
 from metaq.broker.limits import set_nice
 from metaq.broker.process import Broker
 from metaq.common.config import ConfigError
@@ -62,11 +62,15 @@ async def run(config: BrokerConfig) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
-        config = load_config(argv)
+        config = config_from(args)
     except ConfigError as exc:
         print(f"metaq-broker: {exc}", file=sys.stderr)
         return 2
+    if args.check_config is not None:
+        print(f"metaq-broker: {args.check_config}: a valid broker config")
+        return 0
     logging.basicConfig(
         level=config.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -21,7 +21,15 @@ from typing import Final
 
 from metaq.broker.delay import DEFAULT_LEVELS, parse_levels
 from metaq.broker.store.config import MIB, FlushMode, StoreConfig
-from metaq.common.config import ConfigError, Schema, Setting, flag_settings, read_settings
+from metaq.common.config import (
+    ConfigError,
+    Schema,
+    Setting,
+    add_config_file_options,
+    config_file,
+    flag_settings,
+    read_settings,
+)
 from metaq.common.framing import MAX_FRAME_BYTES
 from metaq.common.model import ReplicationMode
 from metaq.common.record import HEADER_SIZE
@@ -392,7 +400,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--version", action="version", version=f"%(prog)s {installed_version('metaq-broker')}"
     )
-    parser.add_argument("--config", type=Path, help="TOML file; flags override its keys")
+    add_config_file_options(parser)
     add = parser.add_argument
     add("--broker-name")
     add("--cluster-name")
@@ -425,9 +433,10 @@ def build_parser() -> argparse.ArgumentParser:
 def config_from(args: argparse.Namespace) -> BrokerConfig:
     top: dict[str, Setting] = {}
     store: dict[str, Setting] = {}
-    if args.config is not None:
+    path = config_file(args)
+    if path is not None:
         # Quoted values have always been read as flags are (data_port = "10911").
-        found = read_settings(args.config, sections=("store",), text=True)
+        found = read_settings(path, sections=("store",), text=True)
         top, store = found[""], found["store"]
     top.update(flag_settings(args, _TOP.hints))
     for item in args.set:

@@ -216,6 +216,27 @@ def read_settings(
     return found
 
 
+def add_config_file_options(parser: argparse.ArgumentParser) -> None:
+    """``--config FILE``, or instead ``--check-config FILE``: the program loads the file (and
+    any flags) as it would to start, says whether it is valid and exits without starting
+    (0 valid, 2 not). Deploy tools run it on a new file before it replaces the one a
+    running process was started from (docs/deploy.md)."""
+    files = parser.add_mutually_exclusive_group()
+    files.add_argument("--config", type=Path, help="TOML file; flags override its keys")
+    files.add_argument(
+        "--check-config",
+        type=Path,
+        metavar="FILE",
+        help="load FILE as --config would, say whether it is valid and exit (0 valid, 2 not)",
+    )
+
+
+def config_file(args: argparse.Namespace) -> Path | None:
+    """The file of ``--config`` or ``--check-config``, None when neither was given."""
+    path: Path | None = args.config if args.config is not None else args.check_config
+    return path
+
+
 def flag_settings(args: argparse.Namespace, keys: Iterable[str]) -> dict[str, Setting]:
     """The flags given among ``keys`` (each flag's dest is its key; unset flags are None)."""
     found = {}

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import uvloop
 
-from metaq.nameserver.config import load_config
+from metaq.nameserver.config import config_from, parser
 from metaq.nameserver.process import NameServer
 
 log = logging.getLogger("metaq.nameserver")
@@ -48,11 +48,15 @@ async def serve(server: NameServer) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     try:
-        config = load_config(argv)
+        config = config_from(args)
     except (ValueError, OSError) as exc:
         print(f"metaq-nameserver: {exc}", file=sys.stderr)
         return 2
+    if args.check_config is not None:
+        print(f"metaq-nameserver: {args.check_config}: a valid nameserver config")
+        return 0
     logging.basicConfig(
         level=config.log_level,
         stream=sys.stderr,

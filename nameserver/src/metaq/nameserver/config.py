@@ -14,10 +14,16 @@ import argparse
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Final
 
-from metaq.common.config import ConfigError, Schema, flag_settings, read_settings
+from metaq.common.config import (
+    ConfigError,
+    Schema,
+    add_config_file_options,
+    config_file,
+    flag_settings,
+    read_settings,
+)
 from metaq.common.scrape_auth import MetricsAuth, config_problems
 from metaq.common.server_names import name_problems
 from metaq.common.tls import TlsConfig, TlsError, server_tls
@@ -162,7 +168,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--version", action="version", version=f"%(prog)s {installed_version('metaq-nameserver')}"
     )
-    p.add_argument("--config", type=Path, help="TOML file with the settings below")
+    add_config_file_options(p)
     for f in dataclasses.fields(NameServerConfig):
         # A switch alone means true; "--tls-verify-client false" also works.
         switch: dict[str, Any] = (
@@ -180,7 +186,11 @@ def parser() -> argparse.ArgumentParser:
 
 def load_config(argv: Sequence[str] | None = None) -> NameServerConfig:
     """Defaults, then the ``--config`` file, then flags; validated."""
-    args = parser().parse_args(argv)
-    settings = read_settings(args.config)[""] if args.config else {}
+    return config_from(parser().parse_args(argv))
+
+
+def config_from(args: argparse.Namespace) -> NameServerConfig:
+    path = config_file(args)
+    settings = read_settings(path)[""] if path is not None else {}
     settings.update(flag_settings(args, _SCHEMA.hints))
     return _SCHEMA.build(NameServerConfig, settings)
