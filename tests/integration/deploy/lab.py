@@ -16,6 +16,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -311,6 +312,38 @@ class Lab:
         assert done.returncode == 0, done.stderr
         brokers: list[dict[str, Any]] = json.loads(done.stdout)["brokers"]
         return brokers
+
+
+def ansible_env(work: Path) -> dict[str, str]:
+    """The environment ansible-playbook runs in for a test: the playbooks' ansible.cfg,
+    temporary files under ``work``, no colour."""
+    return {
+        **os.environ,
+        "ANSIBLE_CONFIG": str(PLAYBOOKS / "ansible.cfg"),
+        "ANSIBLE_LOCAL_TEMP": str(work / "ansible-tmp"),
+        "ANSIBLE_NOCOLOR": "1",
+    }
+
+
+def run_playbook(work: Path, tasks: list[dict[str, Any]], *args: str,
+                 **settings: object) -> subprocess.CompletedProcess[str]:  # fmt: skip
+    """``tasks`` in one play against this machine (no lab), after metaq_common's variables
+    are loaded; ``settings`` are the play's variables."""
+    playbook = work / "play.yml"
+    play = {"name": "metaq_common on this machine", "hosts": "localhost", "connection": "local",
+            "gather_facts": False,
+            "vars": {"ansible_python_interpreter": sys.executable, **settings},
+            "tasks": [{"name": "Load the metaq_common variables",
+                       "ansible.builtin.include_role": {"name": "metaq_common",
+                                                        "tasks_from": "noop.yml",
+                                                        "public": True}},
+                      *tasks]}  # fmt: skip
+    playbook.write_text(json.dumps([play]))
+    return subprocess.run(
+        [str(VENV_BIN / "ansible-playbook"), "-i", "localhost,", str(playbook), *args],
+        capture_output=True, text=True, env=ansible_env(work), cwd=PLAYBOOKS, timeout=120,
+        check=False,
+    )  # fmt: skip
 
 
 def _kill_pidfile(pidfile: Path) -> None:

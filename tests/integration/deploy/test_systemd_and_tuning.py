@@ -13,41 +13,13 @@ systemd (network namespaces, no init) and the ``vm.*`` sysctls are global to the
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
-import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
-from lab import PLAYBOOKS, VENV_BIN
+from lab import PLAYBOOKS, VENV_BIN, run_playbook
 
 SYSTEMD_ANALYZE = "/usr/bin/systemd-analyze"
-
-
-def run_playbook(work: Path, tasks: list[dict[str, Any]], *args: str,
-                 **settings: object) -> subprocess.CompletedProcess[str]:  # fmt: skip
-    playbook = work / "play.yml"
-    play = {"name": "metaq_common on this machine", "hosts": "localhost", "connection": "local",
-            "gather_facts": False,
-            "vars": {"ansible_python_interpreter": sys.executable, **settings},
-            "tasks": [{"name": "Load the metaq_common variables",
-                       "ansible.builtin.include_role": {"name": "metaq_common",
-                                                        "tasks_from": "noop.yml",
-                                                        "public": True}},
-                      *tasks]}  # fmt: skip
-    playbook.write_text(json.dumps([play]))
-    env = {
-        **os.environ,
-        "ANSIBLE_CONFIG": str(PLAYBOOKS / "ansible.cfg"),
-        "ANSIBLE_LOCAL_TEMP": str(work / "ansible-tmp"),
-        "ANSIBLE_NOCOLOR": "1",
-    }
-    return subprocess.run(
-        [str(VENV_BIN / "ansible-playbook"), "-i", "localhost,", str(playbook), *args],
-        capture_output=True, text=True, env=env, cwd=PLAYBOOKS, timeout=120, check=False,
-    )  # fmt: skip
 
 
 @pytest.mark.skipif(not Path(SYSTEMD_ANALYZE).exists(),
