@@ -148,13 +148,29 @@ class Lab:
                 "Subsystem sftp internal-sftp\nMaxSessions 50\nMaxStartups 50\n"
                 "LogLevel ERROR\n"
             )
-            with (self.work / f"sshd-{host}.log").open("wb") as log:
-                self.sshd[host] = subprocess.Popen(
-                    self.net.command(host, [SSHD, "-D", "-e", "-f", str(config)]),
-                    stdout=log, stderr=subprocess.STDOUT,
-                )  # fmt: skip
+            self.start_sshd(host)
         for host in self.hosts:
             wait_until(lambda h=host: self._ssh_ok(h), 30, f"sshd on {host} answers")
+
+    def start_sshd(self, host: str) -> None:
+        config = self.work / "ssh" / f"sshd-{host}.conf"
+        with (self.work / f"sshd-{host}.log").open("ab") as log:
+            self.sshd[host] = subprocess.Popen(
+                self.net.command(host, [SSHD, "-D", "-e", "-f", str(config)]),
+                stdout=log, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+
+    def stop_sshd(self, host: str) -> None:
+        """The host stops answering ssh; what the playbooks started on it goes on."""
+        process = self.sshd[host]
+        process.kill()
+        process.wait(timeout=10)
+        # A master connection ansible keeps open (ControlPersist) would still reach it.
+        self._close_control_masters()
+
+    def restore_sshd(self, host: str) -> None:
+        self.start_sshd(host)
+        wait_until(lambda: self._ssh_ok(host), 30, f"sshd on {host} answers again")
 
     def _ssh_ok(self, host: str) -> bool:
         done = subprocess.run(
@@ -175,15 +191,18 @@ class Lab:
         close ansible's ssh masters, kill the sshds, delete the namespaces; never raises."""
         for pidfile in self.work.glob("hosts/*/run/metaq/*.pid"):
             _kill_pidfile(pidfile)
-        # ansible's ControlPersist masters would outlive the run by their persist time.
-        for socket in (self.work / "cp").glob("*"):
-            subprocess.run(["ssh", "-O", "exit", "-o", f"ControlPath={socket}", "lab"],
-                           capture_output=True, timeout=10, check=False)  # fmt: skip
+        self._close_control_masters()
         for process in self.sshd.values():
             if process.poll() is None:
                 process.kill()
                 process.wait(timeout=10)
         self.net.destroy()
+
+    def _close_control_masters(self) -> None:
+        """ansible's ControlPersist masters, which outlive a run by their persist time."""
+        for socket in (self.work / "cp").glob("*"):
+            subprocess.run(["ssh", "-O", "exit", "-o", f"ControlPath={socket}", "lab"],
+                           capture_output=True, timeout=10, check=False)  # fmt: skip
 
     # --- inventory ----------------------------------------------------------------------
 
@@ -205,7 +224,9 @@ class Lab:
     def _write_inventory(self, *, scale_out: bool) -> None:
         brokers = {**BROKERS, **(SCALE_OUT if scale_out else {})}
         ssh = self.work / "ssh"
-        common = " ".join(self.ssh_options()[:2] + self.ssh_options()[4:])
+        # Without ssh_options()'s ConnectTimeout: the playbooks' own (ansible.cfg) is what
+        # a loaded lab is to be run with.
+        common = " ".join(self.ssh_options()[:2] + self.ssh_options()[4:-2])
         inventory = {
             "all": {
                 "vars": {

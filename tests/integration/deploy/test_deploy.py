@@ -14,9 +14,7 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,7 +22,7 @@ from chaoslib.checker import check
 from chaoslib.cluster import python_path
 from chaoslib.history import read_history
 from chaoslib.workload import ConsumerSpec, ProducerSpec, WorkloadSpec
-from lab import BROKERS, CLIENT, NAMESERVERS, REPO, SCALE_OUT, Lab, unavailable
+from lab import BROKERS, CLIENT, NAMESERVERS, REPO, SCALE_OUT, Lab
 
 from metaq.broker.config import load_config as load_broker_config
 from metaq.nameserver.config import load_config as load_nameserver_config
@@ -33,24 +31,6 @@ from metaq.testing.waiting import wait_until
 pytestmark = [pytest.mark.timeout(420), pytest.mark.lab]
 
 NEXT_VERSION = "0.1.0.post1"
-
-
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
-    why = unavailable()
-    if why:
-        pytest.skip(why)
-    work = tmp_path_factory.mktemp("deploy-lab")
-    dist = work / "dist"
-    started = time.monotonic()
-    subprocess.run([sys.executable, str(REPO / "deploy" / "build_dist.py"), "--out", str(dist)],
-                   check=True, capture_output=True)  # fmt: skip
-    print(f"make dist: {time.monotonic() - started:.1f} s")
-    made = Lab.create(work, dist)
-    try:
-        yield made
-    finally:
-        made.destroy()
 
 
 def test_site_deploys_a_cluster_a_client_uses_through_the_nameservers(lab: Lab) -> None:
