@@ -21,6 +21,8 @@ PREFLIGHT_TASKS = {
     "Leave the excluded hosts out of this run",
     "Connect to the host",
     "Stop the run, nothing changed, when a host did not answer",
+    "Note that the host answered",
+    "Say which hosts this run leaves out",
 }
 
 
