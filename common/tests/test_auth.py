@@ -12,7 +12,6 @@ from metaq.common.auth import (
     ClusterSecret,
     SecretError,
     call_metadata,
-    is_loopback,
     load_secret,
     require_secret,
     sign_call,
@@ -20,35 +19,40 @@ from metaq.common.auth import (
     verify_call,
     verify_http,
 )
+from metaq.common.server_names import TARGET_METADATA_KEY, is_loopback
 
 SECRET = ClusterSecret(b"0123456789abcdef0123", "test")
 OTHER = ClusterSecret(b"fedcba9876543210fedc", "test")
 NOW = 1_700_000_000.0
 
 
-def test_a_call_signed_with_the_secret_verifies() -> None:
-    proof = sign_call(SECRET, "Switchover", b"request", NOW)
+NS = "10.0.0.5:9876"
 
-    verify_call(SECRET, "Switchover", b"request", proof, NOW + 5)
+
+def test_a_call_signed_with_the_secret_verifies() -> None:
+    proof = sign_call(SECRET, "Switchover", NS, b"request", NOW)
+
+    verify_call(SECRET, "Switchover", NS, b"request", proof, NOW + 5)
 
 
 @pytest.mark.parametrize(
-    ("method", "body", "secret", "now", "why"),
+    ("method", "target", "body", "secret", "now", "why"),
     [
-        ("Switchover", b"request", OTHER, NOW, "does not match"),
-        ("RegisterBroker", b"request", SECRET, NOW, "does not match"),
-        ("Switchover", b"another request", SECRET, NOW, "does not match"),
-        ("Switchover", b"request", SECRET, NOW + auth.MAX_CLOCK_SKEW_S + 1, "synchronise"),
-        ("Switchover", b"request", SECRET, NOW - auth.MAX_CLOCK_SKEW_S - 1, "synchronise"),
+        ("Switchover", NS, b"request", OTHER, NOW, "does not match"),
+        ("RegisterBroker", NS, b"request", SECRET, NOW, "does not match"),
+        ("Switchover", "10.0.0.6:9876", b"request", SECRET, NOW, "does not match"),
+        ("Switchover", NS, b"another request", SECRET, NOW, "does not match"),
+        ("Switchover", NS, b"request", SECRET, NOW + auth.MAX_CLOCK_SKEW_S + 1, "synchronise"),
+        ("Switchover", NS, b"request", SECRET, NOW - auth.MAX_CLOCK_SKEW_S - 1, "synchronise"),
     ],
 )
 def test_a_proof_for_anything_else_is_refused(
-    method: str, body: bytes, secret: ClusterSecret, now: float, why: str
+    method: str, target: str, body: bytes, secret: ClusterSecret, now: float, why: str
 ) -> None:
-    proof = sign_call(SECRET, "Switchover", b"request", NOW)
+    proof = sign_call(SECRET, "Switchover", NS, b"request", NOW)
 
     with pytest.raises(AuthFailed, match=why):
-        verify_call(secret, method, body, proof, now)
+        verify_call(secret, method, target, body, proof, now)
 
 
 @pytest.mark.parametrize("proof", [None, "", "v1", "v2:1:ab", "v1:x:ab", "v1:1700000000000:zz"])
@@ -56,7 +60,7 @@ def test_a_missing_or_malformed_proof_is_refused_saying_what_to_configure(
     proof: str | None,
 ) -> None:
     with pytest.raises(AuthFailed) as caught:
-        verify_call(SECRET, "Switchover", b"", proof, NOW)
+        verify_call(SECRET, "Switchover", NS, b"", proof, NOW)
 
     assert "Switchover" in str(caught.value)
 
@@ -71,17 +75,24 @@ def test_an_http_proof_covers_its_purpose_and_body_and_is_no_grpc_proof() -> Non
                         (purpose, b'{"perm": "read-only"}')):  # fmt: skip
         with pytest.raises(AuthFailed, match="does not match this server's cluster secret"):
             verify_http(SECRET, other, body, proof, NOW)
+    grpc_purpose = purpose.removeprefix("http ")  # the same words, as a gRPC call's
+    method, target = grpc_purpose.split(" ", 1)
     with pytest.raises(AuthFailed, match="does not match"):
-        verify_call(SECRET, purpose, b"{}", proof, NOW)
-    with pytest.raises(AuthFailed, match="does not match"):
-        verify_http(SECRET, purpose, b"{}", sign_call(SECRET, purpose, b"{}", NOW), NOW)
+        verify_call(SECRET, method, target, b"{}", proof, NOW)
+    for grpc_proof in (
+        sign_call(SECRET, method, target, b"{}", NOW),
+        sign_call(SECRET, purpose, "", b"{}", NOW),
+    ):
+        with pytest.raises(AuthFailed, match="does not match"):
+            verify_http(SECRET, purpose, b"{}", grpc_proof, NOW)
 
 
 def test_no_secret_sends_no_metadata() -> None:
-    assert call_metadata(None, "Session", b"", NOW) == ()
-    ((key, value),) = call_metadata(SECRET, "Session", b"", NOW)
-    assert key == auth.METADATA_KEY
-    verify_call(SECRET, "Session", b"", value, NOW)
+    assert call_metadata(None, "Session", NS, b"", NOW) == ()
+    metadata = dict(call_metadata(SECRET, "Session", NS, b"", NOW))
+    assert metadata.keys() == {auth.METADATA_KEY, TARGET_METADATA_KEY}
+    assert metadata[TARGET_METADATA_KEY] == NS
+    verify_call(SECRET, "Session", NS, b"", metadata[auth.METADATA_KEY], NOW)
 
 
 def test_replica_proofs_depend_on_role_identity_both_nonces_and_the_provers_address() -> None:
@@ -105,17 +116,17 @@ def test_replica_proofs_depend_on_role_identity_both_nonces_and_the_provers_addr
 def test_a_session_proof_is_over_the_broker_it_names() -> None:
     x = auth.session_identity("c1", "broker-x", 0, "10.0.0.1:9000")
     y = auth.session_identity("c1", "broker-y", 0, "10.0.0.1:9000")
-    metadata = dict(auth.session_metadata(SECRET, x, NOW))
+    metadata = dict(auth.session_metadata(SECRET, NS, x, NOW))
 
     assert metadata[auth.SESSION_IDENTITY_KEY] == x
     proof = metadata[auth.METADATA_KEY]
     assert isinstance(proof, str)
-    assert verify_call(SECRET, "Session", x, proof, NOW) == NOW
-    for body in (y, b""):
+    assert verify_call(SECRET, "Session", NS, x, proof, NOW) == NOW
+    for target, body in ((NS, y), (NS, b""), ("10.0.0.6:9876", x)):
         with pytest.raises(AuthFailed, match="does not match"):
-            verify_call(SECRET, "Session", body, proof, NOW)
+            verify_call(SECRET, "Session", target, body, proof, NOW)
     # Without a secret the identity still goes, binding the stream, with no proof.
-    assert auth.session_metadata(None, x, NOW) == ((auth.SESSION_IDENTITY_KEY, x),)
+    assert auth.session_metadata(None, NS, x, NOW) == ((auth.SESSION_IDENTITY_KEY, x),)
 
 
 def test_the_raft_password_is_derived_and_not_the_secret() -> None:

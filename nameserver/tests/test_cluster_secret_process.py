@@ -23,6 +23,7 @@ import pytest
 from pysyncobj.encryptor import getEncryptor  # type: ignore[import-untyped]
 
 from metaq.common.auth import ENV_VAR, ClusterSecret, call_metadata
+from metaq.common.server_names import target_of
 from metaq.common.v1 import control_pb2 as pb
 from metaq.common.v1 import control_pb2_grpc
 from metaq.testing.nameserver_fakes import FakeBroker
@@ -364,7 +365,9 @@ def test_calls_that_change_the_cluster_need_the_secret_and_change_nothing_withou
                     ]
                     # Refused as it opens, before any heartbeat is read: writing one would
                     # race the refusal (and end the call INTERNAL instead).
-                    session = stub.Session(metadata=session_proof(secret) if secret else ())
+                    session = stub.Session(
+                        metadata=session_proof(address, secret) if secret else ()
+                    )
                     codes.append(await _session_code(session))
                     await _finish(session)
                 assert codes == [grpc.StatusCode.UNAUTHENTICATED] * 5, (secret, codes)
@@ -462,7 +465,7 @@ def test_a_captured_session_proof_registers_no_broker_but_the_one_it_names(
 
     async def scenario() -> None:
         # What broker X's Session opened with, as someone on the path would capture it.
-        captured = session_proof(broker=_X)
+        captured = session_proof(address, broker=_X)
         forgeries = [
             _heartbeat(_forged(7, "10.6.6.6:1", 99).broker),  # another broker
             _heartbeat(_X, data_address="10.6.6.6:1"),  # X, but taking its sends elsewhere
@@ -514,7 +517,8 @@ def test_an_unregistration_signed_before_the_brokers_current_registration_is_ref
         await wait_until_async(x_registered, SETTLE_S, "broker-x/0 registers")
         # Captured while the first incarnation runs...
         signed_s = time.time()
-        captured = call_metadata(secret, "UnregisterBroker", body, signed_s)
+        target = target_of(address)
+        captured = call_metadata(secret, "UnregisterBroker", target, body, signed_s)
         await first.close()
 
         # Proofs are dated to the millisecond: a restart signed within the same one
@@ -543,7 +547,7 @@ def test_an_unregistration_signed_before_the_brokers_current_registration_is_ref
                 assert await x_registered()
 
                 # One the broker signs now goes through.
-                fresh = call_metadata(secret, "UnregisterBroker", body, time.time())
+                fresh = call_metadata(secret, "UnregisterBroker", target, body, time.time())
                 left = await stub.UnregisterBroker(leave, metadata=fresh)
                 assert left.removed
         finally:

@@ -130,7 +130,9 @@ def test_undecodable_grpc_requests_get_invalid_argument_naming_the_message(
             answers = 0
             try:
                 # A member proving the secret, so the garbage is what is judged.
-                async for _ in session(iter([b"\xff\xff\xff"]), metadata=session_proof()):
+                async for _ in session(
+                    iter([b"\xff\xff\xff"]), metadata=session_proof(nameserver.grpc_address)
+                ):
                     answers += 1
             except grpc.aio.AioRpcError as exc:
                 streamed = exc

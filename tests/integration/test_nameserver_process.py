@@ -285,7 +285,7 @@ def test_registrations_the_nameserver_cannot_accept_fail_with_a_reason(
             assert "PERMISSION_READ_WRITE" in (error.details() or "")
 
             no_table = pb.BrokerHeartbeat(broker=register_request("broker-c", "", 1).broker)
-            call = stub.Session(metadata=session_proof(broker=no_table.broker))
+            call = stub.Session(metadata=session_proof(server.grpc_address, broker=no_table.broker))
             await call.write(no_table)
             error = await rpc_error(call.read())
             assert error.code() is grpc.StatusCode.INVALID_ARGUMENT

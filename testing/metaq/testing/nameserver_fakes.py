@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from metaq.common.auth import ClusterSecret, session_identity, session_metadata
+from metaq.common.server_names import target_of
 from metaq.common.v1 import control_pb2 as pb
 from metaq.common.v1 import control_pb2_grpc
 from metaq.testing.waiting import cluster_secret_for_tests, wait_until_async
@@ -105,7 +106,7 @@ class FakeBroker:
             identity = session_identity(
                 self.cluster, self.broker_name, self.broker_id, self.data_address
             )
-            metadata = session_metadata(self.secret, identity, time.time())
+            metadata = session_metadata(self.secret, target_of(address), identity, time.time())
             call = control_pb2_grpc.NameServerStub(channel).Session(metadata=metadata)
             link = _Link(address, channel, call)
             link.reader = asyncio.get_running_loop().create_task(self._read(link))

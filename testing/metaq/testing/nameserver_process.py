@@ -34,6 +34,7 @@ import grpc
 from google.protobuf.message import Message
 
 from metaq.common.auth import ClusterSecret, call_metadata, session_identity, session_metadata
+from metaq.common.server_names import target_of
 from metaq.common.tls import TlsConfig, grpc_channel
 from metaq.common.v1 import control_pb2 as pb
 from metaq.testing.waiting import cluster_secret_for_tests, deadline, secret_env
@@ -166,10 +167,12 @@ def start_nameserver(
 
 
 class _SigningInterceptor(grpc.aio.UnaryUnaryClientInterceptor):
-    """Adds the proof of ``secret`` to every unary call, as brokers and tools do."""
+    """Adds the proof of ``secret`` to every unary call to the nameserver at ``address``,
+    as brokers and tools do."""
 
-    def __init__(self, secret: ClusterSecret) -> None:
+    def __init__(self, secret: ClusterSecret, address: str) -> None:
         self._secret = secret
+        self._target = target_of(address)
 
     async def intercept_unary_unary(
         self,
@@ -184,7 +187,9 @@ class _SigningInterceptor(grpc.aio.UnaryUnaryClientInterceptor):
         method = details.method.decode() if isinstance(details.method, bytes) else details.method
         assert isinstance(request, Message)
         body = request.SerializeToString(deterministic=True)
-        proof = call_metadata(self._secret, method.rpartition("/")[2], body, time.time())
+        proof = call_metadata(
+            self._secret, method.rpartition("/")[2], self._target, body, time.time()
+        )
         metadata = grpc.aio.Metadata(*(details.metadata or ()), *proof)
         signed = grpc.aio.ClientCallDetails(
             details.method, details.timeout, metadata, details.credentials, details.wait_for_ready
@@ -199,15 +204,16 @@ def signed_channel(
     ``secret`` (by default the tests' one); a Session stream opened on it must pass its
     own metadata."""
     secret = secret or cluster_secret_for_tests()
-    return grpc_channel(address, tls, interceptors=[_SigningInterceptor(secret)])
+    return grpc_channel(address, tls, interceptors=[_SigningInterceptor(secret, address)])
 
 
 def session_proof(
-    secret: ClusterSecret | None = None, *, broker: pb.BrokerState | None = None
+    address: str, secret: ClusterSecret | None = None, *, broker: pb.BrokerState | None = None
 ) -> tuple[tuple[str, str | bytes], ...]:
-    """The metadata a Session stream opens with, proving ``secret`` (the tests' one) for
-    ``broker`` (its cluster, name, id and data address): the nameserver refuses heartbeats
-    for any other broker on that stream. Without ``broker``, for one that is never sent."""
+    """The metadata a Session stream to the nameserver at ``address`` opens with, proving
+    ``secret`` (the tests' one) for ``broker`` (its cluster, name, id and data address):
+    the nameserver refuses heartbeats for any other broker on that stream. Without
+    ``broker``, for one that is never sent."""
     if broker is None:
         broker = pb.BrokerState(
             cluster="none", broker_name="unnamed", broker_id=0, data_address="127.0.0.1:1"
@@ -215,7 +221,8 @@ def session_proof(
     identity = session_identity(
         broker.cluster, broker.broker_name, broker.broker_id, broker.data_address
     )
-    return session_metadata(secret or cluster_secret_for_tests(), identity, time.time())
+    secret = secret or cluster_secret_for_tests()
+    return session_metadata(secret, target_of(address), identity, time.time())
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:

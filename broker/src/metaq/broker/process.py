@@ -47,11 +47,11 @@ from metaq.broker.topics import TopicTable
 from metaq.broker.transactions import Transactions, TransactionService
 from metaq.broker.user_auth import UserGate, denied_counter
 from metaq.common.acl_source import AclReloader, AclSource, open_source
-from metaq.common.auth import ClusterSecret, is_loopback, load_secret, require_secret
+from metaq.common.auth import ClusterSecret, load_secret, require_secret
 from metaq.common.framing import FrameType
 from metaq.common.http_auth import HttpAuth, SignedRequests
 from metaq.common.scrape_auth import load_scrape_credentials
-from metaq.common.server_names import ServerNames
+from metaq.common.server_names import ServerNames, is_loopback
 from metaq.common.service import PeriodicService
 
 log = logging.getLogger(__name__)

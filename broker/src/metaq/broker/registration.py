@@ -33,6 +33,7 @@ from tenacity.wait import wait_random_exponential
 
 from metaq.common.auth import ClusterSecret, call_metadata, session_identity, session_metadata
 from metaq.common.model import BrokerState, TopicConfig
+from metaq.common.server_names import target_of
 from metaq.common.service import cancel_and_wait
 from metaq.common.tls import TlsConfig, grpc_channel
 from metaq.common.v1 import control_pb2 as pb
@@ -114,7 +115,9 @@ class _Link:
     async def unregister(self, broker_name: str, broker_id: int, timeout_s: float) -> None:
         request = pb.UnregisterBrokerRequest(broker_name=broker_name, broker_id=broker_id)
         body = request.SerializeToString(deterministic=True)
-        metadata = call_metadata(self._registrar.secret, "UnregisterBroker", body, time.time())
+        metadata = call_metadata(
+            self._registrar.secret, "UnregisterBroker", target_of(self.address), body, time.time()
+        )
         try:
             async with grpc_channel(self.address, self._registrar.tls) as channel:
                 stub = control_pb2_grpc.NameServerStub(channel)
@@ -166,7 +169,9 @@ class _Link:
                 identity = session_identity(
                     me.cluster, me.broker_name, me.broker_id, me.data_address
                 )
-                metadata = session_metadata(registrar.secret, identity, time.time())
+                metadata = session_metadata(
+                    registrar.secret, target_of(self.address), identity, time.time()
+                )
                 call = control_pb2_grpc.NameServerStub(channel).Session(metadata=metadata)
 
                 # When each unanswered heartbeat was sent (monotonic), by sequence.

@@ -31,6 +31,7 @@ from metaq.client.errors import NoNameServer, UnknownTopic
 from metaq.client.user_calls import UserSigningInterceptor
 from metaq.common.errors import ErrorCode, MetaqError
 from metaq.common.model import Permission, ReplicationMode, Role, TopicRoute
+from metaq.common.server_names import target_of
 from metaq.common.service import PeriodicService
 from metaq.common.tls import TlsConfig, grpc_channel, grpc_hint
 from metaq.common.users import Credentials, load_credentials
@@ -426,7 +427,9 @@ class RouteCache:
     def _channel(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.get(address)
         if channel is None:
-            signing = [UserSigningInterceptor(self.credentials)] if self.credentials else None
+            signing = (
+                [UserSigningInterceptor(self.credentials, address)] if self.credentials else None
+            )
             channel = grpc_channel(address, self.tls, interceptors=signing)
             self._channels[address] = channel
         return channel
@@ -439,7 +442,21 @@ class RouteCache:
         answered: list[str] | None = None,
     ) -> T:
         """Run ``call`` against the preferred nameserver, then the others in turn (what
-        every nameserver request of this client goes through, the admin's too).
+        every nameserver request of this client goes through, the admin's too); see
+        :meth:`call_at`."""
+        return await self.call_at(
+            lambda stub, _target: call(stub), not_found=not_found, answered=answered
+        )
+
+    async def call_at(
+        self,
+        call: Callable[[NameServerAsyncStub, str], Awaitable[T]],
+        *,
+        not_found: Callable[[str], MetaqError] | None = None,
+        answered: list[str] | None = None,
+    ) -> T:
+        """:meth:`call`, with the nameserver each attempt goes to as ``call``'s second
+        argument (``target_of`` its address), for a call signed for that one nameserver.
 
         NOT_FOUND raises ``not_found(detail)`` when given; a refusal of the request itself
         raises NameServerError at once; else NoNameServer once every one failed. The
@@ -450,7 +467,7 @@ class RouteCache:
             index = (self._preferred + step) % count
             address = self.nameservers[index]
             try:
-                result = await call(NameServerStub(self._channel(address)))
+                result = await call(NameServerStub(self._channel(address)), target_of(address))
             except grpc.aio.AioRpcError as exc:
                 status = exc.code()
                 detail = exc.details() or status.name

@@ -6,11 +6,14 @@ proves it with an HMAC-SHA256 keyed by a key derived from it, over what the proo
 for, so a proof taken from one place is worthless in another.
 
 - Control plane (gRPC): a mutating call carries ``x-metaq-auth`` metadata, an HMAC over
-  the method, a wall-clock timestamp and the request's serialized bytes; the nameserver
-  accepts it within :data:`MAX_CLOCK_SKEW_S` of its own clock (:func:`sign_call`,
-  :func:`verify_call`). A ``Session`` stream has no request of its own to sign, so it
-  opens with the broker's identity in :data:`SESSION_IDENTITY_KEY` metadata and the proof
-  covers that: the stream can only ever speak for that one broker.
+  the method, the nameserver it is for (``x-metaq-target``, ``host:port`` as dialled:
+  :func:`metaq.common.server_names.signed_purpose`, as HTTP proofs), a wall-clock
+  timestamp and the request's serialized bytes; the nameserver accepts it within
+  :data:`MAX_CLOCK_SKEW_S` of its own clock when it names that nameserver
+  (:func:`call_metadata`, :func:`verify_call`), so a call captured on its way to one
+  nameserver is refused by the others. A ``Session`` stream has no request of its own to
+  sign, so it opens with the broker's identity in :data:`SESSION_IDENTITY_KEY` metadata
+  and the proof covers that: the stream can only ever speak for that one broker.
 - Data plane (replication): a nonce from each side, then each side answers with an HMAC
   over both nonces, its role, the slave's identity and its own advertised data address
   (:func:`replica_proof`), once per connection, so neither can replay an old
@@ -30,7 +33,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import ipaddress
 import logging
 import os
 import secrets
@@ -39,6 +41,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Final
 
+from metaq.common.server_names import TARGET_METADATA_KEY, signed_purpose
 from metaq.common.v1 import control_pb2
 
 log = logging.getLogger(__name__)
@@ -141,17 +144,6 @@ def load_secret(file: str, env: Mapping[str, str] | None = None) -> ClusterSecre
     return None
 
 
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` (a name or address, maybe bracketed) is this machine only."""
-    host = host.strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def require_secret(
     secret: ClusterSecret | None, component: str, reasons: Iterable[str]
 ) -> ClusterSecret | None:
@@ -183,17 +175,19 @@ def require_secret(
 # --- control plane ----------------------------------------------------------------------
 
 
-def sign_call(secret: ClusterSecret, method: str, request: bytes, now_s: float) -> str:
+def sign_call(secret: ClusterSecret, method: str, target: str, request: bytes, now_s: float) -> str:
     """The ``x-metaq-auth`` value proving the secret for one call of ``method``
-    (e.g. ``"Switchover"``) with ``request`` (``SerializeToString(deterministic=True)``)."""
-    return _sign(secret, "grpc", method, request, now_s)
+    (e.g. ``"Switchover"``) to the nameserver ``target``
+    (:func:`~metaq.common.server_names.target_of` the address dialled) with ``request``
+    (``SerializeToString(deterministic=True)``)."""
+    return _sign(secret, "grpc", signed_purpose("grpc", method, target), request, now_s)
 
 
 def sign_http(secret: ClusterSecret, purpose: str, body: bytes, now_s: float) -> str:
     """The :data:`HTTP_HEADER` value proving the secret for one HTTP request (the
     nameservers' console calling a broker's admin API): over ``purpose``
-    (:func:`metaq.common.http_auth.signed_purpose`: the method, the server it is for, its
-    request id, the path with its query as sent) and the body. Worthless as a gRPC proof
+    (:func:`metaq.common.server_names.signed_purpose` of the method, the server it is
+    for, its request id, the path with its query as sent) and the body. Worthless as a gRPC proof
     and back."""
     return _sign(secret, "http", purpose, body, now_s)
 
@@ -205,12 +199,16 @@ def _sign(secret: ClusterSecret, domain: str, what: str, request: bytes, now_s: 
 
 
 def call_metadata(
-    secret: ClusterSecret | None, method: str, request: bytes, now_s: float
+    secret: ClusterSecret | None, method: str, target: str, request: bytes, now_s: float
 ) -> tuple[tuple[str, str], ...]:
-    """gRPC metadata for a call: the proof, or nothing when there is no secret."""
+    """gRPC metadata for a call to the nameserver ``target``: the server it is for and
+    the proof, or nothing when there is no secret."""
     if secret is None:
         return ()
-    return ((METADATA_KEY, sign_call(secret, method, request, now_s)),)
+    return (
+        (TARGET_METADATA_KEY, target),
+        (METADATA_KEY, sign_call(secret, method, target, request, now_s)),
+    )
 
 
 def session_identity(cluster: str, broker_name: str, broker_id: int, data_address: str) -> bytes:
@@ -222,18 +220,28 @@ def session_identity(cluster: str, broker_name: str, broker_id: int, data_addres
 
 
 def session_metadata(
-    secret: ClusterSecret | None, identity: bytes, now_s: float
+    secret: ClusterSecret | None, target: str, identity: bytes, now_s: float
 ) -> tuple[tuple[str, str | bytes], ...]:
-    """gRPC metadata a Session stream opens with: the broker's :func:`session_identity`,
-    and with a secret the proof over it."""
-    return ((SESSION_IDENTITY_KEY, identity), *call_metadata(secret, "Session", identity, now_s))
+    """gRPC metadata a Session stream to the nameserver ``target`` opens with: the
+    broker's :func:`session_identity`, and with a secret the proof over it."""
+    return (
+        (SESSION_IDENTITY_KEY, identity),
+        *call_metadata(secret, "Session", target, identity, now_s),
+    )
 
 
 def verify_call(
-    secret: ClusterSecret, method: str, request: bytes, proof: str | None, now_s: float
+    secret: ClusterSecret,
+    method: str,
+    target: str,
+    request: bytes,
+    proof: str | None,
+    now_s: float,
 ) -> float:
     """Raise :class:`AuthFailed`, saying what to configure, unless ``proof`` is
-    :func:`sign_call`'s for this method and request within the skew window.
+    :func:`sign_call`'s for this method, nameserver (``target``, which the caller checked
+    is this one: :meth:`~metaq.common.server_names.ServerNames.check`) and request within
+    the skew window.
 
     Returns when the caller signed it (seconds, the caller's clock), so that a receiver
     can order two proofs of one caller without comparing clocks."""
@@ -242,14 +250,15 @@ def verify_call(
             f"{method} needs proof of the cluster secret ({METADATA_KEY} metadata) and the "
             f"call carried none; {HOW_TO}"
         )
-    return _verify(secret, "grpc", method, request, proof, now_s, "this nameserver")
+    purpose = signed_purpose("grpc", method, target)
+    return _verify(secret, "grpc", purpose, request, proof, now_s, "this nameserver", method)
 
 
 def verify_http(
     secret: ClusterSecret, purpose: str, body: bytes, proof: str, now_s: float
 ) -> float:
     """:func:`verify_call` for a :func:`sign_http` proof (a server's HTTP admin API)."""
-    return _verify(secret, "http", purpose, body, proof, now_s, "this server")
+    return _verify(secret, "http", purpose, body, proof, now_s, "this server", purpose)
 
 
 def _verify(
@@ -260,21 +269,22 @@ def _verify(
     proof: str,
     now_s: float,
     where: str,
+    shown_as: str,
 ) -> float:
     version, _, rest = proof.partition(":")
     stamp, _, digest = rest.partition(":")
     if version != _VERSION or not stamp.isdigit():
-        raise AuthFailed(f"{what}: the cluster-secret proof is malformed")
+        raise AuthFailed(f"{shown_as}: the cluster-secret proof is malformed")
     skew_s = abs(int(stamp) / 1000 - now_s)
     if skew_s > MAX_CLOCK_SKEW_S:
         raise AuthFailed(
-            f"{what}: the proof is dated {skew_s:.0f} s away from {where}'s clock "
+            f"{shown_as}: the proof is dated {skew_s:.0f} s away from {where}'s clock "
             f"(at most {MAX_CLOCK_SKEW_S:.0f} s); synchronise the clocks (NTP)"
         )
     expected = secret.mac(domain, what.encode(), stamp.encode(), request).hex()
     if not hmac.compare_digest(expected, digest):
         raise AuthFailed(
-            f"{what}: the proof does not match {where}'s cluster secret; "
+            f"{shown_as}: the proof does not match {where}'s cluster secret; "
             "the caller holds a different secret"
         )
     return int(stamp) / 1000

@@ -6,7 +6,7 @@ including ones added to the app later (the console), needs a user holding ``admi
 cluster``, proven one of two ways:
 
 - **Tools** sign each request: header ``X-Metaq-User`` with
-  :func:`metaq.common.users.sign_request` over :func:`signed_purpose` and the body,
+  :func:`metaq.common.users.sign_request` over :func:`_purpose` and the body,
   within the clock window; each proof is taken once (a replay within the window is
   refused).
 - **People** log in: ``POST /login`` with JSON ``{"access_key", "secret_key"}`` (the
@@ -62,7 +62,7 @@ from metaq.common.http import json_object, same_site
 from metaq.common.login_guard import LoginGuard
 from metaq.common.names import shown
 from metaq.common.scrape_auth import MetricsAuth, ScrapeCredentials
-from metaq.common.server_names import ServerNames
+from metaq.common.server_names import ServerNames, signed_purpose
 from metaq.common.users import (
     MAX_CLOCK_SKEW_S,
     USER_METADATA_KEY,
@@ -138,11 +138,11 @@ def _refusal(status: int, message: str) -> web.Response:
     return web.json_response({"error": message}, status=status)
 
 
-def signed_purpose(method: str, target: str, request_id: str, path_qs: str) -> str:
-    """What both kinds of proof of an HTTP request cover, besides its body and time: the
-    method, the server it is for (:func:`~metaq.common.server_names.http_target`), its
-    request id and the path with its query as sent (percent-encoded)."""
-    return f"http {method} {target} {request_id} {path_qs}"
+def _purpose(method: str, target: str, request_id: str, path_qs: str) -> str:
+    """What both kinds of proof of an HTTP request cover, besides its body and time
+    (:func:`~metaq.common.server_names.signed_purpose`): the method, the server it is for,
+    its request id and the path with its query as sent (percent-encoded)."""
+    return signed_purpose("http", method, target, request_id, path_qs)
 
 
 def sign_headers(
@@ -161,7 +161,7 @@ def sign_headers(
     if secret is None and credentials is None:
         return {}
     request_id = secrets.token_hex(REQUEST_ID_BYTES)
-    purpose = signed_purpose(method, target, request_id, path_qs)
+    purpose = _purpose(method, target, request_id, path_qs)
     now_s = time.time() if now_s is None else now_s
     headers = {TARGET_HEADER: target, REQUEST_ID_HEADER: request_id}
     if secret is not None:
@@ -235,19 +235,16 @@ class SignedRequests:
 
     def _purpose(self, request: web.Request) -> str:
         """What the request's proof must cover, once it is known to be for this server."""
-        target = request.headers.get(TARGET_HEADER)
+        target = self.names.check(request.headers.get(TARGET_HEADER), TARGET_HEADER)
         request_id = request.headers.get(REQUEST_ID_HEADER, "")
-        if not target or not _REQUEST_ID.fullmatch(request_id):
+        if not _REQUEST_ID.fullmatch(request_id):
             raise ProofError(
-                f"a signed request names the server it is for ({TARGET_HEADER}: host:port as "
-                f"dialled) and carries a request id ({REQUEST_ID_HEADER}: "
-                f"{2 * REQUEST_ID_BYTES} hex digits), both under its proof; this one lacks "
-                "them: sign it with a metaq client of this release",
+                f"a signed request carries a request id ({REQUEST_ID_HEADER}: "
+                f"{2 * REQUEST_ID_BYTES} hex digits) under its proof; this one lacks it: sign "
+                "it with a metaq client of this release",
                 "unbound",
             )
-        if target not in self.names:
-            raise ProofError(self.names.refusal(shown(target)), "wrong_server")
-        return signed_purpose(request.method, target, request_id, request.path_qs)
+        return _purpose(request.method, target, request_id, request.path_qs)
 
     def _once(self, proof: bytes) -> None:
         """Take a proof, or refuse it as a replay of one already taken."""

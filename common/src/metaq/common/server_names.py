@@ -1,14 +1,18 @@
-"""Which server a signed HTTP request is for: the names a server answers to, and the one
-spelling of ``host:port`` that signers and servers compare.
+"""Which server a signed request is for: the names a server answers to, the one spelling
+of ``host:port`` that signers and servers compare, and what every signed request's proof
+covers (:func:`signed_purpose`).
 
-A signed admin request (``metaq.common.http_auth``) names the server it is addressed to,
-``host:port`` as the signer dialled it, and its proof covers that name. A server takes it
-only when the name is one of its own: the host it listens on with the port it got, any
-loopback spelling of them when it listens on loopback, and what the operator lists in
-``http_names`` (a DNS name, a load balancer's address, an SSH tunnel's
-``localhost:PORT``). The request's ``Host`` header plays no part: the sender chooses it.
-So a request signed for one nameserver is worthless at another, and one signed for a
-master at its slave, even within the proofs' clock window.
+A signed request, an HTTP admin request (``metaq.common.http_auth``) or a gRPC call to a
+nameserver (``metaq.common.auth``, ``metaq.common.users``), names the server it is
+addressed to, ``host:port`` as the signer dialled it (HTTP header ``X-Metaq-Target``,
+gRPC metadata :data:`TARGET_METADATA_KEY`), and its proof covers that name. A server
+takes it only when the name is one of its own (:meth:`ServerNames.check`): the host the
+listener listens on with the port it got, any loopback spelling of them when it listens
+on loopback, and what the operator lists in ``http_names`` (a DNS name, a load
+balancer's address, an SSH tunnel's ``localhost:PORT``; a name without a port stands for
+every listener of the server). The request's ``Host`` header or ``:authority`` plays no
+part: the sender chooses them. So a request signed for one nameserver is worthless at
+another, and one signed for a master at its slave, even within the proofs' clock window.
 
 Nothing here does I/O.
 """
@@ -20,10 +24,32 @@ import ipaddress
 from collections.abc import Iterable, Sequence
 from typing import Final
 
-from metaq.common.auth import is_loopback
+from metaq.common.names import shown
+from metaq.common.users import ProofError
 
+TARGET_METADATA_KEY: Final = "x-metaq-target"
+"""The gRPC metadata key naming the server a signed call is for (HTTP: X-Metaq-Target)."""
 _LOOPBACK: Final = ("localhost", "127.0.0.1", "::1")
 _WILDCARDS: Final = frozenset({"", "0.0.0.0", "::", "[::]"})
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a name or address, maybe bracketed) is this machine only."""
+    host = host.strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def signed_purpose(plane: str, method: str, target: str, *more: str) -> str:
+    """What a signed request's proof covers besides its body and time, on either plane:
+    the plane (``http``, ``grpc``), the method (``POST``, ``Switchover``), the server it is
+    for (:func:`http_target`) and what else the plane names (HTTP: the request id, the
+    path with its query as sent)."""
+    return " ".join((plane, method, target, *more))
 
 
 def http_target(host: str, port: int) -> str:
@@ -33,6 +59,14 @@ def http_target(host: str, port: int) -> str:
     with contextlib.suppress(ValueError):  # else a name, kept as it is
         host = str(ipaddress.ip_address(host))
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def target_of(address: str) -> str:
+    """:func:`http_target` of an address as dialled, ``host:port`` (IPv6 in brackets)."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"{address!r} is not HOST:PORT")
+    return http_target(host, int(port))
 
 
 def split_name(entry: str) -> tuple[str, int | None]:
@@ -96,6 +130,20 @@ class ServerNames:
 
     def __contains__(self, target: object) -> bool:
         return target in self._names
+
+    def check(self, target: str | None, key: str) -> str:
+        """``target``, a signed request's named server (``key``: the header or metadata
+        that carried it), when it is this server; else ProofError saying why."""
+        if not target:
+            raise ProofError(
+                f"a signed request names the server it is for ({key}: host:port as "
+                "dialled) under its proof; this one does not: sign it with a metaq client "
+                "of this release",
+                "unbound",
+            )
+        if target not in self._names:
+            raise ProofError(self.refusal(shown(target)), "wrong_server")
+        return target
 
     def describe(self) -> str:
         """The names, for an error message."""

@@ -10,10 +10,10 @@ import grpc
 from aiohttp import web
 
 from metaq.common.acl_source import AclReloader, open_source
-from metaq.common.auth import ClusterSecret, is_loopback, load_secret, require_secret
+from metaq.common.auth import ClusterSecret, load_secret, require_secret
 from metaq.common.http_auth import SignedRequests
 from metaq.common.scrape_auth import load_scrape_credentials
-from metaq.common.server_names import ServerNames
+from metaq.common.server_names import ServerNames, is_loopback
 from metaq.common.v1 import control_pb2_grpc
 from metaq.nameserver.config import NameServerConfig
 from metaq.nameserver.console import ConsoleContext
@@ -87,7 +87,9 @@ class NameServer:
         server = grpc.aio.server(
             interceptors=[RejectUndecodable()], options=[("grpc.so_reuseport", 0)]
         )
-        users = UserCalls(self.acl, self.secret)
+        # The names a call signed for this nameserver's gRPC listener may name: its own.
+        names = ServerNames(config.http_names)
+        users = UserCalls(self.acl, self.secret, names)
         service = NameServerService(self.registry, self.controller, self.secret, users)
         control_pb2_grpc.add_NameServerServicer_to_server(service, server)
         address = host_port(config.listen_host, config.grpc_port)
@@ -101,6 +103,7 @@ class NameServer:
                 port = server.add_secure_port(address, tls.grpc_server_credentials())
         except RuntimeError as exc:  # grpc says only "Failed to bind"
             raise OSError(f"cannot listen for gRPC on {address}: {exc}") from exc
+        names.listening(port, config.listen_host)
         try:
             self.controller.start()  # OSError when its Raft address is taken
             await server.start()

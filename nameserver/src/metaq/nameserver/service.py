@@ -12,7 +12,9 @@ RegisterBroker, UnregisterBroker, Switchover) must prove it (``metaq.common.auth
 is refused with UNAUTHENTICATED before it changes anything; the questions (routes,
 cluster, assignment, controller state) stay open to every client. A Session's proof is
 over the broker identity it opens with, and every heartbeat on it must be that broker's,
-so a captured proof cannot register another broker. An UnregisterBroker signed before
+so a captured proof cannot register another broker; every proof names the nameserver it
+is for (``x-metaq-target``), so one captured on its way to one nameserver is refused by
+the others. An UnregisterBroker signed before
 the broker's current registration (by the broker's own clock) is refused, so a captured
 one cannot depose the broker once it is back.
 
@@ -27,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import TypeAlias
@@ -42,7 +43,6 @@ from metaq.common.auth import (
     SESSION_IDENTITY_KEY,
     AuthFailed,
     ClusterSecret,
-    verify_call,
 )
 from metaq.common.model import BrokerKey, BrokerState, TopicConfig, TopicRoute
 from metaq.common.names import shown
@@ -95,11 +95,11 @@ class NameServerService(control_pb2_grpc.NameServerServicer):
         self,
         registry: Registry,
         controller: Controller,
-        secret: ClusterSecret | None = None,
-        users: UserCalls | None = None,
+        secret: ClusterSecret | None,
+        users: UserCalls,
     ) -> None:
         self._registry = registry
-        self._users = users or UserCalls(None, secret)
+        self._users = users
         self._controller = controller
         self._secret = secret
         self._sessions = itertools.count(1)
@@ -389,13 +389,11 @@ class NameServerService(control_pb2_grpc.NameServerServicer):
         it does, return when the caller signed it (None without a secret)."""
         if self._secret is None:
             return None
-        value = self._metadata(context, METADATA_KEY)
-        proof = value if isinstance(value, str) else None
         body = (
             request if isinstance(request, bytes) else request.SerializeToString(deterministic=True)
         )
         try:
-            return verify_call(self._secret, method, body, proof, time.time())
+            return self._users.member_signed_at(context, method, body)
         except AuthFailed as exc:
             log.warning("refused %s from %s: %s", method, context.peer(), exc)
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(exc))

@@ -172,14 +172,15 @@ class ClusterAdmin(BrokerCalls):
             broker_name=broker_name, broker_id=broker_id, expected_epoch=expected_epoch
         )
 
-        async def call(stub: NameServerAsyncStub) -> pb.SwitchoverResponse:
+        async def call(stub: NameServerAsyncStub, target: str) -> pb.SwitchoverResponse:
             body = request.SerializeToString(deterministic=True)
             return await stub.Switchover(
                 request,
                 timeout=routes.rpc_timeout_s,
-                # Signed per attempt: a retry on another nameserver is a fresh proof.
-                metadata=call_metadata(self._secret, "Switchover", body, time.time()),
+                # Signed per attempt for the nameserver it goes to: a retry on another
+                # nameserver is a fresh proof, and no proof is good at two of them.
+                metadata=call_metadata(self._secret, "Switchover", target, body, time.time()),
             )
 
-        reply = await routes.call(call)
+        reply = await routes.call_at(call)
         return reply.control
