@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from metaq.broker.limits import (
+    STALL_WINDOWS,
     DescriptorBudget,
     OutOfDescriptors,
     RequestBudget,
@@ -167,17 +168,37 @@ def test_large_frames_leave_the_small_reserve_to_small_ones() -> None:
     assert log == ["large", "medium", "small"]
 
 
-def test_a_frame_is_too_slow_only_after_a_whole_window_below_the_rate() -> None:
+def test_while_others_wait_a_frame_is_too_slow_after_a_whole_window_below_the_rate() -> None:
     kib = 1024
+
+    def slow(arrived: int, window_s: float, rate: int = 64 * kib) -> bool:
+        return too_slow(arrived, window_s, rate, 5.0, wanted=True, stalled_s=0.0)
+
     # Nothing at all, but the window is not over yet.
-    assert not too_slow(0, 4.9, 64 * kib, 5.0)
-    assert too_slow(0, 5.0, 64 * kib, 5.0)
-    assert too_slow(64 * kib * 5 - 1, 5.0, 64 * kib, 5.0)
-    assert not too_slow(64 * kib * 5, 5.0, 64 * kib, 5.0)
+    assert not slow(0, 4.9)
+    assert slow(0, 5.0)
+    assert slow(64 * kib * 5 - 1, 5.0)
+    assert not slow(64 * kib * 5, 5.0)
     # A late sweep judges the longer window it saw.
-    assert too_slow(64 * kib * 5, 6.0, 64 * kib, 5.0)
+    assert slow(64 * kib * 5, 6.0)
     # 0 turns the check off.
-    assert not too_slow(0, 100.0, 0, 5.0)
+    assert not slow(0, 100.0, 0)
+
+
+def test_while_nobody_waits_only_a_frame_stalled_for_four_windows_is_too_slow() -> None:
+    def slow(arrived: int, window_s: float, stalled_s: float, rate: int = 64 * 1024) -> bool:
+        return too_slow(arrived, window_s, rate, 5.0, wanted=False, stalled_s=stalled_s)
+
+    # A sender descheduled for seconds, or steady far below the rate, holds memory
+    # nobody asks for: it may go on.
+    assert not slow(0, 5.0, 5.0)
+    assert not slow(0, 19.0, 19.0)
+    assert not slow(1, 100.0, 0.1)
+    # One that sends nothing for four windows is gone.
+    assert slow(0, 5.0, 20.5)
+    assert slow(0, 20.5, 20.5)
+    assert STALL_WINDOWS == 4
+    assert not slow(0, 100.0, 100.0, 0)
 
 
 _NICE_CHILD = """

@@ -6,7 +6,11 @@ from __future__ import annotations
 import asyncio
 import os
 import resource
+import signal
 import socket
+import subprocess
+import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -868,3 +872,140 @@ def test_a_stalled_large_frame_is_dropped_in_seconds_and_a_steady_one_is_not(
             steady.sendall(frame[at : at + 256 * 1024])
             time.sleep(0.0625)  # pacing the sender, not waiting for the broker
         assert read_answer(steady, timeout_s=10.0).status == SendResponse.OK
+
+
+_STOPPED_SENDER = """
+import os, signal, socket, sys
+from metaq.common.framing import FrameDecoder, FrameType, encode_frame
+from metaq.common.record import encode
+from metaq.common.v1.data_pb2 import ErrorResponse, SendRequest, SendResponse
+
+host, port, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+records = [encode("Big", bytes(1024), queue_id=0) for _ in range(count)]
+header = SendRequest(topic="Big", queue_id=0, record_count=count).SerializeToString()
+frame = b"".join(bytes(p) for p in encode_frame(FrameType.SEND, 1, header, records))
+with socket.create_connection((host, port)) as sock:
+    sock.sendall(frame[: len(frame) // 2])
+    print("half", flush=True)
+    os.kill(os.getpid(), signal.SIGSTOP)  # taken off the CPU mid-frame, until SIGCONT
+    sock.sendall(frame[len(frame) // 2 :])
+    decoder, frames = FrameDecoder(), []
+    while not frames:
+        chunk = sock.recv(65536)
+        if not chunk:
+            sys.exit("the broker closed the connection without an answer")
+        frames = decoder.feed(chunk)
+    if frames[0].is_error:
+        sys.exit(ErrorResponse.FromString(frames[0].header).message)
+    print(SendResponse.Status.Name(SendResponse.FromString(frames[0].header).status))
+"""
+
+
+def _stopped(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rpartition(")")[2].split()[0] == "T"
+
+
+def test_a_sender_descheduled_mid_frame_or_steady_below_the_rate_finishes_its_frame(
+    start_broker: StartBroker,
+) -> None:
+    # The defaults: min_request_bytes_per_s 64 KiB/s over windows of 5 s. Before, both
+    # senders here were cut off as slow-loris peers, though nobody waited for the memory
+    # their frames held: a client on a loaded host that got no CPU for seconds, and one
+    # that sent a 290 KB batch at 50 KB/s.
+    broker = start_broker()
+    run_async(
+        Admin().put_topic(broker.http_url, "Big", TopicSettings(read_queues=1, write_queues=1))
+    )
+    count = 256  # a batch of 1 KiB messages, about 290 KB framed
+    sender = subprocess.Popen(
+        [sys.executable, "-c", _STOPPED_SENDER, broker.data_host, str(broker.data_port),
+         str(count)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert sender.stdout is not None
+        assert sender.stdout.readline() == "half\n", sender.stderr
+        wait_until(lambda: _stopped(sender.pid), 10.0, "the sender stops mid-frame")
+        # The fault: two windows and more without a byte, as a descheduled client gives.
+        time.sleep(11.0)
+        os.kill(sender.pid, signal.SIGCONT)
+        out, err = sender.communicate(timeout=30)
+    finally:
+        if sender.poll() is None:
+            sender.kill()
+            sender.wait()
+    assert sender.returncode == 0, err
+    assert out.strip() == "OK", (out, err)
+
+    # 32 KiB/s, steadily, half the rate, for 9 s: its frame arrives whole.
+    records = [encode("Big", bytes(1024), queue_id=0) for _ in range(count)]
+    header = SendRequest(topic="Big", queue_id=0, record_count=count).SerializeToString()
+    frame = b"".join(bytes(p) for p in encode_frame(FrameType.SEND, 2, header, records))
+    with socket.create_connection((broker.data_host, broker.data_port)) as steady:
+        for at in range(0, len(frame), 8 * 1024):
+            steady.sendall(frame[at : at + 8 * 1024])
+            time.sleep(0.25)  # pacing the sender, not waiting for the broker
+        assert read_answer(steady, timeout_s=10.0).status == SendResponse.OK
+    metrics = run_async(Admin().metrics(broker.http_url))
+    assert metrics[("metaq_connections_too_slow_total", ())] == 0
+
+
+def test_a_slow_frame_gives_the_memory_up_in_seconds_when_another_waits_for_it(
+    start_broker: StartBroker,
+) -> None:
+    mib = 1024 * 1024
+    rate = 256 * 1024
+    # Room for one 6 MiB frame among the large ones: a second one waits for it.
+    broker = start_broker(
+        *("--set", f"max_frame_bytes={8 * mib}", "--set", f"max_pull_bytes={mib}"),
+        *("--set", f"max_buffered_request_bytes={24 * mib}"),
+        *("--set", f"store.max_message_bytes={6 * mib}"),
+        *("--set", f"store.commitlog_segment_bytes={16 * mib}"),
+        *("--set", "request_arrival_window_s=2", "--set", f"min_request_bytes_per_s={rate}"),
+    )
+    run_async(
+        Admin().put_topic(broker.http_url, "Big", TopicSettings(read_queues=1, write_queues=1))
+    )
+    loris, waiting = big_send(1, 6 * mib), big_send(1, 6 * mib)
+
+    def budget() -> tuple[float, float]:
+        metrics = run_async(Admin().metrics(broker.http_url))
+        return (
+            metrics[("metaq_request_bytes_reserved", ())],
+            metrics[("metaq_connections_waiting_for_budget", ())],
+        )
+
+    with stalled_frame(broker, loris, mib) as slow:
+        wait_until(lambda: budget() == (len(loris), 0), 10.0, "the slow frame is reserved",
+                   poll_s=0.05)  # fmt: skip
+        done = threading.Event()
+
+        def trickle() -> None:
+            # A byte every 0.1 s, far below the rate: slow, never stalled for long.
+            for at in range(mib, len(loris)):
+                if done.wait(0.1):
+                    return
+                try:
+                    slow.sendall(loris[at : at + 1])
+                except OSError:  # closed by the broker: what is tested
+                    return
+
+        trickler = threading.Thread(target=trickle)
+        trickler.start()
+        try:
+            with socket.create_connection((broker.data_host, broker.data_port)) as other:
+                other.sendall(waiting[:mib])
+                wait_until(lambda: budget()[1] == 1, 10.0, "the other frame waits", poll_s=0.05)
+                started = time.monotonic()
+                error = closing_error(slow, timeout_s=30.0)
+                took = time.monotonic() - started
+                assert error.code == ErrorCode.MALFORMED_FRAME, error
+                assert "wait for the memory it holds" in error.message, error
+                # Within a window and a sweep, long before 4 windows without a byte.
+                assert took < deadline(6.0), f"the slow frame held its memory {took:.1f} s"
+                other.sendall(waiting[mib:])
+                assert read_answer(other, timeout_s=30.0).status == SendResponse.OK
+        finally:
+            done.set()
+            trickler.join()

@@ -110,13 +110,17 @@ class BrokerConfig:
     small_request_max_bytes: int = MIB
     """Frames up to this size (prefix included) may use ``small_request_reserve_bytes``."""
     min_request_bytes_per_s: int = 64 * 1024
-    """An incomplete frame must arrive at least this fast, judged over every
-    ``request_arrival_window_s``; a slower one's connection is closed with an error
-    saying so, which frees its reservation in seconds rather than ``idle_timeout_s``.
-    0 turns the check off."""
+    """While other frames wait for room in ``max_buffered_request_bytes``, an incomplete
+    frame must arrive at least this fast, judged over every ``request_arrival_window_s``;
+    a slower one's connection is closed with an error saying so, which frees its
+    reservation in seconds rather than ``idle_timeout_s``. While nobody waits, only a
+    frame that got no byte for 4 windows is closed: a client descheduled for seconds on a
+    loaded host, or sending slowly but steadily, holds memory nobody needs then.
+    0 turns both checks off."""
     request_arrival_window_s: float = 5.0
     """How long an incomplete frame is given each time to show it arrives at
-    ``min_request_bytes_per_s``."""
+    ``min_request_bytes_per_s`` (while others wait), and a quarter of how long it may get
+    nothing (while nobody does)."""
     max_connection_inflight_requests: int = 4096
     """Requests of one connection that may await an answer at once (parked long polls,
     sends waiting for fsync or slaves); past this the connection is not read until

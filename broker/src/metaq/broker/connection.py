@@ -174,6 +174,8 @@ class Connection(asyncio.Protocol):
         """A request of this connection passed the gate (see ConnectionHooks.settled)."""
         self.frame_started = 0.0
         """Loop time the incomplete frame got its reservation (0: none)."""
+        self.received_at = self.last_active
+        """Loop time the peer last sent bytes."""
         self.window_started = 0.0
         self.window_bytes = 0
         """Since when, and from how many buffered bytes on, the incomplete frame's arrival
@@ -240,7 +242,7 @@ class Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._closed:
             return
-        self.last_active = self._loop.time()
+        self.last_active = self.received_at = self._loop.time()
         try:
             frames = self._decoder.feed(data)
         except ProtocolError as exc:
@@ -313,6 +315,10 @@ class Connection(asyncio.Protocol):
         and the window's length so far; the caller judges them, then the window starts
         again at ``now`` by :meth:`next_window`."""
         return self._decoder.buffered - self.window_bytes, now - self.window_started
+
+    def stalled_for(self, now: float) -> float:
+        """Seconds the incomplete frame has got no byte (since its reservation at most)."""
+        return now - max(self.frame_started, self.received_at)
 
     def next_window(self, now: float) -> None:
         self.window_started = now

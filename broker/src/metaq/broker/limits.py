@@ -260,12 +260,35 @@ class RequestBudget:
         self._waiting = deque(entry for entry in self._waiting if entry[0] is not waiter)
 
 
+STALL_WINDOWS: Final = 4
+"""With nobody waiting for request memory, an incomplete frame that got no byte for this
+many ``request_arrival_window_s`` is a dead peer's (20 s by default), not a sender taken
+off the CPU for a moment."""
+
+
 def too_slow(
-    arrived_bytes: int, window_s: float, min_bytes_per_s: int, window_length_s: float
+    arrived_bytes: int,
+    window_s: float,
+    min_bytes_per_s: int,
+    window_length_s: float,
+    *,
+    wanted: bool,
+    stalled_s: float,
 ) -> bool:
-    """Whether a frame that got ``arrived_bytes`` more in the last ``window_s`` seconds
-    fell below ``min_bytes_per_s``; judged only once a whole window of
-    ``window_length_s`` has passed, so a frame's first bytes get time to come."""
-    if not min_bytes_per_s or window_s < window_length_s:
+    """Whether a frame that got ``arrived_bytes`` more in the last ``window_s`` seconds,
+    and nothing in the last ``stalled_s``, holds its reservation of the request budget
+    too long.
+
+    A slow frame costs the broker only the memory it holds, and that matters only when
+    others are ``wanted`` (waiting for room in the budget): then one that fell below
+    ``min_bytes_per_s`` over a whole window of ``window_length_s`` gives its room up.
+    Otherwise only a frame that got nothing for :data:`STALL_WINDOWS` windows does: a
+    client that was descheduled for seconds on a loaded host, or sends slowly but
+    steadily, is not a slow-loris while the memory it holds is not needed."""
+    if not min_bytes_per_s:
+        return False
+    if not wanted:
+        return stalled_s > STALL_WINDOWS * window_length_s
+    if window_s < window_length_s:
         return False
     return arrived_bytes < min_bytes_per_s * window_s

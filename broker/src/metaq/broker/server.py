@@ -9,7 +9,8 @@ when every slot is taken, a new connection takes the slot of the oldest such
 connection, so sockets that connect and say nothing cannot keep clients out — none idle
 for longer than ``idle_timeout_s``, incomplete request frames within one broker-wide
 byte budget (part of it kept for small frames), and none whose incomplete frame arrives
-slower than ``min_request_bytes_per_s``.
+slower than ``min_request_bytes_per_s`` while others wait for that budget, or stalls
+for good (:func:`~metaq.broker.limits.too_slow`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 
 from metaq.broker.connection import Connection, Gate, Handler
 from metaq.broker.idle_poll import IdlePoll
-from metaq.broker.limits import DescriptorBudget, RequestBudget, too_slow
+from metaq.broker.limits import STALL_WINDOWS, DescriptorBudget, RequestBudget, too_slow
 from metaq.broker.metrics import BrokerMetrics
 from metaq.common.errors import ErrorCode
 from metaq.common.framing import FrameType
@@ -278,8 +279,8 @@ class DataServer:
 
     def close_idle(self, now: float) -> int:
         """Close connections idle for ``idle_timeout_s`` or whose incomplete frame has
-        taken that long (return how many), and those whose frame arrives slower than
-        ``min_request_bytes_per_s``."""
+        taken that long (return how many), and those whose frame holds its memory too long
+        (:meth:`_trickles`)."""
         timeout = self.limits.idle_timeout_s
         closed = self._close_unsettled(now)
         for connection in list(self.connections):
@@ -330,22 +331,33 @@ class DataServer:
         return len(late)
 
     def _trickles(self, connection: Connection, now: float) -> bool:
-        """Close ``connection`` if its incomplete frame arrived too slowly over the last
-        arrival window: a stalled frame holds its reservation of the request budget."""
+        """Close ``connection`` if its incomplete frame holds its reservation of the
+        request budget too long (:func:`~metaq.broker.limits.too_slow`): below
+        ``min_request_bytes_per_s`` over the last arrival window while other frames wait
+        for room, or with no byte for :data:`~metaq.broker.limits.STALL_WINDOWS` windows."""
         limits = self.limits
         arrived, window_s = connection.arrived_in_window(now)
+        wanted = self.budget.waiting > 0
+        stalled_s = connection.stalled_for(now)
         if not too_slow(
-            arrived, window_s, limits.min_request_bytes_per_s, limits.request_arrival_window_s
-        ):
+            arrived, window_s, limits.min_request_bytes_per_s, limits.request_arrival_window_s,
+            wanted=wanted, stalled_s=stalled_s,
+        ):  # fmt: skip
             if window_s >= limits.request_arrival_window_s:
                 connection.next_window(now)
             return False
         self._metrics.connections_too_slow.inc()
+        frame = f"a frame of {connection.pending_frame_bytes} bytes"
         why = (
-            f"a frame of {connection.pending_frame_bytes} bytes arrived at "
-            f"{arrived / window_s:.0f} bytes/s over the last {window_s:.1f} s, below "
-            f"min_request_bytes_per_s={limits.min_request_bytes_per_s}: it holds memory "
-            "other requests need; closing (send whole frames promptly)"
+            f"{frame} arrived at {arrived / window_s:.0f} bytes/s over the last "
+            f"{window_s:.1f} s, below min_request_bytes_per_s="
+            f"{limits.min_request_bytes_per_s}, while {self.budget.waiting} other frames "
+            "wait for the memory it holds; closing (send whole frames promptly)"
+            if wanted
+            else f"{frame} got no byte for {stalled_s:.1f} s, over {STALL_WINDOWS} x "
+            f"request_arrival_window_s={limits.request_arrival_window_s:g} (the stall "
+            f"bound of min_request_bytes_per_s={limits.min_request_bytes_per_s}): its "
+            "sender looks gone; closing (send whole frames promptly)"
         )
         log.info("%s: %s", connection.peer, why)
         connection.close_with_error(ErrorCode.MALFORMED_FRAME, why)
