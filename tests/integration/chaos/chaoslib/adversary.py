@@ -28,6 +28,7 @@ from typing import Any
 
 import grpc
 
+from metaq.common.auth import call_metadata
 from metaq.common.framing import (
     MAX_FRAME_BYTES,
     PREFIX,
@@ -35,6 +36,8 @@ from metaq.common.framing import (
     FrameType,
     encode_frame,
 )
+from metaq.common.server_names import target_of
+from metaq.common.users import Credentials
 from metaq.common.v1 import control_pb2 as pb
 from metaq.common.v1 import control_pb2_grpc
 from metaq.common.v1.data_pb2 import (
@@ -44,6 +47,8 @@ from metaq.common.v1.data_pb2 import (
     ReplicaFetchRequest,
 )
 from metaq.testing import DataClient
+from metaq.testing.http_signing import signed_for
+from metaq.testing.waiting import cluster_secret_for_tests
 
 # --- 1. a pickle on the Raft port -------------------------------------------------------------
 
@@ -106,11 +111,11 @@ def raft_flood(
 # --- 2. taking a group over -------------------------------------------------------------------
 
 
-async def _rpc(address: str, method: str, request: Any) -> str:
+async def _rpc(address: str, method: str, request: Any, metadata: Any = ()) -> str:
     async with grpc.aio.insecure_channel(address) as channel:
         stub = control_pb2_grpc.NameServerStub(channel)
         try:
-            await getattr(stub, method)(request, timeout=3)
+            await getattr(stub, method)(request, timeout=3, metadata=metadata)
         except grpc.aio.AioRpcError as exc:
             return f"{method}: {exc.code().name} {exc.details()[:120]}"
     return f"{method}: accepted"
@@ -289,3 +294,57 @@ def rss_bytes(pid: int, kind: str = "RssAnon") -> int:
     except OSError:
         pass
     return 0
+
+
+# --- 6. a signed request replayed to another server ---------------------------------------
+# Someone on the path (no TLS) copies what an operator's tool sent to one server and sends
+# it to another within the proofs' window. The copy is made here by signing as the tool
+# did: with the admin user's key or the cluster secret, for the server it was meant for.
+
+
+def replayed_http(meant_url: str, sent_url: str, method: str, body: bytes = b"", *,
+                  credentials: Credentials | None = None) -> tuple[int, str]:  # fmt: skip
+    """Sign ``method meant_url`` (as ``credentials``' user, else as a cluster member) and
+    send it to ``sent_url`` instead: the status and the words of the answer."""
+    headers = signed_for(meant_url, method, body, credentials=credentials)
+    if body:
+        headers["Content-Type"] = (
+            "application/json" if body.startswith(b"{") else "application/x-www-form-urlencoded"
+        )
+    request = urllib.request.Request(sent_url, body or None, headers, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return answer.status, answer.read().decode(errors="replace")
+    except urllib.error.HTTPError as refused:
+        with refused:
+            return refused.code, refused.read().decode(errors="replace")
+
+
+async def replayed_switchover(meant: str, sent: str, broker_name: str, broker_id: int,
+                              epoch: int) -> str:  # fmt: skip
+    """A Switchover signed with the cluster secret for nameserver ``meant``, sent to
+    nameserver ``sent``."""
+    request = pb.SwitchoverRequest(broker_name=broker_name, broker_id=broker_id,
+                                   expected_epoch=epoch)  # fmt: skip
+    body = request.SerializeToString(deterministic=True)
+    metadata = call_metadata(cluster_secret_for_tests(), "Switchover", target_of(meant), body,
+                             time.time())  # fmt: skip
+    return await _rpc(sent, "Switchover", request, metadata)
+
+
+# --- 9. scraping without the metrics credentials -----------------------------------------
+
+
+def scrape(url: str, headers: dict[str, str] | None = None) -> tuple[int, Any]:
+    """GET ``url``: the status and the JSON answer (the text when it is not JSON)."""
+    request = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            status, text = answer.status, answer.read().decode(errors="replace")
+    except urllib.error.HTTPError as refused:
+        with refused:
+            status, text = refused.code, refused.read().decode(errors="replace")
+    try:
+        return status, json.loads(text)
+    except ValueError:
+        return status, text

@@ -31,12 +31,13 @@ from chaoslib.history import HistoryTail, HistoryWriter
 from chaoslib.net import Network
 from chaoslib.workload import ConsumerSpec, ProducerSpec, WorkloadSpec
 from metaq.client.routes import RouteCache
+from metaq.common.users import ACCESS_KEY_ENV, SECRET_KEY_ENV, Credentials
 from metaq.common.v1 import control_pb2 as pb
 from metaq.common.v1 import control_pb2_grpc
 from metaq.testing import BrokerProcess
 from metaq.testing.cluster import Cluster as Processes
 from metaq.testing.cluster import ClusterBuilder, broker_node
-from metaq.testing.nameserver_process import NameServerProcess
+from metaq.testing.nameserver_process import NameServerProcess, signed_channel
 from metaq.testing.waiting import wait_until
 
 CHAOS_DIR: Final = Path(__file__).resolve().parent.parent
@@ -50,6 +51,7 @@ TOPICS: Final = {"chaos-a": ("a", False), "chaos-b": ("b", False), "chaos-ordere
 # Failure detection as the failover tests use it; the rest are the production defaults.
 FAST: Final = ("replica_lag_max_ms=2000", "replication_timeout_ms=1000")
 POLL_S: Final = 0.05
+SCRAPE_TOKEN: Final = "chaos-scrape-token-0123456789abcdef"
 SEGMENT_BYTES: Final = 4194304  # BrokerProcess's small store
 
 
@@ -87,6 +89,12 @@ class ClusterSpec:
     small_disks: tuple[str, ...] = ()
     """Brokers whose data directory is a loop-mounted filesystem of ``small_disk_mib``."""
     small_disk_mib: int = 256
+    auth: bool = False
+    """Users on every server (the builder's ``auth``): the workload and the observer's
+    route checks sign as its admin, the observer's controller questions as a member."""
+    metrics_auth: bool = False
+    """``metrics_auth = bearer`` on every server with :data:`SCRAPE_TOKEN`, which the
+    observer's ``/health`` questions carry (:attr:`Cluster.scrape_headers`)."""
 
 
 @dataclass(frozen=True)
@@ -149,18 +157,38 @@ class Cluster:
         host when the network has namespaces (then on the deployed ports)."""
         replicas = Counter(group_of(node) for node in self.spec.brokers)
         lossy = ["env", python_path(), sys.executable, "-m", "chaoslib.lossy_broker"]
+        settings = list(self.spec.settings)
+        nameserver_args = list(self.spec.nameserver_args)
+        if self.spec.metrics_auth:
+            token = self.work_dir / "scrape-token"
+            token.write_text(SCRAPE_TOKEN + "\n")
+            token.chmod(0o600)
+            settings += ["metrics_auth=bearer", f"metrics_auth_file={token}"]
+            nameserver_args += ["--metrics-auth", "bearer", "--metrics-auth-file", str(token)]
         return ClusterBuilder(
             nameservers=len(NAMESERVERS),
             groups=tuple(broker_name(g) for g in GROUPS),
             group_replicas={broker_name(g): count for g, count in replicas.items()},
             replication_mode=self.spec.replication_mode,
             min_in_sync=self.spec.min_in_sync,
-            nameserver_args=self.spec.nameserver_args,
+            auth=self.spec.auth,
+            nameserver_args=nameserver_args,
             broker_args=("--flush-mode", self.spec.flush_mode,
-                         *(arg for setting in self.spec.settings for arg in ("--set", setting))),
+                         *(arg for setting in settings for arg in ("--set", setting))),
             broker_command=lossy if self.spec.lossy else None,
             hosts=OnNetwork(self.net) if self.net.namespaces else None,
+            health_headers=self.scrape_headers,
         )  # fmt: skip
+
+    @property
+    def scrape_headers(self) -> dict[str, str]:
+        """What a request for ``/metrics`` or ``/health``'s detail carries."""
+        return {"Authorization": f"Bearer {SCRAPE_TOKEN}"} if self.spec.metrics_auth else {}
+
+    @property
+    def credentials(self) -> Credentials | None:
+        """The admin the workload and the observer sign as, on a cluster with users."""
+        return self._started().admin
 
     def _started(self) -> Processes:
         assert self.processes is not None, "start() first"
@@ -230,10 +258,14 @@ class Cluster:
         spec_path = self.work_dir / "workload.json"
         spec_path.write_text(spec.dump())
         argv = ["env", python_path(), sys.executable, "-m", "chaoslib.workload", str(spec_path)]
+        env = dict(os.environ)
+        if self.credentials is not None:  # the clients read their user from these
+            env[ACCESS_KEY_ENV] = self.credentials.access_key
+            env[SECRET_KEY_ENV] = self.credentials.secret_key
         with (self.work_dir / "workload.log").open("wb") as log:
             self.workload = subprocess.Popen(
                 self.net.command(CLIENT, argv), stdout=log, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
+                stdin=subprocess.DEVNULL, env=env,
             )  # fmt: skip
         wait_until(lambda: self._workload_phase("started"), 60.0, "the workload started",
                    poll_s=POLL_S)  # fmt: skip
@@ -476,7 +508,8 @@ def _stopped(pid: int) -> bool:
 
 
 async def controller_state(address: str) -> pb.GetControllerStateResponse:
-    async with grpc.aio.insecure_channel(address) as channel:
+    # Signed as a cluster member, so that nameservers with users answer too.
+    async with signed_channel(address) as channel:
         stub = control_pb2_grpc.NameServerStub(channel)
         response: pb.GetControllerStateResponse = await stub.GetControllerState(
             pb.GetControllerStateRequest(), timeout=2
@@ -484,9 +517,9 @@ async def controller_state(address: str) -> pb.GetControllerStateResponse:
         return response
 
 
-async def all_routed(nameservers: Sequence[str]) -> bool:
+async def all_routed(nameservers: Sequence[str], credentials: Credentials | None = None) -> bool:
     for address in nameservers:
-        async with RouteCache([address], rpc_timeout_s=2.0) as routes:
+        async with RouteCache([address], rpc_timeout_s=2.0, credentials=credentials) as routes:
             for topic in TOPICS:
                 try:
                     route = await routes.route(topic, refresh=True)
