@@ -86,7 +86,8 @@ class NameServerConfig:
     auth_acl_file: str = ""
     # Other names (host or host:port) admin tools address the HTTP port by, beside
     # listen_host (and, on loopback, localhost) with http_port: a DNS name, a proxy, an SSH
-    # tunnel's localhost:PORT. A signed request is taken only when it names one of these
+    # tunnel's localhost:PORT; a name without a port stands for the gRPC port too. A
+    # signed request or gRPC call is taken only when it names one of these
     # (metaq.common.server_names), so one signed for another server is refused.
     http_names: tuple[str, ...] = ()
     # What /metrics and the detail of /health need (metaq.common.scrape_auth): none (open,
