@@ -442,10 +442,13 @@ class RouteCache:
         answered: list[str] | None = None,
     ) -> T:
         """Run ``call`` against the preferred nameserver, then the others in turn (what
-        every nameserver request of this client goes through, the admin's too); see
-        :meth:`call_at`."""
-        return await self.call_at(
-            lambda stub, _target: call(stub), not_found=not_found, answered=answered
+        every nameserver request of this client goes through, the admin's too).
+
+        NOT_FOUND raises ``not_found(detail)`` when given; a refusal of the request itself
+        raises NameServerError at once; else NoNameServer once every one failed. The
+        nameserver that answered is appended to ``answered``."""
+        return await self._each(
+            lambda stub, _address: call(stub), not_found=not_found, answered=answered
         )
 
     async def call_at(
@@ -456,18 +459,28 @@ class RouteCache:
         answered: list[str] | None = None,
     ) -> T:
         """:meth:`call`, with the nameserver each attempt goes to as ``call``'s second
-        argument (``target_of`` its address), for a call signed for that one nameserver.
+        argument (``target_of`` its address), for a call signed for that one nameserver."""
+        return await self._each(
+            lambda stub, address: call(stub, target_of(address)),
+            not_found=not_found,
+            answered=answered,
+        )
 
-        NOT_FOUND raises ``not_found(detail)`` when given; a refusal of the request itself
-        raises NameServerError at once; else NoNameServer once every one failed. The
-        nameserver that answered is appended to ``answered``."""
+    async def _each(
+        self,
+        call: Callable[[NameServerAsyncStub, str], Awaitable[T]],
+        *,
+        not_found: Callable[[str], MetaqError] | None,
+        answered: list[str] | None,
+    ) -> T:
+        """:meth:`call`, giving ``call`` each attempt's nameserver address."""
         tried: list[tuple[str, str]] = []
         count = len(self.nameservers)
         for step in range(count):
             index = (self._preferred + step) % count
             address = self.nameservers[index]
             try:
-                result = await call(NameServerStub(self._channel(address)), target_of(address))
+                result = await call(NameServerStub(self._channel(address)), address)
             except grpc.aio.AioRpcError as exc:
                 status = exc.code()
                 detail = exc.details() or status.name
