@@ -99,6 +99,55 @@ def test_starting_and_ending_timestamps_select_by_store_time(spark: Any, cluster
     assert {r.msg_id for r in earlier} == {r.msg_id for r in early}
 
 
+def test_offsets_by_timestamp_set_each_named_queue_by_store_time(
+    spark: Any, cluster: Cluster
+) -> None:
+    early = send_all(cluster, "spark-queue-times", 20)
+    cut_ms = max(r.store_timestamp_ms for r in early) + 1
+    wait_until(lambda: time.time() * 1000 > cut_ms, 5.0, "the wall clock passes the cut")
+    late = send_all(cluster, "spark-queue-times", 20)
+    one = (late[0].broker, late[0].queue_id)
+    key = f"{one[0]}:{one[1]}"
+    in_one = {r.msg_id for r in early + late if (r.broker, r.queue_id) == one}
+    late_in_one = {r.msg_id for r in late if (r.broker, r.queue_id) == one}
+    others = {r.msg_id for r in early + late} - in_one
+
+    by_time = json.dumps({"spark-queue-times": {key: cut_ms}})
+    rows = read(spark, cluster, "spark-queue-times", startingOffsetsByTimestamp=by_time).collect()
+    # The named queue from the cut on; the others from their earliest (startingOffsets).
+    assert {r.msg_id for r in rows} == late_in_one | others
+    rows = read(spark, cluster, "spark-queue-times", endingOffsetsByTimestamp=by_time).collect()
+    assert {r.msg_id for r in rows} == (in_one - late_in_one) | others
+
+
+def test_an_offsets_by_timestamp_queue_the_read_lacks_fails_naming_it(
+    spark: Any, cluster: Cluster
+) -> None:
+    send_all(cluster, "spark-queue-times-bad", 2)
+    by_time = json.dumps({"spark-queue-times-bad": {"broker-z:0": 1}})
+    df = read(spark, cluster, "spark-queue-times-bad", startingOffsetsByTimestamp=by_time)
+    with pytest.raises(AnalysisException) as failure:
+        df.collect()
+    first = str(failure.value).splitlines()[0]
+    assert "'startingOffsetsByTimestamp' names queue broker-z:0" in first, first
+
+
+def test_max_messages_per_partition_cuts_each_queue_range(spark: Any, cluster: Cluster) -> None:
+    send_all(cluster, "spark-split-max", 80)
+    whole = read(spark, cluster, "spark-split-max").collect()
+    sizes = {}
+    for r in whole:
+        sizes[(r.broker, r.queue)] = sizes.get((r.broker, r.queue), 0) + 1
+    df = read(spark, cluster, "spark-split-max", maxMessagesPerPartition="7")
+    assert df.rdd.getNumPartitions() == sum(-(-n // 7) for n in sizes.values())
+    per_partition = df.rdd.glom().map(len).collect()
+    assert max(per_partition) <= 7
+    rows = df.collect()
+    assert sorted((r.broker, r.queue, r.offset) for r in rows) == sorted(
+        (r.broker, r.queue, r.offset) for r in whole
+    )
+
+
 def test_min_partitions_splits_large_queue_ranges(spark: Any, cluster: Cluster) -> None:
     send_all(cluster, "spark-split", 80)
     df = read(spark, cluster, "spark-split", minPartitions="10")

@@ -88,6 +88,26 @@ def test_a_task_failed_mid_write_stores_each_row_once(
     assert set(bodies) == {f"row-{i}" for i in range(ROWS)}
 
 
+def test_rows_go_to_the_queue_their_queue_and_broker_columns_name(
+    spark: Any, cluster: Cluster
+) -> None:
+    run_async(cluster.create_topic("write-queue", queues=3))
+    df = spark.range(60).select(
+        F.lit("write-queue").alias("topic"),
+        F.col("id").cast("string").alias("body"),
+        (F.col("id") % 3).cast("int").alias("queue"),
+        F.when(F.col("id") % 2 == 0, "broker-b").otherwise("broker-a").alias("broker"),
+        # The queue column wins over the sharding key, as Kafka's partition over its key.
+        F.lit("same-key").alias("sharding_key"),
+    )
+    writer(df, cluster).save()
+    rows = read_back(spark, cluster, "write-queue")
+    assert len(rows) == 60
+    for r in rows:
+        n = int(bytes(r.body).decode())
+        assert (r.broker, r.queue) == ("broker-b" if n % 2 == 0 else "broker-a", n % 3), n
+
+
 @pytest.mark.parametrize(
     ("columns", "words"),
     [
@@ -95,6 +115,9 @@ def test_a_task_failed_mid_write_stores_each_row_once(
         (["id AS body"], ["'body'", "bigint"]),
         (["'x' AS body", "id AS tags"], ["'tags'", "bigint"]),
         (["'x' AS body", "'no-such-topic' AS topic"], ["no-such-topic", "does not exist"]),
+        (["'x' AS body", "'1' AS queue"], ["'queue'", "string", "int"]),
+        (["'x' AS body", "7 AS queue", "'broker-a' AS broker"], ["'queue'", "broker-a:7"]),
+        (["'x' AS body", "0 AS queue"], ["'queue'", "broker-a, broker-b", "'broker' column"]),
     ],
 )
 def test_rows_that_cannot_be_messages_fail_naming_the_column(

@@ -82,4 +82,8 @@ def payload(records: pa.Array) -> memoryview:
     offsets = records.buffers()[1]
     data = records.buffers()[2]
     first, last = np.frombuffer(offsets, np.int32)[[records.offset, records.offset + len(records)]]
-    return memoryview(data)[first:last] if data is not None else memoryview(b"")
+    if data is None:
+        return memoryview(b"")
+    # Arrow exports its buffers as signed chars ('b'); a signed SEND's MAC (cryptography's
+    # Poly1305) takes only unsigned bytes, so the view is cast to 'B' (no copy).
+    return memoryview(data).cast("B")[first:last]

@@ -105,7 +105,12 @@ async def resolve_topics(options: SourceOptions, routes: RouteCache) -> list[str
             await _route(options, routes, topic)
         return list(options.topics)
     found: set[str] = set()
-    async with Admin(routes=routes, timeout_s=options.request_timeout_s, tls=options.tls) as admin:
+    async with Admin(
+        routes=routes,
+        timeout_s=options.request_timeout_s,
+        tls=options.tls,
+        credentials=options.credentials,
+    ) as admin:
         view = await _cluster(options, admin)
         for broker in view.brokers():
             if not broker.http_address:
@@ -157,9 +162,12 @@ async def resolve_offsets(
     consumer: PullConsumer,
     *,
     option: str,
+    by_timestamp: QueueOffsets | None = None,
 ) -> dict[tuple[str, str], int]:
     """Each queue's offset for a starting/ending spec: a timestamp (through the broker's
-    offset-by-time lookup) wins over ``earliest``/``latest``/JSON, as in the Kafka source."""
+    offset-by-time lookup) wins over ``earliest``/``latest``/JSON, as in the Kafka source;
+    ``by_timestamp`` (``<option>ByTimestamp``) gives a time per queue, and the queues it
+    leaves out follow ``spec``. A time after a queue's last message resolves to its end."""
     if timestamp_ms is not None:
         found = await asyncio.gather(
             *(consumer.offset_for_timestamp(s.topic, s.queue, timestamp_ms) for s in states)
@@ -168,14 +176,9 @@ async def resolve_offsets(
     result: dict[tuple[str, str], int] = {}
     known = {(s.topic, s.key) for s in states}
     if isinstance(spec, dict):
-        for topic, queues in spec.items():
-            for key in queues:
-                if (topic, key) not in known:
-                    raise OptionError(
-                        f"option {option!r} names queue {key} of topic {topic!r}, which the "
-                        f"read does not cover; its queues: "
-                        + ", ".join(sorted(k for t, k in known if t == topic))
-                    )
+        _check_named(spec, known, option)
+    times = by_timestamp or {}
+    _check_named(times, known, option + "ByTimestamp")
     for s in states:
         wanted: int | str = spec if isinstance(spec, str) else spec.get(s.topic, {}).get(s.key, -9)
         if wanted in ("earliest", EARLIEST):
@@ -189,7 +192,35 @@ async def resolve_offsets(
         else:
             assert isinstance(wanted, int)
             result[(s.topic, s.key)] = wanted
+    timed = [s for s in states if s.key in times.get(s.topic, {})]
+    found = await asyncio.gather(
+        *(consumer.offset_for_timestamp(s.topic, s.queue, times[s.topic][s.key]) for s in timed)
+    )
+    result.update({(s.topic, s.key): o for s, o in zip(timed, found, strict=True)})
     return result
+
+
+def _check_named(spec: QueueOffsets, known: set[tuple[str, str]], option: str) -> None:
+    """OptionError when ``spec`` names a queue the read does not cover."""
+    for topic, queues in spec.items():
+        for key in queues:
+            if (topic, key) not in known:
+                raise OptionError(
+                    f"option {option!r} names queue {key} of topic {topic!r}, which the "
+                    f"read does not cover; its queues: "
+                    + ", ".join(sorted(k for t, k in known if t == topic))
+                )
+
+
+def option_of(options: SourceOptions, state: QueueState, *, starting: bool) -> str:
+    """The option that set a queue's starting (or ending) offset, for errors."""
+    word = "starting" if starting else "ending"
+    if (options.starting_timestamp_ms if starting else options.ending_timestamp_ms) is not None:
+        return f"{word}Timestamp"
+    times = options.starting_by_timestamp if starting else options.ending_by_timestamp
+    if times and state.key in times.get(state.topic, {}):
+        return f"{word}OffsetsByTimestamp"
+    return f"{word}Offsets"
 
 
 def checked_range(
@@ -236,23 +267,30 @@ def checked_range(
     return start, end
 
 
-def split(ranges: list[QueueRange], min_partitions: int) -> list[QueueRange]:
-    """Cut the largest ranges until there are at least ``min_partitions`` (Kafka's
-    ``minPartitions``): each piece stays one queue's contiguous offsets."""
+def split(ranges: list[QueueRange], min_partitions: int, max_messages: int = 0) -> list[QueueRange]:
+    """Cut ranges into pieces of at most ``max_messages`` (Kafka's
+    ``maxRecordsPerPartition``; 0: no limit), then cut the largest until there are at
+    least ``min_partitions`` (Kafka's ``minPartitions``): each piece stays one queue's
+    contiguous offsets."""
     pieces = [r for r in ranges if r.size > 0]
+    if max_messages:
+        pieces = [p for r in pieces for p in _cut(r, -(-r.size // max_messages))]
     if min_partitions <= len(pieces):
         return pieces
     total = sum(r.size for r in pieces)
-    out: list[QueueRange] = []
-    for r in pieces:
-        parts = max(1, -(-min_partitions * r.size // total))
-        parts = min(parts, r.size)
-        step, extra = divmod(r.size, parts)
-        start = r.start
-        for i in range(parts):
-            end = start + step + (1 if i < extra else 0)
-            out.append(QueueRange(r.topic, r.broker, r.queue_id, start, end))
-            start = end
+    shares = [min(max(1, -(-min_partitions * r.size // total)), r.size) for r in pieces]
+    return [p for r, parts in zip(pieces, shares, strict=True) for p in _cut(r, parts)]
+
+
+def _cut(r: QueueRange, parts: int) -> list[QueueRange]:
+    """``r`` in ``parts`` contiguous pieces whose sizes differ by at most one."""
+    step, extra = divmod(r.size, parts)
+    out = []
+    start = r.start
+    for i in range(parts):
+        end = start + step + (1 if i < extra else 0)
+        out.append(QueueRange(r.topic, r.broker, r.queue_id, start, end, r.new_queue))
+        start = end
     return out
 
 
@@ -260,8 +298,9 @@ async def check_topic(options: SourceOptions | SinkOptions, topic: str) -> None:
     """OptionError unless ``topic`` exists (a live broker serves it) and a nameserver
     answers: what a write checks on the driver, before any task runs."""
     async with RouteCache(
-        options.nameservers, rpc_timeout_s=options.request_timeout_s, tls=options.tls
-    ) as routes:
+        options.nameservers, rpc_timeout_s=options.request_timeout_s, tls=options.tls,
+        credentials=options.credentials,
+    ) as routes:  # fmt: skip
         await _route(options, routes, topic)
 
 

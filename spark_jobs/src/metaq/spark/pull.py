@@ -53,6 +53,7 @@ def read_range(
         READER_GROUP,
         request_timeout_s=options.request_timeout_s,
         tls=options.tls,
+        credentials=options.credentials,
     )
     tag_filter = TagFilter.parse(partition.tags)
     try:

@@ -3,8 +3,9 @@
 Each row's message id is derived from (write id, partition id, batch id, row number): the
 same row of a retried task gets the same id, and every SEND goes with the retry flag, so
 the broker answers ids it stored within its ``dedup_window_ms`` from its index instead of
-storing them again. The queue is chosen from the id (or the ``sharding_key``), so the
-retry reaches the same broker group, whose index holds the first try. A ``msg_id`` column
+storing them again. The queue is chosen from the id (or the ``sharding_key``, or named by
+the ``queue`` and ``broker`` columns), so the retry reaches the same broker group, whose
+index holds the first try. A ``msg_id`` column
 (32 hex digits) is used as it is: a replay of stored messages keeps their ids.
 """
 
@@ -24,6 +25,8 @@ from pyspark.sql.types import (
     ArrayType,
     BinaryType,
     DataType,
+    IntegerType,
+    LongType,
     MapType,
     StringType,
     StructType,
@@ -49,10 +52,12 @@ COLUMNS: Final[dict[str, tuple[DataType, ...]]] = {
     ),
     "sharding_key": (StringType(),),
     "msg_id": (StringType(),),
+    "queue": (IntegerType(), LongType()),
+    "broker": (StringType(),),
 }
 """The columns a write uses and the types each may have; other columns are ignored (a
 DataFrame read from metaq can be written back as it is)."""
-_PER_ROW: Final = ("keys", "tags", "properties", "sharding_key", "msg_id")
+_PER_ROW: Final = ("keys", "tags", "properties", "sharding_key", "msg_id", "queue")
 """Columns whose values send a batch through the per-row encoder."""
 MAX_IN_FLIGHT: Final = 16
 """SENDs a task keeps unanswered: enough to keep the brokers busy while it encodes."""
@@ -165,6 +170,8 @@ class RowSender:
         props = columns.get("properties")
         shards = columns.get("sharding_key")
         ids = columns.get("msg_id")
+        queue_ids = columns.get("queue")
+        brokers = columns.get("broker")
         now = time.time_ns() // 1_000_000
         routes: dict[str | None, TopicRoute] = {}  # one look at the producer's per call
         for i in range(count):
@@ -183,8 +190,13 @@ class RowSender:
             routes[topic] = route
             msg_id = self._id(ids[i] if ids is not None else None, number)
             shard = shards[i] if shards is not None else None
-            # By the id: a retry of the task sends each row where its first try went.
-            queue = shard_queue(route, shard) if shard else shard_queue(route, msg_id)
+            queue_id = queue_ids[i] if queue_ids is not None else None
+            if queue_id is not None:
+                broker = brokers[i] if brokers is not None else None
+                queue = _given_queue(route, queue_id, broker, number)
+            else:
+                # By the id: a retry of the task sends each row where its first try went.
+                queue = shard_queue(route, shard) if shard else shard_queue(route, msg_id)
             try:
                 rec = record.encode(
                     topic,
@@ -256,6 +268,27 @@ class RowSender:
                 f"column 'topic': topic {topic!r} does not exist (no live broker serves it); "
                 "create it with `metaq topic create`"
             ) from None
+
+
+def _given_queue(route: TopicRoute, queue_id: int, broker: str | None, number: int) -> QueueRoute:
+    """The writable queue a row's ``queue`` (and ``broker``) columns name."""
+    found = [
+        q for q in route.write_queues
+        if q.queue_id == queue_id and (not broker or q.broker_name == broker)
+    ]  # fmt: skip
+    if len(found) == 1:
+        return found[0]
+    if found:
+        groups = ", ".join(q.broker_name for q in found)
+        raise RowError(
+            f"column 'queue' in row {number}: topic {route.topic!r} has queue {queue_id} on "
+            f"broker groups {groups}; add a 'broker' column naming the group"
+        )
+    named = f"{broker}:{queue_id}" if broker else str(queue_id)
+    raise RowError(
+        f"column 'queue' in row {number}: topic {route.topic!r} has no writable queue "
+        f"{named}; its writable queues: {', '.join(str(q) for q in route.write_queues)}"
+    )
 
 
 def _props(value: Any) -> dict[str, str] | None:

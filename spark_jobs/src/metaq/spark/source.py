@@ -85,7 +85,9 @@ class MetaqBatchReader(DataSourceReader):
         p = self.pushed
         return [
             RangePartition(r, tags, p.from_ms, p.until_ms)
-            for r in plan.split(ranges, self.options.min_partitions)
+            for r in plan.split(
+                ranges, self.options.min_partitions, self.options.max_messages_per_partition
+            )
         ]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -97,11 +99,13 @@ async def plan_batch(options: SourceOptions, pushed: Pushed) -> list[QueueRange]
     """The queue ranges of a batch read: starting to ending offsets (or timestamps),
     checked against each queue's bounds, then narrowed by the pushed filters."""
     async with RouteCache(
-        options.nameservers, rpc_timeout_s=options.request_timeout_s, tls=options.tls
-    ) as routes:
+        options.nameservers, rpc_timeout_s=options.request_timeout_s, tls=options.tls,
+        credentials=options.credentials,
+    ) as routes:  # fmt: skip
         consumer = PullConsumer(
             options.nameservers, PLANNER_GROUP, routes=routes,
             request_timeout_s=options.request_timeout_s, tls=options.tls,
+            credentials=options.credentials,
         )  # fmt: skip
         try:
             topics = await plan.resolve_topics(options, routes)
@@ -114,11 +118,11 @@ async def plan_batch(options: SourceOptions, pushed: Pushed) -> list[QueueRange]
             ]
             starts = await plan.resolve_offsets(
                 options.starting, options.starting_timestamp_ms, states, consumer,
-                option="startingOffsets",
+                option="startingOffsets", by_timestamp=options.starting_by_timestamp,
             )  # fmt: skip
             ends = await plan.resolve_offsets(
                 options.ending, options.ending_timestamp_ms, states, consumer,
-                option="endingOffsets",
+                option="endingOffsets", by_timestamp=options.ending_by_timestamp,
             )  # fmt: skip
             from_time = until_time = None
             if pushed.from_ms is not None:
@@ -136,10 +140,8 @@ async def plan_batch(options: SourceOptions, pushed: Pushed) -> list[QueueRange]
         key = (s.topic, s.key)
         start, end = plan.checked_range(
             s, starts[key], ends[key], fail_on_data_loss=options.fail_on_data_loss,
-            start_option="startingTimestamp" if options.starting_timestamp_ms is not None
-            else "startingOffsets",
-            end_option="endingTimestamp" if options.ending_timestamp_ms is not None
-            else "endingOffsets",
+            start_option=plan.option_of(options, s, starting=True),
+            end_option=plan.option_of(options, s, starting=False),
         )  # fmt: skip
         # The pushed time bounds only narrow what the options asked for.
         if from_time is not None:

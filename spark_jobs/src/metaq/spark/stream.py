@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 
 import pyarrow as pa
@@ -51,6 +52,8 @@ class MetaqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Set by an ``availableNow`` run: the offsets it stops at."""
         self.latest: StreamOffset | None = None
         """Every queue's end when the last batch was planned, for the query's progress."""
+        self.last_batch_s: float | None = None
+        """When the last batch was planned (monotonic), for ``maxTriggerDelay``."""
 
     def initialOffset(self) -> StreamOffset:
         return plan.run(self._initial())
@@ -72,9 +75,29 @@ class MetaqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.latest = latest
         if self.target is not None:
             latest = up_to_target(start, latest, self.target)
+        elif self._delayed(start, latest):
+            return start
         if isinstance(limit, ReadMaxRows):
             latest = cap(start, latest, limit.max_rows)
         return latest
+
+    def _delayed(self, start: StreamOffset, latest: StreamOffset) -> bool:
+        """Whether to plan no batch yet (``minMessagesPerTrigger``): fewer messages wait
+        than asked for and ``maxTriggerDelay`` has not passed since the last batch, Kafka's
+        rule. The query's first batch is never delayed; ``availableNow`` runs never are."""
+        low = self.options.min_messages_per_trigger
+        if not low:
+            return False
+        now = time.monotonic()
+        due = self.last_batch_s is None or (
+            now - self.last_batch_s >= self.options.max_trigger_delay_ms / 1000
+        )
+        count = waiting(start, latest)
+        if not due and count < low:
+            return True
+        if count:
+            self.last_batch_s = now
+        return False
 
     def reportLatestOffset(self) -> StreamOffset | None:
         """What Spark shows as the source's ``latestOffset`` in the query's progress: every
@@ -101,8 +124,9 @@ class MetaqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 rng = QueueRange(topic, broker, int(queue_id), begin or 0, stop, begin is None)
                 if rng.size:
                     ranges.append(rng)
-        tags = self.options.tags
-        return [RangePartition(r, tags) for r in plan.split(ranges, self.options.min_partitions)]
+        o = self.options
+        pieces = plan.split(ranges, o.min_partitions, o.max_messages_per_partition)
+        return [RangePartition(r, o.tags) for r in pieces]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if isinstance(partition, RangePartition):  # Spark sends a bare one when there are none
@@ -125,9 +149,11 @@ class MetaqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """A route cache and a pull consumer of ``group`` over it, both closed after."""
         o = self.options
         async with RouteCache(
-            o.nameservers, rpc_timeout_s=o.request_timeout_s, tls=o.tls
+            o.nameservers, rpc_timeout_s=o.request_timeout_s, tls=o.tls, credentials=o.credentials
         ) as routes:
-            consumer = PullConsumer(o.nameservers, group, routes=routes, tls=o.tls)
+            consumer = PullConsumer(
+                o.nameservers, group, routes=routes, tls=o.tls, credentials=o.credentials
+            )
             try:
                 yield routes, consumer
             finally:
@@ -139,14 +165,15 @@ class MetaqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             topics = await plan.resolve_topics(o, routes)
             states = await plan.queue_states(o, routes, consumer, topics)
             offsets = await plan.resolve_offsets(
-                o.starting, o.starting_timestamp_ms, states, consumer, option="startingOffsets"
-            )
+                o.starting, o.starting_timestamp_ms, states, consumer, option="startingOffsets",
+                by_timestamp=o.starting_by_timestamp,
+            )  # fmt: skip
         result: StreamOffset = {t: {} for t in topics}
-        option = "startingOffsets" if o.starting_timestamp_ms is None else "startingTimestamp"
         for s in states:
             start, _ = plan.checked_range(
                 s, offsets[(s.topic, s.key)], s.max_offset,
-                fail_on_data_loss=o.fail_on_data_loss, start_option=option,
+                fail_on_data_loss=o.fail_on_data_loss,
+                start_option=plan.option_of(o, s, starting=True),
             )  # fmt: skip
             result[s.topic][s.key] = start
         return result
@@ -185,6 +212,13 @@ def up_to_target(start: StreamOffset, latest: StreamOffset, target: StreamOffset
             elif begin is not None:
                 kept[topic][key] = begin
     return kept
+
+
+def waiting(start: StreamOffset, latest: StreamOffset) -> int:
+    """How many messages lie between ``start`` and ``latest``."""
+    return sum(
+        end - start.get(t, {}).get(k, 0) for t, qs in latest.items() for k, end in qs.items()
+    )
 
 
 def cap(start: StreamOffset, latest: StreamOffset, max_rows: int) -> StreamOffset:

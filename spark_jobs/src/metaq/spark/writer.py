@@ -55,6 +55,7 @@ def write_partition(
             group=options.producer_group,
             send_timeout_s=options.request_timeout_s,
             tls=options.tls,
+            credentials=options.credentials,
         )
         await producer.start()
         try:
