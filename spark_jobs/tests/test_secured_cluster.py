@@ -1,7 +1,7 @@
 """format("metaq") against a cluster with users and TLS on every listener (client
 certificates required): a user given by ``accessKey``/``secretKeyFile`` writes and reads
-back with the TLS options; without them, or as a user without the grant, the job fails
-saying so."""
+back with the TLS options; with no user, a wrong secret or a user without the grant, the
+read and the write fail at planning saying which."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pyspark.errors import AnalysisException
 from pyspark.sql import functions as F
 
 from metaq.common import acl
@@ -73,22 +74,40 @@ def test_a_user_given_as_options_writes_and_reads_over_tls(
         "accessKey": APP.access_key,
         "secretKeyFile": secret_file(tmp_path, APP),
     }
-    df = spark.range(50).select(F.concat(F.lit("secured-"), F.col("id").cast("string")).alias("body"))
+    df = spark.range(50).select(F.concat(F.lit("secured-"), F.col("id").cast("string")))
+    df = df.toDF("body")
     df.write.format("metaq").mode("append").options(**options).option("topic", TOPIC).save()
     rows = spark.read.format("metaq").options(**options).option("topic", TOPIC).load().collect()
     assert sorted(bytes(r.body).decode() for r in rows) == sorted(f"secured-{i}" for i in range(50))
 
 
-def test_without_credentials_or_the_grant_the_read_fails_saying_so(
-    spark: Any, secured: Cluster, tmp_path: Path
+@pytest.mark.parametrize(
+    ("user", "words"),
+    [
+        (None, ["'accessKey' and 'secretKeyFile'", "requires a user", "sent unsigned"]),
+        (
+            Credentials(APP.access_key, "not-the-secret-key-of-spark-app"),
+            ["'accessKey' and 'secretKeyFile'", "sent as user spark-app"],
+        ),
+        (OUTSIDER, ["option 'accessKey'", "outsider lacks pub and sub on topic spark-secured"]),
+    ],
+    ids=["no-user", "wrong-secret", "no-grant"],
+)
+def test_a_read_or_write_without_a_user_allowed_fails_at_planning_saying_so(
+    spark: Any, secured: Cluster, tmp_path: Path, user: Credentials | None, words: list[str]
 ) -> None:
-    reader = spark.read.format("metaq").options(**tls_options(secured)).option("topic", TOPIC)
-    with pytest.raises(Exception) as failure:
+    options = tls_options(secured)
+    if user is not None:
+        options |= {"accessKey": user.access_key, "secretKeyFile": secret_file(tmp_path, user)}
+    reader = spark.read.format("metaq").options(**options).option("topic", TOPIC)
+    with pytest.raises(AnalysisException) as failure:
         reader.load().collect()
-    print(str(failure.value)[:2000])
-    outsider = reader.options(accessKey=OUTSIDER.access_key,
-                              secretKeyFile=secret_file(tmp_path, OUTSIDER))  # fmt: skip
-    with pytest.raises(Exception) as failure:
-        outsider.load().collect()
-    print(str(failure.value)[:2000])
-    assert False
+    first = str(failure.value).splitlines()[0]
+    for word in words:
+        assert word in first, first
+    df = spark.range(1).selectExpr("'x' AS body")
+    with pytest.raises(AnalysisException) as failure:
+        df.write.format("metaq").mode("append").options(**options).option("topic", TOPIC).save()
+    first = str(failure.value).splitlines()[0]
+    for word in words:
+        assert word in first, first

@@ -18,7 +18,7 @@ from pyspark.sql.datasource import InputPartition
 from metaq.client.admin import Admin
 from metaq.client.errors import NoNameServer, UnknownTopic
 from metaq.client.pull_consumer import PullConsumer
-from metaq.client.routes import ClusterView, RouteCache
+from metaq.client.routes import ClusterView, NameServerError, RouteCache
 from metaq.common.errors import MetaqError
 from metaq.common.model import QueueRoute, TopicRoute
 from metaq.spark.options import (
@@ -319,6 +319,26 @@ async def _route(
             f"option 'nameservers': no nameserver of {', '.join(options.nameservers)} "
             f"answered ({exc}); check the addresses and that the cluster is up"
         ) from None
+    except NameServerError as exc:
+        raise _refused(options, exc) from None
+
+
+def _refused(options: SourceOptions | SinkOptions, exc: NameServerError) -> Exception:
+    """A refusal for want of a user or a grant, in the options' terms; else ``exc``."""
+    if exc.status == "UNAUTHENTICATED":
+        given = "as user " + options.credentials.access_key if options.credentials else "unsigned"
+        return OptionError(
+            f"options 'accessKey' and 'secretKeyFile': the cluster requires a user and "
+            f"refused the request sent {given} (nameserver {exc.address}: {exc.detail}); "
+            "set both options: the user's access key and a file holding its secret key"
+        )
+    if exc.status == "PERMISSION_DENIED":
+        return OptionError(
+            f"option 'accessKey': the cluster refused user "
+            f"{options.credentials.access_key if options.credentials else '(none)'} "
+            f"(nameserver {exc.address}: {exc.detail})"
+        )
+    return exc
 
 
 async def _cluster(options: SourceOptions, admin: Admin) -> ClusterView:
