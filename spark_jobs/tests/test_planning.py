@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
+from pathlib import Path
+from types import SimpleNamespace
+from typing import cast
 
 import pytest
 from pyspark.sql.datasource import (
@@ -16,12 +19,15 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
 
-from metaq.common.model import QueueRoute
-from metaq.spark.options import OptionError, parse_source_options
+from metaq.common.model import QueueRoute, TopicRoute
+from metaq.common.users import Credentials
+from metaq.spark import stream
+from metaq.spark.options import OptionError, parse_sink_options, parse_source_options
 from metaq.spark.plan import DataLoss, QueueRange, QueueState, checked_range, split
 from metaq.spark.pushdown import Pushed, push
 from metaq.spark.schema import Projection, SchemaError
-from metaq.spark.stream import cap, up_to_target
+from metaq.spark.sink import RowError, _given_queue
+from metaq.spark.stream import MetaqStreamReader, cap, up_to_target
 
 NS = {"nameservers": "127.0.0.1:9876"}
 
@@ -44,6 +50,33 @@ def test_options_are_case_insensitive_and_json_offsets_are_parsed() -> None:
         ({"topic": "a", "minPartitions": "0"}, ["minPartitions", "at least 1"]),
         ({"topic": "a", "failOnDataLoss": "maybe"}, ["failOnDataLoss", "true or false"]),
         ({"topicPattern": "("}, ["topicPattern", "regex"]),
+        ({"topic": "a", "startingOffsetsByTimestamp": "soon"}, ["ByTimestamp", "not JSON"]),
+        (
+            {"topic": "a", "startingOffsetsByTimestamp": '{"a": {"b:0": -1}}'},
+            ["'startingOffsetsByTimestamp'", "a/b:0", "epoch milliseconds", "-1"],
+        ),
+        (
+            {"topic": "a", "endingOffsetsByTimestamp": '{"a": {"b:0": 5}}', "endingTimestamp": "9"},
+            ["'endingTimestamp' and 'endingOffsetsByTimestamp'", "give one"],
+        ),
+        (
+            {
+                "topic": "a",
+                "startingOffsets": '{"a": {"b:0": 5}}',
+                "startingOffsetsByTimestamp": '{"a": {"b:0": 5, "b:1": 7}}',
+            },
+            ["'startingOffsets' and 'startingOffsetsByTimestamp'", "both name a/b:0"],
+        ),
+        ({"topic": "a", "maxMessagesPerPartition": "0"}, ["maxMessagesPerPartition", "at least"]),
+        ({"topic": "a", "maxRecordsPerPartition": "9"}, ["Kafka", "'maxMessagesPerPartition'"]),
+        ({"topic": "a", "minOffsetsPerTrigger": "9"}, ["Kafka", "'minMessagesPerTrigger'"]),
+        ({"topic": "a", "minMessagesPerTrigger": "9"}, ["'minMessagesPerTrigger'", "streams"]),
+        ({"topic": "a", "accessKey": "app"}, ["'accessKey' is set", "'secretKeyFile' is not"]),
+        ({"topic": "a", "secretKeyFile": "/x"}, ["'secretKeyFile' is set", "'accessKey' is not"]),
+        (
+            {"topic": "a", "accessKey": "app", "secretKeyFile": "/no/such/secret"},
+            ["'secretKeyFile'", "cannot read /no/such/secret"],
+        ),
     ],
 )
 def test_bad_options_name_the_option(options: dict[str, str], words: list[str]) -> None:
@@ -51,6 +84,107 @@ def test_bad_options_name_the_option(options: dict[str, str], words: list[str]) 
         parse_source_options({**NS, **options}, streaming=False)
     for word in words:
         assert word in str(failure.value)
+
+
+@pytest.mark.parametrize(
+    ("options", "words"),
+    [
+        ({"maxTriggerDelay": "soon", "minMessagesPerTrigger": "5"}, ["maxTriggerDelay", "'15m'"]),
+        ({"maxTriggerDelay": "5m"}, ["'maxTriggerDelay'", "set 'minMessagesPerTrigger'"]),
+        (
+            {"minMessagesPerTrigger": "50", "maxMessagesPerTrigger": "10"},
+            ["'minMessagesPerTrigger' (50) is above 'maxMessagesPerTrigger' (10)"],
+        ),
+        ({"endingOffsetsByTimestamp": '{"a": {"b:0": 5}}'}, ["batch reads only"]),
+    ],
+)
+def test_bad_stream_options_name_the_option(options: dict[str, str], words: list[str]) -> None:
+    with pytest.raises(OptionError) as failure:
+        parse_source_options({**NS, "topic": "a", **options}, streaming=True)
+    for word in words:
+        assert word in str(failure.value)
+
+
+def test_trigger_and_partition_options_are_parsed() -> None:
+    options = parse_source_options(
+        {**NS, "topic": "a", "minMessagesPerTrigger": "20", "maxTriggerDelay": "90s",
+         "maxMessagesPerPartition": "1000",
+         "startingOffsetsByTimestamp": '{"a": {"broker-a:1": 1767225600000}}'},
+        streaming=True,
+    )  # fmt: skip
+    assert options.min_messages_per_trigger == 20
+    assert options.max_trigger_delay_ms == 90_000
+    assert options.max_messages_per_partition == 1000
+    assert options.starting_by_timestamp == {"a": {"broker-a:1": 1767225600000}}
+    assert parse_source_options({**NS, "topic": "a"}, streaming=True).max_trigger_delay_ms == (
+        15 * 60_000
+    )
+
+
+def test_credentials_come_from_the_access_key_and_the_secret_key_file(tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text("the-secret-key-of-app\n")
+    options = parse_source_options(
+        {**NS, "topic": "a", "accessKey": "app", "secretKeyFile": str(secret)}, streaming=False
+    )
+    assert options.credentials == Credentials("app", "the-secret-key-of-app")
+    assert "the-secret-key-of-app" not in repr(options)
+    sink = parse_sink_options({**NS, "accesskey": "app", "SECRETKEYFILE": str(secret)})
+    assert sink.credentials == Credentials("app", "the-secret-key-of-app")
+    secret.write_text("\n")
+    with pytest.raises(OptionError, match=r"'secretKeyFile': .* is empty"):
+        parse_sink_options({**NS, "accessKey": "app", "secretKeyFile": str(secret)})
+
+
+def test_max_messages_per_partition_cuts_every_range_then_min_partitions_applies() -> None:
+    ranges = [QueueRange("t", "b", 0, 10, 110), QueueRange("t", "b", 1, 0, 20)]
+    pieces = split(ranges, 0, 30)
+    assert [(p.queue_id, p.start, p.end) for p in pieces] == [
+        (0, 10, 35), (0, 35, 60), (0, 60, 85), (0, 85, 110), (1, 0, 20),
+    ]  # fmt: skip
+    pieces = split(ranges, 12, 30)
+    assert len(pieces) >= 12 and max(p.size for p in pieces) <= 30
+    for queue, start, end in ((0, 10, 110), (1, 0, 20)):
+        mine = sorted((p.start, p.end) for p in pieces if p.queue_id == queue)
+        assert mine[0][0] == start and mine[-1][1] == end
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(mine))
+
+
+def test_min_messages_per_trigger_holds_a_batch_until_enough_wait_or_the_delay_passes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    now = [1000.0]
+    monkeypatch.setattr(stream.time, "monotonic", lambda: now[0])
+    options = parse_source_options(
+        {**NS, "topic": "t", "minMessagesPerTrigger": "10", "maxTriggerDelay": "60s"},
+        streaming=True,
+    )
+    reader = MetaqStreamReader(options)
+    start = {"t": {"b:0": 0}}
+    # The first batch runs at once, whatever waits (Kafka's rule).
+    assert not reader._delayed(start, {"t": {"b:0": 3}})
+    now[0] += 1
+    start = {"t": {"b:0": 3}}
+    assert reader._delayed(start, {"t": {"b:0": 12}})  # 9 wait: too few
+    assert not reader._delayed(start, {"t": {"b:0": 13}})  # 10 wait
+    now[0] += 59
+    start = {"t": {"b:0": 13}}
+    assert reader._delayed(start, {"t": {"b:0": 14}})
+    now[0] += 1  # 60 s after the last batch: whatever waits goes
+    assert not reader._delayed(start, {"t": {"b:0": 14}})
+    now[0] += 1
+    assert reader._delayed({"t": {"b:0": 14}}, {"t": {"b:0": 15}})
+
+
+def test_a_queue_column_names_one_writable_queue() -> None:
+    queues = tuple(QueueRoute(b, f"{b}:1", q, "") for b in ("broker-a", "broker-b") for q in (0, 1))
+    # Only the route's topic and writable queues matter here.
+    route = cast(TopicRoute, SimpleNamespace(topic="orders", write_queues=queues))
+    assert str(_given_queue(route, 1, "broker-b", 0)) == "broker-b:1"
+    with pytest.raises(RowError, match="queue 1 on broker groups broker-a, broker-b"):
+        _given_queue(route, 1, None, 4)
+    with pytest.raises(RowError, match=r"row 4: .* no writable queue broker-a:2"):
+        _given_queue(route, 2, "broker-a", 4)
 
 
 def test_min_partitions_cuts_ranges_into_contiguous_pieces() -> None:
