@@ -3,7 +3,9 @@ restart from a checkpoint into a file sink, read limits, and queues added mid-st
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -207,3 +209,41 @@ def test_available_now_reads_what_was_there_in_batches_of_max_messages_per_trigg
     ends = json.loads(source["latestOffset"])["stream-now"]
     assert sum(ends.values()) == 50
     assert sum(json.loads(source["endOffset"])["stream-now"].values()) == 12
+
+
+def test_min_messages_per_trigger_waits_for_enough_messages_or_the_delay(
+    spark: Any, cluster: Cluster
+) -> None:
+    run_async(cluster.create_topic("stream-min", queues=2))
+    sent = send(cluster, "stream-min", [f"a{i}" for i in range(5)])
+    query = (
+        stream(spark, cluster, "stream-min", minMessagesPerTrigger="20", maxTriggerDelay="30s")
+        .writeStream.format("memory")
+        .queryName("stream_min")
+        .trigger(processingTime="200 milliseconds")
+        .start()
+    )
+    try:
+        # The first batch runs at once, with the 5 there (Kafka's rule).
+        wait_until(lambda: rows_read(query) >= 5, 90.0, "the first batch", poll_s=0.2,
+                   failed=query.exception)  # fmt: skip
+        sent |= send(cluster, "stream-min", [f"b{i}" for i in range(25)])
+        enough_at = time.time()
+        wait_until(lambda: rows_read(query) >= 25, 90.0, "20 or more waiting make a batch",
+                   poll_s=0.2, failed=query.exception)  # fmt: skip
+        # Too few to make a batch: they wait for maxTriggerDelay after the last one.
+        sent |= send(cluster, "stream-min", [f"c{i}" for i in range(3)])
+        wait_until(lambda: rows_read(query) >= 33, 120.0, "the delay lets the rest through",
+                   poll_s=0.2, failed=query.exception)  # fmt: skip
+    finally:
+        query.stop()
+    assert {r.msg_id for r in spark.sql("select msg_id from stream_min").collect()} == sent
+    batches = [
+        (p["numInputRows"], dt.datetime.fromisoformat(p["timestamp"]).timestamp())
+        for p in query.recentProgress
+        if p["numInputRows"]
+    ]
+    assert len(batches) == 3, batches
+    assert batches[0][0] == 5 and batches[1][0] >= 20, batches
+    assert batches[1][1] - enough_at < 30, "the batch waited although 20 were waiting"
+    assert batches[2][1] - batches[1][1] >= 29.5, batches
