@@ -222,6 +222,10 @@ class Sender:
                 connection.send_oneway(FrameType.SEND, header, batch.records)
             except MetaqError as exc:
                 log.info("one-way send to %s dropped: %s", batch.queue, exc)
+            except Exception:
+                log.exception(
+                    "one-way send to %s dropped: its frame could not be written", batch.queue
+                )
             return
         batch.sent_s = self._loop.time()
         try:
@@ -233,6 +237,14 @@ class Sender:
                 timeout_s=self.timeout_s,
             )
         except MetaqError as exc:  # a frame over the limit: nothing was written
+            self.accumulator.done(batch)
+            self._settle_failure(batch, exc)
+            return
+        except Exception as exc:
+            # A frame that cannot be encoded or signed is a bug, but its sender must
+            # hear of it: raised from here it would end the drain or the connect task
+            # and leave this batch's waiters hanging forever.
+            log.exception("a send to %s could not be written", batch.queue)
             self.accumulator.done(batch)
             self._settle_failure(batch, exc)
             return
