@@ -17,6 +17,9 @@ web console reads and drives (docs/operations.md, "Console").
   The reset reaches the group's live members (``metaq.broker.offsets``): each drops what
   it has in flight at its next pull and goes on from the new offsets, and commits from
   before the reset are refused. ``live_members`` names those consuming T here now.
+- ``DELETE /groups/{group}[?force=true]`` — forget the group's committed offsets here
+  (journaled, so its slaves forget them too); 409 naming its live members unless
+  ``force``; 404 when this broker knows neither offsets nor members of it.
 - ``POST /topics/{name}/messages`` ``{"body": text, "tags": t, "keys": [...],
   "properties": {...}}`` — store one message (a test message from the console).
 - ``POST /groups/{group}/dlq/resend`` ``{"msg_ids": [...]}`` — store the group's dead
@@ -64,6 +67,7 @@ def add_routes(app: web.Application, context: HttpContext) -> None:
             web.get("/queues/{topic}/{queue_id}/messages", views.queue_messages),
             web.get("/groups/{group}/offsets", views.group_offsets),
             web.post("/groups/{group}/reset", views.reset),
+            web.delete("/groups/{group}", views.delete_group),
             web.post("/groups/{group}/dlq/resend", views.resend_dead),
             web.post("/topics/{name}/messages", views.send_test),
         ]
@@ -269,6 +273,30 @@ class _Views:
                 "live_members": live,
             }
         )
+
+    async def delete_group(self, request: web.Request) -> web.Response:
+        group = request.match_info["group"]
+        force = request.query.get("force", "false") == "true"
+        refused = self._refuse_on_slave()
+        if refused is not None:
+            return refused
+        offsets = self._c.offsets
+        live = [m.client_id for m in self._c.groups.members(group)]
+        if group not in offsets.groups() and not live:
+            return _error(
+                404, f"broker {self._c.broker_name} knows no consumer group {shown(group)}"
+            )
+        if live and not force:
+            return _error(
+                409,
+                f"consumer group {shown(group)} has live members ({', '.join(live)}): stop "
+                "them first, or force the delete (they would commit their positions again)",
+            )
+        deleted = offsets.delete_group(group)
+        role = self._c.role
+        if role.journal is not None:
+            role.journal.write_deleted_group(group)
+        return web.json_response({"group": group, "deleted_offsets": deleted, "live_members": live})
 
     async def send_test(self, request: web.Request) -> web.Response:
         topic = request.match_info["name"]

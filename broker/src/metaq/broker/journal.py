@@ -100,6 +100,17 @@ class Journal:
         self._offsets.journal_offset = appended.queue_offsets[-1] + 1
         return appended
 
+    def write_deleted_group(self, group: str) -> Appended | None:
+        """Journal that ``group`` was deleted, so slaves forget its offsets too.
+
+        A record of its own, ``{"offsets": [], "deleted": [group]}``: a slave of an
+        older version applies its (empty) rows and ignores the key, keeping the group's
+        offsets until it is upgraded, which is harmless (they are only read back if the
+        group comes again); it never fails on it."""
+        if not self._is_master():
+            return None
+        return self._append(OFFSETS_JOURNAL, {"offsets": [], "deleted": [group], "full": False})
+
     def _offsets_records(self, rows: list[list[Any]], full: bool) -> list[bytes | bytearray]:
         limit = self._store.config.max_message_bytes
         records: list[bytes | bytearray] = []
@@ -219,6 +230,8 @@ class Journal:
                 body = json.loads(decode(record).body)
                 for group, topic, queue_id, offset in body["offsets"]:
                     self._offsets.commit(group, topic, int(queue_id), int(offset), journaled=True)
+                for group in body.get("deleted", ()):
+                    self._offsets.delete_group(group)
                 applied += 1
             self._offsets.journal_offset = result.next_offset
             result.release()

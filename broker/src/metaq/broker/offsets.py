@@ -161,6 +161,19 @@ class ConsumerOffsets:
         self.on_reset(topic, offsets)
         return generation
 
+    def delete_group(self, group: str) -> int:
+        """Forget every offset of ``group`` (an operator deleting the group); how many
+        there were. Its reset generations stay, so a member's commit from before a reset
+        is still refused."""
+        gone = [key for key in self._offsets if key[0] == group]
+        for key in gone:
+            del self._offsets[key]
+            self._unjournaled.pop(key, None)
+        self._groups.discard(group)
+        if gone:
+            self._changes += 1
+        return len(gone)
+
     def reset_generation(self, group: str, topic: str) -> int:
         """The generation of ``group``'s last reset on ``topic`` here (0: none known)."""
         return self._generations.get((group, topic), 0)

@@ -1,14 +1,19 @@
 """The admin library (:class:`Admin`) and what it returns."""
 
 from metaq.client.admin.client import Admin
+from metaq.client.admin.groups import UnknownGroup
 from metaq.client.admin.results import (
     MAX_QUEUES,
     MIN_QUEUES,
     BrokerHealth,
     CommittedOffset,
     ConsumerMember,
+    GroupDeleted,
+    GroupDescription,
+    GroupOffsetRow,
     GroupQueueOffset,
     GroupReset,
+    GroupSummary,
     MessagesStored,
     MetricSamples,
     NewMessage,
@@ -41,8 +46,12 @@ __all__ = [
     "BrokerRef",
     "CommittedOffset",
     "ConsumerMember",
+    "GroupDeleted",
+    "GroupDescription",
+    "GroupOffsetRow",
     "GroupQueueOffset",
     "GroupReset",
+    "GroupSummary",
     "MessagesStored",
     "MetricSamples",
     "NewMessage",
@@ -60,4 +69,5 @@ __all__ = [
     "TopicReset",
     "TopicSettings",
     "TopicSettingsError",
+    "UnknownGroup",
 ]

@@ -171,6 +171,21 @@ class BrokerCalls(AdminSession):
             raise refused(broker, status, body, f"refused the reset: {_error(body)}")
         return decoded(broker, status, body, GroupReset)
 
+    async def delete_group_offsets(
+        self, broker: BrokerRef, group: str, *, force: bool = False
+    ) -> tuple[int, list[str]]:
+        """Forget ``group``'s committed offsets on one broker (its group's master): how
+        many it had, and its live members there (refused, naming them, unless
+        ``force``). (0, []) when the broker knows nothing of the group."""
+        path = f"{_group(group)}?force=true" if force else _group(group)
+        status, body = await self.request(broker, "DELETE", path)
+        if status == 404:
+            return 0, []
+        if status != 200:
+            raise refused(broker, status, body, f"refused to delete the group: {_error(body)}")
+        answer = decoded(broker, status, body, dict[str, Any])
+        return int(answer.get("deleted_offsets", 0)), list(answer.get("live_members", []))
+
     async def resend_dead_letters(
         self, broker: BrokerRef, group: str, msg_ids: Sequence[str]
     ) -> MessagesStored:

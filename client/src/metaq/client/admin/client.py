@@ -14,10 +14,9 @@ from __future__ import annotations
 
 from metaq.client.admin.groups import GroupAdmin
 from metaq.client.admin.messages import MessageAdmin
-from metaq.client.admin.topics import TopicAdmin
 
 
-class Admin(TopicAdmin, GroupAdmin, MessageAdmin):
+class Admin(GroupAdmin, MessageAdmin):
     """Administer a metaq cluster; an async context manager, like the producer.
 
     ``nameservers`` are asked for what the cluster is (any one will do; see

@@ -1,18 +1,34 @@
-"""Consumer groups: their progress and lag (through the data-plane consumer), a reset of
-their offsets by time (through the masters' admin API, which tells the live members),
-and their dead letters (read and sent again through the consumer and producer)."""
+"""Consumer groups: the list of them, one described and one deleted, their progress and
+lag (through the data-plane consumer), a reset of their offsets by time (through the
+masters' admin API, which tells the live members), and their dead letters (read and sent
+again through the consumer and producer)."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Final
 
-from metaq.client.admin.cluster import ClusterAdmin
-from metaq.client.admin.results import QueueProgress, QueueReset, TopicReset
+from metaq.client.admin.results import (
+    ConsumerMember,
+    GroupDeleted,
+    GroupDescription,
+    GroupOffsetRow,
+    GroupSummary,
+    QueueProgress,
+    QueueReset,
+    TopicReset,
+)
+from metaq.client.admin.topics import TopicAdmin
 from metaq.client.errors import AdminError
 from metaq.client.message import Message
 from metaq.client.results import SendResult
-from metaq.client.retry import PROP_FAILURE, PROP_ORIGIN_MSG_ID, PROP_RETRY_TOPIC, dlq_topic
+from metaq.client.retry import (
+    PROP_FAILURE,
+    PROP_ORIGIN_MSG_ID,
+    PROP_RETRY_TOPIC,
+    dlq_topic,
+    retry_topic,
+)
 from metaq.common.errors import MetaqError
 from metaq.common.model import QueueRoute
 
@@ -20,8 +36,105 @@ _RETRY_PROPS: Final = frozenset({PROP_FAILURE, PROP_ORIGIN_MSG_ID, PROP_RETRY_TO
 _DLQ_PULL_BATCH: Final = 256
 
 
-class GroupAdmin(ClusterAdmin):
+class UnknownGroup(AdminError):
+    """No master holds offsets or live members of the consumer group."""
+
+    def __init__(self, group: str, known: list[str]) -> None:
+        shown = ", ".join(known[:20]) + (" ..." if len(known) > 20 else "") or "none"
+        super().__init__(
+            f"no consumer group {group!r}: no master holds its offsets or live members "
+            f"(groups known: {shown}; see `metaq group list`)"
+        )
+        self.group = group
+
+
+class GroupAdmin(TopicAdmin):
     """The calls on consumer groups across the cluster."""
+
+    async def list_groups(self) -> list[GroupSummary]:
+        """Every consumer group some master holds offsets or live members of, by name."""
+        masters = await self.masters()
+        offsets, live = await asyncio.gather(
+            asyncio.gather(*(self.consumer_offsets(m) for m in masters)),
+            asyncio.gather(*(self.consumers(m) for m in masters)),
+        )
+        topics: dict[str, set[str]] = {}
+        lag: dict[str, int] = {}
+        for answer in offsets:
+            for row in answer:
+                topics.setdefault(row.group, set()).add(row.topic)
+                lag[row.group] = lag.get(row.group, 0) + row.lag
+        members: dict[str, set[str]] = {}
+        for groups in live:
+            for group, found in groups.items():
+                members.setdefault(group, set()).update(m.client_id for m in found)
+                topics.setdefault(group, set()).update(t for m in found for t, _ in m.subscriptions)
+        return [
+            GroupSummary(g, sorted(topics[g]), sorted(members.get(g, ())), lag.get(g, 0))
+            for g in sorted(topics.keys() | members.keys())
+        ]
+
+    async def describe_group(self, group: str) -> GroupDescription:
+        """``group``'s live members and its committed offsets on every master, with lag;
+        UnknownGroup when no master knows it."""
+        masters = await self.masters()
+        offsets, live = await asyncio.gather(
+            asyncio.gather(*(self.group_offsets(m, group) for m in masters)),
+            asyncio.gather(*(self.consumers(m) for m in masters)),
+        )
+        members: dict[str, ConsumerMember] = {}
+        for groups in live:
+            for member in groups.get(group, []):
+                members.setdefault(member.client_id, member)
+        rows = [
+            GroupOffsetRow(m.broker_name, row)
+            for m, answer in zip(masters, offsets, strict=True)
+            for row in answer
+        ]
+        if not members and not rows:
+            raise UnknownGroup(group, [g.group for g in await self.list_groups()])
+        return GroupDescription(group, [members[c] for c in sorted(members)], rows)
+
+    async def delete_group(
+        self,
+        group: str,
+        *,
+        force: bool = False,
+        with_retry_topic: bool = False,
+        with_dlq_topic: bool = False,
+    ) -> GroupDeleted:
+        """Delete ``group``: every master forgets its committed offsets (and its slaves,
+        through the journal), and, when asked, its retry (``%RETRY%group``) and
+        dead-letter (``%DLQ%group``) topics go too.
+
+        Refused (AdminError naming them) while the group has live members, unless
+        ``force``: forced, members that go on consuming commit their positions again
+        and the group comes back. UnknownGroup when no master knows the group.
+        """
+        summaries = {g.group: g for g in await self.list_groups()}
+        found = summaries.get(group)
+        if found is None:
+            raise UnknownGroup(group, sorted(summaries))
+        if found.members and not force:
+            raise AdminError(
+                f"consumer group {group!r} has live members ({', '.join(found.members)}): "
+                "stop them first, or force the delete (they would commit their positions "
+                "again)"
+            )
+        masters = await self.masters()
+        answers = await asyncio.gather(
+            *(self.delete_group_offsets(m, group, force=force) for m in masters)
+        )
+        deleted = {
+            m.broker_name: count for m, (count, _) in zip(masters, answers, strict=True) if count
+        }
+        topics: dict[str, list[str]] = {}
+        wanted = [(with_retry_topic, retry_topic(group)), (with_dlq_topic, dlq_topic(group))]
+        for asked, topic in wanted:
+            if asked:
+                removed = [await self.remove_topic(m, topic) for m in masters]
+                topics[topic] = [m.broker_name for m, r in zip(masters, removed, strict=True) if r]
+        return GroupDeleted(group, deleted, found.members, topics)
 
     async def progress(self, group: str, topic: str) -> list[QueueProgress]:
         """Every readable queue of ``topic`` with ``group``'s committed offset and lag."""

@@ -264,3 +264,49 @@ class MessagesStored(msgspec.Struct, frozen=True):
     stored: list[NewMessage]
     durable: bool
     replicated: bool
+
+
+@dataclass(frozen=True, slots=True)
+class GroupSummary:
+    """A consumer group as the masters know it (``Admin.list_groups``): the topics it
+    committed offsets on, its live members (client ids) and its lag in messages."""
+
+    group: str
+    topics: list[str]
+    members: list[str]
+    lag: int
+
+
+@dataclass(frozen=True, slots=True)
+class GroupOffsetRow:
+    """One queue of ``Admin.describe_group``: the group's committed offset on a broker
+    group's master."""
+
+    broker_name: str
+    offset: GroupQueueOffset
+
+
+@dataclass(frozen=True, slots=True)
+class GroupDescription:
+    """``Admin.describe_group``: the live members (each once, as the first master
+    listing it knows it) and every committed offset with its lag."""
+
+    group: str
+    members: list[ConsumerMember]
+    offsets: list[GroupOffsetRow]
+
+    @property
+    def lag(self) -> int:
+        return sum(row.offset.lag for row in self.offsets)
+
+
+@dataclass(frozen=True, slots=True)
+class GroupDeleted:
+    """``Admin.delete_group``: the offsets forgotten per broker group, the members that
+    were live (non-empty only when forced), and the retry and dead-letter topics deleted
+    (with the broker groups that had them)."""
+
+    group: str
+    deleted_offsets: dict[str, int]
+    live_members: list[str]
+    deleted_topics: dict[str, list[str]]

@@ -3,8 +3,9 @@ sessions and connections, and one call to a broker's admin API.
 
 The parts build on one another, each a mixin over the one below: this session; the
 typed calls to one broker (:mod:`~metaq.client.admin.brokers`); the cluster and its
-switchover (:mod:`~metaq.client.admin.cluster`); then topics, consumer groups and
-messages beside each other; :class:`~metaq.client.admin.Admin` joins the last three.
+switchover (:mod:`~metaq.client.admin.cluster`); then topics, and consumer groups on
+them (a group's delete deletes its retry and dead-letter topics), with messages beside;
+:class:`~metaq.client.admin.Admin` joins the last two.
 """
 
 from __future__ import annotations

@@ -33,6 +33,7 @@ COMMAND_MODULES: Final = (
     "consume",
     "read",
     "progress",
+    "group",
     "reset_offsets",
     "dlq",
     "acl",

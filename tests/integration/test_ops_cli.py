@@ -1,0 +1,132 @@
+"""The operator's commands of ``metaq`` run as processes against a real cluster: consumer
+groups, client connections, a message by queue offset, the controller, broker status
+and live settings."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from metaq.client import Admin, Producer
+from metaq.client.admin import TopicSettings
+from metaq.client.consumer import FIRST, PushConsumer
+from metaq.client.message import Message
+from metaq.testing import Cluster, ClusterBuilder
+from metaq.testing.waiting import deadline, run_async, wait_until_async
+
+
+@dataclass(frozen=True)
+class Done:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def _metaq_command() -> list[str]:
+    script = Path(sys.executable).with_name("metaq")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "metaq.client.cli"]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    started = ClusterBuilder(groups=("broker-a", "broker-b")).start(
+        tmp_path_factory.mktemp("ops-cli-cluster")
+    )
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
+async def metaq(cluster: Cluster, *args: str) -> Done:
+    """``metaq ARGS`` as a process, awaited, so consumers in this loop keep heartbeating."""
+    env = {**os.environ, "METAQ_NAMESERVERS": ",".join(cluster.nameserver_addresses)}
+    process = await asyncio.create_subprocess_exec(
+        *_metaq_command(), *args, env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    async with asyncio.timeout(deadline(60)):
+        out, err = await process.communicate()
+    assert process.returncode is not None
+    return Done(process.returncode, out.decode(), err.decode())
+
+
+def test_groups_are_listed_described_and_deleted_only_without_live_members(
+    cluster: Cluster,
+) -> None:
+    handled: list[Message] = []
+
+    async def handle(message: Message) -> None:
+        handled.append(message)
+
+    async def scenario() -> None:
+        async with Admin(cluster.nameserver_addresses, timeout_s=10) as admin:
+            await admin.create_topic("ops-orders", TopicSettings(1, 1))
+            for system in ("%RETRY%ops-readers", "%DLQ%ops-readers"):
+                await admin.create_topic(system, TopicSettings(1, 1), brokers=["broker-a"])
+            async with Producer(cluster.nameserver_addresses) as producer:
+                for i in range(4):
+                    await producer.send("ops-orders", f"order {i}".encode())
+            consumer = PushConsumer(
+                cluster.nameserver_addresses, "ops-readers", consume_from=FIRST,
+                client_id="reader-1",
+            )  # fmt: skip
+            consumer.subscribe("ops-orders", handle)
+            async with consumer:
+
+                async def all_committed() -> bool:
+                    if len(handled) < 4:
+                        return False
+                    found = await admin.describe_group("ops-readers")
+                    orders = [r for r in found.offsets if r.offset.topic == "ops-orders"]
+                    return len(orders) == 2 and found.lag == 0
+
+                await wait_until_async(all_committed, 30, "ops-readers committed all four")
+
+                listed = await metaq(cluster, "group", "list", "--json")
+                assert listed.returncode == 0, listed.stderr
+                [readers] = [g for g in json.loads(listed.stdout) if g["group"] == "ops-readers"]
+                # The consumer reads its group's retry topic too.
+                assert (readers["members"], readers["topics"], readers["lag"]) == (
+                    ["reader-1"], ["%RETRY%ops-readers", "ops-orders"], 0,
+                )  # fmt: skip
+
+                described = await metaq(cluster, "group", "describe", "ops-readers")
+                assert described.returncode == 0, described.stderr
+                assert "reader-1" in described.stdout
+                assert "ops-orders (*)" in described.stdout
+                assert {"broker-a", "broker-b"} <= set(described.stdout.split())
+
+                refused = await metaq(cluster, "group", "delete", "ops-readers")
+                assert refused.returncode == 1
+                assert "has live members (reader-1)" in refused.stderr
+                assert "force" in refused.stderr
+                assert len((await admin.describe_group("ops-readers")).offsets) == 3
+
+            deleted = await metaq(
+                cluster, "group", "delete", "ops-readers", "--retry-topic", "--dlq-topic"
+            )
+            assert deleted.returncode == 0, deleted.stderr
+            assert "broker-a: 2, broker-b: 1" in deleted.stdout
+            assert "topic %RETRY%ops-readers: deleted from broker-a" in deleted.stdout
+            topics = {t.topic for t in await admin.list_topics()}
+            assert not topics & {"%RETRY%ops-readers", "%DLQ%ops-readers"}
+            listed = await metaq(cluster, "group", "list", "--json")
+            assert "ops-readers" not in [g["group"] for g in json.loads(listed.stdout)]
+
+            unknown = await metaq(cluster, "group", "describe", "ops-readers")
+            assert unknown.returncode == 1
+            assert "no consumer group 'ops-readers'" in unknown.stderr
+            unknown = await metaq(cluster, "group", "delete", "no-such-group")
+            assert unknown.returncode == 1
+            assert "no consumer group 'no-such-group'" in unknown.stderr
+
+    run_async(scenario(), timeout_s=120)
+    assert sorted(m.body for m in handled) == [f"order {i}".encode() for i in range(4)]
