@@ -5,6 +5,7 @@ and live settings."""
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import json
 import os
 import sys
@@ -130,3 +131,67 @@ def test_groups_are_listed_described_and_deleted_only_without_live_members(
 
     run_async(scenario(), timeout_s=120)
     assert sorted(m.body for m in handled) == [f"order {i}".encode() for i in range(4)]
+
+
+def test_connections_list_consumers_and_producers_with_what_they_say_they_are(
+    cluster: Cluster,
+) -> None:
+    version = importlib.metadata.version("metaq-client")
+
+    async def ignore(_message: Message) -> None:
+        return None
+
+    async def scenario() -> None:
+        async with Admin(cluster.nameserver_addresses, timeout_s=10) as admin:
+            await admin.create_topic("ops-conn", TopicSettings(1, 1))
+        consumer = PushConsumer(
+            cluster.nameserver_addresses, "ops-watchers", client_id="watcher-1",
+            computer_room="room-y",
+        )  # fmt: skip
+        consumer.subscribe("ops-conn", ignore, tags="a || b")
+        producer = Producer(
+            cluster.nameserver_addresses, group="ops-writers", client_id="writer-1",
+            computer_room="room-x",
+        )  # fmt: skip
+        async with consumer, producer:
+            await producer.send("ops-conn", b"hello")
+
+            everyone = await metaq(cluster, "connections", "--json")
+            assert everyone.returncode == 0, everyone.stderr
+            found = json.loads(everyone.stdout)
+            [watcher] = [c for c in found["consumers"] if c["client_id"] == "watcher-1"]
+            assert watcher["group"] == "ops-watchers"
+            assert (watcher["host"], watcher["computer_room"]) == ("127.0.0.1", "room-y")
+            assert (watcher["client_version"], watcher["language"]) == (version, "python")
+            assert ["ops-conn", "a || b"] in watcher["subscriptions"]
+            assert watcher["brokers"] == ["broker-a", "broker-b"]
+            [writer] = [p for p in found["producers"] if p["client_id"] == "writer-1"]
+            assert (writer["group"], writer["host"], writer["computer_room"]) == (
+                "ops-writers", "127.0.0.1", "room-x",
+            )  # fmt: skip
+            assert (writer["client_version"], writer["language"]) == (version, "python")
+            assert writer["brokers"]
+
+            writers = json.loads((await metaq(cluster, "connections", "-g", "ops-writers",
+                                              "--json")).stdout)  # fmt: skip
+            assert [c["client_id"] for c in writers["consumers"]] == []
+            assert [p["client_id"] for p in writers["producers"]] == ["writer-1"]
+            readers = await metaq(cluster, "connections", "--topic", "ops-conn")
+            assert readers.returncode == 0, readers.stderr
+            assert "watcher-1" in readers.stdout
+            assert "producers: none" in readers.stdout
+
+        async def writer_gone() -> bool:
+            async with Admin(cluster.nameserver_addresses, timeout_s=10) as admin:
+                found = await admin.connections()
+            return all(p.client_id != "writer-1" for p, _ in found.producers)
+
+        await wait_until_async(writer_gone, 30, "the closed producer is no longer listed")
+        unknown = await metaq(cluster, "connections", "-g", "no-such-group")
+        assert unknown.returncode == 1
+        assert "no consumer group 'no-such-group'" in unknown.stderr
+        unknown = await metaq(cluster, "connections", "-t", "no-such-topic")
+        assert unknown.returncode == 1
+        assert "no-such-topic" in unknown.stderr
+
+    run_async(scenario(), timeout_s=120)

@@ -33,6 +33,9 @@ class Member:
     last_seen_s: float
     host: str = ""
     """Where its heartbeats come from, as this broker sees it (the address, no port)."""
+    client_version: str = ""
+    language: str = ""
+    """What the client library says it is (empty: a client too old to say)."""
 
 
 class ConsumerGroups:
@@ -64,6 +67,8 @@ class ConsumerGroups:
         connection_id: int = 0,
         leaving: bool = False,
         host: str = "",
+        client_version: str = "",
+        language: str = "",
     ) -> list[Member]:
         """Record (or, when ``leaving``, drop) a member; return the group's live members."""
         if group not in self._groups:
@@ -87,6 +92,8 @@ class ConsumerGroups:
                 connection_id,
                 self._clock(),
                 host,
+                client_version[:64],
+                language[:32],
             )
         return self.members(group)
 

@@ -15,6 +15,7 @@ from metaq.broker.journal import Journal
 from metaq.broker.member_notices import MemberChangeNotices
 from metaq.broker.offset_forward import OffsetForwarder
 from metaq.broker.offsets import ConsumerOffsets
+from metaq.broker.producers import ProducerConnections
 from metaq.broker.pull import PullHandler
 from metaq.broker.role import GroupRole
 from metaq.broker.send import SendHandler
@@ -28,6 +29,7 @@ from metaq.common.names import check_group
 from metaq.common.record import check_topic
 from metaq.common.service import spawn
 from metaq.common.v1.data_pb2 import (
+    ClientHello,
     CommitOffsetRequest,
     CommitOffsetResponse,
     ConsumerHeartbeatRequest,
@@ -64,6 +66,7 @@ class Handlers:
         transactions: Transactions,
         forwarder: OffsetForwarder,
         notices: MemberChangeNotices | None = None,
+        producers: ProducerConnections | None = None,
     ) -> None:
         self._store = store
         self._topics = topics
@@ -76,6 +79,7 @@ class Handlers:
         self._transactions = transactions
         self.forwarder = forwarder
         self._notices = notices
+        self._producers = producers
         self._tasks: set[asyncio.Task[None]] = set()
 
     def table(self) -> dict[FrameType, Handler]:
@@ -103,6 +107,18 @@ class Handlers:
         return table
 
     def heartbeat(self, responder: Responder, frame: Frame) -> None:
+        if frame.header and self._producers is not None:
+            hello = ClientHello.FromString(frame.header)
+            if hello.client_id:
+                self._producers.hello(
+                    responder.connection_id,
+                    client_id=hello.client_id,
+                    group=hello.producer_group,
+                    host=_host(responder),
+                    computer_room=hello.computer_room,
+                    client_version=hello.client_version,
+                    language=hello.language,
+                )
         if not frame.is_one_way:
             responder.respond(encode_frame(frame.type, frame.request_id, flags=FLAG_RESPONSE))
 
@@ -301,7 +317,9 @@ class Handlers:
             subscriptions=[(s.topic, s.tag_expression) for s in request.subscriptions],
             connection_id=responder.connection_id,
             leaving=request.leaving,
-            host=responder.peer.rpartition(":")[0].strip("[]"),
+            host=_host(responder),
+            client_version=request.client_version,
+            language=request.language,
         )
         if frame.is_one_way:
             return
@@ -339,3 +357,8 @@ class Handlers:
         if self._topics.get(topic) is None:
             check_topic(topic)
             raise UnknownTopic(f"topic {topic!r} does not exist on this broker")
+
+
+def _host(responder: Responder) -> str:
+    """The client's address as this broker sees it, without the port."""
+    return responder.peer.rpartition(":")[0].strip("[]")

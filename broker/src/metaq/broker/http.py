@@ -9,8 +9,9 @@
 - ``GET /topics``, ``PUT /topics/{name}`` (JSON: read_queues, write_queues, perm,
   ordered; creates or replaces; 507 when its new queues would leave fewer than
   ``min_connection_slots`` file descriptors for connections), ``DELETE /topics/{name}``.
-- ``GET /consumers`` — live members per consumer group; ``GET /offsets`` — committed
-  consumer offsets with their lag.
+- ``GET /consumers`` — live members per consumer group; ``GET /producers`` — the
+  connected producers that said who they are; ``GET /offsets`` — committed consumer
+  offsets with their lag.
 - ``GET /messages/{msg_id}`` (32 hex digits) — one stored message, 404 if this broker
   has none; ``GET /messages?topic=T&key=K[&limit=N]`` — messages carrying a key, newest
   first. Bodies come inflated, as text when they are UTF-8, else base64.
@@ -21,11 +22,12 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import ssl
 import time
 import zlib
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
@@ -36,6 +38,7 @@ from metaq.broker.limits import OutOfDescriptors
 from metaq.broker.log_check import LogCheck
 from metaq.broker.metrics import BrokerMetrics
 from metaq.broker.offsets import ConsumerOffsets
+from metaq.broker.producers import ProducerConnections
 from metaq.broker.role import GroupRole
 from metaq.broker.store import MessageStore
 from metaq.broker.topics import TopicTable
@@ -72,6 +75,8 @@ class HttpContext:
     """With metrics_auth: what /metrics and the detail of /health need."""
     count: Callable[[str], None] = lambda _reason: None
     """Counts a refusal by reason (``metaq_auth_denied_total``)."""
+    producers: ProducerConnections = field(default_factory=ProducerConnections)
+    """The connected producers that said who they are."""
 
 
 @web.middleware
@@ -105,6 +110,7 @@ class HttpServer:
                 web.put("/topics/{name}", self.put_topic),
                 web.delete("/topics/{name}", self.delete_topic),
                 web.get("/consumers", self.consumers),
+                web.get("/producers", self.producers),
                 web.get("/offsets", self.offsets),
                 web.get("/messages/{msg_id}", self.message_by_id),
                 web.get("/messages", self.messages_by_key),
@@ -263,11 +269,18 @@ class HttpServer:
                         "host": m.host,
                         "mode": m.mode.value,
                         "subscriptions": [list(s) for s in m.subscriptions],
+                        "client_version": m.client_version,
+                        "language": m.language,
                     }
                     for m in members
                 ]
                 for group, members in groups.items()
             }
+        )
+
+    async def producers(self, _request: web.Request) -> web.Response:
+        return web.json_response(
+            {"producers": [dataclasses.asdict(p) for p in self._context.producers.all()]}
         )
 
     async def offsets(self, _request: web.Request) -> web.Response:

@@ -37,6 +37,7 @@ from metaq.broker.member_notices import MemberChangeNotices
 from metaq.broker.metrics import BrokerMetrics, MetricSources
 from metaq.broker.offset_forward import OffsetForwarder
 from metaq.broker.offsets import ConsumerOffsets, OffsetSnapshotService
+from metaq.broker.producers import ProducerConnections
 from metaq.broker.pull import PullHandler
 from metaq.broker.role import GroupRole, open_group_role
 from metaq.broker.send import SendHandler
@@ -100,6 +101,7 @@ class Broker:
         self.http_address = ""
         self.metrics = BrokerMetrics()
         self.groups = ConsumerGroups(config.consumer_heartbeat_timeout_s)
+        self.producers = ProducerConnections()
         self.topics: TopicTable | None = None
         self.offsets: ConsumerOffsets | None = None
         self.store: MessageStore | None = None
@@ -244,6 +246,7 @@ class Broker:
         handlers = Handlers(
             self.store, self.topics, self.offsets, self.groups, self._send, self._pull,
             self.group_role, journal, self.transactions, forwarder, self.member_notices,
+            self.producers,
         )  # fmt: skip
         self._handlers.update(handlers.table())
         self._handlers[FrameType.AUTH] = user_gate.handle
@@ -285,6 +288,7 @@ class Broker:
                 self._data.recount,
                 scrape=scrape,
                 count=user_gate.count,
+                producers=self.producers,
             )
         )
         http_host, http_port = await self._http.start(
@@ -321,6 +325,7 @@ class Broker:
 
     def _connection_lost(self, connection_id: int) -> None:
         self.groups.drop_connection(connection_id)
+        self.producers.connection_lost(connection_id)
         if self.member_notices is not None:
             self.member_notices.connection_lost(connection_id)
         if self.user_gate is not None:

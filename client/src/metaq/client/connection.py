@@ -543,6 +543,9 @@ class ConnectionPool:
         """Set: brokers are dialled over TLS (see :mod:`metaq.common.tls`)."""
         self._ssl = tls.client_context() if tls is not None else None
         self._on_request: RequestHook | None = None
+        self.hello: bytes | None = None
+        """A HEARTBEAT header (a producer's ``ClientHello``) sent one-way first on every
+        connection opened, so the broker can say who is connected."""
         self._connections: dict[str, BrokerConnection] = {}
         self._opening: dict[str, asyncio.Future[BrokerConnection]] = {}
         self._closed = False
@@ -596,6 +599,8 @@ class ConnectionPool:
                 opening.set_exception(ConnectionLost(address, "the connection pool is closed"))
                 opening.exception()
                 raise ConnectionLost(address, "the connection pool is closed")
+            if self.hello is not None:
+                connection.send_oneway(FrameType.HEARTBEAT, self.hello)
             self._connections[address] = connection
             opening.set_result(connection)
             return connection

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 
 from metaq.client.connection import BrokerConnection, ConnectionPool
 from metaq.client.errors import UnknownTopic
+from metaq.client.identity import CLIENT_VERSION, LANGUAGE
 from metaq.client.rebalance import Member, merge_members
 from metaq.client.routes import RouteCache
 from metaq.client.tags import TagFilter
@@ -105,6 +106,8 @@ class GroupMembership(PeriodicService):
             mode=self.mode.to_proto(),
             leaving=leaving,
             notify_member_changes=True,
+            client_version=CLIENT_VERSION,
+            language=LANGUAGE,
         )
         for topic, tags in sorted(self.subscriptions.items()):
             request.subscriptions.add(topic=topic, tag_expression=tags.expression)

@@ -52,6 +52,7 @@ from tenacity.wait import wait_random_exponential
 from metaq.client.accumulator import Accumulator, Batch
 from metaq.client.connection import ConnectionPool
 from metaq.client.errors import ConnectionLost, ProducerClosed, RequestTimeout
+from metaq.client.identity import CLIENT_VERSION, LANGUAGE, new_client_id
 from metaq.client.message import OutgoingMessage
 from metaq.client.results import SendResult
 from metaq.client.routes import RouteCache
@@ -65,6 +66,7 @@ from metaq.common.names import check_group
 from metaq.common.record import RecordEncoder, with_queue_id
 from metaq.common.tls import TlsConfig
 from metaq.common.users import Credentials, load_credentials
+from metaq.common.v1.data_pb2 import ClientHello
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +101,11 @@ class ProducerConfig:
     close_timeout_s: float = 10.0
     wait_store: bool = True
     """False: the broker answers once appended, without waiting for a sync flush."""
+    client_id: str = ""
+    """Unique per producer instance, shown in admin views (``metaq connections``);
+    generated (host@pid@random) when empty."""
+    computer_room: str = ""
+    """Where the producer runs, shown in admin views."""
     answer_poll_us: int = 1000
     """How long the event loop polls for an answer instead of sleeping, while answers
     come back that quickly (:mod:`metaq.client.answer_poll`); 0 turns it off."""
@@ -166,6 +173,8 @@ class Producer:
         max_batch_bytes: int = MIB,
         send_timeout_s: float = 3.0,
         retries: int = 2,
+        client_id: str = "",
+        computer_room: str = "",
         queue_selector: QueueSelector | None = None,
         config: ProducerConfig | None = None,
         routes: RouteCache | None = None,
@@ -185,6 +194,8 @@ class Producer:
                 max_batch_bytes=max_batch_bytes,
                 send_timeout_s=send_timeout_s,
                 retries=retries,
+                client_id=client_id,
+                computer_room=computer_room,
             )
         config.validate()
         self.config = config
@@ -230,11 +241,19 @@ class Producer:
             linger_s=c.linger_ms / 1000,
             max_in_flight=c.max_in_flight_per_queue,
         )
+        pool = ConnectionPool(
+            connect_timeout_s=c.connect_timeout_s, credentials=self.credentials, tls=self.tls
+        )
+        pool.hello = ClientHello(
+            client_id=c.client_id or new_client_id(),
+            producer_group=c.group,
+            computer_room=c.computer_room,
+            client_version=CLIENT_VERSION,
+            language=LANGUAGE,
+        ).SerializeToString()
         self._sender = Sender(
             accumulator,
-            ConnectionPool(
-                connect_timeout_s=c.connect_timeout_s, credentials=self.credentials, tls=self.tls
-            ),
+            pool,
             self.health,
             producer_group=c.group,
             timeout_s=c.send_timeout_s,

@@ -48,12 +48,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
-import os
-import socket
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Final, TypeAlias
@@ -70,6 +66,7 @@ from metaq.client.connection import ConnectionPool
 from metaq.client.consume_options import ConsumeFrom, PushConsumerConfig
 from metaq.client.errors import ConnectionLost, UnknownTopic
 from metaq.client.handlers import LATER, ConsumeResult, ConsumeStats, HandlerPool, ReconsumeLater
+from metaq.client.identity import new_client_id
 from metaq.client.membership import GroupMembership
 from metaq.client.message import Message
 from metaq.client.offset_store import LocalOffsetStore
@@ -93,12 +90,6 @@ QueueKey: TypeAlias = tuple[str, str, int]
 """(topic, broker group, queue id)."""
 
 _RETRY_MAX_S = 5.0
-_client_ids = itertools.count()
-
-
-def new_client_id() -> str:
-    """host@pid@random: unique per consumer instance, readable in admin views."""
-    return f"{socket.gethostname()}@{os.getpid()}@{uuid.uuid4().hex[:8]}{next(_client_ids)}"
 
 
 @dataclass(frozen=True, slots=True)

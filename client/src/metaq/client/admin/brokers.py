@@ -22,6 +22,7 @@ from metaq.client.admin.results import (
     GroupReset,
     MessagesStored,
     MetricSamples,
+    ProducerClient,
     StoredMessage,
     StoredQueue,
     TopicSettings,
@@ -145,6 +146,11 @@ class BrokerCalls(AdminSession):
         """The live members of each consumer group that one broker knows."""
         body = await self._get(broker, "/consumers")
         return decoded(broker, 200, body, dict[str, list[ConsumerMember]])
+
+    async def producers(self, broker: BrokerRef) -> list[ProducerClient]:
+        """The producers connected to one broker that said who they are."""
+        body = await self._get(broker, "/producers")
+        return decoded(broker, 200, body.get("producers"), list[ProducerClient])
 
     async def consumer_offsets(self, broker: BrokerRef) -> list[CommittedOffset]:
         """Every committed consumer offset one broker holds, with its lag."""

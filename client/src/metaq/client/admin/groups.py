@@ -9,11 +9,13 @@ import asyncio
 from typing import Final
 
 from metaq.client.admin.results import (
+    Connections,
     ConsumerMember,
     GroupDeleted,
     GroupDescription,
     GroupOffsetRow,
     GroupSummary,
+    ProducerClient,
     QueueProgress,
     QueueReset,
     TopicReset,
@@ -73,6 +75,46 @@ class GroupAdmin(TopicAdmin):
             GroupSummary(g, sorted(topics[g]), sorted(members.get(g, ())), lag.get(g, 0))
             for g in sorted(topics.keys() | members.keys())
         ]
+
+    async def connections(self, *, group: str = "", topic: str = "") -> Connections:
+        """Who is connected to the cluster's live brokers: consumers of ``group`` (or
+        subscribed to ``topic``) and producers of producer group ``group`` (with
+        ``topic`` alone, none: a producer does not say which topics it sends to).
+        Neither: everyone. UnknownGroup / UnknownTopic when nothing of that name is
+        known to the cluster."""
+        view = await self.cluster()
+        brokers = [b for b in view.brokers() if b.http_address and b.session_open]
+        live, producers = await asyncio.gather(
+            asyncio.gather(*(self.consumers(b) for b in brokers)),
+            asyncio.gather(*(self.producers(b) for b in brokers)),
+        )
+        consumers: dict[tuple[str, str], tuple[ConsumerMember, list[str]]] = {}
+        for broker, groups in zip(brokers, live, strict=True):
+            for name, members in groups.items():
+                if group and name != group:
+                    continue
+                for m in members:
+                    if topic and all(t != topic for t, _ in m.subscriptions):
+                        continue
+                    entry = consumers.setdefault((name, m.client_id), (m, []))
+                    entry[1].append(broker.broker_name)
+        senders: dict[tuple[str, str], tuple[ProducerClient, list[str]]] = {}
+        for broker, found in zip(brokers, producers, strict=True):
+            for p in found:
+                if (group and p.group != group) or (topic and not group):
+                    continue
+                senders.setdefault((p.group, p.client_id), (p, []))[1].append(broker.broker_name)
+        if group and not consumers and not senders:
+            known = {g.group for g in await self.list_groups()}
+            known |= {p.group for found in producers for p in found}
+            if group not in known:
+                raise UnknownGroup(group, sorted(known))
+        if topic and not consumers:
+            await self.route(topic)  # UnknownTopic when no broker serves it
+        return Connections(
+            [(g, m, sorted(set(b))) for (g, _), (m, b) in sorted(consumers.items())],
+            [(p, sorted(set(b))) for _, (p, b) in sorted(senders.items())],
+        )
 
     async def describe_group(self, group: str) -> GroupDescription:
         """``group``'s live members and its committed offsets on every master, with lag;

@@ -204,6 +204,22 @@ class ConsumerMember(msgspec.Struct, frozen=True):
     mode: str
     subscriptions: list[tuple[str, str]]
     host: str = ""
+    client_version: str = ""
+    language: str = ""
+    """What the client library says it is; empty for a client too old to say."""
+
+
+class ProducerClient(msgspec.Struct, frozen=True):
+    """A producer connected to one broker, as it introduced itself (``Admin.producers``);
+    ``since_ms`` is when (wall clock) it said so on its connection."""
+
+    client_id: str
+    group: str
+    host: str
+    computer_room: str = ""
+    client_version: str = ""
+    language: str = ""
+    since_ms: int = 0
 
 
 class GroupQueueOffset(msgspec.Struct, frozen=True):
@@ -310,3 +326,13 @@ class GroupDeleted:
     deleted_offsets: dict[str, int]
     live_members: list[str]
     deleted_topics: dict[str, list[str]]
+
+
+@dataclass(frozen=True, slots=True)
+class Connections:
+    """``Admin.connections``: the consumers (each once, with the brokers it heartbeats)
+    and the producers (each once, with the brokers it is connected to)."""
+
+    consumers: list[tuple[str, ConsumerMember, list[str]]]
+    """(consumer group, member, broker names)."""
+    producers: list[tuple[ProducerClient, list[str]]]

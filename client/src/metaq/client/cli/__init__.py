@@ -34,6 +34,7 @@ COMMAND_MODULES: Final = (
     "read",
     "progress",
     "group",
+    "connections",
     "reset_offsets",
     "dlq",
     "acl",

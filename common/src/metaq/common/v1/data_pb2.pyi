@@ -13,7 +13,7 @@ decodes nor copies message bodies.
 Which header a frame carries follows from its type and flags:
 
   type                request                    response                   error response
-  HEARTBEAT           (empty)                    (empty)                    ErrorResponse
+  HEARTBEAT           ClientHello (or empty)     (empty)                    ErrorResponse
   SEND                SendRequest                SendResponse               ErrorResponse
   PULL                PullRequest                PullResponse               ErrorResponse
   COMMIT_OFFSET       CommitOffsetRequest        CommitOffsetResponse       ErrorResponse
@@ -621,6 +621,8 @@ class ConsumerHeartbeatRequest(_message.Message):
     MODE_FIELD_NUMBER: _builtins.int
     LEAVING_FIELD_NUMBER: _builtins.int
     NOTIFY_MEMBER_CHANGES_FIELD_NUMBER: _builtins.int
+    CLIENT_VERSION_FIELD_NUMBER: _builtins.int
+    LANGUAGE_FIELD_NUMBER: _builtins.int
     consumer_group: _builtins.str
     client_id: _builtins.str
     """Unique per consumer instance (e.g. host@pid); the order members are listed in."""
@@ -633,6 +635,12 @@ class ConsumerHeartbeatRequest(_message.Message):
     """The consumer takes CONSUMER_IDS_CHANGED notices on this connection. A client that
     does not set it is never sent one: its framing would refuse the unknown frame type.
     """
+    client_version: _builtins.str
+    """The client library's version and language ("python"), shown in admin views
+    (`metaq connections`). Added after version 1's first release: an older broker skips
+    them as unknown fields, and an older consumer leaves them empty ("unknown").
+    """
+    language: _builtins.str
     @_builtins.property
     def subscriptions(self) -> _containers.RepeatedCompositeFieldContainer[Global___Subscription]: ...
     def __init__(
@@ -645,14 +653,54 @@ class ConsumerHeartbeatRequest(_message.Message):
         mode: Global___ConsumerHeartbeatRequest.Mode.ValueType = ...,
         leaving: _builtins.bool = ...,
         notify_member_changes: _builtins.bool = ...,
+        client_version: _builtins.str = ...,
+        language: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "computer_room", b"computer_room", "consumer_group", b"consumer_group", "leaving", b"leaving", "mode", b"mode", "notify_member_changes", b"notify_member_changes", "subscriptions", b"subscriptions"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "client_version", b"client_version", "computer_room", b"computer_room", "consumer_group", b"consumer_group", "language", b"language", "leaving", b"leaving", "mode", b"mode", "notify_member_changes", b"notify_member_changes", "subscriptions", b"subscriptions"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ConsumerHeartbeatRequest: _TypeAlias = ConsumerHeartbeatRequest  # noqa: Y015
+
+@_typing.final
+class ClientHello(_message.Message):
+    """HEARTBEAT request header from a producer, one-way, once on each connection it opens:
+    who it is, for admin views (`metaq connections`); the broker forgets it when the
+    connection closes. Added after version 1's first release, in a header HEARTBEAT
+    always had and no broker ever read: an older broker ignores it, and an older
+    producer (empty header) is simply not listed.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    PRODUCER_GROUP_FIELD_NUMBER: _builtins.int
+    COMPUTER_ROOM_FIELD_NUMBER: _builtins.int
+    CLIENT_VERSION_FIELD_NUMBER: _builtins.int
+    LANGUAGE_FIELD_NUMBER: _builtins.int
+    client_id: _builtins.str
+    producer_group: _builtins.str
+    computer_room: _builtins.str
+    client_version: _builtins.str
+    language: _builtins.str
+    def __init__(
+        self,
+        *,
+        client_id: _builtins.str = ...,
+        producer_group: _builtins.str = ...,
+        computer_room: _builtins.str = ...,
+        client_version: _builtins.str = ...,
+        language: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "client_version", b"client_version", "computer_room", b"computer_room", "language", b"language", "producer_group", b"producer_group"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ClientHello: _TypeAlias = ClientHello  # noqa: Y015
 
 @_typing.final
 class ConsumerMember(_message.Message):
