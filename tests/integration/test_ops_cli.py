@@ -195,3 +195,43 @@ def test_connections_list_consumers_and_producers_with_what_they_say_they_are(
         assert "no-such-topic" in unknown.stderr
 
     run_async(scenario(), timeout_s=120)
+
+
+def test_query_offset_prints_the_message_stored_at_a_queue_offset(cluster: Cluster) -> None:
+    async def scenario() -> None:
+        async with Admin(cluster.nameserver_addresses, timeout_s=10) as admin:
+            await admin.create_topic("ops-at", TopicSettings(1, 1), brokers=["broker-a"])
+            await admin.create_topic("ops-at-both", TopicSettings(1, 1))
+        async with Producer(cluster.nameserver_addresses) as producer:
+            sent = [await producer.send("ops-at", f"message {i}".encode()) for i in range(3)]
+
+        found = await metaq(cluster, "query", "offset", "ops-at", "0", "1", "--json")
+        assert found.returncode == 0, found.stderr
+        message = json.loads(found.stdout)
+        assert (message["body"], message["queue_offset"]) == ("message 1", 1)
+        assert message["msg_id"] == sent[1].msg_id
+        shown = await metaq(cluster, "query", "offset", "ops-at", "0", "2", "-b", "broker-a")
+        assert shown.returncode == 0, shown.stderr
+        assert shown.stdout.rstrip().endswith("message 2")
+
+        past = await metaq(cluster, "query", "offset", "ops-at", "0", "7")
+        assert past.returncode == 1
+        assert "no message at offset 7 of ops-at/broker-a/0: the queue holds offsets [0, 3)" in (
+            past.stderr
+        )
+        ambiguous = await metaq(cluster, "query", "offset", "ops-at-both", "0", "0")
+        assert ambiguous.returncode == 1
+        assert "served by broker groups broker-a, broker-b: name one (--broker)" in (
+            ambiguous.stderr
+        )
+        no_queue = await metaq(cluster, "query", "offset", "ops-at", "3", "0")
+        assert no_queue.returncode == 1
+        assert "has no readable queue 3 (its queue ids: 0)" in no_queue.stderr
+        bad = await metaq(cluster, "query", "offset", "ops-at", "zero", "0")
+        assert bad.returncode == 2
+        assert "not 'zero'" in bad.stderr
+        unknown = await metaq(cluster, "query", "offset", "no-such-topic", "0", "0")
+        assert unknown.returncode == 1
+        assert "no-such-topic" in unknown.stderr
+
+    run_async(scenario(), timeout_s=90)

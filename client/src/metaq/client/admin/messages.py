@@ -52,19 +52,63 @@ class MessageAdmin(ClusterAdmin):
         if not 1 <= limit <= 1000:
             raise AdminError("limit must be between 1 and 1000")
         route = await self.routes.route(topic)
-        view = await self.cluster()
-        groups = {g.broker_name for g in route.groups}
-        brokers: dict[str, BrokerInfo] = {}
-        for broker in view.brokers():
-            # One broker per group: the master when it is alive, else a slave.
-            wanted = broker.broker_name in groups and broker.http_address
-            if wanted and (broker.broker_name not in brokers or broker.is_master):
-                brokers[broker.broker_name] = broker
+        brokers = await self._readers({g.broker_name for g in route.groups})
         found: list[StoredMessage] = []
         for name in sorted(brokers):
             found += await self.broker_messages_by_key(brokers[name], topic, key, limit=limit)
         found.sort(key=lambda m: m.store_timestamp_ms, reverse=True)
         return found
+
+    async def message_at(
+        self, topic: str, queue_id: int, offset: int, *, broker_name: str = ""
+    ) -> StoredMessage:
+        """The message at queue ``offset`` of ``topic``'s queue ``queue_id`` on broker
+        group ``broker_name`` (which may be left out when only one group serves the
+        topic with that queue id), asked of its master when alive, else a slave.
+        AdminError saying the queue's bounds when no message is stored there."""
+        route = await self.routes.route(topic)
+        groups = sorted({q.broker_name for q in route.read_queues if q.queue_id == queue_id})
+        if broker_name:
+            if broker_name not in groups:
+                raise AdminError(
+                    f"broker group {broker_name!r} serves no readable queue {queue_id} of "
+                    f"topic {topic!r} (groups that do: {', '.join(groups) or 'none'})"
+                )
+            groups = [broker_name]
+        elif not groups:
+            ids = sorted({q.queue_id for q in route.read_queues})
+            raise AdminError(
+                f"topic {topic!r} has no readable queue {queue_id} (its queue ids: "
+                f"{', '.join(map(str, ids)) or 'none'})"
+            )
+        elif len(groups) > 1:
+            raise AdminError(
+                f"queue {queue_id} of topic {topic!r} is served by broker groups "
+                f"{', '.join(groups)}: name one (--broker)"
+            )
+        broker = (await self._readers(set(groups)))[groups[0]]
+        found = await self.read_queue(broker, topic, queue_id, offset=offset, limit=1)
+        if found and found[0].queue_offset == offset:
+            return found[0]
+        bounds = {q.queue_id: q for q in await self.broker_queues(broker, topic)}.get(queue_id)
+        held = f"[{bounds.min_offset}, {bounds.max_offset})" if bounds else "nothing"
+        raise AdminError(
+            f"no message at offset {offset} of {topic}/{groups[0]}/{queue_id}: the queue "
+            f"holds offsets {held}"
+        )
+
+    async def _readers(self, groups: set[str]) -> dict[str, BrokerInfo]:
+        """One broker with an admin address per named group: its master when alive,
+        else a slave."""
+        brokers: dict[str, BrokerInfo] = {}
+        for broker in (await self.cluster()).brokers():
+            wanted = broker.broker_name in groups and broker.http_address
+            if wanted and (broker.broker_name not in brokers or broker.is_master):
+                brokers[broker.broker_name] = broker
+        missing = groups - brokers.keys()
+        if missing:
+            raise AdminError(f"no broker of group(s) {', '.join(sorted(missing))} is registered")
+        return brokers
 
     async def read_messages(
         self,

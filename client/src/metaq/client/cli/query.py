@@ -1,6 +1,8 @@
-"""``metaq query id`` and ``metaq query key``: find stored messages through the brokers'
-message-id and key indexes (:meth:`metaq.client.admin.Admin.message_by_id`,
-:meth:`~metaq.client.admin.Admin.messages_by_key`)."""
+"""``metaq query id``, ``metaq query key`` and ``metaq query offset``: find stored
+messages through the brokers' message-id and key indexes
+(:meth:`metaq.client.admin.Admin.message_by_id`,
+:meth:`~metaq.client.admin.Admin.messages_by_key`) or by queue offset
+(:meth:`~metaq.client.admin.Admin.message_at`)."""
 
 from __future__ import annotations
 
@@ -23,7 +25,9 @@ _PREVIEW = 40
 
 
 def register(subparsers: Any) -> None:
-    group = add_group(subparsers, "query", help="look stored messages up by id or key")
+    group = add_group(
+        subparsers, "query", help="look stored messages up by id, key or queue offset"
+    )
     by_id = add_command(
         group,
         "id",
@@ -46,6 +50,29 @@ def register(subparsers: Any) -> None:
     by_key.add_argument(
         "--limit", type=int, default=32, help="at most this many per broker (default: 32)"
     )
+    by_offset = add_command(
+        group,
+        "offset",
+        query_offset,
+        help="the message at a queue offset",
+        description="Print the message stored at OFFSET of queue QUEUE of a topic "
+        "(RocketMQ's queryMsgByOffset). Queue ids are per broker group: name the group "
+        "with --broker when more than one serves the topic with that queue id.",
+    )
+    by_offset.add_argument("topic", type=topic_name, help="topic name")
+    by_offset.add_argument("queue", type=_natural, metavar="QUEUE", help="queue id")
+    by_offset.add_argument("offset", type=_natural, metavar="OFFSET", help="queue offset")
+    by_offset.add_argument("-b", "--broker", default="", help="the broker group of the queue")
+
+
+def _natural(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        number = -1
+    if number < 0:
+        raise CliError(f"expected a whole number of at least 0, not {value!r}", code=2)
+    return number
 
 
 def _time(ms: int) -> str:
@@ -64,6 +91,15 @@ async def query_id(args: argparse.Namespace) -> int:
         raise CliError(f"a message id is 32 hex digits, not {args.msg_id!r}", code=2)
     async with admin(args) as client:
         found = await client.message_by_id(raw.hex())
+    _print_message(args, found.to_json())
+    return 0
+
+
+async def query_offset(args: argparse.Namespace) -> int:
+    async with admin(args) as client:
+        found = await client.message_at(
+            args.topic, args.queue, args.offset, broker_name=args.broker
+        )
     _print_message(args, found.to_json())
     return 0
 
