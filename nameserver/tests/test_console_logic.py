@@ -10,7 +10,6 @@ from aiohttp import web
 from metaq.client.admin import Admin, MessagesStored, StoredMessage
 from metaq.common.model import BrokerKey, BrokerState, Role
 from metaq.nameserver.console.context import (
-    FORGET_GONE_AFTER_S,
     Brokers,
     ConsoleContext,
     Rates,
@@ -20,7 +19,7 @@ from metaq.nameserver.console.messages import _body
 from metaq.nameserver.console.page import Html, esc, table
 from metaq.nameserver.console.page import parse_time_ms as _parse_time
 from metaq.nameserver.model import BrokerView
-from metaq.nameserver.registry import Registry
+from metaq.nameserver.registry import FORGET_DEPARTED_AFTER_S, Registry
 from metaq.testing.waiting import run_async
 
 
@@ -61,21 +60,23 @@ def test_table_cells_are_escaped_unless_built_as_markup() -> None:
 
 
 def test_a_broker_seen_live_and_then_gone_is_named_until_it_is_back_or_forgotten() -> None:
-    registry = Registry(broker_expiry_s=10)
+    now = [1000.0]
+    registry = Registry(broker_expiry_s=10, clock=lambda: now[0])
     key = BrokerKey("g", 1)
     state = BrokerState("c", key, Role.SLAVE, "127.0.0.1:1", "127.0.0.1:2")
     registry.register(state, {})
     console = ConsoleContext(registry, None, Brokers(1.0))  # type: ignore[arg-type]
-    assert console.gone(now=1000.0) == {}
+    assert console.gone() == {}
     registry.unregister(key)  # its process died: the session ended
-    line = console.gone(now=1030.0)[key]
+    now[0] += 30
+    line = console.gone()[key]
     assert "broker g/1 (data 127.0.0.1:1, http 127.0.0.1:2)" in line
     assert "last seen live 30 s ago" in line
     registry.register(state, {})
-    assert console.gone(now=1040.0) == {}
+    assert console.gone() == {}
     registry.unregister(key)
-    assert console.gone(now=1040.0 + FORGET_GONE_AFTER_S + 1) == {}
-    assert key not in console.seen
+    now[0] += FORGET_DEPARTED_AFTER_S + 1
+    assert console.gone() == {}
 
 
 def test_a_store_short_of_its_durability_says_which_part() -> None:

@@ -12,7 +12,12 @@ from hypothesis import strategies as st
 from metaq.common.model import BrokerKey, BrokerState, Permission, Role, TopicConfig
 from metaq.nameserver.assignment import QueueRef
 from metaq.nameserver.model import GroupControl
-from metaq.nameserver.registry import RegistrationRefused, Registry, readable_queues
+from metaq.nameserver.registry import (
+    FORGET_DEPARTED_AFTER_S,
+    RegistrationRefused,
+    Registry,
+    readable_queues,
+)
 
 EXPIRY_S = 10.0
 
@@ -499,3 +504,26 @@ def test_a_wipe_survives_restriction_while_reads_remain() -> None:
     assert Permission.WRITE_ONLY.restrict(Permission.WRITE_WIPE) is Permission.NONE
     assert Permission.READ_WRITE.without_writes() is Permission.READ_ONLY
     assert Permission.WRITE_WIPE.without_writes() is Permission.WRITE_WIPE
+
+
+def test_a_broker_that_left_is_kept_as_departed_for_an_hour_unless_it_comes_back(
+    registry: Registry, clock: FakeClock
+) -> None:
+    registry.register(broker(broker_id=0), table())
+    registry.register(broker(broker_id=1), table())
+    assert registry.departed() == []
+
+    clock.advance(EXPIRY_S + 1)
+    registry.register(broker(broker_id=0), table())
+    assert registry.expire() == [BrokerKey("broker-a", 1)]
+    [gone] = registry.departed()
+    assert (gone.state.key, gone.left_age_s) == (BrokerKey("broker-a", 1), 0.0)
+
+    clock.advance(60)
+    assert registry.departed()[0].left_age_s == 60
+    registry.register(broker(broker_id=1), table())
+    assert registry.departed() == []
+
+    registry.unregister(BrokerKey("broker-a", 1))
+    clock.advance(FORGET_DEPARTED_AFTER_S + 1)
+    assert registry.departed() == []

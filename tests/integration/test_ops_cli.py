@@ -9,7 +9,7 @@ import importlib.metadata
 import json
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -235,3 +235,42 @@ def test_query_offset_prints_the_message_stored_at_a_queue_offset(cluster: Clust
         assert "no-such-topic" in unknown.stderr
 
     run_async(scenario(), timeout_s=90)
+
+
+def test_controller_status_and_a_dead_broker_kept_in_the_cluster_list_as_down(
+    cluster_factory: Callable[[ClusterBuilder], Cluster],
+) -> None:
+    ha = cluster_factory(ClusterBuilder(groups=("ops-ha",), nameservers=2, replicas=2))
+    ha.wait_in_sync("ops-ha", [0, 1])
+
+    async def scenario() -> None:
+        status = await metaq(ha, "controller", "status", "--json")
+        assert status.returncode == 0, status.stderr
+        found = json.loads(status.stdout)
+        raft_addresses = [address for address, _ in found["members"]]
+        assert len(raft_addresses) == 2
+        assert found["leader"] in raft_addresses
+        assert found["has_quorum"] is True
+        assert all(connected for _, connected in found["members"])
+        [group] = found["groups"]
+        assert (group["broker_name"], group["master_id"], group["in_sync_ids"]) == (
+            "ops-ha", 0, [0, 1],
+        )  # fmt: skip
+        assert group["epoch"] >= 1
+        shown = await metaq(ha, "controller", "status")
+        assert shown.returncode == 0, shown.stderr
+        assert "ops-ha" in shown.stdout and "raft leader:" in shown.stdout
+
+        ha.broker("ops-ha", 1).kill()
+
+        async def slave_down() -> bool:
+            listed = await metaq(ha, "cluster", "list", "--json")
+            brokers = json.loads(listed.stdout)["brokers"]
+            return [(b["broker_id"], b["down"]) for b in brokers] == [(0, False), (1, True)]
+
+        await wait_until_async(slave_down, 60, "the killed slave is listed down")
+        table = await metaq(ha, "cluster", "list")
+        rows = [line.split() for line in table.stdout.splitlines()[1:]]
+        assert [(row[2], row[4]) for row in rows] == [("0", "up"), ("1", "down")]
+
+    run_async(scenario(), timeout_s=120)

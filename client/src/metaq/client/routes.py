@@ -93,6 +93,10 @@ class BrokerInfo:
     """In the controller's in-sync set (electable); None when no controller manages it."""
     lag_bytes: int = 0
     """How far its commitlog is behind its group's master's (0 for the master)."""
+    down: bool = False
+    """It left the nameserver's registry within the last hour (its session ended or it
+    went silent): shown down, as it last registered; ``last_heartbeat_age_ms`` is how
+    long ago it left. Only in :attr:`BrokerGroupInfo.down`."""
 
     @property
     def is_master(self) -> bool:
@@ -107,6 +111,8 @@ class BrokerGroupInfo:
     brokers: tuple[BrokerInfo, ...]
     in_sync_ids: tuple[int, ...] | None = None
     """The controller's in-sync set; None when no controller manages the group."""
+    down: tuple[BrokerInfo, ...] = ()
+    """Its brokers that are down (see :attr:`BrokerInfo.down`); never in ``brokers``."""
 
     @property
     def master(self) -> BrokerInfo | None:
@@ -128,13 +134,16 @@ class ClusterView:
     nameserver: str
     """The nameserver that answered."""
 
-    def brokers(self, cluster: str | None = None) -> list[BrokerInfo]:
+    def brokers(self, cluster: str | None = None, *, down: bool = False) -> list[BrokerInfo]:
+        """The live brokers (and with ``down`` the ones that are down too, after the
+        live ones of their group)."""
         return [
             broker
             for c in self.clusters
             if cluster is None or c.name == cluster
             for group in c.groups
-            for broker in group.brokers
+            for broker in (*group.brokers, *group.down)
+            if down or not broker.down
         ]
 
     def masters(self, cluster: str | None = None) -> list[BrokerInfo]:
@@ -174,6 +183,10 @@ def cluster_view_from_proto(reply: pb.GetClusterInfoResponse, nameserver: str) -
                 )
                 for b in g.brokers
             )
+            down = tuple(
+                _broker_info(c.cluster, g.broker_name, d.state, d.left_age_ms, in_sync)
+                for d in g.departed
+            )
             groups.append(
                 BrokerGroupInfo(
                     g.broker_name,
@@ -181,10 +194,35 @@ def cluster_view_from_proto(reply: pb.GetClusterInfoResponse, nameserver: str) -
                     g.computer_room,
                     brokers,
                     None if in_sync is None else tuple(sorted(in_sync)),
+                    down,
                 )
             )
         clusters.append(ClusterInfo(c.cluster, tuple(groups)))
     return ClusterView(tuple(clusters), reply.broker_expiry_ms, nameserver)
+
+
+def _broker_info(
+    cluster: str, name: str, state: pb.BrokerState, left_age_ms: int, in_sync: set[int] | None
+) -> BrokerInfo:
+    """A broker that is down, as it last registered."""
+    return BrokerInfo(
+        cluster=cluster,
+        broker_name=name,
+        broker_id=state.broker_id,
+        role=Role.from_proto(state.role),
+        data_address=state.data_address,
+        http_address=state.http_address,
+        computer_room=state.computer_room,
+        epoch=state.epoch,
+        permission=Permission.from_proto(state.permission),
+        replication_mode=ReplicationMode.from_proto(state.replication_mode),
+        commitlog_max_offset=state.commitlog_max_offset,
+        last_heartbeat_age_ms=left_age_ms,
+        session_open=False,
+        topic_count=0,
+        in_sync=None if in_sync is None else state.broker_id in in_sync,
+        down=True,
+    )
 
 
 # --- the cache ------------------------------------------------------------------------

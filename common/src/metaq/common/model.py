@@ -383,6 +383,44 @@ class BrokerState:
 
 
 @dataclass(frozen=True, slots=True)
+class GroupControl:
+    """The failover controller's committed decision for one broker group.
+
+    Agreed by the nameservers through Raft. ``epoch`` only grows (each election adds one);
+    ``in_sync_ids`` is ascending and always holds ``master_id``. ``reason`` says why the
+    last change was made, for logs; it is not on the wire. ``master_data_address`` is
+    where the answering nameserver has the master registered (empty when it has not);
+    it is the wire's, not part of the decision.
+    """
+
+    broker_name: str
+    epoch: int
+    master_id: int
+    in_sync_ids: tuple[int, ...]
+    reason: str = ""
+    master_data_address: str = ""
+
+    def to_proto(self, master_data_address: str = "") -> pb.GroupControl:
+        return pb.GroupControl(
+            broker_name=self.broker_name,
+            epoch=self.epoch,
+            master_id=self.master_id,
+            in_sync_ids=self.in_sync_ids,
+            master_data_address=master_data_address or self.master_data_address,
+        )
+
+    @classmethod
+    def from_proto(cls, message: pb.GroupControl) -> GroupControl:
+        return cls(
+            message.broker_name,
+            message.epoch,
+            message.master_id,
+            tuple(message.in_sync_ids),
+            master_data_address=message.master_data_address,
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class BrokerAddress:
     """One broker of a group as a route shows it."""
 

@@ -30,7 +30,7 @@ from metaq.nameserver.config import NameServerConfig
 from metaq.nameserver.control import Refused
 from metaq.nameserver.decisions import Decider, Proposal
 from metaq.nameserver.model import BrokerView, GroupControl
-from metaq.nameserver.raft import ControllerUnavailable, ControlRaft, Snapshot
+from metaq.nameserver.raft import ControllerUnavailable, ControlRaft, RaftStatus, Snapshot
 from metaq.nameserver.registry import Clock, Registry
 
 log = logging.getLogger(__name__)
@@ -132,6 +132,10 @@ class Controller(PeriodicService):
     @property
     def leader(self) -> str:
         return self._raft.leader
+
+    def raft_status(self) -> RaftStatus:
+        """The Raft group as this member sees it (for admin views)."""
+        return self._raft.status()
 
     @property
     def controls(self) -> Snapshot:

@@ -18,7 +18,7 @@ from metaq.common.names import check_group, shown
 from metaq.common.record import MAX_QUEUES_PER_TOPIC, check_topic
 from metaq.common.v1 import control_pb2 as pb
 from metaq.nameserver.assignment import Member, QueueRef
-from metaq.nameserver.model import ClusterView, GroupControl
+from metaq.nameserver.model import ClusterView, DepartedBroker
 
 
 class InvalidRequest(ValueError):
@@ -119,21 +119,45 @@ def topic_table(table: pb.TopicTable, key: BrokerKey) -> dict[str, TopicConfig]:
     return topics
 
 
-def control_out(control: GroupControl, master_data_address: str = "") -> pb.GroupControl:
-    return pb.GroupControl(
-        broker_name=control.broker_name,
-        epoch=control.epoch,
-        master_id=control.master_id,
-        in_sync_ids=control.in_sync_ids,
-        master_data_address=master_data_address,
-    )
-
-
 def clusters_out(
     clusters: Iterable[ClusterView],
     control: Callable[[str], pb.GroupControl | None] = lambda _name: None,
+    departed: Iterable[DepartedBroker] = (),
+    cluster_name: str = "",
 ) -> list[pb.ClusterInfo]:
-    """``control`` gives the controller's state of a group by name, None when unmanaged."""
+    """``control`` gives the controller's state of a group by name, None when unmanaged;
+    ``departed`` brokers go with their group (one with no live broker is listed with
+    them alone), those of cluster ``cluster_name`` only when it is not empty."""
+    out = _live_clusters_out(clusters, control)
+    by_name = {c.cluster: c for c in out}
+    for gone in departed:
+        state = gone.state
+        if cluster_name and state.cluster != cluster_name:
+            continue
+        info = by_name.get(state.cluster)
+        if info is None:
+            info = by_name[state.cluster] = pb.ClusterInfo(cluster=state.cluster)
+            out.append(info)
+        group = next((g for g in info.groups if g.broker_name == state.key.broker_name), None)
+        if group is None:
+            group = info.groups.add(
+                broker_name=state.key.broker_name,
+                epoch=state.epoch,
+                computer_room=state.computer_room,
+            )
+            managed = control(state.key.broker_name)
+            if managed is not None:
+                group.control.CopyFrom(managed)
+        group.departed.add(state=state.to_proto(), left_age_ms=round(gone.left_age_s * 1000))
+    for info in out:
+        info.groups.sort(key=lambda g: g.broker_name)
+    out.sort(key=lambda c: c.cluster)
+    return out
+
+
+def _live_clusters_out(
+    clusters: Iterable[ClusterView], control: Callable[[str], pb.GroupControl | None]
+) -> list[pb.ClusterInfo]:
     return [
         pb.ClusterInfo(
             cluster=cluster.cluster,

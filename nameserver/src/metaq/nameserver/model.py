@@ -8,23 +8,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from metaq.common.model import BrokerKey, BrokerState
+from metaq.common.model import BrokerKey, BrokerState, GroupControl
 
-
-@dataclass(frozen=True, slots=True)
-class GroupControl:
-    """The failover controller's committed decision for one broker group.
-
-    Agreed by the nameservers through Raft. ``epoch`` only grows (each election adds one);
-    ``in_sync_ids`` is ascending and always holds ``master_id``. ``reason`` says why the
-    last change was made, for logs and admin views; it is not on the wire.
-    """
-
-    broker_name: str
-    epoch: int
-    master_id: int
-    in_sync_ids: tuple[int, ...]
-    reason: str = ""
+__all__ = [
+    "BrokerView",
+    "ClusterView",
+    "DepartedBroker",
+    "GroupControl",
+    "GroupView",
+    "Registered",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +28,15 @@ class BrokerView:
     last_heartbeat_age_s: float
     session_open: bool
     topic_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class DepartedBroker:
+    """A broker that left the registry within the last ``FORGET_DEPARTED_AFTER_S``, as
+    it last registered, for admin views to show down."""
+
+    state: BrokerState
+    left_age_s: float
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
@@ -45,6 +46,8 @@ log = logging.getLogger(__name__)
 
 # The node id of a controller with no peers: it has no address anyone dials.
 LOCAL_NODE: Final = "local"
+_CONNECTED: Final = 2
+"""pysyncobj's status value of a partner it holds a connection to."""
 _FAILURES: Final = {
     value: name for name, value in vars(FAIL_REASON).items() if isinstance(value, int)
 }
@@ -147,6 +150,16 @@ class _ControlLog(SyncObj):  # type: ignore[misc]  # pysyncobj ships no types
         return self._commit(control.set_isr(current, broker_name, epoch, in_sync_ids, reason))
 
 
+@dataclass(frozen=True, slots=True)
+class RaftStatus:
+    """The Raft group as one member sees it: (address, connected) of itself first, then
+    each peer; its term; whether it sees a majority."""
+
+    members: tuple[tuple[str, bool], ...]
+    term: int
+    has_quorum: bool
+
+
 class ControlRaft:
     """One nameserver's member of the controller's Raft group.
 
@@ -210,6 +223,21 @@ class ControlRaft:
         300 s); for tests of recovery from a dump."""
         if self._log is not None:
             self._log.forceLogCompaction()
+
+    def status(self) -> RaftStatus:
+        """This member's view of the group (pysyncobj's status dump: read, not locked,
+        which is good enough for a view)."""
+        raft = self._log
+        if raft is None:
+            return RaftStatus(((self.address, False), *((p, False) for p in self.peers)), 0, False)
+        dump = raft.getStatus()
+        peers = tuple(
+            (p, dump.get(f"partner_node_status_server_{p}") == _CONNECTED) for p in self.peers
+        )
+        return RaftStatus(
+            ((self.address, True), *peers), int(dump.get("raft_term", 0)),
+            bool(dump.get("has_quorum", False)),
+        )  # fmt: skip
 
     @property
     def is_leader(self) -> bool:

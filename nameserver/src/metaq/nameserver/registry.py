@@ -42,6 +42,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Final
 
 from metaq.common.model import (
     BrokerAddress,
@@ -53,9 +54,20 @@ from metaq.common.model import (
     TopicRoute,
 )
 from metaq.nameserver.assignment import QueueRef
-from metaq.nameserver.model import BrokerView, ClusterView, GroupControl, GroupView, Registered
+from metaq.nameserver.model import (
+    BrokerView,
+    ClusterView,
+    DepartedBroker,
+    GroupControl,
+    GroupView,
+    Registered,
+)
 
 Clock = Callable[[], float]
+
+FORGET_DEPARTED_AFTER_S: Final = 3600.0
+"""How long a broker that left is still shown (down): long enough for an operator to
+notice, short enough that one taken out of service on purpose stops being shown."""
 
 
 class RegistrationRefused(Exception):
@@ -85,6 +97,8 @@ class Registry:
         self._clock = clock
         self._groups: dict[str, dict[int, _Entry]] = {}
         self._controls: dict[str, GroupControl] = {}
+        self._departed: dict[BrokerKey, tuple[BrokerState, float]] = {}
+        """Brokers that left, with when (see :meth:`departed`)."""
 
     # --- changes ----------------------------------------------------------------------
 
@@ -147,6 +161,7 @@ class Registry:
         owner = session if session is not None else (existing.session if existing else None)
         group[key.broker_id] = _Entry(state, topics, now, owner)
         self._groups[key.broker_name] = group
+        self._departed.pop(key, None)
         master = self._master(key.broker_name, self._live(group, now))
         return Registered(
             master_data_address=master.state.data_address if master else "",
@@ -159,6 +174,7 @@ class Registry:
         group = self._groups.get(key.broker_name)
         if group is None or key.broker_id not in group:
             return False
+        self._departed[key] = (group[key.broker_id].state, self._clock())
         del group[key.broker_id]
         if not group:
             del self._groups[key.broker_name]
@@ -242,6 +258,19 @@ class Registry:
             for entry in self._live(group, now):
                 names.update(entry.topics)
         return sorted(names)
+
+    def departed(self) -> list[DepartedBroker]:
+        """Brokers that left (their session ended, they went silent past the expiry or
+        unregistered) within the last ``FORGET_DEPARTED_AFTER_S`` and have not come
+        back, by key: admin views show them down rather than not at all."""
+        now = self._clock()
+        old = [k for k, (_, at) in self._departed.items() if now - at > FORGET_DEPARTED_AFTER_S]
+        for key in old:
+            del self._departed[key]
+        return [
+            DepartedBroker(state, max(0.0, now - at))
+            for _, (state, at) in sorted(self._departed.items())
+        ]
 
     def cluster_info(self, cluster: str = "") -> list[ClusterView]:
         """Live brokers by cluster, group and id; only ``cluster`` when it is not empty."""

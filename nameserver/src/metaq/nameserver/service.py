@@ -308,7 +308,10 @@ class NameServerService(control_pb2_grpc.NameServerServicer):
         await self._user(context, "GetClusterInfo", request, _anyone)
         return pb.GetClusterInfoResponse(
             clusters=convert.clusters_out(
-                self._registry.cluster_info(request.cluster), self._group_control
+                self._registry.cluster_info(request.cluster),
+                self._group_control,
+                self._registry.departed(),
+                request.cluster,
             ),
             broker_expiry_ms=self._expiry_ms,
         )
@@ -352,10 +355,14 @@ class NameServerService(control_pb2_grpc.NameServerServicer):
         await self._user(context, "GetControllerState", request, _anyone)
         controller = self._controller
         controls = controller.controls
+        raft = controller.raft_status()
         return pb.GetControllerStateResponse(
             groups=[self._control_out(controls[name]) for name in sorted(controls)],
             leader=controller.leader,
             is_leader=controller.is_leader,
+            members=[pb.RaftMember(address=a, connected=c) for a, c in raft.members],
+            term=raft.term,
+            has_quorum=raft.has_quorum,
         )
 
     async def Switchover(
@@ -494,7 +501,7 @@ class NameServerService(control_pb2_grpc.NameServerServicer):
 
     def _control_out(self, control: GroupControl) -> pb.GroupControl:
         master = BrokerKey(control.broker_name, control.master_id)
-        return convert.control_out(control, self._registry.data_address(master))
+        return control.to_proto(self._registry.data_address(master))
 
     def _group_control(self, broker_name: str) -> pb.GroupControl | None:
         control = self._controller.control(broker_name)

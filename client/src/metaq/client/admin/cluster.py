@@ -8,11 +8,11 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from metaq.client.admin.brokers import BrokerCalls
-from metaq.client.admin.results import SwitchoverResult
+from metaq.client.admin.results import ControllerStatus, SwitchoverResult
 from metaq.client.errors import AdminError, BrokerAdminError, UnknownTopic
 from metaq.client.routes import BrokerInfo, ClusterView, cluster_view_from_proto
 from metaq.common.auth import call_metadata
-from metaq.common.model import QueueRoute, TopicRoute
+from metaq.common.model import GroupControl, QueueRoute, TopicRoute
 from metaq.common.v1 import control_pb2 as pb
 
 if TYPE_CHECKING:
@@ -33,6 +33,28 @@ class ClusterAdmin(BrokerCalls):
 
         reply = await self.routes.call(call, answered=answered)
         return cluster_view_from_proto(reply, answered[0] if answered else "")
+
+    async def controller_status(self) -> ControllerStatus:
+        """The failover controller as the first nameserver that answers sees it: Raft
+        leader, members and term, and each managed group's master, epoch and in-sync
+        set."""
+        answered: list[str] = []
+
+        async def call(stub: NameServerAsyncStub) -> pb.GetControllerStateResponse:
+            return await stub.GetControllerState(
+                pb.GetControllerStateRequest(), timeout=self.routes.rpc_timeout_s
+            )
+
+        reply = await self.routes.call(call, answered=answered)
+        return ControllerStatus(
+            nameserver=answered[0] if answered else "",
+            leader=reply.leader,
+            is_leader=reply.is_leader,
+            term=reply.term,
+            has_quorum=reply.has_quorum,
+            members=[(m.address, m.connected) for m in reply.members],
+            groups=[GroupControl.from_proto(g) for g in reply.groups],
+        )
 
     async def route(self, topic: str, *, refresh: bool = False) -> TopicRoute:
         """The topic's route as clients get it (UnknownTopic when no broker serves it)."""

@@ -14,7 +14,7 @@ from typing import Any, Final
 import msgspec
 
 from metaq.client.pull_consumer import QueueOffsets
-from metaq.common.model import QueueRoute
+from metaq.common.model import GroupControl, QueueRoute
 
 MIN_QUEUES: Final = 1
 MAX_QUEUES: Final = 1024
@@ -336,3 +336,21 @@ class Connections:
     consumers: list[tuple[str, ConsumerMember, list[str]]]
     """(consumer group, member, broker names)."""
     producers: list[tuple[ProducerClient, list[str]]]
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerStatus:
+    """``Admin.controller_status``: the failover controller as one nameserver
+    (``nameserver``) sees it: the Raft leader (its Raft address; empty: none now),
+    whether that nameserver is it, its term and whether it sees a majority, the Raft
+    members with whether it is connected to each (itself first; empty from an older
+    nameserver), and the committed state (master, epoch, in-sync set) of every group
+    the controller manages."""
+
+    nameserver: str
+    leader: str
+    is_leader: bool
+    term: int
+    has_quorum: bool
+    members: list[tuple[str, bool]]
+    groups: list[GroupControl]

@@ -27,6 +27,7 @@ from metaq.common.version import installed_version
 
 COMMAND_MODULES: Final = (
     "cluster",
+    "controller",
     "topic",
     "send",
     "query",

@@ -27,7 +27,9 @@ def register(subparsers: Any) -> None:
         help="list clusters, broker groups and brokers",
         description="List every cluster, broker group and broker a nameserver knows, "
         "with addresses, role, epoch, whether the controller counts it in sync (electable), "
-        "how many commitlog bytes it is behind its master, and liveness.",
+        "how many commitlog bytes it is behind its master, and liveness. A broker that "
+        "left the nameserver within the last hour (it died, was cut off or was stopped) "
+        "is listed as down, as it last registered.",
     )
     parser.add_argument("--cluster", default="", help="only this cluster")
     parser = add_command(
@@ -53,7 +55,7 @@ def register(subparsers: Any) -> None:
 async def list_cluster(args: argparse.Namespace) -> int:
     async with admin(args) as client:
         view = await client.cluster(args.cluster)
-    brokers = view.brokers()
+    brokers = view.brokers(down=True)
     if args.json:
         print_json(
             {
@@ -68,17 +70,21 @@ async def list_cluster(args: argparse.Namespace) -> int:
         return 0
     table(
         [
-            "cluster", "group", "id", "role", "data address", "http address", "room",
-            "epoch", "in sync", "lag", "perm", "repl", "commitlog", "heartbeat", "topics",
+            "cluster", "group", "id", "role", "state", "data address", "http address",
+            "room", "epoch", "in sync", "lag", "perm", "repl", "commitlog", "heartbeat",
+            "topics",
         ],
         [
             [
-                b.cluster, b.broker_name, b.broker_id, b.role, b.data_address,
+                b.cluster, b.broker_name, b.broker_id, b.role, "down" if b.down else "up",
+                b.data_address,
                 b.http_address or "-", b.computer_room, b.epoch,
-                "-" if b.in_sync is None else ("yes" if b.in_sync else "no"), b.lag_bytes,
+                "-" if b.in_sync is None else ("yes" if b.in_sync else "no"),
+                None if b.down else b.lag_bytes,
                 b.permission,
                 b.replication_mode or "-", b.commitlog_max_offset,
-                f"{b.last_heartbeat_age_ms / 1000:.1f}s ago", b.topic_count,
+                f"{'left ' if b.down else ''}{b.last_heartbeat_age_ms / 1000:.1f}s ago",
+                None if b.down else b.topic_count,
             ]
             for b in brokers
         ],

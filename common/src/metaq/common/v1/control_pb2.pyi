@@ -682,6 +682,7 @@ class BrokerGroupInfo(_message.Message):
     COMPUTER_ROOM_FIELD_NUMBER: _builtins.int
     BROKERS_FIELD_NUMBER: _builtins.int
     CONTROL_FIELD_NUMBER: _builtins.int
+    DEPARTED_FIELD_NUMBER: _builtins.int
     broker_name: _builtins.str
     epoch: _builtins.int
     computer_room: _builtins.str
@@ -693,6 +694,15 @@ class BrokerGroupInfo(_message.Message):
     def control(self) -> Global___GroupControl:
         """The controller's state of the group, when it manages it."""
 
+    @_builtins.property
+    def departed(self) -> _containers.RepeatedCompositeFieldContainer[Global___DepartedBroker]:
+        """Brokers of the group that left this nameserver's registry (session ended, silent
+        past the expiry, or unregistered) within the last hour, by broker id, so admin
+        views can show them down. Not in `brokers`, so a client that does not know this
+        field (an older one) never takes a broker that is down for a live one; a group
+        whose brokers are all down is listed with `brokers` empty.
+        """
+
     def __init__(
         self,
         *,
@@ -701,14 +711,41 @@ class BrokerGroupInfo(_message.Message):
         computer_room: _builtins.str = ...,
         brokers: _abc.Iterable[Global___BrokerInfo] | None = ...,
         control: Global___GroupControl | None = ...,
+        departed: _abc.Iterable[Global___DepartedBroker] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["control", b"control"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_name", b"broker_name", "brokers", b"brokers", "computer_room", b"computer_room", "control", b"control", "epoch", b"epoch"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_name", b"broker_name", "brokers", b"brokers", "computer_room", b"computer_room", "control", b"control", "departed", b"departed", "epoch", b"epoch"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___BrokerGroupInfo: _TypeAlias = BrokerGroupInfo  # noqa: Y015
+
+@_typing.final
+class DepartedBroker(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STATE_FIELD_NUMBER: _builtins.int
+    LEFT_AGE_MS_FIELD_NUMBER: _builtins.int
+    left_age_ms: _builtins.int
+    """How long ago it left."""
+    @_builtins.property
+    def state(self) -> Global___BrokerState:
+        """As the broker last registered it."""
+
+    def __init__(
+        self,
+        *,
+        state: Global___BrokerState | None = ...,
+        left_age_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["state", b"state"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["left_age_ms", b"left_age_ms", "state", b"state"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DepartedBroker: _TypeAlias = DepartedBroker  # noqa: Y015
 
 @_typing.final
 class ClusterInfo(_message.Message):
@@ -968,13 +1005,26 @@ class GetControllerStateResponse(_message.Message):
     GROUPS_FIELD_NUMBER: _builtins.int
     LEADER_FIELD_NUMBER: _builtins.int
     IS_LEADER_FIELD_NUMBER: _builtins.int
+    MEMBERS_FIELD_NUMBER: _builtins.int
+    TERM_FIELD_NUMBER: _builtins.int
+    HAS_QUORUM_FIELD_NUMBER: _builtins.int
     leader: _builtins.str
     """host:port (Raft address) of the controller's leader, empty when there is none."""
     is_leader: _builtins.bool
     """Whether this nameserver's controller is the leader."""
+    term: _builtins.int
+    """The Raft term this nameserver is in."""
+    has_quorum: _builtins.bool
+    """Whether this nameserver sees a majority of the members (it can commit)."""
     @_builtins.property
     def groups(self) -> _containers.RepeatedCompositeFieldContainer[Global___GroupControl]:
         """By broker_name."""
+
+    @_builtins.property
+    def members(self) -> _containers.RepeatedCompositeFieldContainer[Global___RaftMember]:
+        """The Raft group as this nameserver sees it: itself first, then its peers. Empty
+        from a nameserver older than these fields.
+        """
 
     def __init__(
         self,
@@ -982,14 +1032,41 @@ class GetControllerStateResponse(_message.Message):
         groups: _abc.Iterable[Global___GroupControl] | None = ...,
         leader: _builtins.str = ...,
         is_leader: _builtins.bool = ...,
+        members: _abc.Iterable[Global___RaftMember] | None = ...,
+        term: _builtins.int = ...,
+        has_quorum: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["groups", b"groups", "is_leader", b"is_leader", "leader", b"leader"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["groups", b"groups", "has_quorum", b"has_quorum", "is_leader", b"is_leader", "leader", b"leader", "members", b"members", "term", b"term"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetControllerStateResponse: _TypeAlias = GetControllerStateResponse  # noqa: Y015
+
+@_typing.final
+class RaftMember(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ADDRESS_FIELD_NUMBER: _builtins.int
+    CONNECTED_FIELD_NUMBER: _builtins.int
+    address: _builtins.str
+    """host:port of its Raft port ("local" for a controller without peers)."""
+    connected: _builtins.bool
+    """This nameserver holds a connection to it (always true for itself)."""
+    def __init__(
+        self,
+        *,
+        address: _builtins.str = ...,
+        connected: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "connected", b"connected"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RaftMember: _TypeAlias = RaftMember  # noqa: Y015
 
 @_typing.final
 class SwitchoverRequest(_message.Message):

@@ -12,7 +12,7 @@ from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 from metaq.client.admin import Admin, MessagesStored
 from metaq.client.errors import BrokerAdminError, BrokerAnswerUnreadable, BrokerUnreachable
 from metaq.common.auth import ClusterSecret
-from metaq.common.model import BrokerKey, BrokerState, Role
+from metaq.common.model import BrokerKey, Role
 from metaq.common.tls import TlsConfig
 from metaq.nameserver.controller import Controller
 from metaq.nameserver.model import BrokerView
@@ -116,11 +116,6 @@ class Rates:
         return (count - previous[1]) / (now - previous[0])
 
 
-# How long the console keeps naming a broker that left: long enough for an operator to
-# notice, short enough that a broker taken out of service on purpose stops being shown.
-FORGET_GONE_AFTER_S = 3600.0
-
-
 @dataclass
 class ConsoleContext:
     registry: Registry
@@ -128,9 +123,6 @@ class ConsoleContext:
     brokers: Brokers
     rates_in: Rates = field(default_factory=Rates)
     rates_out: Rates = field(default_factory=Rates)
-    # Brokers seen live by this console: a broker whose process died leaves the registry
-    # at once (its session ends), and the page must still say it is gone.
-    seen: dict[BrokerKey, tuple[BrokerState, float]] = field(default_factory=dict)
 
     @classmethod
     def of(
@@ -161,26 +153,19 @@ class ConsoleContext:
                     found.setdefault(name, broker)
         return found
 
-    def gone(self, now: float | None = None) -> dict[BrokerKey, str]:
-        """Brokers seen live before and not registered now, each with a plain-words line;
-        remembers the live ones for next time."""
-        now = time.time() if now is None else now
-        live = {b.state.key: b.state for b in self.live_brokers()}
-        for key, state in live.items():
-            self.seen[key] = (state, now)
-        found = {}
-        for key, (state, last) in sorted(self.seen.items()):
-            if key in live:
-                continue
-            if now - last > FORGET_GONE_AFTER_S:
-                del self.seen[key]
-                continue
-            found[key] = (
-                f"broker {key} (data {state.data_address}, http {state.http_address or '-'}) "
-                f"is not registered any more (last seen live {now - last:.0f} s ago): it is "
-                "down or cut off from this nameserver"
+    def gone(self) -> dict[BrokerKey, str]:
+        """Brokers that left the registry lately (a broker whose process died leaves it
+        at once, its session ending, and the page must still say it is gone), each with
+        a plain-words line; the registry forgets them after an hour."""
+        return {
+            gone.state.key: (
+                f"broker {gone.state.key} (data {gone.state.data_address}, http "
+                f"{gone.state.http_address or '-'}) is not registered any more (last seen "
+                f"live {gone.left_age_s:.0f} s ago): it is down or cut off from this "
+                "nameserver"
             )
-        return found
+            for gone in self.registry.departed()
+        }
 
     async def close(self) -> None:
         await self.brokers.close()
