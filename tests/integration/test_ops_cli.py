@@ -274,3 +274,58 @@ def test_controller_status_and_a_dead_broker_kept_in_the_cluster_list_as_down(
         assert [(row[2], row[4]) for row in rows] == [("0", "up"), ("1", "down")]
 
     run_async(scenario(), timeout_s=120)
+
+
+def test_broker_status_and_live_settings_that_are_applied_kept_and_refused(
+    cluster: Cluster,
+) -> None:
+    async def scenario() -> None:
+        listed = await metaq(cluster, "broker", "status", "--json")
+        assert listed.returncode == 0, listed.stderr
+        rows = {row["broker"]: row for row in json.loads(listed.stdout)}
+        assert rows["broker-a/0"]["status"] == rows["broker-b/0"]["status"] == "ok"
+        one = await metaq(cluster, "broker", "status", "broker-a")
+        assert one.returncode == 0, one.stderr
+        assert "broker_name:" in one.stdout and "retention_hours:" in one.stdout
+        unknown = await metaq(cluster, "broker", "status", "broker-z/0")
+        assert unknown.returncode == 1
+        assert "no broker broker-z/0 is registered (brokers: broker-a/0, broker-b/0)" in (
+            unknown.stderr
+        )
+
+        changed = await metaq(cluster, "broker", "config", "set", "broker-a",
+                              "store.retention_hours", "12")  # fmt: skip
+        assert changed.returncode == 0, changed.stderr
+        assert "broker-a/0: store.retention_hours = 12.0" in changed.stdout
+        async with Admin(cluster.nameserver_addresses, timeout_s=10) as admin:
+            health = await admin.health(await admin.broker("broker-a"))
+            assert health.retention_hours == 12.0  # in effect at once
+            other = await admin.health(await admin.broker("broker-b"))
+            assert other.retention_hours != 12.0
+        shown = await metaq(cluster, "broker", "config", "get", "broker-a/0", "--json")
+        settings = json.loads(shown.stdout)
+        assert settings["settings"]["store.retention_hours"] == 12.0
+        assert settings["changed_live"] == {"store.retention_hours": 12.0}
+        assert set(settings["settings"]) >= {
+            "store.disk_full_ratio", "store.disk_reserve_bytes", "store.flush_interval_ms",
+            "cold_read_bytes_per_s", "log_level",
+        }  # fmt: skip
+
+        for args, error in [
+            (("data_port", "1"), "data_port cannot be changed on a running broker: set it "
+                                 "in the broker's config file and restart it"),
+            (("no_such", "1"), "the broker has no setting 'no_such'"),
+            (("store.retention_hours", "soon"), "takes float values, not 'soon'"),
+            (("store.disk_full_ratio", "0.5"), "disk_clean_ratio <= disk_force_clean_ratio"),
+            (("cold_read_bytes_per_s", "10"), "cold_read_bytes_per_s must be 0"),
+        ]:  # fmt: skip
+            refused = await metaq(cluster, "broker", "config", "set", "broker-a", *args)
+            assert refused.returncode == 1, args
+            assert error in refused.stderr, refused.stderr
+
+        cluster.broker("broker-a").terminate()
+        restarted = cluster.start_broker("broker-a").health()
+        assert restarted is not None
+        assert restarted["retention_hours"] == 12.0  # kept across the restart
+
+    run_async(scenario(), timeout_s=120)

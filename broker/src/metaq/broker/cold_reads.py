@@ -154,6 +154,10 @@ class ColdReads:
         self._executor: ThreadPoolExecutor | None = None
         self._closed = False
 
+    def set_budget(self, bytes_per_s: int) -> None:
+        """A new budget (0: none) from the next cold pull on (a live setting change)."""
+        self._budget = ReadBudget(bytes_per_s) if bytes_per_s else None
+
     def is_cold(self, start: int) -> bool:
         return start < self._released()
 

@@ -12,6 +12,10 @@
 - ``GET /consumers`` — live members per consumer group; ``GET /producers`` — the
   connected producers that said who they are; ``GET /offsets`` — committed consumer
   offsets with their lag.
+- ``GET /config`` — the settings a running broker may change, with their values and
+  which were changed live; ``PUT /config/{name}`` ``{"value": v}`` — change one, kept
+  across restarts (:mod:`metaq.broker.live_settings`); 400 for any other setting or a
+  wrong value. Any broker takes it, master or slave: settings are per broker.
 - ``GET /messages/{msg_id}`` (32 hex digits) — one stored message, 404 if this broker
   has none; ``GET /messages?topic=T&key=K[&limit=N]`` — messages carrying a key, newest
   first. Bodies come inflated, as text when they are UTF-8, else base64.
@@ -33,8 +37,10 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from metaq.broker.config import BrokerConfig
 from metaq.broker.consumers import ConsumerGroups
 from metaq.broker.limits import OutOfDescriptors
+from metaq.broker.live_settings import LIVE, LiveSettings, SettingRefused, current
 from metaq.broker.log_check import LogCheck
 from metaq.broker.metrics import BrokerMetrics
 from metaq.broker.offsets import ConsumerOffsets
@@ -77,6 +83,12 @@ class HttpContext:
     """Counts a refusal by reason (``metaq_auth_denied_total``)."""
     producers: ProducerConnections = field(default_factory=ProducerConnections)
     """The connected producers that said who they are."""
+    settings: LiveSettings | None = None
+    """The settings that may change live (``GET /config``, ``PUT /config/{name}``)."""
+    config: Callable[[], BrokerConfig] | None = None
+    """The broker's settings now."""
+    reconfigure: Callable[[BrokerConfig], None] = lambda _config: None
+    """Puts a changed config into effect."""
 
 
 @web.middleware
@@ -111,6 +123,8 @@ class HttpServer:
                 web.delete("/topics/{name}", self.delete_topic),
                 web.get("/consumers", self.consumers),
                 web.get("/producers", self.producers),
+                web.get("/config", self.get_config),
+                web.put("/config/{name}", self.set_config),
                 web.get("/offsets", self.offsets),
                 web.get("/messages/{msg_id}", self.message_by_id),
                 web.get("/messages", self.messages_by_key),
@@ -257,6 +271,33 @@ class HttpServer:
             },
             status=409,
         )
+
+    async def get_config(self, _request: web.Request) -> web.Response:
+        c = self._context
+        if c.settings is None or c.config is None:
+            return web.json_response({"error": "this broker changes no setting live"}, status=404)
+        config = c.config()
+        return web.json_response(
+            {
+                "broker_name": c.broker_name,
+                "settings": {name: current(config, name) for name in LIVE},
+                "changed_live": c.settings.overrides,
+            }
+        )
+
+    async def set_config(self, request: web.Request) -> web.Response:
+        c = self._context
+        if c.settings is None or c.config is None:
+            return web.json_response({"error": "this broker changes no setting live"}, status=404)
+        name = request.match_info["name"]
+        body = await http.json_object(request)
+        if set(body) != {"value"}:
+            return web.json_response({"error": 'expected {"value": the new value}'}, status=400)
+        try:
+            new = c.settings.set(c.config(), name, body["value"], c.reconfigure)
+        except SettingRefused as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        return web.json_response({"name": name, "value": current(new, name), "kept": True})
 
     async def consumers(self, _request: web.Request) -> web.Response:
         groups = self._context.groups.groups()

@@ -33,6 +33,7 @@ from metaq.broker.http import HttpContext, HttpServer
 from metaq.broker.idle_poll import IdlePoll
 from metaq.broker.journal import Journal, JournalService
 from metaq.broker.limits import DescriptorBudget, raise_nofile_limit
+from metaq.broker.live_settings import LiveSettings, set_log_level
 from metaq.broker.member_notices import MemberChangeNotices
 from metaq.broker.metrics import BrokerMetrics, MetricSources
 from metaq.broker.offset_forward import OffsetForwarder
@@ -95,6 +96,10 @@ class Broker:
     def __init__(
         self, config: BrokerConfig, *, registrar_factory: RegistrarFactory | None = None
     ) -> None:
+        self.settings = LiveSettings(config.data_dir)
+        config = self.settings.laid_over(config)
+        if "log_level" in self.settings.overrides:
+            set_log_level(config.log_level)
         self.config = config
         self.started_monotonic = time.monotonic()
         self.data_address = ""
@@ -289,6 +294,9 @@ class Broker:
                 scrape=scrape,
                 count=user_gate.count,
                 producers=self.producers,
+                settings=self.settings,
+                config=lambda: self.config,
+                reconfigure=self._reconfigure,
             )
         )
         http_host, http_port = await self._http.start(
@@ -322,6 +330,19 @@ class Broker:
     @property
     def ready_line(self) -> str:
         return f"{READY_PREFIX} data={self.data_address} http={self.http_address}"
+
+    def _reconfigure(self, config: BrokerConfig) -> None:
+        """Put a live setting change into effect (see metaq.broker.live_settings)."""
+        assert self.store is not None and self._pull is not None
+        store = dataclasses.replace(
+            config.store,
+            store_host=self.store.config.store_host,
+            keep_damaged_records=self.store.config.keep_damaged_records,
+        )
+        self.store.reconfigure(store)
+        self._pull.cold_reads.set_budget(config.cold_read_bytes_per_s)
+        set_log_level(config.log_level)
+        self.config = dataclasses.replace(config, store=store)
 
     def _connection_lost(self, connection_id: int) -> None:
         self.groups.drop_connection(connection_id)

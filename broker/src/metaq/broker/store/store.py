@@ -131,6 +131,19 @@ class MessageStore:
         self._queues_durable = (0, 0)
         self._open = False
 
+    def reconfigure(self, config: StoreConfig) -> None:
+        """Take ``config``, which differs from the current one only in settings read at
+        use (retention, disk thresholds, the async flush interval: see
+        :mod:`metaq.broker.live_settings`), in every part that holds it."""
+        self.config = config
+        self.guard.config = config
+        self.commitlog.config = config
+        self.retention.config = config
+        self.flusher.config = config
+        if config.flush_mode is not FlushMode.SYNC:
+            self.flusher.interval_s = config.flush_interval_ms / 1e3
+            self.flusher.wakeup()
+
     # --- lifecycle --------------------------------------------------------------------
 
     def start(self) -> RecoveryReport:

@@ -16,6 +16,7 @@ from urllib.parse import quote, urlencode
 
 from metaq.client.admin.results import (
     BrokerHealth,
+    BrokerSettings,
     CommittedOffset,
     ConsumerMember,
     GroupQueueOffset,
@@ -56,6 +57,20 @@ class BrokerCalls(AdminSession):
             for family in text_string_to_metric_families(text)
             for sample in family.samples
         }
+
+    async def broker_config(self, broker: BrokerRef) -> BrokerSettings:
+        """The settings one broker may change while it runs, with their values."""
+        body = await self._get(broker, "/config")
+        return decoded(broker, 200, body, BrokerSettings)
+
+    async def set_broker_config(self, broker: BrokerRef, name: str, value: object) -> object:
+        """Change one live setting of one broker (kept across its restarts); the value it
+        took. Refused, saying why, for a setting fixed while it runs or a wrong value."""
+        path = f"/config/{quote(name, safe='')}"
+        status, body = await self.request(broker, "PUT", path, {"value": value})
+        if status != 200 or not isinstance(body, dict):
+            raise refused(broker, status, body, f"refused the setting: {_error(body)}")
+        return body.get("value")
 
     # --- topics -----------------------------------------------------------------------
 

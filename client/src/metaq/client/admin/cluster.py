@@ -56,6 +56,28 @@ class ClusterAdmin(BrokerCalls):
             groups=[GroupControl.from_proto(g) for g in reply.groups],
         )
 
+    async def broker(self, name: str) -> BrokerInfo:
+        """The live broker ``GROUP/ID``, or ``GROUP``'s master; AdminError naming the
+        known brokers when there is no such broker, or saying when it is down."""
+        group, _, broker_id = name.partition("/")
+        if broker_id and not broker_id.isdigit():
+            raise AdminError(f"a broker is GROUP or GROUP/ID (a number), not {name!r}")
+        view = await self.cluster()
+        every = view.brokers(down=True)
+        for b in every:
+            if b.broker_name != group:
+                continue
+            if (b.broker_id == int(broker_id)) if broker_id else (b.is_master and not b.down):
+                if b.down:
+                    raise AdminError(
+                        f"broker {name} is down (it left the nameserver "
+                        f"{b.last_heartbeat_age_ms / 1000:.0f} s ago)"
+                    )
+                return b
+        known = ", ".join(f"{b.broker_name}/{b.broker_id}" for b in every) or "none"
+        what = f"broker {name}" if broker_id else f"live master of broker group {group!r}"
+        raise AdminError(f"no {what} is registered (brokers: {known})")
+
     async def route(self, topic: str, *, refresh: bool = False) -> TopicRoute:
         """The topic's route as clients get it (UnknownTopic when no broker serves it)."""
         return await self.routes.route(topic, refresh=refresh)

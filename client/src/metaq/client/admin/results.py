@@ -123,6 +123,15 @@ class BrokerHealth(msgspec.Struct, frozen=True):
         return self.status == "ok"
 
 
+class BrokerSettings(msgspec.Struct, frozen=True):
+    """The settings a broker may change while it runs (``Admin.broker_config``), with
+    their values now, and those changed live (kept across its restarts)."""
+
+    broker_name: str
+    settings: dict[str, Any]
+    changed_live: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
 @dataclass(frozen=True, slots=True)
 class SwitchoverResult:
     """A planned change of master done: who is master now, at which epoch, the old

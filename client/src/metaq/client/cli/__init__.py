@@ -28,6 +28,7 @@ from metaq.common.version import installed_version
 COMMAND_MODULES: Final = (
     "cluster",
     "controller",
+    "broker",
     "topic",
     "send",
     "query",
