@@ -9,11 +9,13 @@ import importlib.metadata
 import json
 import os
 import sys
+import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from metaq.client import Admin, Producer
 from metaq.client.admin import TopicSettings
@@ -37,9 +39,9 @@ def _metaq_command() -> list[str]:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    started = ClusterBuilder(groups=("broker-a", "broker-b")).start(
-        tmp_path_factory.mktemp("ops-cli-cluster")
-    )
+    started = ClusterBuilder(
+        groups=("broker-a", "broker-b"), nameserver_args=("--http-port", "0")
+    ).start(tmp_path_factory.mktemp("ops-cli-cluster"))
     try:
         yield started
     finally:
@@ -329,3 +331,23 @@ def test_broker_status_and_live_settings_that_are_applied_kept_and_refused(
         assert restarted["retention_hours"] == 12.0  # kept across the restart
 
     run_async(scenario(), timeout_s=120)
+
+
+def test_servers_export_their_build_version_and_no_created_series(cluster: Cluster) -> None:
+    nameserver = cluster.nameservers[0].http_address
+    assert nameserver, "the nameserver serves no HTTP"
+    texts = {
+        "broker": urllib.request.urlopen(f"{cluster.broker('broker-b').http_url}/metrics"),
+        "nameserver": urllib.request.urlopen(f"http://{nameserver}/metrics"),
+    }
+    for component, answer in texts.items():
+        with answer:
+            families = list(text_string_to_metric_families(answer.read().decode()))
+        samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+                   for f in families for s in f.samples}  # fmt: skip
+        version = importlib.metadata.version(f"metaq-{component}")
+        build = ("metaq_build_info", (("component", component), ("version", version)))
+        assert samples[build] == 1, component
+        assert any(name.endswith("_total") for name, _ in samples), component
+        created = sorted({name for name, _ in samples if name.endswith("_created")})
+        assert created == [], f"{component} exports {created}"

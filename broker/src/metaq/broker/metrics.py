@@ -24,9 +24,6 @@ from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
-    GCCollector,
-    PlatformCollector,
-    ProcessCollector,
     generate_latest,
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -41,6 +38,7 @@ from metaq.broker.role import GroupRole
 from metaq.broker.store import MessageStore
 from metaq.broker.transactions import Transactions
 from metaq.common.errors import ErrorCode, MetaqError
+from metaq.common.metrics import standard_collectors
 
 DLQ_PREFIX: Final = "%DLQ%"
 MAX_LAG_LOOKUPS: Final = 10_000
@@ -49,20 +47,13 @@ backlog; past this many a scrape reports the rest in messages only, so a broker 
 huge numbers of groups is not stalled by its scraper."""
 
 
-def standard_collectors(registry: CollectorRegistry) -> None:
-    """process_* (CPU, memory, open fds), python_info and python_gc_* on ``registry``."""
-    ProcessCollector(registry=registry)
-    PlatformCollector(registry=registry)
-    GCCollector(registry=registry)
-
-
 class BrokerMetrics:
     """The counters handlers bump, and the registry /metrics renders."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         r = self.registry
-        standard_collectors(r)
+        standard_collectors(r, "broker")
         self._messages = Counter(
             "metaq_messages_in", "Messages appended by sends, by topic", ["topic"], registry=r
         )

@@ -13,14 +13,12 @@ from collections.abc import Iterable
 
 from prometheus_client import (
     CollectorRegistry,
-    GCCollector,
-    PlatformCollector,
-    ProcessCollector,
     generate_latest,
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
+from metaq.common.metrics import standard_collectors
 from metaq.nameserver.controller import Controller
 from metaq.nameserver.registry import Registry
 
@@ -30,9 +28,7 @@ class NameServerMetrics:
 
     def __init__(self, registry: Registry, controller: Controller) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
-        ProcessCollector(registry=self.registry)
-        PlatformCollector(registry=self.registry)
-        GCCollector(registry=self.registry)
+        standard_collectors(self.registry, "nameserver")
         self.registry.register(_StateCollector(registry, controller))
 
     def render(self) -> bytes:
