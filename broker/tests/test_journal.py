@@ -153,3 +153,20 @@ def test_a_new_master_not_writable_yet_writes_the_whole_state_once_it_is(
     journal.tick()
     assert len(offsets.held) == 0, "the whole table, held commits included, is journaled"
     assert store.commitlog.write_offset > 0
+
+
+def test_a_deleted_group_is_forgotten_by_a_slave_replaying_the_journal(
+    open_store: Callable[..., MessageStore], tmp_path: Path, wait_until: Waiter
+) -> None:
+    store = open_store()
+    journal, offsets = _journal(store, tmp_path / "master")
+    offsets.commit("doomed", "orders", 0, 5)
+    offsets.commit("kept", "orders", 0, 7)
+    journal.write_offsets()
+    assert offsets.delete_group("doomed") == 1
+    _dispatched(store, wait_until, journal.write_deleted_group("doomed"))
+
+    replica, copied = _journal(store, tmp_path / "replica", master=False)
+    replica.apply()
+    assert copied.items() == [(("kept", "orders", 0), 7)]
+    assert copied.groups() == ["kept"]

@@ -83,7 +83,7 @@ class GroupAdmin(TopicAdmin):
         Neither: everyone. UnknownGroup / UnknownTopic when nothing of that name is
         known to the cluster."""
         view = await self.cluster()
-        brokers = [b for b in view.brokers() if b.http_address and b.session_open]
+        brokers = [b for b in view.brokers() if b.http_address]
         live, producers = await asyncio.gather(
             asyncio.gather(*(self.consumers(b) for b in brokers)),
             asyncio.gather(*(self.producers(b) for b in brokers)),
