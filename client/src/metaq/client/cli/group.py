@@ -17,6 +17,8 @@ import argparse
 import dataclasses
 from typing import Any
 
+import msgspec
+
 from metaq.client.cli.support import add_command, add_group, admin, group_name, print_json, table
 
 
@@ -79,7 +81,17 @@ async def describe(args: argparse.Namespace) -> int:
     async with admin(args) as client:
         found = await client.describe_group(args.group)
     if args.json:
-        print_json(dataclasses.asdict(found) | {"lag": found.lag})
+        print_json(
+            {
+                "group": found.group,
+                "lag": found.lag,
+                "members": [msgspec.structs.asdict(m) for m in found.members],
+                "offsets": [
+                    {"broker": r.broker_name, **msgspec.structs.asdict(r.offset)}
+                    for r in found.offsets
+                ],
+            }
+        )
         return 0
     print(f"consumer group {found.group}: {len(found.members)} live member(s), lag {found.lag}")
     if found.members:
