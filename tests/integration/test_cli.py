@@ -129,7 +129,7 @@ def test_failures_exit_non_zero_with_one_line_on_stderr(cluster: Cluster) -> Non
         for args in cases
     }
     for args, (code, text) in cases.items():
-        stdout, stderr = running[args].communicate(timeout=30)
+        stdout, stderr = running[args].communicate(timeout=180)
         assert running[args].returncode == code, (args, stdout, stderr)
         lines = stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("metaq: error: "), (args, stderr)

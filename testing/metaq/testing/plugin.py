@@ -11,6 +11,17 @@ import pytest
 from metaq.testing.cluster import Cluster, ClusterBuilder
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Property tests check answers, not speed: Hypothesis's default 200 ms deadline per
+    example fails them at random on a loaded two-core machine."""
+    try:
+        from hypothesis import settings
+    except ImportError:  # the plugin also serves environments without Hypothesis
+        return
+    settings.register_profile("metaq", deadline=None)
+    settings.load_profile("metaq")
+
+
 @pytest.fixture
 def cluster_factory(tmp_path: Path) -> Iterator[Callable[[ClusterBuilder], Cluster]]:
     """``cluster_factory(ClusterBuilder(...))``: a started cluster under the test's
