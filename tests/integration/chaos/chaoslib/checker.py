@@ -21,7 +21,8 @@ What it counts (Jepsen's total-queue, per scenario):
   failed after the fault began to the next acknowledged send (the group's ``main``
   producer; 0 when no send failed), and the longest wait between two acknowledged sends
   around it (retries can turn an outage into one slow send that never fails); the
-  failover figures are the latter;
+  failover figures are the latter; and the time from the fault to the acknowledgement of
+  the first send begun after it (``make bench-failover-compare``'s figure);
 - the live checks the nemesis recorded (``check`` events: prefixes byte-identical after
   healing, nothing acknowledged while refused, ...), and the drain.
 
@@ -61,6 +62,10 @@ class Window:
     """The longest time between two acknowledged sends of the group from the last one
     before the fault to the last one before the next fault: what a client waited, also
     when retries hid the failures. None when no send was acknowledged after the fault."""
+    resumed_s: float | None = None
+    """From the fault to the acknowledgement of the first send its group's main producer
+    began after it (an answer already on its way when the fault came does not count);
+    None when no such send was acknowledged before the next fault of the group."""
 
 
 @dataclass
@@ -86,6 +91,11 @@ class Result:
     """Seconds from each failover fault until the observer saw the new master."""
     skipped: str = ""
     """Why the scenario could not run here (say, partitions on loopback); empty if it ran."""
+
+    @property
+    def failover_resumes(self) -> list[float]:
+        """Per failover fault, the time from the fault to the next acknowledged send."""
+        return [w.resumed_s for w in self.windows if w.failover and w.resumed_s is not None]
 
     @property
     def failover_windows(self) -> list[float]:
@@ -120,6 +130,10 @@ class Result:
         fw = self.failover_windows
         if fw:
             rows.append(("failover p50 / max", f"{percentile(fw, 50):.2f} s / {max(fw):.2f} s"))
+        resumes = self.failover_resumes
+        if resumes:
+            rows.append(("kill to next ack p50 / max",
+                         f"{percentile(resumes, 50):.2f} s / {max(resumes):.2f} s"))  # fmt: skip
         if self.elections:
             rows.append(("new master seen after", ", ".join(f"{s:.2f} s" for s in self.elections)))
         for check in self.checks:
@@ -142,6 +156,7 @@ class Result:
             "phantom": len(self.phantom), "duplicated": self.duplicated,
             "recovered": self.recovered,
             "inversions": len(self.inversions), "failover_windows_s": fw,
+            "failover_resumes_s": self.failover_resumes,
             "violations": self.violations, "skipped": self.skipped,
         }  # fmt: skip
 
@@ -334,8 +349,11 @@ def _windows(events: list[dict[str, Any]]) -> list[Window]:
             span = [start, *span]
         stall = (round(max(b - a for a, b in itertools.pairwise(span)), 3)
                  if len(span) > 1 and span[-1] > start else None)  # fmt: skip
+        resumed = next((ended for invoked, ended, kind in sends[group]
+                        if kind == "ok" and start < invoked < until), None)  # fmt: skip
         windows.append(Window(fault["fault"], fault.get("node", ""), group, start,
-                              bool(fault.get("failover")), window, stall))  # fmt: skip
+                              bool(fault.get("failover")), window, stall,
+                              None if resumed is None else round(resumed - start, 3)))  # fmt: skip
     return windows
 
 

@@ -2,7 +2,8 @@
 peer of ``make bench-compare`` on three KRaft nodes (``bench/peer_kafka.py``), a
 workload that writes the history metaq's scenarios write, and the same checker.
 
-Scenario 1 only so far, as metaq's: kill -9 the leader, five times. One topic of one
+Scenario 1 only so far, as metaq's: kill -9 the leader, five times (``kills``:
+``make bench-failover-compare`` asks for more). One topic of one
 partition, three replicas, ``min.insync.replicas = 2`` (metaq's group ``a``: one
 master, its copies); the main producer sends one message at a time at 40 msgs/s with
 ``acks=all`` and idempotence, each send given 2 s (``message.timeout.ms``, as metaq's
@@ -36,7 +37,7 @@ from peer_kafka import (
 from chaoslib.checker import Result, check
 from chaoslib.history import HistoryWriter, read_history
 
-SCENARIOS: Final = {1: "kill-leader-five-times"}
+SCENARIOS: Final = {1: "kill-leader"}
 TOPIC: Final = "chaos-a"
 GROUP: Final = "a"
 PRODUCER: Final = f"main-{GROUP}"
@@ -141,14 +142,14 @@ def _read_everything(cluster: KafkaCluster, history: HistoryWriter) -> None:
         consumer.close()
 
 
-def kill_leader_five_times(cluster: KafkaCluster, history: HistoryWriter,
-                           rng: random.Random) -> None:  # fmt: skip
+def kill_leader(cluster: KafkaCluster, history: HistoryWriter,
+                rng: random.Random, kills: int = 5) -> None:  # fmt: skip
     admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
     producer = MainProducer(cluster, history)
     producer.start()
     try:
         _wait("40 sends acknowledged", lambda: producer.acked_since(0.0) >= 40)
-        for _ in range(5):
+        for _ in range(kills):
             _wait("all replicas in sync", lambda: _leader(admin)[1] == CLUSTER_SIZE)
             time.sleep(rng.uniform(1.0, 3.0))  # traffic with all in sync: the fault's timing
             old, _ = _leader(admin)
@@ -165,7 +166,7 @@ def kill_leader_five_times(cluster: KafkaCluster, history: HistoryWriter,
         producer.stop()
 
 
-def run_kafka_scenario(number: int, work_dir: Path, *, seed: int) -> Result:
+def run_kafka_scenario(number: int, work_dir: Path, *, seed: int, kills: int = 5) -> Result:
     """Scenario ``number`` against Kafka in ``work_dir``, its history checked."""
     if number not in SCENARIOS:
         raise ValueError(
@@ -175,11 +176,12 @@ def run_kafka_scenario(number: int, work_dir: Path, *, seed: int) -> Result:
     work_dir.mkdir(parents=True, exist_ok=True)
     history = HistoryWriter(work_dir / "history.jsonl")
     history.write("scenario", name=f"{number}-kafka-{SCENARIOS[number]}", number=number,
-                  seed=seed, expect={}, summary="kill -9 the leader, 5 times (Kafka)")  # fmt: skip
+                  seed=seed, expect={},
+                  summary=f"kill -9 the leader, {kills} times (Kafka)")  # fmt: skip
     try:
         with kafka_running(work_dir / "kafka", CLUSTER_SIZE, keep=True) as cluster:
             create_topic(cluster, TOPIC, 1)
-            kill_leader_five_times(cluster, history, random.Random(seed))
+            kill_leader(cluster, history, random.Random(seed), kills)
             _read_everything(cluster, history)
     except Exception as exc:
         history.write("check", name="scenario-completed", ok=False,

@@ -4,7 +4,8 @@ the peer of ``make bench-compare`` in controller mode (``bench/peer_rocketmq.py`
 group, ``inSyncReplicas = 2``), a workload that writes the history metaq's scenarios
 write, and the same checker.
 
-Scenario 1 only so far, as metaq's and Kafka's: kill -9 the master, five times. One
+Scenario 1 only so far, as metaq's and Kafka's: kill -9 the master, five times
+(``kills``: ``make bench-failover-compare`` asks for more). One
 topic of one queue on the group; the main producer is RocketMQ's Java client
 (``paced_ids``: one synchronous send at a time at 40 msgs/s, each given 2 s, as metaq's
 main producers' send timeout, and no retry within it) at its defaults otherwise, among
@@ -44,7 +45,7 @@ from peer_rocketmq import (
 from chaoslib.checker import Result, check
 from chaoslib.history import HistoryWriter, read_history
 
-SCENARIOS: Final = {1: "kill-master-five-times"}
+SCENARIOS: Final = {1: "kill-master"}
 TOPIC: Final = "chaos-a"
 GROUP: Final = "a"
 PRODUCER: Final = f"main-{GROUP}"
@@ -139,13 +140,13 @@ def _read_everything(cluster: RocketmqCluster, history: HistoryWriter) -> None:
     history.write("drain", ok=not behind, behind=behind)
 
 
-def kill_master_five_times(cluster: RocketmqCluster, history: HistoryWriter,
-                           rng: random.Random) -> None:  # fmt: skip
+def kill_master(cluster: RocketmqCluster, history: HistoryWriter,
+                rng: random.Random, kills: int = 5) -> None:  # fmt: skip
     producer = MainProducer(cluster, history)
     producer.start()
     try:
         _wait("40 sends acknowledged", lambda: producer.acked_since(0.0) >= 40)
-        for _ in range(5):
+        for _ in range(kills):
             _wait("all replicas in sync", lambda: _master(cluster)[1] == CONTROLLER_REPLICAS)
             time.sleep(rng.uniform(1.0, 3.0))  # traffic with all in sync: the fault's timing
             old, _ = _master(cluster)
@@ -163,7 +164,7 @@ def kill_master_five_times(cluster: RocketmqCluster, history: HistoryWriter,
         producer.stop()
 
 
-def run_rocketmq_scenario(number: int, work_dir: Path, *, seed: int) -> Result:
+def run_rocketmq_scenario(number: int, work_dir: Path, *, seed: int, kills: int = 5) -> Result:
     """Scenario ``number`` against RocketMQ in ``work_dir``, its history checked."""
     if number not in SCENARIOS:
         raise ValueError(
@@ -174,11 +175,11 @@ def run_rocketmq_scenario(number: int, work_dir: Path, *, seed: int) -> Result:
     history = HistoryWriter(work_dir / "history.jsonl")
     history.write("scenario", name=f"{number}-rocketmq-{SCENARIOS[number]}", number=number,
                   seed=seed, expect={},
-                  summary="kill -9 the master, 5 times (RocketMQ)")  # fmt: skip
+                  summary=f"kill -9 the master, {kills} times (RocketMQ)")  # fmt: skip
     try:
         with controller_group(work_dir / "rocketmq", keep=True) as cluster:
             run_client(cluster, "topic", TOPIC, "1")
-            kill_master_five_times(cluster, history, random.Random(seed))
+            kill_master(cluster, history, random.Random(seed), kills)
             _read_everything(cluster, history)
     except Exception as exc:
         history.write("check", name="scenario-completed", ok=False,

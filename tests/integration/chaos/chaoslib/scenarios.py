@@ -108,9 +108,9 @@ class Scenario:
 # --- 1. kill -9 the master, five times -----------------------------------------------------
 
 
-def kill_master_five_times(ctx: Ctx) -> None:
+def kill_master(ctx: Ctx, kills: int = 5) -> None:
     c = ctx.cluster
-    for _ in range(5):
+    for _ in range(kills):
         c.wait_in_sync("a")
         ctx.hold(ctx.rng.uniform(1.0, 3.0))  # traffic with both in sync
         old = c.wait_master("a")
@@ -1311,7 +1311,7 @@ def _mixed_power_loss(ctx: Ctx, group: str) -> None:
 SCENARIOS: dict[int, Scenario] = {
     s.number: s
     for s in (
-        Scenario(1, "kill-master-x5", kill_master_five_times,
+        Scenario(1, "kill-master-x5", kill_master,
                  expect={"failover_p50_s": 5.0, "failover_max_s": 10.0, "quiet_groups": ["b"]},
                  summary="kill -9 group a's master and restart it, five times"),
         Scenario(2, "pause-master-15s", pause_master, expect={"quiet_groups": ["b"]},
