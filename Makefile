@@ -18,7 +18,7 @@ STAMP := .venv/.setup-stamp
 
 PYTEST_ARGS ?=
 
-.PHONY: setup ci-deps test lint dist deploy-lint deploy-test generate check-generated run store-demo spark-demo bench-spark bench-store bench-framing bench-idle-poll bench-sync-one bench-e2e bench-failover bench-features bench-compare bench-accumulation bench-metaq2 chaos clean peers peers-kafka peers-rocketmq
+.PHONY: setup ci-deps test lint dist deploy-lint deploy-test generate check-generated run store-demo spark-demo bench-spark bench-store bench-framing bench-idle-poll bench-sync-one bench-e2e bench-failover bench-failover-compare bench-features bench-compare bench-accumulation bench-metaq2 chaos clean peers peers-kafka peers-rocketmq
 
 setup: $(STAMP)
 
@@ -120,6 +120,15 @@ bench-e2e: setup
 # slow-slave cell runs its group in network namespaces, so it needs root and iproute2.
 bench-failover: setup ci-deps
 	PYTHONPATH=tests/integration/chaos $(UV) run --frozen python bench/bench_failover.py $(FAILOVER_ARGS)
+
+# kill -9 of the master (leader) under a steady producer, 20 times each, for metaq (3
+# replicas, 2 acknowledge), RocketMQ's controller mode and Kafka on KRaft, each checked by
+# the chaos checker (docs/benchmarks.md); the histories stay under run-data/failover-compare.
+# make bench-failover-compare FAILOVER_COMPARE_ARGS="--kills 2 --only metaq,kafka"
+FAILOVER_COMPARE_ARGS ?=
+bench-failover-compare: setup ci-deps peers-kafka peers-rocketmq
+	PYTHONPATH=tests/integration/chaos:bench $(UV) run --frozen python bench/bench_failover_compare.py \
+		$(FAILOVER_COMPARE_ARGS)
 
 bench-features: setup
 	$(UV) run --frozen python bench/bench_features.py
