@@ -53,6 +53,7 @@ def test_figures_give_each_system_its_p50_max_loss_and_metaq_p50_over_each_peer(
     assert (figures["lost_acked_metaq"], figures["lost_acked_kafka"],
             figures["lost_acked_rocketmq"]) == (0, 0, 1)  # fmt: skip
     assert figures["violations_rocketmq"] == 1
+    assert figures["completed_rocketmq"] is True
     assert "| rocketmq | 1 | 20.00 | 20.00 | 2 | 1 | 1 |" in table({"rocketmq": rocketmq})
 
 
@@ -65,3 +66,12 @@ def test_a_ratio_needs_both_sides() -> None:
 def test_an_unknown_system_is_named() -> None:
     with pytest.raises(ValueError, match="unknown system 'nats'"):
         failover_figures({"nats": check(_sends((10.1, 12.0, "ok")))})
+
+
+def test_a_run_that_broke_off_reports_no_loss_count() -> None:
+    events = _sends((9.0, 9.1, "ok"), (10.1, 10.5, "ok"), lost="m1")
+    events.append({"t": 52.0, "type": "check", "name": "scenario-completed", "ok": False,
+                   "detail": "RuntimeError: kafka-storage format failed"})  # fmt: skip
+    figures = failover_figures({"kafka": check(events)})
+    assert figures["completed_kafka"] is False
+    assert figures["lost_acked_kafka"] is None

@@ -15,8 +15,8 @@ PEERS: Final = ("rocketmq", "kafka")
 
 
 def failover_figures(results: Mapping[str, Result]) -> dict[str, Any]:
-    """The last line's keys for the systems that ran; a ratio only when both sides ran
-    and the peer's p50 is not zero."""
+    """The last line's keys for the systems that ran; a loss count only for a run that
+    completed, a ratio only when both sides have a p50 and the peer's is not zero."""
     figures: dict[str, Any] = {}
     for system, result in results.items():
         if system not in SYSTEMS:
@@ -25,7 +25,12 @@ def failover_figures(results: Mapping[str, Result]) -> dict[str, Any]:
         figures[f"kills_{system}"] = sum(1 for w in result.windows if w.failover)
         figures[f"failover_p50_s_{system}"] = round(percentile(resumes, 50), 3) if resumes else None
         figures[f"failover_max_s_{system}"] = round(max(resumes), 3) if resumes else None
-        figures[f"lost_acked_{system}"] = len(result.lost)
+        # A run that broke off (a peer that would not start) has lost nothing it can show.
+        completed = result.acknowledged > 0 and not any(
+            c["name"] == "scenario-completed" and not c["ok"] for c in result.checks
+        )
+        figures[f"completed_{system}"] = completed
+        figures[f"lost_acked_{system}"] = len(result.lost) if completed else None
         figures[f"violations_{system}"] = len(result.violations)
     for peer in PEERS:
         ours, theirs = figures.get("failover_p50_s_metaq"), figures.get(f"failover_p50_s_{peer}")
