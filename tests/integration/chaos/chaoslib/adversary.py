@@ -117,7 +117,7 @@ async def _rpc(address: str, method: str, request: Any, metadata: Any = ()) -> s
         try:
             await getattr(stub, method)(request, timeout=3, metadata=metadata)
         except grpc.aio.AioRpcError as exc:
-            return f"{method}: {exc.code().name} {exc.details()[:120]}"
+            return f"{method}: {exc.code().name} {(exc.details() or '')[:120]}"
     return f"{method}: accepted"
 
 

@@ -156,9 +156,10 @@ def kill_leader(cluster: KafkaCluster, history: HistoryWriter,
             kill_node(cluster, old)
             killed = history.write("fault", phase="start", fault="kill", node=f"kafka-{old}",
                                    group=GROUP, failover=True)["t"]  # fmt: skip
-            _wait("a new leader", lambda old=old: _leader(admin)[0] not in (-1, old))
+            # Each wait's condition runs before the loop moves on: no stale capture.
+            _wait("a new leader", lambda: _leader(admin)[0] not in (-1, old))  # noqa: B023
             history.write("elected", after_s=round(time.monotonic() - killed, 3))
-            _wait("20 sends acknowledged", lambda k=killed: producer.acked_since(k) >= 20)
+            _wait("20 sends acknowledged", lambda: producer.acked_since(killed) >= 20)  # noqa: B023
             time.sleep(rng.uniform(1.0, 4.0))  # the new leader writes with one follower
             restart_node(cluster, old)
             history.write("fault", phase="end", fault="kill", node=f"kafka-{old}", group=GROUP)

@@ -154,9 +154,10 @@ def kill_master(cluster: RocketmqCluster, history: HistoryWriter,
             kill_broker(cluster, old)
             killed = history.write("fault", phase="start", fault="kill", node=old,
                                    group=GROUP, failover=True)["t"]  # fmt: skip
-            _wait("a new master", lambda old=old: _master(cluster)[0] not in (None, old))
+            # Each wait's condition runs before the loop moves on: no stale capture.
+            _wait("a new master", lambda: _master(cluster)[0] not in (None, old))  # noqa: B023
             history.write("elected", after_s=round(time.monotonic() - killed, 3))
-            _wait("20 sends acknowledged", lambda k=killed: producer.acked_since(k) >= 20)
+            _wait("20 sends acknowledged", lambda: producer.acked_since(killed) >= 20)  # noqa: B023
             time.sleep(rng.uniform(1.0, 4.0))  # the new master writes with one slave
             restart_broker(cluster, old)
             history.write("fault", phase="end", fault="kill", node=old, group=GROUP)

@@ -115,6 +115,11 @@ async def produce(spec: ProducerSpec, nameservers: list[str], history: HistoryWr
     sends: set[asyncio.Task[None]] = set()
     next_at = time.monotonic()
     n = 0
+
+    def finished(done: asyncio.Task[None]) -> None:
+        slots.release()
+        sends.discard(done)
+
     try:
         while not stop.is_set():
             await slots.acquire()
@@ -122,7 +127,7 @@ async def produce(spec: ProducerSpec, nameservers: list[str], history: HistoryWr
                 slots.release()
                 break
             task = asyncio.create_task(_send_one(spec, producer, history, n))
-            task.add_done_callback(lambda done: (slots.release(), sends.discard(done)))
+            task.add_done_callback(finished)
             sends.add(task)
             n += 1
             next_at = max(next_at + period, time.monotonic())
