@@ -35,7 +35,7 @@ def failover_figures(results: Mapping[str, Result]) -> dict[str, Any]:
     for peer in PEERS:
         ours, theirs = figures.get("failover_p50_s_metaq"), figures.get(f"failover_p50_s_{peer}")
         figures[f"failover_p50_vs_{peer}_ratio"] = (
-            round(ours / theirs, 3) if ours is not None and theirs else None
+            round(ours / theirs, 4) if ours is not None and theirs else None
         )
     return figures
 
