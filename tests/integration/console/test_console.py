@@ -146,6 +146,30 @@ def test_every_page_goes_with_headers_that_keep_it_out_of_other_sites_frames(
         assert headers["X-Content-Type-Options"] == "nosniff", path
 
 
+def _get_page(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as refused:
+        with refused:
+            return refused.code, refused.read().decode()
+
+
+def test_an_unknown_group_or_page_is_a_404_in_the_consoles_layout(cluster: ConsoleCluster) -> None:
+    status, page = _get_page(f"{cluster.console_url}/console/groups/no-such-group")
+    assert status == 404, page
+    assert "consumer group &#x27;no-such-group&#x27; is not known" in page, page
+    assert 'aria-label="Console"' in page  # the navigation: the console's layout
+    status, page = _get_page(f"{cluster.console_url}/console/no-such-page")
+    assert status == 404, page
+    assert "There is no console page at /console/no-such-page" in page, page
+    assert 'aria-label="Console"' in page
+    # A group the brokers know is still a page.
+    commit_to_end(cluster, "known-group")
+    status, page = _get_page(f"{cluster.console_url}/console/groups/known-group")
+    assert status == 200, page
+
+
 def test_a_form_posted_from_another_site_is_refused(cluster: ConsoleCluster) -> None:
     form = b"to=1&epoch=1"
     for header, value in (("Origin", "http://elsewhere.example"), ("Sec-Fetch-Site", "cross-site")):

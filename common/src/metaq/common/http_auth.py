@@ -91,6 +91,8 @@ for a replay of the first."""
 REQUEST_ID_BYTES: Final = 8
 _REQUEST_ID: Final = re.compile(rf"[0-9a-f]{{{2 * REQUEST_ID_BYTES}}}")
 _DETAIL: Final = web.RequestKey("metaq_health_detail", bool)
+LOGGED_IN: Final = web.RequestKey("metaq_logged_in", str)
+"""The access key of the user whose session a request came with (pages name them)."""
 COOKIE: Final = "metaq_session"
 SESSION_TTL_S: Final = 8 * 3600.0
 MAX_SESSIONS: Final = 10_000
@@ -387,7 +389,9 @@ class HttpAuth:
             return await handler(request)
         try:
             if not await self._signed.admitted(request):
-                acl.check(self._session_user(request), "admin", "cluster", "")
+                user = self._session_user(request)
+                request[LOGGED_IN] = user.access_key
+                acl.check(user, "admin", "cluster", "")
         except ProofError as exc:
             if self._wants_page(request, exc):
                 # A person at a browser: the login page, and back here afterwards.

@@ -13,7 +13,7 @@ from aiohttp import web
 
 from metaq.nameserver.console import cluster, groups, messages, topics
 from metaq.nameserver.console.context import ConsoleContext
-from metaq.nameserver.console.page import static_routes
+from metaq.nameserver.console.page import middleware, static_routes
 
 __all__ = ["ConsoleContext", "add_routes"]
 
@@ -25,6 +25,7 @@ def add_routes(app: web.Application, context: ConsoleContext) -> None:
         raise web.HTTPFound("/console/cluster")
 
     app.add_routes([web.get("/", home), web.get("/console", home), web.get("/console/", home)])
+    app.middlewares.append(middleware())
     app.add_routes(static_routes())
     for module in (cluster, topics, groups, messages):
         app.add_routes(module.routes(context))

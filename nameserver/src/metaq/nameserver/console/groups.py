@@ -26,6 +26,7 @@ from metaq.nameserver.console.page import (
     esc,
     field,
     link,
+    not_found,
     notice,
     parse_time_ms,
     render,
@@ -155,6 +156,16 @@ async def group_page(
                 ]
             )
     routes_ = {t: context.registry.route(t) for t in (RETRY_PREFIX + group, DLQ_PREFIX + group)}
+    heard_everyone = bool(offsets) and not any(problems)
+    known = member_rows or offset_rows or any(routes_.values())
+    if heard_everyone and not (known or message or preview):
+        # Every master answered and none knows the group: a typo, or a group long gone.
+        return not_found(
+            f"consumer group {group!r} is not known: no broker holds offsets for it, no "
+            "member of it is live and it has no retry or dead-letter topic; check the name "
+            "in the list of consumer groups",
+            f"<p>{link(CURRENT, 'All consumer groups')}</p>",
+        )
     dlq = await _dead_letters(context, group)
     problems += dlq[1]
     body = (

@@ -11,11 +11,19 @@ from __future__ import annotations
 import datetime
 import html
 from collections.abc import Iterable, Sequence
+from contextvars import ContextVar
 from typing import Any, Final
 
 from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
+
+from metaq.common.http_auth import LOGGED_IN
 
 REFRESH_MS: Final = 5000
+STYLESHEET: Final = "/console/static/console.css"
+# Who the page being rendered is for: set around each console request by
+# :func:`middleware`, so every page's header names them without each page passing it on.
+_user: ContextVar[str] = ContextVar("console_user", default="")
 _NAV: Final = (
     ("/console/cluster", "Cluster"),
     ("/console/topics", "Topics"),
@@ -39,6 +47,8 @@ th { background: #eef2f6; }
 .muted { color: #5f6b7a; }
 pre { background: #f6f8fa; padding: .5rem; overflow: auto; max-width: 70rem; }
 form.inline { display: inline; }
+.whoami { margin-left: auto; }
+.whoami button { margin-left: .5rem; }
 fieldset { margin: .5rem 0 1rem; border: 1px solid #c8ced6; }
 label { margin-right: .5rem; }
 a:focus-visible, button:focus-visible, input:focus-visible, select:focus-visible,
@@ -80,7 +90,7 @@ def static_routes() -> list[web.RouteDef]:
         return web.Response(text=SCRIPT, content_type="text/javascript")
 
     return [
-        web.get("/console/static/console.css", css),
+        web.get(STYLESHEET, css),
         web.get("/console/static/console.js", script),
     ]
 
@@ -95,15 +105,53 @@ def render(title: str, body: str, *, current: str = "", status: int = 200) -> we
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>{esc(title)} · metaq console</title>
 <link rel="icon" href="data:,">
-<link rel="stylesheet" href="/console/static/console.css">
+<link rel="stylesheet" href="{STYLESHEET}">
 </head><body data-refresh-ms="{REFRESH_MS}">
-<header><strong>metaq</strong><nav aria-label="Console">{nav}</nav></header>
+<header><strong>metaq</strong><nav aria-label="Console">{nav}</nav>{_whoami()}</header>
 <main><h1>{esc(title)}</h1>
 {body}
 </main>
 <script src="/console/static/console.js"></script>
 </body></html>"""
     return web.Response(text=page, content_type="text/html", status=status)
+
+
+def _whoami() -> str:
+    user = _user.get()
+    if not user:
+        return ""
+    return (
+        f'<span class="whoami">logged in as <strong>{esc(user)}</strong> '
+        '<form class="inline" method="post" action="/logout">'
+        '<button type="submit">Log out</button></form></span>'
+    )
+
+
+def middleware() -> Middleware:
+    """Around every console request: the logged-in user for the page header, and a page
+    not found answered in the console's layout, saying so, rather than aiohttp's bare 404."""
+
+    @web.middleware
+    async def console_pages(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if not request.path.startswith("/console"):
+            return await handler(request)
+        token = _user.set(request.get(LOGGED_IN, ""))
+        try:
+            return await handler(request)
+        except web.HTTPNotFound:
+            return not_found(
+                f"There is no console page at {request.path}: pick a page from the "
+                "navigation above."
+            )
+        finally:
+            _user.reset(token)
+
+    return console_pages
+
+
+def not_found(message: str, body: str = "") -> web.Response:
+    """The layout's 404 page: what was not found and what to do instead."""
+    return render("Not found", errors([message]) + body, status=404)
 
 
 def errors(messages: Iterable[str]) -> str:
