@@ -255,3 +255,52 @@ def test_without_auth_console_changes_come_from_this_host_or_a_cluster_member() 
 
     run_async(scenario())
     assert refusals == ["not_local", "replay"]
+
+
+def test_a_user_without_admin_gets_a_styled_page_saying_what_they_hold_and_can_log_out(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "acl.json"
+    reader = Credentials("reader", "reader-secret-key-for-http-tests")
+    table = Acl().with_user(User("reader", Verifier.make("reader", reader.secret_key)))
+    acl.save(path, table.grant("reader", Grant("sub", "group:billing")))
+    css = "/console/static/console.css"
+    app = http.application(
+        HttpAuth(SignedRequests(ServerNames(), None, AclSource(path)), None, css)
+    )
+
+    async def sheet(_request: web.Request) -> web.Response:
+        return web.Response(text="body {}", content_type="text/css")
+
+    async def page(_request: web.Request) -> web.Response:
+        return web.Response(text="the console", content_type="text/html")
+
+    app.add_routes([web.get(css, sheet), web.get("/console/topics", page)])
+    html_page = {"Accept": "text/html"}
+
+    async def scenario() -> None:
+        async with TestClient(TestServer(app)) as client:
+            login_page = await (await client.get("/login")).text()
+            assert f'<link rel="stylesheet" href="{css}">' in login_page
+            assert (await client.get(css)).status == 200  # before logging in, as the page is
+            login = await client.post(
+                "/login", json={"access_key": "reader", "secret_key": reader.secret_key}
+            )
+            assert login.status == 200
+            refused = await client.get("/console/topics", headers=html_page)
+            assert refused.status == 403
+            assert refused.content_type == "text/html"
+            text = await refused.text()
+            assert "logged in as <strong>reader</strong>" in text, text
+            assert "<code>sub group:billing</code>" in text, text
+            assert f'href="{css}"' in text and 'action="/logout"' in text, text
+            # A tool still gets the JSON refusal.
+            assert "error" in await (await client.get("/console/topics")).json()
+            out = await client.post(
+                "/logout", headers={"Sec-Fetch-Site": "same-origin"}, allow_redirects=False
+            )
+            assert (out.status, out.headers["Location"]) == (303, "/login")
+            after = await client.get("/console/topics", headers=html_page, allow_redirects=False)
+            assert after.status == 303 and after.headers["Location"].startswith("/login?next=")
+
+    run_async(scenario())

@@ -1,7 +1,8 @@
 """Who may use the HTTP APIs and consoles of brokers and nameservers.
 
 With ``auth_enabled`` the middleware of :func:`metaq.common.http.application` lets
-through only ``/health``, ``/metrics`` and ``/login`` unauthenticated; every other route,
+through only ``/health``, ``/metrics``, ``/login``, ``/logout`` (and the pages' stylesheet)
+unauthenticated; every other route,
 including ones added to the app later (the console), needs a user holding ``admin
 cluster``, proven one of two ways:
 
@@ -13,8 +14,11 @@ cluster``, proven one of two ways:
   ``GET /login`` page does it) sets a random session cookie, HttpOnly, SameSite=Strict,
   ``Secure`` when the listener serves TLS, expiring after :data:`SESSION_TTL_S`. A
   browser asking for a page without a session is sent to ``/login?next=PATH``, which
-  returns it there once logged in. A request that changes something on a session must
-  come from this site's own pages, by the one rule the console's forms also follow
+  returns it there once logged in; ``POST /logout`` ends the session. A user logged in
+  without ``admin cluster`` who asks for a page gets one (403) naming them, what they
+  lack and what their grants are, instead of the JSON refusal. A request that changes
+  something on a session must come from this site's own pages, by the one rule the
+  console's forms also follow
   (:func:`metaq.common.http.same_site`), so another site cannot make a logged-in browser
   act (CSRF), on top of SameSite and the JSON-only rule.
 - **Cluster members** (the nameservers' console calling a broker) sign each request
@@ -41,6 +45,7 @@ import asyncio
 import base64
 import hashlib
 import hmac
+import html
 import ipaddress
 import logging
 import math
@@ -58,7 +63,7 @@ from metaq.common import acl
 from metaq.common.acl import PermissionDenied, User
 from metaq.common.acl_source import AclSource
 from metaq.common.auth import HTTP_HEADER, AuthFailed, ClusterSecret, sign_http, verify_http
-from metaq.common.http import json_object, same_site
+from metaq.common.http import json_object, same_site, takes_forms
 from metaq.common.login_guard import LoginGuard
 from metaq.common.names import shown
 from metaq.common.scrape_auth import MetricsAuth, ScrapeCredentials
@@ -97,13 +102,7 @@ COOKIE: Final = "metaq_session"
 SESSION_TTL_S: Final = 8 * 3600.0
 MAX_SESSIONS: Final = 10_000
 _SAFE_METHODS: Final = frozenset({"GET", "HEAD", "OPTIONS"})
-_LOGIN_PAGE: Final = r"""<!doctype html>
-<title>metaq login</title>
-<link rel="icon" href="data:,">
-<form id="f"><label>access key <input name="access_key" autocomplete="username"></label>
-<label>secret key <input name="secret_key" type="password"
-autocomplete="current-password"></label><button>log in</button></form><p id="m"></p>
-<script>
+_LOGIN_SCRIPT: Final = r"""
 document.getElementById("f").onsubmit = async (e) => {
   e.preventDefault();
   const d = Object.fromEntries(new FormData(e.target));
@@ -116,15 +115,40 @@ document.getElementById("f").onsubmit = async (e) => {
   if (/^\/(?![\/\\])/.test(next)) { location.assign(next); return; }
   document.getElementById("m").textContent = "logged in";
 };
-</script>
 """
-
+_LOGIN_FORM: Final = """<form id="f"><fieldset><legend>Log in</legend>
+<label>access key <input name="access_key" autocomplete="username"></label>
+<label>secret key <input name="secret_key" type="password"
+autocomplete="current-password"></label><button>log in</button></fieldset></form>
+<p id="m" role="status"></p>"""
 _LOGIN_SCRIPT_SHA256: Final = base64.b64encode(
-    hashlib.sha256(_LOGIN_PAGE.split("<script>", 1)[1].split("</script>", 1)[0].encode()).digest()
+    hashlib.sha256(_LOGIN_SCRIPT.encode()).digest()
 ).decode()
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _NOBODY: Final = Verifier(secrets.token_bytes(32), secrets.token_bytes(32))
 """The verifier an unknown user's login is checked against: no secret key matches it."""
+
+
+_LOGOUT_FORM: Final = """<form method="post" action="/logout">
+<button type="submit">Log out</button></form>"""
+
+
+def _page(
+    title: str, body: str, stylesheet: str, *, script: str = "", status: int = 200
+) -> web.Response:
+    """A page of this module (login, refusal) in the server's stylesheet when it has one."""
+    style = f'<link rel="stylesheet" href="{html.escape(stylesheet)}">' if stylesheet else ""
+    tail = f"<script>{script}</script>" if script else ""
+    text = f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{html.escape(title)} · metaq</title>
+<link rel="icon" href="data:,">{style}
+</head><body><header><strong>metaq</strong></header>
+<main><h1>{html.escape(title)}</h1>
+{body}
+</main>{tail}</body></html>"""
+    return web.Response(text=text, content_type="text/html", status=status)
 
 
 def _proves(access_key: str, secret_key: str, verifier: Verifier) -> bool:
@@ -367,7 +391,14 @@ class HttpAuth:
     """The middleware and the ``/login`` handlers: requests signed for this server
     (``signed``, which holds the users' :class:`AclSource`) and people's sessions."""
 
-    def __init__(self, signed: SignedRequests, count: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        signed: SignedRequests,
+        count: Callable[[str], None] | None = None,
+        stylesheet: str = "",
+    ) -> None:
+        """``stylesheet``: the path of the stylesheet its pages use (the console's), open
+        to everyone as the login page is."""
         if signed.source is None:
             raise ValueError("HttpAuth needs users: SignedRequests with an AclSource")
         self._source: AclSource = signed.source
@@ -376,16 +407,26 @@ class HttpAuth:
         # token -> (access key, expiry, monotonic)
         self._sessions: dict[str, tuple[str, float]] = {}
         self._guard = LoginGuard()
+        self._stylesheet = stylesheet
+        self._open = OPEN_PATHS | {"/logout"} | ({stylesheet} if stylesheet else set())
 
     inline_script_hashes: Final = (_LOGIN_SCRIPT_SHA256,)
     """The inline scripts of the pages served here, for the pages' Content-Security-Policy."""
 
     def routes(self) -> list[web.RouteDef]:
-        return [web.get("/login", self._login_page), web.post("/login", self._login)]
+        @takes_forms  # the logout button of a page: a form of this site
+        async def logout(request: web.Request) -> web.StreamResponse:
+            return self._logout(request)
+
+        return [
+            web.get("/login", self._login_page),
+            web.post("/login", self._login),
+            web.post("/logout", logout),
+        ]
 
     @web.middleware
     async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path in OPEN_PATHS:
+        if request.path in self._open:
             return await handler(request)
         try:
             if not await self._signed.admitted(request):
@@ -398,16 +439,45 @@ class HttpAuth:
                 raise web.HTTPSeeOther(f"/login?next={quote(request.path_qs, safe='')}") from None
             return self._refuse(request, 401, str(exc), exc.reason)
         except PermissionDenied as exc:
-            return self._refuse(request, 403, str(exc), exc.reason)
+            refused = self._refuse(request, 403, str(exc), exc.reason)
+            who = request.get(LOGGED_IN)
+            if who and request.method == "GET" and self._accepts_html(request):
+                return self._forbidden_page(who, str(exc))
+            return refused
         return await handler(request)
+
+    def _forbidden_page(self, access_key: str, why: str) -> web.Response:
+        """What a logged-in user without ``admin cluster`` sees instead of a page: who
+        they are, what they lack, what their grants let them do, and a way out."""
+        user = self._source.acl.user(access_key)
+        grants = sorted(f"{g.permission} {g.resource}" for g in (user.grants if user else ()))
+        listed = "".join(f"<li><code>{html.escape(g)}</code></li>" for g in grants)
+        body = (
+            f'<div class="error" role="alert">{html.escape(why)}</div>'
+            f"<p>You are logged in as <strong>{html.escape(access_key)}</strong>. The "
+            "console and this server's admin API are for users holding "
+            "<code>admin cluster</code>.</p>"
+            + (
+                f"<p>Your grants, for metaq clients (producers, consumers) and the metaq CLI's "
+                f"calls that they cover:</p><ul>{listed}</ul>"
+                if listed
+                else "<p>You hold no grants: ask an administrator for the ones you need.</p>"
+            )
+            + "<p>Ask an administrator to grant you <code>admin cluster</code>, or log out "
+            "and log in as a user who holds it.</p>" + _LOGOUT_FORM
+        )
+        return _page("Not allowed", body, self._stylesheet, status=403)
+
+    @staticmethod
+    def _accepts_html(request: web.Request) -> bool:
+        return HEADER not in request.headers and "text/html" in request.headers.get("Accept", "")
 
     @staticmethod
     def _wants_page(request: web.Request, refusal: ProofError) -> bool:
         return (
             refusal.reason == "unauthenticated"
             and request.method == "GET"
-            and HEADER not in request.headers
-            and "text/html" in request.headers.get("Accept", "")
+            and HttpAuth._accepts_html(request)
         )
 
     def _session_user(self, request: web.Request) -> User:
@@ -440,7 +510,16 @@ class HttpAuth:
     # --- /login -------------------------------------------------------------------------
 
     async def _login_page(self, _request: web.Request) -> web.Response:
-        return web.Response(text=_LOGIN_PAGE, content_type="text/html")
+        return _page("metaq login", _LOGIN_FORM, self._stylesheet, script=_LOGIN_SCRIPT)
+
+    def _logout(self, request: web.Request) -> web.Response:
+        token = request.cookies.get(COOKIE)
+        session = self._sessions.pop(token, None) if token else None
+        if session is not None:
+            log.info("user %s logged out over HTTP from %s", session[0], request.remote)
+        response = web.Response(status=303, headers={"Location": "/login"})
+        response.del_cookie(COOKIE, path="/")
+        return response
 
     async def _login(self, request: web.Request) -> web.Response:
         body = await json_object(request)

@@ -26,6 +26,7 @@ from metaq.common.server_names import ServerNames
 from metaq.common.version import installed_version
 from metaq.nameserver.console import ConsoleContext
 from metaq.nameserver.console import add_routes as add_console_routes
+from metaq.nameserver.console.page import STYLESHEET
 from metaq.nameserver.metrics import NameServerMetrics
 from metaq.nameserver.registry import Registry
 
@@ -93,7 +94,9 @@ def make_app(
         response.headers["Content-Type"] = CONTENT_TYPE_LATEST
         return response
 
-    app = http.application(HttpAuth(signed, count) if signed.source is not None else None)
+    stylesheet = STYLESHEET if console is not None else ""
+    auth = HttpAuth(signed, count, stylesheet) if signed.source is not None else None
+    app = http.application(auth)
     if scrape is not None:
         app.middlewares.append(scrape_guard(scrape, signed, count))
     app.add_routes(
