@@ -10,11 +10,14 @@ import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
 from metaq.client.admin import Admin, TopicSettings
-from metaq.common.users import Credentials
+from metaq.common import acl
+from metaq.common.acl import Acl, Grant, User
+from metaq.common.users import Credentials, Verifier
 from metaq.testing import BrokerProcess
 from metaq.testing.cluster import ClusterBuilder
 from metaq.testing.console import BROKER_TIMEOUT_MS, Browser
@@ -28,6 +31,7 @@ from metaq.testing.waiting import (
 )
 
 ADMIN = Credentials("console-admin", "console-admin-secret-key-for-tests")
+READER = Credentials("console-reader", "console-reader-secret-key-for-tests")
 GROUP = "secured"
 
 
@@ -43,8 +47,14 @@ class AuthConsole:
 
 @pytest.fixture(scope="module")
 def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AuthConsole]:
+    acl_file = tmp_path_factory.mktemp("console-acl") / "acl.json"
+    table = Acl()
+    for who in (ADMIN, READER):
+        table = table.with_user(User(who.access_key, Verifier.make(who.access_key, who.secret_key)))
+    table = table.grant(ADMIN.access_key, Grant("admin", "cluster"))
+    acl.save(acl_file, table.grant(READER.access_key, Grant("sub", f"group:{GROUP}")))
     builder = ClusterBuilder(
-        groups=(GROUP,), auth=True, admin=ADMIN,
+        groups=(GROUP,), auth=True, admin=ADMIN, acl_file=acl_file,
         nameserver_args=("--http-port", "0",
                          "--console-broker-timeout-ms", str(BROKER_TIMEOUT_MS)),
     )  # fmt: skip
@@ -84,6 +94,42 @@ def test_the_console_sends_a_browser_to_log_in_and_its_forms_work_after(
     refusals = page.get_by_role("alert")
     assert refusals.count() == 0, refusals.all_inner_texts()
     assert browser.problems == []
+
+
+def _log_in(page: Any, who: Credentials) -> None:
+    page.get_by_label("access key").fill(who.access_key)
+    page.get_by_label("secret key").fill(who.secret_key)
+    page.get_by_role("button", name="log in").click()
+
+
+def test_a_user_without_admin_lands_on_a_styled_page_and_an_admin_can_log_out(
+    secured: AuthConsole, browser: Browser
+) -> None:
+    page, base = browser.page, secured.console_url
+    page.goto(f"{base}/console/groups")
+    # The login page wears the console's stylesheet: its header is the console's blue.
+    background = "getComputedStyle(document.querySelector('header')).backgroundColor"
+    assert page.evaluate(background) == "rgb(31, 58, 95)"
+    _log_in(page, READER)
+    page.get_by_role("heading", name="Not allowed").wait_for()
+    assert page.evaluate(background) == "rgb(31, 58, 95)"
+    text = page.locator("main").inner_text()
+    assert f"logged in as {READER.access_key}" in text, text
+    assert f"sub group:{GROUP}" in text and "admin cluster" in text, text
+    browser.screenshot("login-not-admin")
+    page.get_by_role("button", name="Log out").click()
+    page.wait_for_url(f"{base}/login")
+    page.goto(f"{base}/console/cluster")
+    _log_in(page, ADMIN)
+    page.wait_for_url(f"{base}/console/cluster")
+    assert f"logged in as {ADMIN.access_key}" in page.locator("header").inner_text()
+    browser.screenshot("logged-in-header")
+    page.get_by_role("button", name="Log out").click()
+    page.wait_for_url(f"{base}/login")
+    page.goto(f"{base}/console/cluster")
+    assert "/login?next=" in page.url, page.url
+    # The reader's page answered 403 on purpose; nothing else may fail.
+    assert [p for p in browser.problems if "403" not in p] == []
 
 
 def test_both_servers_take_a_cluster_members_signed_call_and_no_unsigned_one(
