@@ -349,6 +349,11 @@ def test_the_switchover_button_moves_the_master(cluster: ConsoleCluster, browser
     browser.screenshot("switchover-confirm")
     page.get_by_role("button", name="Confirm switchover to broker 1").click()
     assert "broker 1 is master" in page.get_by_role("status").inner_text()
+    # The result page itself shows the roles after the switchover, not the old ones.
+    roles = page.get_by_role("table", name="Brokers of group-b").evaluate(
+        "t => [...t.tBodies[0].rows].map(r => [r.cells[0].innerText, r.cells[1].innerText])"
+    )
+    assert sorted(roles) == [["0", "slave"], ["1", "master"]], roles
     wait_until(lambda: cluster.route_master("group-b") == 1, 15,
                "the nameserver's route names broker 1 master of group-b", poll_s=0.2)  # fmt: skip
     assert browser.problems == []

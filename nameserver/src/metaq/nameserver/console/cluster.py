@@ -10,7 +10,7 @@ from aiohttp import web
 
 from metaq.client.admin import Admin, BrokerHealth
 from metaq.common.http import takes_forms
-from metaq.common.model import BrokerKey
+from metaq.common.model import BrokerKey, Role
 from metaq.common.units import size_text
 from metaq.nameserver.console.context import ConsoleContext
 from metaq.nameserver.console.page import (
@@ -30,6 +30,10 @@ CURRENT = "/console/cluster"
 # again by itself, should this nameserver never get to the controller's answer.
 CATCH_UP_TIMEOUT_MS = 5000
 FENCE_MS = CATCH_UP_TIMEOUT_MS + 10_000
+# How long the result page waits for the brokers to register the roles the controller gave
+# them (they hear of it within a heartbeat or so); past it the page says they have not yet.
+ROLES_SETTLED_TIMEOUT_S = 10.0
+ROLES_POLL_S = 0.05
 
 
 def routes(context: ConsoleContext) -> list[web.RouteDef]:
@@ -262,8 +266,37 @@ async def _switchover(context: ConsoleContext, request: web.Request) -> web.Resp
         tail = "" if resumed.ok else f"; writes resume by themselves later ({resumed.error})"
         return await cluster_page(context, problem=f"the controller refused: {exc}{tail}")
     elapsed_ms = (time.monotonic() - started) * 1000
-    return await cluster_page(
-        context,
-        message=f"{group}: broker {control.master_id} is master at epoch {control.epoch} "
-        f"(handed over in {elapsed_ms:.0f} ms)",
+    message = (
+        f"{group}: broker {control.master_id} is master at epoch {control.epoch} "
+        f"(handed over in {elapsed_ms:.0f} ms)"
     )
+    if not await _roles_settled(context, group, control.master_id, control.epoch):
+        message += (
+            f"; the brokers have not all registered their new roles within "
+            f"{ROLES_SETTLED_TIMEOUT_S:g} s, so the table below may still show old ones: it "
+            "updates by itself as they do"
+        )
+    return await cluster_page(context, message=message)
+
+
+async def _roles_settled(context: ConsoleContext, group: str, master_id: int, epoch: int) -> bool:
+    """Whether the registry shows the switchover's roles (broker ``master_id`` master at
+    ``epoch``, every other member slave), waiting up to :data:`ROLES_SETTLED_TIMEOUT_S`:
+    the controller decides at once, the brokers re-register on hearing of it, and the page
+    drawn before that would show the old roles."""
+
+    def settled() -> bool:
+        members = context.registry.members(group)
+        return any(b.state.key.broker_id == master_id for b in members) and all(
+            (b.state.role is Role.MASTER and b.state.epoch >= epoch)
+            if b.state.key.broker_id == master_id
+            else b.state.role is Role.SLAVE
+            for b in members
+        )
+
+    give_up = time.monotonic() + ROLES_SETTLED_TIMEOUT_S
+    while not settled():
+        if time.monotonic() >= give_up:
+            return False
+        await asyncio.sleep(ROLES_POLL_S)  # the registry has no change signal to await
+    return True
