@@ -4,6 +4,7 @@ resend); a broker that does not answer costs a page its timeout, no more, and is
 
 from __future__ import annotations
 
+import html
 import json
 import re
 import time
@@ -168,6 +169,40 @@ def test_an_unknown_group_or_page_is_a_404_in_the_consoles_layout(cluster: Conso
     commit_to_end(cluster, "known-group")
     status, page = _get_page(f"{cluster.console_url}/console/groups/known-group")
     assert status == 200, page
+
+
+def test_a_time_range_is_listed_a_row_per_message_a_page_at_a_time(
+    cluster: ConsoleCluster,
+) -> None:
+    sent_from = int(time.time() * 1000) - 1
+    # More than a page's 20 per queue in at least one of group-a's two queues; bodies
+    # long enough that a page showing them whole would be plain to see.
+    sent = {send(cluster, "group-a", TOPIC, f"{i:03d}" + "x" * 400) for i in range(44)}
+    sent_to = int(time.time() * 1000) + 1
+    url = f"{cluster.console_url}/console/messages?topic={TOPIC}&from={sent_from}&to={sent_to}"
+    seen: list[str] = []
+    pages = 0
+    while url:
+        status, page = _get_page(url)
+        assert status == 200, page
+        pages += 1
+        ids = re.findall(r'href="/console/messages\?msg_id=([0-9A-F]+)"', page, re.I)
+        assert 0 < len(ids) <= 2 * 20, (pages, len(ids))  # two queues, 20 each at most
+        assert "x" * 400 not in page and "<pre>" not in page  # rows, not whole messages
+        seen += ids
+        more = re.search(r'<a href="([^"]+)">Next page', page)
+        if more:
+            assert "Truncated: a page shows at most 20 messages of each queue" in page
+            url = cluster.console_url + html.unescape(more.group(1))
+        else:
+            assert "That is all the range holds." in page
+            url = ""
+        assert pages <= 5, "the pages never end"
+    assert pages >= 2
+    assert sorted(seen) == sorted(sent)  # every message once, over the pages
+    # The link of a row shows that message whole.
+    status, page = _get_page(f"{cluster.console_url}/console/messages?msg_id={seen[0]}")
+    assert status == 200 and "x" * 400 in page
 
 
 def test_a_form_posted_from_another_site_is_refused(cluster: ConsoleCluster) -> None:

@@ -1,23 +1,69 @@
 """The message page: look messages up by id, by key, by queue and offset, or by a time
-range, and show each one whole with its delivery state per consumer group."""
+range, and show each one whole with its delivery state per consumer group. A time range
+is listed a row per message (each linking to the message whole), a page at a time:
+:data:`PAGE_PER_QUEUE` messages of each queue, the next page going on where each queue
+stopped."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import datetime
 import json
-from collections.abc import Awaitable
+import time
+from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass
+from urllib.parse import urlencode
 
 from aiohttp import web
 
 from metaq.client.admin import Admin, CommittedOffset, StoredMessage
+from metaq.common.model import GroupRoute
 from metaq.nameserver.console.context import Answer, ConsoleContext, problems_of
-from metaq.nameserver.console.page import errors, esc, field, parse_time_ms, render, table
+from metaq.nameserver.console.page import (
+    errors,
+    esc,
+    field,
+    link,
+    parse_time_ms,
+    render,
+    table,
+    when,
+)
 from metaq.nameserver.model import BrokerView
 
 CURRENT = "/console/messages"
 LIMIT = 20
+PAGE_PER_QUEUE = 20
+"""Messages of each queue on one page of a time range (rows, so a page stays readable)."""
+PREVIEW_CHARS = 80
+
+
+@dataclass
+class Found:
+    """What a search found, with the broker each message came from."""
+
+    messages: list[tuple[BrokerView, StoredMessage]] = dataclasses.field(default_factory=list)
+    problems: list[str] = dataclasses.field(default_factory=list)
+    asked: str = ""
+    listed: bool = False
+    """A time range: a row per message rather than each one whole."""
+    more: dict[tuple[str, int], int] = dataclasses.field(default_factory=dict)
+    """(broker group, queue) -> the queue offset the next page starts at, for each queue
+    that holds more of the range than this page shows."""
+    end_ms: int = 0
+    """The range's end, pinned (``now`` at the first page) so later pages keep it."""
+
+
+def _resume_points(values: list[str]) -> dict[tuple[str, int], int]:
+    """``QUEUE:OFFSET:BROKER_GROUP`` (the next-page link's ``resume``) by queue;
+    ValueError for anything else."""
+    points = {}
+    for value in values:
+        queue, offset, broker_name = value.split(":", 2)
+        points[(broker_name, int(queue))] = int(offset)
+    return points
 
 
 def routes(context: ConsoleContext) -> list[web.RouteDef]:
@@ -34,10 +80,8 @@ def _reader(context: ConsoleContext, broker_name: str) -> BrokerView | None:
     )
 
 
-async def _search(
-    context: ConsoleContext, q: dict[str, str]
-) -> tuple[list[tuple[BrokerView, StoredMessage]], list[str], str]:
-    """(found messages with the broker they came from, problems, what was asked)."""
+async def _search(context: ConsoleContext, q: dict[str, str]) -> Found:
+    """The messages ``q`` asks for."""
     ask = context.brokers.ask
     if q.get("msg_id"):
         msg_id = q["msg_id"].strip()
@@ -47,13 +91,13 @@ async def _search(
         problems = problems_of(held)
         if not found and not problems:
             problems.append(f"no live broker has a message with id {msg_id}")
-        return found, problems, f"message id {msg_id}"
+        return Found(found, problems, f"message id {msg_id}")
     topic = q.get("topic", "").strip()
     if not topic:
-        return [], ["give a topic (or a message id)"], ""
+        return Found(problems=["give a topic (or a message id)"])
     route = context.registry.route(topic)
     if route is None:
-        return [], [f"topic {topic!r} is not served by any live broker"], ""
+        return Found(problems=[f"topic {topic!r} is not served by any live broker"])
     readers = {g.broker_name: _reader(context, g.broker_name) for g in route.groups}
     calls: list[tuple[BrokerView, Awaitable[Answer[list[StoredMessage]]]]]
     if q.get("key"):
@@ -67,35 +111,76 @@ async def _search(
     elif q.get("offset"):
         broker = readers.get(q.get("broker", ""))
         if broker is None:
-            return [], [f"pick the broker group of the queue ({', '.join(readers)})"], ""
+            return Found(problems=[f"pick the broker group of the queue ({', '.join(readers)})"])
         try:
             queue_id, offset = int(q.get("queue_id", "0")), int(q["offset"])
         except ValueError:
-            return [], ["the queue and the offset are whole numbers"], ""
+            return Found(problems=["the queue and the offset are whole numbers"])
         asked = f"{topic} queue {queue_id} from offset {offset}"
         read = ask(broker, Admin.read_queue, topic, queue_id, offset=offset, limit=LIMIT)
         calls = [(broker, read)]
     elif q.get("from"):
-        try:
-            start = parse_time_ms(q["from"])
-            end = parse_time_ms(q["to"]) if q.get("to") else None
-        except ValueError:
-            return [], ["times are ISO 8601 (UTC when no zone) or ms since the epoch"], ""
-        asked = f"{topic} stored from {q['from']} to {q.get('to') or 'now'}"
-        calls = [
-            (
-                b,
-                ask(b, Admin.read_queue, topic, queue_id, from_ms=start, to_ms=end, limit=LIMIT),
-            )
-            for g in route.groups
-            if (b := readers[g.broker_name]) is not None
-            for queue_id in range(g.read_queues)
-        ]
+        return await _time_range(context, q, topic, readers, route.groups)
     else:
-        return [], ["give a key, a queue offset or a start time with the topic"], ""
+        return Found(problems=["give a key, a queue offset or a start time with the topic"])
     answers = await asyncio.gather(*(call for _, call in calls))
     listed = [(b, m) for (b, _), a in zip(calls, answers, strict=True) for m in a.get([])]
-    return listed, problems_of(answers), asked
+    return Found(listed, problems_of(answers), asked)
+
+
+async def _time_range(
+    context: ConsoleContext,
+    q: dict[str, str],
+    topic: str,
+    readers: dict[str, BrokerView | None],
+    groups: Sequence[GroupRoute],
+) -> Found:
+    """One page of the messages of ``topic`` stored in the range: at most
+    :data:`PAGE_PER_QUEUE` of each queue (one more is read to know whether there are more),
+    from the range's start, or on a later page from where each queue stopped."""
+    try:
+        start = parse_time_ms(q["from"])
+        end = parse_time_ms(q["to"]) if q.get("to") else int(time.time() * 1000)
+    except ValueError:
+        return Found(problems=["times are ISO 8601 (UTC when no zone) or ms since the epoch"])
+    try:
+        resume = _resume_points(q.get("resume", "").split() if q.get("resume") else [])
+    except ValueError:
+        return Found(problems=["this next-page link is damaged: search the time range again"])
+    asked = f"{topic} stored from {when(start)} to {when(end)}"
+    ask = context.brokers.ask
+    queues = [
+        (b, queue_id)
+        for g in groups
+        if (b := readers[g.broker_name]) is not None
+        for queue_id in range(g.read_queues)
+        if not resume or (g.broker_name, queue_id) in resume
+    ]
+    calls = [
+        ask(b, Admin.read_queue, topic, queue_id, from_ms=start, to_ms=end,
+            limit=PAGE_PER_QUEUE + 1)
+        if not resume
+        else ask(b, Admin.read_queue, topic, queue_id,
+                 offset=resume[(b.state.key.broker_name, queue_id)], limit=PAGE_PER_QUEUE + 1)
+        for b, queue_id in queues
+    ]  # fmt: skip
+    answers = await asyncio.gather(*calls)
+    found = Found(problems=problems_of(answers), asked=asked, listed=True, end_ms=end)
+    for (broker, queue_id), answer in zip(queues, answers, strict=True):
+        # Read by offset, a later page's messages may run past the range's end: the
+        # queue's part of the range ends there.
+        read = answer.get([])
+        in_range = [m for m in read if start <= m.store_timestamp_ms <= end]
+        ended = len(in_range) < len(read) and read[-1].store_timestamp_ms > end
+        page = in_range[:PAGE_PER_QUEUE]
+        found.messages += [(broker, m) for m in page]
+        key = (broker.state.key.broker_name, queue_id)
+        if len(in_range) > PAGE_PER_QUEUE:
+            found.more[key] = in_range[PAGE_PER_QUEUE].queue_offset
+        elif len(read) > PAGE_PER_QUEUE and not ended:
+            found.more[key] = read[-1].queue_offset + 1
+    found.messages.sort(key=lambda bm: (bm[1].store_timestamp_ms, bm[1].commitlog_offset))
+    return found
 
 
 def _body(message: StoredMessage) -> str:
@@ -189,8 +274,63 @@ async def messages_page(context: ConsoleContext, request: web.Request) -> web.Re
 <button type="submit">Search</button></fieldset></form>"""
     if not q:
         return render("Messages", forms, current=CURRENT)
-    found, problems, asked = await _search(context, q)
-    offsets = await _delivery(context, found)
-    shown = "".join(_shown(b, m, offsets[b.state.key.broker_name]) for b, m in found)
-    summary = f"<p>{len(found)} message(s) for {esc(asked)}.</p>" if asked else ""
-    return render("Messages", forms + errors(problems) + summary + shown, current=CURRENT)
+    found = await _search(context, q)
+    if found.listed:
+        shown = _listing(q, found)
+    else:
+        offsets = await _delivery(context, found.messages)
+        shown = "".join(_shown(b, m, offsets[b.state.key.broker_name]) for b, m in found.messages)
+    summary = (
+        f"<p>{len(found.messages)} message(s) for {esc(found.asked)}"
+        + (f" (page {esc(q.get('page', '1'))})" if found.listed else "")
+        + ".</p>"
+        if found.asked
+        else ""
+    )
+    return render("Messages", forms + errors(found.problems) + summary + shown, current=CURRENT)
+
+
+def _preview(m: StoredMessage) -> str:
+    if m.body_encoding != "text":
+        return f"(binary, {m.size} B)"
+    text = " ".join(m.body.split())
+    return text if len(text) <= PREVIEW_CHARS else text[: PREVIEW_CHARS - 1] + "…"
+
+
+def _listing(q: dict[str, str], found: Found) -> str:
+    """A time range's page: a row per message linking to it whole, and when a queue holds
+    more of the range than a page shows, which ones and the link to the next page."""
+    rows = [
+        [
+            when(m.store_timestamp_ms),
+            b.state.key.broker_name,
+            m.queue_id,
+            m.queue_offset,
+            link(f"{CURRENT}?{urlencode({'msg_id': m.msg_id})}", m.msg_id),
+            m.tags or None,
+            " ".join(m.keys) or None,
+            f"{m.size} B",
+            _preview(m),
+        ]
+        for b, m in found.messages
+    ]
+    listing = table(
+        ["stored", "broker group", "queue", "offset", "message id", "tags", "keys", "size",
+         "body (start)"],
+        rows,
+        caption="Messages in the time range",
+    )  # fmt: skip
+    if not found.more:
+        return listing + "<p>That is all the range holds.</p>"
+    capped = ", ".join(f"{name} queue {queue}" for name, queue in sorted(found.more))
+    resume = " ".join(f"{queue}:{at}:{name}" for (name, queue), at in sorted(found.more.items()))
+    page = int(q["page"]) + 1 if q.get("page", "").isdigit() else 2
+    after = {"topic": q["topic"], "from": q["from"], "to": str(found.end_ms)}
+    href = f"{CURRENT}?{urlencode({**after, 'resume': resume, 'page': str(page)})}"
+    return (
+        listing
+        + f'<p class="notice" role="status">Truncated: a page shows at most {PAGE_PER_QUEUE} '
+        f"messages of each queue, and {esc(capped)} hold(s) more of this range. "
+        + str(link(href, f"Next page ({page}) →"))
+        + "</p>"
+    )
