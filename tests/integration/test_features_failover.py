@@ -15,8 +15,8 @@ from metaq.client.consumer import FIRST, PushConsumer
 from metaq.client.message import Message
 from metaq.client.producer import Producer
 from metaq.client.results import SendResult
-from metaq.client.retry import dlq_topic
 from metaq.client.transaction import TransactionProducer, TransactionState
+from metaq.common.names import dlq_topic
 from metaq.common.record import encode
 from metaq.common.v1.data_pb2 import SendRequest
 from metaq.testing import DataClient

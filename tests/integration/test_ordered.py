@@ -10,7 +10,7 @@ from collections.abc import Callable
 from metaq.client.consumer import FIRST, PushConsumer
 from metaq.client.message import Message
 from metaq.client.producer import Producer
-from metaq.client.retry import dlq_topic
+from metaq.common.names import dlq_topic
 from metaq.testing.cluster import Cluster, ClusterBuilder
 from metaq.testing.waiting import run_async, wait_until_async
 

@@ -14,7 +14,8 @@ from metaq.client.consumer import FIRST, LATER, ConsumeResult, PushConsumer
 from metaq.client.message import Message
 from metaq.client.producer import Producer
 from metaq.client.pull_consumer import PullConsumer
-from metaq.client.retry import PROP_RETRY_TOPIC, dlq_topic
+from metaq.client.retry import PROP_RETRY_TOPIC
+from metaq.common.names import dlq_topic
 from metaq.testing.cluster import Cluster, ClusterBuilder
 from metaq.testing.waiting import run_async, wait_until_async
 

@@ -42,10 +42,9 @@ from metaq.broker.http import HttpContext, message_json
 from metaq.broker.store import FlushMode, MessageStore
 from metaq.common import http
 from metaq.common.errors import InvalidMessage, MetaqError
-from metaq.common.names import shown
+from metaq.common.names import dlq_topic, shown
 from metaq.common.record import Record, encode, new_msg_id
 
-DLQ_PREFIX: Final = "%DLQ%"
 # The properties metaq.client.retry puts on a dead letter: the topic it was first sent to,
 # its first id and its last failure. A resend keeps the user's properties only.
 PROP_RETRY_TOPIC: Final = "RETRY_TOPIC"
@@ -338,7 +337,7 @@ class _Views:
             or not all(isinstance(m, str) for m in wanted)
         ):
             return _error(400, 'expected {"msg_ids": ["32 hex digits", ...]}')
-        dlq = DLQ_PREFIX + group
+        dlq = dlq_topic(group)
         if self._c.topics.get(dlq) is None:
             return _error(404, f"group {shown(group)} has no dead letters on this broker")
         chosen: dict[str, Record] = {}

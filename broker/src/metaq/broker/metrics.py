@@ -39,8 +39,8 @@ from metaq.broker.store import MessageStore
 from metaq.broker.transactions import Transactions
 from metaq.common.errors import ErrorCode, MetaqError
 from metaq.common.metrics import standard_collectors
+from metaq.common.names import DLQ_PREFIX
 
-DLQ_PREFIX: Final = "%DLQ%"
 MAX_LAG_LOOKUPS: Final = 10_000
 """Consumer lag in time reads one record header per (group, topic, queue) with a
 backlog; past this many a scrape reports the rest in messages only, so a broker with

@@ -16,6 +16,7 @@ from typing import Any, Final, Literal
 from metaq.broker.files import load_json_state, write_json_atomically
 from metaq.common.errors import ErrorCode, InvalidMessage, MetaqError
 from metaq.common.model import TOPIC_PERMISSIONS, Permission, TopicConfig
+from metaq.common.names import GROUP_TOPIC_PREFIXES
 from metaq.common.record import MAX_QUEUES_PER_TOPIC, check_topic
 
 log = logging.getLogger(__name__)
@@ -23,8 +24,6 @@ log = logging.getLogger(__name__)
 FILE_NAME: Final = "topics.json"
 _FORMAT: Final = 1
 SYSTEM_PREFIX: Final = "%SYS%"
-GROUP_PREFIXES: Final = ("%RETRY%", "%DLQ%")
-"""Topics a consumer group's failures create on this broker (one queue each)."""
 """Topics the broker keeps for itself (the replicated journals); clients cannot use them."""
 
 
@@ -227,7 +226,7 @@ class TopicTable:
             check_topic(name)
             if name.startswith(SYSTEM_PREFIX):
                 raise UnknownTopic(f"topic {name!r} is the broker's own; clients cannot send to it")
-            if name.startswith(GROUP_PREFIXES):
+            if name.startswith(GROUP_TOPIC_PREFIXES):
                 # A consumer group's retry or dead-letter topic, made on first use.
                 config = TopicConfig(name, 1, 1)
                 self.admit(config, None)

@@ -73,10 +73,11 @@ from metaq.client.offset_store import LocalOffsetStore
 from metaq.client.process_queue import ProcessQueue
 from metaq.client.pull_consumer import PullConsumer, PullResult, PullStatus
 from metaq.client.rebalance import plan_rebalance
-from metaq.client.retry import SendBack, as_original, retry_topic
+from metaq.client.retry import SendBack, as_original
 from metaq.client.routes import RouteCache
 from metaq.client.tags import TagFilter
 from metaq.common.model import ConsumeMode, QueueRoute, TopicRoute
+from metaq.common.names import retry_topic
 from metaq.common.service import PeriodicService
 from metaq.common.tls import TlsConfig
 from metaq.common.users import Credentials

@@ -26,12 +26,11 @@ from metaq.client.message import Message
 from metaq.client.routes import RouteCache
 from metaq.common import record
 from metaq.common.framing import FrameType
+from metaq.common.names import DLQ_PREFIX, dlq_topic, retry_topic
 from metaq.common.v1.data_pb2 import SendRequest, SendResponse
 
 log = logging.getLogger(__name__)
 
-RETRY_PREFIX: Final = "%RETRY%"
-DLQ_PREFIX: Final = "%DLQ%"
 PROP_RETRY_TOPIC: Final = "RETRY_TOPIC"
 """The topic a retried or dead-lettered message was first sent to."""
 PROP_ORIGIN_MSG_ID: Final = "ORIGIN_MSG_ID"
@@ -41,14 +40,6 @@ _DELAY_PROPS: Final = frozenset(
     {record.PROP_DELAY_LEVEL, record.PROP_DELIVER_AT, record.PROP_REAL_TOPIC,
      record.PROP_REAL_QUEUE, "DUE_MS", "TIER_SINCE", "DELAY_SOURCE"}
 )  # fmt: skip
-
-
-def retry_topic(group: str) -> str:
-    return RETRY_PREFIX + group
-
-
-def dlq_topic(group: str) -> str:
-    return DLQ_PREFIX + group
 
 
 def as_original(message: Message) -> Message:

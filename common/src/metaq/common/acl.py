@@ -26,11 +26,11 @@ from pathlib import Path
 from typing import Final, Literal, TypeAlias
 
 from metaq.common.errors import NotAuthenticated
+from metaq.common.names import group_of
 from metaq.common.users import Verifier, check_access_key
 
 Permission: TypeAlias = Literal["pub", "sub", "admin"]
 PERMISSIONS: Final[tuple[Permission, ...]] = ("pub", "sub", "admin")
-GROUP_TOPIC_PREFIXES: Final = ("%RETRY%", "%DLQ%")
 Network: TypeAlias = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
@@ -207,14 +207,6 @@ class Acl:
         except (AssertionError, KeyError, TypeError, AttributeError, ValueError) as exc:
             raise AclError(f"not a metaq ACL ({type(exc).__name__}: {exc})") from None
         return cls(version, users)
-
-
-def group_of(topic: str) -> str | None:
-    """The consumer group whose retry or dead-letter topic ``topic`` is, else None."""
-    for prefix in GROUP_TOPIC_PREFIXES:
-        if topic.startswith(prefix):
-            return topic[len(prefix) :]
-    return None
 
 
 def _denied(user: str, permission: str, resource: str) -> PermissionDenied:

@@ -20,8 +20,31 @@ from metaq.common.errors import InvalidMessage
 MAX_GROUP_CHARS: Final = 255
 GROUP_PATTERN: Final = re.compile(r"[A-Za-z0-9_|%.@:-]{1,255}")
 
+RETRY_PREFIX: Final = "%RETRY%"
+"""``%RETRY%G``: where consumer group G's failed messages wait for their next attempt."""
+DLQ_PREFIX: Final = "%DLQ%"
+"""``%DLQ%G``: where consumer group G's messages go after their last retry failed."""
+GROUP_TOPIC_PREFIXES: Final = (RETRY_PREFIX, DLQ_PREFIX)
+"""The prefixes of the topics that belong to a consumer group rather than a producer."""
+
 SHOWN_CHARS: Final = 64
 """At most this many characters of a refused value are quoted back in an error."""
+
+
+def retry_topic(group: str) -> str:
+    return RETRY_PREFIX + group
+
+
+def dlq_topic(group: str) -> str:
+    return DLQ_PREFIX + group
+
+
+def group_of(topic: str) -> str | None:
+    """The consumer group whose retry or dead-letter topic ``topic`` is, else None."""
+    for prefix in GROUP_TOPIC_PREFIXES:
+        if topic.startswith(prefix):
+            return topic[len(prefix) :]
+    return None
 
 
 def shown(value: object, limit: int = SHOWN_CHARS) -> str:

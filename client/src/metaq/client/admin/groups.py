@@ -28,11 +28,10 @@ from metaq.client.retry import (
     PROP_FAILURE,
     PROP_ORIGIN_MSG_ID,
     PROP_RETRY_TOPIC,
-    dlq_topic,
-    retry_topic,
 )
 from metaq.common.errors import MetaqError
 from metaq.common.model import QueueRoute
+from metaq.common.names import dlq_topic, retry_topic
 
 _RETRY_PROPS: Final = frozenset({PROP_FAILURE, PROP_ORIGIN_MSG_ID, PROP_RETRY_TOPIC})
 _DLQ_PULL_BATCH: Final = 256

@@ -14,6 +14,7 @@ from aiohttp import web
 
 from metaq.client.admin import Admin, StoredMessage
 from metaq.common.http import takes_forms
+from metaq.common.names import dlq_topic, retry_topic
 from metaq.nameserver.console.context import (
     Answer,
     ConsoleContext,
@@ -35,8 +36,6 @@ from metaq.nameserver.console.page import (
 )
 
 CURRENT = "/console/groups"
-RETRY_PREFIX = "%RETRY%"
-DLQ_PREFIX = "%DLQ%"
 # The newest dead letters listed per queue; older ones are reached on the Messages page.
 DEAD_SHOWN = 100
 T = TypeVar("T")
@@ -155,7 +154,7 @@ async def group_page(
                     _age(row.lag_ms),
                 ]
             )
-    routes_ = {t: context.registry.route(t) for t in (RETRY_PREFIX + group, DLQ_PREFIX + group)}
+    routes_ = {t: context.registry.route(t) for t in (retry_topic(group), dlq_topic(group))}
     heard_everyone = bool(offsets) and not any(problems)
     known = member_rows or offset_rows or any(routes_.values())
     if heard_everyone and not (known or message or preview):
@@ -285,7 +284,7 @@ async def _reset(context: ConsoleContext, request: web.Request) -> web.Response:
 async def _dead_letters(context: ConsoleContext, group: str) -> tuple[str, list[str]]:
     """The newest dead letters (at most :data:`DEAD_SHOWN` per queue) with a resend
     button each, and what could not be read."""
-    topic = DLQ_PREFIX + group
+    topic = dlq_topic(group)
     route = context.registry.route(topic)
     if route is None:
         return "<p>No dead letters.</p>", []
