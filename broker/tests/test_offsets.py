@@ -28,6 +28,24 @@ def test_the_stored_offset_is_the_next_to_consume_and_replaces_the_last(tmp_path
     assert offsets.get("others", "orders", 0) is None
 
 
+def test_consumers_commits_forward_are_acknowledged_and_nothing_else_is(tmp_path: Path) -> None:
+    offsets = ConsumerOffsets(tmp_path)
+    acked: list[tuple[str, str, int]] = []
+    offsets.on_acknowledged = lambda group, topic, n: acked.append((group, topic, n))
+
+    offsets.commit("g", "t", 0, 10)  # the first commit says where the group starts
+    offsets.commit("g", "t", 0, 14)
+    offsets.commit("g", "t", 1, 3, held=True)  # a slave's: the first on this queue
+    offsets.commit("g", "t", 1, 5, held=True)
+    offsets.commit("g", "t", 0, 14)  # no move
+    offsets.commit("g", "t", 0, 12)  # backwards
+    offsets.commit("g", "t", 0, 20, journaled=True)  # the master counted it
+    offsets.commit("g", "t", 1, 9, forwarded=True)  # the slave counted it
+    offsets.reset("g", "t", {0: 30})  # an operator's, not an acknowledgement
+
+    assert acked == [("g", "t", 4), ("g", "t", 2)]
+
+
 def test_save_writes_only_when_something_changed(tmp_path: Path) -> None:
     offsets = ConsumerOffsets(tmp_path)
     assert not offsets.save()

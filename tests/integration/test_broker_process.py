@@ -532,6 +532,35 @@ def test_health_and_metrics_answer(broker: BrokerProcess) -> None:
     run_async(scenario())
 
 
+def test_consume_rate_per_group_counts_what_each_group_pulled_and_acknowledged(
+    broker: BrokerProcess,
+) -> None:
+    async def scenario() -> None:
+        await Admin().put_topic(broker.http_url, "Tallied", TopicSettings(1, 1))
+        client = await connect(broker)
+        try:
+            await client.send("Tallied", 0, [encode("Tallied", b"m%d" % i) for i in range(8)])
+            assert len(await pull_all(client, "Tallied", 0, 8)) == 8  # as "test-group"
+            response, _ = await client.pull("Tallied", 0, 0, group="tally", max_messages=5)
+            assert response.record_count == 5
+            await client.commit("tally", [("Tallied", 0, 2)])  # where it starts: no count
+            await client.commit("tally", [("Tallied", 0, 5)])  # 3 acknowledged
+            await client.pull("Tallied", 0, 5, group="tally", commit_offset=7)  # 2 more
+        finally:
+            await client.close()
+        samples = await Admin().metrics(broker.http_url)
+
+        def sample(name: str, group: str) -> float | None:
+            return samples.get((name, (("group", group), ("topic", "Tallied"))))
+
+        assert sample("metaq_consumer_pulled_messages_total", "test-group") == 8
+        assert sample("metaq_consumer_pulled_messages_total", "tally") == 5 + 3
+        assert sample("metaq_consumer_acked_messages_total", "tally") == 5
+        assert sample("metaq_consumer_acked_messages_total", "test-group") is None
+
+    run_async(scenario())
+
+
 # ------------------------------------------------------------------------------------------
 # shutdown and crash
 

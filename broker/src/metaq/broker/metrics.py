@@ -79,6 +79,19 @@ class BrokerMetrics:
             ["topic"],
             registry=r,
         )
+        self._group_pulled = Counter(
+            "metaq_consumer_pulled_messages",
+            "Messages returned by a consumer group's pulls, by group and topic",
+            ["group", "topic"],
+            registry=r,
+        )
+        self._group_acked = Counter(
+            "metaq_consumer_acked_messages",
+            "Messages a consumer group acknowledged: how far its commits here moved its "
+            "committed offsets forward, by group and topic",
+            ["group", "topic"],
+            registry=r,
+        )
         self._rejected = Counter(
             "metaq_rejected_writes",
             "SEND requests refused, by reason: not_master, not_enough_replicas, disk_full, "
@@ -184,6 +197,8 @@ class BrokerMetrics:
         )
         self._appended_children: dict[str, tuple[Counter, Counter, Counter | None]] = {}
         self._pull_children: dict[tuple[str, str], tuple[Counter, Counter, Counter]] = {}
+        self._group_pulled_children: dict[tuple[str, str], Counter] = {}
+        self._group_acked_children: dict[tuple[str, str], Counter] = {}
         # Counters an alert takes increase() of are exported at zero as soon as their
         # labels are known: a series that first appears at 1 shows no increase.
         for reason in REJECTION_REASONS:
@@ -206,7 +221,7 @@ class BrokerMetrics:
         if children[2] is not None:
             children[2].inc(messages)
 
-    def pulled(self, topic: str, status: str, messages: int, nbytes: int) -> None:
+    def pulled(self, topic: str, status: str, messages: int, nbytes: int, group: str = "") -> None:
         children = self._pull_children.get((topic, status))
         if children is None:
             children = (
@@ -219,6 +234,23 @@ class BrokerMetrics:
         if messages:
             children[1].inc(messages)
             children[2].inc(nbytes)
+            if group:
+                self._by_group(self._group_pulled, self._group_pulled_children, group, topic).inc(
+                    messages
+                )
+
+    def acknowledged(self, group: str, topic: str, messages: int) -> None:
+        """``group``'s commit moved its offsets on ``topic`` forward by ``messages``."""
+        self._by_group(self._group_acked, self._group_acked_children, group, topic).inc(messages)
+
+    @staticmethod
+    def _by_group(
+        family: Counter, children: dict[tuple[str, str], Counter], group: str, topic: str
+    ) -> Counter:
+        child = children.get((group, topic))
+        if child is None:
+            child = children[(group, topic)] = family.labels(group, topic)
+        return child
 
     def write_rejected(self, error: MetaqError, store: MessageStore) -> None:
         """Count a refused SEND under a reason an alert can name."""

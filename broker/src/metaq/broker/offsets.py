@@ -57,6 +57,11 @@ class ConsumerOffsets:
         self.on_reset: Callable[[str, Iterable[int]], None] = lambda _topic, _queues: None
         """Called after a reset with its topic and queue ids (the pull handler wakes the
         long polls parked there, so their members learn of it at once)."""
+        self.on_acknowledged: Callable[[str, str, int], None] = lambda _g, _t, _n: None
+        """Called with (group, topic, messages) when a consumer's commit here moves the
+        group's offset forward by that many (the consume-rate metric). Not for the
+        master's journal replayed on a slave nor a slave's forwarded commits (counted
+        where the consumer committed), nor resets (an operator's, not a consumer's)."""
         self._unjournaled: dict[OffsetKey, int] = {}
         self._journal_offset = 0
         self.saved_journal_offset = 0
@@ -110,6 +115,7 @@ class ConsumerOffsets:
         journaled: bool = False,
         held: bool = False,
         forwarded: bool = False,
+        reset: bool = False,
     ) -> None:
         """Store ``offset`` (the next one to consume), replacing any earlier commit.
 
@@ -120,6 +126,7 @@ class ConsumerOffsets:
         ``forwarded``: a commit a slave held and forwarded; like a journaled one it is not
         refused for ``max_groups`` (the slave answered its consumer OK already), but it
         is journaled here.
+        ``reset``: an operator's reset, not a consumer's acknowledgement.
         """
         key = (group, topic, queue_id)
         if journaled and key in self.held:
@@ -146,6 +153,8 @@ class ConsumerOffsets:
             self._unjournaled[key] = offset
         self._offsets[key] = offset
         self._changes += 1
+        if current is not None and offset > current and not (journaled or forwarded or reset):
+            self.on_acknowledged(group, topic, offset - current)
 
     def reset(self, group: str, topic: str, offsets: dict[int, int]) -> int:
         """Commit ``offsets`` (queue id -> next offset to consume) for ``group`` as an
@@ -154,7 +163,7 @@ class ConsumerOffsets:
         new generation. InvalidMessage as :meth:`commit` (a new group past
         ``max_groups``), before anything is stored."""
         for queue_id, offset in offsets.items():
-            self.commit(group, topic, queue_id, offset)
+            self.commit(group, topic, queue_id, offset, reset=True)
         key = (group, topic)
         generation = max(self._generations.get(key, 0) + 1, time.time_ns() // 1_000_000)
         self._generations[key] = generation

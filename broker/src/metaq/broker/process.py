@@ -153,6 +153,7 @@ class Broker:
             default_queue_count=config.default_queue_count,
         )
         self.offsets = ConsumerOffsets(config.data_dir, max_groups=config.max_consumer_groups)
+        self.offsets.on_acknowledged = self.metrics.acknowledged
         # The handler table is filled in once the store is open; nothing is served before.
         idle_poll = IdlePoll(config.idle_poll_us, self.metrics.idle_polled.inc)
         limits = ConnectionLimits(

@@ -298,7 +298,9 @@ class PullHandler:
             max_offset=result.max_offset,
             record_count=result.count,
         ).SerializeToString()
-        self._metrics.pulled(pull.topic, result.status.value, result.count, sum(map(len, spans)))
+        self._metrics.pulled(
+            pull.topic, result.status.value, result.count, sum(map(len, spans)), pull.group
+        )
         frame = encode_frame(
             FrameType.PULL,
             pull.request_id,
