@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from metaq.common.model import BrokerKey, BrokerState, Role
+from metaq.common.model import BrokerKey, BrokerState, Permission, Role, TopicConfig
 from metaq.nameserver.controller import Controller, ControllerSettings
 from metaq.nameserver.metrics import NameServerMetrics
 from metaq.nameserver.model import GroupControl
@@ -75,3 +75,22 @@ def test_groups_brokers_and_master_changes_are_exported() -> None:
     assert got[("metaq_group_has_master", group)] == 0
     assert got[("metaq_controller_groups_without_master", ())] == 2
     assert not any(name == "metaq_registered_brokers" for name, _ in got)
+
+
+def test_writable_queues_per_topic_drop_to_zero_without_a_master_or_write_permission() -> None:
+    clock = FakeClock()
+    registry = Registry(EXPIRY_S, clock)
+    metrics = NameServerMetrics(registry, Controller(registry, ControllerSettings(), clock))
+    orders, audit = TopicConfig("orders", 4, 4), TopicConfig("audit", 2, 2)
+    frozen = TopicConfig("frozen", 2, 2, Permission.READ_ONLY)
+    registry.register(state("broker-a", 0, Role.MASTER), {"orders": orders, "frozen": frozen})
+    registry.register(state("broker-b", 0, Role.MASTER), {"orders": orders})
+    registry.register(state("broker-c", 1, Role.SLAVE), {"audit": audit})  # no master
+
+    got = samples(metrics)
+    assert got[("metaq_topic_writable_queues", (("topic", "orders"),))] == 8
+    assert got[("metaq_topic_writable_queues", (("topic", "audit"),))] == 0
+    assert got[("metaq_topic_writable_queues", (("topic", "frozen"),))] == 0
+
+    registry.register(state("broker-c", 0, Role.MASTER), {"audit": audit})
+    assert samples(metrics)[("metaq_topic_writable_queues", (("topic", "audit"),))] == 2

@@ -77,6 +77,18 @@ class _StateCollector:
             value=without,
         )
 
+        writable = GaugeMetricFamily(
+            "metaq_topic_writable_queues",
+            "Queues of the topic the routes send to now: write queues of the groups that "
+            "serve it with a master and write permission (0: every send to it fails); "
+            "every topic a live broker serves",
+            labels=["topic"],
+        )
+        for topic in registry.topics():
+            route = registry.route(topic)
+            writable.add_metric([topic], 0 if route is None else len(route.write_queues))
+        yield writable
+
         epoch = GaugeMetricFamily(
             "metaq_controller_epoch", "The group's committed epoch", labels=["broker_group"]
         )
