@@ -274,6 +274,18 @@ def test_counters_that_alerts_watch_are_exported_at_zero_before_their_first_coun
     assert nameserver[("metaq_auth_denied_total", (("reason", "permission"),))] == 0
 
 
+def test_the_nameserver_counts_each_topics_writable_queues(cluster: Monitored) -> None:
+    """What MetaqTopicNotWritable watches, from a real nameserver: TOPIC's 4 write
+    queues on its group's master."""
+    key = ("metaq_topic_writable_queues", (("topic", TOPIC),))
+    wait_until(
+        lambda: scraped(f"http://{cluster.nameserver.http_address}").get(key) == 4,
+        15,
+        f"the nameserver routes sends of {TOPIC} to 4 queues",
+        poll_s=0.2,
+    )
+
+
 def test_prometheus_sees_the_backlog_and_the_in_sync_set_shrink_when_the_slave_dies(
     cluster: Monitored, prometheus: Prometheus
 ) -> None:
