@@ -18,7 +18,7 @@ STAMP := .venv/.setup-stamp
 
 PYTEST_ARGS ?=
 
-.PHONY: setup ci-deps test lint dist deploy-lint deploy-test generate check-generated run store-demo spark-demo bench-spark bench-store bench-framing bench-idle-poll bench-sync-one bench-e2e bench-failover bench-failover-compare bench-features bench-compare bench-accumulation bench-metaq2 chaos clean peers peers-kafka peers-rocketmq
+.PHONY: setup ci-deps test lint dist deploy-lint deploy-test generate check-generated run store-demo spark-demo bench-spark bench-store bench-framing bench-idle-poll bench-queues bench-sync-one bench-e2e bench-failover bench-failover-compare bench-features bench-compare bench-accumulation bench-metaq2 chaos clean peers peers-kafka peers-rocketmq
 
 setup: $(STAMP)
 
@@ -106,6 +106,11 @@ bench-framing: setup
 # (the broker's IdlePoll): what a sleeping CPU's wake-up costs.
 bench-idle-poll: setup
 	$(UV) run --frozen python bench/bench_idle_poll.py
+
+# make bench-queues QUEUES_ARGS="--queues 20000" (the broker's open-file limit bounds it)
+QUEUES_ARGS ?=
+bench-queues: setup
+	$(UV) run --frozen python bench/bench_queue_footprint.py $(QUEUES_ARGS)
 
 # make bench-sync-one SYNC_ONE_ARGS="--rounds 5" (--one-broker for the one-broker row)
 SYNC_ONE_ARGS ?=
