@@ -2,8 +2,8 @@
 every message at its offsets and the consumer groups' committed offsets.
 
 A replicated group takes writes and commits on two topics; its slave is stopped and its
-data directory archived with the runbook's ``tar`` command; the archive is unpacked into
-a fresh cluster (new nameserver, new data directory, new ports), whose first broker
+data directory archived with the runbook's ``tar`` command; the archive is unpacked (and
+the commitlog's blocks reserved again with ``fallocate``) into a fresh cluster (new nameserver, new data directory, new ports), whose first broker
 starts alone as the group's master and a second, empty one joins it as slave. Both
 serve every message back byte for byte at the same queue and commitlog offsets, the
 group's committed offsets are the ones committed before the backup, and the restored
@@ -99,8 +99,15 @@ def _archive(data_dir: Path, archive: Path) -> None:
 
 
 def _unpack(archive: Path, data_dir: Path) -> None:
+    """The runbook's restore: unpack, then reserve the commitlog segments' blocks again."""
     data_dir.mkdir(parents=True)
     subprocess.run([*RESTORE_COMMAND, "--file", str(archive), "-C", str(data_dir)], check=True)
+    segments = sorted((data_dir / "commitlog").iterdir())
+    assert segments, f"no commitlog in the backup: {sorted(data_dir.iterdir())}"
+    for segment in segments:
+        size = str(segment.stat().st_size)
+        subprocess.run(["fallocate", "-l", size, str(segment)], check=True)
+        assert segment.stat().st_blocks * 512 >= segment.stat().st_size, segment
 
 
 def _wait_same(broker: BrokerProcess, expected: Contents, what: str) -> None:
@@ -127,8 +134,9 @@ def _wait_committed(broker: BrokerProcess, expected: Committed, what: str) -> No
 
 
 def test_a_backup_from_a_slave_restores_into_a_fresh_group(tmp_path: Path) -> None:
-    if shutil.which("tar") is None:
-        pytest.fail("the runbook's backup needs GNU tar on the PATH")
+    for tool in ("tar", "fallocate"):
+        if shutil.which(tool) is None:
+            pytest.fail(f"the runbook's backup and restore need {tool} on the PATH")
     archive = tmp_path / "broker-a.tar.gz"
     with ClusterBuilder(groups=(GROUP,), replicas=2).start(tmp_path / "old") as old:
         run_async(_write(old), timeout_s=60)
