@@ -3,11 +3,12 @@ every message at its offsets and the consumer groups' committed offsets.
 
 A replicated group takes writes and commits on two topics; its slave is stopped and its
 data directory archived with the runbook's ``tar`` command; the archive is unpacked (and
-the commitlog's blocks reserved again with ``fallocate``) into a fresh cluster (new nameserver, new data directory, new ports), whose first broker
-starts alone as the group's master and a second, empty one joins it as slave. Both
-serve every message back byte for byte at the same queue and commitlog offsets, the
-group's committed offsets are the ones committed before the backup, and the restored
-group goes on from where the old one stopped."""
+the commitlog's blocks reserved again with ``fallocate``) into a fresh cluster (new
+nameserver, new data directory, new ports), whose first broker starts alone as the
+group's master and a second, empty one joins it as slave. Both serve every message back
+byte for byte at the same queue and commitlog offsets, the group's committed offsets are
+the ones committed before the backup, and the restored group goes on from where the old
+one stopped."""
 
 from __future__ import annotations
 
