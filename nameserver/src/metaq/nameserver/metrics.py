@@ -106,7 +106,8 @@ class _StateCollector:
         failovers = CounterMetricFamily(
             "metaq_controller_failovers",
             "Committed changes of a group's master (a failover or a switchover) this "
-            "nameserver has applied since it started",
+            "nameserver has applied since it started, its Raft log's replay at start-up "
+            "included",
             labels=["broker_group"],
         )
         # Every group known here, at zero until its first change: increase() over a
