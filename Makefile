@@ -18,7 +18,7 @@ STAMP := .venv/.setup-stamp
 
 PYTEST_ARGS ?=
 
-.PHONY: setup ci-deps test lint dist deploy-lint deploy-test generate check-generated run store-demo spark-demo bench-spark bench-store bench-framing bench-idle-poll bench-queues bench-sync-one bench-e2e bench-failover bench-failover-compare bench-features bench-compare bench-accumulation bench-metaq2 chaos clean peers peers-kafka peers-rocketmq
+.PHONY: setup ci-deps test lint dist deploy-lint deploy-test generate check-generated run store-demo spark-demo bench-spark bench-store bench-framing bench-idle-poll bench-queues bench-sync-one bench-e2e bench-failover bench-failover-compare bench-features bench-compare bench-accumulation bench-metaq2 bench-spark-kafka chaos clean peers peers-kafka peers-rocketmq peers-spark-kafka
 
 setup: $(STAMP)
 
@@ -96,6 +96,18 @@ SPARK_BENCH_ARGS ?=
 bench-spark: setup
 	$(UV) run --frozen python bench/bench_spark.py $(SPARK_BENCH_ARGS)
 
+# format("metaq") beside Spark's own Kafka source reading the same messages from one Kafka
+# broker (docs/benchmarks.md); last line JSON. Spark's Kafka source must match the Spark
+# it runs in, and Maven serves none for the locked pyspark: this runs with the pyspark of
+# the pom's spark.version, over the project's environment (uv's --with), both sides alike.
+# make bench-spark-kafka SPARK_KAFKA_BENCH_ARGS="--messages 50000"
+SPARK_KAFKA_PEER := bench/peers/spark-kafka
+SPARK_KAFKA_VERSION := $(shell sed -n 's:.*<spark.version>\(.*\)</spark.version>.*:\1:p' $(SPARK_KAFKA_PEER)/pom.xml)
+SPARK_KAFKA_BENCH_ARGS ?=
+bench-spark-kafka: setup peers-kafka peers-spark-kafka
+	$(UV) run --frozen --with 'pyspark[sql]==$(SPARK_KAFKA_VERSION)' python bench/bench_spark_kafka.py \
+		$(SPARK_KAFKA_BENCH_ARGS)
+
 bench-store: setup
 	$(UV) run --frozen python bench/bench_store.py
 
@@ -148,6 +160,15 @@ peers-kafka: $(KAFKA_PEER)/lib/.stamp
 $(KAFKA_PEER)/lib/.stamp: $(KAFKA_PEER)/pom.xml | ci-deps
 	rm -rf $(KAFKA_PEER)/lib
 	cd $(KAFKA_PEER) && mvn -q -B dependency:copy-dependencies
+	touch $@
+
+# Spark's Kafka source (spark-sql-kafka-0-10) and the Kafka client it reads with, for
+# make bench-spark-kafka; Spark's own jars come with pyspark.
+peers-spark-kafka: $(SPARK_KAFKA_PEER)/lib/.stamp
+
+$(SPARK_KAFKA_PEER)/lib/.stamp: $(SPARK_KAFKA_PEER)/pom.xml | ci-deps
+	rm -rf $(SPARK_KAFKA_PEER)/lib
+	cd $(SPARK_KAFKA_PEER) && mvn -q -B dependency:copy-dependencies
 	touch $@
 
 # RocketMQ 5: its nameserver, broker, proxy and controller jars and their dependencies in

@@ -39,6 +39,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -95,7 +96,9 @@ async def consume_all(nameserver: str, topic: str) -> tuple[int, float]:
         return total, time.perf_counter() - start
 
 
-def spark_session() -> Any:
+def spark_session(jars: Sequence[Path] = ()) -> Any:
+    """A local[2] session with the metaq source registered, and ``jars`` on Spark's
+    classpath (``spark.jars``)."""
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ["PYSPARK_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
@@ -108,14 +111,16 @@ def spark_session() -> Any:
     use_installed_pyspark()
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
-    spark = (
+    builder = (
         SparkSession.builder.master("local[2]")
         .appName("bench-spark")
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.driver.memory", "2g")
-        .getOrCreate()
     )
+    if jars:
+        builder = builder.config("spark.jars", ",".join(str(jar) for jar in jars))
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
     return spark
@@ -127,20 +132,21 @@ def write(df: Any, nameserver: str, topic: str) -> None:
     ).save()
 
 
-def timed_rows(df: Any) -> tuple[int, float]:
+def timed_rows(df: Any, column: str = "body") -> tuple[int, float]:
+    """Rows read and seconds taken; ``sum(length(column))`` forces the column's bytes."""
     start = time.perf_counter()
-    row = df.selectExpr("count(*) AS n", "sum(length(body)) AS bytes").first()
+    row = df.selectExpr("count(*) AS n", f"sum(length({column})) AS bytes").first()
     return int(row.n), time.perf_counter() - start
 
 
-def steady_rows_s(df: Any, expected: int) -> float:
+def steady_rows_s(df: Any, expected: int, column: str = "body") -> float:
     """Rows/s of reading ``df`` once the JVM has compiled the read: the median of
     ``TIMED_READS`` reads after ``WARM_UP_READS`` untimed ones."""
     for _ in range(WARM_UP_READS):
-        timed_rows(df)
+        timed_rows(df, column)
     rates = []
     for _ in range(TIMED_READS):
-        rows, took = timed_rows(df)
+        rows, took = timed_rows(df, column)
         assert rows == expected, f"read {rows} of {expected}"
         rates.append(rows / took)
     return statistics.median(rates)

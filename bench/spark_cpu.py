@@ -18,6 +18,8 @@ def _role(command: str) -> str:
         return "broker"
     if "nameserver" in command:
         return "nameserver"
+    if " kafka.Kafka " in command:  # a Kafka peer's broker (bench/peer_kafka.py)
+        return "kafka_broker"
     if Path(command.split(" ", 1)[0]).name == "java":
         return "jvm"
     return "python_workers"  # everything else under the JVM: pyspark's daemon and workers
