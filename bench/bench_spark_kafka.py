@@ -10,7 +10,7 @@ setup of ``bench/peer_kafka.py``), read in one Spark session (``local[2]``) thro
 ``bench/bench_spark.py`` each rate is the median of three reads after two warm-ups; the
 metaq source is read with its full schema and with the one-column ``body binary``
 schema (the projection pattern of docs/spark.md). Beside the rates, the CPU seconds one
-warm read of each side cost, by process: Spark's JVM, its Python workers, the metaq
+of those three reads cost on average, by process: Spark's JVM, its Python workers, the metaq
 broker, the Kafka broker (read from /proc). The last line is one JSON object;
 ``spark_read_vs_kafka_source_ratio`` is metaq's rows/s over the Kafka source's.
 
@@ -26,13 +26,23 @@ import json
 import os
 import re
 import shutil
+import statistics
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Final
 
 import pyspark
-from bench_spark import BODY, BODY_ONLY, QUEUES, fill, spark_session, steady_rows_s, timed_rows
+from bench_spark import (
+    BODY,
+    BODY_ONLY,
+    QUEUES,
+    TIMED_READS,
+    WARM_UP_READS,
+    fill,
+    spark_session,
+    timed_rows,
+)
 from confluent_kafka import Producer
 from peer_kafka import PARTITIONS, TOPIC, kafka_running
 from spark_cpu import cpu_by_role, spent
@@ -102,13 +112,20 @@ def fill_kafka(bootstrap: str, count: int) -> None:
 
 
 def measured(df: Any, expected: int, column: str) -> tuple[float, dict[str, float]]:
-    """Steady rows/s of reading ``df``, and the CPU seconds by role of one warm read."""
-    timed_rows(df, column)  # warm: JVM code paths, the Python workers, the consumers
+    """Steady rows/s of reading ``df`` (the median of ``TIMED_READS`` reads after
+    ``WARM_UP_READS``), and the CPU seconds by role of one of those reads (their mean):
+    taken after the warm-ups, so the JIT's compiling of the read's code, most of a
+    side's CPU in its first reads, is left out for both sides alike."""
+    for _ in range(WARM_UP_READS):
+        timed_rows(df, column)
     before = cpu_by_role()
-    rows, _ = timed_rows(df, column)
-    assert rows == expected, f"read {rows} of {expected}"
+    rates = []
+    for _ in range(TIMED_READS):
+        rows, took = timed_rows(df, column)
+        assert rows == expected, f"read {rows} of {expected}"
+        rates.append(rows / took)
     cpu = spent(before, cpu_by_role())
-    return steady_rows_s(df, expected, column), cpu
+    return statistics.median(rates), {role: round(s / TIMED_READS, 2) for role, s in cpu.items()}
 
 
 def busy(cpu: dict[str, float]) -> float:
