@@ -69,12 +69,15 @@ from compare_harness import Latencies as Lat
 from compare_harness import LoadTool, System, cpu_seconds
 from compare_report import (
     HEADLINE_SIZE,
+    METAQ_SYNC,
     PAIR_PEERS,
     R3_PEERS,
+    REPLICATED_PEERS,
     TOOL_ROWS,
     Cell,
     SystemInfo,
     chart,
+    e2e_p99_vs_best,
     kafka_ratios,
     markdown,
     ratio_to_plain,
@@ -129,6 +132,8 @@ PEERS: Final = (
     "rocketmq", "rocketmq_python",
 )  # fmt: skip
 COST_SIZE: Final = 1024
+CELL_MODES: Final = ("end_to_end", "one_at_a_time", "in_flight", "cost")
+"""What ``--modes`` picks from: the (c), (a), (b) and cost cells."""
 
 Launcher = Callable[[Path], AbstractContextManager[Sequence[System | LoadTool]]]
 
@@ -259,9 +264,11 @@ async def cost(system: Any, rate: float, seconds: float) -> Cell:
                 sent=int(rate * seconds), delivered=acked)  # fmt: skip
 
 
-def _throughput_only(system: LoadTool, seconds: float) -> list[Cell]:
+def _throughput_only(system: LoadTool, seconds: float, modes: Sequence[str]) -> list[Cell]:
     """A load generator of its own ((b) only): its throughput at each size."""
-    cells = []
+    cells: list[Cell] = []
+    if "in_flight" not in modes:
+        return cells
     for size in SIZES:
         cells.append(
             Cell(system.key, "in_flight", size, system.throughput(size, WARMUP_S, seconds))
@@ -274,15 +281,15 @@ def _throughput_only(system: LoadTool, seconds: float) -> list[Cell]:
 
 async def drive(
     system: System, seconds: float, e2e_seconds: float, rate: float, stalls: StallWatch,
-    cost_rate: float = 0.0, cost_seconds: float = 0.0,
+    cost_rate: float = 0.0, cost_seconds: float = 0.0, modes: Sequence[str] = CELL_MODES,
 ) -> list[Cell]:  # fmt: skip
-    """Every mode and size of one system. The end-to-end cells go first, while the
-    server is quiet, each after what earlier cells (of this system or the last one)
-    left dirty is written back; the cost cell, where the system has one, last."""
+    """Every mode in ``modes`` and size of one system. The end-to-end cells go first,
+    while the server is quiet, each after what earlier cells (of this system or the last
+    one) left dirty is written back; the cost cell, where the system has one, last."""
     cells: list[Cell] = []
     await system.open()
     try:
-        for size in SIZES:
+        for size in SIZES if "end_to_end" in modes else ():
             settle_disk()
             began = time.monotonic()
             e2e = await system.end_to_end(size, rate, e2e_seconds)
@@ -291,11 +298,16 @@ async def drive(
                      delivered=e2e.delivered, sent=e2e.sent,
                      stalls=stalls.between(began, time.monotonic()))
             )  # fmt: skip
-        for size in SIZES:
+        for size in SIZES if {"one_at_a_time", "in_flight"} & set(modes) else ():
             body = os.urandom(size)  # incompressible, so no client or server shrinks it
-            budget = Budget(seconds, MAX_MESSAGES)
-            latencies = await system.one_at_a_time(body, budget)
-            cells.append(Cell(system.key, "one_at_a_time", size, budget.rate(), Lat.of(latencies)))
+            if "one_at_a_time" in modes:
+                budget = Budget(seconds, MAX_MESSAGES)
+                latencies = await system.one_at_a_time(body, budget)
+                cells.append(
+                    Cell(system.key, "one_at_a_time", size, budget.rate(), Lat.of(latencies))
+                )
+            if "in_flight" not in modes:
+                continue
             # Not measured: throughput is a server's steady state, not its first
             # gigabyte, whose fresh page-cache pages this VM makes dear (docs/benchmarks.md).
             await system.in_flight(body, Budget(WARMUP_S, MAX_MESSAGES))
@@ -308,7 +320,12 @@ async def drive(
                 latencies = await system.pipelined(body, budget)
                 cells.append(Cell(system.key, "pipelined", size, budget.rate(), Lat.of(latencies)))
             print(f"  {system.label}, {size} B: done", file=sys.stderr, flush=True)
-        if cost_rate and hasattr(system, "paced") and getattr(system, "server_pids", None):
+        if (
+            "cost" in modes
+            and cost_rate
+            and hasattr(system, "paced")
+            and getattr(system, "server_pids", None)
+        ):
             cells.append(await cost(system, cost_rate, cost_seconds))
             print(f"  {system.label}, cost: done", file=sys.stderr, flush=True)
     finally:
@@ -326,11 +343,11 @@ def _drive_or_fail(
 ) -> list[Cell]:
     try:
         if isinstance(system, LoadTool):
-            return _throughput_only(system, args.seconds)
+            return _throughput_only(system, args.seconds, args.modes)
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
             return runner.run(
                 drive(system, args.seconds, args.e2e_seconds, args.rate, stalls,
-                      args.cost_rate, args.cost_seconds)
+                      args.cost_rate, args.cost_seconds, args.modes)
             )  # fmt: skip
     except Exception as exc:  # the cells say so; the other systems still run
         traceback.print_exc()
@@ -356,11 +373,23 @@ def main(argv: list[str]) -> None:
     )
     parser.add_argument("--cost-seconds", type=float, default=5.0, help="seconds of the cost cell")
     parser.add_argument("--only", default=",".join(LAUNCHERS), help="comma-separated launchers")
+    parser.add_argument(
+        "--modes",
+        default=",".join(CELL_MODES),
+        help="comma-separated cells to run: end_to_end, one_at_a_time, in_flight, cost",
+    )
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args(argv)
     if (not 0 < args.seconds <= MAX_CELL_S or not 0 < args.e2e_seconds + 1 <= MAX_CELL_S
             or not 0 < args.cost_seconds <= MAX_CELL_S):  # fmt: skip
         parser.error(f"every cell must take at most {MAX_CELL_S:.0f} s")
+    args.modes = [mode.strip() for mode in args.modes.split(",") if mode.strip()]
+    wrong = [mode for mode in args.modes if mode not in CELL_MODES]
+    if wrong or not args.modes:
+        parser.error(
+            f"--modes: unknown {', '.join(wrong) or '(nothing named)'}; "
+            f"name one or more of {', '.join(CELL_MODES)}, comma-separated"
+        )
     names = [name.strip() for name in args.only.split(",") if name.strip()]
     unknown = [name for name in names if name not in LAUNCHERS]
     if unknown or not names:
@@ -421,6 +450,12 @@ def main(argv: list[str]) -> None:
          if k in ("sync_vs_best_r3_batched_ratio", "sync_vs_best_r3_one_ratio",
                   "sync_e2e_p99_vs_best_r3_ratio", "sync_vs_async_one_ratio")}
     )  # fmt: skip
+    # The replicated class's end to end beside every peer that answers after two copies,
+    # RocketMQ's SYNC_MASTER pair included (the three-replica ratios above leave it out).
+    replicated_peers = [p for p in REPLICATED_PEERS if any(s.key == p for s in systems)]
+    headline["sync_e2e_p99_vs_best_replicated_ratio"] = e2e_p99_vs_best(
+        cells, METAQ_SYNC, replicated_peers, HEADLINE_SIZE
+    )
     headline.update(kafka_ratios(cells, HEADLINE_SIZE))
     headline.update(rocketmq_ratios(cells, HEADLINE_SIZE))
     headline["targets_met"] = targets_met(headline)
