@@ -26,8 +26,10 @@ own Python client (gRPC, through the proxy) and, for its servers' capacity, its 
 client (``bench/peers/rocketmq``: the remoting protocol, asynchronous sends), every mode;
 its rows need ``make peers-rocketmq`` and are skipped the same way.
 
-Each cell is bounded in time (``--seconds``, at most 15) and count; each (b) cell comes
-after ``WARMUP_S`` of the same load, unmeasured. metaq runs four times:
+``--modes`` picks which of (a), (b), (c) and cost run (all by default; ``--modes
+end_to_end`` compares end-to-end latency alone). Each cell is bounded in time
+(``--seconds``, at most 15) and count; each (b) cell comes after ``WARMUP_S`` of the same
+load, unmeasured. metaq runs four times:
 one broker under ASYNC flush (its ratios are to the one-replica peers), the same with auth
 on (users and signed frames: what auth costs), the same with TLS on every listener, and a
 master/slave pair under sync replication (its ratios are to the three-replica peers, whose
@@ -38,7 +40,8 @@ Writes ``compare.md``, ``compare.png`` and ``compare.json`` to ``--out``; the la
 printed is the JSON object (``ratio_vs_rabbitmq_stream_batched``,
 ``ratio_vs_nats_batched``, ``ratio_vs_nats_sync``, ``e2e_p99_vs_best_peer_ratio``,
 ``sync_vs_best_r3_batched_ratio``, ``sync_vs_best_r3_one_ratio``,
-``sync_e2e_p99_vs_best_r3_ratio``, ``sync_vs_async_one_ratio``,
+``sync_e2e_p99_vs_best_r3_ratio``, ``sync_e2e_p99_vs_best_replicated_ratio`` (RocketMQ's
+SYNC_MASTER pair among the peers too), ``sync_vs_async_one_ratio``,
 ``ratio_vs_kafka_batched``, ``ratio_vs_kafka_acks_all_batched``,
 ``cpu_per_million_vs_kafka_ratio``, ``send_p50_vs_kafka_ratio``,
 ``ratio_vs_rocketmq_python_batched``, ``ratio_vs_rocketmq_batched``,
