@@ -117,8 +117,15 @@ def _throughput(cells: Sequence[Cell], system: str, mode: str, size: int) -> flo
 
 
 def _p99(cells: Sequence[Cell], system: str, size: int) -> float | None:
+    """A (c) cell's p99, None when it did not run or when more than 1 % of what it sent
+    never arrived: the p99 of what did is then no p99 of the run (the missing ones are
+    later than the drain allowed), so such a cell is nobody's best."""
     cell = _find(cells, system, "end_to_end", size)
-    return None if cell is None or cell.msgs_s is None else cell.latency.p99_ms
+    if cell is None or cell.msgs_s is None:
+        return None
+    if cell.sent and cell.delivered is not None and cell.sent - cell.delivered > cell.sent / 100:
+        return None
+    return cell.latency.p99_ms
 
 
 def ratios(cells: Sequence[Cell], peers: Sequence[str], size: int) -> dict[str, float | None]:

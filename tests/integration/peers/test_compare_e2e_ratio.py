@@ -40,6 +40,16 @@ def test_cells_that_did_not_run_are_not_the_best() -> None:
     assert ratios(cells, peers, 1024)["e2e_p99_vs_best_peer_ratio"] == 0.5
 
 
+def test_a_cell_that_lost_more_than_one_percent_has_no_p99() -> None:
+    short = _e2e("rocketmq_sync_master", 1.0)
+    short.sent, short.delivered = 22_000, 20_688
+    nearly = _e2e("kafka_r3", 8.0)
+    nearly.sent, nearly.delivered = 22_000, 21_900
+    cells = [_e2e("metaq_sync_replicated", 4.0), short, nearly]
+    peers = ["rocketmq_sync_master", "kafka_r3"]
+    assert e2e_p99_vs_best(cells, "metaq_sync_replicated", peers, 1024) == 0.5
+
+
 def test_no_figure_without_metaq_or_a_peer() -> None:
     cells = [_e2e("metaq", 3.0), _e2e("kafka", 2.0)]
     assert e2e_p99_vs_best(cells, "metaq", [], 1024) is None

@@ -450,6 +450,7 @@ public final class RocketBench {
         AtomicLong received = new AtomicLong();
         AtomicLong startAt = new AtomicLong();
         CountDownLatch all = new CountDownLatch(total);
+        CountDownLatch assigned = new CountDownLatch(1);
         DefaultMQPushConsumer consumer = new DefaultMQPushConsumer("bench_e2e_" + topic);
         consumer.setNamesrvAddr(namesrv);
         consumer.setInstanceName("bench_e2e_" + System.nanoTime());
@@ -459,7 +460,10 @@ public final class RocketBench {
             long now = System.nanoTime();
             for (MessageExt m : msgs) {
                 if (m.getBody().length < 8) {
-                    continue;  // the one-byte message of `topic`, which proved the topic writable
+                    // The one-byte message that proved the topic writable: the consumer
+                    // holds the topic's queues and pulls.
+                    assigned.countDown();
+                    continue;
                 }
                 int i = (int) ByteBuffer.wrap(m.getBody()).order(ByteOrder.LITTLE_ENDIAN).getLong();
                 if (i >= 0 && i < total && lat[i] < 0) {
@@ -472,6 +476,12 @@ public final class RocketBench {
         });
         consumer.start();
         try {
+            // A fresh group gets its queues at its first rebalance, which can come seconds
+            // after start(); messages sent before it would wait for it, not for the broker.
+            if (!assigned.await(60, TimeUnit.SECONDS)) {
+                throw new IllegalStateException("e2e: the consumer of " + topic
+                    + " got no queue within 60 s; is the broker registered with the nameserver?");
+            }
             Semaphore window = new Semaphore(10_000);
             AtomicLong acked = new AtomicLong();
             AtomicLong errors = new AtomicLong();
