@@ -295,6 +295,28 @@ ACKS_ALL: Final = (
 )
 
 
+_NO_LEADER_YET: Final = (
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.UNKNOWN_TOPIC_OR_PART,
+)
+
+
+def _end_offset(consumer: Consumer, partition: int) -> int:
+    """The partition's end offset. A fresh consumer's first metadata can still name no
+    leader, or an old one, moments after the broker started; that passes within seconds."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            high: int = consumer.get_watermark_offsets(TopicPartition(TOPIC, partition), 10)[1]
+            return high
+        except KafkaException as exc:
+            code = exc.args[0].code()
+            if code not in _NO_LEADER_YET or time.monotonic() > deadline:
+                raise
+        time.sleep(0.2)  # poll interval of a deadline-bound wait
+
+
 class _KafkaRow:
     """What the Kafka rows share: the cluster, and the row's key, label and durability
     by its setup (one broker with acks=1, or three with acks=all)."""
@@ -444,8 +466,7 @@ class KafkaConfluent(_KafkaRow):
              "enable.auto.commit": False, "log.connection.close": False}
         )  # fmt: skip
         # From each partition's end now, so nothing is missed while the consumer starts.
-        ends = [consumer.get_watermark_offsets(TopicPartition(TOPIC, p), timeout=10)[1]
-                for p in range(PARTITIONS)]  # fmt: skip
+        ends = [_end_offset(consumer, p) for p in range(PARTITIONS)]
         consumer.assign([TopicPartition(TOPIC, p, end) for p, end in enumerate(ends)])
         stop = threading.Event()
 
