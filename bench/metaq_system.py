@@ -182,10 +182,12 @@ def single_broker_auth(work: Path) -> Iterator[Metaq]:
     )  # fmt: skip
     try:
         with system(auth=True, admin=BENCH_USER).start(work) as cluster:
-            yield _metaq(
+            metaq = _metaq(
                 cluster, "metaq_auth", "metaq auth",
                 f"1 copy; {ASYNC_FLUSH}; users and signed frames", "broker-a",
             )  # fmt: skip
+            metaq.server_pids = _server_pids(cluster)
+            yield metaq
     finally:
         for key, value in saved.items():
             if value is None:
@@ -199,10 +201,12 @@ def tls_broker(work: Path) -> Iterator[Metaq]:
     """As :func:`single_broker`, with TLS on the data plane, HTTP and gRPC (the client
     verifies the servers; the servers do not ask for client certificates)."""
     with system(tls=True).start(work) as cluster:
-        yield _metaq(
+        metaq = _metaq(
             cluster, "metaq_tls", "metaq, TLS",
             f"1 copy; {ASYNC_FLUSH}; TLS 1.2+ on every listener", "broker-a",
         )  # fmt: skip
+        metaq.server_pids = _server_pids(cluster)
+        yield metaq
 
 
 @contextmanager
