@@ -4,7 +4,9 @@ systemd (network namespaces, no init) and the ``vm.*`` sysctls are global to the
 - The role's systemd unit, rendered by ansible-playbook from the role's template and
   defaults, passes ``systemd-analyze verify`` (which reads unit files offline, no
   running systemd needed): every key known, ``ExecStart`` an executable that exists, the
-  broker's ``LimitNICE`` a value systemd takes.
+  broker's ``LimitNICE`` a value systemd takes, the hardening keys (``ProtectSystem=strict``
+  with only the state, data and log directories writable, ``MemoryMax`` from
+  ``metaq_memory_max``) values systemd takes.
 - The role's OS-tuning tasks (``metaq_tune_os: true``), run in ``--check --diff`` mode
   against this machine: the diff shows the sysctls and open-file limits they would
   write, the handler that would apply the sysctls is reached and, in check mode, runs
@@ -37,10 +39,13 @@ def test_the_role_s_systemd_units_pass_systemd_analyze_verify(tmp_path: Path) ->
              "src": str(PLAYBOOKS / "roles/metaq_common/templates/service.unit.j2"),
              "dest": f"{units}/metaq-{service}.service", "mode": "0644"},
          "vars": {"metaq_service": service, "metaq_service_settings": settings}}
-        for service, settings in (("nameserver", {}), ("broker", {"nice": -5}))
+        for service, settings in (
+            ("nameserver", {"controller_dir": f"{root}/var/lib/metaq/nameserver/controller"}),
+            ("broker", {"nice": -5, "data_dir": "/srv/metaq-data"}),
+        )
     ]  # fmt: skip
     run = run_playbook(tmp_path, render, metaq_root=str(root), metaq_user="root",
-                       metaq_group="root")  # fmt: skip
+                       metaq_group="root", metaq_memory_max="6G")  # fmt: skip
     assert run.returncode == 0, run.stdout + run.stderr
     for service in ("nameserver", "broker"):
         unit = units / f"metaq-{service}.service"
@@ -48,12 +53,31 @@ def test_the_role_s_systemd_units_pass_systemd_analyze_verify(tmp_path: Path) ->
         assert "Restart=on-failure" in text and "LimitNOFILE=131072" in text, text
         # The broker may take the CPU priority it is configured with; the nameserver keeps 0.
         assert ("LimitNICE=-5" in text) == (service == "broker"), text
+        for line in ("NoNewPrivileges=yes", "ProtectSystem=strict", "ProtectHome=yes",
+                     "PrivateTmp=yes", "MemoryMax=6G"):  # fmt: skip
+            assert f"\n{line}\n" in text, text
+        # Writable: the state and log directories, and a data directory set elsewhere.
+        writable = [f"{root}/var/lib/metaq", f"{root}/var/log/metaq"]
+        writable += ["/srv/metaq-data"] if service == "broker" else []
+        assert f"\nReadWritePaths={' '.join(writable)}\n" in text, text
         verify = subprocess.run(
             [SYSTEMD_ANALYZE, "verify", "--man=no", str(unit)],
             capture_output=True, text=True, timeout=60, check=False,
         )  # fmt: skip
         # verify warns on stderr (an unknown key, a missing binary) and still exits 0.
         assert verify.returncode == 0 and verify.stderr == "", f"{unit}:\n{text}\n{verify.stderr}"
+
+
+def test_memory_max_is_unlimited_unless_set(tmp_path: Path) -> None:
+    unit = tmp_path / "metaq-broker.service"
+    render = [{"name": "Render the broker unit",
+               "ansible.builtin.template": {
+                   "src": str(PLAYBOOKS / "roles/metaq_common/templates/service.unit.j2"),
+                   "dest": str(unit), "mode": "0644"},
+               "vars": {"metaq_service": "broker", "metaq_service_settings": {}}}]  # fmt: skip
+    run = run_playbook(tmp_path, render, metaq_root=str(tmp_path / "host"))
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "\nMemoryMax=infinity\n" in unit.read_text(), unit.read_text()
 
 
 def test_os_tuning_in_check_mode_shows_the_sysctls_and_limits_and_writes_nothing(
