@@ -4,7 +4,8 @@
 # network namespaces), e2fsprogs and mount (mkfs.ext4, mount: the disk-full scenario's
 # small loop-mounted filesystem), openssh-server (sshd: the Ansible deploy test's hosts,
 # one sshd per network namespace), systemd (systemd-analyze verify: the deploy role's
-# units, checked offline; nothing is started), prometheus (with promtool: the monitoring tests),
+# units, checked offline; nothing is started), logrotate (the deploy role's rotation of
+# the control script's logs, run on files of a test's own), prometheus (with promtool: the monitoring tests),
 # chromium (the web console's browser tests). Without them those scenarios skip and
 # say why, so a machine that cannot install (not root, no apt-get) gets a note and
 # the suite runs on.
@@ -17,6 +18,7 @@ command -v mkfs.ext4 >/dev/null 2>&1 || need="$need e2fsprogs"
 command -v mount >/dev/null 2>&1 || need="$need mount"
 [ -x /usr/sbin/sshd ] || need="$need openssh-server"
 [ -x /usr/bin/systemd-analyze ] || need="$need systemd"
+[ -x /usr/sbin/logrotate ] || need="$need logrotate"
 # Java 17 runs Spark for the spark_jobs tests (pyspark 4.3).
 command -v java >/dev/null 2>&1 || need="$need openjdk-17-jre-headless"
 # Maven resolves the benchmark peers' jars (make peers: Apache Kafka, RocketMQ), whose
