@@ -16,6 +16,8 @@ def host_running(root: Path, version: str) -> Path:
     return root
 
 
+# The dist is of the version each test names (the pin check: test_releases.py).
+SAME_DIST = "{{ metaq_version }}"
 CHECK = {"name": "Refuse a downgrade",
          "ansible.builtin.include_role": {"name": "metaq_common",
                                           "tasks_from": "version.yml"}}  # fmt: skip
@@ -25,7 +27,7 @@ def test_an_older_dist_is_refused_saying_both_versions(tmp_path: Path) -> None:
     root = host_running(tmp_path / "host", "0.2.0")
 
     run = run_playbook(tmp_path, [CHECK], metaq_root=str(root), metaq_version="0.1.0",
-                       metaq_dist_dir="/dists/old")  # fmt: skip
+                       metaq_dist_dir="/dists/old", metaq_dist_version=SAME_DIST)  # fmt: skip
 
     assert run.returncode != 0, run.stdout
     assert ("localhost runs metaq 0.2.0 and the dist (/dists/old) is 0.1.0, an older release, "
@@ -43,7 +45,8 @@ def test_a_newer_or_equal_dist_or_a_meant_rollback_goes_on(tmp_path: Path) -> No
     ]
     tasks = [{**CHECK, "name": f"Check {case}", "vars": case} for case in cases]
 
-    run = run_playbook(tmp_path, tasks, metaq_root=str(root), metaq_dist_dir="/dists/x")
+    run = run_playbook(tmp_path, tasks, metaq_root=str(root), metaq_dist_dir="/dists/x",
+                       metaq_dist_version=SAME_DIST)  # fmt: skip
 
     assert run.returncode == 0, run.stdout
     assert run.stdout.count("Refuse to install a release older than the one the host runs") == 4
@@ -51,5 +54,6 @@ def test_a_newer_or_equal_dist_or_a_meant_rollback_goes_on(tmp_path: Path) -> No
 
 def test_a_host_with_no_release_yet_goes_on(tmp_path: Path) -> None:
     run = run_playbook(tmp_path, [CHECK], metaq_root=str(tmp_path / "new-host"),
-                       metaq_version="0.1.0", metaq_dist_dir="/dists/x")  # fmt: skip
+                       metaq_version="0.1.0", metaq_dist_dir="/dists/x",
+                       metaq_dist_version=SAME_DIST)  # fmt: skip
     assert run.returncode == 0, run.stdout
