@@ -18,7 +18,7 @@ STAMP := .venv/.setup-stamp
 
 PYTEST_ARGS ?=
 
-.PHONY: setup ci-deps test lint dist deploy-lint deploy-test generate check-generated run store-demo spark-demo bench-spark bench-store bench-framing bench-idle-poll bench-queues bench-sync-one bench-e2e bench-failover bench-failover-compare bench-features bench-compare bench-accumulation bench-metaq2 bench-spark-kafka chaos clean peers peers-kafka peers-rocketmq peers-spark-kafka
+.PHONY: setup ci-deps test lint dist deploy-lint deploy-test generate check-generated run store-demo spark-demo bench-spark bench-store bench-dispatch bench-framing bench-idle-poll bench-queues bench-sync-one bench-e2e bench-failover bench-failover-compare bench-features bench-compare bench-accumulation bench-metaq2 bench-spark-kafka chaos clean peers peers-kafka peers-rocketmq peers-spark-kafka
 
 setup: $(STAMP)
 
@@ -113,6 +113,11 @@ bench-store: setup
 
 bench-framing: setup
 	$(UV) run --frozen python bench/bench_framing.py
+
+# The dispatcher's CPU per record by round size, in process, for both workloads.
+bench-dispatch: setup
+	$(UV) run --frozen python bench/bench_dispatch_rounds.py --workload sends
+	$(UV) run --frozen python bench/bench_dispatch_rounds.py --workload batch
 
 # One-at-a-time round trips to a loopback echo server that sleeps, then one that polls
 # (the broker's IdlePoll): what a sleeping CPU's wake-up costs.
