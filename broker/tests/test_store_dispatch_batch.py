@@ -1,9 +1,11 @@
-"""The dispatcher decodes a run of records at once: it must build exactly what one record
-at a time builds, and a slave's copy of the log must dispatch the same as the master's."""
+"""The dispatcher decodes a long run of records with array operations and a short one a
+record at a time: both must build exactly the same queues and index, wherever a round
+ends, and a slave's copy of the log must dispatch the same as the master's."""
 
 from __future__ import annotations
 
 import random
+import sys
 import zlib
 from collections.abc import Callable
 from pathlib import Path
@@ -14,8 +16,8 @@ import pytest
 from metaq.broker.delay import DELAY_TOPIC
 from metaq.broker.store import MessageStore
 from metaq.broker.store.consume_queue import QueueTable
-from metaq.broker.store.dispatch import Dispatcher
-from metaq.broker.store.index import MessageIndex
+from metaq.broker.store.dispatch import FEW_RECORDS, Dispatcher
+from metaq.broker.store.index import FEW_ENTRIES, MessageIndex
 from metaq.broker.store.segment import RealDisk
 from metaq.broker.transactions import HALF_TOPIC
 from metaq.common.record import (
@@ -68,18 +70,52 @@ def store(open_store: OpenStore) -> MessageStore:
     return store
 
 
-def _dispatch_again(store: MessageStore, root: Path, limit_bytes: int) -> Dispatcher:
-    """Dispatch ``store``'s log afresh into queues and an index under ``root``, in rounds
-    of ``limit_bytes`` (1: a record a round, so every run is a single record)."""
+EACH: int = sys.maxsize
+"""``few_records`` that makes every run go a record at a time."""
+ARRAYS: int = 0
+"""``few_records`` that makes every run, even of one record, go through the arrays."""
+
+
+def _fresh_dispatcher(store: MessageStore, root: Path, few_records: int) -> Dispatcher:
+    """A dispatcher of ``store``'s log into new queues and a new index under ``root``."""
     config = store.config
     queues = QueueTable(root / "queues", config.consume_queue_segment_entries, RealDisk())
     index = MessageIndex(root / "index", config.index_slots, config.index_entries, RealDisk())
     index.load()
-    dispatcher = Dispatcher(store.commitlog, queues, index)
+    dispatcher = Dispatcher(store.commitlog, queues, index, few_records)
     dispatcher.dispatched = store.commitlog.min_offset
+    return dispatcher
+
+
+def _dispatch_again(
+    store: MessageStore, root: Path, limit_bytes: int, few_records: int = FEW_RECORDS
+) -> Dispatcher:
+    """Dispatch ``store``'s log afresh into queues and an index under ``root``, in rounds
+    of ``limit_bytes`` (1: a record a round, so every run is a single record)."""
+    dispatcher = _fresh_dispatcher(store, root, few_records)
     while dispatcher.dispatched < store.commitlog.write_offset:
         dispatcher.dispatch(limit_bytes)
     return dispatcher
+
+
+def _dispatch_in_rounds_of(
+    store: MessageStore, root: Path, records: int, few_records: int
+) -> Dispatcher:
+    """Dispatch ``store``'s log afresh in rounds of exactly ``records`` records."""
+    log = store.commitlog
+    starts = [offset for offset, _ in log.records(log.min_offset, log.write_offset)]
+    dispatcher = _fresh_dispatcher(store, root, few_records)
+    for at in range(0, len(starts), records):
+        after = starts[at + records] if at + records < len(starts) else log.write_offset
+        assert dispatcher.dispatched == starts[at]
+        assert dispatcher.dispatch(after - starts[at]) == len(starts[at : at + records])
+    return dispatcher
+
+
+def _close(*dispatchers: Dispatcher) -> None:
+    for dispatcher in dispatchers:
+        dispatcher.queues.close()
+        dispatcher.index.close()
 
 
 def _queue_contents(queues: QueueTable) -> dict[tuple[bytes, int], tuple[int, int, bytes]]:
@@ -109,12 +145,13 @@ def _expected_entries(
     return expected
 
 
+@pytest.mark.parametrize("few_records", [ARRAYS, FEW_RECORDS, EACH])
 @pytest.mark.parametrize("limit_bytes", [1, 7_001, 1 << 20])
 def test_batch_dispatch_builds_what_one_record_at_a_time_builds(
-    store: MessageStore, tmp_path: Path, limit_bytes: int
+    store: MessageStore, tmp_path: Path, limit_bytes: int, few_records: int
 ) -> None:
-    one_by_one = _dispatch_again(store, tmp_path / "one", 1)
-    batched = _dispatch_again(store, tmp_path / "batched", limit_bytes)
+    one_by_one = _dispatch_again(store, tmp_path / "one", 1, EACH)
+    batched = _dispatch_again(store, tmp_path / "batched", limit_bytes, few_records)
     try:
         assert batched.dispatched == one_by_one.dispatched == store.commitlog.write_offset
         assert _queue_contents(batched.queues) == _queue_contents(one_by_one.queues)
@@ -122,9 +159,44 @@ def test_batch_dispatch_builds_what_one_record_at_a_time_builds(
         assert _index_contents(batched.index) == _index_contents(one_by_one.index)
         assert len(one_by_one.index.files) > 1
     finally:
-        for dispatcher in (one_by_one, batched):
-            dispatcher.queues.close()
-            dispatcher.index.close()
+        _close(one_by_one, batched)
+
+
+def test_rounds_near_the_threshold_mix_topics_queues_tags_and_keys(store: MessageStore) -> None:
+    """What the next test relies on: rounds of a few records, and rounds just under the
+    threshold, hold several topics and queues, tags and keys, so either path meets all
+    of them within one round."""
+    log = store.commitlog
+    records = [decode(raw) for _, raw in log.records(log.min_offset, log.write_offset)]
+    for size in (3, FEW_RECORDS - 1):
+        rounds = [records[n : n + size] for n in range(0, len(records), size)]
+        assert any(
+            len({r.topic for r in round_}) >= 2
+            and len({(r.topic, r.queue_id) for r in round_}) >= 3
+            and any(r.tags for r in round_)
+            and any(len(r.keys) > 1 for r in round_)
+            for round_ in rounds
+        )
+
+
+@pytest.mark.parametrize(
+    "records", [1, 3, FEW_RECORDS - 1, FEW_RECORDS, FEW_RECORDS + 1, 4 * FEW_RECORDS]
+)
+def test_record_at_a_time_and_arrays_build_the_same_across_the_threshold(
+    store: MessageStore, tmp_path: Path, records: int
+) -> None:
+    each = _dispatch_in_rounds_of(store, tmp_path / "each", records, EACH)
+    arrays = _dispatch_in_rounds_of(store, tmp_path / "arrays", records, ARRAYS)
+    chosen = _dispatch_in_rounds_of(store, tmp_path / "chosen", records, FEW_RECORDS)
+    try:
+        expected_queues = _queue_contents(store.queues)
+        expected_index = _index_contents(store.index)
+        for dispatcher in (each, arrays, chosen):
+            assert dispatcher.dispatched == store.commitlog.write_offset
+            assert _queue_contents(dispatcher.queues) == expected_queues
+            assert _index_contents(dispatcher.index) == expected_index
+    finally:
+        _close(each, arrays, chosen)
 
 
 def test_queues_hold_every_record_as_the_codec_reads_it(store: MessageStore) -> None:
@@ -169,7 +241,11 @@ def test_a_replicated_log_is_byte_identical_and_dispatches_the_same(
     assert _index_contents(slave.index) == _index_contents(store.index)
 
 
-def test_index_entries_added_together_link_as_added_one_by_one(tmp_path: Path) -> None:
+@pytest.mark.parametrize("as_lists", [False, True])
+@pytest.mark.parametrize("chunk", [FEW_ENTRIES - 1, FEW_ENTRIES, 700])
+def test_index_entries_added_together_link_as_added_one_by_one(
+    tmp_path: Path, chunk: int, as_lists: bool
+) -> None:
     rng = np.random.default_rng(4)
     count = 3_000
     # Few slots, so chains run through entries added in the same call.
@@ -181,11 +257,11 @@ def test_index_entries_added_together_link_as_added_one_by_one(tmp_path: Path) -
     together.load()
     one_by_one.load()
     try:
-        for start in range(0, count, 700):
-            together.put_many(hashes[start : start + 700], offsets[start : start + 700],
-                              times[start : start + 700])  # fmt: skip
+        for start in range(0, count, chunk):
+            columns = [c[start : start + chunk] for c in (hashes, offsets, times)]
+            together.put_many(*(c.tolist() if as_lists else c for c in columns))
         for n in range(count):
-            one_by_one.put_many(hashes[n : n + 1], offsets[n : n + 1], times[n : n + 1])
+            one_by_one.put_many([int(hashes[n])], [int(offsets[n])], [int(times[n])])
         assert _index_contents(together) == _index_contents(one_by_one)
         assert len(together.files) == 3
     finally:

@@ -12,7 +12,7 @@ import logging
 import resource
 import threading
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Final
 
 import numpy as np
@@ -20,7 +20,13 @@ import numpy.typing as npt
 
 from metaq.broker.store.commitlog import CommitLog
 from metaq.broker.store.consume_queue import ENTRY_DTYPE, ConsumeQueue, QueueTable
-from metaq.broker.store.index import MessageIndex, hash_ids, hash_key, key_for_topic_key
+from metaq.broker.store.index import (
+    MessageIndex,
+    hash_id,
+    hash_ids,
+    hash_key,
+    key_for_topic_key,
+)
 from metaq.broker.store.retention import DESCRIPTOR_ERRNOS
 from metaq.broker.store.segment import Segment
 from metaq.broker.store.service import Service
@@ -31,15 +37,22 @@ from metaq.common.record_dtype import header_dtype
 log = logging.getLogger(__name__)
 
 _ROUND_BYTES: Final = 4 * 1024 * 1024
+FEW_RECORDS: Final = 256
+"""A run of fewer records than this is decoded a record at a time: one-message sends
+make runs of one, and the array path's fixed set-up (dozens of numpy calls) costs more
+than the loop until a run of like records is a few hundred long (docs/benchmarks.md)."""
 _SMALL_RUN: Final = 8
 """A queue with fewer entries than this in a run takes them one put at a time: with
 thousands of queues a run has one or two entries each, and the arrays cost more."""
 
 
-_HEADER_DTYPE: Final = header_dtype(
+_HEADER_FIELDS: Final = (
     "size", "queue_offset", "store_timestamp_ms", "queue_id", "msg_id",
     "topic_len", "tags_len", "keys_len",
 )  # fmt: skip
+"""What dispatch reads of a header: as array columns for a run, as a struct per record."""
+_HEADER_DTYPE: Final = header_dtype(*_HEADER_FIELDS)
+_FIELDS: Final = header_view(*_HEADER_FIELDS)
 _SIZE_MAGIC: Final = header_view("size", "magic")
 _SIZE_MAGIC_DTYPE: Final = header_dtype("size", "magic")
 _LIKE_BEFORE_SKIP: Final = 8
@@ -52,17 +65,28 @@ _HEADER_ITEM: Final = np.dtype(f"V{HEADER_SIZE}")
 _STARVED_RETRY_S: Final = (0.01, 1.0)
 """First and longest wait before a round that found no file descriptor is tried again."""
 
+IndexEntries = tuple[
+    Sequence[int] | npt.NDArray[np.uint32], Sequence[int] | npt.NDArray[np.int64],
+    Sequence[int] | npt.NDArray[np.int64],
+]  # fmt: skip
+"""Index entries as columns: key hash, commitlog offset, store time ms."""
+
 DispatchListener = Callable[[set[tuple[bytes, int]]], None]
 """Told which (topic, queue id) pairs got new entries in a round; long polling uses it."""
 
 
 class Dispatcher:
-    def __init__(self, commitlog: CommitLog, queues: QueueTable, index: MessageIndex) -> None:
+    def __init__(
+        self, commitlog: CommitLog, queues: QueueTable, index: MessageIndex,
+        few_records: int = FEW_RECORDS,
+    ) -> None:  # fmt: skip
         self.commitlog = commitlog
         self.queues = queues
         self.index = index
         self.dispatched = 0
         self.listeners: list[DispatchListener] = []
+        self.few_records = few_records
+        """Runs of fewer records than this are decoded a record at a time."""
         # Held while a round runs, so a checkpoint reads a consistent dispatched offset.
         self.lock = threading.Lock()
 
@@ -95,24 +119,62 @@ class Dispatcher:
         end = min(self.commitlog.write_offset, self.dispatched + limit_bytes)
         offset = self.dispatched
         # Index entries are gathered for one put at the end of the round.
-        index_runs: list[
-            tuple[npt.NDArray[np.uint32], npt.NDArray[np.int64], npt.NDArray[np.int64]]
-        ] = []
+        index_runs: list[IndexEntries] = []
         while offset < end:
             segment = self.commitlog.segments.find(offset)
             if segment is None:
                 raise RuntimeError(f"commitlog offset {offset} has no segment to dispatch")
             starts, pos = _record_starts(segment, offset - segment.start, end - segment.start)
             if starts:
-                index_runs.append(self._dispatch_run(segment, starts, touched))
+                run = self._dispatch_each if len(starts) < self.few_records else self._dispatch_run
+                index_runs.append(run(segment, starts, touched))
                 count += len(starts)
             offset = segment.start + pos
-        if index_runs:
+        if len(index_runs) == 1:
+            self.index.put_many(*index_runs[0])
+        elif index_runs:
             self.index.put_many(
                 *(np.concatenate(column) for column in zip(*index_runs, strict=True))
             )
         self.dispatched = offset
         return touched, count
+
+    def _dispatch_each(
+        self, segment: Segment, starts: list[int], touched: set[ConsumeQueue]
+    ) -> tuple[list[int], list[int], list[int]]:
+        """:meth:`_dispatch_run` a record at a time: the same queue and index entries."""
+        view = segment.view
+        mm = segment.mm  # slicing the mmap itself yields bytes in one step
+        unpack = _FIELDS.unpack_from
+        queues = self.queues
+        rows = queues.rows
+        hashes: list[int] = []
+        offsets: list[int] = []
+        times: list[int] = []
+        for pos in starts:
+            (size, queue_offset, store_ms, queue_id, msg_id, topic_len, tags_len,
+             keys_len) = unpack(view, pos)  # fmt: skip
+            at = pos + HEADER_SIZE
+            topic = mm[at : at + topic_len]
+            row = rows.get(topic)
+            queue = row[queue_id] if row is not None and 0 <= queue_id < len(row) else None
+            if queue is None:
+                queue = queues.get_or_create(topic, queue_id)
+            touched.add(queue)
+            at += topic_len
+            tag_code = zlib.crc32(view[at : at + tags_len]) if tags_len else 0
+            offset = segment.start + pos
+            queue.put(queue_offset, offset, size, tag_code)
+            hashes.append(hash_id(msg_id))
+            offsets.append(offset)
+            times.append(store_ms)
+            if keys_len:
+                at += tags_len
+                for key in mm[at : at + keys_len].split(b" "):
+                    hashes.append(hash_key(key_for_topic_key(topic, key)))
+                    offsets.append(offset)
+                    times.append(store_ms)
+        return hashes, offsets, times
 
     def _dispatch_run(
         self, segment: Segment, starts: list[int], touched: set[ConsumeQueue]

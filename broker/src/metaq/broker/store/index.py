@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import struct
 import zlib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Final
 
@@ -35,6 +36,10 @@ _ENTRY_DTYPE: Final = np.dtype(
 )  # fmt: skip
 """An entry as a numpy record (:data:`_ENTRY`, packed), for adding many at once."""
 
+FEW_ENTRIES: Final = 32
+"""Fewer entries than this are added one by one: below it the array path's set-up costs
+more than the loop (docs/benchmarks.md)."""
+
 MSG_ID_PREFIX: Final = b"\x00"
 _ID_SEED: Final = zlib.crc32(MSG_ID_PREFIX)
 
@@ -55,6 +60,12 @@ def hash_key(key: bytes) -> int:
 def hash_id(msg_id: bytes) -> int:
     """``hash_key(key_for_id(msg_id))`` without building the key."""
     return zlib.crc32(msg_id, _ID_SEED)
+
+
+def _as_list(column: Sequence[int] | npt.NDArray[np.integer]) -> list[int]:
+    if isinstance(column, list):
+        return column
+    return column.tolist() if isinstance(column, np.ndarray) else list(column)
 
 
 def _id_byte_hashes(width: int) -> tuple[int, npt.NDArray[np.uint32]]:
@@ -186,6 +197,32 @@ class IndexFile:
         self.end_ms, self.end_offset = int(times[end - 1]), int(offsets[end - 1])
         return end
 
+    def put_each(self, hashes: list[int], offsets: list[int], times: list[int], at: int) -> int:
+        """:meth:`put_many` one entry at a time, for a few entries: builds the same file."""
+        view = self.segment.view
+        if self.count == 0 and at < len(hashes):
+            self.begin_ms, self.begin_offset = times[at], offsets[at]
+            _HEADER.pack_into(view, 0, times[at], offsets[at], times[at], offsets[at], 0, 0)
+        end: int = min(len(hashes), at + self.capacity - self.count)
+        if end <= at:
+            return at
+        slots, begin_ms, number = self.slots, self.begin_ms, self.count
+        slot_unpack, slot_pack, entry_pack = _SLOT.unpack_from, _SLOT.pack_into, _ENTRY.pack_into
+        slots_at, slot_size = _HEADER.size, _SLOT.size
+        entries_at, entry_size = self._entries_at, _ENTRY.size
+        for n in range(at, end):
+            key_hash = hashes[n]
+            slot_at = slots_at + (key_hash % slots) * slot_size
+            previous = slot_unpack(view, slot_at)[0]
+            # Entry numbers start at 1 so that slot value 0 means an empty slot.
+            number += 1
+            entry_pack(view, entries_at + number * entry_size, key_hash, offsets[n],
+                       (times[n] - begin_ms) // 1000, previous)  # fmt: skip
+            slot_pack(view, slot_at, number)
+        self.count = number
+        self.end_ms, self.end_offset = times[end - 1], offsets[end - 1]
+        return end
+
     def write_header(self) -> None:
         """Persist the counters; done before each checkpoint's sync, not per entry.
 
@@ -282,8 +319,21 @@ class MessageIndex:
             segment.written = segment.synced = IndexFile.size_for(self.slots, index.count)
             self.files.append(index)
 
-    def put_many(self, hashes: npt.ArrayLike, offsets: npt.ArrayLike, times: npt.ArrayLike) -> None:
+    def put_many(
+        self, hashes: Sequence[int] | npt.NDArray[np.uint32],
+        offsets: Sequence[int] | npt.NDArray[np.int64],
+        times: Sequence[int] | npt.NDArray[np.int64],
+    ) -> None:  # fmt: skip
         """Add entries (key hash, commitlog offset, store time ms) in commitlog order."""
+        if len(hashes) < FEW_ENTRIES:
+            # A one-message send's round: numpy's set-up would cost more than the loop.
+            hash_list, offset_list, time_list = _as_list(hashes), _as_list(offsets), _as_list(times)
+            at = 0
+            while at < len(hash_list):
+                if not self.files or self.files[-1].full:
+                    self._roll(offset_list[at])
+                at = self.files[-1].put_each(hash_list, offset_list, time_list, at)
+            return
         key_hashes = np.asarray(hashes, np.uint32)
         at_offsets = np.asarray(offsets, np.int64)
         at_times = np.asarray(times, np.int64)
