@@ -589,8 +589,10 @@ class CommitLog:
         segment = self.segments.find(offset)
         while segment is not None:
             pos = max(offset - segment.start, 0)
+            mapping = segment.mapping
+            assert mapping is not None  # commitlog files stay mapped until closed
             while True:
-                hit = segment.mm.find(_MAGIC_BYTES, pos + 4)
+                hit = mapping.find(_MAGIC_BYTES, pos + 4)
                 if hit < 0:
                     break
                 at = hit - 4

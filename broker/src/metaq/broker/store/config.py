@@ -32,6 +32,10 @@ class StoreConfig:
     flush_mode: FlushMode = FlushMode.ASYNC
     commitlog_segment_bytes: int = 1 * GIB
     consume_queue_segment_entries: int = 300_000
+    # Consume-queue files kept mapped at most; idle queues' files are unmapped and mapped
+    # again when touched (store/mapping.py). Each mapping is one of the process's
+    # vm.max_map_count areas (65,530 by default), so this leaves half of them to the rest.
+    mapped_queue_files: int = 32_768
     # Small enough that re-indexing the newest file after a crash stays well under a second.
     index_slots: int = 100_000
     index_entries: int = 400_000
@@ -92,6 +96,11 @@ class StoreConfig:
             problems.append("commitlog_cache_bytes must be 0 (off) or a number of bytes")
         if self.consume_queue_segment_entries < 1:
             problems.append("consume_queue_segment_entries must be at least 1")
+        if self.mapped_queue_files < 1:
+            problems.append(
+                f"mapped_queue_files={self.mapped_queue_files} must be at least 1 (consume-"
+                "queue files kept mapped; keep it well under sysctl vm.max_map_count)"
+            )
         if self.index_slots < 1 or self.index_entries < 1:
             problems.append("index_slots and index_entries must be at least 1")
         if not 0 < self.disk_clean_ratio <= self.disk_force_clean_ratio <= self.disk_full_ratio:

@@ -17,6 +17,7 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
+from metaq.broker.store.mapping import MappingPool
 from metaq.broker.store.queue_offsets import QueueOffsets
 from metaq.broker.store.segment import Disk, Segment, SegmentQueue
 
@@ -25,7 +26,6 @@ ENTRY: Final = struct.Struct("<qIq")
 ENTRY_SIZE: Final = ENTRY.size
 ENTRY_DTYPE: Final = np.dtype([("offset", "<i8"), ("size", "<u4"), ("tag", "<i8")])
 """An entry as a numpy record, for reading many at once (packed: 20 bytes)."""
-_NO_TAIL: Final = memoryview(b"")
 
 
 class ConsumeQueue:
@@ -33,7 +33,6 @@ class ConsumeQueue:
         "_tail",
         "_tail_end",
         "_tail_first",
-        "_tail_view",
         "key",
         "max_offset",
         "min_offset",
@@ -43,7 +42,13 @@ class ConsumeQueue:
     )
 
     def __init__(
-        self, directory: Path, topic: str, queue_id: int, entries_per_segment: int, disk: Disk
+        self,
+        directory: Path,
+        topic: str,
+        queue_id: int,
+        entries_per_segment: int,
+        disk: Disk,
+        pool: MappingPool | None = None,
     ) -> None:
         self.topic = topic
         self.queue_id = queue_id
@@ -54,15 +59,15 @@ class ConsumeQueue:
             preallocate=False,
             keep_fd=False,
             disk=disk,
+            pool=pool,
         )
         self.min_offset = 0
         self.max_offset = 0
-        # The file the next entry goes to, kept at hand as its view and entry range: with
-        # ten thousand queues every object an append touches is a cache miss, so the
-        # common case touches the queue and the page, not the segment. Its ``written``
-        # mark therefore lags and is brought up to date by :meth:`settle`.
+        # The file the next entry goes to, kept at hand with its entry range. Its
+        # ``written`` mark lags and is brought up to date by :meth:`settle`. Its view is
+        # asked for at each put, never kept: an idle queue's file is unmapped by the
+        # pool, and a kept view would hold it mapped.
         self._tail: Segment | None = None
-        self._tail_view = _NO_TAIL
         self._tail_first = 0
         self._tail_end = 0
 
@@ -85,7 +90,7 @@ class ConsumeQueue:
     def _used_entries(segment: Segment) -> int:
         """Entries are written front to back, so the first empty one ends the data."""
         lo, hi = 0, segment.size // ENTRY_SIZE
-        view = segment.view
+        view = segment.mapped()
         while lo < hi:
             mid = (lo + hi) // 2
             if ENTRY.unpack_from(view, mid * ENTRY_SIZE)[1] == 0:
@@ -96,9 +101,10 @@ class ConsumeQueue:
 
     def put(self, queue_offset: int, commitlog_offset: int, size: int, tag_code: int) -> None:
         # The tail holds entry max_offset - 1, so the next entry is in it unless it is full.
-        if queue_offset == self.max_offset and queue_offset < self._tail_end:
+        tail = self._tail
+        if tail is not None and queue_offset == self.max_offset and queue_offset < self._tail_end:
             pos = (queue_offset - self._tail_first) * ENTRY_SIZE
-            ENTRY.pack_into(self._tail_view, pos, commitlog_offset, size, tag_code)
+            ENTRY.pack_into(tail.mapped(), pos, commitlog_offset, size, tag_code)
             self.max_offset = queue_offset + 1
             return
         self._put_slow(queue_offset, commitlog_offset, size, tag_code)
@@ -110,10 +116,16 @@ class ConsumeQueue:
         done, count = 0, len(entries)
         while done < count:
             queue_offset = first_queue_offset + done
-            if queue_offset == self.max_offset and queue_offset < self._tail_end:
+            tail = self._tail
+            if (
+                tail is not None
+                and queue_offset == self.max_offset
+                and queue_offset < self._tail_end
+            ):
                 run = min(count - done, self._tail_end - queue_offset)
                 pos = (queue_offset - self._tail_first) * ENTRY_SIZE
-                self._tail_view[pos : pos + run * ENTRY_SIZE] = entries[done : done + run].tobytes()
+                view = tail.mapped()
+                view[pos : pos + run * ENTRY_SIZE] = entries[done : done + run].tobytes()
                 self.max_offset = queue_offset + run
                 done += run
             else:
@@ -133,10 +145,8 @@ class ConsumeQueue:
         self.settle()
         self._tail = segment
         if segment is None:
-            self._tail_view = _NO_TAIL
             self._tail_first = self._tail_end = 0
         else:
-            self._tail_view = segment.view
             self._tail_first = segment.start // ENTRY_SIZE
             self._tail_end = segment.end // ENTRY_SIZE
 
@@ -147,7 +157,7 @@ class ConsumeQueue:
         at = queue_offset * ENTRY_SIZE
         segment = self.segments.segment_for_write(at)
         pos = at - segment.start
-        ENTRY.pack_into(segment.view, pos, commitlog_offset, size, tag_code)
+        ENTRY.pack_into(segment.mapped(), pos, commitlog_offset, size, tag_code)
         if pos + ENTRY_SIZE > segment.written:
             segment.written = pos + ENTRY_SIZE
         if self.max_offset == self.min_offset:
@@ -164,7 +174,7 @@ class ConsumeQueue:
         segment = self.segments.find(at)
         if segment is None:
             return (0, 0, 0)
-        offset, size, tag = ENTRY.unpack_from(segment.view, at - segment.start)
+        offset, size, tag = ENTRY.unpack_from(segment.mapped(), at - segment.start)
         return offset, size, tag
 
     def first_at_or_after(self, commitlog_offset: int, start: int | None = None) -> int:
@@ -201,7 +211,7 @@ class ConsumeQueue:
             if segment is None:
                 return
             limit = min(stop, segment.end)
-            yield segment.view[at - segment.start : limit - segment.start]
+            yield segment.mapped()[at - segment.start : limit - segment.start]
             at = limit
 
     def truncate_to_commitlog(self, commitlog_end: int) -> None:
@@ -250,10 +260,14 @@ class ConsumeQueue:
 class QueueTable:
     """Every consume queue of the store, by (topic, queue id), created on first use."""
 
-    def __init__(self, root: Path, entries_per_segment: int, disk: Disk) -> None:
+    def __init__(
+        self, root: Path, entries_per_segment: int, disk: Disk, pool: MappingPool | None = None
+    ) -> None:
         self.root = root
         self.entries_per_segment = entries_per_segment
         self.disk = disk
+        self.pool = pool
+        """Bounds how many queue files stay mapped; None keeps every one mapped."""
         self.queues: dict[tuple[bytes, int], ConsumeQueue] = {}
         # The same queues by topic, then by queue id: the dispatcher's lookup, which
         # with ten thousand queues touches a list slot where a dict would touch an
@@ -280,6 +294,7 @@ class QueueTable:
             queue_id,
             self.entries_per_segment,
             self.disk,
+            self.pool,
         )
         self.queues[(topic, queue_id)] = queue
         row = self.rows.setdefault(topic, [])

@@ -234,7 +234,7 @@ class Dispatcher:
         for n in keyed:
             topic = topics[int(topic_of[n])]
             keys_at = starts[n] + HEADER_SIZE + int(topic_len[n]) + int(tags_len[n])
-            names = segment.mm[keys_at : keys_at + int(keys_len[n])].split(b" ")
+            names = bytes(view[keys_at : keys_at + int(keys_len[n])]).split(b" ")
             key_hashes.append([hash_key(key_for_topic_key(topic, k)) for k in names])
         per_record = np.ones(count, np.int64)
         per_record[keyed] += [len(h) for h in key_hashes]
@@ -263,7 +263,7 @@ def _at_every_byte(segment: Segment, dtype: np.dtype[np.void]) -> npt.NDArray[np
     """The file as an item of ``dtype`` starting at every byte (they overlap): picking
     items out of it at record offsets is one copy of each, however unaligned."""
     count = segment.size - dtype.itemsize + 1
-    return np.ndarray((count,), dtype, segment.mm, 0, (1,))
+    return np.ndarray((count,), dtype, segment.view, 0, (1,))
 
 
 def _record_starts(segment: Segment, pos: int, stop: int) -> tuple[list[int], int]:
@@ -333,7 +333,7 @@ def _topics(
         padded = np.zeros((len(at), width + 2), np.uint8)
         padded[:, :2] = lengths.astype("<u2")[:, None].view(np.uint8)
         inside = columns < lengths[:, None]
-        data = np.frombuffer(segment.mm, np.uint8)
+        data = np.frombuffer(segment.view, np.uint8)
         padded[:, 2:][inside] = data[(at[:, None] + columns)[inside]]
         names = padded.view(f"V{width + 2}")[:, 0]
     changes = [0, *(np.flatnonzero(names[1:] != names[:-1]) + 1).tolist()]
@@ -341,7 +341,7 @@ def _topics(
     topics: list[bytes] = []
     run_topics: list[int] = []
     for n in changes:
-        name = segment.mm[int(at[n]) : int(at[n] + lengths[n])]
+        name = bytes(segment.view[int(at[n]) : int(at[n] + lengths[n])])
         number = known.get(name)
         if number is None:
             number = known[name] = len(topics)

@@ -72,7 +72,10 @@ class PageCacheWindow:
             at = self.released - segment.start
             length = min(STEP_BYTES - at % STEP_BYTES, segment.size - at, target - self.released)
             try:
-                segment.mm.madvise(MADV_PAGEOUT, at, length)
+                mapping = segment.mapping
+                if mapping is None:
+                    raise ValueError("unmapped")
+                mapping.madvise(MADV_PAGEOUT, at, length)
             except ValueError:
                 pass  # retention unmapped the file meanwhile: nothing left to release
             except OSError as exc:

@@ -21,9 +21,13 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Final, Protocol
 
+from metaq.broker.store.mapping import Mapping, MappingPool
+
 log = logging.getLogger(__name__)
 
 NAME_WIDTH: Final = 20
+UNMAPPED: Final = memoryview(b"")
+"""The ``view`` of a segment whose mapping the pool has taken back."""
 _PREFAULT_CHUNK: Final = 4 * 1024 * 1024
 
 
@@ -32,34 +36,126 @@ class Segment:
 
     ``written`` is the high-water mark of bytes its owner has written, which the disk
     seam reads to know what a sync made durable. A reader's memoryview keeps the mapping
-    alive: Python refuses to close a mapping with live views, so :meth:`close` defers
-    until the last reader lets go and no reader ever sees an unmapped page.
+    alive (:class:`~metaq.broker.store.mapping.Mapping`): :meth:`close` defers until the
+    last reader lets go and no reader ever sees an unmapped page.
+
+    A segment in a :class:`~metaq.broker.store.mapping.MappingPool` may be unmapped
+    while idle: ``view`` is :data:`UNMAPPED` then, and :meth:`mapped` maps it again. Code that reads
+    such a segment takes its view from :meth:`mapped` and holds it while it works.
     """
 
-    __slots__ = ("fd", "mm", "path", "size", "start", "synced", "view", "written")
+    __slots__ = (
+        "closed",
+        "fd",
+        "mapping",
+        "path",
+        "pool",
+        "size",
+        "start",
+        "synced",
+        "used",
+        "view",
+        "written",
+    )
 
-    def __init__(self, path: Path, start: int, size: int, fd: int | None, mm: mmap.mmap) -> None:
+    def __init__(
+        self,
+        path: Path,
+        start: int,
+        size: int,
+        fd: int | None,
+        mapping: Mapping,
+        pool: MappingPool | None = None,
+    ) -> None:
         self.path = path
         self.start = start
         self.size = size
         self.fd = fd
-        self.mm = mm
-        # One long-lived view: slicing it is zero-copy, slicing the mmap itself copies.
-        self.view = memoryview(mm)
+        self.mapping: Mapping | None = mapping
+        # One long-lived view of the mapping: slicing it is zero-copy.
+        self.view = mapping.view
         self.written = 0
         self.synced = 0
+        self.closed = False
+        self.used = True
+        self.pool = pool
+        if pool is not None:
+            with pool.lock:
+                pool.admit(self)
 
     @property
     def end(self) -> int:
         return self.start + self.size
 
+    def mapped(self) -> memoryview:
+        """The file's bytes, mapped again first if the pool unmapped them; ValueError
+        once the segment is closed."""
+        view = self.view
+        if view is not UNMAPPED:
+            self.used = True
+            return view
+        return self._map_again()
+
+    def _map_again(self) -> memoryview:
+        pool = self.pool
+        if pool is None:
+            raise ValueError(f"segment {self.path} is closed")
+        with pool.lock:
+            view = self.view
+            if view is not UNMAPPED:
+                return view
+            if self.closed:
+                raise ValueError(f"segment {self.path} is closed")
+            fd = os.open(self.path, os.O_RDWR)
+            try:
+                mapping = Mapping(fd, self.size)
+            finally:
+                os.close(fd)
+            mapping.madvise(mmap.MADV_RANDOM)
+            self.mapping = mapping
+            self.view = view = mapping.view
+            pool.mapped_again += 1
+            pool.admit(self)  # the local name keeps this one mapped meanwhile
+            return view
+
+    def unmap(self) -> bool:
+        """Unmap the file (it stays open for :meth:`mapped`) unless a reader holds a
+        view; whether it is unmapped. For the pool, under its lock."""
+        mapping = self.mapping
+        if mapping is None:
+            return True
+        # Hidden first, so nobody takes the view while it is checked for readers.
+        self.view = UNMAPPED
+        if not mapping.close():
+            self.view = mapping.view
+            return False
+        self.mapping = None
+        return True
+
+    def flush(self) -> None:
+        """Write the file's dirty pages back and wait (msync, or fdatasync if unmapped)."""
+        mapping = self.mapping
+        if mapping is not None:
+            try:
+                mapping.flush()
+                return
+            except ValueError:
+                pass  # unmapped meanwhile: its pages are the file's, sync those
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
+
     def close(self) -> bool:
         """Unmap if no reader holds a view; return whether it is closed."""
-        self.view.release()
-        try:
-            self.mm.close()
-        except BufferError:
-            return False
+        pool = self.pool
+        with pool.lock if pool is not None else contextlib.nullcontext():
+            if not self.unmap():
+                return False
+            self.closed = True
+            if pool is not None:
+                pool.forget(self)
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
@@ -91,6 +187,7 @@ def open_segment(
     preallocate: bool,
     keep_fd: bool,
     prefault: bool | None = None,
+    pool: MappingPool | None = None,
 ) -> Segment:
     """Open or create a segment file of exactly ``size`` bytes and map it.
 
@@ -99,7 +196,8 @@ def open_segment(
     the same), faults the pages in; otherwise the file stays sparse and is mapped for
     random access, which is what ten thousand mostly idle consume queues need. An
     existing file is mapped as it is. A new file that cannot be made is removed again, so
-    a full disk leaves no short file behind for the next start to trip on.
+    a full disk leaves no short file behind for the next start to trip on. With ``pool``
+    the file may be unmapped while idle (:class:`Segment`).
     """
     if prefault is None:
         prefault = preallocate
@@ -128,11 +226,11 @@ def open_segment(
                         os.pwrite(fd, zeros[: size - at], at)
             else:
                 os.ftruncate(fd, size)
-        mm = mmap.mmap(fd, size)
+        mapping = Mapping(fd, size)
         if not preallocate:
             # A first write to a sparse page would otherwise read ahead (and zero-fill)
             # megabytes around it: with 10,000 queues that thrashed the page cache.
-            mm.madvise(mmap.MADV_RANDOM)
+            mapping.madvise(mmap.MADV_RANDOM)
     except BaseException:
         os.close(fd)
         if created:
@@ -140,9 +238,9 @@ def open_segment(
                 path.unlink()
         raise
     if keep_fd:
-        return Segment(path, start, size, fd, mm)
+        return Segment(path, start, size, fd, mapping, pool)
     os.close(fd)
-    return Segment(path, start, size, None, mm)
+    return Segment(path, start, size, None, mapping, pool)
 
 
 def _zero_from(segment: Segment, at: int) -> None:
@@ -154,14 +252,16 @@ def _zero_from(segment: Segment, at: int) -> None:
     their blocks, and they read back as zeros), then reserved again for appends.
     """
     page_end = min(segment.size, -(-at // mmap.PAGESIZE) * mmap.PAGESIZE)
-    segment.view[at:page_end] = bytes(page_end - at)
+    view = segment.mapped()  # held: the pool leaves the mapping alone meanwhile
+    view[at:page_end] = bytes(page_end - at)
     rest = segment.size - page_end
     if rest <= 0:
         return
+    assert segment.mapping is not None
     try:
-        segment.mm.madvise(mmap.MADV_REMOVE, page_end, rest)
+        segment.mapping.madvise(mmap.MADV_REMOVE, page_end, rest)
     except OSError:  # a filesystem that cannot punch holes: write the zeros after all
-        segment.view[page_end:] = bytes(rest)
+        view[page_end:] = bytes(rest)
         return
     if segment.fd is not None:
         os.posix_fallocate(segment.fd, page_end, rest)
@@ -208,7 +308,7 @@ class RealDisk:
         if segment.fd is not None:
             os.fdatasync(segment.fd)
         else:
-            segment.mm.flush()
+            segment.flush()
         segment.synced = max(segment.synced, upto)
 
     def sync_all(self, segments: Sequence[Segment]) -> None:
@@ -250,6 +350,7 @@ class SegmentQueue:
         disk: Disk,
         prefault: bool | None = None,
         may_allocate: Callable[[int], bool] | None = None,
+        pool: MappingPool | None = None,
     ) -> None:
         self.directory = directory
         self.segment_bytes = segment_bytes
@@ -258,6 +359,7 @@ class SegmentQueue:
         self.keep_fd = keep_fd
         self.disk = disk
         self.may_allocate = may_allocate
+        self.pool = pool
         self.segments: list[Segment] = []
         self._retired: list[Segment] = []
         self._lock = threading.Lock()
@@ -340,6 +442,7 @@ class SegmentQueue:
             preallocate=self.preallocate,
             keep_fd=self.keep_fd,
             prefault=prefault,
+            pool=self.pool,
         )
 
     def _open(self, start: int, prefault: bool) -> Segment:

@@ -25,6 +25,7 @@ from metaq.broker.store.consume_queue import QueueTable
 from metaq.broker.store.dispatch import Dispatcher, DispatchService
 from metaq.broker.store.flush import CommitLogFlusher
 from metaq.broker.store.index import MessageIndex, key_for_id, key_for_topic_key
+from metaq.broker.store.mapping import MappingPool
 from metaq.broker.store.page_cache import PageCacheWindow
 from metaq.broker.store.reads import GetResult, GetStatus, read_batch
 from metaq.broker.store.recovery import RecoveryReport, recover
@@ -104,8 +105,12 @@ class MessageStore:
         self.guard = WriteGuard(config, disk_usage) if disk_usage else WriteGuard(config)
         self.commitlog = CommitLog(config, self.disk, self.guard.may_allocate)
         self.guard.pending_bytes = self.commitlog.segments.pending_bytes
+        self.mapped_queue_files = MappingPool(config.mapped_queue_files)
         self.queues = QueueTable(
-            config.consume_queue_dir, config.consume_queue_segment_entries, self.disk
+            config.consume_queue_dir,
+            config.consume_queue_segment_entries,
+            self.disk,
+            self.mapped_queue_files,
         )
         self.index = MessageIndex(
             config.index_dir, config.index_slots, config.index_entries, self.disk
