@@ -106,7 +106,6 @@ def test_flags_override_the_file(tmp_path: Path) -> None:
         ("max_connections = 0", "max_connections must be positive"),
         ("idle_timeout_s = -1", "idle_timeout_s must be 0 (off) or positive"),
         ("fd_reserve = 10", "fd_reserve must be at least 64"),
-        ("min_connection_slots = 0", "min_connection_slots=0 must be positive"),
         ("max_buffered_request_bytes = 1048576", "must be at least max_frame_bytes="),
         ("max_connection_write_bytes = 1024", "max_connection_write_bytes must be at least"),
         (

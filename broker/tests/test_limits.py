@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import subprocess
 import sys
 
@@ -14,13 +15,10 @@ import pytest
 from metaq.broker.limits import (
     STALL_WINDOWS,
     DescriptorBudget,
-    OutOfDescriptors,
     RequestBudget,
     open_fds,
     too_slow,
 )
-from metaq.common.errors import ErrorCode
-from metaq.common.model import TopicConfig
 
 MIB = 1024 * 1024
 
@@ -34,60 +32,16 @@ class Peer:
         self.log.append(self.name)
 
 
-def budget(nofile: int, held: int, opened: dict[str, int] | None = None) -> DescriptorBudget:
-    """A budget whose broker holds ``held`` descriptors besides connections and whose
-    topics have ``opened[name]`` queues with a file (none for a topic not named)."""
-    files = opened or {}
-    account = DescriptorBudget(nofile=nofile, fd_reserve=1024, min_connection_slots=256)
-    account.held = held
-    account.queues_without_files = lambda t: max(t.write_queues - files.get(t.name, 0), 0)
-    return account
-
-
-def test_connections_get_what_the_files_queues_to_open_and_the_reserve_leave() -> None:
-    account = budget(4096, held=100)
-    assert account.connection_slots() == 4096 - 100 - 1024
-    account.unopened = 500
-    assert account.connection_slots() == 4096 - 100 - 500 - 1024
-    # Past the limit: the data plane takes none (it clamps at 0).
-    account.unopened = 4000
-    assert account.connection_slots() < 0
-
-
-def test_a_topic_whose_queues_would_leave_too_few_connections_is_refused() -> None:
-    account = budget(2048, held=100)  # 924 slots
-    account.admit(TopicConfig("Fits", 600, 600), None)
-    assert account.promised == 600 and account.connection_slots() == 324
-    with pytest.raises(OutOfDescriptors) as refused:
-        account.admit(TopicConfig("Wide", 512, 512), None)
-    message = str(refused.value)
-    assert "'Wide'" in message and "512 queues" in message
-    assert "open-file limit of 2048" in message and "min_connection_slots=256" in message
-    # 324 - 512 leaves -188: 444 short of 256, so a limit of 2492 would have taken it.
-    assert "at least 2492" in message and "444 fewer queues" in message
-    assert "ulimit -n" in message and "LimitNOFILE=" in message
-    assert refused.value.retriable and refused.value.code is ErrorCode.STORE_UNAVAILABLE
-    assert account.promised == 600  # nothing booked for the refused one
-
-
-def test_changes_that_add_no_queue_without_a_file_pass_even_over_the_budget() -> None:
-    account = budget(1200, held=100, opened={"Old": 8})  # 76 slots: under the floor
-    old = TopicConfig("Old", 8, 8)
-    account.admit(TopicConfig("Old", 8, 4), old)  # fewer write queues
-    account.admit(TopicConfig("Old", 16, 8), old)  # more read queues only
-    with pytest.raises(OutOfDescriptors):
-        account.admit(TopicConfig("Old", 9, 9), old)  # one more file
-
-
-def test_a_recount_settles_the_promises_it_saw() -> None:
-    account = budget(4096, held=0)
-    account.topics = lambda: [TopicConfig("A", 10, 10)]
-    account.admit(TopicConfig("A", 10, 10), None)
-    assert account.promised == 10
+def test_connections_get_what_the_broker_files_and_the_reserve_leave() -> None:
+    account = DescriptorBudget(nofile=0, fd_reserve=1024)
     account.recount_now(connections=0)
-    # The count sees A's ten queues itself now, and the descriptors really open.
-    assert (account.promised, account.unopened) == (0, 10)
-    assert account.held >= 3  # stdin, stdout, stderr at least
+    held = account.held
+    assert held >= 3  # stdin, stdout, stderr at least
+    assert account.nofile == resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    assert account.connection_slots() == account.nofile - held - 1024
+    # Connections open at the count are theirs, not the broker's.
+    account.recount_now(connections=2)
+    assert account.held == max(held - 2, 0)
 
 
 def test_open_fds_counts_this_process() -> None:

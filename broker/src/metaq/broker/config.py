@@ -91,14 +91,10 @@ class BrokerConfig:
     with a BUSY error saying so. 0 turns the cap off."""
     fd_reserve: int = 1024
     """File descriptors never given to connections, for the files the store opens as it
-    grows (commitlog, consume-queue and index segments, the checkpoint). The soft
-    RLIMIT_NOFILE is raised to the hard limit at start-up; what the broker holds open
-    already and one descriptor per queue not opened yet are set aside besides."""
-    min_connection_slots: int = 256
-    """The fewest data-plane connections the open-file limit must leave (or
-    ``max_connections``, if less): a topic create or change whose new queues (one
-    descriptor each) would leave fewer is refused, naming the limit to raise
-    (:class:`metaq.broker.limits.DescriptorBudget`)."""
+    goes (commitlog segments, a queue or index file while it is created or mapped again,
+    the checkpoint). The soft RLIMIT_NOFILE is raised to the hard limit at start-up; what
+    the broker holds open already is set aside besides. Queues hold none: a mapped file
+    keeps no descriptor (:class:`metaq.broker.limits.DescriptorBudget`)."""
     max_buffered_request_bytes: int = 256 * MIB
     """Bytes of partly received request frames all connections may hold together; a
     connection whose next frame does not fit stops being read until others finish
@@ -306,11 +302,6 @@ class BrokerConfig:
             problems.append("max_connections_per_address must be 0 (no cap) or positive")
         if self.fd_reserve < 64:
             problems.append("fd_reserve must be at least 64 (the store's own files need them)")
-        if self.min_connection_slots < 1:
-            problems.append(
-                f"min_connection_slots={self.min_connection_slots} must be positive: it is "
-                "how many client connections topics must leave room for"
-            )
         if self.small_request_reserve_bytes < 0:
             problems.append("small_request_reserve_bytes must be 0 (off) or positive")
         if self.max_buffered_request_bytes < self.max_frame_bytes + max(

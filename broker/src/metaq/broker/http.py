@@ -7,8 +7,7 @@
 - ``GET /metrics`` — Prometheus text format; with ``metrics_auth`` only with credentials
   (:mod:`metaq.common.scrape_auth`).
 - ``GET /topics``, ``PUT /topics/{name}`` (JSON: read_queues, write_queues, perm,
-  ordered; creates or replaces; 507 when its new queues would leave fewer than
-  ``min_connection_slots`` file descriptors for connections), ``DELETE /topics/{name}``.
+  ordered; creates or replaces), ``DELETE /topics/{name}``.
 - ``GET /consumers`` — live members per consumer group; ``GET /producers`` — the
   connected producers that said who they are; ``GET /offsets`` — committed consumer
   offsets with their lag.
@@ -30,7 +29,7 @@ import dataclasses
 import ssl
 import time
 import zlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,7 +38,6 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from metaq.broker.config import BrokerConfig
 from metaq.broker.consumers import ConsumerGroups
-from metaq.broker.limits import OutOfDescriptors
 from metaq.broker.live_settings import LIVE, LiveSettings, SettingRefused, current
 from metaq.broker.log_check import LogCheck
 from metaq.broker.metrics import BrokerMetrics
@@ -75,8 +73,6 @@ class HttpContext:
     """With auth_enabled: who may use the admin API (``metaq.common.http_auth``)."""
     serving_refusal: Callable[[], str | None] = lambda: None
     """Why the data plane takes no connection now (None: it does)."""
-    recount_descriptors: Callable[[], Awaitable[None]] | None = None
-    """Counts the descriptor budget afresh (before a topic change is judged by it)."""
     scrape: ScrapeCredentials | None = None
     """With metrics_auth: what /metrics and the detail of /health need."""
     count: Callable[[str], None] = lambda _reason: None
@@ -217,13 +213,7 @@ class HttpServer:
         refused = self._refuse_on_slave()
         if refused is not None:
             return refused
-        if self._context.recount_descriptors is not None:
-            # Queue files opened since the data plane's last count count too.
-            await self._context.recount_descriptors()
-        try:
-            self._context.topics.put(config)
-        except OutOfDescriptors as exc:
-            return web.json_response({"error": str(exc)}, status=507)
+        self._context.topics.put(config)
         return web.json_response({name: config.to_json()})
 
     async def delete_topic(self, request: web.Request) -> web.Response:

@@ -1,12 +1,12 @@
 """What the process may take of the host (file descriptors, CPU priority) and what the
 data plane may take of the process (request memory).
 
-File descriptors are shared by the store and the connections, and both grow: each
-consume queue holds one once it has a message, and peers can open connections at will.
-A descriptor the store cannot get (a new consume-queue file, the checkpoint) stops its
-work until one frees up. :class:`DescriptorBudget` keeps one account of them: connections
-take what the store's files, the queues still to be opened and ``fd_reserve`` leave, and a
-topic whose queues would leave fewer than ``min_connection_slots`` is refused.
+File descriptors are shared by the store and the connections. The store holds few and a
+number that does not grow with queues (a mapped file keeps none:
+:mod:`metaq.broker.store.mapping`), but it needs one now and then (a new segment, the
+checkpoint), and peers can open connections at will: a descriptor the store cannot get
+stops its work until one frees up. :class:`DescriptorBudget` keeps one account of them:
+connections take what the broker's own files and ``fd_reserve`` leave.
 Connections may also hold a partly received frame of up to ``max_frame_bytes`` each:
 :class:`RequestBudget` caps the bytes of incomplete frames across all connections, and
 :func:`too_slow` tells a frame that trickles in (holding its reservation) from one that
@@ -20,11 +20,8 @@ import logging
 import os
 import resource
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Final, Protocol
-
-from metaq.common.errors import ErrorCode, MetaqError
-from metaq.common.model import TopicConfig
 
 log = logging.getLogger(__name__)
 
@@ -91,107 +88,43 @@ def open_fds() -> int | None:
         return None
 
 
-QUEUE_DESCRIPTORS: Final = 1
-"""Descriptors a consume queue holds once it has a message: its file stays mapped, and
-although the store closes its own descriptor at once, CPython 3.11's ``mmap.mmap`` keeps a
-duplicate for as long as the mapping lives (3.13's ``trackfd=False`` would keep none).
-A queue holds one more per file it fills (``store.consume_queue_segment_entries``
-entries each) until retention deletes them: ``fd_reserve`` is for that growth."""
-
-
-class OutOfDescriptors(MetaqError):
-    """A topic change would leave the broker fewer connection slots than
-    ``min_connection_slots``; nothing was changed. Another broker may have room."""
-
-    retriable = True
-    code = ErrorCode.STORE_UNAVAILABLE
-
-
 class DescriptorBudget:
     """One account of the open-file limit: what the broker holds open now (store files,
-    HTTP, links to the nameservers), one descriptor for each queue of a topic that has no
-    file open yet (it will, with its first message), ``fd_reserve`` for the files the
-    store opens as it grows (segments, the checkpoint), and the rest for connections.
+    HTTP, links to the nameservers), ``fd_reserve`` for the files the store opens as it
+    goes (segments, the checkpoint, state files), and the rest for connections.
 
-    The data plane takes at most :meth:`connection_slots` connections, and
-    :meth:`admit` refuses a topic change that would leave fewer than
-    ``min_connection_slots``: the two read the same figures, so an admitted topic's
-    queues can open their files without taking the descriptors clients connect with.
-    ``queues_without_files(config)`` counts the queues of ``config`` with no file open
-    yet; ``topics()`` is every topic served. Counts come from :meth:`recount` (every
-    data-plane sweep, and before an admin topic change).
+    The data plane takes at most :meth:`connection_slots` connections. Counts come from
+    :meth:`recount` (every data-plane sweep). Queues cost none, so topics are not
+    counted.
     """
 
-    def __init__(self, *, nofile: int, fd_reserve: int, min_connection_slots: int) -> None:
+    def __init__(self, *, nofile: int, fd_reserve: int) -> None:
         self.nofile = nofile
         """The soft RLIMIT_NOFILE, as of the last count."""
         self.fd_reserve = fd_reserve
-        self.min_connection_slots = min_connection_slots
         self.held = 0
         """Descriptors open at the last count, those of connections not included."""
-        self.unopened = 0
-        """Queues of the topic table without a file open, at the last count."""
-        self.promised = 0
-        """Queues admitted since the last count began (it did not see them)."""
-        self.queues_without_files: Callable[[TopicConfig], int] = lambda _config: 0
-        self.topics: Callable[[], Iterable[TopicConfig]] = tuple
         self._counting = asyncio.Lock()
 
     def connection_slots(self) -> int:
         """Connections that fit beside the broker's own descriptors (may be below 0)."""
-        queues = (self.unopened + self.promised) * QUEUE_DESCRIPTORS
-        return self.nofile - self.held - queues - self.fd_reserve
+        return self.nofile - self.held - self.fd_reserve
 
-    def _measure(self) -> tuple[int, int | None, int]:
-        """The limit, the open descriptors and the queues without files, now. Listing
-        tens of thousands of descriptors takes milliseconds: call it off the loop."""
-        unopened = sum(self.queues_without_files(config) for config in self.topics())
-        return nofile_limit(), open_fds(), unopened
-
-    def _apply(self, measured: tuple[int, int | None, int], connections: int, seen: int) -> None:
-        self.nofile, open_now, self.unopened = measured
+    def _apply(self, nofile: int, open_now: int | None, connections: int) -> None:
+        self.nofile = nofile
         if open_now is not None:
             self.held = max(open_now - connections, 0)
-        self.promised -= seen
 
     def recount_now(self, connections: int) -> None:
         """Count on this thread (start-up)."""
-        self._apply(self._measure(), connections, self.promised)
+        self._apply(nofile_limit(), open_fds(), connections)
 
     async def recount(self, connections: Callable[[], int]) -> None:
-        """Count on a worker thread; ``connections()`` is how many are open when it ends."""
-        async with self._counting:  # one at a time: each settles the promises it saw
-            seen = self.promised
-            measured = await asyncio.to_thread(self._measure)
-            self._apply(measured, connections(), seen)
-
-    def admit(self, config: TopicConfig, previous: TopicConfig | None) -> None:
-        """Take ``config`` (in place of ``previous``) into the account, or raise
-        :class:`OutOfDescriptors` saying which limit to raise."""
-        added = self.queues_without_files(config)
-        if previous is not None:
-            added -= self.queues_without_files(previous)
-        if added <= 0:
-            return
-        left = self.connection_slots() - added * QUEUE_DESCRIPTORS
-        floor = self.min_connection_slots
-        if left >= floor:
-            self.promised += added
-            return
-        short = floor - left
-        fewer = -(-short // QUEUE_DESCRIPTORS)
-        raise OutOfDescriptors(
-            f"topic {config.name!r} is refused: its {added} queues without a file yet need "
-            f"a file descriptor each (a queue's file stays mapped, and the mapping holds "
-            f"one), which would leave {max(left, 0)} for client connections, fewer than "
-            f"min_connection_slots={floor}. Of the broker's open-file limit of "
-            f"{self.nofile}, {self.held} are open, {self.unopened + self.promised} are set "
-            f"aside for other queues not written yet and fd_reserve={self.fd_reserve} for "
-            f"the store's next files. Raise the limit to at least {self.nofile + short} "
-            "(ulimit -n where the broker starts, LimitNOFILE= in its systemd unit, "
-            "metaq_nofile in the Ansible deploy; a running broker also takes a soft limit "
-            f"raised with prlimit --pid), or give the topic {fewer} fewer queues here"
-        )
+        """Count on a worker thread (listing thousands of descriptors takes
+        milliseconds); ``connections()`` is how many are open when it ends."""
+        async with self._counting:
+            open_now = await asyncio.to_thread(open_fds)
+            self._apply(nofile_limit(), open_now, connections())
 
 
 class Waiter(Protocol):

@@ -32,7 +32,6 @@ from prometheus_client.metrics_core import Metric
 from metaq.broker.consumers import ConsumerGroups
 from metaq.broker.delay import DelayScheduler
 from metaq.broker.latency import FSYNC_BUCKETS_S, RPC_BUCKETS_S, LatencyFamily, SingleLatency
-from metaq.broker.limits import OutOfDescriptors
 from metaq.broker.offsets import ConsumerOffsets
 from metaq.broker.role import GroupRole
 from metaq.broker.store import MessageStore
@@ -297,7 +296,7 @@ def rejection_reason(error: MetaqError, store: MessageStore) -> str:
         return error.code.name.lower()
     if store.dead_service is not None:
         return "service_dead"
-    if isinstance(error, OutOfDescriptors) or store.dispatch_starved is not None:
+    if store.dispatch_starved is not None:
         return "out_of_descriptors"
     if store.guard.io_refused:
         return "io_errors"
@@ -488,8 +487,7 @@ class _StateCollector:
         yield _gauge(
             "metaq_connection_slots",
             "Data-plane connections taken at once now: max_connections, or what the "
-            "open-file limit leaves beside the store's files, queues still to be opened "
-            "and fd_reserve",
+            "open-file limit leaves beside the broker's own files and fd_reserve",
             state.connection_slots(),
         )
         yield _gauge(

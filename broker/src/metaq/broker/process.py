@@ -172,7 +172,6 @@ class Broker:
         descriptors = DescriptorBudget(
             nofile=raise_nofile_limit(),
             fd_reserve=config.fd_reserve,
-            min_connection_slots=min(config.min_connection_slots, config.max_connections),
         )
         self._data = DataServer(
             self._handlers,
@@ -195,10 +194,6 @@ class Broker:
         self.store = MessageStore(store_config)
         self.store.flusher.observe_fsync = self.metrics.fsync_latency.latency.observe
         report = self.store.start()
-        descriptors.topics = self.topics.all
-        queues = self.store.queues
-        descriptors.queues_without_files = lambda t: queues.without_files(t.name, t.write_queues)
-        self.topics.admit = descriptors.admit
         idle_poll.busy = self.store.background_busy
         log.info(
             "store open: crashed=%s end=%d redispatched=%d (%.1f ms, %s)",
@@ -291,7 +286,6 @@ class Broker:
                 signed,
                 HttpAuth(signed, user_gate.count) if self.acl is not None else None,
                 self._data.refusal,
-                self._data.recount,
                 scrape=scrape,
                 count=user_gate.count,
                 producers=self.producers,

@@ -285,7 +285,7 @@ class SendHandler:
 
     def _create_topic(self, topic: TopicConfig) -> None:
         try:
-            self._topics.put(topic, admitted=True)
+            self._topics.put(topic)
         except OSError:
             # The messages are stored; failing the send now would only make the producer
             # store them twice. The next send retries the creation.

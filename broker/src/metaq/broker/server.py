@@ -1,8 +1,8 @@
 """The data-plane listener: accepts connections, tracks them, and closes them at shutdown.
 
 It also keeps connections within bounds: at most ``max_connections`` (and never more
-than the descriptor budget leaves beside the store's files, its queues still to be
-opened and ``fd_reserve``: :class:`~metaq.broker.limits.DescriptorBudget`), at most
+than the descriptor budget leaves beside the broker's own files and ``fd_reserve``:
+:class:`~metaq.broker.limits.DescriptorBudget`), at most
 ``max_connections_per_address`` from one client address, none that has not sent a
 whole request (with auth: an authenticated one) after ``handshake_timeout_s`` — and
 when every slot is taken, a new connection takes the slot of the oldest such
@@ -87,9 +87,7 @@ class DataServer:
         self._idle_poll = idle_poll
         self.limits = limits or ConnectionLimits()
         limits = self.limits
-        self.descriptors = descriptors or DescriptorBudget(
-            nofile=1 << 20, fd_reserve=0, min_connection_slots=0
-        )
+        self.descriptors = descriptors or DescriptorBudget(nofile=1 << 20, fd_reserve=0)
         self.budget = RequestBudget(
             max(limits.max_buffered_request_bytes, max_frame_bytes),
             limits.small_request_reserve_bytes,
@@ -140,25 +138,19 @@ class DataServer:
         if self.room <= 0:
             raise ValueError(
                 f"the open-file limit of {budget.nofile} leaves no descriptors for "
-                f"connections once fd_reserve={budget.fd_reserve}, the broker's own files "
-                f"({budget.held}) and one for each queue not opened yet ({budget.unopened}) "
-                "are set aside: raise the hard RLIMIT_NOFILE (LimitNOFILE= under systemd), "
-                "lower fd_reserve or delete topics"
+                f"connections once fd_reserve={budget.fd_reserve} and the broker's own "
+                f"files ({budget.held}) are set aside: raise the hard RLIMIT_NOFILE "
+                "(LimitNOFILE= under systemd) or lower fd_reserve"
             )
         if self.room < self.limits.max_connections:
             log.warning(
                 "only %d data-plane connections fit in the open-file limit of %d "
-                "(max_connections=%d, fd_reserve=%d, %d queues not opened yet)%s: raise "
-                "the hard RLIMIT_NOFILE (LimitNOFILE= under systemd)",
+                "(max_connections=%d, fd_reserve=%d): raise the hard RLIMIT_NOFILE "
+                "(LimitNOFILE= under systemd)",
                 self.room,
                 budget.nofile,
                 self.limits.max_connections,
                 budget.fd_reserve,
-                budget.unopened,
-                f", under min_connection_slots={budget.min_connection_slots}, so no topic "
-                "whose queues have no files yet can be created"
-                if self.room < budget.min_connection_slots
-                else "",
             )
         self._sweeper = _Sweeper(self)
         self._sweeper.start()
@@ -191,10 +183,9 @@ class DataServer:
         budget = self.descriptors
         return (
             f"the broker takes no data-plane connection: its open-file limit of "
-            f"{budget.nofile} leaves none once the store's files ({budget.held} open, "
-            f"{budget.unopened} queues still to open) and fd_reserve={budget.fd_reserve} "
-            "are counted; raise the hard RLIMIT_NOFILE (systemd LimitNOFILE=) or hold "
-            "fewer queues"
+            f"{budget.nofile} leaves none once the broker's own files ({budget.held} "
+            f"open) and fd_reserve={budget.fd_reserve} are counted; raise the hard "
+            "RLIMIT_NOFILE (systemd LimitNOFILE=)"
         )
 
     # --- ConnectionHooks --------------------------------------------------------------

@@ -79,10 +79,6 @@ class TopicTable:
         """The journal record this table is as of (see metaq.broker.journal)."""
         self.listeners: list[Callable[[], object]] = []
         """Called after every change (the registrar re-registers)."""
-        self.admit: Callable[[TopicConfig, TopicConfig | None], None] = lambda _new, _old: None
-        """Raises to refuse a topic (in place of the one it names) that this broker has no
-        room for: the descriptor budget (:class:`metaq.broker.limits.DescriptorBudget`).
-        Topics taken from the master's journal are never refused."""
         self._topics: dict[str, TopicConfig] = {}
         self._load()
 
@@ -159,14 +155,11 @@ class TopicTable:
         }
         return self.put(replace(current, **{k: v for k, v in changes.items() if v is not None}))
 
-    def put(self, config: TopicConfig, *, admitted: bool = False) -> TopicConfig:
-        """Create or replace a topic; ``admitted`` when :meth:`resolve_send` already
-        took it into the budget."""
+    def put(self, config: TopicConfig) -> TopicConfig:
+        """Create or replace a topic."""
         check_config(config)
         if self._topics.get(config.name) != config:
             previous = self._topics.get(config.name)
-            if not admitted:
-                self.admit(config, previous)
             self._topics[config.name] = config
             try:
                 self._save()
@@ -217,9 +210,8 @@ class TopicTable:
     def resolve_send(self, name: str, queue_id: int) -> TopicConfig:
         """The topic a send may go to, or the error to answer with.
 
-        An unknown topic with auto-create on yields a config not yet in the table, taken
-        into the budget: call :meth:`put` (``admitted=True``) once the messages are
-        stored, so a refused send creates nothing.
+        An unknown topic with auto-create on yields a config not yet in the table: call
+        :meth:`put` once the messages are stored, so a refused send creates nothing.
         """
         config = self._topics.get(name)
         if config is None:
@@ -228,18 +220,14 @@ class TopicTable:
                 raise UnknownTopic(f"topic {name!r} is the broker's own; clients cannot send to it")
             if name.startswith(GROUP_TOPIC_PREFIXES):
                 # A consumer group's retry or dead-letter topic, made on first use.
-                config = TopicConfig(name, 1, 1)
-                self.admit(config, None)
-                return config
+                return TopicConfig(name, 1, 1)
             if not self.auto_create:
                 raise UnknownTopic(
                     f"topic {name!r} does not exist on this broker and auto_create_topics "
                     "is off: create it first (admin API) or check the name"
                 )
             config = TopicConfig(name, self.default_queue_count, self.default_queue_count)
-            _open_for(config, "write", queue_id, "; refresh the route")
-            self.admit(config, None)
-            return config
+            return _open_for(config, "write", queue_id, "; refresh the route")
         return _open_for(config, "write", queue_id, "; refresh the route")
 
     def resolve_pull(self, name: str, queue_id: int) -> TopicConfig:

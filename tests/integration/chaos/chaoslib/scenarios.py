@@ -996,11 +996,11 @@ def adversary_disk(ctx: Ctx) -> None:
 
 
 def adversary_descriptors(ctx: Ctx) -> None:
-    """Against group a's master, under load: a stranger asks for a topic of 65,536
-    queues; then the master's open-file limit is cut to what it holds plus a few while
-    new queues get their first messages, and given back after 10 s. The topic is refused
-    naming the limit; the dispatcher waits for descriptors instead of dying, group a
-    refuses sends meanwhile (the producers go to group b), and goes on when they return."""
+    """Against group a's master, under load: the master's open-file limit is cut below
+    what it holds while new queues get their first messages (a new queue file
+    needs a descriptor for a moment, a mapped one none), and given back after 10 s. The
+    dispatcher waits for descriptors instead of dying, group a refuses sends meanwhile
+    (the producers go to group b), and goes on when they return."""
     c = ctx.cluster
     c.wait_in_sync("a")
     master = c.wait_master("a")
@@ -1008,10 +1008,6 @@ def adversary_descriptors(ctx: Ctx) -> None:
     broker = c.brokers[master]
     pid = broker.proc.pid
     start = c.fault("start", "adversary-descriptors", node=master, group="a")
-    status, said = adversary.huge_topic(broker.http_url, "chaos-wide", 65_536)
-    c.history.write("note", text=f"descriptors: a 65,536-queue topic: {status} {said[:300]}")
-    c.check("descriptors: a topic that would lock clients out is refused",
-            status == 507 and "open-file limit" in said, f"{status} {said[:300]}")  # fmt: skip
     status, said = adversary.huge_topic(broker.http_url, "chaos-grow", 64)
     c.check("descriptors: a topic that fits is taken", status == 200, f"{status} {said[:200]}")
     acked: dict[int, bytes] = {}
@@ -1031,7 +1027,9 @@ def adversary_descriptors(ctx: Ctx) -> None:
         finally:
             await client.close()
 
-    soft = adversary.set_soft_nofile(pid, adversary.held_descriptors(pid) + 16)
+    # None free: a queue's file needs a descriptor only while it is created and mapped,
+    # so any room at all would let the dispatcher through.
+    soft = adversary.set_soft_nofile(pid, adversary.held_descriptors(pid) - 8)
     try:
         asyncio.run(first_messages())
         broker.wait_for_line("dispatch waiting for a file descriptor", 20.0)
@@ -1364,8 +1362,8 @@ SCENARIOS: dict[int, Scenario] = {
                  summary="disk past force-clean and full under load, one group unread"),
         Scenario(18, "adversary-descriptors", adversary_descriptors,
                  producers=high_rate_producers, expect={"quiet_groups": ["b"]},
-                 summary="a 65,536-queue topic from a stranger; the master's open-file "
-                         "limit cut while new queues get their first messages"),
+                 summary="the master's open-file limit cut while new queues get their "
+                         "first messages"),
         Scenario(19, "adversary-replay", adversary_replay,
                  ClusterSpec(auth=True, nameserver_args=("--http-port", "0")),
                  producers=high_rate_producers, expect={"quiet_groups": ["a", "b"]},

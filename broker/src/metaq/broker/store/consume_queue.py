@@ -310,17 +310,6 @@ class QueueTable:
         queue = self.queues.get((topic, queue_id))
         return queue if queue is not None else self._make(topic, queue_id)
 
-    def without_files(self, topic: str, queue_count: int) -> int:
-        """How many of ``topic``'s queues ``0 .. queue_count - 1`` have no file open (any
-        thread may ask: it only reads)."""
-        row = self.rows.get(topic.encode())
-        if row is None:
-            return queue_count
-        opened = sum(
-            1 for queue in row[:queue_count] if queue is not None and queue.segments.segments
-        )
-        return queue_count - opened
-
     def next_offsets(self) -> QueueOffsets:
         """Where the appender continues each queue: at its end as dispatched."""
         return QueueOffsets((key, queue.max_offset) for key, queue in self.queues.items())
