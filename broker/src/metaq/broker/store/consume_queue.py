@@ -8,11 +8,12 @@ commitlog whenever they are lost or behind.
 
 from __future__ import annotations
 
+import os
 import struct
 from collections.abc import Iterator
 from itertools import chain
 from pathlib import Path
-from typing import Final
+from typing import Final, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -26,10 +27,22 @@ ENTRY: Final = struct.Struct("<qIq")
 ENTRY_SIZE: Final = ENTRY.size
 ENTRY_DTYPE: Final = np.dtype([("offset", "<i8"), ("size", "<u4"), ("tag", "<i8")])
 """An entry as a numpy record, for reading many at once (packed: 20 bytes)."""
+_READ_WHOLE: Final = 64 * 1024
+"""Up to this many bytes of entries are read in one call to find where they end."""
+
+
+class _Loaded(NamedTuple):
+    first: int
+    """The queue offset of the first entry (one past any empty ones at the file's head)."""
+    first_offset: int
+    last_offset: int
+    last_end: int
+    """The commitlog offsets of the first and last entries' records, and the last's end."""
 
 
 class ConsumeQueue:
     __slots__ = (
+        "_loaded",
         "_tail",
         "_tail_end",
         "_tail_first",
@@ -63,6 +76,9 @@ class ConsumeQueue:
         )
         self.min_offset = 0
         self.max_offset = 0
+        self._loaded: _Loaded | None = None
+        """What :meth:`load` read of a one-file queue, so that recovery need not map it;
+        forgotten at the first change."""
         # The file the next entry goes to, kept at hand with its entry range. Its
         # ``written`` mark lags and is brought up to date by :meth:`settle`. Its view is
         # asked for at each put, never kept: an idle queue's file is unmapped by the
@@ -79,25 +95,52 @@ class ConsumeQueue:
             return True
         self.min_offset = segments[0].start // ENTRY_SIZE
         last = segments[-1]
-        used = self._used_entries(last)
+        used, whole = self._used_entries(last)
         for segment in segments[:-1]:
             segment.written = segment.synced = segment.size
         last.written = last.synced = used * ENTRY_SIZE
         self.max_offset = last.start // ENTRY_SIZE + used
+        if whole is not None and len(segments) == 1 and used:
+            entries = np.frombuffer(whole, ENTRY_DTYPE, used)
+            first = int(np.flatnonzero(entries["size"])[0])
+            self._loaded = _Loaded(
+                self.min_offset + first,
+                int(entries["offset"][first]),
+                int(entries["offset"][-1]),
+                int(entries["offset"][-1]) + int(entries["size"][-1]),
+            )
         return not gaps
 
     @staticmethod
-    def _used_entries(segment: Segment) -> int:
-        """Entries are written front to back, so the first empty one ends the data."""
-        lo, hi = 0, segment.size // ENTRY_SIZE
-        view = segment.mapped()
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if ENTRY.unpack_from(view, mid * ENTRY_SIZE)[1] == 0:
-                hi = mid
-            else:
-                lo = mid + 1
-        return lo
+    def _used_entries(segment: Segment) -> tuple[int, bytes | None]:
+        """Entries are written front to back, so the first empty one ends the data; and
+        the file's bytes up to its first hole when they were read in one go.
+
+        Read from the file, not a mapping: a start with 100,000 queues maps none. The
+        file is sparse, and entries end before its first hole (SEEK_HOLE): for a queue
+        with few messages that is one page, read in one call.
+        """
+        fd = os.open(segment.path, os.O_RDONLY)
+        try:
+            try:
+                data_end = min(os.lseek(fd, 0, os.SEEK_HOLE), segment.size)
+            except OSError:  # a filesystem that cannot say
+                data_end = segment.size
+            lo, hi = 0, min(-(-data_end // ENTRY_SIZE), segment.size // ENTRY_SIZE)
+            whole = os.pread(fd, hi * ENTRY_SIZE, 0) if hi * ENTRY_SIZE <= _READ_WHOLE else None
+            while lo < hi:
+                mid = (lo + hi) // 2
+                at = mid * ENTRY_SIZE
+                entry = (
+                    os.pread(fd, ENTRY_SIZE, at) if whole is None else whole[at : at + ENTRY_SIZE]
+                )
+                if len(entry) < ENTRY_SIZE or ENTRY.unpack(entry)[1] == 0:
+                    hi = mid
+                else:
+                    lo = mid + 1
+            return lo, whole
+        finally:
+            os.close(fd)
 
     def put(self, queue_offset: int, commitlog_offset: int, size: int, tag_code: int) -> None:
         # The tail holds entry max_offset - 1, so the next entry is in it unless it is full.
@@ -152,6 +195,7 @@ class ConsumeQueue:
 
     def _put_slow(self, queue_offset: int, commitlog_offset: int, size: int, tag_code: int) -> None:
         """A new file, a re-dispatched entry, or the first entry of an empty queue."""
+        self._loaded = None
         if queue_offset < self.min_offset < self.max_offset:
             return  # re-dispatch of an entry retention already removed
         at = queue_offset * ENTRY_SIZE
@@ -181,6 +225,12 @@ class ConsumeQueue:
         """The first queue offset from ``start`` on (default: the queue's first) whose entry
         points at or after ``commitlog_offset``; ``max_offset`` when none does. Entries
         are in commitlog order, so a binary search finds it."""
+        loaded = self._loaded
+        if loaded is not None and (start is None or start == self.min_offset == loaded.first):
+            if loaded.last_offset < commitlog_offset:
+                return self.max_offset
+            if loaded.first_offset >= commitlog_offset and self.min_offset == loaded.first:
+                return self.min_offset
         lo, hi = (self.min_offset if start is None else start), self.max_offset
         while lo < hi:
             mid = (lo + hi) // 2
@@ -220,6 +270,9 @@ class ConsumeQueue:
         Entries are in commitlog order, so the cut is found by binary search: walking
         back entry by entry read every page of a cold queue file after a crash.
         """
+        if self._loaded is not None and self._loaded.last_end <= commitlog_end:
+            return  # what the start read says: nothing to cut, and no file mapped to see
+        self._loaded = None
         lo, hi = self.min_offset, self.max_offset
         while lo < hi:
             mid = (lo + hi) // 2
@@ -235,6 +288,11 @@ class ConsumeQueue:
 
     def delete_before_commitlog(self, commitlog_min: int) -> None:
         """Follow the commitlog's retention: drop files wholly below its new minimum."""
+        loaded = self._loaded
+        if loaded is not None and loaded.first_offset >= commitlog_min:
+            self.min_offset = loaded.first
+            return
+        self._loaded = None
         segments = self.segments.segments
         while len(segments) > 1:
             last_entry = (segments[0].end - ENTRY_SIZE) // ENTRY_SIZE
@@ -278,13 +336,13 @@ class QueueTable:
         """Map every queue on disk; return False if any has a file missing in the middle."""
         self.root.mkdir(parents=True, exist_ok=True)
         complete = True
-        for topic_dir in sorted(self.root.iterdir()):
-            if not topic_dir.is_dir():
-                continue
-            for queue_dir in sorted(topic_dir.iterdir()):
-                if queue_dir.name.isdigit():
-                    queue = self._make(topic_dir.name.encode(), int(queue_dir.name))
-                    complete &= queue.load()
+        with os.scandir(self.root) as scan:
+            topic_dirs = sorted(e.name for e in scan if e.is_dir())
+        for topic in topic_dirs:
+            with os.scandir(self.root / topic) as scan:
+                queue_ids = sorted(int(e.name) for e in scan if e.name.isdigit())
+            for queue_id in queue_ids:
+                complete &= self._make(topic.encode(), queue_id).load()
         return complete
 
     def _make(self, topic: bytes, queue_id: int) -> ConsumeQueue:

@@ -64,22 +64,22 @@ class Segment:
         start: int,
         size: int,
         fd: int | None,
-        mapping: Mapping,
+        mapping: Mapping | None,
         pool: MappingPool | None = None,
     ) -> None:
         self.path = path
         self.start = start
         self.size = size
         self.fd = fd
-        self.mapping: Mapping | None = mapping
+        self.mapping = mapping
         # One long-lived view of the mapping: slicing it is zero-copy.
-        self.view = mapping.view
+        self.view = UNMAPPED if mapping is None else mapping.view
         self.written = 0
         self.synced = 0
         self.closed = False
         self.used = True
         self.pool = pool
-        if pool is not None:
+        if pool is not None and mapping is not None:
             with pool.lock:
                 pool.admit(self)
 
@@ -372,11 +372,16 @@ class SegmentQueue:
         A gap (a missing file between two present ones) cannot be filled from this log
         alone; the caller decides whether it can rebuild or must refuse to start.
         """
-        self.directory.mkdir(parents=True, exist_ok=True)
-        names = sorted(p for p in self.directory.iterdir() if p.name.isdigit())
+        try:
+            with os.scandir(self.directory) as scan:
+                entries = sorted((e for e in scan if e.name.isdigit()), key=lambda e: e.name)
+        except FileNotFoundError:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            entries = []
         gaps: list[int] = []
-        for path in names:
-            start = int(path.name)
+        for entry in entries:
+            path = self.directory / entry.name
+            start = int(entry.name)
             if start % self.segment_bytes:
                 raise OSError(
                     f"segment file {path} does not start on a multiple of the segment size "
@@ -384,6 +389,12 @@ class SegmentQueue:
                 )
             if self.segments and start != self.segments[-1].end:
                 gaps.append(self.segments[-1].end)
+            if self.pool is not None and entry.stat().st_size == self.segment_bytes:
+                # Mapped when first touched: a start with 100,000 queues maps none.
+                self.segments.append(
+                    Segment(path, start, self.segment_bytes, None, None, self.pool)
+                )
+                continue
             # Existing files are never refilled; the flag still picks the access pattern.
             self.segments.append(self._open_file(path, start, self.prefault))
         return gaps
