@@ -57,7 +57,8 @@ def test_idle_queue_files_are_unmapped_and_read_back_when_touched(
     cq_dir = store.config.consume_queue_dir
     assert mapped_files_under(cq_dir) <= 8
     pool = store.mapped_queue_files
-    assert pool.unmapped >= 92 and pool.mapped_again > 0
+    # The second round's entries went to unmapped files without mapping them again.
+    assert pool.unmapped >= 92 and pool.mapped_again == 0
     for t in range(10):
         for q in range(10):
             result = store.get(f"T{t}", q, 0)
@@ -65,6 +66,7 @@ def test_idle_queue_files_are_unmapped_and_read_back_when_touched(
             bodies = [bytes(view) for view in result.records]
             assert len(bodies) == 2 and all(f"{t}/{q}".encode() in body for body in bodies)
             result.release()
+    assert pool.mapped_again >= 92  # reading maps a file again
     assert mapped_files_under(cq_dir) <= 8
 
 

@@ -147,7 +147,7 @@ class ConsumeQueue:
         tail = self._tail
         if tail is not None and queue_offset == self.max_offset and queue_offset < self._tail_end:
             pos = (queue_offset - self._tail_first) * ENTRY_SIZE
-            ENTRY.pack_into(tail.mapped(), pos, commitlog_offset, size, tag_code)
+            tail.write(pos, ENTRY.pack(commitlog_offset, size, tag_code))
             self.max_offset = queue_offset + 1
             return
         self._put_slow(queue_offset, commitlog_offset, size, tag_code)
@@ -167,8 +167,7 @@ class ConsumeQueue:
             ):
                 run = min(count - done, self._tail_end - queue_offset)
                 pos = (queue_offset - self._tail_first) * ENTRY_SIZE
-                view = tail.mapped()
-                view[pos : pos + run * ENTRY_SIZE] = entries[done : done + run].tobytes()
+                tail.write(pos, entries[done : done + run].tobytes())
                 self.max_offset = queue_offset + run
                 done += run
             else:
@@ -201,7 +200,7 @@ class ConsumeQueue:
         at = queue_offset * ENTRY_SIZE
         segment = self.segments.segment_for_write(at)
         pos = at - segment.start
-        ENTRY.pack_into(segment.mapped(), pos, commitlog_offset, size, tag_code)
+        segment.write(pos, ENTRY.pack(commitlog_offset, size, tag_code))
         if pos + ENTRY_SIZE > segment.written:
             segment.written = pos + ENTRY_SIZE
         if self.max_offset == self.min_offset:
