@@ -18,7 +18,7 @@ STAMP := .venv/.setup-stamp
 
 PYTEST_ARGS ?=
 
-.PHONY: setup ci-deps test lint dist deploy-lint deploy-test generate check-generated run store-demo spark-demo bench-spark bench-store bench-dispatch bench-framing bench-idle-poll bench-queues bench-sync-one bench-e2e bench-failover bench-failover-compare bench-features bench-compare bench-accumulation bench-metaq2 bench-spark-kafka chaos clean peers peers-kafka peers-rocketmq peers-spark-kafka
+.PHONY: setup ci-deps test lint dist deploy-lint deploy-test generate check-generated run store-demo spark-demo bench-spark bench-store bench-dispatch bench-framing bench-idle-poll bench-queues bench-sync-one bench-e2e bench-failover bench-failover-compare bench-features bench-compare bench-accumulation bench-metaq2 bench-scale bench-spark-kafka chaos clean peers peers-kafka peers-rocketmq peers-spark-kafka
 
 setup: $(STAMP)
 
@@ -215,6 +215,14 @@ bench-accumulation: setup
 METAQ2_ARGS ?=
 bench-metaq2: setup
 	$(UV) run --frozen python bench/bench_metaq2.py $(METAQ2_ARGS)
+
+# Queues per broker, 16 to 100,000 (docs/benchmarks.md): append rate, RSS, descriptors,
+# mappings, start-up and recovery; the chart into docs/images, the last line JSON.
+# make bench-scale SCALE_ARGS="--points 16,1000 --seconds 3"
+SCALE_ARGS ?=
+bench-scale: setup
+	$(UV) sync --frozen --all-packages --group bench
+	$(UV) run --frozen --group bench python bench/bench_scale.py --chart docs/images/bench-scale-queues.png $(SCALE_ARGS)
 
 # The chaos suite (docs/chaos.md): every scenario on network namespaces (needs root; falls
 # back to loopback and says so), a checker table each, one JSON line last.
