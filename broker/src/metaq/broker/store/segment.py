@@ -97,12 +97,16 @@ class Segment:
         return self._map_again()
 
     def write(self, at: int, data: bytes) -> None:
-        """Write ``data`` at ``at``: through the mapping, or into the file if the pool
-        unmapped it. Mapping a file again and faulting its page in cost ~50 µs on the
-        benchmark VM, a write through a descriptor opened for it ~8: a queue written
-        but not read (its consumers away) is not worth a mapping. Both reach the same
-        page cache pages, so a reader's mapping sees the bytes either way."""
+        """Write ``data`` at ``at``: through the mapping, mapped again first while the
+        pool has room, or else into the file. Mapping a file again (evicting another)
+        and faulting its page in cost ~50 µs on the benchmark VM, a write through a
+        descriptor opened for it ~8: with more queues written than the pool holds, a
+        queue written but not read is not worth a mapping. Both reach the same page
+        cache pages, so a reader's mapping sees the bytes either way."""
         view = self.view  # held: the pool leaves the mapping alone meanwhile
+        pool = self.pool
+        if view is UNMAPPED and pool is not None and len(pool) < pool.capacity:
+            view = self._map_again()
         if view is not UNMAPPED:
             self.used = True
             view[at : at + len(data)] = data
