@@ -543,6 +543,11 @@ def test_the_dispatcher_waits_for_descriptors_and_resumes_when_the_limit_is_rais
         await Admin().put_topic(broker.http_url, "Grow", TopicSettings(queues, queues))
         client = await connect(broker)
         try:
+            # connect() returns once the kernel has queued the connection, maybe before
+            # the broker accepted it: one left in the backlog when the limit drops cannot
+            # get a descriptor, and the event loop accepts and closes it to drain the
+            # backlog (a reset once the send arrives). An answer proves it was taken.
+            await client.heartbeat()
             # No descriptor free at all: a new queue's file cannot be created. (Any room
             # would do: a queue's file needs one only while it is created and mapped.)
             set_soft_nofile(broker, held_descriptors(broker) - 8)
