@@ -144,7 +144,6 @@ class Dispatcher:
     ) -> tuple[list[int], list[int], list[int]]:
         """:meth:`_dispatch_run` a record at a time: the same queue and index entries."""
         view = segment.view
-        mm = segment.mm  # slicing the mmap itself yields bytes in one step
         unpack = _FIELDS.unpack_from
         queues = self.queues
         rows = queues.rows
@@ -155,7 +154,7 @@ class Dispatcher:
             (size, queue_offset, store_ms, queue_id, msg_id, topic_len, tags_len,
              keys_len) = unpack(view, pos)  # fmt: skip
             at = pos + HEADER_SIZE
-            topic = mm[at : at + topic_len]
+            topic = view[at : at + topic_len].tobytes()
             row = rows.get(topic)
             queue = row[queue_id] if row is not None and 0 <= queue_id < len(row) else None
             if queue is None:
@@ -170,7 +169,7 @@ class Dispatcher:
             times.append(store_ms)
             if keys_len:
                 at += tags_len
-                for key in mm[at : at + keys_len].split(b" "):
+                for key in view[at : at + keys_len].tobytes().split(b" "):
                     hashes.append(hash_key(key_for_topic_key(topic, key)))
                     offsets.append(offset)
                     times.append(store_ms)
