@@ -99,10 +99,11 @@ class Segment:
     def write(self, at: int, data: bytes) -> None:
         """Write ``data`` at ``at``: through the mapping, mapped again first while the
         pool has room, or else into the file. Mapping a file again (evicting another)
-        and faulting its page in cost ~50 µs on the benchmark VM, a write through a
-        descriptor opened for it ~8: with more queues written than the pool holds, a
-        queue written but not read is not worth a mapping. Both reach the same page
-        cache pages, so a reader's mapping sees the bytes either way."""
+        and faulting its page in costs several times a write through a descriptor
+        opened for it (docs/benchmarks.md, "Queues per broker"): with more queues
+        written than the pool holds, a queue written but not read is not worth a
+        mapping. Both reach the same page cache pages, so a reader's mapping sees the
+        bytes either way."""
         view = self.view  # held: the pool leaves the mapping alone meanwhile
         pool = self.pool
         if view is UNMAPPED and pool is not None and len(pool) < pool.capacity:
