@@ -16,7 +16,7 @@ from typing import Any, Final, Literal
 from metaq.broker.files import load_json_state, write_json_atomically
 from metaq.common.errors import ErrorCode, InvalidMessage, MetaqError
 from metaq.common.model import TOPIC_PERMISSIONS, Permission, TopicConfig
-from metaq.common.names import GROUP_TOPIC_PREFIXES
+from metaq.common.names import GROUP_TOPIC_PREFIXES, TRACE_TOPIC
 from metaq.common.record import MAX_QUEUES_PER_TOPIC, check_topic
 
 log = logging.getLogger(__name__)
@@ -218,8 +218,9 @@ class TopicTable:
             check_topic(name)
             if name.startswith(SYSTEM_PREFIX):
                 raise UnknownTopic(f"topic {name!r} is the broker's own; clients cannot send to it")
-            if name.startswith(GROUP_TOPIC_PREFIXES):
-                # A consumer group's retry or dead-letter topic, made on first use.
+            if name.startswith(GROUP_TOPIC_PREFIXES) or name == TRACE_TOPIC:
+                # A consumer group's retry or dead-letter topic, or the message trace
+                # topic: made on first use.
                 return TopicConfig(name, 1, 1)
             if not self.auto_create:
                 raise UnknownTopic(

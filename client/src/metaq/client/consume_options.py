@@ -64,6 +64,9 @@ class PushConsumerConfig:
     consume_from: ConsumeFrom = FIRST
     max_inflight_messages: int = 1000
     max_inflight_bytes: int = 64 * 1024 * 1024
+    trace: bool = False
+    """Write the trace of every message handled (:mod:`metaq.client.trace`): which
+    member, which attempt, with what outcome, and where a failed one was sent back to."""
     concurrency: int = 16
     """Handlers running at once, over all queues."""
     long_poll_timeout_ms: int = 15_000

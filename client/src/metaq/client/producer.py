@@ -46,7 +46,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 from tenacity.wait import wait_random_exponential
 
 from metaq.client.accumulator import Accumulator, Batch
@@ -54,10 +54,12 @@ from metaq.client.connection import ConnectionPool
 from metaq.client.errors import ConnectionLost, ProducerClosed, RequestTimeout
 from metaq.client.identity import CLIENT_VERSION, LANGUAGE, new_client_id
 from metaq.client.message import OutgoingMessage
+from metaq.client.observe import Observer
 from metaq.client.results import SendResult
 from metaq.client.routes import RouteCache
 from metaq.client.selection import BrokerHealth, QueueSelector, RoundRobinSelector, shard_queue
 from metaq.client.sender import Sender
+from metaq.client.trace import TraceDispatcher
 from metaq.common import record
 from metaq.common.errors import InvalidMessage, MetaqError
 from metaq.common.framing import Buffer
@@ -109,6 +111,9 @@ class ProducerConfig:
     answer_poll_us: int = 1000
     """How long the event loop polls for an answer instead of sleeping, while answers
     come back that quickly (:mod:`metaq.client.answer_poll`); 0 turns it off."""
+    trace: bool = False
+    """Write the trace of every message sent (:mod:`metaq.client.trace`): where it was
+    stored, by whom, when; ``metaq trace MSG_ID`` shows it."""
 
     def validate(self) -> None:
         problems = []
@@ -175,6 +180,8 @@ class Producer:
         retries: int = 2,
         client_id: str = "",
         computer_room: str = "",
+        trace: bool = False,
+        observers: Sequence[Observer] = (),
         queue_selector: QueueSelector | None = None,
         config: ProducerConfig | None = None,
         routes: RouteCache | None = None,
@@ -196,6 +203,7 @@ class Producer:
                 retries=retries,
                 client_id=client_id,
                 computer_room=computer_room,
+                trace=trace,
             )
         config.validate()
         self.config = config
@@ -225,6 +233,15 @@ class Producer:
         self._sender: Sender | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
+        self.client_id = config.client_id or new_client_id()
+        self.trace: TraceDispatcher | None = (
+            TraceDispatcher(self.routes, self.client_id) if config.trace else None
+        )
+        """Writes the trace of each message sent, with ``trace`` on."""
+        self._observers: tuple[Observer, ...] = (
+            (*observers, self.trace) if self.trace is not None else tuple(observers)
+        )
+        """Told of every send (their cost is theirs: none given, none paid)."""
 
     # --- lifecycle --------------------------------------------------------------------
 
@@ -245,7 +262,7 @@ class Producer:
             connect_timeout_s=c.connect_timeout_s, credentials=self.credentials, tls=self.tls
         )
         pool.hello = ClientHello(
-            client_id=c.client_id or new_client_id(),
+            client_id=self.client_id,
             producer_group=c.group,
             computer_room=c.computer_room,
             client_version=CLIENT_VERSION,
@@ -285,6 +302,8 @@ class Producer:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.trace is not None:
+            await self.trace.close()
         if self._owns_routes:
             await self.routes.stop()
 
@@ -328,6 +347,24 @@ class Producer:
         and after the retries the last retriable error (BrokerError, ConnectionLost,
         RequestTimeout, NoNameServer, NoWritableQueue).
         """
+        sending = self._send(
+            topic, body, tags, keys, properties, sharding_key, delay_level, deliver_at_ms
+        )
+        if not self._observers:
+            return await sending
+        return (await self._watched(topic, self._listed(sending)))[0]
+
+    async def _send(
+        self,
+        topic: str,
+        body: bytes,
+        tags: str,
+        keys: Sequence[str],
+        properties: Mapping[str, str] | None,
+        sharding_key: str | bytes | None,
+        delay_level: int | None,
+        deliver_at_ms: int | None,
+    ) -> SendResult:
         if delay_level is not None or deliver_at_ms is not None:
             properties = with_delay(properties, delay_level, deliver_at_ms)
         route = await self.writable_route(topic)
@@ -358,19 +395,26 @@ class Producer:
         The common case (route cached, no failure) costs one callback per message and no
         task; a retry runs as a task the producer owns and awaits on close.
         """
+        out = self._send_async(topic, body, tags, keys, properties, sharding_key)
+        if self._observers:
+            self._watch(topic, out)
+        return out
+
+    def _send_async(
+        self,
+        topic: str,
+        body: bytes,
+        tags: str,
+        keys: Sequence[str],
+        properties: Mapping[str, str] | None,
+        sharding_key: str | bytes | None,
+    ) -> asyncio.Future[SendResult]:
         loop = asyncio.get_running_loop()
         out: asyncio.Future[SendResult] = loop.create_future()
         try:
             route = self._cached_writable(topic)
             if route is None:
-                coro = self.send(
-                    topic,
-                    body,
-                    tags=tags,
-                    keys=keys,
-                    properties=properties,
-                    sharding_key=sharding_key,
-                )
+                coro = self._send(topic, body, tags, keys, properties, sharding_key, None, None)
                 self._spawn(self._into(out, coro))
                 return out
             queue, rec, waiter = self._append(route, body, tags, keys, properties, sharding_key)
@@ -427,6 +471,16 @@ class Producer:
         retries that frame on another queue (on the same queue with ``sharding_key``); if
         it still fails, the error is raised and earlier frames may have been stored.
         """
+        if not self._observers:
+            return await self._send_batch(topic, messages, sharding_key)
+        return await self._watched(topic, self._send_batch(topic, messages, sharding_key))
+
+    async def _send_batch(
+        self,
+        topic: str,
+        messages: Sequence[OutgoingMessage | bytes],
+        sharding_key: str | bytes | None,
+    ) -> list[SendResult]:
         sender = self.sender
         if not messages:
             return []
@@ -472,6 +526,8 @@ class Producer:
         sent = self.sender.submit(batch)
         out: asyncio.Future[list[SendResult]] = loop.create_future()
         self._spawn(self._into(out, self._answer(batch, sent, sharded=True)))
+        if self._observers:
+            self._watch(topic, out)
         return out
 
     async def writable_route(self, topic: str) -> TopicRoute:
@@ -488,6 +544,48 @@ class Producer:
         return route
 
     # --- internals --------------------------------------------------------------------
+
+    async def _watched(self, topic: str, sending: Awaitable[list[SendResult]]) -> list[SendResult]:
+        """``sending``'s results, each observer told of them (or of its failure)."""
+        started_ms = int(time.time() * 1000)
+        began = time.perf_counter()
+        group = self.config.group
+        try:
+            results = await sending
+        except BaseException as exc:
+            for observer in self._observers:
+                observer.send_failed(group, topic, exc, time.perf_counter() - began)
+            raise
+        seconds = time.perf_counter() - began
+        for observer in self._observers:
+            observer.sent(group, topic, results, started_ms, seconds)
+        return results
+
+    def _watch(
+        self, topic: str, sending: asyncio.Future[SendResult] | asyncio.Future[list[SendResult]]
+    ) -> None:
+        """:meth:`_watched` for a future the caller holds."""
+        started_ms = int(time.time() * 1000)
+        began = time.perf_counter()
+        group = self.config.group
+
+        def done(future: asyncio.Future[Any]) -> None:
+            seconds = time.perf_counter() - began
+            if future.cancelled():
+                return
+            exc = future.exception()
+            for observer in self._observers:
+                if exc is not None:
+                    observer.send_failed(group, topic, exc, seconds)
+                else:
+                    result = future.result()
+                    results = result if isinstance(result, list) else [result]
+                    observer.sent(group, topic, results, started_ms, seconds)
+
+        sending.add_done_callback(done)
+
+    async def _listed(self, sending: Awaitable[SendResult]) -> list[SendResult]:
+        return [await sending]
 
     def _cached_writable(self, topic: str) -> TopicRoute | None:
         """The cached route when it has a writable queue: the one place a send looks at
@@ -585,7 +683,16 @@ class Producer:
         log.info("send to %s %s failed, retrying: %s", topic, failed, first_error)
         self.routes.expect_change(topic, failed.broker_name, failed.address)
         previous = failed
+        observers = self._observers
+
+        def retrying(state: RetryCallState) -> None:
+            outcome = state.outcome
+            error = outcome.exception() if outcome is not None else None
+            for observer in observers:
+                observer.send_retried(c.group, topic, error or first_error)
+
         policy = AsyncRetrying(
+            before=retrying if observers else lambda _state: None,
             stop=stop_after_attempt(c.retries),
             wait=wait_random_exponential(multiplier=c.retry_backoff_s, max=c.retry_backoff_max_s),
             retry=retry_if_exception(_retriable),

@@ -69,6 +69,7 @@ from metaq.client.handlers import LATER, ConsumeResult, ConsumeStats, HandlerPoo
 from metaq.client.identity import new_client_id
 from metaq.client.membership import GroupMembership
 from metaq.client.message import Message
+from metaq.client.observe import Observer
 from metaq.client.offset_store import LocalOffsetStore
 from metaq.client.process_queue import ProcessQueue
 from metaq.client.pull_consumer import PullConsumer, PullResult, PullStatus
@@ -76,6 +77,7 @@ from metaq.client.rebalance import plan_rebalance
 from metaq.client.retry import SendBack, as_original
 from metaq.client.routes import RouteCache
 from metaq.client.tags import TagFilter
+from metaq.client.trace import TraceDispatcher
 from metaq.common.model import ConsumeMode, QueueRoute, TopicRoute
 from metaq.common.names import retry_topic
 from metaq.common.service import PeriodicService
@@ -140,6 +142,7 @@ class PushConsumer:
         secret_key: str = "",
         credentials: Credentials | None = None,
         tls: TlsConfig | None = None,
+        observers: Sequence[Observer] = (),
         **options: Any,
     ) -> None:
         self.config = PushConsumerConfig(group=group, **options)
@@ -166,6 +169,14 @@ class PushConsumer:
         self._assignments: dict[str, dict[str, list[QueueRoute]]] = {}
         """Per topic, the whole group's assignment as this member last computed it."""
         self._local: LocalOffsetStore | None = None
+        self.trace: TraceDispatcher | None = (
+            TraceDispatcher(self._routes, self.client_id) if self.config.trace else None
+        )
+        """Writes the trace of each message handled, with ``trace`` on."""
+        self._observers: tuple[Observer, ...] = (
+            (*observers, self.trace) if self.trace is not None else tuple(observers)
+        )
+        """Told of every pull, handler call and send-back (none given, none paid)."""
         self._send_back: SendBack | None = None
         if self.config.mode is ConsumeMode.CLUSTERING:
             self._send_back = SendBack(
@@ -176,6 +187,7 @@ class PushConsumer:
                 first_retry_level=self.config.first_retry_level,
                 delay_levels=self.config.delay_levels,
                 timeout_s=self.config.request_timeout_s,
+                observers=self._observers,
             )
         self._handlers = HandlerPool(
             self.config.concurrency,
@@ -324,6 +336,8 @@ class PushConsumer:
                 await self._membership.leave()
             except Exception as exc:
                 log.warning("could not tell the brokers this consumer leaves: %s", exc)
+        if self.trace is not None:
+            await self.trace.close()
         await self._puller.close()
 
     async def __aenter__(self) -> PushConsumer:
@@ -685,6 +699,7 @@ class PushConsumer:
         self, queue: ProcessQueue[QueueRoute], sub: _Subscription, long_poll_s: float
     ) -> PullResult:
         commit = queue.commit_due() if self._local is None else None
+        began = time.perf_counter()
         result = await self._puller.pull(
             queue.topic,
             queue.route,
@@ -698,6 +713,13 @@ class PushConsumer:
         )
         if commit is not None:
             queue.committed = commit
+        if self._observers:
+            seconds = time.perf_counter() - began
+            for observer in self._observers:
+                observer.pulled(
+                    self.config.group, queue.topic, queue.route.broker_name,
+                    len(result.messages), seconds,
+                )  # fmt: skip
         return result
 
     def _apply(
@@ -754,14 +776,24 @@ class PushConsumer:
     def _dispatch(
         self, queue: ProcessQueue[QueueRoute], sub: _Subscription, messages: list[Message]
     ) -> None:
-        if sub.handler is not None:
-            self._handlers.submit_each(queue, messages, sub.handler)
+        handler, batch_handler = sub.handler, sub.batch_handler
+        if self._observers:
+            broker = queue.route.broker_name
+            if handler is not None:
+                handler = _observed(handler, self._observers, self.config.group, broker)
+            else:
+                assert batch_handler is not None
+                batch_handler = _observed_batch(
+                    batch_handler, self._observers, self.config.group, broker
+                )
+        if handler is not None:
+            self._handlers.submit_each(queue, messages, handler)
             return
-        assert sub.batch_handler is not None
+        assert batch_handler is not None
         size = self.config.consume_batch_size
         for at in range(0, len(messages), size):
             batch = messages[at : at + size]
-            self._handlers.submit(queue, batch, _bind(sub.batch_handler, batch))
+            self._handlers.submit(queue, batch, _bind(batch_handler, batch))
 
     async def _retrying(
         self, queue: ProcessQueue[QueueRoute], call: Callable[[], Awaitable[Any]]
@@ -852,6 +884,57 @@ class _Lease:
     def fresh(self, fraction: float) -> bool:
         """Granted less than ``fraction`` of the time to live ago: no renewal needed."""
         return time.monotonic() - self._sent < self._ttl_s * fraction
+
+
+def _observed(
+    handler: MessageHandler, observers: Sequence[Observer], group: str, broker: str
+) -> MessageHandler:
+    """``handler``, each call reported to ``observers``."""
+
+    async def call(message: Message) -> ConsumeResult | None:
+        started_ms = int(time.time() * 1000)
+        began = time.perf_counter()
+        error: BaseException | None = None
+        try:
+            result = await handler(message)
+            if result is LATER:
+                error = ReconsumeLater("the handler asked to see the message later")
+            return result
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            seconds = time.perf_counter() - began
+            for observer in observers if not isinstance(error, asyncio.CancelledError) else ():
+                observer.consumed(group, broker, message, error, started_ms, seconds)
+
+    return call
+
+
+def _observed_batch(
+    handler: BatchHandler, observers: Sequence[Observer], group: str, broker: str
+) -> BatchHandler:
+    """``handler``, each call reported to ``observers`` for each message of its batch."""
+
+    async def call(messages: list[Message]) -> ConsumeResult | None:
+        started_ms = int(time.time() * 1000)
+        began = time.perf_counter()
+        error: BaseException | None = None
+        try:
+            result = await handler(messages)
+            if result is LATER:
+                error = ReconsumeLater("the handler asked to see the messages later")
+            return result
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            seconds = time.perf_counter() - began
+            for observer in observers if not isinstance(error, asyncio.CancelledError) else ():
+                for message in messages:
+                    observer.consumed(group, broker, message, error, started_ms, seconds)
+
+    return call
 
 
 def _bind(

@@ -17,12 +17,14 @@ groups reading the same topic never see them.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Final
 
 from msgspec.structs import replace
 
 from metaq.client.connection import ConnectionPool
 from metaq.client.message import Message
+from metaq.client.observe import Observer
 from metaq.client.routes import RouteCache
 from metaq.common import record
 from metaq.common.framing import FrameType
@@ -98,8 +100,10 @@ class SendBack:
         first_retry_level: int,
         delay_levels: int,
         timeout_s: float,
+        observers: Sequence[Observer] = (),
     ) -> None:
         self._routes = routes
+        self._observers = observers
         self._connections = connections
         self._group = group
         self._max = max_reconsume_times
@@ -139,6 +143,8 @@ class SendBack:
             return False
         if SendResponse.FromString(reply.header).status != SendResponse.OK:
             return False
+        for observer in self._observers:
+            observer.sent_back(self._group, broker_name, message, target)
         if target.startswith(DLQ_PREFIX):
             self.dead_lettered += 1
             log.error(

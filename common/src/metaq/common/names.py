@@ -26,6 +26,9 @@ DLQ_PREFIX: Final = "%DLQ%"
 """``%DLQ%G``: where consumer group G's messages go after their last retry failed."""
 GROUP_TOPIC_PREFIXES: Final = (RETRY_PREFIX, DLQ_PREFIX)
 """The prefixes of the topics that belong to a consumer group rather than a producer."""
+TRACE_TOPIC: Final = "%TRACE%"
+"""Where clients with tracing on write the trace of each message they send or consume
+(:mod:`metaq.client.trace`), keyed by message id; made by a broker on first use."""
 
 SHOWN_CHARS: Final = 64
 """At most this many characters of a refused value are quoted back in an error."""

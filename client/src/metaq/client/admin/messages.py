@@ -7,12 +7,14 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Final
 
 from metaq.client.admin.cluster import ClusterAdmin
-from metaq.client.admin.results import StoredMessage
-from metaq.client.errors import AdminError, BrokerAdminError
+from metaq.client.admin.results import MessageTrace, StoredMessage
+from metaq.client.errors import AdminError, BrokerAdminError, UnknownTopic
 from metaq.client.message import Message
 from metaq.client.pull_consumer import PullStatus
 from metaq.client.routes import BrokerInfo
+from metaq.client.trace import decode_events
 from metaq.common.model import QueueRoute
+from metaq.common.names import TRACE_TOPIC
 
 _READ_BATCH: Final = 256
 
@@ -43,6 +45,36 @@ class MessageAdmin(ClusterAdmin):
                 return found
         where = f"; could not ask {'; '.join(unreachable)}" if unreachable else ""
         raise AdminError(f"no broker holds message {raw.hex()}{where}")
+
+    async def message_trace(self, msg_id: str) -> MessageTrace:
+        """Where message ``msg_id`` went: the message as stored, and every trace event
+        producers and consumers with tracing on wrote for it (:mod:`metaq.client.trace`),
+        oldest first. AdminError when neither the message nor a trace of it is found."""
+        try:
+            raw = bytes.fromhex(msg_id)
+        except ValueError:
+            raw = b""
+        if len(raw) != 16:
+            raise AdminError(f"a message id is 32 hex digits, not {msg_id!r}")
+        msg_id = raw.hex()
+        problems = []
+        stored: StoredMessage | None = None
+        try:
+            stored = await self.message_by_id(msg_id)
+        except AdminError as exc:
+            problems.append(str(exc))
+        try:
+            records = await self.messages_by_key(TRACE_TOPIC, msg_id, limit=1000)
+        except UnknownTopic:
+            records = []
+            problems.append(
+                f"no broker holds the trace topic {TRACE_TOPIC}: no client with tracing on "
+                "has sent or consumed a message yet"
+            )
+        events = decode_events(msg_id, (m.body for m in records if m.body_encoding == "text"))
+        if stored is None and not events:
+            raise AdminError("; ".join(problems))
+        return MessageTrace(msg_id, stored, events, problems)
 
     async def messages_by_key(
         self, topic: str, key: str, *, limit: int = 32

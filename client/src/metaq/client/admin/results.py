@@ -14,6 +14,7 @@ from typing import Any, Final
 import msgspec
 
 from metaq.client.pull_consumer import QueueOffsets
+from metaq.client.trace import TraceEvent
 from metaq.common.model import GroupControl, QueueRoute
 
 MIN_QUEUES: Final = 1
@@ -70,6 +71,22 @@ class StoredMessage(msgspec.Struct, frozen=True):
 
     def to_json(self) -> dict[str, Any]:
         return msgspec.structs.asdict(self)
+
+
+class MessageTrace(msgspec.Struct, frozen=True):
+    """Where one message went (:meth:`Admin.message_trace
+    <metaq.client.admin.Admin.message_trace>`): the message as stored (None when no
+    broker holds it any more), and the trace events clients with tracing on wrote for it,
+    oldest first."""
+
+    msg_id: str
+    message: StoredMessage | None
+    events: list[TraceEvent]
+    problems: list[str] = msgspec.field(default_factory=list)
+    """What could not be asked (the message itself, or the trace topic)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return msgspec.to_builtins(self)  # type: ignore[no-any-return]
 
 
 class CommittedOffset(msgspec.Struct, frozen=True):

@@ -32,6 +32,7 @@ COMMAND_MODULES: Final = (
     "topic",
     "send",
     "query",
+    "trace",
     "consume",
     "read",
     "progress",
