@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import sys
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -37,7 +38,7 @@ async def _metaq(cluster: Cluster, *args: str) -> tuple[int, str, str]:
 def test_trace_shows_send_store_each_groups_deliveries_and_the_retry_hop(
     cluster_factory: Callable[[ClusterBuilder], Cluster],
 ) -> None:
-    cluster = cluster_factory(ClusterBuilder())
+    cluster = cluster_factory(ClusterBuilder(nameserver_args=("--http-port", "0")))
     nameservers = cluster.nameserver_addresses
     run_async(cluster.create_topic(TOPIC, queues=2))
     handled: dict[str, list[Message]] = {"plain": [], "steady": [], "flaky": []}
@@ -140,3 +141,13 @@ def test_trace_shows_send_store_each_groups_deliveries_and_the_retry_hop(
     quiet = json.loads(out)["events"]
     assert {e["group"] for e in quiet} == {"steady", "flaky"}
     assert all(e["kind"] != "send" for e in quiet)
+
+    # The console's message page shows the same trace.
+    console = f"http://{cluster.nameservers[0].http_address}/console/messages?msg_id={loud_id}"
+    with urllib.request.urlopen(console, timeout=deadline(30)) as answer:
+        page = answer.read().decode()
+    assert "<caption>Trace</caption>" in page
+    trace_part = page[page.index("<caption>Trace</caption>") :]
+    for text in (clients["producer_client"], clients["steady"], clients["flaky"],
+                 f"to {retry_topic('flaky')}", f"via {retry_topic('flaky')}"):  # fmt: skip
+        assert text in trace_part, text

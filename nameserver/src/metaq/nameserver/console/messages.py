@@ -1,5 +1,7 @@
 """The message page: look messages up by id, by key, by queue and offset, or by a time
-range, and show each one whole with its delivery state per consumer group. A time range
+range, and show each one whole with its delivery state per consumer group and its trace
+(what clients with tracing on wrote of its send, deliveries and retry hops, as ``metaq
+trace`` shows it; :mod:`metaq.client.trace`). A time range
 is listed a row per message (each linking to the message whole), a page at a time:
 :data:`PAGE_PER_QUEUE` messages of each queue, the next page going on where each queue
 stopped."""
@@ -19,7 +21,9 @@ from urllib.parse import urlencode
 from aiohttp import web
 
 from metaq.client.admin import Admin, CommittedOffset, StoredMessage
+from metaq.client.trace import CONSUME, SEND, TraceEvent, decode_events
 from metaq.common.model import GroupRoute
+from metaq.common.names import TRACE_TOPIC
 from metaq.nameserver.console.context import Answer, ConsoleContext, problems_of
 from metaq.nameserver.console.page import (
     errors,
@@ -206,7 +210,66 @@ async def _delivery(
     return dict(zip(brokers, answers, strict=True))
 
 
-def _shown(broker: BrokerView, m: StoredMessage, offsets: Answer[list[CommittedOffset]]) -> str:
+@dataclass
+class Traced:
+    """The trace events of a message, and what could not be asked."""
+
+    events: list[TraceEvent]
+    problems: list[str]
+
+
+async def _trace(context: ConsoleContext, msg_ids: Sequence[str]) -> dict[str, Traced]:
+    """The trace events of each message, from every broker group holding the trace
+    topic (one key lookup per message and group)."""
+    route = context.registry.route(TRACE_TOPIC)
+    if route is None:
+        return {i: Traced([], []) for i in msg_ids}
+    readers = [b for g in route.groups if (b := _reader(context, g.broker_name)) is not None]
+    ask = context.brokers.ask
+    out = {}
+    for msg_id in msg_ids:
+        answers = await asyncio.gather(
+            *(ask(b, Admin.broker_messages_by_key, TRACE_TOPIC, msg_id, limit=1000)
+              for b in readers)
+        )  # fmt: skip
+        bodies = (m.body for a in answers for m in a.get([]) if m.body_encoding == "text")
+        out[msg_id] = Traced(decode_events(msg_id, bodies), problems_of(answers))
+    return out
+
+
+def _trace_table(traced: Traced) -> str:
+    rows = []
+    for e in traced.events:
+        if e.kind in (SEND, CONSUME):
+            where = f"{e.broker} queue {e.queue_id} offset {e.queue_offset}"
+            if e.kind == CONSUME and e.via != e.topic:
+                where += f" via {e.via}"
+        else:
+            where = f"to {e.via}"
+        rows.append(
+            [
+                when(e.time_ms), e.kind, e.group, e.client_id, e.host, e.attempt or None,
+                e.status or None,
+                f"{e.cost_ms:.1f} ms" if e.kind in (SEND, CONSUME) else None, where,
+            ]
+        )  # fmt: skip
+    if not rows:
+        return errors(traced.problems) + (
+            "<p>No trace: neither its producer nor its consumers had tracing on.</p>"
+        )
+    return errors(traced.problems) + table(
+        ["time", "step", "group", "client", "host", "attempt", "outcome", "took", "where"],
+        rows,
+        caption="Trace",
+    )
+
+
+def _shown(
+    broker: BrokerView,
+    m: StoredMessage,
+    offsets: Answer[list[CommittedOffset]],
+    traced: Traced,
+) -> str:
     stamp = datetime.datetime.fromtimestamp(m.store_timestamp_ms / 1000, datetime.UTC)
     headers: list[list[object]] = [
         ["message id", m.msg_id],
@@ -245,6 +308,7 @@ def _shown(broker: BrokerView, m: StoredMessage, offsets: Answer[list[CommittedO
             if states or not offsets.ok
             else "<p>No consumer group has committed an offset on this queue.</p>"
         )
+        + _trace_table(traced)
         + "</article>"
     )
 
@@ -279,7 +343,11 @@ async def messages_page(context: ConsoleContext, request: web.Request) -> web.Re
         shown = _listing(q, found)
     else:
         offsets = await _delivery(context, found.messages)
-        shown = "".join(_shown(b, m, offsets[b.state.key.broker_name]) for b, m in found.messages)
+        traces = await _trace(context, [m.msg_id for _, m in found.messages])
+        shown = "".join(
+            _shown(b, m, offsets[b.state.key.broker_name], traces[m.msg_id])
+            for b, m in found.messages
+        )
     summary = (
         f"<p>{len(found.messages)} message(s) for {esc(found.asked)}"
         + (f" (page {esc(q.get('page', '1'))})" if found.listed else "")
