@@ -15,14 +15,16 @@ from metaq.client.results import SendResult, SendStatus
 from metaq.client.retry import PROP_ORIGIN_MSG_ID, PROP_RETRY_TOPIC
 from metaq.client.trace import (
     CONSUME,
+    EVENTS_PER_RECORD,
     RETRY,
     SEND,
     TraceDispatcher,
     TraceEvent,
     decode_events,
-    trace_record,
+    trace_records,
 )
 from metaq.common.names import TRACE_TOPIC, retry_topic
+from metaq.common.record import MAX_KEYS_BYTES
 
 ID = "ab" * 16
 
@@ -44,15 +46,23 @@ def _dispatcher(**options: Any) -> TraceDispatcher:
     return TraceDispatcher(_NoRoutes(), "me@1@x", **options)  # type: ignore[arg-type]
 
 
-def test_a_trace_record_is_keyed_by_message_id_and_tagged_with_its_kind() -> None:
-    event = TraceEvent(SEND, ID, "t", "P", "me", "host", 5, status="OK")
-    stored = decode_message(bytes(trace_record(event)), verify=False)  # the broker seals it
-    assert (stored.topic, stored.tags, stored.keys) == (TRACE_TOPIC, SEND, (ID,))
-    assert msgspec.json.decode(stored.body, type=TraceEvent) == event
+def test_trace_records_pack_events_keyed_by_as_many_message_ids_as_keys_hold() -> None:
+    ids = [f"{n:032x}" for n in range(EVENTS_PER_RECORD + 1)]
+    events = [TraceEvent(SEND, i, "t", "P", "me", "host", 5, status="OK") for i in ids]
+    events.append(TraceEvent(CONSUME, ids[0], "t", "G", "c", "host", 6, attempt=1))
+    records = trace_records(events)
+    stored = [decode_message(bytes(r), verify=False) for r in records]  # the broker seals
+    assert [m.topic for m in stored] == [TRACE_TOPIC, TRACE_TOPIC]
+    assert stored[0].keys == tuple(ids[:-1])
+    assert stored[1].keys == (ids[-1], ids[0])
+    assert len(" ".join(stored[0].keys)) <= MAX_KEYS_BYTES
+    assert decode_events(ids[0], [m.body for m in stored]) == [events[0], events[-1]]
 
 
 def test_events_read_back_are_the_messages_own_in_order_and_garbage_is_skipped() -> None:
-    encode = msgspec.json.encode
+    def encode(event: TraceEvent) -> bytes:
+        return msgspec.json.encode([event])
+
     later = TraceEvent(CONSUME, ID, "t", "G", "c", "h", 20, attempt=1)
     send = TraceEvent(SEND, ID, "t", "P", "p", "h", 10)
     retry = TraceEvent(RETRY, ID, "t", "G", "c", "h", 20, via=retry_topic("G"))

@@ -5,9 +5,10 @@ or handles, a :class:`TraceEvent`: ``send`` (producer group, client, host, the b
 group, queue and offset that stored it, the store time and the send's latency),
 ``consume`` (consumer group, client, host, attempt, outcome, handler time) and, when a
 handler failed, ``retry`` or ``dlq`` (the topic the message was sent back to). Events
-are records of the system topic :data:`~metaq.common.names.TRACE_TOPIC`, keyed by the
-message id (the original id for a retried copy), so the brokers' key index finds every
-event of a message: :meth:`metaq.client.admin.Admin.message_trace`, ``metaq trace
+go to the system topic :data:`~metaq.common.names.TRACE_TOPIC`, the events of up to
+:data:`EVENTS_PER_RECORD` messages in a record (as RocketMQ packs its trace contexts),
+keyed by their message ids (the original id for a retried copy), so the brokers' key
+index finds every event of a message: :meth:`metaq.client.admin.Admin.message_trace`, ``metaq trace
 MSG_ID`` and the console's message page read them back.
 
 Off the send path: :class:`TraceDispatcher` only appends an event to a bounded queue;
@@ -40,6 +41,7 @@ from metaq.client.retry import PROP_ORIGIN_MSG_ID, PROP_RETRY_TOPIC
 from metaq.client.routes import RouteCache
 from metaq.common import record
 from metaq.common.framing import FrameType
+from metaq.common.log_limit import Repeated
 from metaq.common.names import DLQ_PREFIX, TRACE_TOPIC
 from metaq.common.service import PeriodicService
 from metaq.common.v1.data_pb2 import SendRequest, SendResponse
@@ -54,6 +56,9 @@ KINDS: Final = (SEND, CONSUME, RETRY, DLQ)
 """Event kinds, also the trace records' tags, in the order a message meets them."""
 
 HOST: Final = socket.gethostname()
+EVENTS_PER_RECORD: Final = (record.MAX_KEYS_BYTES + 1) // 33
+"""Messages whose events share one trace record: as many ids (32 hex digits and a
+separator each) as a record's keys hold."""
 
 
 class TraceEvent(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -86,26 +91,36 @@ class TraceEvent(msgspec.Struct, frozen=True, omit_defaults=True):
 
 
 _encode = msgspec.json.Encoder().encode
-_decode = msgspec.json.Decoder(TraceEvent).decode
+_decode = msgspec.json.Decoder(list[TraceEvent]).decode
 
 
-def trace_record(event: TraceEvent) -> bytearray:
-    """The record of ``event`` in the trace topic: tagged with its kind, keyed by its
-    message id."""
-    return record.encode(TRACE_TOPIC, _encode(event), tags=event.kind, keys=(event.msg_id,))
+def trace_records(events: Sequence[TraceEvent]) -> list[bytearray]:
+    """The records of ``events`` in the trace topic: a JSON array of events per record,
+    keyed by the ids of the messages it has events of (at most
+    :data:`EVENTS_PER_RECORD`)."""
+    records = []
+    held: dict[str, None] = {}
+    batch: list[TraceEvent] = []
+    for event in events:
+        if event.msg_id not in held and len(held) == EVENTS_PER_RECORD:
+            records.append(record.encode(TRACE_TOPIC, _encode(batch), keys=tuple(held)))
+            held, batch = {}, []
+        held[event.msg_id] = None
+        batch.append(event)
+    if batch:
+        records.append(record.encode(TRACE_TOPIC, _encode(batch), keys=tuple(held)))
+    return records
 
 
 def decode_events(msg_id: str, bodies: Iterable[bytes | str]) -> list[TraceEvent]:
-    """The events of ``msg_id`` among trace record bodies, oldest first; bodies that are
-    not events (or are of another message whose key collided) are skipped."""
+    """The events of ``msg_id`` in trace record bodies, oldest first (bodies that are not
+    trace records are skipped)."""
     events = []
     for body in bodies:
         try:
-            event = _decode(body)
+            events += [e for e in _decode(body) if e.msg_id == msg_id]
         except msgspec.DecodeError:
             continue
-        if event.msg_id == msg_id:
-            events.append(event)
     order = {kind: n for n, kind in enumerate(KINDS)}
     events.sort(key=lambda e: (e.time_ms, order.get(e.kind, len(KINDS))))
     return events
@@ -149,6 +164,7 @@ class TraceDispatcher(Observer):
         self._close_timeout_s = close_timeout_s
         self._service: _Flusher | None = None
         self._closed = False
+        self._losses = Repeated(log, "message trace events lost")
 
     # --- observing (synchronous, cheap) -----------------------------------------------
 
@@ -204,7 +220,7 @@ class TraceDispatcher(Observer):
             return
         pending = self._pending
         if len(pending) == pending.maxlen:
-            self.dropped += 1  # the deque drops the oldest
+            self._lost(1, "the queue of events to write is full")  # the deque drops the oldest
         pending.append((event, topic, broker))
         if self._service is None:
             self._service = _Flusher(self._interval_s, self)
@@ -219,14 +235,14 @@ class TraceDispatcher(Observer):
         while self._pending:
             count = min(self._batch, len(self._pending))
             batch = [self._pending.popleft() for _ in range(count)]
-            by_address: dict[str, list[bytearray]] = collections.defaultdict(list)
+            by_address: dict[str, list[TraceEvent]] = collections.defaultdict(list)
             for event, topic, broker in batch:
                 address = await self._address(topic, broker)
                 if address:
-                    by_address[address].append(trace_record(event))
+                    by_address[address].append(event)
                 else:
                     self._lost(1, f"no master to write the trace of {topic} to")
-            await asyncio.gather(*(self._write(a, recs) for a, recs in by_address.items()))
+            await asyncio.gather(*(self._write(a, events) for a, events in by_address.items()))
 
     async def _address(self, topic: str, broker: str) -> str:
         """The master of ``broker`` (else of any group of ``topic``): where the trace of a
@@ -242,7 +258,8 @@ class TraceDispatcher(Observer):
             return group.master_address
         return next((g.master_address for g in route.groups if g.master_address), "")
 
-    async def _write(self, address: str, records: list[bytearray]) -> None:
+    async def _write(self, address: str, events: list[TraceEvent]) -> None:
+        records = trace_records(events)
         header = SendRequest(
             topic=TRACE_TOPIC, queue_id=0, record_count=len(records)
         ).SerializeToString()
@@ -253,13 +270,14 @@ class TraceDispatcher(Observer):
             )
             SendResponse.FromString(reply.header)  # any status means stored
         except Exception as exc:
-            self._lost(len(records), f"writing to {address} failed: {exc}")
+            self._lost(len(events), f"writing to {address} failed: {exc}")
             return
-        self.written += len(records)
+        self.written += len(events)
+        self._losses.ended()
 
     def _lost(self, count: int, why: str) -> None:
         self.dropped += count
-        log.warning("%d message trace events lost: %s", count, why)
+        self._losses.happened(f"{count} events: {why}")
 
     async def close(self) -> None:
         """Write what is queued (for at most ``close_timeout_s``), then stop."""
