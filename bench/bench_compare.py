@@ -29,9 +29,10 @@ its rows need ``make peers-rocketmq`` and are skipped the same way.
 ``--modes`` picks which of (a), (b), (c) and cost run (all by default; ``--modes
 end_to_end`` compares end-to-end latency alone). Each cell is bounded in time
 (``--seconds``, at most 15) and count; each (b) cell comes after ``WARMUP_S`` of the same
-load, unmeasured. metaq runs four times:
+load, unmeasured. metaq runs five times:
 one broker under ASYNC flush (its ratios are to the one-replica peers), the same with auth
-on (users and signed frames: what auth costs), the same with TLS on every listener, and a
+on (users and signed frames: what auth costs), the same with TLS on every listener, the
+same with message trace on in its clients (what tracing every message costs), and a
 master/slave pair under sync replication (its ratios are to the three-replica peers, whose
 acknowledgement also waits for a second copy: a majority of three). Each row states its
 durability.
@@ -93,7 +94,14 @@ from compare_report import (
 )
 from machine_stalls import StallWatch
 from metaq_load import Budget, settle_disk
-from metaq_system import Metaq, replicated_pair, single_broker, single_broker_auth, tls_broker
+from metaq_system import (
+    Metaq,
+    replicated_pair,
+    single_broker,
+    single_broker_auth,
+    tls_broker,
+    traced_broker,
+)
 from peer_kafka import (
     CLUSTER_SIZE as KAFKA_CLUSTER_SIZE,
 )
@@ -156,6 +164,12 @@ def _metaq_auth(work: Path) -> Iterator[list[System]]:
 @contextmanager
 def _metaq_tls(work: Path) -> Iterator[list[System]]:
     with tls_broker(work) as system:
+        yield [system]
+
+
+@contextmanager
+def _metaq_trace(work: Path) -> Iterator[list[System]]:
+    with traced_broker(work) as system:
         yield [system]
 
 
@@ -242,6 +256,7 @@ LAUNCHERS: Final[dict[str, tuple[Launcher, tuple[str, ...]]]] = {
     "metaq_auth": (_metaq_auth, ("metaq_auth",)),
     "metaq_sync_replicated": (_metaq_replicated, ("metaq_sync_replicated",)),
     "metaq_tls": (_metaq_tls, ("metaq_tls",)),
+    "metaq_trace": (_metaq_trace, ("metaq_trace",)),
     "nats": (_nats, ("nats",)),
     "rabbitmq": (_rabbitmq, ("rabbitmq_stream", "rabbitmq_quorum")),
     "redis": (_redis, ("redis",)),
@@ -447,6 +462,7 @@ def main(argv: list[str]) -> None:
     }  # fmt: skip
     headline["ratio_auth_vs_plain_batched"] = ratio_to_plain(cells, "metaq_auth", HEADLINE_SIZE)
     headline["ratio_tls_vs_plain_batched"] = ratio_to_plain(cells, "metaq_tls", HEADLINE_SIZE)
+    headline["ratio_trace_vs_plain_batched"] = ratio_to_plain(cells, "metaq_trace", HEADLINE_SIZE)
     r3_peers = [p for p in R3_PEERS if any(s.key == p for s in systems)]
     headline.update(
         {k: v for k, v in sync_ratios(cells, r3_peers, HEADLINE_SIZE).items()
@@ -463,6 +479,7 @@ def main(argv: list[str]) -> None:
     headline.update(rocketmq_ratios(cells, HEADLINE_SIZE))
     headline["targets_met"] = targets_met(headline)
     ordered = [s for key in ("metaq", "metaq_auth", "metaq_sync_replicated", "metaq_tls",
+                             "metaq_trace",
                              *PEERS, *R3_PEERS, *PAIR_PEERS, *TOOL_ROWS)
                for s in systems if s.key == key]  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)

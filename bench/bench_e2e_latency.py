@@ -66,11 +66,12 @@ async def _wait_routed(nameserver: str, queues: int, tls: TlsConfig | None = Non
 async def measure(
     nameserver: str, http_url: str, *, rate: float, seconds: float, warmup_s: float, size: int,
     queues: int, gc_freeze: bool = True, tls: TlsConfig | None = None,
-    credentials: Credentials | None = None,
+    credentials: Credentials | None = None, trace: bool = False,
 ) -> dict[str, Any]:  # fmt: skip
     """Run the measurement against a running nameserver and broker (over TLS with
     ``tls``; the topic made as ``credentials``' user when auth is on, the clients finding
-    theirs in the environment); the figures."""
+    theirs in the environment; with ``trace``, both clients write message trace); the
+    figures."""
     await Admin(credentials=credentials, tls=tls).put_topic(
         http_url, TOPIC, TopicSettings(read_queues=queues, write_queues=queues)
     )
@@ -81,14 +82,16 @@ async def measure(
     async def handle(message: Message) -> None:
         run.on_message(message.body)
 
-    consumer = PushConsumer([nameserver], "bench-e2e-latency", consume_from=LAST, tls=tls)
+    consumer = PushConsumer(
+        [nameserver], "bench-e2e-latency", consume_from=LAST, tls=tls, trace=trace
+    )
     consumer.subscribe(TOPIC, handle)
 
     def count_error(future: asyncio.Future[Any]) -> None:
         if future.exception() is not None:
             run.errors += 1
 
-    async with Producer([nameserver], linger_ms=0.5, tls=tls) as producer:
+    async with Producer([nameserver], linger_ms=0.5, tls=tls, trace=trace) as producer:
 
         async def send(bodies: list[bytes]) -> None:
             for body in bodies:

@@ -151,10 +151,11 @@ async def ready_producer(
     linger_ms: float = 2.0,
     timeout_s: float = 30.0,
     tls: TlsConfig | None = None,
+    trace: bool = False,
 ) -> Producer:
     """A started Producer whose first send to ``topic`` went through (route cached,
     connection open), retrying while a new master or topic settles."""
-    producer = Producer([nameserver], linger_ms=linger_ms, tls=tls)
+    producer = Producer([nameserver], linger_ms=linger_ms, tls=tls, trace=trace)
     await producer.start()
     deadline = time.monotonic() + timeout_s
     while True:

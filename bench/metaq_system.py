@@ -49,8 +49,11 @@ class Metaq:
         *,
         admin: Credentials | None = None,
         tls: TlsConfig | None = None,
+        trace: bool = False,
     ):
         self.key = key
+        self.trace = trace
+        """The clients write message trace (``trace=True``)."""
         self.admin = admin
         """Who creates the topic on a broker with auth_enabled."""
         self.label = label
@@ -77,7 +80,7 @@ class Metaq:
             self.http_url, TOPIC, TopicSettings(read_queues=QUEUES, write_queues=QUEUES)
         )
         await wait_routed(self.nameserver, TOPIC, QUEUES, tls=tls)
-        self._producer = await ready_producer(self.nameserver, TOPIC, tls=tls)
+        self._producer = await ready_producer(self.nameserver, TOPIC, tls=tls, trace=self.trace)
 
     async def close(self) -> None:
         if self._producer is not None:
@@ -116,7 +119,7 @@ class Metaq:
     async def end_to_end(self, size: int, rate: float, seconds: float) -> EndToEnd:
         figures = await measure_e2e(
             self.nameserver, self.http_url, rate=rate, seconds=seconds, warmup_s=1.0,
-            size=size, queues=QUEUES, tls=self.tls, credentials=self.admin,
+            size=size, queues=QUEUES, tls=self.tls, credentials=self.admin, trace=self.trace,
         )  # fmt: skip
         return EndToEnd(
             offered_msgs_s=figures["sent_msgs_per_s"],
@@ -164,6 +167,20 @@ def single_broker(work: Path, store: Sequence[str] = STORE) -> Iterator[Metaq]:
     stopped however the block ends."""
     with system(store=store).start(work) as cluster:
         metaq = _metaq(cluster, "metaq", "metaq", f"1 copy; {ASYNC_FLUSH}", "broker-a")
+        metaq.server_pids = _server_pids(cluster)
+        yield metaq
+
+
+@contextmanager
+def traced_broker(work: Path) -> Iterator[Metaq]:
+    """:func:`single_broker` with message trace on in the benchmark's producers and
+    consumer: what tracing every message costs."""
+    with system().start(work) as cluster:
+        metaq = _metaq(
+            cluster, "metaq_trace", "metaq, trace on",
+            f"1 copy; {ASYNC_FLUSH}; every message traced", "broker-a",
+        )  # fmt: skip
+        metaq.trace = True
         metaq.server_pids = _server_pids(cluster)
         yield metaq
 
