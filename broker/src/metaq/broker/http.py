@@ -44,6 +44,7 @@ from metaq.broker.metrics import BrokerMetrics
 from metaq.broker.offsets import ConsumerOffsets
 from metaq.broker.producers import ProducerConnections
 from metaq.broker.role import GroupRole
+from metaq.broker.stats import StatsWindow
 from metaq.broker.store import MessageStore
 from metaq.broker.topics import TopicTable
 from metaq.common import http
@@ -85,6 +86,8 @@ class HttpContext:
     """The broker's settings now."""
     reconfigure: Callable[[BrokerConfig], None] = lambda _config: None
     """Puts a changed config into effect."""
+    stats: StatsWindow | None = None
+    """In and out rates over the last minute (``GET /stats``)."""
 
 
 @web.middleware
@@ -114,6 +117,7 @@ class HttpServer:
             [
                 web.get("/health", self.health),
                 web.get("/metrics", self.metrics),
+                web.get("/stats", self.stats),
                 web.get("/topics", self.list_topics),
                 web.put("/topics/{name}", self.put_topic),
                 web.delete("/topics/{name}", self.delete_topic),
@@ -196,6 +200,14 @@ class HttpServer:
         response = web.Response(body=self._context.metrics.render())
         response.headers["Content-Type"] = CONTENT_TYPE_LATEST
         return response
+
+    async def stats(self, _request: web.Request) -> web.Response:
+        """Per topic and per consumer group: messages in and out so far, and per second
+        over the last minute (:mod:`metaq.broker.stats`)."""
+        stats = self._context.stats
+        if stats is None:
+            return web.json_response({"error": "this broker keeps no stats"}, status=404)
+        return web.json_response(stats.report())
 
     async def list_topics(self, _request: web.Request) -> web.Response:
         topics = self._context.topics

@@ -251,6 +251,23 @@ class BrokerMetrics:
             child = children[(group, topic)] = family.labels(group, topic)
         return child
 
+    def totals(self) -> dict[tuple[str, ...], float]:
+        """Messages so far: in and out by topic, pulled and acknowledged by group and
+        topic (what :class:`metaq.broker.stats.StatsWindow` turns into rates)."""
+        out: dict[tuple[str, ...], float] = {}
+        families = (
+            ("in", self._messages),
+            ("out", self._pulled),
+            ("pulled", self._group_pulled),
+            ("acked", self._group_acked),
+        )
+        for kind, family in families:
+            for metric in family.collect():
+                for sample in metric.samples:
+                    if sample.name.endswith("_total"):
+                        out[(kind, *sample.labels.values())] = sample.value
+        return out
+
     def write_rejected(self, error: MetaqError, store: MessageStore) -> None:
         """Count a refused SEND under a reason an alert can name."""
         self._rejected.labels(rejection_reason(error, store)).inc()

@@ -43,6 +43,7 @@ from metaq.broker.pull import PullHandler
 from metaq.broker.role import GroupRole, open_group_role
 from metaq.broker.send import SendHandler
 from metaq.broker.server import ConnectionLimits, DataServer
+from metaq.broker.stats import StatsWindow
 from metaq.broker.store import MessageStore
 from metaq.broker.store.flush import AsyncDurability
 from metaq.broker.topics import TopicTable
@@ -272,6 +273,7 @@ class Broker:
         )
 
         signed = SignedRequests(ServerNames(config.http_names), self.secret, self.acl)
+        stats = StatsWindow(self.metrics.totals)
         self._http = HttpServer(
             HttpContext(
                 config.broker_name,
@@ -292,6 +294,7 @@ class Broker:
                 settings=self.settings,
                 config=lambda: self.config,
                 reconfigure=self._reconfigure,
+                stats=stats,
             )
         )
         http_host, http_port = await self._http.start(
@@ -306,6 +309,7 @@ class Broker:
             forwarder,
             DelayService(self.delays),
             TransactionService(self.transactions),
+            stats,
         ]
         if self.acl is not None:
             self._services.append(AclReloader(self.acl))

@@ -15,6 +15,7 @@ from metaq.client.admin.results import (
     GroupDescription,
     GroupOffsetRow,
     GroupQueueOffset,
+    GroupRate,
     GroupReset,
     GroupSummary,
     MessagesStored,
@@ -30,8 +31,10 @@ from metaq.client.admin.results import (
     StoredQueue,
     SwitchoverResult,
     TopicListing,
+    TopicRate,
     TopicReset,
     TopicSettings,
+    TrafficStats,
 )
 from metaq.client.admin.session import BrokerRef
 from metaq.client.admin.topics import (
@@ -58,6 +61,7 @@ __all__ = [
     "GroupDescription",
     "GroupOffsetRow",
     "GroupQueueOffset",
+    "GroupRate",
     "GroupReset",
     "GroupSummary",
     "MessageTrace",
@@ -76,8 +80,10 @@ __all__ = [
     "TopicListing",
     "TopicMissing",
     "TopicPlacement",
+    "TopicRate",
     "TopicReset",
     "TopicSettings",
     "TopicSettingsError",
+    "TrafficStats",
     "UnknownGroup",
 ]

@@ -27,6 +27,7 @@ from metaq.client.admin.results import (
     StoredMessage,
     StoredQueue,
     TopicSettings,
+    TrafficStats,
 )
 from metaq.client.admin.session import AdminSession, BrokerRef, decoded, http_address, refused
 
@@ -57,6 +58,11 @@ class BrokerCalls(AdminSession):
             for family in text_string_to_metric_families(text)
             for sample in family.samples
         }
+
+    async def broker_stats(self, broker: BrokerRef) -> TrafficStats:
+        """One broker's messages in and out per topic and per consumer group, so far and
+        per second over the last minute."""
+        return decoded(broker, 200, await self._get(broker, "/stats"), TrafficStats)
 
     async def broker_config(self, broker: BrokerRef) -> BrokerSettings:
         """The settings one broker may change while it runs, with their values."""

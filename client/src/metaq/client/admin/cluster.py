@@ -3,12 +3,19 @@ the assignment of queues to consumers, and a planned switchover of a group's mas
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from metaq.client.admin.brokers import BrokerCalls
-from metaq.client.admin.results import ControllerStatus, SwitchoverResult
+from metaq.client.admin.results import (
+    ControllerStatus,
+    GroupRate,
+    SwitchoverResult,
+    TopicRate,
+    TrafficStats,
+)
 from metaq.client.errors import AdminError, BrokerAdminError, UnknownTopic
 from metaq.client.routes import BrokerInfo, ClusterView, cluster_view_from_proto
 from metaq.common.auth import call_metadata
@@ -100,6 +107,48 @@ class ClusterAdmin(BrokerCalls):
                 f"no live master for broker group(s) {', '.join(missing)} (known: {known})"
             )
         return [masters[name] for name in brokers]
+
+    async def stats(self, *, cluster: str = "") -> TrafficStats:
+        """Messages in and out per topic and per consumer group over every live broker
+        (masters take the sends; masters and slaves serve pulls), so far and per second
+        over the last minute. A broker that does not answer is named in
+        ``unreachable``; AdminError when none answers."""
+        brokers = [b for b in (await self.cluster(cluster)).brokers() if b.http_address]
+        if not brokers:
+            raise AdminError("no live broker with an admin address is registered")
+        answers = await asyncio.gather(
+            *(self.broker_stats(b) for b in brokers), return_exceptions=True
+        )
+        topics: dict[str, list[float]] = {}
+        groups: dict[tuple[str, str], list[float]] = {}
+        unreachable, windows = [], []
+        for broker, answer in zip(brokers, answers, strict=True):
+            if isinstance(answer, BaseException):
+                if not isinstance(answer, Exception):
+                    raise answer
+                unreachable.append(f"{broker.broker_name}/{broker.broker_id}: {answer}")
+                continue
+            windows.append(answer.window_s)
+            for t in answer.topics:
+                row = topics.setdefault(t.topic, [0, 0, 0.0, 0.0])
+                for n, value in enumerate((t.in_total, t.out_total, t.in_tps, t.out_tps)):
+                    row[n] += value
+            for g in answer.groups:
+                row = groups.setdefault((g.group, g.topic), [0, 0, 0.0, 0.0])
+                for n, value in enumerate(
+                    (g.pulled_total, g.acked_total, g.pulled_tps, g.acked_tps)
+                ):
+                    row[n] += value
+        if not windows:
+            raise AdminError("no broker answered for its stats: " + "; ".join(unreachable))
+        return TrafficStats(
+            min(windows),
+            [TopicRate(t, int(r[0]), int(r[1]), round(r[2], 3), round(r[3], 3))
+             for t, r in sorted(topics.items())],
+            [GroupRate(g, t, int(r[0]), int(r[1]), round(r[2], 3), round(r[3], 3))
+             for (g, t), r in sorted(groups.items())],
+            unreachable,
+        )  # fmt: skip
 
     async def assignment(
         self,

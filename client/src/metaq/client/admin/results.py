@@ -89,6 +89,44 @@ class MessageTrace(msgspec.Struct, frozen=True):
         return msgspec.to_builtins(self)  # type: ignore[no-any-return]
 
 
+class TopicRate(msgspec.Struct, frozen=True):
+    """A topic's messages in (sent) and out (pulled): so far, and per second over the
+    stats window."""
+
+    topic: str
+    in_total: int = 0
+    out_total: int = 0
+    in_tps: float = 0.0
+    out_tps: float = 0.0
+
+
+class GroupRate(msgspec.Struct, frozen=True):
+    """A consumer group's messages pulled and acknowledged (its commits' advance) on one
+    topic: so far, and per second over the stats window."""
+
+    group: str
+    topic: str
+    pulled_total: int = 0
+    acked_total: int = 0
+    pulled_tps: float = 0.0
+    acked_tps: float = 0.0
+
+
+class TrafficStats(msgspec.Struct, frozen=True):
+    """In and out traffic per topic and per consumer group (RocketMQ's ``statsAll``), of
+    one broker or summed over a cluster's brokers. Totals count since each broker
+    started; rates are over the last ``window_s`` seconds (a minute, less for a broker
+    started since). ``unreachable`` names brokers whose figures are missing."""
+
+    window_s: float
+    topics: list[TopicRate]
+    groups: list[GroupRate]
+    unreachable: list[str] = msgspec.field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return msgspec.to_builtins(self)  # type: ignore[no-any-return]
+
+
 class CommittedOffset(msgspec.Struct, frozen=True):
     """A consumer group's committed offset in one queue of a broker, with its lag."""
 

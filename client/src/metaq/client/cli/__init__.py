@@ -36,6 +36,7 @@ COMMAND_MODULES: Final = (
     "consume",
     "read",
     "progress",
+    "stats",
     "group",
     "connections",
     "reset_offsets",
