@@ -236,8 +236,11 @@ class TraceDispatcher(Observer):
             count = min(self._batch, len(self._pending))
             batch = [self._pending.popleft() for _ in range(count)]
             by_address: dict[str, list[TraceEvent]] = collections.defaultdict(list)
+            addresses: dict[tuple[str, str], str] = {}
             for event, topic, broker in batch:
-                address = await self._address(topic, broker)
+                address = addresses.get((topic, broker))
+                if address is None:
+                    address = addresses[(topic, broker)] = await self._address(topic, broker)
                 if address:
                     by_address[address].append(event)
                 else:
