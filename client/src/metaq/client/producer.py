@@ -552,7 +552,7 @@ class Producer:
         group = self.config.group
         try:
             results = await sending
-        except BaseException as exc:
+        except Exception as exc:  # a cancelled send is the caller's doing, not a failure
             for observer in self._observers:
                 observer.send_failed(group, topic, exc, time.perf_counter() - began)
             raise
