@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 
@@ -13,7 +14,7 @@ from metaq.common.errors import ErrorCode
 from metaq.common.framing import FrameType
 from metaq.common.v1.data_pb2 import SendRequest, SendResponse
 from metaq.testing.client_fakes import Drop, Fail, FakeBroker, SendSeen, Silence
-from metaq.testing.waiting import run_async
+from metaq.testing.waiting import run_async, wait_until_async
 
 
 def _send_header(queue_id: int = 0) -> bytes:
@@ -81,6 +82,35 @@ def test_an_unanswered_request_times_out() -> None:
                 )
             assert isinstance(caught.value, TimeoutError) and caught.value.retriable
             assert connection.in_flight == 0
+        finally:
+            await connection.close()
+            await broker.stop()
+
+    run_async(scenario())
+
+
+def test_answers_after_their_timeout_are_dropped_with_one_warning_not_one_each(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def scenario() -> None:
+        broker = await FakeBroker("b", lambda _seen: Silence()).start()
+        connection = await BrokerConnection.open(broker.address)
+        try:
+            for _ in range(3):
+                with pytest.raises(RequestTimeout):
+                    await connection.request(
+                        FrameType.SEND, _send_header(), [_record(b"x")], timeout_s=0.05
+                    )
+            with caplog.at_level(logging.WARNING, logger="metaq.client.connection"):
+                broker.answer_silenced()
+
+                async def all_arrived() -> bool:
+                    return connection.late_answers.total == 3
+
+                await wait_until_async(all_arrived, 30, "the three late answers arrived")
+            late = [r for r in caplog.records if "had timed out here" in r.getMessage()]
+            assert len(late) == 1
+            assert not connection.closed  # a late answer leaves the connection usable
         finally:
             await connection.close()
             await broker.stop()

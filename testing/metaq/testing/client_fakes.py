@@ -71,6 +71,8 @@ class FakeBroker:
     _transports: list[asyncio.Transport] = field(default_factory=list)
     _offsets: dict[tuple[str, int], int] = field(default_factory=lambda: defaultdict(int))
     _commitlog: int = 0
+    silenced: list[tuple[asyncio.Transport, Frame, SendSeen]] = field(default_factory=list)
+    """Requests a :class:`Silence` left unanswered, for :meth:`answer_silenced`."""
 
     async def start(self) -> FakeBroker:
         loop = asyncio.get_running_loop()
@@ -87,6 +89,13 @@ class FakeBroker:
                 transport.abort()
             await self._server.wait_closed()
             self._server = None
+
+    def answer_silenced(self) -> None:
+        """Answer every request left silent so far, late (after the client gave up)."""
+        held, self.silenced = self.silenced, []
+        for transport, frame, seen in held:
+            header = self.answer(seen).SerializeToString()
+            transport.writelines(encode_frame(FrameType.SEND, frame.request_id, header, b"", 0x1))
 
     def records(self) -> list[record.Record]:
         return [r for seen in self.sends for r in seen.records]
@@ -136,7 +145,10 @@ class _Protocol(asyncio.Protocol):
         seen = SendSeen(request.topic, request.queue_id, records, frame.is_one_way, retry)
         self.broker.sends.append(seen)
         action = self.broker.script(seen)
-        if frame.is_one_way or isinstance(action, Silence):
+        if frame.is_one_way:
+            return
+        if isinstance(action, Silence):
+            self.broker.silenced.append((self.transport, frame, seen))
             return
         if isinstance(action, Drop):
             self.transport.abort()

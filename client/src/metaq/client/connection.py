@@ -44,6 +44,7 @@ from metaq.common.framing import (
     FrameType,
     encode_frame,
 )
+from metaq.common.log_limit import Repeated
 from metaq.common.tls import TlsConfig, plain_peer_hint, speaks_tls, tls_peer_hint
 from metaq.common.users import Credentials, prove
 from metaq.common.v1.data_pb2 import AuthRequest, AuthResponse, ErrorResponse
@@ -96,6 +97,11 @@ class BrokerConnection(asyncio.Protocol):
         self._can_write.set()
         self.connection_error: BrokerError | None = None
         """The CONNECTION error the broker sent before closing, if it sent one."""
+        # An answer that arrives after its request timed out here is expected on an
+        # overloaded broker, and then comes for every request: counted, not one line each.
+        self.late_answers = Repeated(
+            log, f"broker {address} answered requests that had timed out here; dropped"
+        )
 
     @classmethod
     async def open(
@@ -242,11 +248,7 @@ class BrokerConnection(asyncio.Protocol):
                 if frame.type is FrameType.CONNECTION:
                     self._connection_failed(frame)
                 else:
-                    log.warning(
-                        "broker %s answered request %d, which is not in flight; dropped",
-                        self.address,
-                        frame.request_id,
-                    )
+                    self.late_answers.happened(f"request {frame.request_id}")
                 continue
             waiter = entry[0]
             if isinstance(waiter, asyncio.Future):
