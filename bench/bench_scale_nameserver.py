@@ -1,0 +1,797 @@
+"""Brokers and clients per cluster: three real nameservers under simulated brokers and clients.
+
+Three ``metaq-nameserver`` processes (one Raft controller group, started by the testing
+``ClusterBuilder``, each with its Raft journal on disk) are driven by simulator processes
+that speak the real control plane with the product's own stubs and builders:
+
+- a **broker** holds one ``Session`` stream to each nameserver and sends the registrar's
+  own ``heartbeat()`` message every ``heartbeat_interval_ms`` (the broker's default), the
+  topic table only in its first one, as a controlled broker does: it reports SLAVE until a
+  ``GroupControl`` names it master, then MASTER at that epoch with its group in sync, and
+  it heartbeats at once when its role changes. A group is a master and a slave, each
+  with ``TOPICS_PER_GROUP`` topics; a topic is served by ``GROUPS_PER_TOPIC`` groups.
+- a **client** asks ``GetRoute`` for its topic every ``route_refresh_interval_s`` (the
+  producer's default), of the nameserver a ``RouteCache`` asks first (the first listed;
+  it moves only when that one fails). Client heartbeats go to brokers, not nameservers,
+  so they are not simulated here.
+
+Each simulator process is one asyncio loop multiplexing its brokers' streams and its
+clients' calls over ``CHANNELS`` gRPC channels per nameserver. Per point, after every
+group is bootstrapped by the controller and its in-sync set committed, a window of
+``--ns-window-s`` seconds measures each nameserver's CPU (``/proc``), RSS, the heartbeats
+it answered, the route queries' latency as the clients saw it, and the simulators' own
+CPU. Then one group's master stops heartbeating (its stream stays open, as a hung broker's
+would): the time until the controller elects its slave (the slave hears it), and until
+every client of the group's topics has a route naming the new master.
+
+The Raft figures: the journal on disk after the bootstrap, and a snapshot (pysyncobj's
+full dump) of the controller's state for the same number of groups, made in this process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Final
+
+POINTS: Final = ((10, 1_000), (100, 5_000), (300, 10_000), (1_000, 20_000))
+QUICK_POINTS: Final = ((3, 60), (6, 120), (12, 240), (24, 480))
+TOPICS_PER_GROUP: Final = 100
+QUICK_TOPICS_PER_GROUP: Final = 12
+GROUPS_PER_TOPIC: Final = 4
+CHANNELS: Final = 4
+"""gRPC channels per nameserver in each simulator process."""
+CLUSTER: Final = "ScaleCluster"
+TICK_S: Final = 0.01
+
+
+def default_periods() -> tuple[float, float]:
+    """(broker heartbeat interval, client route refresh interval), from the products."""
+    from metaq.broker.config import BrokerConfig
+    from metaq.client.producer import ProducerConfig
+
+    fields = {f.name: f.default for f in dataclasses.fields(BrokerConfig)}
+    producer = {f.name: f.default for f in dataclasses.fields(ProducerConfig)}
+    return float(fields["heartbeat_interval_ms"]) / 1000, float(
+        producer["route_refresh_interval_s"]
+    )
+
+
+def group_name(index: int) -> str:
+    return f"scale-g{index:04d}"
+
+
+def topics_of_group(index: int, groups: int, per_group: int) -> list[str]:
+    """The group's topics: topic ``(f, j)`` lives on groups f, f+1, ... f+spread-1 (mod
+    ``groups``), so each is on ``GROUPS_PER_TOPIC`` groups (all of them when fewer)."""
+    spread = min(GROUPS_PER_TOPIC, groups)
+    return [
+        f"ScaleT{(index - offset) % groups:04d}x{j:03d}"
+        for offset in range(spread)
+        for j in range(per_group // spread)
+    ]
+
+
+def cluster_topics(groups: int, per_group: int) -> dict[str, list[int]]:
+    """Every topic and the groups serving it."""
+    served: dict[str, list[int]] = {}
+    for index in range(groups):
+        for topic in topics_of_group(index, groups, per_group):
+            served.setdefault(topic, []).append(index)
+    return served
+
+
+# --- the simulator: one process, many brokers and clients -------------------------------
+
+
+class _Broker:
+    """One simulated broker of a controlled group and its sessions with every nameserver."""
+
+    def __init__(self, sim: _Simulator, group: int, broker_id: int, topics: list[str]) -> None:
+        from metaq.common.model import BrokerKey, BrokerState, Permission, Role, TopicConfig
+
+        self.sim = sim
+        self.name = group_name(group)
+        self.broker_id = broker_id
+        port = 20_000 + group * 2 + broker_id
+        self.state = BrokerState(
+            cluster=CLUSTER,
+            key=BrokerKey(self.name, broker_id),
+            role=Role.SLAVE,
+            data_address=f"127.0.0.1:{port}",
+            controlled=True,
+            configured_master=broker_id == 0,
+            in_sync_ids=(),
+        )
+        self.topics = tuple(TopicConfig(t, 8, 8, Permission.READ_WRITE) for t in sorted(topics))
+        self.silent = False
+        self.committed_in_sync = 0
+        self.elected_at: float | None = None
+        self.wake = [asyncio.Event() for _ in sim.addresses]
+
+    def on_answer(self, registered: Any) -> None:
+        """Follow the controller: master at its epoch when it names this broker (with its
+        group in sync, as a master whose slave keeps up reports), else slave."""
+        from metaq.common.model import Role
+
+        if not registered.HasField("control"):
+            return
+        control = registered.control
+        self.committed_in_sync = len(control.in_sync_ids)
+        me = control.master_id == self.broker_id
+        role = Role.MASTER if me else Role.SLAVE
+        if (role, control.epoch) == (self.state.role, self.state.epoch):
+            return
+        if me and self.elected_at is None:
+            self.elected_at = time.time()
+        self.state = dataclasses.replace(
+            self.state, role=role, epoch=control.epoch, in_sync_ids=(0, 1) if me else ()
+        )
+        for wake in self.wake:
+            wake.set()  # a role change is told at once, as the broker's registrar does
+
+    async def session(self, index: int) -> None:
+        from metaq.broker.registration import BrokerDescription, heartbeat
+        from metaq.common.auth import session_identity, session_metadata
+        from metaq.common.server_names import target_of
+        from metaq.common.v1 import control_pb2 as pb
+
+        sim = self.sim
+        address = sim.addresses[index]
+        identity = session_identity(CLUSTER, self.name, self.broker_id, self.state.data_address)
+        metadata = session_metadata(sim.secret, target_of(address), identity, time.time())
+        stub = sim.stub(index, hash((self.name, self.broker_id)))
+        call = stub.Session(metadata=metadata)
+        answers: dict[int, asyncio.Future[None]] = {}
+
+        async def read() -> None:
+            while True:
+                event = await call.read()
+                if not isinstance(event, pb.SessionEvent):
+                    raise RuntimeError(f"nameserver {address} ended the session")
+                self.on_answer(event.registered)
+                waiter = answers.pop(event.answers, None)
+                if waiter is not None and not waiter.done():
+                    waiter.set_result(None)
+
+        reader = asyncio.get_running_loop().create_task(read())
+        loop = asyncio.get_running_loop()
+        await asyncio.sleep(random.random() * sim.heartbeat_s)
+        sequence = 0
+        wake = self.wake[index]
+        try:
+            while True:
+                if not self.silent:
+                    sequence += 1
+                    message = heartbeat(
+                        BrokerDescription(self.state, self.topics), with_topics=sequence == 1
+                    )
+                    message.sequence = sequence
+                    answered = answers[sequence] = loop.create_future()
+                    await call.write(message)
+                    await asyncio.wait({answered, reader}, return_when=asyncio.FIRST_COMPLETED)
+                    if reader.done():
+                        reader.result()
+                    sim.heartbeats[index] += 1
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(sim.heartbeat_s):
+                        await wake.wait()
+                wake.clear()
+        finally:
+            reader.cancel()
+            call.cancel()
+
+
+@dataclasses.dataclass
+class _Client:
+    topic: str
+    watch: str = ""
+    """Set during a failover: the group whose new master this client waits to see."""
+    learned_at: float | None = None
+
+
+class _Simulator:
+    def __init__(self, args: argparse.Namespace) -> None:
+        import grpc
+
+        from metaq.common.tls import grpc_channel
+        from metaq.common.v1.control_pb2_grpc import NameServerStub
+        from metaq.testing.waiting import cluster_secret_for_tests
+
+        self.addresses: list[str] = args.nameservers.split(",")
+        self.secret = cluster_secret_for_tests()
+        self.heartbeat_s: float = args.heartbeat_s
+        self.route_s: float = args.route_s
+        # A local subchannel pool each: channels to one address would share one connection.
+        options = [("grpc.use_local_subchannel_pool", 1)]
+        self.channels: list[list[grpc.aio.Channel]] = [
+            [grpc_channel(a, None, options=options) for _ in range(CHANNELS)]
+            for a in self.addresses
+        ]
+        self.stubs = [[NameServerStub(c) for c in row] for row in self.channels]
+        self.heartbeats = [0] * len(self.addresses)
+        self.latencies: list[float] = []
+        self.errors: dict[str, int] = {}
+        groups, per_group = args.groups, args.topics_per_group
+        first, last = (int(x) for x in args.group_range.split(":"))
+        self.brokers = {
+            (group_name(g), b): _Broker(self, g, b, topics_of_group(g, groups, per_group))
+            for g in range(first, last)
+            for b in (0, 1)
+        }
+        topics = sorted(cluster_topics(groups, per_group))
+        rng = random.Random(args.seed)
+        self.clients = [_Client(rng.choice(topics)) for _ in range(args.clients)]
+        self.watched_master = ""
+
+    def stub(self, index: int, spread: int) -> Any:
+        return self.stubs[index][spread % CHANNELS]
+
+    async def query(self, client: _Client) -> None:
+        import grpc
+
+        from metaq.common.model import TopicRoute
+        from metaq.common.v1 import control_pb2 as pb
+
+        began = time.perf_counter()
+        stub = self.stub(0, id(client) // 16)
+        try:
+            reply = await stub.GetRoute(pb.GetRouteRequest(topic=client.topic), timeout=5.0)
+        except grpc.aio.AioRpcError as exc:
+            self.errors[exc.code().name] = self.errors.get(exc.code().name, 0) + 1
+            return
+        self.latencies.append(time.perf_counter() - began)
+        if client.watch and client.learned_at is None:
+            group = TopicRoute.from_proto(reply.route).group(client.watch)
+            if group is not None and group.master_address == self.watched_master:
+                client.learned_at = time.time()
+
+    async def clients_loop(self) -> None:
+        """Every client asks once per period, at its own phase: due ones each tick."""
+        loop = asyncio.get_running_loop()
+        count = len(self.clients)
+        order = list(range(count))
+        random.shuffle(order)
+        began = loop.time()
+        sent = 0
+        pending: set[asyncio.Task[None]] = set()
+        while True:
+            due = int((loop.time() - began) / self.route_s * count)
+            while sent < due:
+                task = loop.create_task(self.query(self.clients[order[sent % count]]))
+                pending.add(task)
+                task.add_done_callback(pending.discard)
+                sent += 1
+            await asyncio.sleep(TICK_S)
+
+    def fail(self, name: str) -> dict[str, Any]:
+        """Silence the group's master (its streams stay open, as a hung broker's)."""
+        master = next(
+            b for (n, _), b in self.brokers.items() if n == name and b.state.role.value == "master"
+        )
+        slave = self.brokers[(name, 1 - master.broker_id)]
+        master.silent = True
+        slave.elected_at = None
+        return {"stopped_at": time.time(), "successor": slave.state.data_address}
+
+    def watch(self, name: str, address: str) -> dict[str, Any]:
+        """From now on each client notes when its route first names ``address`` master
+        of group ``name``."""
+        self.watched_master = address
+        for client in self.clients:
+            client.watch = name
+        return {}
+
+    def failover_report(self, name: str) -> dict[str, Any]:
+        """When the silenced master's slave heard it was elected (None: not yet)."""
+        slave = next(b for (n, _), b in self.brokers.items() if n == name and not b.silent)
+        return {"elected_at": slave.elected_at, "role": slave.state.role.value}
+
+    def learned(self, topics: set[str]) -> dict[str, Any]:
+        mine = [c for c in self.clients if c.topic in topics]
+        times = [c.learned_at for c in mine if c.learned_at is not None]
+        return {"clients": len(mine), "learned": len(times), "last_at": max(times, default=None)}
+
+    def window(self) -> dict[str, Any]:
+        latencies, self.latencies = self.latencies, []
+        heartbeats, self.heartbeats = self.heartbeats, [0] * len(self.addresses)
+        errors, self.errors = self.errors, {}
+        return {"latencies": latencies, "heartbeats": heartbeats, "errors": errors}
+
+    def roles(self) -> dict[str, Any]:
+        masters = sum(1 for b in self.brokers.values() if b.state.role.value == "master")
+        in_sync = sum(
+            1 for b in self.brokers.values()
+            if b.state.role.value == "master" and b.committed_in_sync == 2
+        )  # fmt: skip
+        return {"masters": masters, "in_sync_masters": in_sync, "groups": len(self.brokers) // 2}
+
+
+async def simulate(args: argparse.Namespace) -> None:
+    sim = _Simulator(args)
+    loop = asyncio.get_running_loop()
+    tasks = [
+        loop.create_task(broker.session(i))
+        for broker in sim.brokers.values()
+        for i in range(len(sim.addresses))
+    ]
+    tasks.append(loop.create_task(sim.clients_loop()))
+    reader = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+
+    def say(value: dict[str, Any]) -> None:
+        sys.stdout.write(json.dumps(value) + "\n")
+        sys.stdout.flush()
+
+    say({"ready": True})
+    while True:
+        line = (await reader.readline()).decode().split()
+        if not line or line[0] == "quit":
+            break
+        command = line[0]
+        failed = [t for t in tasks if t.done() and not t.cancelled() and t.exception()]
+        if failed:
+            say({"error": repr(failed[0].exception())})
+            break
+        if command == "roles":
+            say(sim.roles())
+        elif command == "window":
+            say(sim.window())
+        elif command == "fail":
+            say(sim.fail(line[1]))
+        elif command == "watch":
+            say(sim.watch(line[1], line[2]))
+        elif command == "elected":
+            say(sim.failover_report(line[1]))
+        elif command == "learned":
+            say(sim.learned(set(line[1:])))
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+# --- the parent ---------------------------------------------------------------------------
+
+
+class _SimProcess:
+    def __init__(self, command: list[str]) -> None:
+        self.process = subprocess.Popen(
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        self.ask_raw("")
+
+    def ask_raw(self, line: str) -> dict[str, Any]:
+        assert self.process.stdin is not None and self.process.stdout is not None
+        if line:
+            self.process.stdin.write(line + "\n")
+            self.process.stdin.flush()
+        answer = self.process.stdout.readline()
+        if not answer:
+            raise RuntimeError(f"simulator died: {self.process.stderr.read()[-2000:]}")  # type: ignore[union-attr]
+        value: dict[str, Any] = json.loads(answer)
+        if "error" in value:
+            raise RuntimeError(f"simulator failed: {value['error']}")
+        return value
+
+    def ask(self, line: str) -> dict[str, Any]:
+        return self.ask_raw(line)
+
+    def stop(self) -> None:
+        with contextlib.suppress(Exception):
+            assert self.process.stdin is not None
+            self.process.stdin.write("quit\n")
+            self.process.stdin.flush()
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+def _cpu_s(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    return 0.0
+
+
+def _percentile(values: list[float], fraction: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+def _wait(what: str, check: Any, timeout_s: float) -> float:
+    began = time.monotonic()
+    while not check():
+        if time.monotonic() - began > timeout_s:
+            raise TimeoutError(f"{what} not within {timeout_s:.0f} s")
+        time.sleep(0.2)
+    return time.monotonic() - began
+
+
+def _dir_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.exists() else 0
+
+
+def snapshot_figures(groups: int) -> dict[str, Any]:
+    """pysyncobj's full dump of a controller state of ``groups`` groups: size and time."""
+    from metaq.nameserver.raft import ControlRaft
+
+    work = Path(tempfile.mkdtemp(prefix="metaq-scale-raft-"))
+    try:
+        raft = ControlRaft(directory=work)
+        raft.start(lambda _snapshot: None)
+        log = raft._log
+        assert log is not None
+        _wait("a Raft leader", lambda: raft.is_leader, 10)
+        done: list[int] = []
+        for index in range(groups):
+            log.bootstrap(group_name(index), 0, 1, "bench", callback=lambda *_: done.append(1))
+        _wait("the bootstrap entries", lambda: len(done) == groups, 60)
+        dump = work / "raft-dump.bin"
+        began = time.perf_counter()
+        log.forceLogCompaction()
+        _wait("the dump", lambda: dump.exists() and dump.stat().st_size > 0, 60)
+        took = time.perf_counter() - began
+        return {"snapshot_bytes": dump.stat().st_size, "snapshot_s": round(took, 3)}
+    finally:
+        asyncio.run(raft.stop())
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def measure_point(
+    args: argparse.Namespace, work: Path, groups: int, clients: int
+) -> dict[str, Any]:
+    from metaq.common.v1 import control_pb2 as pb
+    from metaq.testing.cluster import ClusterBuilder, nameserver_node
+
+    heartbeat_s, route_s = args.heartbeat_s, args.route_s
+    per_group = args.topics_per_group
+    row: dict[str, Any] = {
+        "groups": groups, "brokers": groups * 2, "clients": clients,
+        "topics": len(cluster_topics(groups, per_group)), "topics_per_group": per_group,
+        "heartbeat_s": heartbeat_s, "route_refresh_s": route_s,
+    }  # fmt: skip
+    here = work / f"g{groups}"
+    builder = ClusterBuilder(
+        nameservers=3,
+        groups=(),
+        node_args={
+            nameserver_node(i): ["--controller-dir", str(here / nameserver_node(i) / "raft")]
+            for i in range(3)
+        },
+    )
+    cluster = builder.start(here)
+    sims: list[_SimProcess] = []
+    try:
+        pids = [ns.process.pid for ns in cluster.nameservers]
+        idle0 = [_cpu_s(p) for p in pids]
+        time.sleep(2.0)
+        idle = [(_cpu_s(p) - c) / 2.0 for p, c in zip(pids, idle0, strict=True)]
+        row["ns_idle_cpu_cores"] = [round(c, 3) for c in idle]
+        addresses = ",".join(cluster.nameserver_addresses)
+        procs = max(1, min(args.sim_processes, groups))
+        cuts = [groups * i // procs for i in range(procs + 1)]
+        for i in range(procs):
+            sims.append(_SimProcess([
+                sys.executable, __file__, "--simulate", "--nameservers", addresses,
+                "--groups", str(groups), "--group-range", f"{cuts[i]}:{cuts[i + 1]}",
+                "--clients", str(clients // procs), "--topics-per-group", str(per_group),
+                "--heartbeat-s", str(heartbeat_s), "--route-s", str(route_s),
+                "--seed", str(i),
+            ]))  # fmt: skip
+        began = time.monotonic()
+
+        def settled() -> bool:
+            roles = [s.ask("roles") for s in sims]
+            return sum(r["in_sync_masters"] for r in roles) == groups
+
+        _wait(f"{groups} groups with a master and its slave in sync", settled, args.settle_s)
+        row["settle_s"] = round(time.monotonic() - began, 1)
+        row["raft_journal_bytes_after_bootstrap"] = (
+            sum(_dir_bytes(here / nameserver_node(i) / "raft") for i in range(3)) // 3
+        )
+        # Warm up one full route period's worth of phases, then the window.
+        time.sleep(min(args.window_s, 5.0))
+        for sim in sims:
+            sim.ask("window")
+        cpu0 = [_cpu_s(p) for p in pids]
+        sim_cpu0 = [_cpu_s(s.process.pid) for s in sims]
+        t0 = time.monotonic()
+        time.sleep(args.window_s)
+        elapsed = time.monotonic() - t0
+        cpu = [(_cpu_s(p) - c) / elapsed for p, c in zip(pids, cpu0, strict=True)]
+        sim_cpu = [
+            (_cpu_s(s.process.pid) - c) / elapsed for s, c in zip(sims, sim_cpu0, strict=True)
+        ]
+        windows = [s.ask("window") for s in sims]
+        latencies = [x for w in windows for x in w["latencies"]]
+        heartbeats = [sum(w["heartbeats"][i] for w in windows) for i in range(3)]
+        errors: dict[str, int] = {}
+        for w in windows:
+            for k, v in w["errors"].items():
+                errors[k] = errors.get(k, 0) + v
+        leader = next(
+            (i for i, ns in enumerate(cluster.nameservers) if cluster.controller(i).is_leader),
+            None,
+        )
+        offered_hb = groups * 2 / heartbeat_s
+        row.update(
+            ns_cpu_cores=[round(c, 3) for c in cpu],
+            ns_cpu_cores_max=round(max(cpu), 3),
+            ns_rss_mib=[_rss_mib(p) for p in pids],
+            leader=leader,
+            heartbeats_per_s_offered_each=round(offered_hb, 1),
+            heartbeats_per_s_answered=[round(h / elapsed, 1) for h in heartbeats],
+            route_queries_per_s=round(len(latencies) / elapsed, 1),
+            route_query_errors=errors,
+            route_query_p50_ms=_ms(_percentile(latencies, 0.5)),
+            route_query_p99_ms=_ms(_percentile(latencies, 0.99)),
+            sim_processes=len(sims),
+            sim_channels_per_nameserver=CHANNELS * len(sims),
+            sim_cpu_cores=[round(c, 3) for c in sim_cpu],
+            window_s=round(elapsed, 1),
+            # The machine is shared: a load far above its 2 cores stretches latencies.
+            load_average_1m=round(os.getloadavg()[0], 1),
+        )
+        # CPU per heartbeat: the nameservers that answer no route queries (the clients all
+        # ask the first one) spend theirs on heartbeats (and Raft, the sweeper).
+        # Above the idle nameserver's (Raft ticks, the controller's rounds, the sweeper).
+        quiet = [i for i in (1, 2) if heartbeats[i]]
+        if quiet:
+            row["ns_cpu_us_per_heartbeat"] = round(
+                sum((cpu[i] - idle[i]) * elapsed / heartbeats[i] for i in quiet)
+                / len(quiet) * 1e6, 1
+            )  # fmt: skip
+        if heartbeats[0] and latencies and quiet:
+            spare = (cpu[0] - idle[0]) - sum(cpu[i] - idle[i] for i in quiet) / len(quiet)
+            per_query = max(0.0, spare) / (len(latencies) / elapsed)
+            row["ns_cpu_us_per_route_query"] = round(per_query * 1e6, 1)
+        if args.failover:
+            row.update(failover(args, cluster, sims, groups, pb))
+    finally:
+        for sim in sims:
+            sim.stop()
+        cluster.stop()
+        shutil.rmtree(here, ignore_errors=True)
+    return row
+
+
+def failover(
+    args: argparse.Namespace, cluster: Any, sims: list[_SimProcess], groups: int, pb: Any
+) -> dict[str, Any]:
+    name = group_name(0)
+    topics = {
+        t for t, served in cluster_topics(groups, args.topics_per_group).items() if 0 in served
+    }
+    stopped = sims[0].ask(f"fail {name}")  # the first simulator has the first groups
+    stopped_at = stopped["stopped_at"]
+    for sim in sims:
+        sim.ask(f"watch {name} {stopped['successor']}")
+    out: dict[str, Any] = {}
+    elected: dict[str, Any] = {}
+
+    def decided() -> bool:
+        elected.update(sims[0].ask(f"elected {name}"))
+        return elected.get("elected_at") is not None
+
+    try:
+        _wait("the controller's failover decision", decided, 60)
+        out["failover_decision_s"] = round(elected["elected_at"] - stopped_at, 2)
+    except TimeoutError as exc:
+        out["failover_failed"] = str(exc)
+        return out
+    answers: list[dict[str, Any]] = []
+
+    def all_learned() -> bool:
+        answers[:] = [s.ask("learned " + " ".join(sorted(topics))) for s in sims]
+        return sum(a["learned"] for a in answers) == sum(a["clients"] for a in answers)
+
+    try:
+        _wait("every client of the group's topics learning", all_learned, args.route_s * 2 + 30)
+        last = max((a["last_at"] for a in answers if a["last_at"]), default=stopped_at)
+        out["failover_all_clients_learned_s"] = round(last - stopped_at, 2)
+    except TimeoutError as exc:
+        out["failover_failed"] = str(exc)
+    out["failover_clients_watching"] = sum(a["clients"] for a in answers)
+    return out
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 2)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Every point; the figures for bench-scale's JSON, with the rows."""
+    work = Path(tempfile.mkdtemp(prefix="metaq-bench-scale-ns-"))
+    rows: list[dict[str, Any]] = []
+    try:
+        for groups, clients in args.ns_points:
+            print(f"{groups:,} groups, {clients:,} clients: measuring", file=sys.stderr, flush=True)
+            args.failover = args.quick or groups == args.ns_points[-1][0]
+            try:
+                row = measure_point(args, work, groups, clients)
+            except (TimeoutError, RuntimeError) as exc:
+                row = {"groups": groups, "clients": clients, "failed": str(exc)[-1500:]}
+            row.update(snapshot_figures(groups))
+            rows.append(row)
+            print(f"  {row}", file=sys.stderr, flush=True)
+            if "failed" in row:
+                break
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return figures(rows)
+
+
+def figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    done = [r for r in rows if "failed" not in r]
+    top = next((r for r in done if (r["groups"], r["clients"]) == (1_000, 20_000)), None)
+    out: dict[str, Any] = {"nameserver_rows": rows}
+    out["nameserver_cpu_cores_at_1000_groups_20000_clients"] = (
+        None if top is None else top["ns_cpu_cores_max"]
+    )
+    largest = done[-1] if done else None
+    out["route_query_p99_ms_at_scale"] = None if largest is None else largest["route_query_p99_ms"]
+    if largest is not None:
+        out["nameserver_largest_point"] = [largest["groups"], largest["clients"]]
+        for key in ("failover_decision_s", "failover_all_clients_learned_s"):
+            if key in largest:
+                out[key] = largest[key]
+    if top is not None:
+        out["nameserver_targets_met"] = {
+            "cpu_under_half_core_each": top["ns_cpu_cores_max"] < 0.5,
+            "route_query_p99_at_most_20_ms": (top["route_query_p99_ms"] or 1e9) <= 20,
+        }
+    return out
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    print(
+        "| groups | brokers | clients | ns CPU cores (each) | µs/heartbeat | hb/s answered "
+        "(each) | route q/s | route p50 ms | route p99 ms | RSS MiB | simulator cores |"
+    )
+    print("|---:|---:|---:|---|---:|---|---:|---:|---:|---|---|")
+    for r in rows:
+        if "failed" in r:
+            print(f"| {r['groups']:,} | | {r['clients']:,} | failed: {r['failed'][:200]} |")
+            continue
+        print(
+            f"| {r['groups']:,} | {r['brokers']:,} | {r['clients']:,} | {r['ns_cpu_cores']} "
+            f"| {r.get('ns_cpu_us_per_heartbeat')} | {r['heartbeats_per_s_answered']} "
+            f"| {r['route_queries_per_s']} | {r['route_query_p50_ms']} "
+            f"| {r['route_query_p99_ms']} | {r['ns_rss_mib']} | {r['sim_cpu_cores']} |"
+        )
+
+
+def chart(rows: list[dict[str, Any]], before: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = (
+        ("ns_cpu_cores_max", "busiest nameserver, CPU cores"),
+        ("ns_cpu_us_per_heartbeat", "nameserver CPU per heartbeat, µs"),
+        ("route_query_p99_ms", "route query p99, ms"),
+        ("ns_rss_max_mib", "nameserver RSS, MiB"),
+        ("raft_journal_bytes_after_bootstrap", "Raft journal after bootstrap, bytes"),
+        ("snapshot_s", "Raft snapshot (full dump), s"),
+    )
+    figure, axes = plt.subplots(2, 3, figsize=(14, 7))
+    for ax, (key, title) in zip(axes.flat, panels, strict=True):
+        for series, label, style in ((before, "before", "o--"), (rows, "after", "o-")):
+            points = [
+                (r["groups"], _value(r, key)) for r in series
+                if "failed" not in r and _value(r, key) is not None
+            ]  # fmt: skip
+            if points:
+                ax.plot(*zip(*points, strict=True), style, label=label)
+        ax.set_xscale("log")
+        ax.set_title(title)
+        ax.set_xlabel("broker groups (2 brokers, 100 topics each; clients grow with them)")
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+    figure.suptitle("Three nameservers under simulated brokers and clients (2 cores)")
+    figure.tight_layout()
+    figure.savefig(path, dpi=90)
+
+
+def _value(row: dict[str, Any], key: str) -> Any:
+    if key == "ns_rss_max_mib":
+        return max(row["ns_rss_mib"]) if "ns_rss_mib" in row else None
+    return row.get(key)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--ns-points", help="nameserver points as groups:clients, comma-separated (10:1000,...)"
+    )
+    parser.add_argument("--ns-window-s", type=float, help="seconds measured per point")
+    parser.add_argument("--ns-before", type=Path, help="an earlier run's JSON, drawn as 'before'")
+    parser.add_argument("--sim-processes", type=int, default=2, help="simulator processes")
+
+
+def configure(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """Fill in the nameserver dimension's settings from the parsed arguments."""
+    heartbeat_s, route_s = default_periods()
+    args.heartbeat_s, args.route_s = heartbeat_s, route_s
+    if args.quick:
+        args.route_s = 3.0  # the smoke run waits for every client to learn a failover
+    if args.ns_points:
+        try:
+            args.ns_points = [
+                tuple(int(x) for x in p.split(":")) for p in args.ns_points.split(",")
+            ]
+        except ValueError:
+            parser.error(
+                f"--ns-points takes groups:clients pairs like 10:1000: not {args.ns_points!r}"
+            )
+    else:
+        args.ns_points = QUICK_POINTS if args.quick else POINTS
+    args.window_s = args.ns_window_s or (3.0 if args.quick else 20.0)
+    args.topics_per_group = QUICK_TOPICS_PER_GROUP if args.quick else TOPICS_PER_GROUP
+    args.settle_s = 120.0 if args.quick else 600.0
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="a smoke run over small counts")
+    parser.add_argument("--chart", type=Path, help="draw the curves into this PNG")
+    add_arguments(parser)
+    parser.add_argument("--simulate", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--nameservers", help=argparse.SUPPRESS)
+    parser.add_argument("--groups", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--group-range", help=argparse.SUPPRESS)
+    parser.add_argument("--clients", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--topics-per-group", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--heartbeat-s", type=float, help=argparse.SUPPRESS)
+    parser.add_argument("--route-s", type=float, help=argparse.SUPPRESS)
+    parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.simulate:
+        asyncio.run(simulate(args))
+        return
+    configure(args, parser)
+    out = run(args)
+    finish(out, args)
+    print(json.dumps(out, sort_keys=True))
+
+
+def finish(out: dict[str, Any], args: argparse.Namespace) -> None:
+    """The table, and the chart when asked for."""
+    print_table(out["nameserver_rows"])
+    if args.chart is not None:
+        before = []
+        if args.ns_before is not None:
+            before = json.loads(args.ns_before.read_text().strip().splitlines()[-1])[
+                "nameserver_rows"
+            ]
+        chart(out["nameserver_rows"], before, args.chart)
+        print(f"chart: {args.chart}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
