@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import replace
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -527,3 +528,53 @@ def test_a_broker_that_left_is_kept_as_departed_for_an_hour_unless_it_comes_back
     registry.unregister(BrokerKey("broker-a", 1))
     clock.advance(FORGET_DEPARTED_AFTER_S + 1)
     assert registry.departed() == []
+
+
+def test_a_route_looks_only_at_the_groups_serving_its_topic(
+    registry: Registry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Clients ask in proportion to their number: a route that looked at every group would
+    # cost clients times groups.
+    for index in range(200):
+        registry.register(broker(f"other-{index:03d}"), table(topic(f"topic-{index}")))
+    registry.register(broker("broker-z"), table(topic("orders")))
+    looked: list[object] = []
+    live = registry._live
+
+    def counting(group: Any, now: float) -> Any:
+        looked.append(group)
+        return live(group, now)
+
+    monkeypatch.setattr(registry, "_live", counting)
+
+    route = registry.route("orders")
+
+    assert route is not None and [g.broker_name for g in route.groups] == ["broker-z"]
+    assert len(looked) == 1
+
+
+def test_routes_follow_tables_that_change_and_brokers_that_leave(registry: Registry) -> None:
+    registry.register(broker("broker-a", 0), table(topic("orders"), topic("payments")))
+    registry.register(broker("broker-a", 1), table(topic("orders"), topic("audit")))
+    registry.register(broker("broker-b", 0), table(topic("payments")))
+
+    registry.register(broker("broker-a", 0), table(topic("orders")))
+    payments = registry.route("payments")
+    assert payments is not None and [g.broker_name for g in payments.groups] == ["broker-b"]
+
+    registry.unregister(BrokerKey("broker-a", 0))
+    orders = registry.route("orders")
+    assert orders is not None and [b.broker_id for b in orders.groups[0].brokers] == [1]
+
+    registry.unregister(BrokerKey("broker-a", 1))
+    assert registry.route("orders") is None and registry.route("audit") is None
+    assert registry.route("payments") is not None
+
+
+def test_a_fenced_masters_topics_leave_the_routes_with_it(registry: Registry) -> None:
+    registry.register(broker("broker-a", 0, epoch=1), table(topic("orders"), topic("payments")))
+    registry.register(broker("broker-a", 1, role=Role.MASTER, epoch=2), table(topic("orders")))
+
+    assert registry.route("payments") is None
+    orders = registry.route("orders")
+    assert orders is not None and [b.broker_id for b in orders.groups[0].brokers] == [1]

@@ -35,6 +35,11 @@ to its heartbeat, that it was replaced.
 
 Ordering is deterministic (groups by name, the master then slaves by id), so every
 nameserver told the same things answers the same.
+
+Cost: a route looks only at the groups that serve its topic (an index kept as brokers
+register and leave), not at every group: clients ask for routes in proportion to their
+number, so a route that cost one step per group would make the nameserver's work grow
+with clients times groups.
 """
 
 from __future__ import annotations
@@ -99,6 +104,9 @@ class Registry:
         self._controls: dict[str, GroupControl] = {}
         self._departed: dict[BrokerKey, tuple[BrokerState, float]] = {}
         """Brokers that left, with when (see :meth:`departed`)."""
+        self._serving: dict[str, set[str]] = {}
+        """Topic -> the groups with a registered broker (live or not yet swept) that
+        serves it: where :meth:`route` looks."""
 
     # --- changes ----------------------------------------------------------------------
 
@@ -157,10 +165,15 @@ class Registry:
                     )
                 fenced.append(peer.state.key)
         for fenced_key in fenced:
-            del group[fenced_key.broker_id]
+            self._unindex(key.broker_name, group.pop(fenced_key.broker_id).topics, group)
         owner = session if session is not None else (existing.session if existing else None)
         group[key.broker_id] = _Entry(state, topics, now, owner)
         self._groups[key.broker_name] = group
+        if existing is None or existing.topics is not topics:
+            if existing is not None:
+                self._unindex(key.broker_name, existing.topics, group)
+            for topic in topics:
+                self._serving.setdefault(topic, set()).add(key.broker_name)
         self._departed.pop(key, None)
         master = self._master(key.broker_name, self._live(group, now))
         return Registered(
@@ -174,8 +187,9 @@ class Registry:
         group = self._groups.get(key.broker_name)
         if group is None or key.broker_id not in group:
             return False
-        self._departed[key] = (group[key.broker_id].state, self._clock())
-        del group[key.broker_id]
+        entry = group.pop(key.broker_id)
+        self._departed[key] = (entry.state, self._clock())
+        self._unindex(key.broker_name, entry.topics, group)
         if not group:
             del self._groups[key.broker_name]
         return True
@@ -241,7 +255,7 @@ class Registry:
         """The live groups serving ``topic``, by name; None when there are none."""
         now = self._clock()
         groups: list[GroupRoute] = []
-        for name in sorted(self._groups):
+        for name in sorted(self._serving.get(topic, ())):
             live = self._live(self._groups[name], now)
             holders = [e for e in live if topic in e.topics]
             if holders:
@@ -295,6 +309,18 @@ class Registry:
         return [ClusterView(cluster=c, groups=tuple(by_cluster[c])) for c in sorted(by_cluster)]
 
     # --- helpers ------------------------------------------------------------------------
+
+    def _unindex(self, name: str, topics: Iterable[str], group: Mapping[int, _Entry]) -> None:
+        """``topics`` left group ``name`` (whose entries are now ``group``) unless
+        another of its brokers serves them."""
+        for topic in topics:
+            if any(topic in e.topics for e in group.values()):
+                continue
+            serving = self._serving.get(topic)
+            if serving is not None:
+                serving.discard(name)
+                if not serving:
+                    del self._serving[topic]
 
     def _alive(self, entry: _Entry, now: float) -> bool:
         return now - entry.last_heartbeat <= self.broker_expiry_s
