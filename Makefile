@@ -217,8 +217,10 @@ bench-metaq2: setup
 	$(UV) run --frozen python bench/bench_metaq2.py $(METAQ2_ARGS)
 
 # Queues per broker, 16 to 100,000 (docs/benchmarks.md): append rate, RSS, descriptors,
-# mappings, start-up and recovery; the chart into docs/images, the last line JSON.
-# make bench-scale SCALE_ARGS="--points 16,1000 --seconds 3"
+# mappings, start-up and recovery; then three nameservers under 10 to 1,000 simulated
+# broker groups and 1,000 to 20,000 clients (bench/bench_scale_nameserver.py); the charts
+# into docs/images, the last line JSON.
+# make bench-scale SCALE_ARGS="--points 16,1000 --seconds 3 --ns-points 10:1000,100:5000"
 SCALE_ARGS ?=
 bench-scale: setup
 	$(UV) sync --frozen --all-packages --group bench

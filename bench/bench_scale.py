@@ -40,6 +40,8 @@ import time
 from pathlib import Path
 from typing import Any, Final
 
+import bench_scale_nameserver
+
 POINTS: Final = (16, 1_000, 10_000, 100_000)
 QUICK_POINTS: Final = (16, 200, 2_000)
 BODY: Final = 128
@@ -317,7 +319,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
 def figures(rows: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
     by_count = {row["queues"]: row for row in rows if "failed" not in row}
     out: dict[str, Any] = {"rows": rows, "seconds": args.seconds, "batch": args.batch}
-    few = by_count.get(args.points[0], {})
+    few = by_count.get(args.points[0], {}) if args.points else {}
     for row in by_count.values():
         out[f"append_msgs_s_at_{row['queues']}_queues"] = row["append_msgs_s"]
         out[f"fds_at_{row['queues']}_queues"] = row["open_fds"]
@@ -391,6 +393,11 @@ def main(argv: list[str]) -> None:
     parser.add_argument(
         "--mapped-queue-files", type=int, help="store.mapped_queue_files (default: the store's)"
     )
+    parser.add_argument(
+        "--dimension", action="append", choices=("queues", "nameserver"),
+        help="measure only this dimension (repeatable; default: all)",
+    )  # fmt: skip
+    bench_scale_nameserver.add_arguments(parser)
     parser.add_argument("--child", choices=("fill", "start", "crash", "recover"),
                         help=argparse.SUPPRESS)  # fmt: skip
     parser.add_argument("--data", help=argparse.SUPPRESS)
@@ -411,6 +418,10 @@ def main(argv: list[str]) -> None:
     if args.seconds is None:
         args.seconds = 1.0 if args.quick else 5.0
     args.segment_bytes = QUICK_SEGMENT_BYTES if args.quick else SEGMENT_BYTES
+    bench_scale_nameserver.configure(args, parser)
+    dimensions = set(args.dimension or ("queues", "nameserver"))
+    if "queues" not in dimensions:
+        args.points = ()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     work = Path(tempfile.mkdtemp(prefix="metaq-bench-scale-"))
     rows: list[dict[str, Any]] = []
@@ -425,14 +436,21 @@ def main(argv: list[str]) -> None:
                 break
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print_table(rows)
-    if args.chart is not None:
+    if rows:
+        print_table(rows)
+    if args.chart is not None and rows:
         before = []
         if args.before is not None:
             before = json.loads(args.before.read_text().strip().splitlines()[-1])["rows"]
         chart(rows, before, args.chart)
         print(f"chart: {args.chart}", file=sys.stderr)
-    print(json.dumps(figures(rows, args), sort_keys=True))
+    out = figures(rows, args)
+    if "nameserver" in dimensions:
+        nameserver = bench_scale_nameserver.run(args)
+        chart_path = args.chart and args.chart.with_name("bench-scale-nameserver.png")
+        bench_scale_nameserver.finish(nameserver, chart_path, args.ns_before)
+        out.update(nameserver)
+    print(json.dumps(out, sort_keys=True))
 
 
 if __name__ == "__main__":
