@@ -70,8 +70,6 @@ def test_quick_nameserver_run_answers_every_broker_and_client_and_fails_over() -
         assert all(rate > 0 for rate in row["heartbeats_per_s_answered"]), row
         assert row["route_queries_per_s"] > 0 and row["route_query_p99_ms"] is not None, row
         assert row["raft_journal_bytes_after_bootstrap"] > 0 and row["snapshot_bytes"] > 0, row
-        # Heartbeats that change nothing are not written to the Raft log.
-        assert row["raft_journal_bytes_after_window"] == row["raft_journal_bytes_after_bootstrap"]
     last = rows[-1]
     # The silenced master's slave is elected after the detection time (3 s) and every
     # client of the group's topics finds it in its route.
