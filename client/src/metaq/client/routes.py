@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -270,6 +271,7 @@ class RouteCache:
         rpc_timeout_s: float = 3.0,
         credentials: Credentials | None = None,
         tls: TlsConfig | None = None,
+        spread: bool = True,
     ) -> None:
         if isinstance(nameservers, str):
             nameservers = [nameservers]
@@ -286,13 +288,21 @@ class RouteCache:
         self._fetched_at: dict[str, float] = {}
         self._fetching: dict[str, asyncio.Future[TopicRoute]] = {}
         self._channels: dict[str, grpc.aio.Channel] = {}
-        self._preferred = 0
+        # Many clients listing the nameservers in one order would all ask the first;
+        # starting at a random one spreads their route queries over all of them, as
+        # RocketMQ's clients do. An operator's tool keeps the listed order (spread=False).
+        self._preferred = random.randrange(len(self.nameservers)) if spread else 0
         self._listeners: list[RouteListener] = []
         self._refresher = _Refresher(self, refresh_interval_s)
         self._poll: asyncio.TimerHandle | None = None
         self._poll_wait_s = FAILOVER_POLL_S[0]
         self._unsettled: dict[str, _Unsettled] = {}
         """Topics whose route is fetched often (see :meth:`_settle`)."""
+
+    @property
+    def preferred_nameserver(self) -> str:
+        """The nameserver asked first: the last one that answered."""
+        return self.nameservers[self._preferred]
 
     # --- lifecycle --------------------------------------------------------------------
 

@@ -55,7 +55,11 @@ class AdminSession:
         self._own_routes = routes is None and bool(nameservers)
         if routes is None and nameservers:
             routes = RouteCache(
-                nameservers, rpc_timeout_s=timeout_s, credentials=self.credentials, tls=tls
+                nameservers,
+                rpc_timeout_s=timeout_s,
+                credentials=self.credentials,
+                tls=tls,
+                spread=False,
             )
         self._routes = routes
         self._http = BrokerHttp(timeout_s=timeout_s, tls=tls, credentials=self.credentials)
