@@ -15,8 +15,10 @@ from metaq.common.model import (
     BrokerAddress,
     BrokerKey,
     BrokerState,
+    BrokerView,
     ConsumeMode,
     GroupRoute,
+    GroupView,
     Permission,
     ReplicationMode,
     Role,
@@ -357,3 +359,38 @@ def test_writes_go_to_masters_and_reads_to_a_slave_only_without_one() -> None:
     ]
     assert route.masterless  # group b takes writes but has no master
     assert route.group("b") is route.groups[1] and route.group("z") is None
+
+
+def _view(broker_id: int, role: Role, end: int, **kwargs: Any) -> BrokerView:
+    state = BrokerState("c", BrokerKey("broker-a", broker_id), role, f"h:{broker_id}",
+                        commitlog_max_offset=end)  # fmt: skip
+    return BrokerView(state, 1.5, **kwargs)
+
+
+def test_a_reader_of_a_group_takes_in_sync_and_lag_from_its_control_and_master() -> None:
+    master, slave = _view(0, Role.MASTER, 1000, session_open=True), _view(1, Role.SLAVE, 400)
+    gone = _view(2, Role.SLAVE, 100, down=True)
+    message = pb.BrokerGroupInfo(
+        broker_name="broker-a",
+        epoch=3,
+        brokers=[master.to_proto(), slave.to_proto()],
+        departed=[gone.to_departed_proto()],
+        control=pb.GroupControl(broker_name="broker-a", epoch=3, in_sync_ids=[1, 0]),
+    )
+    group = GroupView.from_proto(message)
+    assert group.in_sync_ids == (0, 1)
+    assert group.master == dataclasses.replace(master, in_sync=True)
+    assert group.brokers[1] == dataclasses.replace(slave, in_sync=True, lag_bytes=600)
+    assert group.down == (dataclasses.replace(gone, in_sync=False),)
+    message.ClearField("control")
+    assert {b.in_sync for b in GroupView.from_proto(message).brokers} == {None}
+
+
+def test_the_cluster_list_json_is_flat_with_the_keys_the_deploy_roles_read() -> None:
+    shown = _view(1, Role.SLAVE, 400, in_sync=True, lag_bytes=600).to_json()
+    assert json.loads(json.dumps(shown)) == shown
+    assert {k: shown[k] for k in ("broker_name", "broker_id", "role", "in_sync", "lag_bytes")} == {
+        "broker_name": "broker-a", "broker_id": 1, "role": "slave", "in_sync": True,
+        "lag_bytes": 600,
+    }  # fmt: skip
+    assert shown["last_heartbeat_age_ms"] == 1500

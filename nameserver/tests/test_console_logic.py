@@ -8,7 +8,7 @@ import pytest
 from aiohttp import web
 
 from metaq.client.admin import Admin, MessagesStored, StoredMessage
-from metaq.common.model import BrokerKey, BrokerState, Role
+from metaq.common.model import BrokerKey, BrokerState, BrokerView, Role
 from metaq.nameserver.console.context import (
     Brokers,
     ConsoleContext,
@@ -18,7 +18,6 @@ from metaq.nameserver.console.context import (
 from metaq.nameserver.console.messages import _body
 from metaq.nameserver.console.page import Html, esc, table
 from metaq.nameserver.console.page import parse_time_ms as _parse_time
-from metaq.nameserver.model import BrokerView
 from metaq.nameserver.registry import FORGET_DEPARTED_AFTER_S, Registry
 from metaq.testing.waiting import run_async
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from metaq.common.model import GroupControl
 from metaq.nameserver import control
 from metaq.nameserver.control import Refused
-from metaq.nameserver.model import GroupControl
 
 START = GroupControl("broker-a", 3, 0, (0, 1, 2), "bootstrap")
 

@@ -7,11 +7,10 @@ import logging
 
 import pytest
 
-from metaq.common.model import BrokerKey, BrokerState, Role
+from metaq.common.model import BrokerKey, BrokerState, BrokerView, GroupControl, Role
 from metaq.nameserver import control
 from metaq.nameserver.control import Refused
 from metaq.nameserver.decisions import Decider, Proposal, switchover
-from metaq.nameserver.model import BrokerView, GroupControl
 
 DETECTION_S = 3.0
 GRACE_S = 5.0

@@ -23,11 +23,10 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from metaq.common.model import BrokerKey, BrokerState, Role
+from metaq.common.model import BrokerKey, BrokerState, BrokerView, GroupControl, Role
 from metaq.nameserver import control as transitions
 from metaq.nameserver.control import Refused
 from metaq.nameserver.decisions import Decider, Proposal
-from metaq.nameserver.model import BrokerView, GroupControl
 
 GROUP = "broker-a"
 BROKERS = (0, 1, 2)

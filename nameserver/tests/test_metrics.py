@@ -5,10 +5,9 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from metaq.common.model import BrokerKey, BrokerState, Permission, Role, TopicConfig
+from metaq.common.model import BrokerKey, BrokerState, GroupControl, Permission, Role, TopicConfig
 from metaq.nameserver.controller import Controller, ControllerSettings
 from metaq.nameserver.metrics import NameServerMetrics
-from metaq.nameserver.model import GroupControl
 from metaq.nameserver.registry import Registry
 
 EXPIRY_S = 10.0

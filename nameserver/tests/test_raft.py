@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from metaq.common.model import GroupControl
 from metaq.nameserver.control import Refused
 from metaq.nameserver.decisions import Proposal
-from metaq.nameserver.model import GroupControl
 from metaq.nameserver.raft import LOCAL_NODE, ControllerUnavailable, ControlRaft, Snapshot
 from metaq.testing.waiting import run_async, wait_until_async
 

@@ -10,9 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from metaq.common.model import BrokerKey, BrokerState, Permission, Role, TopicConfig
+from metaq.common.model import BrokerKey, BrokerState, GroupControl, Permission, Role, TopicConfig
 from metaq.nameserver.assignment import QueueRef
-from metaq.nameserver.model import GroupControl
 from metaq.nameserver.registry import (
     FORGET_DEPARTED_AFTER_S,
     RegistrationRefused,
@@ -518,10 +517,14 @@ def test_a_broker_that_left_is_kept_as_departed_for_an_hour_unless_it_comes_back
     registry.register(broker(broker_id=0), table())
     assert registry.expire() == [BrokerKey("broker-a", 1)]
     [gone] = registry.departed()
-    assert (gone.state.key, gone.left_age_s) == (BrokerKey("broker-a", 1), 0.0)
+    assert (gone.state.key, gone.last_heartbeat_age_s, gone.down) == (
+        BrokerKey("broker-a", 1),
+        0.0,
+        True,
+    )
 
     clock.advance(60)
-    assert registry.departed()[0].left_age_s == 60
+    assert registry.departed()[0].last_heartbeat_age_s == 60
     registry.register(broker(broker_id=1), table())
     assert registry.departed() == []
 

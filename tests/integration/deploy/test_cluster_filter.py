@@ -4,7 +4,6 @@ from being whole and in sync, from a real ``metaq cluster list --json`` answer."
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import json
 from types import ModuleType
@@ -13,8 +12,7 @@ from typing import Any
 import pytest
 from lab import PLAYBOOKS
 
-from metaq.client.routes import BrokerInfo
-from metaq.common.model import Permission, ReplicationMode, Role
+from metaq.common.model import BrokerKey, BrokerState, BrokerView, Permission, ReplicationMode, Role
 
 MEMBERS = [{"host": "a0", "group": "broker-a", "id": 0},
            {"host": "a1", "group": "broker-a", "id": 1},
@@ -36,16 +34,15 @@ def filters() -> ModuleType:
 def listed(*brokers: tuple[str, int, Role, bool | None, int]) -> list[dict[str, Any]]:
     """Brokers as ``metaq cluster list --json`` prints them (the CLI's own conversion)."""
     infos = [
-        BrokerInfo(cluster="c", broker_name=group, broker_id=broker_id, role=role,
-                   data_address="h:1", http_address="h:2", computer_room="r", epoch=1,
-                   permission=Permission.READ_WRITE, replication_mode=ReplicationMode.SYNC,
-                   commitlog_max_offset=0, last_heartbeat_age_ms=5, session_open=True,
-                   topic_count=0, in_sync=in_sync, lag_bytes=lag)
+        BrokerView(BrokerState(cluster="c", key=BrokerKey(group, broker_id), role=role,
+                               data_address="h:1", http_address="h:2", computer_room="r",
+                               epoch=1, permission=Permission.READ_WRITE,
+                               replication_mode=ReplicationMode.SYNC),
+                   last_heartbeat_age_s=0.005, session_open=True, in_sync=in_sync,
+                   lag_bytes=lag)
         for group, broker_id, role, in_sync, lag in brokers
     ]  # fmt: skip
-    answer: list[dict[str, Any]] = json.loads(
-        json.dumps([dataclasses.asdict(b) for b in infos], default=str)
-    )
+    answer: list[dict[str, Any]] = json.loads(json.dumps([b.to_json() for b in infos]))
     return answer
 
 

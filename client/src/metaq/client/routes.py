@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 from metaq.client.errors import NoNameServer, UnknownTopic
 from metaq.client.user_calls import UserSigningInterceptor
 from metaq.common.errors import ErrorCode, MetaqError
-from metaq.common.model import Permission, ReplicationMode, Role, TopicRoute
+from metaq.common.model import BrokerView, ClusterInfo, TopicRoute
 from metaq.common.server_names import target_of
 from metaq.common.service import PeriodicService
 from metaq.common.tls import TlsConfig, grpc_channel, grpc_hint
@@ -73,157 +73,35 @@ class NameServerError(MetaqError):
 
 
 @dataclass(frozen=True)
-class BrokerInfo:
-    """One broker as a nameserver knows it (``GetClusterInfo``)."""
-
-    cluster: str
-    broker_name: str
-    broker_id: int
-    role: Role
-    data_address: str
-    http_address: str
-    computer_room: str
-    epoch: int
-    permission: Permission
-    replication_mode: ReplicationMode | None
-    commitlog_max_offset: int
-    last_heartbeat_age_ms: int
-    session_open: bool
-    topic_count: int
-    in_sync: bool | None = None
-    """In the controller's in-sync set (electable); None when no controller manages it."""
-    lag_bytes: int = 0
-    """How far its commitlog is behind its group's master's (0 for the master)."""
-    down: bool = False
-    """It left the nameserver's registry within the last hour (its session ended or it
-    went silent): shown down, as it last registered; ``last_heartbeat_age_ms`` is how
-    long ago it left. Only in :attr:`BrokerGroupInfo.down`."""
-
-    @property
-    def is_master(self) -> bool:
-        return self.role is Role.MASTER
-
-
-@dataclass(frozen=True)
-class BrokerGroupInfo:
-    broker_name: str
-    epoch: int
-    computer_room: str
-    brokers: tuple[BrokerInfo, ...]
-    in_sync_ids: tuple[int, ...] | None = None
-    """The controller's in-sync set; None when no controller manages the group."""
-    down: tuple[BrokerInfo, ...] = ()
-    """Its brokers that are down (see :attr:`BrokerInfo.down`); never in ``brokers``."""
-
-    @property
-    def master(self) -> BrokerInfo | None:
-        return next((b for b in self.brokers if b.is_master), None)
-
-
-@dataclass(frozen=True)
-class ClusterInfo:
-    name: str
-    groups: tuple[BrokerGroupInfo, ...]
-
-
-@dataclass(frozen=True)
 class ClusterView:
-    """Every cluster, broker group and broker a nameserver knows."""
+    """Every cluster, broker group and broker a nameserver knows (a ``GetClusterInfo``
+    answer)."""
 
     clusters: tuple[ClusterInfo, ...]
     broker_expiry_ms: int
     nameserver: str
     """The nameserver that answered."""
 
-    def brokers(self, cluster: str | None = None, *, down: bool = False) -> list[BrokerInfo]:
+    @classmethod
+    def from_proto(cls, reply: pb.GetClusterInfoResponse, nameserver: str) -> ClusterView:
+        """The answer ``nameserver`` gave."""
+        clusters = tuple(ClusterInfo.from_proto(c) for c in reply.clusters)
+        return cls(clusters, reply.broker_expiry_ms, nameserver)
+
+    def brokers(self, cluster: str | None = None, *, down: bool = False) -> list[BrokerView]:
         """The live brokers (and with ``down`` the ones that are down too, after the
         live ones of their group)."""
         return [
             broker
             for c in self.clusters
-            if cluster is None or c.name == cluster
+            if cluster is None or c.cluster == cluster
             for group in c.groups
             for broker in (*group.brokers, *group.down)
             if down or not broker.down
         ]
 
-    def masters(self, cluster: str | None = None) -> list[BrokerInfo]:
+    def masters(self, cluster: str | None = None) -> list[BrokerView]:
         return [b for b in self.brokers(cluster) if b.is_master]
-
-
-def cluster_view_from_proto(reply: pb.GetClusterInfoResponse, nameserver: str) -> ClusterView:
-    """The client's view of a ``GetClusterInfo`` answer from ``nameserver``."""
-    clusters = []
-    for c in reply.clusters:
-        groups = []
-        for g in c.groups:
-            in_sync = set(g.control.in_sync_ids) if g.HasField("control") else None
-            master_end = max(
-                (b.state.commitlog_max_offset for b in g.brokers
-                 if b.state.role == Role.MASTER.to_proto()),
-                default=0,
-            )  # fmt: skip
-            brokers = tuple(
-                BrokerInfo(
-                    cluster=c.cluster,
-                    broker_name=g.broker_name,
-                    broker_id=b.state.broker_id,
-                    role=Role.from_proto(b.state.role),
-                    data_address=b.state.data_address,
-                    http_address=b.state.http_address,
-                    computer_room=b.state.computer_room,
-                    epoch=b.state.epoch,
-                    permission=Permission.from_proto(b.state.permission),
-                    replication_mode=ReplicationMode.from_proto(b.state.replication_mode),
-                    commitlog_max_offset=b.state.commitlog_max_offset,
-                    last_heartbeat_age_ms=b.last_heartbeat_age_ms,
-                    session_open=b.session_open,
-                    topic_count=b.topic_count,
-                    in_sync=None if in_sync is None else b.state.broker_id in in_sync,
-                    lag_bytes=max(0, master_end - b.state.commitlog_max_offset),
-                )
-                for b in g.brokers
-            )
-            down = tuple(
-                _broker_info(c.cluster, g.broker_name, d.state, d.left_age_ms, in_sync)
-                for d in g.departed
-            )
-            groups.append(
-                BrokerGroupInfo(
-                    g.broker_name,
-                    g.epoch,
-                    g.computer_room,
-                    brokers,
-                    None if in_sync is None else tuple(sorted(in_sync)),
-                    down,
-                )
-            )
-        clusters.append(ClusterInfo(c.cluster, tuple(groups)))
-    return ClusterView(tuple(clusters), reply.broker_expiry_ms, nameserver)
-
-
-def _broker_info(
-    cluster: str, name: str, state: pb.BrokerState, left_age_ms: int, in_sync: set[int] | None
-) -> BrokerInfo:
-    """A broker that is down, as it last registered."""
-    return BrokerInfo(
-        cluster=cluster,
-        broker_name=name,
-        broker_id=state.broker_id,
-        role=Role.from_proto(state.role),
-        data_address=state.data_address,
-        http_address=state.http_address,
-        computer_room=state.computer_room,
-        epoch=state.epoch,
-        permission=Permission.from_proto(state.permission),
-        replication_mode=ReplicationMode.from_proto(state.replication_mode),
-        commitlog_max_offset=state.commitlog_max_offset,
-        last_heartbeat_age_ms=left_age_ms,
-        session_open=False,
-        topic_count=0,
-        in_sync=None if in_sync is None else state.broker_id in in_sync,
-        down=True,
-    )
 
 
 # --- the cache ------------------------------------------------------------------------

@@ -588,3 +588,150 @@ class TopicRoute:
         """A ``GetRoute`` answer, its groups sorted by name."""
         groups = sorted(message.groups, key=lambda g: g.broker_name)
         return cls(message.topic, tuple(GroupRoute.from_proto(g) for g in groups))
+
+
+# --- cluster info -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerView:
+    """One broker as a nameserver knows it (``metaq.v1.BrokerInfo``): its state as it
+    last registered, and how its registration stands.
+
+    A broker that is down (``metaq.v1.DepartedBroker``: it left the nameserver's registry
+    within the last hour, its session ended or it went silent) has ``down`` set, and
+    ``last_heartbeat_age_s`` is how long ago it left; it is only in :attr:`GroupView.down`.
+    """
+
+    state: BrokerState
+    last_heartbeat_age_s: float
+    """How long ago the nameserver last heard from it (for one that is down: since it left)."""
+    session_open: bool = False
+    """It holds a Session stream open to the nameserver."""
+    topic_count: int = 0
+    in_sync: bool | None = None
+    """In the controller's in-sync set (electable); None when no controller manages it.
+    Not on the wire: a reader takes it from the group's ``control``."""
+    lag_bytes: int = 0
+    """How far its commitlog is behind its group's master's (0 for the master). Not on
+    the wire: a reader takes it from the group's master."""
+    down: bool = False
+
+    @property
+    def broker_name(self) -> str:
+        return self.state.key.broker_name
+
+    @property
+    def broker_id(self) -> int:
+        return self.state.key.broker_id
+
+    @property
+    def is_master(self) -> bool:
+        return self.state.role is Role.MASTER
+
+    def to_proto(self) -> pb.BrokerInfo:
+        return pb.BrokerInfo(
+            state=self.state.to_proto(),
+            last_heartbeat_age_ms=round(self.last_heartbeat_age_s * 1000),
+            session_open=self.session_open,
+            topic_count=self.topic_count,
+        )
+
+    def to_departed_proto(self) -> pb.DepartedBroker:
+        return pb.DepartedBroker(
+            state=self.state.to_proto(), left_age_ms=round(self.last_heartbeat_age_s * 1000)
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The flat form ``metaq cluster list --json`` prints and the deploy roles read."""
+        state = self.state
+        mode = state.replication_mode
+        return {
+            "cluster": state.cluster,
+            "broker_name": self.broker_name,
+            "broker_id": self.broker_id,
+            "role": state.role.value,
+            "data_address": state.data_address,
+            "http_address": state.http_address,
+            "computer_room": state.computer_room,
+            "epoch": state.epoch,
+            "permission": state.permission.value,
+            "replication_mode": None if mode is None else mode.value,
+            "commitlog_max_offset": state.commitlog_max_offset,
+            "last_heartbeat_age_ms": round(self.last_heartbeat_age_s * 1000),
+            "session_open": self.session_open,
+            "topic_count": self.topic_count,
+            "in_sync": self.in_sync,
+            "lag_bytes": self.lag_bytes,
+            "down": self.down,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class GroupView:
+    """One broker group as a nameserver knows it (``metaq.v1.BrokerGroupInfo``)."""
+
+    broker_name: str
+    epoch: int
+    computer_room: str
+    brokers: tuple[BrokerView, ...]
+    """Its live brokers, by id."""
+    in_sync_ids: tuple[int, ...] | None = None
+    """The controller's in-sync set; None when no controller manages the group."""
+    down: tuple[BrokerView, ...] = ()
+    """Its brokers that are down (see :attr:`BrokerView.down`); never in ``brokers``."""
+
+    @property
+    def master(self) -> BrokerView | None:
+        return next((b for b in self.brokers if b.is_master), None)
+
+    @classmethod
+    def from_proto(cls, message: pb.BrokerGroupInfo) -> GroupView:
+        """ValueError for a role, permission or replication mode this version does not
+        take."""
+        in_sync = set(message.control.in_sync_ids) if message.HasField("control") else None
+        states = [(BrokerState.from_proto(b.state), b) for b in message.brokers]
+        master_end = max(
+            (s.commitlog_max_offset for s, _ in states if s.role is Role.MASTER), default=0
+        )
+        return cls(
+            broker_name=message.broker_name,
+            epoch=message.epoch,
+            computer_room=message.computer_room,
+            brokers=tuple(
+                BrokerView(
+                    state=state,
+                    last_heartbeat_age_s=b.last_heartbeat_age_ms / 1000,
+                    session_open=b.session_open,
+                    topic_count=b.topic_count,
+                    in_sync=None if in_sync is None else state.broker_id in in_sync,
+                    lag_bytes=max(0, master_end - state.commitlog_max_offset),
+                )
+                for state, b in states
+            ),
+            in_sync_ids=None if in_sync is None else tuple(sorted(in_sync)),
+            down=tuple(_down(d, in_sync) for d in message.departed),
+        )
+
+
+def _down(message: pb.DepartedBroker, in_sync: set[int] | None) -> BrokerView:
+    state = BrokerState.from_proto(message.state)
+    return BrokerView(
+        state=state,
+        last_heartbeat_age_s=message.left_age_ms / 1000,
+        in_sync=None if in_sync is None else state.broker_id in in_sync,
+        down=True,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterInfo:
+    """One cluster's broker groups as a nameserver knows them (``metaq.v1.ClusterInfo``),
+    by name."""
+
+    cluster: str
+    groups: tuple[GroupView, ...] = ()
+
+    @classmethod
+    def from_proto(cls, message: pb.ClusterInfo) -> ClusterInfo:
+        return cls(message.cluster, tuple(GroupView.from_proto(g) for g in message.groups))

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from metaq.nameserver.model import GroupControl
+from metaq.common.model import GroupControl
 
 
 @dataclass(frozen=True, slots=True)

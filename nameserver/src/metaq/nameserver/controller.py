@@ -23,13 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from metaq.common.model import BrokerKey
+from metaq.common.model import BrokerKey, BrokerView, GroupControl
 from metaq.common.service import PeriodicService
 from metaq.nameserver import decisions
 from metaq.nameserver.config import NameServerConfig
 from metaq.nameserver.control import Refused
 from metaq.nameserver.decisions import Decider, Proposal
-from metaq.nameserver.model import BrokerView, GroupControl
 from metaq.nameserver.raft import ControllerUnavailable, ControlRaft, RaftStatus, Snapshot
 from metaq.nameserver.registry import Clock, Registry
 

@@ -9,6 +9,8 @@ from metaq.common.errors import InvalidMessage
 from metaq.common.model import (
     BrokerKey,
     BrokerState,
+    BrokerView,
+    ClusterInfo,
     Permission,
     ReplicationMode,
     Role,
@@ -18,7 +20,6 @@ from metaq.common.names import check_group, shown
 from metaq.common.record import MAX_QUEUES_PER_TOPIC, check_topic
 from metaq.common.v1 import control_pb2 as pb
 from metaq.nameserver.assignment import Member, QueueRef
-from metaq.nameserver.model import ClusterView, DepartedBroker
 
 
 class InvalidRequest(ValueError):
@@ -120,9 +121,9 @@ def topic_table(table: pb.TopicTable, key: BrokerKey) -> dict[str, TopicConfig]:
 
 
 def clusters_out(
-    clusters: Iterable[ClusterView],
+    clusters: Iterable[ClusterInfo],
     control: Callable[[str], pb.GroupControl | None] = lambda _name: None,
-    departed: Iterable[DepartedBroker] = (),
+    departed: Iterable[BrokerView] = (),
     cluster_name: str = "",
 ) -> list[pb.ClusterInfo]:
     """``control`` gives the controller's state of a group by name, None when unmanaged;
@@ -148,7 +149,7 @@ def clusters_out(
             managed = control(state.key.broker_name)
             if managed is not None:
                 group.control.CopyFrom(managed)
-        group.departed.add(state=state.to_proto(), left_age_ms=round(gone.left_age_s * 1000))
+        group.departed.append(gone.to_departed_proto())
     for info in out:
         info.groups.sort(key=lambda g: g.broker_name)
     out.sort(key=lambda c: c.cluster)
@@ -156,7 +157,7 @@ def clusters_out(
 
 
 def _live_clusters_out(
-    clusters: Iterable[ClusterView], control: Callable[[str], pb.GroupControl | None]
+    clusters: Iterable[ClusterInfo], control: Callable[[str], pb.GroupControl | None]
 ) -> list[pb.ClusterInfo]:
     return [
         pb.ClusterInfo(
@@ -166,15 +167,7 @@ def _live_clusters_out(
                     broker_name=group.broker_name,
                     epoch=group.epoch,
                     computer_room=group.computer_room,
-                    brokers=[
-                        pb.BrokerInfo(
-                            state=broker.state.to_proto(),
-                            last_heartbeat_age_ms=round(broker.last_heartbeat_age_s * 1000),
-                            session_open=broker.session_open,
-                            topic_count=broker.topic_count,
-                        )
-                        for broker in group.brokers
-                    ],
+                    brokers=[broker.to_proto() for broker in group.brokers],
                     control=control(group.broker_name),
                 )
                 for group in cluster.groups

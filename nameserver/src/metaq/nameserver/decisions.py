@@ -34,9 +34,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from metaq.common.model import BrokerKey, Role
+from metaq.common.model import BrokerKey, BrokerView, GroupControl, Role
 from metaq.nameserver.control import Refused, in_sync_set
-from metaq.nameserver.model import BrokerView, GroupControl
 
 log = logging.getLogger(__name__)
 

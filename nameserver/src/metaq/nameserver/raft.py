@@ -36,10 +36,10 @@ from pysyncobj import (  # type: ignore[import-untyped]
 from pysyncobj.node import Node  # type: ignore[import-untyped]
 from pysyncobj.transport import Transport  # type: ignore[import-untyped]
 
+from metaq.common.model import GroupControl
 from metaq.nameserver import control
 from metaq.nameserver.control import Outcome
 from metaq.nameserver.decisions import Proposal
-from metaq.nameserver.model import GroupControl
 from metaq.nameserver.raft_transport import GuardedTransport
 
 log = logging.getLogger(__name__)

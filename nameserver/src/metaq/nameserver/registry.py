@@ -53,26 +53,32 @@ from metaq.common.model import (
     BrokerAddress,
     BrokerKey,
     BrokerState,
+    BrokerView,
+    ClusterInfo,
+    GroupControl,
     GroupRoute,
+    GroupView,
     Role,
     TopicConfig,
     TopicRoute,
 )
 from metaq.nameserver.assignment import QueueRef
-from metaq.nameserver.model import (
-    BrokerView,
-    ClusterView,
-    DepartedBroker,
-    GroupControl,
-    GroupView,
-    Registered,
-)
 
 Clock = Callable[[], float]
 
 FORGET_DEPARTED_AFTER_S: Final = 3600.0
 """How long a broker that left is still shown (down): long enough for an operator to
 notice, short enough that one taken out of service on purpose stops being shown."""
+
+
+@dataclass(frozen=True, slots=True)
+class Registered:
+    """What a registration answers: the group as the routes now see it."""
+
+    master_data_address: str
+    epoch: int
+    # Brokers this registration pushed out of the routes (lower-epoch masters).
+    fenced: tuple[BrokerKey, ...] = ()
 
 
 class RegistrationRefused(Exception):
@@ -273,20 +279,21 @@ class Registry:
                 names.update(entry.topics)
         return sorted(names)
 
-    def departed(self) -> list[DepartedBroker]:
+    def departed(self) -> list[BrokerView]:
         """Brokers that left (their session ended, they went silent past the expiry or
         unregistered) within the last ``FORGET_DEPARTED_AFTER_S`` and have not come
-        back, by key: admin views show them down rather than not at all."""
+        back, by key, as they last registered (``down``, aged since they left): admin views
+        show them down rather than not at all."""
         now = self._clock()
         old = [k for k, (_, at) in self._departed.items() if now - at > FORGET_DEPARTED_AFTER_S]
         for key in old:
             del self._departed[key]
         return [
-            DepartedBroker(state, max(0.0, now - at))
+            BrokerView(state, max(0.0, now - at), down=True)
             for _, (state, at) in sorted(self._departed.items())
         ]
 
-    def cluster_info(self, cluster: str = "") -> list[ClusterView]:
+    def cluster_info(self, cluster: str = "") -> list[ClusterInfo]:
         """Live brokers by cluster, group and id; only ``cluster`` when it is not empty."""
         now = self._clock()
         by_cluster: dict[str, list[GroupView]] = {}
@@ -306,7 +313,7 @@ class Registry:
                     brokers=views,
                 )
             )
-        return [ClusterView(cluster=c, groups=tuple(by_cluster[c])) for c in sorted(by_cluster)]
+        return [ClusterInfo(cluster=c, groups=tuple(by_cluster[c])) for c in sorted(by_cluster)]
 
     # --- helpers ------------------------------------------------------------------------
 

@@ -44,7 +44,7 @@ from metaq.common.auth import (
     AuthFailed,
     ClusterSecret,
 )
-from metaq.common.model import BrokerKey, BrokerState, TopicConfig, TopicRoute
+from metaq.common.model import BrokerKey, BrokerState, GroupControl, TopicConfig, TopicRoute
 from metaq.common.names import shown
 from metaq.common.service import cancel_and_wait
 from metaq.common.v1 import control_pb2 as pb
@@ -53,8 +53,7 @@ from metaq.nameserver import convert
 from metaq.nameserver.assignment import STRATEGIES, Assignment, assign
 from metaq.nameserver.controller import Controller, ControllerUnavailable, SwitchoverRefused
 from metaq.nameserver.convert import InvalidRequest
-from metaq.nameserver.model import GroupControl, Registered
-from metaq.nameserver.registry import RegistrationRefused, Registry, readable_queues
+from metaq.nameserver.registry import Registered, RegistrationRefused, Registry, readable_queues
 from metaq.nameserver.user_auth import Check, UserCalls
 
 log = logging.getLogger(__name__)

@@ -113,7 +113,7 @@ async def resolve_topics(options: SourceOptions, routes: RouteCache) -> list[str
     ) as admin:
         view = await _cluster(options, admin)
         for broker in view.brokers():
-            if not broker.http_address:
+            if not broker.state.http_address:
                 continue
             try:
                 topics = await admin.broker_topics(broker)

@@ -17,9 +17,9 @@ from metaq.client.admin.results import (
     TrafficStats,
 )
 from metaq.client.errors import AdminError, BrokerAdminError, UnknownTopic
-from metaq.client.routes import BrokerInfo, ClusterView, cluster_view_from_proto
+from metaq.client.routes import ClusterView
 from metaq.common.auth import call_metadata
-from metaq.common.model import GroupControl, QueueRoute, TopicRoute
+from metaq.common.model import BrokerView, GroupControl, QueueRoute, TopicRoute
 from metaq.common.v1 import control_pb2 as pb
 
 if TYPE_CHECKING:
@@ -39,7 +39,7 @@ class ClusterAdmin(BrokerCalls):
             )
 
         reply = await self.routes.call(call, answered=answered)
-        return cluster_view_from_proto(reply, answered[0] if answered else "")
+        return ClusterView.from_proto(reply, answered[0] if answered else "")
 
     async def controller_status(self) -> ControllerStatus:
         """The failover controller as the first nameserver that answers sees it: Raft
@@ -63,7 +63,7 @@ class ClusterAdmin(BrokerCalls):
             groups=[GroupControl.from_proto(g) for g in reply.groups],
         )
 
-    async def broker(self, name: str) -> BrokerInfo:
+    async def broker(self, name: str) -> BrokerView:
         """The live broker ``GROUP/ID``, or ``GROUP``'s master; AdminError naming the
         known brokers when there is no such broker, or saying when it is down."""
         group, _, broker_id = name.partition("/")
@@ -78,7 +78,7 @@ class ClusterAdmin(BrokerCalls):
                 if b.down:
                     raise AdminError(
                         f"broker {name} is down (it left the nameserver "
-                        f"{b.last_heartbeat_age_ms / 1000:.0f} s ago)"
+                        f"{b.last_heartbeat_age_s:.0f} s ago)"
                     )
                 return b
         known = ", ".join(f"{b.broker_name}/{b.broker_id}" for b in every) or "none"
@@ -91,7 +91,7 @@ class ClusterAdmin(BrokerCalls):
 
     async def masters(
         self, brokers: Sequence[str] | None = None, *, cluster: str = ""
-    ) -> list[BrokerInfo]:
+    ) -> list[BrokerView]:
         """The live master of each broker group named in ``brokers`` (every group of the
         cluster when None), in that order (by name when all)."""
         view = await self.cluster(cluster)
@@ -113,7 +113,7 @@ class ClusterAdmin(BrokerCalls):
         (masters take the sends; masters and slaves serve pulls), so far and per second
         over the last minute. A broker that does not answer is named in
         ``unreachable``; AdminError when none answers."""
-        brokers = [b for b in (await self.cluster(cluster)).brokers() if b.http_address]
+        brokers = [b for b in (await self.cluster(cluster)).brokers() if b.state.http_address]
         if not brokers:
             raise AdminError("no live broker with an admin address is registered")
         answers = await asyncio.gather(
@@ -222,7 +222,7 @@ class ClusterAdmin(BrokerCalls):
             raise AdminError(f"no broker group {group!r} is registered")
         members = {b.broker_id: b for b in found.brokers}
         if to not in members:
-            listed = ", ".join(f"{i} ({members[i].role})" for i in sorted(members)) or "none"
+            listed = ", ".join(f"{i} ({members[i].state.role})" for i in sorted(members)) or "none"
             raise AdminError(
                 f"broker group {group!r} has no broker with id {to}; its brokers: {listed}"
             )

@@ -82,7 +82,7 @@ class GroupAdmin(TopicAdmin):
         Neither: everyone. UnknownGroup / UnknownTopic when nothing of that name is
         known to the cluster."""
         view = await self.cluster()
-        brokers = [b for b in view.brokers() if b.http_address]
+        brokers = [b for b in view.brokers() if b.state.http_address]
         live, producers = await asyncio.gather(
             asyncio.gather(*(self.consumers(b) for b in brokers)),
             asyncio.gather(*(self.producers(b) for b in brokers)),
@@ -214,7 +214,9 @@ class GroupAdmin(TopicAdmin):
         queues = [
             QueueReset(
                 routes.get((m.broker_name, q.queue_id))
-                or QueueRoute(m.broker_name, m.data_address, q.queue_id, m.computer_room),
+                or QueueRoute(
+                    m.broker_name, m.state.data_address, q.queue_id, m.state.computer_room
+                ),
                 q.before,
                 q.after,
             )

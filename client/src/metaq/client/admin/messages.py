@@ -11,9 +11,8 @@ from metaq.client.admin.results import MessageTrace, StoredMessage
 from metaq.client.errors import AdminError, BrokerAdminError, UnknownTopic
 from metaq.client.message import Message
 from metaq.client.pull_consumer import PullStatus
-from metaq.client.routes import BrokerInfo
 from metaq.client.trace import decode_events
-from metaq.common.model import QueueRoute
+from metaq.common.model import BrokerView, QueueRoute
 from metaq.common.names import TRACE_TOPIC
 
 _READ_BATCH: Final = 256
@@ -31,7 +30,7 @@ class MessageAdmin(ClusterAdmin):
             raw = b""
         if len(raw) != 16:
             raise AdminError(f"a message id is 32 hex digits, not {msg_id!r}")
-        brokers = [b for b in (await self.cluster()).brokers() if b.http_address]
+        brokers = [b for b in (await self.cluster()).brokers() if b.state.http_address]
         if not brokers:
             raise AdminError("no broker with an admin address is registered")
         unreachable = []
@@ -129,12 +128,12 @@ class MessageAdmin(ClusterAdmin):
             f"holds offsets {held}"
         )
 
-    async def _readers(self, groups: set[str]) -> dict[str, BrokerInfo]:
+    async def _readers(self, groups: set[str]) -> dict[str, BrokerView]:
         """One broker with an admin address per named group: its master when alive,
         else a slave."""
-        brokers: dict[str, BrokerInfo] = {}
+        brokers: dict[str, BrokerView] = {}
         for broker in (await self.cluster()).brokers():
-            wanted = broker.broker_name in groups and broker.http_address
+            wanted = broker.broker_name in groups and broker.state.http_address
             if wanted and (broker.broker_name not in brokers or broker.is_master):
                 brokers[broker.broker_name] = broker
         missing = groups - brokers.keys()

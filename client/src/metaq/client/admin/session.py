@@ -20,12 +20,13 @@ from metaq.client.connection import ConnectionPool
 from metaq.client.errors import AdminError, BrokerAdminError, BrokerAnswerUnreadable
 from metaq.client.producer import Producer
 from metaq.client.pull_consumer import PullConsumer
-from metaq.client.routes import BrokerInfo, RouteCache
+from metaq.client.routes import RouteCache
 from metaq.common.auth import ClusterSecret
+from metaq.common.model import BrokerView
 from metaq.common.tls import TlsConfig
 from metaq.common.users import Credentials, load_credentials
 
-BrokerRef = BrokerInfo | str
+BrokerRef = BrokerView | str
 """A broker to call: as the nameserver knows it, or its HTTP address (``host:port``, or a
 base URL with the scheme)."""
 
@@ -146,16 +147,16 @@ def http_address(broker: BrokerRef) -> str:
     """The address to call ``broker``'s admin API at."""
     if isinstance(broker, str):
         return broker
-    if not broker.http_address:
+    if not broker.state.http_address:
         raise AdminError(
-            f"broker {broker.broker_name} ({broker.data_address}) has no HTTP admin address"
+            f"broker {broker.broker_name} ({broker.state.data_address}) has no HTTP admin address"
         )
-    return broker.http_address
+    return broker.state.http_address
 
 
 def refused(broker: BrokerRef, status: int, body: Any, what: str) -> BrokerAdminError:
     """A broker's refusal, said as ``broker NAME <what>``."""
-    name = broker.broker_name if isinstance(broker, BrokerInfo) else broker
+    name = broker.broker_name if isinstance(broker, BrokerView) else broker
     detail = body.get("error", "") if isinstance(body, dict) else ""
     return BrokerAdminError(
         name, status, detail or str(body), body, message=f"broker {name} {what}"
@@ -168,7 +169,7 @@ def decoded(broker: BrokerRef, status: int, body: Any, kind: type[T]) -> T:
     try:
         return msgspec.convert(body, kind)
     except msgspec.ValidationError as exc:
-        name = broker.broker_name if isinstance(broker, BrokerInfo) else broker
+        name = broker.broker_name if isinstance(broker, BrokerView) else broker
         raise BrokerAnswerUnreadable(
             name, status, f"answered JSON of an unexpected shape ({exc})", body
         ) from None

@@ -20,8 +20,7 @@ from metaq.client.admin.results import (
     TopicSettings,
 )
 from metaq.client.errors import AdminError, UnknownTopic
-from metaq.client.routes import BrokerInfo
-from metaq.common.model import TopicRoute
+from metaq.common.model import BrokerView, TopicRoute
 
 ADMIN_GROUP: Final = "metaq-admin"
 """The consumer group named in offset queries made for bounds only; nothing is committed
@@ -59,7 +58,7 @@ class TopicMissing(AdminError):
 class TopicPlacement:
     """A topic's settings as one broker group's master took them."""
 
-    broker: BrokerInfo
+    broker: BrokerView
     settings: TopicSettings
 
 
@@ -80,7 +79,7 @@ class TopicAdmin(ClusterAdmin):
         it there. TopicExists when a group has it already (nothing is changed then)."""
         wanted = settings or TopicSettings()
 
-        def plan(broker: BrokerInfo, existing: TopicSettings | None) -> TopicSettings:
+        def plan(broker: BrokerView, existing: TopicSettings | None) -> TopicSettings:
             if existing is not None:
                 raise TopicExists(topic, broker.broker_name)
             return wanted
@@ -109,7 +108,7 @@ class TopicAdmin(ClusterAdmin):
         }
         changed = {key: value for key, value in changes.items() if value is not None}
 
-        def plan(broker: BrokerInfo, existing: TopicSettings | None) -> TopicSettings:
+        def plan(broker: BrokerView, existing: TopicSettings | None) -> TopicSettings:
             if existing is None:
                 raise TopicMissing(topic, broker.broker_name)
             return msgspec.structs.replace(existing, **changed)
@@ -119,7 +118,7 @@ class TopicAdmin(ClusterAdmin):
     async def _put_topics(
         self,
         topic: str,
-        plan: Callable[[BrokerInfo, TopicSettings | None], TopicSettings],
+        plan: Callable[[BrokerView, TopicSettings | None], TopicSettings],
         brokers: Sequence[str] | None,
         cluster: str,
         wait: bool,

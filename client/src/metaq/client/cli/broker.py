@@ -96,8 +96,8 @@ async def status(args: argparse.Namespace) -> int:
                          f"{h.uptime_s:.0f}s", h.version or None])  # fmt: skip
         else:
             state = "down" if b.down else (h or "unknown")
-            rows.append([f"{b.broker_name}/{b.broker_id}", b.role, state, b.epoch,
-                         None, b.commitlog_max_offset, None, None])  # fmt: skip
+            rows.append([f"{b.broker_name}/{b.broker_id}", b.state.role, state, b.state.epoch,
+                         None, b.state.commitlog_max_offset, None, None])  # fmt: skip
     if args.json:
         keys = ["broker", "role", "status", "epoch", "disk", "commitlog", "uptime", "version"]
         print_json([dict(zip(keys, row, strict=True)) for row in rows])

@@ -4,7 +4,6 @@ and ``metaq cluster switchover`` (a planned change of a group's master)."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from typing import Any
 
 from metaq.client.cli.support import (
@@ -61,7 +60,7 @@ async def list_cluster(args: argparse.Namespace) -> int:
             {
                 "nameserver": view.nameserver,
                 "broker_expiry_ms": view.broker_expiry_ms,
-                "brokers": [dataclasses.asdict(b) for b in brokers],
+                "brokers": [b.to_json() for b in brokers],
             }
         )
         return 0
@@ -76,14 +75,14 @@ async def list_cluster(args: argparse.Namespace) -> int:
         ],
         [
             [
-                b.cluster, b.broker_name, b.broker_id, b.role, "down" if b.down else "up",
-                b.data_address,
-                b.http_address or "-", b.computer_room, b.epoch,
+                b.state.cluster, b.broker_name, b.broker_id, b.state.role,
+                "down" if b.down else "up", b.state.data_address,
+                b.state.http_address or "-", b.state.computer_room, b.state.epoch,
                 "-" if b.in_sync is None else ("yes" if b.in_sync else "no"),
                 None if b.down else b.lag_bytes,
-                b.permission,
-                b.replication_mode or "-", b.commitlog_max_offset,
-                f"{'left ' if b.down else ''}{b.last_heartbeat_age_ms / 1000:.1f}s ago",
+                b.state.permission,
+                b.state.replication_mode or "-", b.state.commitlog_max_offset,
+                f"{'left ' if b.down else ''}{b.last_heartbeat_age_s:.1f}s ago",
                 None if b.down else b.topic_count,
             ]
             for b in brokers

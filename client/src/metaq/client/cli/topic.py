@@ -176,7 +176,7 @@ def _print_placed(args: argparse.Namespace, placed: list[TopicPlacement], *, cre
         [
             [
                 p.broker.broker_name,
-                p.broker.data_address,
+                p.broker.state.data_address,
                 p.settings.read_queues,
                 p.settings.write_queues,
                 p.settings.perm,

@@ -10,7 +10,7 @@ from aiohttp import web
 
 from metaq.client.admin import Admin, BrokerHealth
 from metaq.common.http import takes_forms
-from metaq.common.model import BrokerKey, Role
+from metaq.common.model import BrokerKey, BrokerView, GroupView, Role
 from metaq.common.units import size_text
 from metaq.nameserver.console.context import ConsoleContext
 from metaq.nameserver.console.page import (
@@ -23,7 +23,6 @@ from metaq.nameserver.console.page import (
     table,
 )
 from metaq.nameserver.controller import ControllerUnavailable, SwitchoverRefused
-from metaq.nameserver.model import BrokerView, GroupView
 
 CURRENT = "/console/cluster"
 # The old master refuses writes while the slave catches up; past the fence it takes them

@@ -12,10 +12,9 @@ from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 from metaq.client.admin import Admin, MessagesStored
 from metaq.client.errors import BrokerAdminError, BrokerAnswerUnreadable, BrokerUnreachable
 from metaq.common.auth import ClusterSecret
-from metaq.common.model import BrokerKey, Role
+from metaq.common.model import BrokerKey, BrokerView, Role
 from metaq.common.tls import TlsConfig
 from metaq.nameserver.controller import Controller
-from metaq.nameserver.model import BrokerView
 from metaq.nameserver.registry import Registry
 
 T = TypeVar("T")
@@ -161,7 +160,7 @@ class ConsoleContext:
             gone.state.key: (
                 f"broker {gone.state.key} (data {gone.state.data_address}, http "
                 f"{gone.state.http_address or '-'}) is not registered any more (last seen "
-                f"live {gone.left_age_s:.0f} s ago): it is down or cut off from this "
+                f"live {gone.last_heartbeat_age_s:.0f} s ago): it is down or cut off from this "
                 "nameserver"
             )
             for gone in self.registry.departed()

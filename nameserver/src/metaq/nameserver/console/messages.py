@@ -22,7 +22,7 @@ from aiohttp import web
 
 from metaq.client.admin import Admin, CommittedOffset, StoredMessage
 from metaq.client.trace import CONSUME, SEND, TraceEvent, decode_events
-from metaq.common.model import GroupRoute
+from metaq.common.model import BrokerView, GroupRoute
 from metaq.common.names import TRACE_TOPIC
 from metaq.nameserver.console.context import Answer, ConsoleContext, problems_of
 from metaq.nameserver.console.page import (
@@ -35,7 +35,6 @@ from metaq.nameserver.console.page import (
     table,
     when,
 )
-from metaq.nameserver.model import BrokerView
 
 CURRENT = "/console/messages"
 LIMIT = 20
