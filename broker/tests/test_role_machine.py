@@ -15,7 +15,6 @@ from metaq.broker.role_machine import (
     ApplyInTurn,
     BecomeWriter,
     CommitInSync,
-    Control,
     Follow,
     Heard,
     HoldOffQueueLocks,
@@ -30,6 +29,7 @@ from metaq.broker.role_machine import (
     restored_confirmed,
 )
 from metaq.common.errors import NotMaster
+from metaq.common.model import GroupControl
 
 ME = 1
 LEASE_MS = 3000
@@ -67,12 +67,14 @@ def machine(
 
 def control(
     epoch: int, master_id: int, address: str = "", in_sync: tuple[int, ...] = ()
-) -> Control:
-    return Control(epoch=epoch, master_id=master_id, master_address=address, in_sync_ids=in_sync)
+) -> GroupControl:
+    return GroupControl(
+        "broker-a", epoch, master_id, in_sync_ids=in_sync, master_data_address=address
+    )
 
 
 def answer(
-    ctl: Control | None, *, sent_at: float | None = 100.0, lease_granted: bool = True
+    ctl: GroupControl | None, *, sent_at: float | None = 100.0, lease_granted: bool = True
 ) -> Heard:
     return Heard(control=ctl, lease_granted=lease_granted, master_address="", sent_at=sent_at)
 

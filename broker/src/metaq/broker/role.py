@@ -43,7 +43,6 @@ from metaq.broker.role_machine import (
     BecomeWriter,
     Command,
     CommitInSync,
-    Control,
     Follow,
     Heard,
     HoldOffQueueLocks,
@@ -61,7 +60,7 @@ from metaq.broker.store.flush import AsyncDurability
 from metaq.common.auth import ClusterSecret
 from metaq.common.errors import MetaqError, NotEnoughReplicas
 from metaq.common.framing import FLAG_RESPONSE, Buffer, Frame, FrameType, encode_error, encode_frame
-from metaq.common.model import ReplicationMode, Role
+from metaq.common.model import GroupControl, ReplicationMode, Role
 from metaq.common.service import cancel_and_wait, spawn
 from metaq.common.v1 import control_pb2 as pb
 from metaq.common.v1.data_pb2 import ReplicaFetchRequest, ReplicaFetchResponse
@@ -137,7 +136,7 @@ class GroupRole:
         """Applied to the end before a promotion; written in full after it."""
         self.queue_locks = QueueLocks(config.queue_lock_ttl_ms / 1e3)
         """Ordered consumers' locks; granted by the master only."""
-        self._changes: asyncio.Queue[Control] = asyncio.Queue()
+        self._changes: asyncio.Queue[GroupControl] = asyncio.Queue()
         self._took_up = asyncio.Event()
         """Set (and replaced) whenever this broker has taken up a role in a new epoch."""
         self._worker: asyncio.Task[None] | None = None
@@ -317,7 +316,11 @@ class GroupRole:
         """Every event from every nameserver comes here (answers and pushed news);
         ``sent_at`` is when the heartbeat it answers was sent (None for news)."""
         heard = Heard(
-            control=_control(registered.control) if registered.HasField("control") else None,
+            control=(
+                GroupControl.from_proto(registered.control)
+                if registered.HasField("control")
+                else None
+            ),
             lease_granted=registered.lease_granted,
             master_address=registered.master_data_address,
             sent_at=sent_at,
@@ -463,15 +466,6 @@ def _fetch_answerer(responder: Responder, request_id: int) -> Answer:
         )
 
     return answer
-
-
-def _control(control: pb.GroupControl) -> Control:
-    return Control(
-        epoch=control.epoch,
-        master_id=control.master_id,
-        master_address=control.master_data_address,
-        in_sync_ids=tuple(control.in_sync_ids),
-    )
 
 
 def open_group_role(

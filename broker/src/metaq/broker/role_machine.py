@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 from metaq.common.errors import NotMaster
-from metaq.common.model import Role
+from metaq.common.model import GroupControl, Role
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,21 +43,10 @@ class RoleSettings:
 
 
 @dataclass(frozen=True, slots=True)
-class Control:
-    """The controller's word on the group: its master in ``epoch`` and who is in sync."""
-
-    epoch: int
-    master_id: int
-    master_address: str
-    """The master's data address ("" when the controller does not name one)."""
-    in_sync_ids: tuple[int, ...]
-
-
-@dataclass(frozen=True, slots=True)
 class Heard:
     """One event from one nameserver: an answer to a heartbeat or pushed news."""
 
-    control: Control | None
+    control: GroupControl | None
     """The controller's word, when the answer carries one."""
     lease_granted: bool
     """The controller's leader answered, with this broker as master when the heartbeat left."""
@@ -83,7 +72,7 @@ class Follow:
 class ApplyInTurn:
     """Hand ``control`` to :meth:`RoleMachine.on_control` after the changes before it."""
 
-    control: Control
+    control: GroupControl
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,7 +221,7 @@ class RoleMachine:
             return [Follow(heard.master_address, None)]
         return []
 
-    def on_control(self, control: Control) -> list[Command]:
+    def on_control(self, control: GroupControl) -> list[Command]:
         """The controller's word, applied one at a time in the order heard."""
         if control.epoch < self.epoch:
             return []  # a nameserver that has not heard of the latest election yet
@@ -242,7 +231,7 @@ class RoleMachine:
                 commands += self._promote(control.epoch, control.in_sync_ids)
             commands.append(CommitInSync(control.in_sync_ids))
             return commands
-        address = control.master_address
+        address = control.master_data_address
         if (
             self.role is Role.MASTER
             or control.epoch != self.epoch
