@@ -653,6 +653,17 @@ def test_a_reset_reaches_a_live_member_which_reads_again_and_never_commits_its_o
         consumer = PushConsumer(cluster.nameserver_addresses, group, **FAST)
         consumer.subscribe(topic, handle)
         admin = Admin(cluster.nameserver_addresses)
+        # The member's commit rounds, counted: each would carry its old position were it
+        # still kept, so the check that it is never committed spans rounds, not seconds.
+        rounds = 0
+        commit = consumer.commit
+
+        async def counted_commit() -> None:
+            nonlocal rounds
+            await commit()
+            rounds += 1
+
+        consumer.commit = counted_commit  # type: ignore[method-assign]
 
         async def committed() -> int | None:
             [row] = await admin.progress(group, topic)
@@ -681,11 +692,22 @@ def test_a_reset_reaches_a_live_member_which_reads_again_and_never_commits_its_o
             )
             assert all(handled[o] == 2 for o in range(hold_from)), handled
             assert consumer.stats.offset_resets == 1
-            # Held at offset 3 on its second reading: the group's offset stays there for
-            # ten commit intervals, neither back at 10 nor at the 15 the old place led to.
-            for _ in range(10):
+            # Held at offset 3 on its second reading: the group's offset stays there after
+            # each of ten commit rounds, neither back at 10 nor at the 15 the old place
+            # led to.
+            checked, enough = rounds, rounds + 10
+
+            async def held_over_ten_rounds() -> bool:
+                nonlocal checked
+                if rounds == checked:
+                    return False
+                checked = rounds
                 assert await committed() == hold_from
-                await asyncio.sleep(FAST["commit_interval_s"])
+                return rounds >= enough
+
+            await wait_until_async(
+                held_over_ten_rounds, 20, "ten commit rounds pass with the offset held"
+            )
 
             release.set()
             await wait_until_async(

@@ -1,6 +1,7 @@
 """Test helpers for every component: waiting on conditions with a deadline (never a bare
-sleep), deadlines that stretch on a loaded machine, running a coroutine on a loop that
-fails on unhandled exceptions, and the cluster secret test clusters run with."""
+sleep), deadlines that stretch on a loaded machine, the durations a test keeps on purpose
+(a fault held, a sender paced), running a coroutine on a loop that fails on unhandled
+exceptions, and the cluster secret test clusters run with."""
 
 from __future__ import annotations
 
@@ -89,6 +90,40 @@ def holds_for(
         if not predicate():
             raise AssertionError(f"{message} no longer held")
         time.sleep(poll_s)
+
+
+def hold(seconds: float) -> None:
+    """Let ``seconds`` of wall time pass on purpose: a fault kept in place that long, or
+    traffic let run that long before the next fault.
+
+    A duration, not a wait: it stands for no event (for one, use :func:`wait_until`), so
+    nothing could end it sooner, and :func:`deadline`'s scale does not stretch it; it is
+    part of what the test does, not a bound on how long something may take.
+    """
+    end = time.monotonic() + seconds
+    while (left := end - time.monotonic()) > 0:
+        time.sleep(left)
+
+
+class Pace:
+    """Slots ``rate_hz`` apart from a monotonic start, for a loop that sends at a rate:
+    :meth:`wait` returns at the next slot, at once when the loop is behind it, so a slow
+    step does not shift the slots after it.
+
+    A rate the test keeps (a sender below a limit, a steady load), not a wait for the
+    other side: whatever the sender waits for, it waits for with :func:`wait_until`.
+    """
+
+    def __init__(self, rate_hz: float) -> None:
+        if not rate_hz > 0:
+            raise ValueError(f"a rate of {rate_hz} Hz paces nothing: give one above 0")
+        self._start = time.monotonic()
+        self._period_s = 1.0 / rate_hz
+        self._slots = 0
+
+    def wait(self) -> None:
+        self._slots += 1
+        hold(self._start + self._slots * self._period_s - time.monotonic())
 
 
 async def wait_until_async(

@@ -36,6 +36,7 @@ from peer_kafka import (
 
 from chaoslib.checker import Result, check
 from chaoslib.history import HistoryWriter, read_history
+from metaq.testing.waiting import Pace, hold, wait_until
 
 SCENARIOS: Final = {1: "kill-leader"}
 TOPIC: Final = "chaos-a"
@@ -49,11 +50,7 @@ loaded machine before the scenario fails."""
 
 
 def _wait(what: str, done: Callable[[], bool], timeout_s: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not done():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"Kafka: {what}: not within {timeout_s:.0f} s")
-        time.sleep(0.1)  # poll interval of a deadline-bound wait
+    wait_until(done, timeout_s, f"Kafka: {what}", poll_s=0.1)
 
 
 class MainProducer:
@@ -86,7 +83,7 @@ class MainProducer:
 
     def _run(self) -> None:
         sent = 0
-        began = time.monotonic()
+        pace = Pace(RATE_HZ)
         while not self._stop.is_set():
             message_id = f"{PRODUCER}-{sent}"
             sent += 1
@@ -104,8 +101,7 @@ class MainProducer:
             else:
                 error = answer[0].str() if answer and answer[0] is not None else "no answer"
                 self.history.write("info", **fields, error=error)
-            # The schedule: the next send at its slot, or at once when behind it.
-            time.sleep(max(0.0, began + sent / RATE_HZ - time.monotonic()))
+            pace.wait()  # the load the scenario applies: a send at each slot, not a wait
         self._producer.flush(SEND_TIMEOUT_S + 5)
 
 
@@ -151,7 +147,7 @@ def kill_leader(cluster: KafkaCluster, history: HistoryWriter,
         _wait("40 sends acknowledged", lambda: producer.acked_since(0.0) >= 40)
         for _ in range(kills):
             _wait("all replicas in sync", lambda: _leader(admin)[1] == CLUSTER_SIZE)
-            time.sleep(rng.uniform(1.0, 3.0))  # traffic with all in sync: the fault's timing
+            hold(rng.uniform(1.0, 3.0))  # traffic with all in sync: the fault's timing
             old, _ = _leader(admin)
             kill_node(cluster, old)
             killed = history.write("fault", phase="start", fault="kill", node=f"kafka-{old}",
@@ -160,7 +156,7 @@ def kill_leader(cluster: KafkaCluster, history: HistoryWriter,
             _wait("a new leader", lambda: _leader(admin)[0] not in (-1, old))  # noqa: B023
             history.write("elected", after_s=round(time.monotonic() - killed, 3))
             _wait("20 sends acknowledged", lambda: producer.acked_since(killed) >= 20)  # noqa: B023
-            time.sleep(rng.uniform(1.0, 4.0))  # the new leader writes with one follower
+            hold(rng.uniform(1.0, 4.0))  # the new leader writes with one follower
             restart_node(cluster, old)
             history.write("fault", phase="end", fault="kill", node=f"kafka-{old}", group=GROUP)
     finally:

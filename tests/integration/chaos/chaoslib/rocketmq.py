@@ -44,6 +44,7 @@ from peer_rocketmq import (
 
 from chaoslib.checker import Result, check
 from chaoslib.history import HistoryWriter, read_history
+from metaq.testing.waiting import hold, wait_until
 
 SCENARIOS: Final = {1: "kill-master"}
 TOPIC: Final = "chaos-a"
@@ -57,11 +58,7 @@ machine (each look at the controller is a JVM of its own) before the scenario fa
 
 
 def _wait(what: str, done: Callable[[], bool], timeout_s: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not done():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"RocketMQ: {what}: not within {timeout_s:.0f} s")
-        time.sleep(0.2)  # poll interval of a deadline-bound wait
+    wait_until(done, timeout_s, f"RocketMQ: {what}", poll_s=0.2)
 
 
 def _controller(cluster: RocketmqCluster) -> str:
@@ -148,7 +145,7 @@ def kill_master(cluster: RocketmqCluster, history: HistoryWriter,
         _wait("40 sends acknowledged", lambda: producer.acked_since(0.0) >= 40)
         for _ in range(kills):
             _wait("all replicas in sync", lambda: _master(cluster)[1] == CONTROLLER_REPLICAS)
-            time.sleep(rng.uniform(1.0, 3.0))  # traffic with all in sync: the fault's timing
+            hold(rng.uniform(1.0, 3.0))  # traffic with all in sync: the fault's timing
             old, _ = _master(cluster)
             assert old is not None, "the controller names no master"
             kill_broker(cluster, old)
@@ -158,7 +155,7 @@ def kill_master(cluster: RocketmqCluster, history: HistoryWriter,
             _wait("a new master", lambda: _master(cluster)[0] not in (None, old))  # noqa: B023
             history.write("elected", after_s=round(time.monotonic() - killed, 3))
             _wait("20 sends acknowledged", lambda: producer.acked_since(killed) >= 20)  # noqa: B023
-            time.sleep(rng.uniform(1.0, 4.0))  # the new master writes with one slave
+            hold(rng.uniform(1.0, 4.0))  # the new master writes with one slave
             restart_broker(cluster, old)
             history.write("fault", phase="end", fault="kill", node=old, group=GROUP)
     finally:

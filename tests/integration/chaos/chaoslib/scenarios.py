@@ -45,7 +45,7 @@ from metaq.common.record import decode, encode
 from metaq.common.v1.data_pb2 import PullResponse, SendResponse
 from metaq.replication.epochs import EpochHistory
 from metaq.testing import DataClient
-from metaq.testing.waiting import wait_until
+from metaq.testing.waiting import hold, wait_until
 
 
 def default_producers() -> list[ProducerSpec]:
@@ -83,10 +83,6 @@ class Ctx:
     duration_s: float
     short: bool
 
-    def hold(self, seconds: float) -> None:
-        """Keep a fault in place this long: the fault's length, not a synchronisation."""
-        time.sleep(seconds)
-
     def other(self, node: str) -> str:
         return next(n for n in self.cluster.members(group_of(node)) if n != node)
 
@@ -112,12 +108,12 @@ def kill_master(ctx: Ctx, kills: int = 5) -> None:
     c = ctx.cluster
     for _ in range(kills):
         c.wait_in_sync("a")
-        ctx.hold(ctx.rng.uniform(1.0, 3.0))  # traffic with both in sync
+        hold(ctx.rng.uniform(1.0, 3.0))  # traffic with both in sync
         old = c.wait_master("a")
         killed = c.kill(old, failover=True)
         c.wait_new_master("a", old, killed)
         c.wait_acked("a", 20, 20.0, since=killed)
-        ctx.hold(ctx.rng.uniform(1.0, 4.0))  # the new master writes alone
+        hold(ctx.rng.uniform(1.0, 4.0))  # the new master writes alone
         c.restart(old)
         c.wait_in_sync("a")
 
@@ -132,7 +128,7 @@ def pause_master(ctx: Ctx) -> None:
     paused = c.pause(old, failover=True)
     new = c.wait_new_master("a", old, paused)
     c.wait_acked("a", 20, 20.0, since=paused)
-    ctx.hold(max(0.0, paused + 15.0 - time.monotonic()))
+    hold(max(0.0, paused + 15.0 - time.monotonic()))
     resumed = c.resume(old)
     wait_until(lambda: (c.health(old) or {}).get("role") == "slave", 20.0,
                f"{old} stepped down after the pause", poll_s=0.1)  # fmt: skip
@@ -173,7 +169,7 @@ def partition_master(ctx: Ctx) -> None:
         c.wait_acked("a", 20, 20.0, since=start)
         refused = _direct_send_refused(c, old)
         c.check("isolated-master-acknowledges-nothing", refused.startswith("refused"), refused)
-        ctx.hold(max(0.0, start + 10.0 - time.monotonic()))
+        hold(max(0.0, start + 10.0 - time.monotonic()))
     finally:
         healed = c.heal(node=old, group="a")
     wait_until(lambda: (c.health(old) or {}).get("role") == "slave", 30.0,
@@ -224,7 +220,7 @@ def kill_slave_min_isr2(ctx: Ctx) -> None:
 
     wait_until(refused, 20.0, "sends to group a are refused for want of in-sync copies",
                poll_s=0.05)  # fmt: skip
-    ctx.hold(3.0)
+    hold(3.0)
     restarted = c.restart(slave)
     c.wait_in_sync("a")
     caught_up = time.monotonic()
@@ -301,7 +297,7 @@ def async_kill_master(ctx: Ctx) -> None:
     # kill would find nothing uncopied: hold the slave still for a second first (it
     # stays in sync: replica_lag_max_ms is 2 s), so the kill leaves a real tail behind.
     c.pause(slave)
-    ctx.hold(1.0)
+    hold(1.0)
     lag = (c.health(old) or {}).get("replica_lag_bytes", {})
     killed = c.kill(old, failover=True)
     c.resume(slave)
@@ -500,7 +496,7 @@ def disk_full_master(ctx: Ctx) -> None:
     c.wait_acked("b", 20, 20.0, since=refused)
     served = asyncio.run(_first_record(c, master, "chaos-a"))
     c.check("disk-full: reads go on", served == "found", f"pull from {master}: {served}")
-    ctx.hold(10.0)
+    hold(10.0)
     # Sends invoked once the refusal showed must all have failed on group a.
     invoked: dict[str, float] = {}
     acked = []
@@ -548,13 +544,13 @@ def nameservers_down(ctx: Ctx) -> None:
     for group in GROUPS:
         c.fault("start", "nameservers-down", node="ns*", group=group)
     reads_before = c.tail.reads
-    ctx.hold(5.0)
+    hold(5.0)
     # New clients fail at once with a message that says why.
     new_client = _new_producer_error(c)
     c.check("new-client-fails-clearly", "no nameserver answered" in new_client, new_client)
-    ctx.hold(max(0.0, down + outage_s - 10.0 - time.monotonic()))
+    hold(max(0.0, down + outage_s - 10.0 - time.monotonic()))
     late = time.monotonic()
-    ctx.hold(10.0)
+    hold(10.0)
     for group in GROUPS:
         n = c.tail.acked_since(group, late)
         c.check(f"group-{group}-writes-on-cached-routes", n > 0,
@@ -622,12 +618,12 @@ def nameserver_partition(ctx: Ctx) -> None:
     watch.start()
     try:
         cut = c.partition({leader}, set(rest), node=leader, group="")
-        ctx.hold(4.0)
+        hold(4.0)
         old = c.wait_master("a")
         killed = c.kill(old, failover=True)
         c.wait_new_master("a", old, killed, timeout_s=30.0)
         c.wait_acked("a", 20, 30.0, since=killed)
-        ctx.hold(max(0.0, cut + 15.0 - time.monotonic()))
+        hold(max(0.0, cut + 15.0 - time.monotonic()))
         c.heal(node=leader)
         c.restart(old)
         for group in GROUPS:
@@ -753,7 +749,7 @@ def stale_nameserver_lease(ctx: Ctx) -> None:
     try:
         c.wait_new_master("a", old, start, timeout_s=30.0)
         elected = time.monotonic()
-        ctx.hold(10.0)
+        hold(10.0)
         role = (c.health(old) or {}).get("role")
         c.history.write("note", text=f"10 s after the election {old} reports role {role}")
         # The old master's log as it stands, before healing cuts its tail: read while
@@ -870,7 +866,7 @@ def adversary_takeover(ctx: Ctx) -> None:
     c.check("takeover: no log shipped to a stranger", " 0 bytes" in answers[0], answers[0])
     # What the forgeries would have set off (a route to nowhere, an election) shows within
     # the nameservers' expiry and the controller's cycle; hold that long, then judge.
-    ctx.hold(5.0)
+    hold(5.0)
     in_sync = sorted((c.health(master) or {}).get("in_sync_ids", []))
     control = c.committed("a")
     c.check("takeover: the stranger never counted in sync", 9 not in in_sync and
@@ -913,7 +909,7 @@ def adversary_exhaustion(ctx: Ctx) -> None:
         ):
             c.history.write("note", text=f"exhaustion: {answer}")
         c.wait_acked("a", 200, 30.0, since=start)
-        ctx.hold(10.0)  # the attack stays in place while the workload goes on
+        hold(10.0)  # the attack stays in place while the workload goes on
     finally:
         flood.close()
         watch.stop()
@@ -980,7 +976,7 @@ def adversary_disk(ctx: Ctx) -> None:
                f"{master} refuses writes with its disk full", poll_s=0.2)  # fmt: skip
     reason = str((c.health(master) or {}).get("reason"))
     c.check("disk: refusal says why", "disk" in reason, reason)
-    ctx.hold(10.0)  # force-clean rounds run (store.clean_interval_s = 1)
+    hold(10.0)  # force-clean rounds run (store.clean_interval_s = 1)
     filler.unlink()
     freed = c.fault("end", "disk-full", node=master, group="a")
     c.wait_acked("a", 20, 30.0, since=freed)
@@ -1033,7 +1029,7 @@ def adversary_descriptors(ctx: Ctx) -> None:
     try:
         asyncio.run(first_messages())
         broker.wait_for_line("dispatch waiting for a file descriptor", 20.0)
-        ctx.hold(10.0)  # the workload goes on against a master out of descriptors
+        hold(10.0)  # the workload goes on against a master out of descriptors
         alive = broker.proc.poll() is None
         c.check("descriptors: the master lives through it", alive,
                 f"pid {pid} running" if alive else "it exited")  # fmt: skip
@@ -1103,7 +1099,7 @@ def adversary_replay(ctx: Ctx) -> None:
             "UNAUTHENTICATED" in answer and "signed for server" in answer, answer)  # fmt: skip
     # What a switchover would set off shows within the controller's cycle: hold that
     # long, then judge.
-    ctx.hold(5.0)
+    hold(5.0)
     c.wait_acked("a", 100, 20.0, since=start)
     c.fault("end", "adversary-replay", node=master, group="a")
     _unchanged(c, "a", master, epoch, "replay")
@@ -1168,16 +1164,16 @@ def uneven_tails_failover(ctx: Ctx) -> None:
     rounds = 2 if ctx.short else 5
     for _ in range(rounds):
         c.wait_in_sync("a")
-        ctx.hold(ctx.rng.uniform(1.0, 2.0))
+        hold(ctx.rng.uniform(1.0, 2.0))
         old = c.wait_master("a")
         reader, lagging = sorted(n for n in c.members("a") if n != old)
         leader = next((n for n in NAMESERVERS if _is_leader(c, n)), None)
         c.pause(lagging)
-        ctx.hold(ctx.rng.uniform(0.2, 0.5))  # sends pile up unacknowledged on old and reader
+        hold(ctx.rng.uniform(0.2, 0.5))  # sends pile up unacknowledged on old and reader
         if leader is not None:
             c.nameservers[leader].kill()
         c.kill(old)
-        ctx.hold(ctx.rng.uniform(2.0, 4.0))  # consumers find no master and read the reader
+        hold(ctx.rng.uniform(2.0, 4.0))  # consumers find no master and read the reader
         killed = c.kill(reader, failover=True)  # the group's outage is counted from here
         c.resume(lagging)
         c.wait_new_master("a", old, killed, timeout_s=60.0)
@@ -1231,7 +1227,7 @@ def mixed(ctx: Ctx) -> None:
         rounds += 1
         for g in GROUPS:
             c.wait_in_sync(g, 60.0)
-        ctx.hold(max(0.0, started + rng.uniform(10.0, 30.0) - time.monotonic()))
+        hold(max(0.0, started + rng.uniform(10.0, 30.0) - time.monotonic()))
     c.history.write("note", text=f"{rounds} faults in {ctx.duration_s:.0f} s")
 
 
@@ -1240,7 +1236,7 @@ def _mixed_kill_master(ctx: Ctx, group: str) -> None:
     old = c.wait_master(group)
     t = c.kill(old, failover=True)
     c.wait_new_master(group, old, t)
-    ctx.hold(ctx.rng.uniform(1.0, 8.0))
+    hold(ctx.rng.uniform(1.0, 8.0))
     c.restart(old)
 
 
@@ -1248,7 +1244,7 @@ def _mixed_kill_slave(ctx: Ctx, group: str) -> None:
     c = ctx.cluster
     slave = ctx.other(c.wait_master(group))
     c.kill(slave)
-    ctx.hold(ctx.rng.uniform(1.0, 8.0))
+    hold(ctx.rng.uniform(1.0, 8.0))
     c.restart(slave)
 
 
@@ -1256,7 +1252,7 @@ def _mixed_pause_master(ctx: Ctx, group: str) -> None:
     c = ctx.cluster
     old = c.wait_master(group)
     c.pause(old, failover=True)
-    ctx.hold(ctx.rng.uniform(1.0, 12.0))
+    hold(ctx.rng.uniform(1.0, 12.0))
     c.resume(old)
 
 
@@ -1264,7 +1260,7 @@ def _mixed_partition_master(ctx: Ctx, group: str) -> None:
     c = ctx.cluster
     old = c.wait_master(group)
     c.partition({old}, {*NAMESERVERS, ctx.other(old)}, node=old, group=group, failover=True)
-    ctx.hold(ctx.rng.uniform(2.0, 10.0))
+    hold(ctx.rng.uniform(2.0, 10.0))
     c.heal(node=old, group=group)
 
 
@@ -1272,7 +1268,7 @@ def _mixed_isolate_slave(ctx: Ctx, group: str) -> None:
     c = ctx.cluster
     slave = ctx.other(c.wait_master(group))
     c.partition({slave}, set(c.net.hosts) - {slave}, node=slave, group=group)
-    ctx.hold(ctx.rng.uniform(2.0, 10.0))
+    hold(ctx.rng.uniform(2.0, 10.0))
     c.heal(node=slave, group=group)
 
 
@@ -1281,7 +1277,7 @@ def _mixed_kill_nameserver(ctx: Ctx, group: str) -> None:
     node = ctx.rng.choice(NAMESERVERS)
     c.nameservers[node].kill()
     c.fault("start", "kill-nameserver", node=node, group="")
-    ctx.hold(ctx.rng.uniform(2.0, 10.0))
+    hold(ctx.rng.uniform(2.0, 10.0))
     c.start_nameserver(node)
     c.fault("end", "kill-nameserver", node=node, group="")
 
@@ -1293,7 +1289,7 @@ def _mixed_lossy_link(ctx: Ctx, group: str) -> None:
     pct = ctx.rng.choice((5, 20, 50))
     c.net.lose(master, slave, pct)
     c.fault("start", "packet-loss", node=f"{master}-{slave}", group=group, detail=f"{pct} %")
-    ctx.hold(ctx.rng.uniform(3.0, 10.0))
+    hold(ctx.rng.uniform(3.0, 10.0))
     c.heal(node=f"{master}-{slave}", group=group, fault="packet-loss")
 
 
@@ -1302,7 +1298,7 @@ def _mixed_power_loss(ctx: Ctx, group: str) -> None:
     old = c.wait_master(group)
     t = c.power_loss(old, failover=True)
     c.wait_new_master(group, old, t)
-    ctx.hold(ctx.rng.uniform(1.0, 8.0))
+    hold(ctx.rng.uniform(1.0, 8.0))
     c.restart(old, "power-loss")
 
 
