@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Final
 
 import pytest
 
@@ -33,7 +34,7 @@ from metaq.common.v1.data_pb2 import (
 from metaq.testing import BrokerError, BrokerProcess, DataClient, run_async, wait_until
 from metaq.testing.broker_process import broker_command
 from metaq.testing.cluster import Cluster, ClusterBuilder
-from metaq.testing.waiting import deadline, wait_until_async
+from metaq.testing.waiting import Pace, deadline, hold, wait_until_async
 
 StartBroker = Callable[..., BrokerProcess]
 
@@ -674,35 +675,69 @@ def read_answer(sock: socket.socket, timeout_s: float = 30.0) -> SendResponse:
             return SendResponse.FromString(frames[0].header)
 
 
-def test_announced_frames_share_one_budget_and_the_rest_wait(start_broker: StartBroker) -> None:
-    mib = 1024 * 1024
-    broker = start_broker(
-        *("--set", f"max_frame_bytes={8 * mib}", "--set", f"max_pull_bytes={mib}"),
-        # Large frames may use what the small ones' 16 MiB leave: 8 MiB, one at a time.
-        *("--set", f"max_buffered_request_bytes={24 * mib}"),
-        *("--set", f"store.max_message_bytes={6 * mib}"),
-        *("--set", f"store.commitlog_segment_bytes={16 * mib}"),
-    )
+MIB: Final = 1024 * 1024
+LARGE_FRAMES: Final = (
+    *("--set", f"max_frame_bytes={8 * MIB}", "--set", f"max_pull_bytes={MIB}"),
+    *("--set", f"store.max_message_bytes={6 * MIB}"),
+    *("--set", f"store.commitlog_segment_bytes={16 * MIB}"),
+)
+"""A broker that takes 6 MiB messages in frames of up to 8 MiB."""
+
+
+def big_topic(broker: BrokerProcess) -> None:
+    """Create topic ``Big``, one queue, that :func:`big_send` writes to."""
     run_async(
         Admin().put_topic(broker.http_url, "Big", TopicSettings(read_queues=1, write_queues=1))
     )
-    first, second = big_send(1, 6 * mib), big_send(1, 6 * mib)
 
-    def budget() -> tuple[float, float]:
-        metrics = run_async(Admin().metrics(broker.http_url))
-        return (
-            metrics[("metaq_request_bytes_reserved", ())],
-            metrics[("metaq_connections_waiting_for_budget", ())],
-        )
+
+def budget(broker: BrokerProcess) -> tuple[float, float]:
+    """(request bytes reserved, connections waiting for the budget), from its metrics."""
+    metrics = run_async(Admin().metrics(broker.http_url))
+    return (
+        metrics[("metaq_request_bytes_reserved", ())],
+        metrics[("metaq_connections_waiting_for_budget", ())],
+    )
+
+
+def wait_budget(
+    broker: BrokerProcess, reserved: float | None, waiting: float | None, message: str
+) -> None:
+    """Until :func:`budget` shows ``reserved`` bytes and ``waiting`` connections (None:
+    any)."""
+
+    def shows() -> bool:
+        now = budget(broker)
+        return reserved in (None, now[0]) and waiting in (None, now[1])
+
+    wait_until(shows, 10.0, message, poll_s=0.05)
+
+
+def sent_steadily(broker: BrokerProcess, frame: bytes, piece_bytes: int, rate: float) -> int:
+    """Send ``frame`` in pieces of ``piece_bytes`` at ``rate`` bytes a second (a rate the
+    sender keeps, not a wait for the broker); the status it is answered with."""
+    with socket.create_connection((broker.data_host, broker.data_port)) as steady:
+        pace = Pace(rate / piece_bytes)
+        for at in range(0, len(frame), piece_bytes):
+            steady.sendall(frame[at : at + piece_bytes])
+            pace.wait()
+        return read_answer(steady, timeout_s=10.0).status
+
+
+def test_announced_frames_share_one_budget_and_the_rest_wait(start_broker: StartBroker) -> None:
+    # Large frames may use what the small ones' 16 MiB leave: 8 MiB, one at a time.
+    broker = start_broker(*LARGE_FRAMES, "--set", f"max_buffered_request_bytes={24 * MIB}")
+    big_topic(broker)
+    first, second = big_send(1, 6 * MIB), big_send(1, 6 * MIB)
 
     with (
         socket.create_connection((broker.data_host, broker.data_port)) as a,
         socket.create_connection((broker.data_host, broker.data_port)) as b,
     ):
-        a.sendall(first[:mib])
-        wait_until(lambda: budget() == (len(first), 0), 10.0, "a's frame is reserved", poll_s=0.05)
-        b.sendall(second[:mib])
-        wait_until(lambda: budget() == (len(first), 1), 10.0, "b waits for room", poll_s=0.05)
+        a.sendall(first[:MIB])
+        wait_budget(broker, len(first), 0, "a's frame is reserved")
+        b.sendall(second[:MIB])
+        wait_budget(broker, len(first), 1, "b waits for room")
 
         async def small_send() -> SendResponse:
             client = await connect(broker)
@@ -712,12 +747,12 @@ def test_announced_frames_share_one_budget_and_the_rest_wait(start_broker: Start
                 await client.close()
 
         assert run_async(small_send()).status == SendResponse.OK
-        a.sendall(first[mib:])
+        a.sendall(first[MIB:])
         assert read_answer(a).status == SendResponse.OK
-        wait_until(lambda: budget() == (len(second), 0), 10.0, "b got a's room", poll_s=0.05)
-        b.sendall(second[mib:])
+        wait_budget(broker, len(second), 0, "b got a's room")
+        b.sendall(second[MIB:])
         assert read_answer(b).status == SendResponse.OK
-        wait_until(lambda: budget() == (0, 0), 10.0, "nothing is reserved", poll_s=0.05)
+        wait_budget(broker, 0, 0, "nothing is reserved")
 
 
 def test_a_broker_whose_open_file_limit_leaves_no_connections_refuses_to_start(
@@ -793,45 +828,30 @@ def closing_error(sock: socket.socket, timeout_s: float) -> ErrorResponse:
 def test_peers_that_announce_large_frames_and_stall_cannot_stall_small_split_frames(
     start_broker: StartBroker,
 ) -> None:
-    mib = 1024 * 1024
     # 24 MiB of request budget, of which the default 16 MiB only frames of at most 1 MiB
     # may take: three stalled 8 MiB frames would have filled all of it.
-    broker = start_broker(
-        *("--set", f"max_frame_bytes={8 * mib}", "--set", f"max_pull_bytes={mib}"),
-        *("--set", f"max_buffered_request_bytes={24 * mib}"),
-        *("--set", f"store.max_message_bytes={6 * mib}"),
-        *("--set", f"store.commitlog_segment_bytes={16 * mib}"),
-    )
-    run_async(
-        Admin().put_topic(broker.http_url, "Big", TopicSettings(read_queues=1, write_queues=1))
-    )
-    large = big_send(1, 6 * mib)
+    broker = start_broker(*LARGE_FRAMES, "--set", f"max_buffered_request_bytes={24 * MIB}")
+    big_topic(broker)
+    large = big_send(1, 6 * MIB)
 
-    def budget() -> tuple[float, float]:
-        metrics = run_async(Admin().metrics(broker.http_url))
-        return (
-            metrics[("metaq_request_bytes_reserved", ())],
-            metrics[("metaq_connections_waiting_for_budget", ())],
-        )
-
-    stalled = [stalled_frame(broker, large, mib) for _ in range(3)]
+    stalled = [stalled_frame(broker, large, MIB) for _ in range(3)]
     try:
 
         def seen() -> bool:
-            reserved, waiting = budget()
+            reserved, waiting = budget(broker)
             return reserved // len(large) + waiting == 3
 
         wait_until(seen, 10.0, "the broker saw the three large frames", poll_s=0.05)
         # One holds the room large frames may use; the others wait for it.
-        assert budget() == (len(large), 2)
+        assert budget(broker) == (len(large), 2)
         small = big_send(1, 512 * 1024)
         with socket.create_connection((broker.data_host, broker.data_port)) as sock:
             sock.sendall(small[: len(small) // 2])
-            wait_until(
-                lambda: budget()[0] == len(large) + len(small),
-                10.0,
+            wait_budget(
+                broker,
+                len(large) + len(small),
+                None,
                 "the split small frame is reserved from the small frames' room",
-                poll_s=0.05,
             )
             sock.sendall(small[len(small) // 2 :])
             assert read_answer(sock, timeout_s=10.0).status == SendResponse.OK
@@ -843,21 +863,16 @@ def test_peers_that_announce_large_frames_and_stall_cannot_stall_small_split_fra
 def test_a_stalled_large_frame_is_dropped_in_seconds_and_a_steady_one_is_not(
     start_broker: StartBroker,
 ) -> None:
-    mib = 1024 * 1024
     rate = 256 * 1024
     broker = start_broker(
-        *("--set", f"max_frame_bytes={8 * mib}", "--set", f"max_pull_bytes={mib}"),
-        *("--set", f"store.max_message_bytes={6 * mib}"),
-        *("--set", f"store.commitlog_segment_bytes={16 * mib}"),
+        *LARGE_FRAMES,
         *("--set", "request_arrival_window_s=1", "--set", f"min_request_bytes_per_s={rate}"),
     )  # idle_timeout_s stays 120
-    run_async(
-        Admin().put_topic(broker.http_url, "Big", TopicSettings(read_queues=1, write_queues=1))
-    )
-    frame = big_send(1, 6 * mib)
+    big_topic(broker)
+    frame = big_send(1, 6 * MIB)
 
     started = time.monotonic()
-    with stalled_frame(broker, frame, mib) as stalled:
+    with stalled_frame(broker, frame, MIB) as stalled:
         error = closing_error(stalled, timeout_s=30.0)
     took = time.monotonic() - started
     assert error.code == ErrorCode.MALFORMED_FRAME, error
@@ -868,11 +883,7 @@ def test_a_stalled_large_frame_is_dropped_in_seconds_and_a_steady_one_is_not(
     assert metrics[("metaq_request_bytes_reserved", ())] == 0
 
     # 4 MiB/s, steadily: well over the rate in every window, the frame arrives whole.
-    with socket.create_connection((broker.data_host, broker.data_port)) as steady:
-        for at in range(0, len(frame), 256 * 1024):
-            steady.sendall(frame[at : at + 256 * 1024])
-            time.sleep(0.0625)  # pacing the sender, not waiting for the broker
-        assert read_answer(steady, timeout_s=10.0).status == SendResponse.OK
+    assert sent_steadily(broker, frame, 256 * 1024, 4 * MIB) == SendResponse.OK
 
 
 _STOPPED_SENDER = """
@@ -915,9 +926,7 @@ def test_a_sender_descheduled_mid_frame_or_steady_below_the_rate_finishes_its_fr
     # their frames held: a client on a loaded host that got no CPU for seconds, and one
     # that sent a 290 KB batch at 50 KB/s.
     broker = start_broker()
-    run_async(
-        Admin().put_topic(broker.http_url, "Big", TopicSettings(read_queues=1, write_queues=1))
-    )
+    big_topic(broker)
     count = 256  # a batch of 1 KiB messages, about 290 KB framed
     sender = subprocess.Popen(
         [sys.executable, "-c", _STOPPED_SENDER, broker.data_host, str(broker.data_port),
@@ -928,8 +937,10 @@ def test_a_sender_descheduled_mid_frame_or_steady_below_the_rate_finishes_its_fr
         assert sender.stdout is not None
         assert sender.stdout.readline() == "half\n", sender.stderr
         wait_until(lambda: _stopped(sender.pid), 10.0, "the sender stops mid-frame")
-        # The fault: two windows and more without a byte, as a descheduled client gives.
-        time.sleep(11.0)
+        # The fault, held for a duration (nothing to wait for: the broker does nothing
+        # visible while it lets the sender be): two windows and more without a byte, as a
+        # descheduled client gives.
+        hold(11.0)
         os.kill(sender.pid, signal.SIGCONT)
         out, err = sender.communicate(timeout=30)
     finally:
@@ -943,11 +954,7 @@ def test_a_sender_descheduled_mid_frame_or_steady_below_the_rate_finishes_its_fr
     records = [encode("Big", bytes(1024), queue_id=0) for _ in range(count)]
     header = SendRequest(topic="Big", queue_id=0, record_count=count).SerializeToString()
     frame = b"".join(bytes(p) for p in encode_frame(FrameType.SEND, 2, header, records))
-    with socket.create_connection((broker.data_host, broker.data_port)) as steady:
-        for at in range(0, len(frame), 8 * 1024):
-            steady.sendall(frame[at : at + 8 * 1024])
-            time.sleep(0.25)  # pacing the sender, not waiting for the broker
-        assert read_answer(steady, timeout_s=10.0).status == SendResponse.OK
+    assert sent_steadily(broker, frame, 8 * 1024, 32 * 1024) == SendResponse.OK
     metrics = run_async(Admin().metrics(broker.http_url))
     assert metrics[("metaq_connections_too_slow_total", ())] == 0
 
@@ -955,36 +962,23 @@ def test_a_sender_descheduled_mid_frame_or_steady_below_the_rate_finishes_its_fr
 def test_a_slow_frame_gives_the_memory_up_in_seconds_when_another_waits_for_it(
     start_broker: StartBroker,
 ) -> None:
-    mib = 1024 * 1024
     rate = 256 * 1024
     # Room for one 6 MiB frame among the large ones: a second one waits for it.
     broker = start_broker(
-        *("--set", f"max_frame_bytes={8 * mib}", "--set", f"max_pull_bytes={mib}"),
-        *("--set", f"max_buffered_request_bytes={24 * mib}"),
-        *("--set", f"store.max_message_bytes={6 * mib}"),
-        *("--set", f"store.commitlog_segment_bytes={16 * mib}"),
+        *LARGE_FRAMES,
+        *("--set", f"max_buffered_request_bytes={24 * MIB}"),
         *("--set", "request_arrival_window_s=2", "--set", f"min_request_bytes_per_s={rate}"),
     )
-    run_async(
-        Admin().put_topic(broker.http_url, "Big", TopicSettings(read_queues=1, write_queues=1))
-    )
-    loris, waiting = big_send(1, 6 * mib), big_send(1, 6 * mib)
+    big_topic(broker)
+    loris, waiting = big_send(1, 6 * MIB), big_send(1, 6 * MIB)
 
-    def budget() -> tuple[float, float]:
-        metrics = run_async(Admin().metrics(broker.http_url))
-        return (
-            metrics[("metaq_request_bytes_reserved", ())],
-            metrics[("metaq_connections_waiting_for_budget", ())],
-        )
-
-    with stalled_frame(broker, loris, mib) as slow:
-        wait_until(lambda: budget() == (len(loris), 0), 10.0, "the slow frame is reserved",
-                   poll_s=0.05)  # fmt: skip
+    with stalled_frame(broker, loris, MIB) as slow:
+        wait_budget(broker, len(loris), 0, "the slow frame is reserved")
         done = threading.Event()
 
         def trickle() -> None:
             # A byte every 0.1 s, far below the rate: slow, never stalled for long.
-            for at in range(mib, len(loris)):
+            for at in range(MIB, len(loris)):
                 if done.wait(0.1):
                     return
                 try:
@@ -996,8 +990,8 @@ def test_a_slow_frame_gives_the_memory_up_in_seconds_when_another_waits_for_it(
         trickler.start()
         try:
             with socket.create_connection((broker.data_host, broker.data_port)) as other:
-                other.sendall(waiting[:mib])
-                wait_until(lambda: budget()[1] == 1, 10.0, "the other frame waits", poll_s=0.05)
+                other.sendall(waiting[:MIB])
+                wait_budget(broker, None, 1, "the other frame waits")
                 started = time.monotonic()
                 error = closing_error(slow, timeout_s=30.0)
                 took = time.monotonic() - started
@@ -1005,7 +999,7 @@ def test_a_slow_frame_gives_the_memory_up_in_seconds_when_another_waits_for_it(
                 assert "wait for the memory it holds" in error.message, error
                 # Within a window and a sweep, long before 4 windows without a byte.
                 assert took < deadline(6.0), f"the slow frame held its memory {took:.1f} s"
-                other.sendall(waiting[mib:])
+                other.sendall(waiting[MIB:])
                 assert read_answer(other, timeout_s=30.0).status == SendResponse.OK
         finally:
             done.set()
