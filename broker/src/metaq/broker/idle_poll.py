@@ -1,10 +1,10 @@
 """Keep the event loop polling for a moment after it answered, instead of sleeping.
 
 A loop with nothing to do blocks in ``epoll_wait`` and its CPU goes idle; the next
-request then waits for that CPU to be woken, which on a virtual machine costs tens of
-microseconds on each side of a round trip (a loopback echo with a sleeping server
-takes several times as long as with a polling one: ``make bench-idle-poll``,
-docs/benchmarks.md). A client
+request then waits for that CPU to be woken, which on a virtual machine costs a good
+share of a loopback round trip on each side of it (a loopback echo with a sleeping
+server is much slower than with a polling one: ``make bench-idle-poll`` measures it,
+docs/benchmarks.md has the figures). A client
 sending one message at a time sends its next request soon after the answer, so the
 broker keeps polling its sockets (:mod:`metaq.common.loop_poll`) for ``window_us``
 after each answer it writes, as

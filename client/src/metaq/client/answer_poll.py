@@ -2,8 +2,9 @@
 
 A loop with nothing to do blocks in ``epoll_wait`` and its CPU goes idle; an answer
 then waits for that CPU to be woken, which on a virtual machine is a large share of a
-loopback round trip (one message at a time to a broker on the same host went nearly
-twice as fast polling as sleeping: docs/producer.md, "Answer polling"). So when a send
+loopback round trip (one message at a time to a broker on the same host went much
+faster polling than sleeping: docs/benchmarks.md has the figures, docs/producer.md,
+"Answer polling", the account). So when a send
 goes out with nothing else unanswered, the loop polls its sockets
 (:mod:`metaq.common.loop_poll`) for up to ``window_us``, as the broker does after an answer
 (``metaq.broker.idle_poll``).

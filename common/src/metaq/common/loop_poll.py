@@ -1,12 +1,13 @@
 """Keep an asyncio event loop polling its sockets instead of sleeping, for a while.
 
 A loop with nothing to do blocks in ``epoll_wait`` and its CPU goes idle; what arrives
-next then waits for that CPU to be woken, which on a virtual machine costs tens of
-microseconds. A callback that is ready makes the loop poll its sockets with a zero
-timeout instead, so :class:`LoopPoll` keeps one ready, turn after turn, until a deadline
-or until its owner says to stop. The broker polls for a next request after an answer
-(``metaq.broker.idle_poll``), the producer for the answer to a send
-(``metaq.client.answer_poll``); each decides when polling pays.
+next then waits for that CPU to be woken, which on a virtual machine is a good share of
+a loopback round trip (docs/benchmarks.md, ``broker/idle_poll.py``). A callback that is
+ready makes the loop poll its sockets with a zero timeout instead, so :class:`LoopPoll`
+keeps one ready, turn after turn, until a deadline or until its owner says to stop.
+The broker polls for a next request after an answer (``metaq.broker.idle_poll``), the
+producer for the answer to a send (``metaq.client.answer_poll``); each decides when
+polling pays.
 """
 
 from __future__ import annotations

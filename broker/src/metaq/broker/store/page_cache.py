@@ -1,10 +1,10 @@
 """How much of the commitlog stays in the page cache: the newest part, within a budget.
 
 Appends need a fresh page cache page every 4 KiB. Left alone, the cache grows until the
-kernel has to reclaim, and where free memory is expensive to touch (on the benchmark VM
-the host takes back free guest pages, and faulting one in again costs a good part of a
-core at the appends' rates: docs/benchmarks.md) each new page costs far more than the
-append itself.
+kernel has to reclaim, and where free memory is expensive to touch (a VM whose host
+takes back free guest pages, where faulting one in again costs a good part of a core at
+the appends' rates: the figures are in docs/benchmarks.md) each new page costs far more
+than the append itself.
 Handing back pages of the log that readers have left behind lets the kernel give them
 straight out again for the next appends. Pages are released only below what is both
 flushed (so releasing never writes anything back) and dispatched (the dispatcher reads
