@@ -3,9 +3,11 @@
 Each process is a real ``metaq-nameserver`` / ``metaq-broker`` on fixed ports with its data
 under ``run-data/cluster/``, proving a random cluster secret kept in
 ``run-data/cluster/cluster-secret`` (made on first run, mode 600); their logs are
-interleaved here with a name in front. Ctrl-C (or SIGTERM) stops the brokers first, then
-the nameserver, each with SIGTERM so they flush and leave cleanly; a process that does
-not stop within the grace period is killed.
+interleaved here with a name in front. It is started by the one launcher the tests use
+(:class:`metaq.testing.cluster.ClusterBuilder`), so it comes up as theirs do: ready, each
+group with its master. Ctrl-C (or SIGTERM) stops the brokers first, then the nameserver,
+each with SIGTERM so they flush and leave cleanly; a process that does not stop within
+the grace period is killed.
 """
 
 from __future__ import annotations
@@ -14,16 +16,14 @@ import argparse
 import base64
 import os
 import secrets
-import shutil
 import signal
 import socket
-import subprocess
 import sys
 import threading
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
+from typing import Final, NoReturn
+
+from metaq.testing.cluster import Cluster, ClusterBuilder
 
 NAMESERVER_PORT: Final = 9876
 NAMESERVER_HTTP_PORT: Final = 9880
@@ -51,58 +51,9 @@ Ctrl-C stops it; data stays in {data_dir}
 """
 
 
-@dataclass
-class Node:
-    name: str
-    argv: list[str]
-    process: subprocess.Popen[str] | None = None
-    ready: threading.Event = field(default_factory=threading.Event)
-
-    def start(self) -> None:
-        self.process = subprocess.Popen(
-            self.argv,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            text=True,
-            bufsize=1,
-            # Own process group: a Ctrl-C in the terminal reaches only this launcher,
-            # which then stops the nodes in order.
-            start_new_session=True,
-        )
-        threading.Thread(target=self._relay, name=f"{self.name}-log", daemon=True).start()
-
-    def _relay(self) -> None:
-        assert self.process is not None and self.process.stdout is not None
-        for line in self.process.stdout:
-            if " ready " in line and line.startswith("metaq-"):
-                self.ready.set()
-            sys.stdout.write(f"[{self.name:<10}] {line}")
-            sys.stdout.flush()
-
-    def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-    def stop(self) -> int | None:
-        if self.process is None:
-            return None
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(GRACE_S)
-            except subprocess.TimeoutExpired:
-                print(f"[{self.name:<10}] did not stop within {GRACE_S:.0f} s; killing it")
-                self.process.kill()
-        return self.process.wait()
-
-
-def _tool(name: str) -> str:
-    """The console script beside this interpreter (the project's venv), else on PATH."""
-    beside = Path(sys.executable).parent / name
-    found = str(beside) if beside.exists() else shutil.which(name)
-    if found is None:
-        sys.exit(f"{name} not found: run `make setup` first")
-    return found
+def echo(node: str, line: str) -> None:
+    sys.stdout.write(f"[{node:<10}] {line}\n")
+    sys.stdout.flush()
 
 
 def _secret_file(data_root: Path) -> Path:
@@ -116,39 +67,28 @@ def _secret_file(data_root: Path) -> Path:
     return path
 
 
-def _nodes(data_root: Path, flush: str, secret: Path) -> list[Node]:
-    nameserver = f"127.0.0.1:{NAMESERVER_PORT}"
-    nodes = [
-        Node(
-            "nameserver",
-            [
-                _tool("metaq-nameserver"),
-                "--grpc-port",
-                str(NAMESERVER_PORT),
-                "--http-port",
-                str(NAMESERVER_HTTP_PORT),
-                "--cluster-secret-file",
-                str(secret),
-            ],
-        )
-    ]
-    for name, room, data_port in BROKERS:
-        flags = {
-            "--broker-name": name,
-            "--computer-room": room,
-            "--data-dir": str(data_root / name),
-            "--listen-host": "127.0.0.1",
-            "--data-port": str(data_port),
-            "--http-port": str(data_port + 1),
-            "--nameserver": nameserver,
-            "--flush-mode": flush,
-            "--cluster-secret-file": str(secret),
-            # 256 MiB segments keep the disk a playground reserves small.
-            "--set": "store.commitlog_segment_bytes=268435456",
-        }
-        argv = [_tool("metaq-broker"), *(part for pair in flags.items() for part in pair)]
-        nodes.append(Node(name, argv))
-    return nodes
+def builder(flush: str, secret: Path) -> ClusterBuilder:
+    """The cluster: one nameserver and a broker a group, each on its fixed ports."""
+    proof = ("--cluster-secret-file", str(secret))
+    return ClusterBuilder(
+        groups=tuple(name for name, _, _ in BROKERS),
+        small_store=False,
+        ready_timeout_s=READY_TIMEOUT_S,
+        nameserver_args=(
+            *("--grpc-port", str(NAMESERVER_PORT), "--http-port", str(NAMESERVER_HTTP_PORT)),
+            *proof,
+        ),
+        # 256 MiB segments keep the disk a playground reserves small.
+        broker_args=(
+            *("--flush-mode", flush, "--set", "store.commitlog_segment_bytes=268435456"),
+            *proof,
+        ),
+        group_args={
+            name: ("--computer-room", room, "--data-port", str(port), "--http-port", str(port + 1))
+            for name, room, port in BROKERS
+        },
+        echo=echo,
+    )
 
 
 def taken_ports(ports: dict[int, str], host: str = "127.0.0.1") -> list[str]:
@@ -166,14 +106,15 @@ def taken_ports(ports: dict[int, str], host: str = "127.0.0.1") -> list[str]:
     return taken
 
 
+def _interrupted(*_: object) -> NoReturn:
+    raise KeyboardInterrupt
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--data-dir", type=Path, default=Path("run-data/cluster"))
     parser.add_argument("--flush", choices=("async", "sync"), default="async")
     args = parser.parse_args()
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
 
     taken = taken_ports(PORTS)
     if taken:
@@ -185,32 +126,34 @@ def main() -> int:
         )
         return 1
     secret = _secret_file(args.data_dir)
-    nodes = _nodes(args.data_dir, args.flush, secret)
-    started: list[Node] = []
+    # While it starts, a stop ends the start: the builder stops what it started.
+    signal.signal(signal.SIGTERM, _interrupted)
+    try:
+        cluster: Cluster = builder(args.flush, secret).start(args.data_dir)
+    except KeyboardInterrupt:
+        print("local cluster: stopped while starting", file=sys.stderr)
+        return 1
+    except (RuntimeError, AssertionError) as exc:
+        print(f"local cluster: {exc}", file=sys.stderr)
+        return 1
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
     code = 0
     try:
-        for node in nodes:
-            node.start()
-            started.append(node)
-            deadline = time.monotonic() + READY_TIMEOUT_S
-            while not node.ready.wait(0.1):
-                if stop.is_set() or not node.alive() or time.monotonic() > deadline:
-                    raise RuntimeError(f"{node.name} did not become ready")
         print(BANNER.format(data_dir=args.data_dir, secret=secret), flush=True)
         while not stop.is_set():
-            dead = [n.name for n in started if not n.alive()]
+            dead = cluster.exited()
             if dead:
-                raise RuntimeError(f"{', '.join(dead)} exited unexpectedly")
-            stop.wait(0.5)
-    except RuntimeError as exc:
-        print(f"local cluster: {exc}", file=sys.stderr)
-        code = 1
-    finally:
-        for node in reversed(started):
-            status = node.stop()
-            if status not in (0, None, -signal.SIGTERM) and code == 0:
+                print(f"local cluster: {', '.join(dead)} exited unexpectedly", file=sys.stderr)
                 code = 1
-            print(f"[{node.name:<10}] stopped (exit {status})", flush=True)
+                break
+            stop.wait(0.5)
+    finally:
+        for node, status in cluster.terminate(GRACE_S).items():
+            if status not in (0, -signal.SIGTERM) and code == 0:
+                code = 1
+            print(f"[{node:<10}] stopped (exit {status})", flush=True)
     return code
 
 

@@ -22,7 +22,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Final
@@ -60,6 +60,7 @@ class BrokerProcess:
         env: Mapping[str, str] | None = None,
         tls: TlsConfig | None = None,
         health_headers: Mapping[str, str] | None = None,
+        echo: Callable[[str], None] | None = None,
     ) -> None:
         self.data_dir = data_dir
         self.tls = tls
@@ -70,6 +71,7 @@ class BrokerProcess:
         self.args = list(args)
         self.command = list(command) if command is not None else broker_command()
         self.lines: list[str] = []
+        self._echo = echo
         self._cond = threading.Condition()
         self._eof = False
         self.proc = subprocess.Popen(
@@ -80,6 +82,9 @@ class BrokerProcess:
             text=True,
             bufsize=1,
             env=secret_env(env),
+            # Echoed: a cluster run in the foreground, whose terminal's Ctrl-C is for the
+            # launcher alone, which stops the processes in order.
+            start_new_session=echo is not None,
         )
         self._reader = threading.Thread(target=self._read, name="broker-output", daemon=True)
         self._reader.start()
@@ -98,6 +103,7 @@ class BrokerProcess:
         env: Mapping[str, str] | None = None,
         tls: TlsConfig | None = None,
         health_headers: Mapping[str, str] | None = None,
+        echo: Callable[[str], None] | None = None,
     ) -> BrokerProcess:
         """Start a broker and wait for its readiness line.
 
@@ -116,6 +122,9 @@ class BrokerProcess:
         its ``/health`` over HTTPS, with a client certificate if the broker wants one.
         ``health_headers`` go with every ``/health`` the tests ask (``Authorization`` for
         a broker started with ``metrics_auth``).
+
+        ``echo`` is given every line the broker prints as it prints it; the broker then
+        runs in a session of its own, out of reach of the terminal's Ctrl-C.
         """
         if wait_for_master is None:
             wait_for_master = "--nameserver" in args and "--broker-id" not in args
@@ -126,7 +135,7 @@ class BrokerProcess:
         if small_store:
             for setting in SMALL_STORE:
                 argv += ["--set", setting]
-        broker = cls(data_dir, [*argv, *args], command, env, tls, health_headers)
+        broker = cls(data_dir, [*argv, *args], command, env, tls, health_headers, echo)
         try:
             broker.wait_ready(ready_timeout_s)
             if wait_for_master:
@@ -139,8 +148,11 @@ class BrokerProcess:
     def _read(self) -> None:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
+            line = line.rstrip("\n")
+            if self._echo is not None:
+                self._echo(line)
             with self._cond:
-                self.lines.append(line.rstrip("\n"))
+                self.lines.append(line)
                 self._cond.notify_all()
         with self._cond:
             self._eof = True

@@ -16,7 +16,9 @@ step fails, what was started is stopped before the error propagates, and leaving
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+import functools
+import subprocess
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -80,6 +82,10 @@ class ClusterBuilder:
     every process runs on its own host, on the deployed ports; without, all run on
     loopback on free ports. ``health_headers`` go with every ``/health`` the builder and
     the tests ask a broker (the scrape credentials of brokers with ``metrics_auth``).
+    ``echo`` runs the cluster in the foreground (``make run``): it is given the node's
+    name and each line every process prints, as it prints it, and the processes run in
+    sessions of their own, so the terminal's Ctrl-C reaches the caller alone, which
+    stops them in order (:meth:`Cluster.terminate`).
     """
 
     nameservers: int = 1
@@ -102,10 +108,15 @@ class ClusterBuilder:
     broker_command: Sequence[str] | None = None
     hosts: Hosts | None = None
     health_headers: Mapping[str, str] = field(default_factory=dict)
+    echo: Callable[[str, str], None] | None = None
 
     def start(self, work_dir: Path) -> Cluster:
         """Start the cluster under ``work_dir`` (see :meth:`Cluster.start`)."""
         return Cluster(self, work_dir).start()
+
+    def echo_of(self, node: str) -> Callable[[str], None] | None:
+        """What ``node``'s lines go to (None: kept for the tests only)."""
+        return None if self.echo is None else functools.partial(self.echo, node)
 
     def replicas_of(self, group: str) -> int:
         return self.group_replicas.get(group, self.replicas)
@@ -195,6 +206,8 @@ class Cluster:
     acl_file: Path | None = None
     admin: Credentials | None = None
     """Who creates topics (None: the cluster has no users)."""
+    outsiders: list[BrokerProcess] = field(default_factory=list)
+    """Brokers started by :meth:`start_outsider`."""
     _nameserver_flags: list[list[str]] = field(default_factory=list)
 
     def start(self) -> Cluster:
@@ -247,6 +260,7 @@ class Cluster:
             *flags,
             timeout_s=self.builder.ready_timeout_s,
             command=None if hosts is None else hosts.command(node, nameserver_command()),
+            echo=self.builder.echo_of(node),
         )
         if index < len(self.nameservers):
             self.nameservers[index] = server
@@ -289,8 +303,30 @@ class Cluster:
             command=command,
             tls=self.tls,
             health_headers=builder.health_headers,
+            echo=builder.echo_of(broker_node(group, broker_id)),
         )
         self.brokers[(group, broker_id)] = broker
+        return broker
+
+    def start_outsider(
+        self, name: str, *flags: str, env: Mapping[str, str] | None = None
+    ) -> BrokerProcess:
+        """A broker that is no member of the cluster, pointed at its nameservers with
+        ``flags`` and none of the builder's (an impostor taking a member's name, one
+        without the cluster secret: ``env={ENV_VAR: ""}``), its data under ``name``.
+        Ready, not waited on to be master; stopped with the cluster."""
+        nameservers = [part for a in self.nameserver_addresses for part in ("--nameserver", a)]
+        broker = BrokerProcess.start(
+            self.work_dir / name,
+            *nameservers,
+            *flags,
+            small_store=self.builder.small_store,
+            ready_timeout_s=self.builder.ready_timeout_s,
+            wait_for_master=False,
+            env=env,
+            tls=self.tls,
+        )
+        self.outsiders.append(broker)
         return broker
 
     def master_id(
@@ -399,11 +435,39 @@ class Cluster:
 
     def stop(self) -> None:
         """Kill every broker, then stop every nameserver; paused ones are resumed first."""
-        for broker in self.brokers.values():
+        for broker in [*self.brokers.values(), *self.outsiders]:
             broker.resume()
             broker.kill()
         for nameserver in self.nameservers:
             nameserver.stop()
+
+    def exited(self) -> list[str]:
+        """The nodes whose process has ended, nameservers first."""
+        nameservers = [nameserver_node(index) for index, nameserver in enumerate(self.nameservers)
+                       if nameserver.process.poll() is not None]  # fmt: skip
+        brokers = [broker_node(group, broker_id)
+                   for (group, broker_id), broker in self.brokers.items()
+                   if broker.proc.poll() is not None]  # fmt: skip
+        return [*nameservers, *brokers]
+
+    def terminate(self, timeout_s: float = 30.0) -> dict[str, int]:
+        """Stop every broker with SIGTERM, so each flushes and leaves the nameservers
+        cleanly, then every nameserver; one still running ``timeout_s`` later is killed.
+        The exit codes by node (a negative one: the signal that ended it)."""
+        codes: dict[str, int] = {}
+        for (group, broker_id), broker in self.brokers.items():
+            broker.resume()
+            try:
+                code = broker.terminate(timeout_s)
+            except subprocess.TimeoutExpired:
+                code = broker.kill()
+            codes[broker_node(group, broker_id)] = code
+        for outsider in self.outsiders:
+            outsider.resume()
+            outsider.kill()
+        for index, nameserver in enumerate(self.nameservers):
+            codes[nameserver_node(index)] = nameserver.stop(timeout_s)
+        return codes
 
     def __enter__(self) -> Cluster:
         return self

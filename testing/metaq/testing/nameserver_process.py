@@ -24,6 +24,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -43,6 +44,8 @@ READY: Final = re.compile(
     r"^metaq-nameserver ready grpc=(\S+)(?: http=(\S+))?(?: raft=(\S+))?$", re.MULTILINE
 )
 POLL_S: Final = 0.01
+FOLLOW_POLL_S: Final = 0.1
+"""How often an echoed nameserver's output files are read for new lines."""
 _Request = TypeVar("_Request")
 _Response = TypeVar("_Response")
 
@@ -118,13 +121,16 @@ def start_nameserver(
     timeout_s: float = 20.0,
     env: dict[str, str] | None = None,
     command: list[str] | None = None,
+    echo: Callable[[str], None] | None = None,
 ) -> NameServerProcess:
     """Start a nameserver (on a free gRPC port unless ``args`` name one) and wait until ready.
 
     ``command`` replaces :func:`nameserver_command` (say, to run it inside a network
     namespace with ``ip netns exec``); it must exec the nameserver, so signals reach it.
     It runs with the tests' cluster secret (``metaq.testing.waiting.secret_env``) unless
-    ``env`` sets another.
+    ``env`` sets another. ``echo`` is given every line it writes to its output files, as
+    it writes it; it then runs in a session of its own, out of reach of the terminal's
+    Ctrl-C.
 
     Raises RuntimeError with the process output if it exits or is not ready in time (the
     deadline scaled by ``METAQ_TEST_DEADLINE_SCALE``); the process is stopped in that case.
@@ -143,8 +149,13 @@ def start_nameserver(
             stderr=stderr,
             stdin=subprocess.DEVNULL,
             env=secret_env(env),
+            start_new_session=echo is not None,
         )
     server = NameServerProcess(process=process, work_dir=work_dir, args=tuple(argv))
+    if echo is not None:
+        threading.Thread(
+            target=_follow, args=(server, echo), name="nameserver-output", daemon=True
+        ).start()
     timeout_s = deadline(timeout_s)
     give_up = time.monotonic() + timeout_s
     while True:
@@ -164,6 +175,31 @@ def start_nameserver(
                 server.stop()
             raise RuntimeError(f"{failure}\n{server.output()}")
         time.sleep(POLL_S)
+
+
+def _follow(server: NameServerProcess, echo: Callable[[str], None]) -> None:
+    """Give ``echo`` each line the nameserver writes to its output files, until it has
+    exited and every line is read."""
+    files = [path.open(errors="replace") for path in (server.stdout_path, server.stderr_path)]
+    partial = ["" for _ in files]
+    try:
+        while True:
+            exited = server.process.poll() is not None
+            read = False
+            for index, file in enumerate(files):
+                chunk = file.read()
+                if chunk:
+                    read = True
+                    *lines, partial[index] = (partial[index] + chunk).split("\n")
+                    for line in lines:
+                        echo(line)
+            if exited and not read:
+                return
+            if not read:
+                time.sleep(FOLLOW_POLL_S)  # a file has no readiness to wait on
+    finally:
+        for file in files:
+            file.close()
 
 
 class _SigningInterceptor(grpc.aio.UnaryUnaryClientInterceptor):
