@@ -18,6 +18,7 @@ from metaq.nameserver.console.context import (
 from metaq.nameserver.console.messages import _body
 from metaq.nameserver.console.page import Html, esc, table
 from metaq.nameserver.console.page import parse_time_ms as _parse_time
+from metaq.nameserver.console.samples import Samples
 from metaq.nameserver.registry import FORGET_DEPARTED_AFTER_S, Registry
 from metaq.testing.waiting import run_async
 
@@ -64,7 +65,7 @@ def test_a_broker_seen_live_and_then_gone_is_named_until_it_is_back_or_forgotten
     key = BrokerKey("g", 1)
     state = BrokerState("c", key, Role.SLAVE, "127.0.0.1:1", "127.0.0.1:2")
     registry.register(state, {})
-    console = ConsoleContext(registry, None, Brokers(1.0))  # type: ignore[arg-type]
+    console = ConsoleContext(registry, None, Brokers(1.0), Samples(30.0))  # type: ignore[arg-type]
     assert console.gone() == {}
     registry.unregister(key)  # its process died: the session ended
     now[0] += 30

@@ -25,6 +25,7 @@ GROUPS = ("group-a", "group-b")
 TOPIC = "orders"
 QUEUES = 2
 BROKER_TIMEOUT_MS = 1500
+SAMPLE_INTERVAL_MS = 500
 
 
 def call(method: str, url: str, body: Any = None, timeout_s: float = 10.0) -> tuple[int, Any]:
@@ -42,7 +43,8 @@ def call(method: str, url: str, body: Any = None, timeout_s: float = 10.0) -> tu
 
 BUILDER = ClusterBuilder(
     groups=GROUPS, replicas=2, replication_mode="sync", min_in_sync=2,
-    nameserver_args=("--http-port", "0", "--console-broker-timeout-ms", str(BROKER_TIMEOUT_MS)),
+    nameserver_args=("--http-port", "0", "--console-broker-timeout-ms", str(BROKER_TIMEOUT_MS),
+                     "--console-sample-interval-ms", str(SAMPLE_INTERVAL_MS)),
 )  # fmt: skip
 """One nameserver serving the console and two groups of a master and a sync slave."""
 

@@ -78,13 +78,14 @@ def test_every_page_loads_with_no_console_errors(cluster: ConsoleCluster, browse
     commit_to_end(cluster, GROUP)
     page, base = browser.page, cluster.console_url
     page.goto(base + "/")
-    assert page.url.endswith("/console/cluster")
+    assert page.url.endswith("/console/overview")
+    page.get_by_role("link", name="Cluster", exact=True).click()
     for group in GROUPS:
         assert page.get_by_role("heading", name=f"Group {group}").is_visible()
     assert page.get_by_text("Raft leader:").is_visible()
     # Keyboard first: Tab reaches the navigation, and the focus is drawn.
     page.keyboard.press("Tab")
-    assert page.evaluate("document.activeElement.textContent") == "Cluster"
+    assert page.evaluate("document.activeElement.textContent") == "Overview"
     outline = "getComputedStyle(document.activeElement).outlineStyle"
     assert page.evaluate(outline) == "solid"
     browser.screenshot("cluster")
@@ -112,6 +113,51 @@ def test_every_page_loads_with_no_console_errors(cluster: ConsoleCluster, browse
     # The not-found page above answers 404 on purpose; nothing else may fail.
     unexpected = [p for p in browser.problems if "no-such-topic" not in p]
     assert unexpected == []
+
+
+def test_the_overview_shows_each_groups_health_and_the_busiest_topics_rates(
+    cluster: ConsoleCluster, browser: Browser
+) -> None:
+    page = browser.page
+    page.goto(f"{cluster.console_url}/console/overview")
+    groups = page.get_by_role("table", name="Broker groups")
+    for group in GROUPS:
+        row = groups.get_by_role("row").filter(has_text=group)
+        assert row.locator(".status.ok").inner_text() == "healthy", row.inner_text()
+        assert "master 0, 2 in sync" in row.inner_text()
+        # Status colours: green for healthy.
+        colour = row.locator(".status").evaluate("e => getComputedStyle(e).backgroundColor")
+        assert colour == "rgb(230, 244, 234)"
+    busiest = page.get_by_role("table", name="Busiest topics")
+    line = busiest.locator(f'svg[aria-label^="{TOPIC} in:"]')
+
+    def drawn_with_a_rate() -> bool:
+        # Messages keep coming, so the samples (every 0.5 s) see the count grow.
+        send(cluster, "group-a", TOPIC, "overview")
+        page.reload()
+        if line.count() == 0:
+            return False
+        label = str(line.get_attribute("aria-label"))
+        return "highest 0 msg/s" not in label
+
+    wait_until(drawn_with_a_rate, 30, f"the overview draws a rate for {TOPIC}", poll_s=0.3)
+    assert line.locator("polyline").count() >= 1
+    assert page.get_by_role("table", name="Cluster throughput").locator("svg").count() == 2
+    # Numbers with their units sit right-aligned.
+    figure = busiest.locator("td.num").first
+    assert figure.inner_text().endswith("msg/s")
+    assert figure.evaluate("e => getComputedStyle(e).textAlign") == "right"
+    lagging = page.get_by_role("table", name="Most-lagging groups")
+    assert lagging.is_visible()
+    browser.screenshot("overview")
+    # On a phone the page does not widen: wide tables scroll inside their box.
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.goto(f"{cluster.console_url}/console/cluster")
+    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
+    browser.screenshot("cluster-phone")
+    page.goto(f"{cluster.console_url}/console/overview")
+    browser.screenshot("overview-phone")
+    assert browser.problems == []
 
 
 def test_the_cluster_page_refreshes_itself(cluster: ConsoleCluster, browser: Browser) -> None:

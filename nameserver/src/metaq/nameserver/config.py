@@ -70,6 +70,9 @@ class NameServerConfig:
     # The web console's bound on each call to a broker's HTTP API: a page shows what it
     # gathered within it and says which broker did not answer.
     console_broker_timeout_ms: int = 2000
+    # How often the console samples every master's counts for the overview's 15-minute
+    # sparklines (a ring of at most 240 samples per topic and group).
+    console_sample_interval_ms: int = 30_000
     # A PEM certificate (chain) and its unencrypted key: gRPC and HTTP serve TLS with
     # them; empty serves both plain. Raft has no TLS (docs/operations.md, "TLS").
     tls_cert_file: str = ""
@@ -134,6 +137,8 @@ class NameServerConfig:
             problems.append("takeover_timeout_ms must be positive")
         if self.console_broker_timeout_ms <= 0:
             problems.append("console_broker_timeout_ms must be positive")
+        if self.console_sample_interval_ms < 100:
+            problems.append("console_sample_interval_ms must be at least 100")
         if self.auth_enabled and not self.auth_acl_file:
             problems.append(
                 "auth_enabled needs auth_acl_file (create it with metaq acl init ADMIN --file FILE)"

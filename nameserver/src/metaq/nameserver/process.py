@@ -123,6 +123,7 @@ class NameServer:
                     config.console_broker_timeout_ms,
                     tls,
                     self.secret,
+                    config.console_sample_interval_ms,
                 )
                 signed = SignedRequests(ServerNames(config.http_names), self.secret, self.acl)
                 app = make_app(self.registry, metrics, signed, users.count, console, self._scrape)

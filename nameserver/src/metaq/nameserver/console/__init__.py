@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from metaq.nameserver.console import cluster, groups, messages, topics
+from metaq.nameserver.console import cluster, groups, messages, overview, topics
 from metaq.nameserver.console.context import ConsoleContext
 from metaq.nameserver.console.page import middleware, static_routes
 
@@ -22,11 +22,16 @@ def add_routes(app: web.Application, context: ConsoleContext) -> None:
     """Every console route, registered on ``app`` (so its middlewares cover them all)."""
 
     async def home(_request: web.Request) -> web.StreamResponse:
-        raise web.HTTPFound("/console/cluster")
+        raise web.HTTPFound("/console/overview")
 
     app.add_routes([web.get("/", home), web.get("/console", home), web.get("/console/", home)])
     app.middlewares.append(middleware())
     app.add_routes(static_routes())
-    for module in (cluster, topics, groups, messages):
+    for module in (overview, cluster, topics, groups, messages):
         app.add_routes(module.routes(context))
+
+    async def start_sampling(_app: web.Application) -> None:
+        context.sampler.start()
+
+    app.on_startup.append(start_sampling)
     app.on_cleanup.append(lambda _app: context.close())

@@ -137,7 +137,8 @@ def _group_section(
     in_sync = ", ".join(map(str, control.in_sync_ids)) if control else "not managed"
     master = f"broker {master_id}" if master_id is not None else "—"
     title = (
-        f"<h2>Group {esc(group.broker_name)}</h2><p>master: {esc(master)} · epoch "
+        f'<h2 id="group-{esc(group.broker_name)}">Group {esc(group.broker_name)}</h2>'
+        f"<p>master: {esc(master)} · epoch "
         f"{group.epoch} · in sync (controller): {esc(in_sync)} · room "
         f"{esc(group.computer_room or '—')}</p>"
     )

@@ -14,6 +14,7 @@ from metaq.client.errors import BrokerAdminError, BrokerAnswerUnreadable, Broker
 from metaq.common.auth import ClusterSecret
 from metaq.common.model import BrokerKey, BrokerView, Role
 from metaq.common.tls import TlsConfig
+from metaq.nameserver.console.samples import Sampler, Samples
 from metaq.nameserver.controller import Controller
 from metaq.nameserver.registry import Registry
 
@@ -120,8 +121,13 @@ class ConsoleContext:
     registry: Registry
     controller: Controller
     brokers: Brokers
+    samples: Samples
     rates_in: Rates = field(default_factory=Rates)
     rates_out: Rates = field(default_factory=Rates)
+    sampler: Sampler = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.sampler = Sampler(self.samples, self.brokers, lambda: list(self.masters().values()))
 
     @classmethod
     def of(
@@ -131,8 +137,10 @@ class ConsoleContext:
         timeout_ms: int,
         tls: TlsConfig | None = None,
         secret: ClusterSecret | None = None,
+        sample_interval_ms: int = 30_000,
     ) -> ConsoleContext:
-        return cls(registry, controller, Brokers(timeout_ms / 1000, tls, secret))
+        brokers = Brokers(timeout_ms / 1000, tls, secret)
+        return cls(registry, controller, brokers, Samples(sample_interval_ms / 1000))
 
     def live_brokers(self) -> list[BrokerView]:
         return [
@@ -167,4 +175,5 @@ class ConsoleContext:
         }
 
     async def close(self) -> None:
+        await self.sampler.stop()
         await self.brokers.close()

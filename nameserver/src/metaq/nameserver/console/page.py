@@ -25,6 +25,7 @@ STYLESHEET: Final = "/console/static/console.css"
 # :func:`middleware`, so every page's header names them without each page passing it on.
 _user: ContextVar[str] = ContextVar("console_user", default="")
 _NAV: Final = (
+    ("/console/overview", "Overview"),
     ("/console/cluster", "Cluster"),
     ("/console/topics", "Topics"),
     ("/console/groups", "Consumer groups"),
@@ -49,6 +50,21 @@ pre { background: #f6f8fa; padding: .5rem; overflow: auto; max-width: 70rem; }
 form.inline { display: inline; }
 .whoami { margin-left: auto; }
 .whoami button { margin-left: .5rem; }
+td.num, th.num { text-align: right; white-space: nowrap; font-variant-numeric: tabular-nums; }
+.scroll { overflow-x: auto; max-width: 100%; }
+.status { display: inline-block; border-radius: .6rem; padding: 0 .5rem; font-weight: 600;
+  white-space: nowrap; }
+.status.ok { background: #e6f4ea; color: #0d652d; border: 1px solid #188038; }
+.status.warn { background: #fef7e0; color: #8a4b00; border: 1px solid #f9ab00; }
+.status.down { background: #fdecea; color: #a50e0e; border: 1px solid #d93025; }
+svg.spark { vertical-align: middle; }
+svg.spark polyline { fill: none; stroke: #1f3a5f; stroke-width: 1.5; }
+@media (max-width: 40rem) {
+  body { font-size: 14px; }
+  header { flex-wrap: wrap; gap: .5rem 1rem; }
+  main { padding: .5rem; }
+  th, td { padding: .2rem .35rem; white-space: nowrap; }
+}
 fieldset { margin: .5rem 0 1rem; border: 1px solid #c8ced6; }
 label { margin-right: .5rem; }
 a:focus-visible, button:focus-visible, input:focus-visible, select:focus-visible,
@@ -164,18 +180,34 @@ def notice(message: str) -> str:
     return f'<div class="notice" role="status">{esc(message)}</div>' if message else ""
 
 
-def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], caption: str = "") -> str:
-    """Cells are escaped unless they are :class:`Html`."""
-    head = "".join(f'<th scope="col">{esc(h)}</th>' for h in headers)
-    body = "".join("<tr>" + "".join(f"<td>{cell(c)}</td>" for c in row) + "</tr>" for row in rows)
+def table(headers: Sequence[str | Html], rows: Iterable[Sequence[Any]], caption: str = "") -> str:
+    """Cells are escaped unless they are :class:`Html`; numbers (and :class:`Num`) are
+    right-aligned. The table scrolls sideways inside its box when it is wider than the
+    screen, rather than widening the page."""
+    head = "".join(f'<th scope="col">{cell(h)}</th>' for h in headers)
+    body = "".join(
+        "<tr>" + "".join(f"<td{_align(c)}>{cell(c)}</td>" for c in row) + "</tr>" for row in rows
+    )
     if not body:
         body = f'<tr><td colspan="{len(headers)}" class="muted">none</td></tr>'
     cap = f"<caption>{esc(caption)}</caption>" if caption else ""
-    return f"<table>{cap}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    return (
+        f'<div class="scroll"><table>{cap}<thead><tr>{head}</tr></thead>'
+        f"<tbody>{body}</tbody></table></div>"
+    )
 
 
 class Html(str):
     """Markup already built (escaped where it had to be)."""
+
+
+class Num(str):
+    """A figure written with its unit (``12.5 msg/s``), right-aligned like a number."""
+
+
+def _align(value: object) -> str:
+    numeric = isinstance(value, int | float | Num) and not isinstance(value, bool)
+    return ' class="num"' if numeric else ""
 
 
 def cell(value: object) -> str:
