@@ -47,3 +47,24 @@ def test_a_change_is_taken_and_a_broken_file_keeps_the_last_good_acl(
         assert not source.refresh()
     assert "keeping ACL version 2 in force" in caplog.text
     assert source.acl.version == 2
+
+
+def test_a_newer_acl_handed_over_is_enforced_and_kept_in_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "acl.json"
+    user = User("app1", Verifier.make("app1", "app1-secret-key-0123456"))
+    first = Acl().with_user(user)
+    acl.save(path, first)
+    source = AclSource(path)
+    newer = first.grant("app1", Grant.parse("pub", "topic:A"))
+    assert source.adopt(newer, "the nameservers")
+    assert source.acl == newer and acl.load(path) == newer
+    assert not source.refresh()  # its own write is no change to reload
+    assert not source.adopt(first, "the nameservers")  # never back to an older one
+    assert not source.adopt_text(b"not json", "the nameservers")
+    assert source.acl == newer
+    # Same version, other grants (a file edited apart): the cluster's wins when told so.
+    apart = first.grant("app1", Grant.parse("sub", "group:g"))
+    assert apart.version == newer.version
+    assert not source.adopt(apart, "the nameservers")
+    assert source.adopt(apart, "the nameservers", same_version=True)
+    assert acl.load(path) == apart

@@ -1,4 +1,5 @@
-"""What a running broker tells the nameservers about itself, and the registrar that does it."""
+"""What a running broker tells the nameservers about itself, and the registrar that does it
+(which also takes the cluster's ACL from their answers)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from metaq.broker.registration import BrokerDescription, NameServerRegistrar
 from metaq.common.model import BrokerKey, BrokerState, ReplicationMode, Role, TopicConfig
+from metaq.common.v1 import control_pb2 as pb
 
 if TYPE_CHECKING:
     from metaq.broker.process import Broker
@@ -59,13 +61,20 @@ def nameserver_registrar(broker: Broker) -> NameServerRegistrar:
             in_sync_ids=group.in_sync_ids(),
             unverified=not group.verified,
         )
-        return BrokerDescription(state, topics.get())
+        acl_version = broker.acl.acl.version if broker.acl is not None else None
+        return BrokerDescription(state, topics.get(), acl_version)
+
+    def on_answer(registered: pb.RegisterBrokerResponse, sent_at: float | None) -> None:
+        # The cluster's ACL comes with the answer when it is newer than the broker's.
+        if registered.acl and broker.acl is not None:
+            broker.acl.adopt_text(registered.acl, "the nameservers")
+        group.on_answer(registered, sent_at)
 
     registrar = NameServerRegistrar(
         list(config.nameservers),
         describe,
         config.heartbeat_interval_ms / 1e3,
-        on_answer=group.on_answer,
+        on_answer=on_answer,
         secret=broker.secret,
         tls=config.tls,
     )

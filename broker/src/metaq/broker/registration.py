@@ -53,10 +53,14 @@ class BrokerDescription:
 
     state: BrokerState
     topics: tuple[TopicConfig, ...] = ()
+    acl_version: int | None = None
+    """The version of the ACL the broker enforces; None when it enforces none."""
 
 
 def heartbeat(description: BrokerDescription, *, with_topics: bool) -> pb.BrokerHeartbeat:
     message = pb.BrokerHeartbeat(broker=description.state.to_proto())
+    if description.acl_version is not None:
+        message.acl_version = description.acl_version
     if with_topics:
         message.topic_table.SetInParent()  # present even when empty: "no topics"
         message.topic_table.topics.extend(topic.to_proto() for topic in description.topics)

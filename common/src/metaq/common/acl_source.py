@@ -1,14 +1,19 @@
-"""A server's view of the ACL file: loaded at start-up, reloaded when it changes.
+"""A server's view of the ACL: loaded from its file at start-up, reloaded when the file
+changes, and replaced by a newer one the nameservers distribute.
 
-Brokers and nameservers read the same file (``auth_acl_file``), which ``metaq acl``
-edits in place (an atomic rename) and the deployment copies to every host; a change is
-in force within :data:`RELOAD_INTERVAL_S` without a restart. A file that stops parsing
-keeps the last good ACL in force (and says so in the log): a typo must not open the
-cluster, nor lock everyone out.
+Brokers and nameservers each read their own file (``auth_acl_file``). The nameservers
+agree on the cluster's ACL through Raft and hand it to every broker with the answers to
+its heartbeats (:meth:`AclSource.adopt`), which writes it to the file too, so a server
+that restarts while no nameserver answers starts with the latest it had. ``metaq acl
+--file`` edits a file in place (an atomic rename); a change is in force within
+:data:`RELOAD_INTERVAL_S` without a restart, and a nameserver whose file is newer than
+the cluster's proposes it. A file that stops parsing keeps the last good ACL in force
+(and says so in the log): a typo must not open the cluster, nor lock everyone out.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from pathlib import Path
@@ -81,6 +86,37 @@ class AclSource:
             "ACL version %d -> %d (%d users)", self.acl.version, loaded.version, len(loaded.users)
         )
         self.acl = loaded
+        return True
+
+    def adopt_text(self, text: bytes | str, origin: str, *, same_version: bool = False) -> bool:
+        """:meth:`adopt` the ACL file's JSON ``text``; one that does not parse is logged
+        and left (the ACL in force stays)."""
+        try:
+            newer = Acl.from_json(json.loads(text))
+        except (ValueError, AclError) as exc:
+            log.error("the ACL from %s is not a metaq ACL (%s); keeping version %d",
+                      origin, exc, self.acl.version)  # fmt: skip
+            return False
+        return self.adopt(newer, origin, same_version=same_version)
+
+    def adopt(self, newer: Acl, origin: str, *, same_version: bool = False) -> bool:
+        """Enforce ``newer`` (from ``origin``, for the log) when its version is above the
+        one in force (or, with ``same_version``, equal but different: the cluster's wins
+        over a file edited apart), and keep it in the file; True when it was taken. A
+        file that cannot be written is logged: the ACL is in force all the same."""
+        current = self.acl.version
+        differs = same_version and newer.to_json() != self.acl.to_json()
+        if newer.version < current or (newer.version == current and not differs):
+            return False
+        self.acl = newer
+        try:
+            acl.save(self.path, newer)
+            self._stamp = self._stat()
+        except OSError as exc:
+            log.error("cannot keep ACL version %d in %s (%s): enforced, not saved",
+                      newer.version, self.path, exc)  # fmt: skip
+        log.info("ACL version %d -> %d (%d users) from %s", current, newer.version,
+                 len(newer.users), origin)  # fmt: skip
         return True
 
 

@@ -29,7 +29,13 @@ from metaq.nameserver import decisions
 from metaq.nameserver.config import NameServerConfig
 from metaq.nameserver.control import Refused
 from metaq.nameserver.decisions import Decider, Proposal
-from metaq.nameserver.raft import ControllerUnavailable, ControlRaft, RaftStatus, Snapshot
+from metaq.nameserver.raft import (
+    ClusterAclText,
+    ControllerUnavailable,
+    ControlRaft,
+    RaftStatus,
+    Snapshot,
+)
 from metaq.nameserver.registry import Clock, Registry
 
 log = logging.getLogger(__name__)
@@ -39,13 +45,25 @@ DECISION_INTERVAL_S: Final = 0.1
 COMMIT_TIMEOUT_S: Final = 3.0
 
 Listener = Callable[[GroupControl], None]
+AclListener = Callable[[ClusterAclText], None]
 
 
-__all__ = ["Controller", "ControllerSettings", "ControllerUnavailable", "SwitchoverRefused"]
+__all__ = [
+    "AclChangeRefused",
+    "ClusterAclText",
+    "Controller",
+    "ControllerSettings",
+    "ControllerUnavailable",
+    "SwitchoverRefused",
+]
 
 
 class SwitchoverRefused(Exception):
     """The switchover's preconditions do not hold (answered FAILED_PRECONDITION)."""
+
+
+class AclChangeRefused(Exception):
+    """A change of the cluster's ACL made on a version that is no longer the cluster's."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +116,8 @@ class Controller(PeriodicService):
         )
         self._committed: Snapshot = {}
         self._listeners: list[Listener] = []
+        self._acl: ClusterAclText = (0, "")
+        self._acl_listeners: list[AclListener] = []
         self._event_loop: asyncio.AbstractEventLoop | None = None
         self.master_changes: dict[str, int] = {}
         """Committed master changes applied here, by group (the failovers metric)."""
@@ -107,7 +127,7 @@ class Controller(PeriodicService):
     def start(self) -> None:
         """Join the Raft group (OSError if its address cannot be bound), then decide."""
         self._event_loop = asyncio.get_running_loop()
-        self._raft.start(self._committed_on_raft_thread)
+        self._raft.start(self._committed_on_raft_thread, self._acl_on_raft_thread)
         super().start()
 
     async def on_stop(self) -> None:
@@ -147,6 +167,23 @@ class Controller(PeriodicService):
     def add_listener(self, listener: Listener) -> None:
         """Call ``listener(control)`` on the event loop whenever a group's state changes."""
         self._listeners.append(listener)
+
+    @property
+    def acl(self) -> ClusterAclText:
+        """The cluster's ACL as committed: (version, JSON); (0, "") while it has none."""
+        return self._acl
+
+    def add_acl_listener(self, listener: AclListener) -> None:
+        """Call ``listener(acl)`` on the event loop whenever the cluster's ACL changes."""
+        self._acl_listeners.append(listener)
+
+    async def set_acl(self, text: str, version: int, expected_version: int) -> int:
+        """Commit a new cluster ACL over ``expected_version``; its version once committed.
+        Raises AclChangeRefused or ControllerUnavailable."""
+        outcome = await self._raft.propose_acl(text, version, expected_version, COMMIT_TIMEOUT_S)
+        if isinstance(outcome, Refused):
+            raise AclChangeRefused(outcome.why)
+        return outcome
 
     # --- decisions ----------------------------------------------------------------------
 
@@ -210,6 +247,21 @@ class Controller(PeriodicService):
         # A loop closed while the Raft thread still ticks has nobody left to tell.
         with contextlib.suppress(RuntimeError):
             loop.call_soon_threadsafe(self._take, snapshot)
+
+    def _acl_on_raft_thread(self, committed: ClusterAclText) -> None:
+        loop = self._event_loop
+        if loop is None:
+            return
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(self._take_acl, committed)
+
+    def _take_acl(self, committed: ClusterAclText) -> None:
+        if committed[0] <= self._acl[0]:
+            return
+        self._acl = committed
+        log.info("cluster ACL version %d committed", committed[0])
+        for listener in self._acl_listeners:
+            listener(committed)
 
     def _take(self, snapshot: Snapshot) -> None:
         previous, self._committed = self._committed, snapshot

@@ -24,6 +24,8 @@ from metaq.common.names import shown
 from metaq.common.scrape_auth import ScrapeCredentials
 from metaq.common.server_names import ServerNames
 from metaq.common.version import installed_version
+from metaq.nameserver import acl_http
+from metaq.nameserver.cluster_acl import ClusterAcl
 from metaq.nameserver.console import ConsoleContext
 from metaq.nameserver.console import add_routes as add_console_routes
 from metaq.nameserver.console.page import STYLESHEET
@@ -48,6 +50,7 @@ def make_app(
     count: Callable[[str], None] | None = None,
     console: ConsoleContext | None = None,
     scrape: ScrapeCredentials | None = None,
+    cluster_acl: ClusterAcl | None = None,
 ) -> web.Application:
     """``GET /health``, ``GET /cluster``, ``GET /route/{topic}`` (404 for an unknown topic),
     with ``metrics`` ``GET /metrics`` (Prometheus text format, open to scrapers), and with
@@ -56,7 +59,9 @@ def make_app(
     /health and /metrics need a user or a cluster member's signature; without users, the
     console's changes are taken only from this host or signed by a cluster member
     (``metaq.common.http_auth``). With ``scrape`` (``metrics_auth``), /metrics and the
-    detail of /health need those credentials."""
+    detail of /health need those credentials. With ``cluster_acl``, ``GET /acl`` and
+    ``PUT /acl`` read and change the cluster's users and grants
+    (:mod:`metaq.nameserver.acl_http`)."""
     count = count or (lambda _reason: None)
     signed = signed or SignedRequests(ServerNames(), None)
 
@@ -108,6 +113,8 @@ def make_app(
     )
     if metrics is not None:
         app.add_routes([web.get("/metrics", metrics_page)])
+    if cluster_acl is not None:
+        app.add_routes(acl_http.routes(cluster_acl))
     if console is not None:
         if signed.source is None:
             app.middlewares.append(loopback_or_member("/console/", signed, count))

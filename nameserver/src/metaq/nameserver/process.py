@@ -9,12 +9,13 @@ from collections.abc import Mapping
 import grpc
 from aiohttp import web
 
-from metaq.common.acl_source import AclReloader, open_source
+from metaq.common.acl_source import open_source
 from metaq.common.auth import ClusterSecret, load_secret, require_secret
 from metaq.common.http_auth import SignedRequests
 from metaq.common.scrape_auth import load_scrape_credentials
 from metaq.common.server_names import ServerNames, is_loopback
 from metaq.common.v1 import control_pb2_grpc
+from metaq.nameserver.cluster_acl import ClusterAcl
 from metaq.nameserver.config import NameServerConfig
 from metaq.nameserver.console import ConsoleContext
 from metaq.nameserver.controller import Controller, ControllerSettings
@@ -69,13 +70,13 @@ class NameServer:
         self.acl = open_source(
             config.auth_enabled, config.auth_acl_file, "the nameserver", self.secret is not None
         )
-        self._acl_reloader = AclReloader(self.acl) if self.acl is not None else None
         if config.tls is not None:
             config.tls.server_context()  # TlsError now, naming the file, not at start()
         self.registry = Registry(config.broker_expiry_s, clock)
         self._sweeper = ExpirySweeper(self.registry, config.expiry_scan_interval_s)
         password = self.secret.raft_password() if self.secret is not None else None
         self.controller = Controller(self.registry, ControllerSettings.of(config, password), clock)
+        self.cluster_acl = ClusterAcl(self.acl, self.controller) if self.acl is not None else None
         self._server: grpc.aio.Server | None = None
         self._http: web.AppRunner | None = None
         self.grpc_address = ""
@@ -124,9 +125,13 @@ class NameServer:
                     tls,
                     self.secret,
                     config.console_sample_interval_ms,
+                    self.cluster_acl,
                 )
                 signed = SignedRequests(ServerNames(config.http_names), self.secret, self.acl)
-                app = make_app(self.registry, metrics, signed, users.count, console, self._scrape)
+                app = make_app(
+                    self.registry, metrics, signed, users.count, console, self._scrape,
+                    self.cluster_acl,
+                )  # fmt: skip
                 runner = web.AppRunner(app)
                 await runner.setup()
                 self._http = runner
@@ -138,8 +143,8 @@ class NameServer:
                 signed.names.listening(int(bound[1]), config.listen_host, str(bound[0]))
                 self.http_address = host_port(config.listen_host, bound[1])
             self._sweeper.start()
-            if self._acl_reloader is not None:
-                self._acl_reloader.start()
+            if self.cluster_acl is not None:
+                self.cluster_acl.start()
         except BaseException:
             await self.stop()
             raise
@@ -157,8 +162,8 @@ class NameServer:
         if self.controller.running:
             await self.controller.stop()
         await self._sweeper.stop()
-        if self._acl_reloader is not None:
-            await self._acl_reloader.stop()
+        if self.cluster_acl is not None:
+            await self.cluster_acl.stop()
         if self._http is not None:
             await self._http.cleanup()
             self._http = None

@@ -38,7 +38,7 @@ from pysyncobj.transport import Transport  # type: ignore[import-untyped]
 
 from metaq.common.model import GroupControl
 from metaq.nameserver import control
-from metaq.nameserver.control import Outcome
+from metaq.nameserver.control import Outcome, Refused
 from metaq.nameserver.decisions import Proposal
 from metaq.nameserver.raft_transport import GuardedTransport
 
@@ -53,6 +53,8 @@ _FAILURES: Final = {
 }
 
 Snapshot = Mapping[str, GroupControl]
+ClusterAclText = tuple[int, str]
+"""The cluster's ACL as Raft holds it: (version, the ACL file's JSON); (0, "") for none."""
 
 
 class ControllerUnavailable(Exception):
@@ -98,15 +100,19 @@ class _ControlLog(SyncObj):  # type: ignore[misc]  # pysyncobj ships no types
         peers: Sequence[str],
         conf: Any,
         publish: Callable[[Snapshot], None],
+        publish_acl: Callable[[ClusterAclText], None],
     ) -> None:
         self._publish = publish
         self._published: Snapshot = {}
+        self._publish_acl = publish_acl
+        self._published_acl: ClusterAclText = (0, "")
         if peers:
             super().__init__(address, list(peers), conf, transportClass=GuardedTransport)
         else:
             super().__init__(Node(address or LOCAL_NODE), [], conf, transportClass=Transport)
         # Replaced, never mutated, so a published snapshot stays as it was.
         self._groups: dict[str, GroupControl] = {}
+        self._acl: ClusterAclText = (0, "")
         # A dump loaded at start-up replaces _groups without a transition: publish it too.
         self.addOnTickCallback(self._publish_if_changed)
 
@@ -114,6 +120,9 @@ class _ControlLog(SyncObj):  # type: ignore[misc]  # pysyncobj ships no types
         if self._groups is not self._published:
             self._published = self._groups
             self._publish(self._groups)
+        if self._acl is not self._published_acl:
+            self._published_acl = self._acl
+            self._publish_acl(self._acl)
 
     def _commit(self, outcome: Outcome) -> Outcome:
         if isinstance(outcome, GroupControl):
@@ -148,6 +157,22 @@ class _ControlLog(SyncObj):  # type: ignore[misc]  # pysyncobj ships no types
     ) -> Outcome:
         current = self._groups.get(broker_name)
         return self._commit(control.set_isr(current, broker_name, epoch, in_sync_ids, reason))
+
+    @replicated  # type: ignore[untyped-decorator]
+    def set_acl(self, text: str, version: int, expected_version: int) -> int | Refused:
+        """Replace the cluster's ACL, if it is still at ``expected_version`` (a change made
+        on a copy someone else changed meanwhile is refused, not lost)."""
+        current = self._acl[0]
+        if expected_version != current:
+            return Refused(
+                f"the cluster's ACL is at version {current}, not {expected_version}: "
+                "someone changed it meanwhile; read it again and redo the change"
+            )
+        if version <= current:
+            return Refused(f"ACL version {version} is not above the cluster's {current}")
+        self._acl = (version, text)
+        self._publish_if_changed()
+        return version
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,15 +220,20 @@ class ControlRaft:
     def networked(self) -> bool:
         return bool(self.peers)
 
-    def start(self, on_change: Callable[[Snapshot], None]) -> None:
-        """Join the group. ``on_change`` gets each new committed state, on pysyncobj's thread.
+    def start(
+        self,
+        on_change: Callable[[Snapshot], None],
+        on_acl: Callable[[ClusterAclText], None] = lambda _acl: None,
+    ) -> None:
+        """Join the group. ``on_change`` gets each new committed state of the groups and
+        ``on_acl`` each new cluster ACL, on pysyncobj's thread.
 
         Raises OSError when the Raft address cannot be bound.
         """
         if self._directory is not None:
             self._directory.mkdir(parents=True, exist_ok=True)
         conf = _conf(self.address, self.networked, self._directory, self._password)
-        raft = _ControlLog(self.address, self.peers, conf, on_change)
+        raft = _ControlLog(self.address, self.peers, conf, on_change, on_acl)
         if self.networked:
             try:
                 raft.waitBinded()
@@ -259,24 +289,7 @@ class ControlRaft:
         raft = self._log
         if raft is None:
             raise ControllerUnavailable("the controller is not running")
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Outcome] = loop.create_future()
-
-        def settle(result: Outcome | None, error: int) -> None:
-            if future.done():
-                return
-            if error == FAIL_REASON.SUCCESS and result is not None:
-                future.set_result(result)
-            else:
-                name = _FAILURES.get(error, str(error))
-                future.set_exception(
-                    ControllerUnavailable(f"the controller could not commit: {name}")
-                )
-
-        def done(result: Outcome | None, error: int) -> None:  # on pysyncobj's thread
-            with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
-                loop.call_soon_threadsafe(settle, result, error)
-
+        future, done = _settled_by_raft()
         if proposal.kind == "bootstrap":
             raft.bootstrap(
                 proposal.broker_name,
@@ -302,14 +315,53 @@ class ControlRaft:
                 proposal.reason,
                 callback=done,
             )
-        try:
-            async with asyncio.timeout(timeout_s):
-                return await future
-        except TimeoutError:
-            raise ControllerUnavailable(
-                f"no Raft majority committed the change within {timeout_s:g} s "
-                "(its outcome is unknown)"
-            ) from None
+        outcome: Outcome = await _within(future, timeout_s)
+        return outcome
+
+    async def propose_acl(
+        self, text: str, version: int, expected_version: int, timeout_s: float
+    ) -> int | Refused:
+        """Commit the cluster's ACL (its JSON, its version) over ``expected_version``;
+        ControllerUnavailable as :meth:`propose` raises it."""
+        raft = self._log
+        if raft is None:
+            raise ControllerUnavailable("the controller is not running")
+        future, done = _settled_by_raft()
+        raft.set_acl(text, version, expected_version, callback=done)
+        committed: int | Refused = await _within(future, timeout_s)
+        return committed
+
+
+def _settled_by_raft() -> tuple[asyncio.Future[Any], Callable[[Any, int], None]]:
+    """A future on this loop and the pysyncobj callback (called on its thread) that
+    settles it with a command's result, or ControllerUnavailable naming the failure."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+
+    def settle(result: Any, error: int) -> None:
+        if future.done():
+            return
+        if error == FAIL_REASON.SUCCESS and result is not None:
+            future.set_result(result)
+        else:
+            name = _FAILURES.get(error, str(error))
+            future.set_exception(ControllerUnavailable(f"the controller could not commit: {name}"))
+
+    def done(result: Any, error: int) -> None:  # on pysyncobj's thread
+        with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
+            loop.call_soon_threadsafe(settle, result, error)
+
+    return future, done
+
+
+async def _within(future: asyncio.Future[Any], timeout_s: float) -> Any:
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await future
+    except TimeoutError:
+        raise ControllerUnavailable(
+            f"no Raft majority committed the change within {timeout_s:g} s (its outcome is unknown)"
+        ) from None
 
 
 def _destroy(raft: _ControlLog) -> None:

@@ -210,9 +210,11 @@ class NameServerService(control_pb2_grpc.NameServerServicer):
         stream.key = state.key
         stream.controlled = state.controlled
         self._log_fenced(registered)
-        return pb.SessionEvent(
-            registered=self._registered(state, registered), answers=heartbeat.sequence
-        )
+        response = self._registered(state, registered)
+        version, text = self._controller.acl
+        if heartbeat.HasField("acl_version") and version > heartbeat.acl_version:
+            response.acl = text.encode()
+        return pb.SessionEvent(registered=response, answers=heartbeat.sequence)
 
     def _end(self, stream: _Stream) -> None:
         key = stream.key

@@ -1,5 +1,6 @@
 """The admin library (:class:`Admin`) and what it returns."""
 
+from metaq.client.admin.acl import AclConflict
 from metaq.client.admin.client import Admin
 from metaq.client.admin.groups import UnknownGroup
 from metaq.client.admin.results import (
@@ -49,6 +50,7 @@ __all__ = [
     "ADMIN_GROUP",
     "MAX_QUEUES",
     "MIN_QUEUES",
+    "AclConflict",
     "Admin",
     "BrokerHealth",
     "BrokerRef",

@@ -12,11 +12,12 @@ consumer and producer. Its calls live by area in this package's modules
 
 from __future__ import annotations
 
+from metaq.client.admin.acl import AclAdmin
 from metaq.client.admin.groups import GroupAdmin
 from metaq.client.admin.messages import MessageAdmin
 
 
-class Admin(GroupAdmin, MessageAdmin):
+class Admin(GroupAdmin, MessageAdmin, AclAdmin):
     """Administer a metaq cluster; an async context manager, like the producer.
 
     ``nameservers`` are asked for what the cluster is (any one will do; see

@@ -1,20 +1,25 @@
-"""``metaq acl``: users, grants and address allow-lists in a cluster's ACL file.
+"""``metaq acl``: users, grants and address allow-lists of a cluster.
 
-The ACL is one JSON file (``auth_acl_file`` of every broker and nameserver), which these
-commands change in place with an atomic rename; servers reread it within a second, and
-the deployment copies it to every host (docs/operations.md, Security). It holds each
-user's verifier, never its secret: ``add-user`` prints the generated secret key once
-(or writes it to ``--out``), and it cannot be recovered from the file.
+With ``--http HOST:PORT`` (a nameserver's HTTP endpoint) the commands read and change the
+cluster's ACL there, as an admin user: the nameservers agree on it through Raft and hand
+it to every broker with the answers to its heartbeats, and each server keeps it in its
+own ``auth_acl_file``. With ``--file`` they change one ACL file in place (an atomic
+rename), which its server rereads within a second; ``init`` makes the first file, and a
+nameserver given a file newer than the cluster's proposes it to the cluster. The ACL
+holds each user's verifier, never its secret: ``add-user`` prints the generated secret
+key once (or writes it to ``--out``), and it cannot be recovered from the ACL.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from metaq.client.cli.support import CliError, add_command, add_group, print_json, table
+from metaq.client.admin import AclConflict
+from metaq.client.cli.support import CliError, add_command, add_group, admin, print_json, table
 from metaq.common import acl
 from metaq.common.acl import Acl, AclError, Grant, User
 from metaq.common.users import (
@@ -26,6 +31,7 @@ from metaq.common.users import (
 )
 
 ACL_FILE_ENV = "METAQ_ACL_FILE"
+HTTP_ENV = "METAQ_NAMESERVER_HTTP"
 
 
 def register(subparsers: Any) -> None:
@@ -34,13 +40,20 @@ def register(subparsers: Any) -> None:
         "acl",
         help="manage users and their grants (auth_acl_file)",
         description="Users, grants (pub/sub/admin on topic:NAME, group:NAME, a trailing * "
-        "for a prefix, or cluster) and source-address allow-lists, in the ACL file the "
-        f"brokers and nameservers read (--file, default ${ACL_FILE_ENV}).",
+        "for a prefix, or cluster; view cluster for the read-only console) and "
+        "source-address allow-lists: the cluster's, at a nameserver's HTTP endpoint (--http, "
+        f"default ${HTTP_ENV}), which the nameservers hand to every broker, or one ACL "
+        f"file's (--file, default ${ACL_FILE_ENV}).",
     )
 
     def command(name: str, handler: Any, help: str) -> argparse.ArgumentParser:
         parser = add_command(group, name, handler, help=help)
         parser.add_argument("--file", default=os.environ.get(ACL_FILE_ENV, ""), help="the ACL file")
+        if name != "init":
+            parser.add_argument(
+                "--http", default=os.environ.get(HTTP_ENV, ""), metavar="HOST:PORT",
+                help="a nameserver's HTTP endpoint: the cluster's ACL, as an admin user",
+            )  # fmt: skip
         return parser
 
     parser = command("init", init, "create the ACL file with a first admin user")
@@ -67,8 +80,32 @@ def register(subparsers: Any) -> None:
 
 def _path(args: argparse.Namespace) -> Path:
     if not args.file:
-        raise CliError(f"say which ACL file: --file FILE or ${ACL_FILE_ENV}", code=2)
+        where = f"--http HOST:PORT (${HTTP_ENV}), or " if "http" in args else ""
+        raise CliError(f"say which ACL: {where}--file FILE (${ACL_FILE_ENV})", code=2)
     return Path(args.file)
+
+
+async def _read(args: argparse.Namespace) -> Acl:
+    if getattr(args, "http", ""):
+        async with admin(args) as calls:
+            return await calls.cluster_acl(args.http)
+    return _load(_path(args))
+
+
+async def _apply(args: argparse.Namespace, edit: Callable[[Acl], Acl]) -> Acl:
+    """``edit`` the cluster's ACL (with ``--http``) or the file's; the ACL written."""
+    try:
+        if getattr(args, "http", ""):
+            async with admin(args) as calls:
+                return await calls.change_cluster_acl(args.http, edit)
+        path = _path(args)
+        changed = edit(_load(path))
+    except AclError as exc:
+        raise CliError(str(exc)) from None
+    except AclConflict as exc:
+        raise CliError(f"{exc}; run the command again") from None
+    _save(path, changed)
+    return changed
 
 
 def _load(path: Path) -> Acl:
@@ -85,15 +122,19 @@ def _save(path: Path, changed: Acl) -> None:
         raise CliError(f"cannot write the ACL file {path}: {exc.strerror}") from None
 
 
-def _new_user(args: argparse.Namespace, current: Acl, secret: str) -> tuple[Acl, Credentials]:
-    if current.user(args.user) is not None:
-        raise CliError(f"user {args.user} exists; remove-user first to give it a new key")
+def _new_user(args: argparse.Namespace, secret: str) -> tuple[Callable[[Acl], Acl], Credentials]:
     try:
         credentials = Credentials(args.user, secret)
         verifier = Verifier.make(args.user, secret)
     except CredentialsError as exc:
         raise CliError(str(exc), code=2) from None
-    return current.with_user(User(args.user, verifier)), credentials
+
+    def edit(current: Acl) -> Acl:
+        if current.user(args.user) is not None:
+            raise CliError(f"user {args.user} exists; remove-user first to give it a new key")
+        return current.with_user(User(args.user, verifier))
+
+    return edit, credentials
 
 
 def _hand_out(args: argparse.Namespace, credentials: Credentials) -> None:
@@ -112,23 +153,21 @@ async def init(args: argparse.Namespace) -> int:
     current = _load(path)
     if current.users:
         raise CliError(f"{path} already has users; use add-user and grant")
-    changed, credentials = _new_user(args, current, new_secret_key())
-    changed = changed.grant(args.user, Grant("admin", "cluster"))
-    _save(path, changed)
+    edit, credentials = _new_user(args, new_secret_key())
+    _save(path, edit(current).grant(args.user, Grant("admin", "cluster")))
     _hand_out(args, credentials)
     return 0
 
 
 async def add_user(args: argparse.Namespace) -> int:
-    path = _path(args)
     secret = new_secret_key()
     if args.secret_key_file:
         try:
             secret = Path(args.secret_key_file).read_text().strip()
         except OSError as exc:
             raise CliError(f"cannot read {args.secret_key_file}: {exc.strerror}") from None
-    changed, credentials = _new_user(args, _load(path), secret)
-    _save(path, changed)
+    edit, credentials = _new_user(args, secret)
+    await _apply(args, edit)
     if args.secret_key_file:
         print(f"user {args.user} added")
     else:
@@ -136,46 +175,38 @@ async def add_user(args: argparse.Namespace) -> int:
     return 0
 
 
-def _change(args: argparse.Namespace, how: str) -> int:
-    path = _path(args)
-    current = _load(path)
-    try:
+async def _change(args: argparse.Namespace, how: str) -> int:
+    def edit(current: Acl) -> Acl:
         if how == "remove":
-            changed = current.without_user(args.user)
-        elif how == "cidrs":
-            changed = current.set_cidrs(args.user, acl.parse_cidrs(args.cidr))
-        else:
-            item = Grant.parse(args.permission, args.resource)
-            changed = (
-                current.grant(args.user, item)
-                if how == "grant"
-                else current.revoke(args.user, item)
-            )
-    except AclError as exc:
-        raise CliError(str(exc)) from None
-    _save(path, changed)
+            return current.without_user(args.user)
+        if how == "cidrs":
+            return current.set_cidrs(args.user, acl.parse_cidrs(args.cidr))
+        item = Grant.parse(args.permission, args.resource)
+        return current.grant(args.user, item) if how == "grant" else current.revoke(args.user, item)
+
+    changed = await _apply(args, edit)
     print(f"ACL version {changed.version}")
     return 0
 
 
 async def remove_user(args: argparse.Namespace) -> int:
-    return _change(args, "remove")
+    return await _change(args, "remove")
 
 
 async def grant(args: argparse.Namespace) -> int:
-    return _change(args, "grant")
+    return await _change(args, "grant")
 
 
 async def revoke(args: argparse.Namespace) -> int:
-    return _change(args, "revoke")
+    return await _change(args, "revoke")
 
 
 async def cidrs(args: argparse.Namespace) -> int:
-    return _change(args, "cidrs")
+    return await _change(args, "cidrs")
 
 
 async def list_users(args: argparse.Namespace) -> int:
-    current = _load(_path(args))
+    current = await _read(args)
     rows = [
         {
             "user": key,

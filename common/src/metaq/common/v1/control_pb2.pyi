@@ -306,8 +306,13 @@ class BrokerHeartbeat(_message.Message):
     BROKER_FIELD_NUMBER: _builtins.int
     TOPIC_TABLE_FIELD_NUMBER: _builtins.int
     SEQUENCE_FIELD_NUMBER: _builtins.int
+    ACL_VERSION_FIELD_NUMBER: _builtins.int
     sequence: _builtins.int
     """Grows with each heartbeat of a session; the answer echoes it (SessionEvent.answers)."""
+    acl_version: _builtins.int
+    """The version of the users and grants (ACL) the broker enforces; absent when it
+    enforces none (auth off). The answer carries the cluster's ACL when it is newer.
+    """
     @_builtins.property
     def broker(self) -> Global___BrokerState: ...
     @_builtins.property
@@ -320,12 +325,15 @@ class BrokerHeartbeat(_message.Message):
         broker: Global___BrokerState | None = ...,
         topic_table: Global___TopicTable | None = ...,
         sequence: _builtins.int = ...,
+        acl_version: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["broker", b"broker", "topic_table", b"topic_table"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_acl_version", b"_acl_version", "acl_version", b"acl_version", "broker", b"broker", "topic_table", b"topic_table"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker", b"broker", "sequence", b"sequence", "topic_table", b"topic_table"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_acl_version", b"_acl_version", "acl_version", b"acl_version", "broker", b"broker", "sequence", b"sequence", "topic_table", b"topic_table"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__acl_version: _TypeAlias = _typing.Literal["acl_version"]  # noqa: Y015
+    _WhichOneofArgType__acl_version: _TypeAlias = _typing.Literal["_acl_version", b"_acl_version"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__acl_version) -> _WhichOneofReturnType__acl_version | None: ...
 
 Global___BrokerHeartbeat: _TypeAlias = BrokerHeartbeat  # noqa: Y015
 
@@ -396,6 +404,7 @@ class RegisterBrokerResponse(_message.Message):
     BROKER_EXPIRY_MS_FIELD_NUMBER: _builtins.int
     CONTROL_FIELD_NUMBER: _builtins.int
     LEASE_GRANTED_FIELD_NUMBER: _builtins.int
+    ACL_FIELD_NUMBER: _builtins.int
     master_data_address: _builtins.str
     """The group's master in the routes (empty if none), so a slave knows whom to follow."""
     epoch: _builtins.int
@@ -408,6 +417,12 @@ class RegisterBrokerResponse(_message.Message):
     master's heartbeats to it stopped for master_detection_ms (or, as a new leader,
     after bootstrap_grace_ms), so a lease it granted runs out before a successor can be
     elected; another nameserver may be cut off from the majority and hold stale state.
+    """
+    acl: _builtins.bytes
+    """The cluster's users and grants (the ACL file's JSON), agreed by the nameservers
+    through Raft; only in answers to a heartbeat whose `acl_version` is older. The
+    broker enforces it and keeps it in its own ACL file, to start with when no
+    nameserver answers.
     """
     @_builtins.property
     def control(self) -> Global___GroupControl:
@@ -423,10 +438,11 @@ class RegisterBrokerResponse(_message.Message):
         broker_expiry_ms: _builtins.int = ...,
         control: Global___GroupControl | None = ...,
         lease_granted: _builtins.bool = ...,
+        acl: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["control", b"control"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_expiry_ms", b"broker_expiry_ms", "control", b"control", "epoch", b"epoch", "lease_granted", b"lease_granted", "master_data_address", b"master_data_address"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acl", b"acl", "broker_expiry_ms", b"broker_expiry_ms", "control", b"control", "epoch", b"epoch", "lease_granted", b"lease_granted", "master_data_address", b"master_data_address"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

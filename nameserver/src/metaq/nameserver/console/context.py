@@ -14,6 +14,7 @@ from metaq.client.errors import BrokerAdminError, BrokerAnswerUnreadable, Broker
 from metaq.common.auth import ClusterSecret
 from metaq.common.model import BrokerKey, BrokerView, Role
 from metaq.common.tls import TlsConfig
+from metaq.nameserver.cluster_acl import ClusterAcl
 from metaq.nameserver.console.samples import Sampler, Samples
 from metaq.nameserver.controller import Controller
 from metaq.nameserver.registry import Registry
@@ -122,6 +123,8 @@ class ConsoleContext:
     controller: Controller
     brokers: Brokers
     samples: Samples
+    acl: ClusterAcl | None = None
+    """The cluster's users and grants (None when this nameserver runs without auth)."""
     rates_in: Rates = field(default_factory=Rates)
     rates_out: Rates = field(default_factory=Rates)
     sampler: Sampler = field(init=False)
@@ -138,9 +141,10 @@ class ConsoleContext:
         tls: TlsConfig | None = None,
         secret: ClusterSecret | None = None,
         sample_interval_ms: int = 30_000,
+        acl: ClusterAcl | None = None,
     ) -> ConsoleContext:
         brokers = Brokers(timeout_ms / 1000, tls, secret)
-        return cls(registry, controller, brokers, Samples(sample_interval_ms / 1000))
+        return cls(registry, controller, brokers, Samples(sample_interval_ms / 1000), acl)
 
     def live_brokers(self) -> list[BrokerView]:
         return [
