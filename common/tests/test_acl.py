@@ -142,3 +142,16 @@ def test_signed_frames_are_checked_for_mac_time_and_rising_ids() -> None:
     (bad,) = FrameDecoder().feed(bytes(tampered))
     with pytest.raises(PermissionDenied, match="altered"):
         verifier.verify(bad, now)
+
+
+def test_view_is_the_consoles_read_only_role_on_the_cluster_only() -> None:
+    viewer = User(
+        "v",
+        Verifier.make("v", "viewer-secret-key-0123"),
+        frozenset({Grant.parse("view", "cluster")}),
+    )
+    assert viewer.is_viewer and not viewer.is_admin
+    with pytest.raises(AclError, match="view is granted on cluster only"):
+        Grant.parse("view", "topic:orders")
+    with pytest.raises(PermissionDenied):
+        acl.check(viewer, "admin", "cluster", "")

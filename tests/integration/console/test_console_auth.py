@@ -32,6 +32,7 @@ from metaq.testing.waiting import (
 
 ADMIN = Credentials("console-admin", "console-admin-secret-key-for-tests")
 READER = Credentials("console-reader", "console-reader-secret-key-for-tests")
+VIEWER = Credentials("console-viewer", "console-viewer-secret-key-for-tests")
 GROUP = "secured"
 
 
@@ -49,9 +50,10 @@ class AuthConsole:
 def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AuthConsole]:
     acl_file = tmp_path_factory.mktemp("console-acl") / "acl.json"
     table = Acl()
-    for who in (ADMIN, READER):
+    for who in (ADMIN, READER, VIEWER):
         table = table.with_user(User(who.access_key, Verifier.make(who.access_key, who.secret_key)))
     table = table.grant(ADMIN.access_key, Grant("admin", "cluster"))
+    table = table.grant(VIEWER.access_key, Grant("view", "cluster"))
     acl.save(acl_file, table.grant(READER.access_key, Grant("sub", f"group:{GROUP}")))
     builder = ClusterBuilder(
         groups=(GROUP,), auth=True, admin=ADMIN, acl_file=acl_file,
@@ -186,3 +188,78 @@ def test_signed_calls_name_topics_and_groups_that_are_percent_encoded_on_the_wir
         thread.submit(run_async, as_cluster_member()).result()
         removed = thread.submit(run_async, Admin(credentials=ADMIN).remove_topic(broker, topic))
         assert removed.result()
+
+
+_POST_TOPIC = """async () => {
+  const r = await fetch('/console/topics', {method: 'POST', headers: {'Content-Type':
+    'application/x-www-form-urlencoded'}, body: 'topic=by-viewer&read_queues=1&write_queues=1'});
+  return [r.status, await r.text()];
+}"""
+
+
+def test_a_viewer_sees_the_pages_without_their_forms_and_may_change_nothing(
+    secured: AuthConsole, browser: Browser
+) -> None:
+    page, base = browser.page, secured.console_url
+    page.goto(f"{base}/")
+    _log_in(page, VIEWER)
+    page.wait_for_url(f"{base}/console/overview")
+    assert f"logged in as {VIEWER.access_key} (read-only)" in page.locator("header").inner_text()
+    assert page.get_by_role("table", name="Broker groups").get_by_text(GROUP).is_visible()
+    page.goto(f"{base}/console/topics")
+    assert page.get_by_role("table", name="Topics").is_visible()
+    assert page.get_by_role("button", name="Create or update").count() == 0
+    page.goto(f"{base}/console/users")
+    users = page.get_by_role("table", name="Users")
+    assert f"sub group:{GROUP}" in users.inner_text()
+    assert "view cluster" in users.inner_text()
+    assert page.get_by_role("button").filter(has_text="Revoke").count() == 0
+    assert page.get_by_role("button", name="Add user").count() == 0
+    browser.screenshot("users-read-only")
+    # A change sent all the same, from the console's own page, is refused.
+    status, text = page.evaluate(_POST_TOPIC)
+    assert status == 403, text
+    assert "lacks admin on cluster" in text, text
+    assert [p for p in browser.problems if "403" not in p] == []
+
+
+def test_an_admin_changes_users_on_the_users_page_and_the_change_is_in_force(
+    secured: AuthConsole, browser: Browser
+) -> None:
+    page, base = browser.page, secured.console_url
+    page.goto(f"{base}/console/users")
+    _log_in(page, ADMIN)
+    page.wait_for_url(f"{base}/console/users")
+    page.get_by_label("Access key").fill("made-on-the-page")
+    page.get_by_role("button", name="Add user").click()
+    status_line = page.get_by_role("status").inner_text()
+    assert "user made-on-the-page added" in status_line, status_line
+    secret = status_line.rsplit(" ", 1)[1]
+    page.get_by_label("User", exact=True).select_option("made-on-the-page")
+    page.get_by_label("Permission").select_option("view")
+    page.get_by_label("Resource").fill("cluster")
+    page.get_by_role("button", name="Grant", exact=True).click()
+    assert "grant: done" in page.get_by_role("status").inner_text()
+    assert (
+        "view cluster" in page.get_by_role("row").filter(has_text="made-on-the-page").inner_text()
+    )
+    browser.screenshot("users-admin")
+    # A grant that cannot be: said, nothing changed.
+    page.get_by_label("Permission").select_option("view")
+    page.get_by_label("Resource").fill("topic:orders")
+    page.get_by_role("button", name="Grant", exact=True).click()
+    assert "view is granted on cluster only" in page.get_by_role("alert").inner_text()
+    # The new user logs in with the key shown once, and reads the console.
+    page.get_by_role("button", name="Log out").click()
+    page.goto(f"{base}/console/cluster")
+    _log_in(page, Credentials("made-on-the-page", secret))
+    page.wait_for_url(f"{base}/console/cluster")
+    assert "(read-only)" in page.locator("header").inner_text()
+    # Revoked by the admin, it may not any more.
+    page.get_by_role("button", name="Log out").click()
+    page.goto(f"{base}/console/users")
+    _log_in(page, ADMIN)
+    page.wait_for_url(f"{base}/console/users")
+    page.get_by_role("button", name="Revoke view cluster from made-on-the-page").click()
+    assert "revoke: done" in page.get_by_role("status").inner_text()
+    assert browser.problems == []

@@ -2,7 +2,8 @@
 
 A grant is a permission on a resource: ``pub`` / ``sub`` / ``admin`` on ``topic:NAME``,
 ``group:NAME`` (a trailing ``*`` makes either a prefix: ``topic:orders*``) or ``cluster``
-(``admin cluster`` may do anything, the ACL itself included). A user with a non-empty
+(``admin cluster`` may do anything, the ACL itself included). ``view cluster`` is the
+console's read-only role: every page, no change. A user with a non-empty
 ``cidrs`` list is refused from any other source address.
 
 A consumer group's retry and dead-letter topics (``%RETRY%G``, ``%DLQ%G``) follow the
@@ -29,8 +30,8 @@ from metaq.common.errors import NotAuthenticated
 from metaq.common.names import group_of
 from metaq.common.users import Verifier, check_access_key
 
-Permission: TypeAlias = Literal["pub", "sub", "admin"]
-PERMISSIONS: Final[tuple[Permission, ...]] = ("pub", "sub", "admin")
+Permission: TypeAlias = Literal["pub", "sub", "admin", "view"]
+PERMISSIONS: Final[tuple[Permission, ...]] = ("pub", "sub", "admin", "view")
 Network: TypeAlias = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
@@ -84,6 +85,10 @@ class Grant:
             )
         if "*" in name[:-1]:
             raise AclError(f"resource {resource!r}: '*' may only end the name (a prefix)")
+        if permission == "view" and resource != "cluster":
+            raise AclError(
+                f"view is granted on cluster only (the console, read-only), not {resource!r}"
+            )
         return cls(permission, resource)
 
     def __str__(self) -> str:
@@ -117,6 +122,11 @@ class User:
     @property
     def is_admin(self) -> bool:
         return Grant("admin", "cluster") in self.grants
+
+    @property
+    def is_viewer(self) -> bool:
+        """May read every console page (``view cluster``, or ``admin cluster``)."""
+        return self.is_admin or Grant("view", "cluster") in self.grants
 
 
 def parse_cidrs(values: Iterable[str]) -> tuple[Network, ...]:

@@ -98,6 +98,9 @@ _REQUEST_ID: Final = re.compile(rf"[0-9a-f]{{{2 * REQUEST_ID_BYTES}}}")
 _DETAIL: Final = web.RequestKey("metaq_health_detail", bool)
 LOGGED_IN: Final = web.RequestKey("metaq_logged_in", str)
 """The access key of the user whose session a request came with (pages name them)."""
+MAY_CHANGE: Final = web.RequestKey("metaq_may_change", bool)
+"""Whether whoever made a request may change things (False for a ``view cluster`` user's
+session, which pages then show without their forms)."""
 COOKIE: Final = "metaq_session"
 SESSION_TTL_S: Final = 8 * 3600.0
 MAX_SESSIONS: Final = 10_000
@@ -396,9 +399,12 @@ class HttpAuth:
         signed: SignedRequests,
         count: Callable[[str], None] | None = None,
         stylesheet: str = "",
+        viewable: tuple[str, ...] = (),
     ) -> None:
         """``stylesheet``: the path of the stylesheet its pages use (the console's), open
-        to everyone as the login page is."""
+        to everyone as the login page is. ``viewable``: the paths a logged-in user holding
+        ``view cluster`` may GET, without changing anything (the console's); one ending in
+        ``/`` (but ``/`` itself) stands for every path under it."""
         if signed.source is None:
             raise ValueError("HttpAuth needs users: SignedRequests with an AclSource")
         self._source: AclSource = signed.source
@@ -408,6 +414,7 @@ class HttpAuth:
         self._sessions: dict[str, tuple[str, float]] = {}
         self._guard = LoginGuard()
         self._stylesheet = stylesheet
+        self._viewable = viewable
         self._open = OPEN_PATHS | {"/logout"} | ({stylesheet} if stylesheet else set())
 
     inline_script_hashes: Final = (_LOGIN_SCRIPT_SHA256,)
@@ -432,7 +439,9 @@ class HttpAuth:
             if not await self._signed.admitted(request):
                 user = self._session_user(request)
                 request[LOGGED_IN] = user.access_key
-                acl.check(user, "admin", "cluster", "")
+                request[MAY_CHANGE] = user.is_admin
+                if not (user.is_viewer and self._only_views(request)):
+                    acl.check(user, "admin", "cluster", "")
         except ProofError as exc:
             if self._wants_page(request, exc):
                 # A person at a browser: the login page, and back here afterwards.
@@ -446,6 +455,13 @@ class HttpAuth:
             return refused
         return await handler(request)
 
+    def _only_views(self, request: web.Request) -> bool:
+        path = request.path
+        return request.method in ("GET", "HEAD") and any(
+            path == v or (v != "/" and v.endswith("/") and path.startswith(v))
+            for v in self._viewable
+        )
+
     def _forbidden_page(self, access_key: str, why: str) -> web.Response:
         """What a logged-in user without ``admin cluster`` sees instead of a page: who
         they are, what they lack, what their grants let them do, and a way out."""
@@ -456,7 +472,8 @@ class HttpAuth:
             f'<div class="error" role="alert">{html.escape(why)}</div>'
             f"<p>You are logged in as <strong>{html.escape(access_key)}</strong>. The "
             "console and this server's admin API are for users holding "
-            "<code>admin cluster</code>.</p>"
+            "<code>admin cluster</code> (the console's pages, read-only, also for "
+            "<code>view cluster</code>).</p>"
             + (
                 f"<p>Your grants, for metaq clients (producers, consumers) and the metaq CLI's "
                 f"calls that they cover:</p><ul>{listed}</ul>"

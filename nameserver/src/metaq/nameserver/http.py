@@ -100,7 +100,9 @@ def make_app(
         return response
 
     stylesheet = STYLESHEET if console is not None else ""
-    auth = HttpAuth(signed, count, stylesheet) if signed.source is not None else None
+    # The console's pages, read-only, for users holding view cluster (its read-only role).
+    viewable = ("/", "/console", "/console/") if console is not None else ()
+    auth = HttpAuth(signed, count, stylesheet, viewable) if signed.source is not None else None
     app = http.application(auth)
     if scrape is not None:
         app.middlewares.append(scrape_guard(scrape, signed, count))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from metaq.nameserver.console import cluster, groups, messages, overview, topics
+from metaq.nameserver.console import cluster, groups, messages, overview, topics, users
 from metaq.nameserver.console.context import ConsoleContext
 from metaq.nameserver.console.page import middleware, static_routes
 
@@ -27,7 +27,7 @@ def add_routes(app: web.Application, context: ConsoleContext) -> None:
     app.add_routes([web.get("/", home), web.get("/console", home), web.get("/console/", home)])
     app.middlewares.append(middleware())
     app.add_routes(static_routes())
-    for module in (overview, cluster, topics, groups, messages):
+    for module in (overview, cluster, topics, groups, messages, users):
         app.add_routes(module.routes(context))
 
     async def start_sampling(_app: web.Application) -> None:

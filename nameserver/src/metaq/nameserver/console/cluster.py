@@ -15,8 +15,10 @@ from metaq.common.units import size_text
 from metaq.nameserver.console.context import ConsoleContext
 from metaq.nameserver.console.page import (
     Html,
+    changes,
     errors,
     esc,
+    may_change,
     notice,
     ratio,
     render,
@@ -110,7 +112,8 @@ def _group_section(
         lag = _lag(lag_bytes, lag_s, str(state.key.broker_id))
         switch: object = None
         if (
-            control is not None
+            may_change()
+            and control is not None
             and state.key.broker_id != master_id
             and state.key.broker_id in control.in_sync_ids
         ):
@@ -222,17 +225,18 @@ def _confirm_page(context: ConsoleContext, request: web.Request) -> web.Response
             current=CURRENT,
             status=404,
         )
+    form = changes(f"""<form method="post" action="{CURRENT}/{esc(group)}/switchover">
+<input type="hidden" name="to" value="{target}">
+<input type="hidden" name="epoch" value="{control.epoch}">
+<button type="submit">Confirm switchover to broker {target}</button>
+<a href="{CURRENT}">Cancel</a>
+</form>""")
     body = f"""<p>Make broker <strong>{target}</strong> the master of group
 <strong>{esc(group)}</strong> (now broker {control.master_id}, epoch {control.epoch})?
 The master stops taking writes until broker {target} holds its whole log (at most
 {CATCH_UP_TIMEOUT_MS / 1000:g} s), then the controller makes broker {target} master at
 epoch {control.epoch + 1}. Nothing is lost.</p>
-<form method="post" action="{CURRENT}/{esc(group)}/switchover">
-<input type="hidden" name="to" value="{target}">
-<input type="hidden" name="epoch" value="{control.epoch}">
-<button type="submit">Confirm switchover to broker {target}</button>
-<a href="{CURRENT}">Cancel</a>
-</form>"""
+{form}"""
     return render(f"Switchover of {group}", body, current=CURRENT)
 
 

@@ -23,6 +23,7 @@ from metaq.nameserver.console.context import (
 )
 from metaq.nameserver.console.page import (
     Html,
+    changes,
     errors,
     esc,
     field,
@@ -191,7 +192,7 @@ async def group_page(
         )
         + "</div>"
         + preview
-        + _reset_form(group, sorted(topics))
+        + changes(_reset_form(group, sorted(topics)))
         + "<h2>Retry and dead letters</h2><p>"
         + " · ".join(
             f"{esc(name)}: "
@@ -329,11 +330,13 @@ def _dead_row(group: str, broker_name: str, m: StoredMessage) -> list[Any]:
     props = m.properties
     msg_id = props.get("ORIGIN_MSG_ID") or m.msg_id
     button = Html(
-        f'<form class="inline" method="post" action="{group_href(group)}/resend">'
-        f'<input type="hidden" name="broker" value="{esc(broker_name)}">'
-        f'<input type="hidden" name="msg_id" value="{esc(msg_id)}">'
-        f'<button type="submit" aria-label="Resend {esc(msg_id)}">Resend</button>'
-        "</form>"
+        changes(
+            f'<form class="inline" method="post" action="{group_href(group)}/resend">'
+            f'<input type="hidden" name="broker" value="{esc(broker_name)}">'
+            f'<input type="hidden" name="msg_id" value="{esc(msg_id)}">'
+            f'<button type="submit" aria-label="Resend {esc(msg_id)}">Resend</button>'
+            "</form>"
+        )
     )
     body = m.body[:80] if m.body_encoding == "text" else "(binary: see Messages)"
     return [

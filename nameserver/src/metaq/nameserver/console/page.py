@@ -17,19 +17,23 @@ from typing import Any, Final
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-from metaq.common.http_auth import LOGGED_IN
+from metaq.common.http_auth import LOGGED_IN, MAY_CHANGE
 
 REFRESH_MS: Final = 5000
 STYLESHEET: Final = "/console/static/console.css"
 # Who the page being rendered is for: set around each console request by
 # :func:`middleware`, so every page's header names them without each page passing it on.
 _user: ContextVar[str] = ContextVar("console_user", default="")
+# Whether it is for someone who may change things: a view cluster user's pages leave out
+# their forms (the server refuses the changes anyway).
+_may_change: ContextVar[bool] = ContextVar("console_may_change", default=True)
 _NAV: Final = (
     ("/console/overview", "Overview"),
     ("/console/cluster", "Cluster"),
     ("/console/topics", "Topics"),
     ("/console/groups", "Consumer groups"),
     ("/console/messages", "Messages"),
+    ("/console/users", "Users"),
 )
 
 CSS: Final = """
@@ -132,12 +136,23 @@ def render(title: str, body: str, *, current: str = "", status: int = 200) -> we
     return web.Response(text=page, content_type="text/html", status=status)
 
 
+def may_change() -> bool:
+    """Whether the page being rendered is for someone who may change things."""
+    return _may_change.get()
+
+
+def changes(form: str) -> str:
+    """``form`` (markup that changes something), left out of a read-only user's page."""
+    return form if may_change() else ""
+
+
 def _whoami() -> str:
     user = _user.get()
     if not user:
         return ""
+    role = "" if may_change() else " (read-only)"
     return (
-        f'<span class="whoami">logged in as <strong>{esc(user)}</strong> '
+        f'<span class="whoami">logged in as <strong>{esc(user)}</strong>{esc(role)} '
         '<form class="inline" method="post" action="/logout">'
         '<button type="submit">Log out</button></form></span>'
     )
@@ -152,6 +167,7 @@ def middleware() -> Middleware:
         if not request.path.startswith("/console"):
             return await handler(request)
         token = _user.set(request.get(LOGGED_IN, ""))
+        may = _may_change.set(request.get(MAY_CHANGE, True))
         try:
             return await handler(request)
         except web.HTTPNotFound:
@@ -160,6 +176,7 @@ def middleware() -> Middleware:
                 "navigation above."
             )
         finally:
+            _may_change.reset(may)
             _user.reset(token)
 
     return console_pages

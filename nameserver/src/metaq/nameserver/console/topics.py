@@ -13,6 +13,7 @@ from metaq.client.admin import Admin, TopicSettings
 from metaq.common.http import takes_forms
 from metaq.nameserver.console.context import ConsoleContext, durability_warning, problems_of
 from metaq.nameserver.console.page import (
+    changes,
     errors,
     esc,
     field,
@@ -112,7 +113,7 @@ async def list_page(context: ConsoleContext, message: str = "", problem: str = "
             caption="Topics",
         )
         + "</div>"
-        + _put_form(sorted(masters))
+        + changes(_put_form(sorted(masters)))
     )
     return render("Topics", body, current=CURRENT)
 
@@ -252,9 +253,13 @@ async def topic_page(
             caption="Queues",
         )
         + "</div>"
-        + send_form
-        + _put_form(
-            sorted(context.masters()), topic, max((g.read_queues for g in route.groups), default=4)
+        + changes(
+            send_form
+            + _put_form(
+                sorted(context.masters()),
+                topic,
+                max((g.read_queues for g in route.groups), default=4),
+            )
         )
     )
     return render(f"Topic {topic}", body, current=CURRENT)
