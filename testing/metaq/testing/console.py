@@ -161,3 +161,36 @@ class LiveConsumer:
         self._thread.join(30)
         if self._error is not None:
             raise AssertionError(f"the consumer failed: {self._error!r}")
+
+
+class LiveProducer:
+    """A producer of the cluster connected on its own thread and event loop, so the
+    brokers list it while a test drives the browser, until :meth:`stop`."""
+
+    def __init__(self, nameserver: str, group: str, client_id: str) -> None:
+        from metaq.client.producer import Producer
+
+        async def started() -> Producer:
+            producer = Producer([nameserver], group=group, client_id=client_id)
+            await producer.start()
+            return producer
+
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+        self.producer: Producer = self._call(started())
+
+    def _call(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(30)
+
+    def send(self, topic: str, body: bytes, **options: Any) -> Any:
+        """``Producer.send`` on the producer's loop; its result."""
+        return self._call(self.producer.send(topic, body, **options))
+
+    def stop(self) -> None:
+        try:
+            self._call(self.producer.close())
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(30)
+            self._loop.close()

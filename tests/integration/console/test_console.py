@@ -25,6 +25,7 @@ from metaq.testing.console import (
     Browser,
     ConsoleCluster,
     LiveConsumer,
+    LiveProducer,
     call,
 )
 from metaq.testing.waiting import deadline, run_async, wait_until
@@ -316,6 +317,106 @@ def _owned(page: Any, client_id: str) -> bool:
     rows = page.get_by_role("table", name="Committed offsets").locator("tbody tr")
     texts = [rows.nth(i).inner_text() for i in range(rows.count())]
     return len(texts) == 2 * QUEUES and all(client_id in t for t in texts)
+
+
+def test_producers_and_the_consumers_of_a_topic_are_listed(
+    cluster: ConsoleCluster, browser: Browser
+) -> None:
+    nameserver, page = cluster.nameserver.grpc_address, browser.page
+    producer = LiveProducer(nameserver, "console-producers", "console-test-producer")
+    try:
+        consumer = LiveConsumer(nameserver, "topic-readers", TOPIC, "room-3")
+    except BaseException:
+        producer.stop()
+        raise
+    try:
+        producer.send(TOPIC, b"from a live producer")
+        page.goto(f"{cluster.console_url}/console/producers")
+        row = page.get_by_role("table", name="Producers").get_by_role("row")
+        row = row.filter(has_text="console-test-producer")
+        assert "console-producers" in row.inner_text()
+        assert "127.0.0.1" in row.inner_text()
+        browser.screenshot("producers")
+        page.goto(f"{cluster.console_url}/console/topics/{TOPIC}")
+        readers = page.get_by_role("table", name="Consumers")
+        wait_until(lambda: consumer.client_id in _reloaded(page, readers), 15,
+                   "the topic page lists its live consumer", poll_s=0.5)  # fmt: skip
+        mine = readers.get_by_role("row").filter(has_text=consumer.client_id)
+        assert "room-3" in mine.inner_text() and "*" in mine.inner_text()
+        assert mine.get_by_role("link", name="topic-readers").is_visible()
+    finally:
+        producer.stop()
+        consumer.stop()
+    assert browser.problems == []
+
+
+def _reloaded(page: Any, part: Any) -> str:
+    """The text of ``part`` of the page, reloaded."""
+    page.reload()
+    return str(part.inner_text())
+
+
+def test_delayed_messages_waiting_are_shown_per_tier_of_the_timer_wheel(
+    cluster: ConsoleCluster, browser: Browser
+) -> None:
+    producer = LiveProducer(cluster.nameserver.grpc_address, "console-delays", "delayer")
+    try:
+        # Due in an hour: it waits in the tier of messages due at least 2048 s ahead.
+        producer.send(TOPIC, b"later", deliver_at_ms=int(time.time() * 1000) + 3_600_000)
+    finally:
+        producer.stop()
+    page = browser.page
+    page.goto(f"{cluster.console_url}/console/scheduled")
+    wheel = page.get_by_role("table", name="Timer wheel")
+    wait_until(lambda: "2,048 s ahead" in _reloaded(page, wheel), 15,
+               "the timer wheel shows the delayed message", poll_s=0.5)  # fmt: skip
+    row = wheel.get_by_role("row").filter(has_text="2,048 s ahead")
+    assert row.locator("td").nth(1).inner_text() == "11"
+    assert row.locator("td").nth(3).inner_text() == "1"
+    assert "UTC" in row.locator("td").nth(4).inner_text()
+    waiting = page.get_by_role("table", name="Waiting per broker group").inner_text()
+    assert all(g in waiting for g in GROUPS)
+    browser.screenshot("scheduled")
+    assert browser.problems == []
+
+
+def test_a_live_setting_is_changed_on_the_broker_settings_page(
+    cluster: ConsoleCluster, browser: Browser
+) -> None:
+    page, broker = browser.page, cluster.brokers[("group-b", 1)]
+    page.goto(f"{cluster.console_url}/console/config")
+    button = page.get_by_role("button", name="Set store.retention_hours on group-b/1")
+    form = page.locator("form").filter(has=button)
+    form.locator("input[name=value]").fill("100")
+    button.click()
+    said = page.get_by_role("status").inner_text()
+    assert "store.retention_hours = 100.0 on broker group-b/1" in said, said
+    status, found = call("GET", f"{broker.http_url}/config")
+    assert status == 200 and found["settings"]["store.retention_hours"] == 100, found
+    row = page.get_by_role("table", name="Settings of group-b/1").get_by_role("row")
+    assert "yes" in row.filter(has_text="store.retention_hours").inner_text()
+    browser.screenshot("broker-settings")
+    # A value the broker cannot take: its reason, and nothing changed.
+    button = page.get_by_role("button", name="Set store.disk_full_ratio on group-b/1")
+    page.locator("form").filter(has=button).locator("input[name=value]").fill("7")
+    button.click()
+    assert "disk_full_ratio" in page.get_by_role("alert").inner_text()
+    status, found = call("GET", f"{broker.http_url}/config")
+    assert found["settings"]["store.disk_full_ratio"] != 7
+    assert browser.problems == []
+
+
+def test_a_group_is_deleted_from_its_page(cluster: ConsoleCluster, browser: Browser) -> None:
+    commit_to_end(cluster, "doomed")
+    assert committed(cluster, "group-a", "doomed")
+    page = browser.page
+    page.goto(f"{cluster.console_url}/console/groups/doomed")
+    page.get_by_role("button", name="Delete group doomed").click()
+    assert "consumer group doomed deleted" in page.get_by_role("status").inner_text()
+    assert page.get_by_role("link", name="doomed", exact=True).count() == 0
+    for group in GROUPS:
+        assert committed(cluster, group, "doomed") == {}
+    assert browser.problems == []
 
 
 def test_a_topic_made_on_the_page_is_routed_and_takes_a_test_message(

@@ -167,6 +167,17 @@ def divert(records: Sequence[Buffer], policy: DelayPolicy) -> list[Buffer]:
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class TierState:
+    """One tier of the timer wheel: it holds messages due at least ``waits_s`` ahead."""
+
+    tier: int
+    waits_s: int
+    pending: int
+    next_due_ms: int | None
+    """When its head next moves down a tier or is delivered."""
+
+
 class DelayScheduler:
     """Moves and delivers what is due; ``is_master`` says whether this broker may write."""
 
@@ -246,6 +257,23 @@ class DelayScheduler:
                 due = int(record.properties[PROP_DUE])
                 times.append(min(due, _waited_ms(record, tier)))
         return min(times, default=None)
+
+    def tiers(self) -> list[TierState]:
+        """Each tier (of the timer wheel) holding messages not delivered yet: how many,
+        and when its head next moves down or is delivered (empty on a slave)."""
+        if self._cursors is None:
+            return []
+        found = []
+        for tier, offset in enumerate(self._cursors):
+            waiting = self._store.max_offset(DELAY_TOPIC, tier) - offset
+            if waiting <= 0:
+                continue
+            record = self._read(tier, offset)
+            head = None
+            if record is not None:
+                head = min(int(record.properties[PROP_DUE]), _waited_ms(record, tier))
+            found.append(TierState(tier, 1 << tier, waiting, head))
+        return found
 
     def idle(self) -> bool:
         """True when a round now would do nothing: no copies to redo, and every tier is

@@ -88,6 +88,8 @@ class HttpContext:
     """Puts a changed config into effect."""
     stats: StatsWindow | None = None
     """In and out rates over the last minute (``GET /stats``)."""
+    scheduled: Callable[[], dict[str, Any]] = lambda: {"delayed": None, "transactions": None}
+    """Delayed messages and transactions waiting (``GET /scheduled``)."""
 
 
 @web.middleware
@@ -123,6 +125,7 @@ class HttpServer:
                 web.delete("/topics/{name}", self.delete_topic),
                 web.get("/consumers", self.consumers),
                 web.get("/producers", self.producers),
+                web.get("/scheduled", self.scheduled),
                 web.get("/config", self.get_config),
                 web.put("/config/{name}", self.set_config),
                 web.get("/offsets", self.offsets),
@@ -325,6 +328,9 @@ class HttpServer:
         return web.json_response(
             {"producers": [dataclasses.asdict(p) for p in self._context.producers.all()]}
         )
+
+    async def scheduled(self, _request: web.Request) -> web.Response:
+        return web.json_response(self._context.scheduled())
 
     async def offsets(self, _request: web.Request) -> web.Response:
         store = self._context.store

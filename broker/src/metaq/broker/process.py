@@ -22,7 +22,7 @@ import logging
 import struct
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 from metaq.broker.config import BrokerConfig
 from metaq.broker.connection import Handler
@@ -295,6 +295,7 @@ class Broker:
                 config=lambda: self.config,
                 reconfigure=self._reconfigure,
                 stats=stats,
+                scheduled=self._scheduled,
             )
         )
         http_host, http_port = await self._http.start(
@@ -356,6 +357,22 @@ class Broker:
             self.transactions.connection_lost(connection_id)
         if self._pull is not None:
             self._pull.long_polls.drop_connection(connection_id)
+
+    def _scheduled(self) -> dict[str, Any]:
+        """What waits on this broker: delayed messages per tier of the timer wheel, and
+        half messages waiting for their producer's verdict (none on a slave)."""
+        delays, transactions = self.delays, self.transactions
+        delayed = None
+        if delays is not None:
+            delayed = {
+                "pending": delays.pending(),
+                "next_due_ms": delays.next_due_ms(),
+                "tiers": [dataclasses.asdict(t) for t in delays.tiers()],
+            }
+        return {
+            "delayed": delayed,
+            "transactions": transactions.summary() if transactions is not None else None,
+        }
 
     async def stop(self) -> None:
         """Shut down cleanly; safe after a failed or partial start, and idempotent."""

@@ -166,6 +166,20 @@ class Transactions:
     def pending(self) -> int:
         return len(self._pending)
 
+    def summary(self) -> dict[str, int | None]:
+        """The half messages waiting for their producer's commit or rollback: how many,
+        the oldest's store time, the most check-backs one has had, and how many were
+        discarded after the last check (on a master; a slave tracks none)."""
+        pending = list(self._pending.values())
+        return {
+            "pending": len(pending),
+            "oldest_ms": min((p.stored_ms for p in pending), default=None),
+            "most_checks": max((p.checks for p in pending), default=0),
+            "max_checks": self._max_checks,
+            "check_after_ms": self._check_after_ms,
+            "discarded": self.discarded,
+        }
+
     # --- ending ---------------------------------------------------------------------------
 
     def end(self, request: EndTransactionRequest) -> int:

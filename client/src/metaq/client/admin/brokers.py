@@ -24,6 +24,7 @@ from metaq.client.admin.results import (
     MessagesStored,
     MetricSamples,
     ProducerClient,
+    ScheduledWork,
     StoredMessage,
     StoredQueue,
     TopicSettings,
@@ -172,6 +173,12 @@ class BrokerCalls(AdminSession):
         """The producers connected to one broker that said who they are."""
         body = await self._get(broker, "/producers")
         return decoded(broker, 200, body.get("producers"), list[ProducerClient])
+
+    async def scheduled(self, broker: BrokerRef) -> ScheduledWork:
+        """Delayed messages (per tier of the timer wheel) and transactions waiting for a
+        check-back on one broker (its group's master tracks them)."""
+        body = await self._get(broker, "/scheduled")
+        return decoded(broker, 200, body, ScheduledWork)
 
     async def consumer_offsets(self, broker: BrokerRef) -> list[CommittedOffset]:
         """Every committed consumer offset one broker holds, with its lag."""

@@ -273,6 +273,40 @@ class ConsumerMember(msgspec.Struct, frozen=True):
     """What the client library says it is; empty for a client too old to say."""
 
 
+class DelayTier(msgspec.Struct, frozen=True):
+    """One tier of a broker's timer wheel: messages due at least ``waits_s`` ahead."""
+
+    tier: int
+    waits_s: int
+    pending: int
+    next_due_ms: int | None = None
+    """When its head next moves down a tier or is delivered."""
+
+
+class DelayedWaiting(msgspec.Struct, frozen=True):
+    pending: int
+    next_due_ms: int | None = None
+    tiers: list[DelayTier] = msgspec.field(default_factory=list)
+
+
+class TransactionsWaiting(msgspec.Struct, frozen=True):
+    """Half messages waiting for their producer's commit or rollback on a master."""
+
+    pending: int
+    oldest_ms: int | None = None
+    most_checks: int = 0
+    max_checks: int = 0
+    check_after_ms: int = 0
+    discarded: int = 0
+
+
+class ScheduledWork(msgspec.Struct, frozen=True):
+    """What waits on one broker (``Admin.scheduled``); None for what it does not run."""
+
+    delayed: DelayedWaiting | None = None
+    transactions: TransactionsWaiting | None = None
+
+
 class ProducerClient(msgspec.Struct, frozen=True):
     """A producer connected to one broker, as it introduced itself (``Admin.producers``);
     ``since_ms`` is when (wall clock) it said so on its connection."""

@@ -11,7 +11,18 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from metaq.nameserver.console import cluster, groups, messages, overview, topics, users
+from metaq.nameserver.console import (
+    broker_config,
+    cluster,
+    group_delete,
+    groups,
+    messages,
+    overview,
+    producers,
+    scheduled,
+    topics,
+    users,
+)
 from metaq.nameserver.console.context import ConsoleContext
 from metaq.nameserver.console.page import middleware, static_routes
 
@@ -27,7 +38,18 @@ def add_routes(app: web.Application, context: ConsoleContext) -> None:
     app.add_routes([web.get("/", home), web.get("/console", home), web.get("/console/", home)])
     app.middlewares.append(middleware())
     app.add_routes(static_routes())
-    for module in (overview, cluster, topics, groups, messages, users):
+    for module in (
+        overview,
+        cluster,
+        broker_config,
+        topics,
+        groups,
+        group_delete,
+        producers,
+        scheduled,
+        messages,
+        users,
+    ):
         app.add_routes(module.routes(context))
 
     async def start_sampling(_app: web.Application) -> None:

@@ -86,11 +86,11 @@ async def _from_masters(
     return list(zip(masters, answers, strict=True))
 
 
-async def list_page(context: ConsoleContext) -> web.Response:
+async def list_page(context: ConsoleContext, message: str = "", problem: str = "") -> web.Response:
     offsets, consumers = await asyncio.gather(
         _from_masters(context, Admin.consumer_offsets), _from_masters(context, Admin.consumers)
     )
-    problems = problems_of([a for _, a in offsets], [a for _, a in consumers])
+    problems = [problem, *problems_of([a for _, a in offsets], [a for _, a in consumers])]
     lag: dict[str, int] = {}
     for _, committed in offsets:
         for row in committed.get([]):
@@ -102,7 +102,8 @@ async def list_page(context: ConsoleContext) -> web.Response:
     names = sorted(set(lag) | set(members))
     rows = [[link(group_href(g), g), len(members.get(g, ())), lag.get(g)] for g in names]
     body = (
-        f'<div id="groups-live" data-live>{errors(problems)}'
+        notice(message)
+        + f'<div id="groups-live" data-live>{errors(problems)}'
         + table(["group", "live members", "lag (messages)"], rows, caption="Consumer groups")
         + "</div>"
         + f"""<form method="get" action="{CURRENT}"><fieldset><legend>Open a group</legend>
@@ -193,6 +194,7 @@ async def group_page(
         + "</div>"
         + preview
         + changes(_reset_form(group, sorted(topics)))
+        + changes(_delete_form(group, bool(member_rows)))
         + "<h2>Retry and dead letters</h2><p>"
         + " · ".join(
             f"{esc(name)}: "
@@ -221,6 +223,23 @@ def _reset_form(group: str, topics: list[str]) -> str:
 <p class="muted">Running members of the group are told: each drops what it has in flight
 and goes on from the new offsets. Preview shows them without changing anything.</p>
 </fieldset></form>"""
+
+
+def _delete_form(group: str, live: bool) -> str:
+    force = (
+        '<label><input type="checkbox" name="force" value="1"> Delete although members are '
+        "live (they commit their positions again and the group comes back)</label>"
+        if live
+        else ""
+    )
+    return f"""<form method="post" action="{group_href(group)}/delete"><fieldset>
+<legend>Delete the group</legend>
+<label><input type="checkbox" name="retry" value="1"> and its retry topic</label>
+<label><input type="checkbox" name="dlq" value="1"> and its dead-letter topic</label>
+{force}<button type="submit">Delete group {esc(group)}</button>
+<p class="muted">Every master forgets the group's committed offsets (as
+<code>metaq group delete</code> does); a group with live members is refused unless
+forced.</p></fieldset></form>"""
 
 
 async def _reset(context: ConsoleContext, request: web.Request) -> web.Response:

@@ -30,9 +30,12 @@ _may_change: ContextVar[bool] = ContextVar("console_may_change", default=True)
 _NAV: Final = (
     ("/console/overview", "Overview"),
     ("/console/cluster", "Cluster"),
+    ("/console/config", "Broker settings"),
     ("/console/topics", "Topics"),
     ("/console/groups", "Consumer groups"),
+    ("/console/producers", "Producers"),
     ("/console/messages", "Messages"),
+    ("/console/scheduled", "Delayed"),
     ("/console/users", "Users"),
 )
 

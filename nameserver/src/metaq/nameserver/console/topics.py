@@ -9,9 +9,15 @@ from urllib.parse import quote
 
 from aiohttp import web
 
-from metaq.client.admin import Admin, TopicSettings
+from metaq.client.admin import Admin, ConsumerMember, TopicSettings
 from metaq.common.http import takes_forms
-from metaq.nameserver.console.context import ConsoleContext, durability_warning, problems_of
+from metaq.nameserver.console.context import (
+    Answer,
+    ConsoleContext,
+    durability_warning,
+    problems_of,
+)
+from metaq.nameserver.console.groups import group_href
 from metaq.nameserver.console.page import (
     changes,
     errors,
@@ -118,6 +124,26 @@ async def list_page(context: ConsoleContext, message: str = "", problem: str = "
     return render("Topics", body, current=CURRENT)
 
 
+def _consumers_table(topic: str, answers: list[Answer[dict[str, list[ConsumerMember]]]]) -> str:
+    """The live members subscribed to ``topic``, by consumer group (RocketMQ's
+    consumerConnection of a topic)."""
+    seen: dict[tuple[str, str], list[object]] = {}
+    for answer in answers:
+        for group, members in answer.get({}).items():
+            for m in members:
+                expressions = [e for t, e in m.subscriptions if t == topic]
+                if expressions:
+                    seen[(group, m.client_id)] = [
+                        link(group_href(group), group), m.client_id, m.host or "—",
+                        m.computer_room or "—", m.mode, ", ".join(e or "*" for e in expressions),
+                    ]  # fmt: skip
+    return table(
+        ["consumer group", "client id", "host", "room", "mode", "subscription"],
+        [row for _, row in sorted(seen.items())],
+        caption="Consumers",
+    )
+
+
 def _put_form(groups: list[str], name: str = "", queues: int = 4) -> str:
     boxes = "".join(
         f'<label><input type="checkbox" name="group" value="{esc(g)}" checked> {esc(g)}</label>'
@@ -186,10 +212,13 @@ async def topic_page(
         for name, brokers in members.items()
         if brokers
     }
-    answers = await asyncio.gather(
-        *(context.brokers.ask(b, Admin.broker_queues, topic) for b in readers.values())
+    answers, consumers = await asyncio.gather(
+        asyncio.gather(
+            *(context.brokers.ask(b, Admin.broker_queues, topic) for b in readers.values())
+        ),
+        asyncio.gather(*(context.brokers.ask(b, Admin.consumers) for b in readers.values())),
     )
-    problems = [problem] + [a.error for a in answers if a.error]
+    problems = [problem, *problems_of(answers, consumers)]
     route_rows = [
         [
             g.broker_name,
@@ -252,6 +281,7 @@ async def topic_page(
             queue_rows,
             caption="Queues",
         )
+        + _consumers_table(topic, consumers)
         + "</div>"
         + changes(
             send_form
