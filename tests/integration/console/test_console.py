@@ -16,6 +16,7 @@ from urllib.parse import quote
 
 import pytest
 
+from metaq.client.admin import TopicSettings
 from metaq.client.pull_consumer import PullConsumer
 from metaq.testing.console import (
     BROKER_TIMEOUT_MS,
@@ -416,6 +417,79 @@ def test_a_group_is_deleted_from_its_page(cluster: ConsoleCluster, browser: Brow
     assert page.get_by_role("link", name="doomed", exact=True).count() == 0
     for group in GROUPS:
         assert committed(cluster, group, "doomed") == {}
+    assert browser.problems == []
+
+
+def _put_topic(cluster: ConsoleCluster, group: str, topic: str, queues: int = 1) -> None:
+    master = cluster.master(group)
+    status, answer = call(
+        "PUT", f"{master.http_url}/topics/{quote(topic, safe='')}",
+        TopicSettings(queues, queues).to_json(),
+    )  # fmt: skip
+    assert status == 200, answer
+    wait_until(lambda: call("GET", f"{cluster.console_url}/route/{quote(topic, safe='')}")[0]
+               == 200, 15, f"{topic} is routed", poll_s=0.2)  # fmt: skip
+
+
+def _column(page: Any, table: str, index: int) -> list[str]:
+    rows = page.get_by_role("table", name=table).locator("tbody tr")
+    return [rows.nth(i).locator("td").nth(index).inner_text() for i in range(rows.count())]
+
+
+def test_the_topic_and_group_tables_sort_and_filter_and_tell_group_topics_apart(
+    cluster: ConsoleCluster, browser: Browser
+) -> None:
+    for topic in ("aa-first", "zz-last", "%RETRY%sorted", "%DLQ%sorted"):
+        _put_topic(cluster, "group-b", topic)
+    page, base = browser.page, cluster.console_url
+    page.goto(f"{base}/console/topics")
+    names = _column(page, "Topics", 0)
+    assert names[0].startswith("%DLQ%sorted") and names[-1] == "zz-last", names
+    page.get_by_role("link", name="topic ▲").click()  # the sorted column, the other way
+    assert _column(page, "Topics", 0)[0] == "zz-last"
+    assert "order=desc" in page.url
+    # Retry and dead-letter topics wear their kind.
+    dlq = page.get_by_role("row").filter(has_text="%DLQ%sorted").locator(".kind.dlq")
+    assert dlq.inner_text() == "dead letters"
+    page.get_by_label("Topic name holds").fill("sorted")
+    page.get_by_label("kind").select_option("retry")
+    page.get_by_role("button", name="Filter").click()
+    assert _column(page, "Topics", 0) == ["%RETRY%sorted retry"]
+    page.goto(f"{base}/console/topics?sort=stored&order=desc")
+    stored = [int(v.replace(",", "")) for v in _column(page, "Topics", 2) if v != "—"]
+    assert stored == sorted(stored, reverse=True) and stored[0] > 0, stored
+    browser.screenshot("topics-sorted")
+    page.goto(f"{base}/console/groups")
+    page.get_by_role("link", name="lag (messages)").click()
+    page.get_by_role("link", name="lag (messages) ▲").click()
+    lags = [int(v.replace(",", "")) for v in _column(page, "Consumer groups", 2) if v != "—"]
+    assert lags == sorted(lags, reverse=True), lags
+    page.get_by_label("Group name holds").fill("billing")
+    page.get_by_role("button", name="Filter").click()
+    assert _column(page, "Consumer groups", 0) == [GROUP]
+    assert browser.problems == []
+
+
+def test_a_queue_read_from_an_offset_is_listed_a_page_at_a_time(
+    cluster: ConsoleCluster, browser: Browser
+) -> None:
+    _put_topic(cluster, "group-a", "paged")
+    for i in range(25):
+        send(cluster, "group-a", "paged", f"paged message {i}")
+    page = browser.page
+    page.goto(f"{cluster.console_url}/console/messages")
+    page.locator("#f-q-topic").fill("paged")
+    page.get_by_label("Broker group").select_option("group-a")
+    page.get_by_label("Offset").fill("0")
+    page.get_by_role("button", name="Read").click()
+    listed = page.get_by_role("table", name="Messages of the queue").locator("tbody tr")
+    assert listed.count() == 20
+    assert "paged message 0" in listed.first.inner_text()
+    page.get_by_role("link", name="Next page (2) →").click()
+    assert listed.count() == 5
+    assert "paged message 24" in listed.last.inner_text()
+    assert "That is the end of the queue" in page.locator("main").inner_text()
+    browser.screenshot("queue-paged")
     assert browser.problems == []
 
 

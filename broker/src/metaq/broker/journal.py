@@ -44,7 +44,6 @@ log = logging.getLogger(__name__)
 
 TOPICS_JOURNAL: Final = "%SYS%TOPICS"
 OFFSETS_JOURNAL: Final = "%SYS%OFFSETS"
-SYSTEM_PREFIX: Final = "%SYS%"
 _BATCH: Final = 256
 ROWS_PER_RECORD: Final = 2048
 """Offsets rows per journal record; a record that still encodes too big is halved."""

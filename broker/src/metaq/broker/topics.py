@@ -16,14 +16,13 @@ from typing import Any, Final, Literal
 from metaq.broker.files import load_json_state, write_json_atomically
 from metaq.common.errors import ErrorCode, InvalidMessage, MetaqError
 from metaq.common.model import TOPIC_PERMISSIONS, Permission, TopicConfig
-from metaq.common.names import GROUP_TOPIC_PREFIXES, TRACE_TOPIC
+from metaq.common.names import GROUP_TOPIC_PREFIXES, SYSTEM_PREFIX, TRACE_TOPIC
 from metaq.common.record import MAX_QUEUES_PER_TOPIC, check_topic
 
 log = logging.getLogger(__name__)
 
 FILE_NAME: Final = "topics.json"
 _FORMAT: Final = 1
-SYSTEM_PREFIX: Final = "%SYS%"
 """Topics the broker keeps for itself (the replicated journals); clients cannot use them."""
 
 

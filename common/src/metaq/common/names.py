@@ -29,6 +29,8 @@ GROUP_TOPIC_PREFIXES: Final = (RETRY_PREFIX, DLQ_PREFIX)
 TRACE_TOPIC: Final = "%TRACE%"
 """Where clients with tracing on write the trace of each message they send or consume
 (:mod:`metaq.client.trace`), keyed by message id; made by a broker on first use."""
+SYSTEM_PREFIX: Final = "%SYS%"
+"""The broker's own topics (delayed messages, half messages, journals): no client's."""
 
 SHOWN_CHARS: Final = 64
 """At most this many characters of a refused value are quoted back in an error."""
@@ -48,6 +50,18 @@ def group_of(topic: str) -> str | None:
         if topic.startswith(prefix):
             return topic[len(prefix) :]
     return None
+
+
+def topic_kind(topic: str) -> str:
+    """What a topic is for, in a word: ``system`` (the broker's own, and the trace
+    topic), ``retry`` or ``dlq`` (a consumer group's), else ``user``."""
+    if topic.startswith(SYSTEM_PREFIX) or topic == TRACE_TOPIC:
+        return "system"
+    if topic.startswith(RETRY_PREFIX):
+        return "retry"
+    if topic.startswith(DLQ_PREFIX):
+        return "dlq"
+    return "user"
 
 
 def shown(value: object, limit: int = SHOWN_CHARS) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Concatenate, ParamSpec, TypeVar
 from urllib.parse import quote
 
@@ -35,6 +35,7 @@ from metaq.nameserver.console.page import (
     table,
     when,
 )
+from metaq.nameserver.console.sorting import TableQuery
 
 CURRENT = "/console/groups"
 # The newest dead letters listed per queue; older ones are reached on the Messages page.
@@ -51,7 +52,7 @@ def routes(context: ConsoleContext) -> list[web.RouteDef]:
     async def listing(request: web.Request) -> web.Response:
         if request.query.get("group"):
             raise web.HTTPFound(group_href(request.query["group"]))
-        return await list_page(context)
+        return await list_page(context, query=request.query)
 
     async def one(request: web.Request) -> web.Response:
         return await group_page(context, request.match_info["group"])
@@ -86,7 +87,13 @@ async def _from_masters(
     return list(zip(masters, answers, strict=True))
 
 
-async def list_page(context: ConsoleContext, message: str = "", problem: str = "") -> web.Response:
+async def list_page(
+    context: ConsoleContext,
+    message: str = "",
+    problem: str = "",
+    query: Mapping[str, str] | None = None,
+) -> web.Response:
+    choice = TableQuery.of(query or {}, ("group", "members", "lag"), "group")
     offsets, consumers = await asyncio.gather(
         _from_masters(context, Admin.consumer_offsets), _from_masters(context, Admin.consumers)
     )
@@ -99,12 +106,22 @@ async def list_page(context: ConsoleContext, message: str = "", problem: str = "
     for _, live in consumers:
         for group, found in live.get({}).items():
             members.setdefault(group, set()).update(m.client_id for m in found)
-    names = sorted(set(lag) | set(members))
-    rows = [[link(group_href(g), g), len(members.get(g, ())), lag.get(g)] for g in names]
+    listed: list[dict[str, Any]] = [
+        {"group": g, "members": len(members.get(g, ())), "lag": lag.get(g)}
+        for g in set(lag) | set(members)
+    ]
+    listed = choice.rows(listed, lambda f: str(f["group"]), lambda f: f[choice.sort])
+    rows = [[link(group_href(f["group"]), f["group"]), f["members"], f["lag"]] for f in listed]
+    headings = [
+        choice.heading(CURRENT, "group", "group"),
+        choice.heading(CURRENT, "members", "live members"),
+        choice.heading(CURRENT, "lag", "lag (messages)"),
+    ]
     body = (
         notice(message)
         + f'<div id="groups-live" data-live>{errors(problems)}'
-        + table(["group", "live members", "lag (messages)"], rows, caption="Consumer groups")
+        + choice.filter_form(CURRENT, "Group name holds")
+        + table(headings, rows, caption="Consumer groups")
         + "</div>"
         + f"""<form method="get" action="{CURRENT}"><fieldset><legend>Open a group</legend>
 {field("group", "Group", required="required")}

@@ -16,6 +16,7 @@ import json
 import time
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
+from typing import Final
 from urllib.parse import urlencode
 
 from aiohttp import web
@@ -57,6 +58,8 @@ class Found:
     that holds more of the range than this page shows."""
     end_ms: int = 0
     """The range's end, pinned (``now`` at the first page) so later pages keep it."""
+    next_offset: int | None = None
+    """A queue read from an offset: where its next page starts, when it holds more."""
 
 
 def _resume_points(values: list[str]) -> dict[tuple[str, int], int]:
@@ -119,9 +122,16 @@ async def _search(context: ConsoleContext, q: dict[str, str]) -> Found:
             queue_id, offset = int(q.get("queue_id", "0")), int(q["offset"])
         except ValueError:
             return Found(problems=["the queue and the offset are whole numbers"])
-        asked = f"{topic} queue {queue_id} from offset {offset}"
-        read = ask(broker, Admin.read_queue, topic, queue_id, offset=offset, limit=LIMIT)
-        calls = [(broker, read)]
+        # One more than a page, to know whether there is a next one.
+        read = await ask(broker, Admin.read_queue, topic, queue_id, offset=offset, limit=LIMIT + 1)
+        got = read.get([])
+        return Found(
+            [(broker, m) for m in got[:LIMIT]],
+            problems_of([read]),
+            f"{topic} queue {queue_id} from offset {offset}",
+            listed=True,
+            next_offset=got[LIMIT].queue_offset if len(got) > LIMIT else None,
+        )
     elif q.get("from"):
         return await _time_range(context, q, topic, readers, route.groups)
     else:
@@ -364,9 +374,13 @@ def _preview(m: StoredMessage) -> str:
     return text if len(text) <= PREVIEW_CHARS else text[: PREVIEW_CHARS - 1] + "…"
 
 
+_LISTED: Final = ("stored", "broker group", "queue", "offset", "message id", "tags", "keys",
+                  "size", "body (start)")  # fmt: skip
+
+
 def _listing(q: dict[str, str], found: Found) -> str:
-    """A time range's page: a row per message linking to it whole, and when a queue holds
-    more of the range than a page shows, which ones and the link to the next page."""
+    """A time range's or a queue's page: a row per message linking to it whole, and when
+    there is more than a page shows, where and the link to the next page."""
     rows = [
         [
             when(m.store_timestamp_ms),
@@ -381,17 +395,24 @@ def _listing(q: dict[str, str], found: Found) -> str:
         ]
         for b, m in found.messages
     ]
-    listing = table(
-        ["stored", "broker group", "queue", "offset", "message id", "tags", "keys", "size",
-         "body (start)"],
-        rows,
-        caption="Messages in the time range",
-    )  # fmt: skip
+    page = int(q["page"]) + 1 if q.get("page", "").isdigit() else 2
+    if "offset" in q:
+        listing = table(_LISTED, rows, caption="Messages of the queue")
+        if found.next_offset is None:
+            return listing + "<p>That is the end of the queue.</p>"
+        href = f"{CURRENT}?{urlencode({**q, 'offset': str(found.next_offset), 'page': str(page)})}"
+        return (
+            listing
+            + f'<p class="notice" role="status">A page shows {LIMIT} messages; the queue holds '
+            f"more from offset {found.next_offset}. "
+            + str(link(href, f"Next page ({page}) →"))
+            + "</p>"
+        )
+    listing = table(_LISTED, rows, caption="Messages in the time range")
     if not found.more:
         return listing + "<p>That is all the range holds.</p>"
     capped = ", ".join(f"{name} queue {queue}" for name, queue in sorted(found.more))
     resume = " ".join(f"{queue}:{at}:{name}" for (name, queue), at in sorted(found.more.items()))
-    page = int(q["page"]) + 1 if q.get("page", "").isdigit() else 2
     after = {"topic": q["topic"], "from": q["from"], "to": str(found.end_ms)}
     href = f"{CURRENT}?{urlencode({**after, 'resume': resume, 'page': str(page)})}"
     return (

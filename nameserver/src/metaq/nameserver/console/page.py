@@ -65,6 +65,13 @@ td.num, th.num { text-align: right; white-space: nowrap; font-variant-numeric: t
 .status.warn { background: #fef7e0; color: #8a4b00; border: 1px solid #f9ab00; }
 .status.down { background: #fdecea; color: #a50e0e; border: 1px solid #d93025; }
 svg.spark { vertical-align: middle; }
+.kind { font-size: .8em; border-radius: .4rem; padding: 0 .35rem; margin-left: .25rem;
+  background: #eef2f6; color: #3c4858; border: 1px solid #c8ced6; white-space: nowrap; }
+.kind.dlq { background: #fdecea; color: #a50e0e; border-color: #d93025; }
+.kind.retry { background: #fef7e0; color: #8a4b00; border-color: #f9ab00; }
+th a { color: inherit; }
+form.filter { margin: .5rem 0; display: flex; flex-wrap: wrap; gap: .25rem .5rem;
+  align-items: center; }
 svg.spark polyline { fill: none; stroke: #1f3a5f; stroke-width: 1.5; }
 @media (max-width: 40rem) {
   body { font-size: 14px; }

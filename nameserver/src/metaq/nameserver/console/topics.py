@@ -5,12 +5,15 @@ message."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
+from typing import Any, Final
 from urllib.parse import quote
 
 from aiohttp import web
 
 from metaq.client.admin import Admin, ConsumerMember, TopicSettings
 from metaq.common.http import takes_forms
+from metaq.common.names import topic_kind
 from metaq.nameserver.console.context import (
     Answer,
     ConsoleContext,
@@ -19,6 +22,8 @@ from metaq.nameserver.console.context import (
 )
 from metaq.nameserver.console.groups import group_href
 from metaq.nameserver.console.page import (
+    Html,
+    Num,
     changes,
     errors,
     esc,
@@ -29,6 +34,7 @@ from metaq.nameserver.console.page import (
     table,
     when,
 )
+from metaq.nameserver.console.sorting import TableQuery
 
 CURRENT = "/console/topics"
 
@@ -38,8 +44,8 @@ def topic_href(topic: str) -> str:
 
 
 def routes(context: ConsoleContext) -> list[web.RouteDef]:
-    async def listing(_request: web.Request) -> web.Response:
-        return await list_page(context)
+    async def listing(request: web.Request) -> web.Response:
+        return await list_page(context, query=request.query)
 
     async def one(request: web.Request) -> web.Response:
         return await topic_page(context, request.match_info["topic"])
@@ -60,11 +66,28 @@ def routes(context: ConsoleContext) -> list[web.RouteDef]:
     ]
 
 
-def _rate(value: float | None) -> str | None:
-    return None if value is None else f"{value:.1f}/s"
+def _rate(value: float | None) -> Num | None:
+    return None if value is None else Num(f"{value:,.1f} msg/s")
 
 
-async def list_page(context: ConsoleContext, message: str = "", problem: str = "") -> web.Response:
+_KINDS: Final = {"user": "", "retry": "retry", "dlq": "dead letters", "system": "system"}
+_SORTS: Final = ("name", "kind", "stored", "in", "out")
+
+
+def kind_badge(topic: str) -> Html:
+    """The topic's name, marked when it is a retry, dead-letter or system topic."""
+    kind = topic_kind(topic)
+    badge = f' <span class="kind {kind}">{esc(_KINDS[kind])}</span>' if _KINDS[kind] else ""
+    return Html(f'<a href="{esc(topic_href(topic))}">{esc(topic)}</a>{badge}')
+
+
+async def list_page(
+    context: ConsoleContext,
+    message: str = "",
+    problem: str = "",
+    query: Mapping[str, str] | None = None,
+) -> web.Response:
+    choice = TableQuery.of(query or {}, _SORTS, "name")
     masters = context.masters()
     names = context.registry.topics()
     routes_ = {name: context.registry.route(name) for name in names}
@@ -85,7 +108,7 @@ async def list_page(context: ConsoleContext, message: str = "", problem: str = "
         for row in answer.get([]):
             consumed[row.topic] = consumed.get(row.topic, 0) + row.offset
     retention = sorted({f"{a.value.retention_hours:g} h" for a in health if a.value is not None})
-    rows = []
+    found: list[dict[str, Any]] = []
     for name in names:
         route = routes_[name]
         if route is None:
@@ -99,25 +122,37 @@ async def list_page(context: ConsoleContext, message: str = "", problem: str = "
             rate_in = context.rates_in.rate(name, stored[name])
         if name in consumed:
             rate_out = context.rates_out.rate(name, consumed[name])
-        rows.append(
-            [
-                link(topic_href(name), name),
-                groups,
-                stored.get(name),
-                _rate(rate_in),
-                _rate(rate_out),
-            ]
-        )
+        found.append({"name": name, "kind": topic_kind(name), "groups": groups,
+                      "stored": stored.get(name), "in": rate_in, "out": rate_out})  # fmt: skip
+    if choice.kind in _KINDS:
+        found = [f for f in found if f["kind"] == choice.kind]
+    found = choice.rows(found, lambda f: str(f["name"]), lambda f: f[choice.sort])
+    rows = [
+        [kind_badge(f["name"]), f["groups"], f["stored"], _rate(f["in"]), _rate(f["out"])]
+        for f in found
+    ]
+    kinds = "".join(
+        f'<option value="{k}"{" selected" if k == choice.kind else ""}>{k}</option>'
+        for k in ("", *_KINDS)
+    )
+    headings = [
+        choice.heading(CURRENT, "name", "topic"),
+        "queues per group (read/write)",
+        choice.heading(CURRENT, "stored", "messages stored"),
+        choice.heading(CURRENT, "in", "in"),
+        choice.heading(CURRENT, "out", "out"),
+    ]
     body = (
         notice(message)
         + f'<div id="topics-live" data-live>{errors(problems)}'
         + f"<p>Retention: {esc(', '.join(retention) or '—')}. Rates are measured between "
         "two refreshes of this page.</p>"
-        + table(
-            ["topic", "queues per group (read/write)", "messages stored", "in", "out"],
-            rows,
-            caption="Topics",
+        + choice.filter_form(
+            CURRENT,
+            "Topic name holds",
+            f'<label for="f-kind">kind</label><select id="f-kind" name="kind">{kinds}</select>',
         )
+        + table(headings, rows, caption="Topics")
         + "</div>"
         + changes(_put_form(sorted(masters)))
     )
