@@ -441,6 +441,7 @@ def test_the_topic_and_group_tables_sort_and_filter_and_tell_group_topics_apart(
 ) -> None:
     for topic in ("aa-first", "zz-last", "%RETRY%sorted", "%DLQ%sorted"):
         _put_topic(cluster, "group-b", topic)
+    send(cluster, "group-a", TOPIC, "one stored, to sort by")
     page, base = browser.page, cluster.console_url
     page.goto(f"{base}/console/topics")
     names = _column(page, "Topics", 0)
@@ -451,7 +452,7 @@ def test_the_topic_and_group_tables_sort_and_filter_and_tell_group_topics_apart(
     # Retry and dead-letter topics wear their kind.
     dlq = page.get_by_role("row").filter(has_text="%DLQ%sorted").locator(".kind.dlq")
     assert dlq.inner_text() == "dead letters"
-    page.get_by_label("Topic name holds").fill("sorted")
+    page.get_by_label("Filter by name").fill("sorted")
     page.get_by_label("kind").select_option("retry")
     page.get_by_role("button", name="Filter").click()
     assert _column(page, "Topics", 0) == ["%RETRY%sorted retry"]
@@ -464,7 +465,7 @@ def test_the_topic_and_group_tables_sort_and_filter_and_tell_group_topics_apart(
     page.get_by_role("link", name="lag (messages) ▲").click()
     lags = [int(v.replace(",", "")) for v in _column(page, "Consumer groups", 2) if v != "—"]
     assert lags == sorted(lags, reverse=True), lags
-    page.get_by_label("Group name holds").fill("billing")
+    page.get_by_label("Filter by name").fill("billing")
     page.get_by_role("button", name="Filter").click()
     assert _column(page, "Consumer groups", 0) == [GROUP]
     assert browser.problems == []

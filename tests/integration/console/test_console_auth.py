@@ -251,12 +251,14 @@ def test_an_admin_changes_users_on_the_users_page_and_the_change_is_in_force(
     assert "view is granted on cluster only" in page.get_by_role("alert").inner_text()
     # The new user logs in with the key shown once, and reads the console.
     page.get_by_role("button", name="Log out").click()
+    page.wait_for_url(f"{base}/login")
     page.goto(f"{base}/console/cluster")
     _log_in(page, Credentials("made-on-the-page", secret))
     page.wait_for_url(f"{base}/console/cluster")
     assert "(read-only)" in page.locator("header").inner_text()
     # Revoked by the admin, it may not any more.
     page.get_by_role("button", name="Log out").click()
+    page.wait_for_url(f"{base}/login")
     page.goto(f"{base}/console/users")
     _log_in(page, ADMIN)
     page.wait_for_url(f"{base}/console/users")

@@ -120,7 +120,7 @@ async def list_page(
     body = (
         notice(message)
         + f'<div id="groups-live" data-live>{errors(problems)}'
-        + choice.filter_form(CURRENT, "Group name holds")
+        + choice.filter_form(CURRENT, "Filter by name")
         + table(headings, rows, caption="Consumer groups")
         + "</div>"
         + f"""<form method="get" action="{CURRENT}"><fieldset><legend>Open a group</legend>
@@ -251,12 +251,12 @@ def _delete_form(group: str, live: bool) -> str:
     )
     return f"""<form method="post" action="{group_href(group)}/delete"><fieldset>
 <legend>Delete the group</legend>
-<label><input type="checkbox" name="retry" value="1"> and its retry topic</label>
-<label><input type="checkbox" name="dlq" value="1"> and its dead-letter topic</label>
+<label><input type="checkbox" name="retry" value="1"> also {esc(retry_topic(group))}</label>
+<label><input type="checkbox" name="dlq" value="1"> also {esc(dlq_topic(group))}</label>
 {force}<button type="submit">Delete group {esc(group)}</button>
 <p class="muted">Every master forgets the group's committed offsets (as
-<code>metaq group delete</code> does); a group with live members is refused unless
-forced.</p></fieldset></form>"""
+<code>metaq group delete</code> does), and the retry and dead-letter queues go too when
+ticked; a group with live members is refused unless forced.</p></fieldset></form>"""
 
 
 async def _reset(context: ConsoleContext, request: web.Request) -> web.Response:

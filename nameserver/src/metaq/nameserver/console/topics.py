@@ -149,7 +149,7 @@ async def list_page(
         "two refreshes of this page.</p>"
         + choice.filter_form(
             CURRENT,
-            "Topic name holds",
+            "Filter by name",
             f'<label for="f-kind">kind</label><select id="f-kind" name="kind">{kinds}</select>',
         )
         + table(headings, rows, caption="Topics")
