@@ -6,11 +6,10 @@ from __future__ import annotations
 import re
 
 from metaq.client.admin import BrokerHealth
-from metaq.common.model import BrokerKey, BrokerState, GroupControl, Role
+from metaq.common.model import BrokerKey, BrokerState, BrokerView, GroupControl, GroupView, Role
 from metaq.nameserver.console.overview import group_status
 from metaq.nameserver.console.samples import WINDOW_S, Samples
 from metaq.nameserver.console.sparkline import sparkline
-from metaq.nameserver.model import BrokerView, GroupView
 
 
 def test_a_ring_keeps_fifteen_minutes_and_rates_leave_a_gap_where_a_count_fell() -> None:

@@ -13,9 +13,9 @@ from aiohttp import web
 
 from metaq.client.admin import Admin, BrokerSettings
 from metaq.common.http import takes_forms
+from metaq.common.model import BrokerView
 from metaq.nameserver.console.context import Answer, ConsoleContext
 from metaq.nameserver.console.page import Html, changes, errors, esc, notice, render, table
-from metaq.nameserver.model import BrokerView
 
 CURRENT = "/console/config"
 

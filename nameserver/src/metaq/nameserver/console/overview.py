@@ -13,14 +13,13 @@ from typing import Final, Literal
 from aiohttp import web
 
 from metaq.client.admin import Admin, BrokerHealth
-from metaq.common.model import BrokerKey
+from metaq.common.model import BrokerKey, BrokerView, GroupControl, GroupView
 from metaq.nameserver.console.context import ConsoleContext
 from metaq.nameserver.console.groups import group_href
 from metaq.nameserver.console.page import Html, Num, errors, esc, link, ratio, render, table
 from metaq.nameserver.console.samples import TOTAL, Samples
 from metaq.nameserver.console.sparkline import sparkline
 from metaq.nameserver.console.topics import topic_href
-from metaq.nameserver.model import BrokerView, GroupControl, GroupView
 
 CURRENT = "/console/overview"
 TOP: Final = 5

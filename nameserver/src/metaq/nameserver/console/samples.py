@@ -16,8 +16,8 @@ from itertools import pairwise
 from typing import TYPE_CHECKING, Final
 
 from metaq.client.admin import Admin
+from metaq.common.model import BrokerView
 from metaq.common.service import PeriodicService
-from metaq.nameserver.model import BrokerView
 
 if TYPE_CHECKING:  # the context holds the samples
     from metaq.nameserver.console.context import Brokers
