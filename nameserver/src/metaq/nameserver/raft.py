@@ -33,6 +33,7 @@ from pysyncobj import (  # type: ignore[import-untyped]
     SyncObjException,
     replicated,
 )
+from pysyncobj.journal import Journal  # type: ignore[import-untyped]
 from pysyncobj.node import Node  # type: ignore[import-untyped]
 from pysyncobj.transport import Transport  # type: ignore[import-untyped]
 
@@ -43,6 +44,18 @@ from metaq.nameserver.decisions import Proposal
 from metaq.nameserver.raft_transport import GuardedTransport
 
 log = logging.getLogger(__name__)
+
+# Raft is safe across a restart of every member at once only if each comes back with its
+# currentTerm and votedFor (Raft §5): a member back at term 0 can be elected below the
+# terms in the others' journals and have committed entries overwritten by a stale log.
+# pysyncobj stores them in the journal's meta file since 0.3.17 (before any vote is sent)
+# and restores them on start; earlier releases reset both. Refuse to run on one of those.
+if not hasattr(Journal, "getCurrentTerm"):
+    raise ImportError(
+        "the installed pysyncobj does not persist the Raft term and vote across restarts, "
+        "so a restart of every nameserver at once can undo committed controller decisions; "
+        "install pysyncobj 0.3.17 or later (uv sync --frozen installs the pinned one)"
+    )
 
 # The node id of a controller with no peers: it has no address anyone dials.
 LOCAL_NODE: Final = "local"
