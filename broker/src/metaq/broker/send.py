@@ -32,10 +32,13 @@ from metaq.common.model import TopicConfig
 from metaq.common.record import (
     FIELDS,
     FLAG_DELAYED,
+    FLAG_SEQUENCED,
     FLAG_TRANSACTION,
     HEADER_SIZE,
+    UNPLACED,
     Record,
     header_view,
+    id_sequence,
     topic_of,
 )
 from metaq.common.v1.data_pb2 import SendRequest, SendResponse
@@ -46,6 +49,7 @@ log = logging.getLogger(__name__)
 _FIELDS: Final = header_view("size", "flags", "queue_id", "topic_len")
 _MSG_ID_AT: Final = FIELDS["msg_id"].offset
 _MSG_ID_END: Final = FIELDS["msg_id"].end
+_FLAGS_AT: Final = FIELDS["flags"].offset
 _KNOWN_FLAGS: Final = SendRequest.FLAG_NO_WAIT_STORE | SendRequest.FLAG_RETRY
 # Record flags that need the record-by-record path (the records are rewritten).
 _SPECIAL_FLAGS: Final = FLAG_DELAYED | FLAG_TRANSACTION
@@ -144,6 +148,20 @@ class SendHandler:
         if (
             batch is not None
             and len(batch.sizes) == request.record_count
+            and batch.flags & FLAG_SEQUENCED
+            and not batch.flags & _SPECIAL_FLAGS
+        ):
+            # An idempotent producer's batch: its sequences, not its ids, say what is new.
+            self._transactions.producer_seen(request.producer_group, responder)
+            ends = batch.ends
+            records = [batch.data[a:b] for a, b in zip([0, *ends], ends, strict=False)]
+            appended = self._append_sequenced(records, batch.msg_ids, batch, topic_bytes, request)
+            self._role.appended()
+            self._dispatch_soon()
+            msg_ids = batch.msg_ids
+        elif (
+            batch is not None
+            and len(batch.sizes) == request.record_count
             and not batch.flags & _SPECIAL_FLAGS
             and not (request.flags & SendRequest.FLAG_RETRY and self._any_stored(batch, topic))
         ):
@@ -221,9 +239,75 @@ class SendHandler:
         if flags & FLAG_DELAYED:
             records = divert(records, self._delay_policy)
         msg_ids = [bytes(r[_MSG_ID_AT:_MSG_ID_END]) for r in records]
+        if flags & FLAG_SEQUENCED:
+            if flags & _SPECIAL_FLAGS:
+                raise InvalidMessage(
+                    "a sequenced (idempotent) record cannot be delayed or a half message: "
+                    "send those without a producer sequence"
+                )
+            return self._append_sequenced(records, msg_ids, None, topic, request), msg_ids
         if request.flags & SendRequest.FLAG_RETRY:
             return self._append_missing(records), msg_ids
         return self._store.append(records), msg_ids
+
+    def _append_sequenced(
+        self,
+        records: Sequence[Buffer],
+        msg_ids: list[bytes],
+        batch: RecordBatch | None,
+        topic: bytes,
+        request: SendRequest,
+    ) -> Appended:
+        """Append what of an idempotent producer's batch is new; answer a re-sent part
+        with where it was stored (the producer table remembers the last few runs of each
+        producer and queue; older ones are answered :data:`UNPLACED`). A gap in the
+        sequences is refused (SequenceGap, retriable)."""
+        n = len(msg_ids)
+        producer, epoch, first_seq = id_sequence(msg_ids[0])
+        _, _, last_seq = id_sequence(msg_ids[-1])
+        head = msg_ids[0][:8]
+        if (
+            last_seq != first_seq + n - 1
+            or (batch is not None and not batch.flags_all & FLAG_SEQUENCED)
+            or (batch is None and not all(r[_FLAGS_AT] & FLAG_SEQUENCED for r in records))
+            or any(m[:8] != head for m in msg_ids)
+        ):
+            raise InvalidMessage(
+                "a batch of sequenced records must be one producer's consecutive sequences "
+                f"(first {first_seq}, last {last_seq}, {n} records), every record flagged "
+                "sequenced"
+            )
+        store = self._store
+        store.catch_up_dispatch()  # the table is fed by the dispatcher
+        key = (producer, topic, request.queue_id)
+        with store.dispatcher.lock:
+            verdict = store.producers.check(key, epoch, first_seq, n)
+        dup = verdict.duplicates
+        if not dup:
+            return store.append(batch if batch is not None else records, wake_dispatcher=False)
+        self._metrics.deduplicated.inc(dup)
+        fresh = store.append(records[dup:], wake_dispatcher=False) if dup < n else None
+        queue = store.queues.get(topic, request.queue_id)
+        cl_offsets: list[int] = []
+        q_offsets: list[int] = []
+        end = fresh.end if fresh is not None else 0
+        for place in verdict.places:
+            size = 0
+            if place is not None and queue is not None and place >= queue.min_offset:
+                cl, size, _ = queue.entry(place)
+            if size:
+                cl_offsets.append(cl)
+                q_offsets.append(place)  # type: ignore[arg-type]
+                end = max(end, cl + size)
+            else:
+                cl_offsets.append(UNPLACED)
+                q_offsets.append(UNPLACED)
+        if fresh is not None:
+            cl_offsets += fresh.commitlog_offsets
+            q_offsets += fresh.queue_offsets
+        timestamp = fresh.store_timestamp_ms if fresh is not None else time.time_ns() // 1_000_000
+        start = min((c for c in cl_offsets if c != UNPLACED), default=end)
+        return Appended(start, end, cl_offsets, q_offsets, timestamp)
 
     def _any_stored(self, batch: RecordBatch, topic: TopicConfig) -> bool:
         """Does the store hold, within the de-dup window, any id of ``batch`` in its topic?

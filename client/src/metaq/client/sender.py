@@ -33,7 +33,7 @@ from metaq.client.selection import BrokerHealth
 from metaq.common.errors import ErrorCode, MetaqError
 from metaq.common.framing import Buffer, Frame, FrameType
 from metaq.common.model import QueueRoute
-from metaq.common.record import msg_id_prefix_hex
+from metaq.common.record import UNPLACED, msg_id_prefix_hex
 from metaq.common.v1.data_pb2 import SendRequest, SendResponse
 
 log = logging.getLogger(__name__)
@@ -323,13 +323,17 @@ class Sender:
             ]
         else:
             msg_ids = [raw.hex() for raw in response.msg_ids]
+        commitlog_offsets = list(response.commitlog_offsets)
+        if UNPLACED in queue_offsets:  # re-sent sequences stored before, place forgotten
+            queue_offsets = [-1 if q == UNPLACED else q for q in queue_offsets]
+            commitlog_offsets = [-1 if c == UNPLACED else c for c in commitlog_offsets]
         # tuple.__new__ builds the named tuples without their Python-level __new__: this
         # runs once per message sent.
         new = tuple.__new__
         results = [
             new(SendResult, (status, msg_id, topic, broker, queue_id, q_off, cl_off, stamp))
             for msg_id, q_off, cl_off in zip(
-                msg_ids, queue_offsets, list(response.commitlog_offsets), strict=False
+                msg_ids, queue_offsets, commitlog_offsets, strict=False
             )
         ]
         for waiter, result in zip(batch.waiters, results, strict=False):

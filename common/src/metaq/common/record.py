@@ -170,6 +170,40 @@ FLAG_DELAYED: Final = 0x2
 properties of every other record."""
 FLAG_TRANSACTION: Final = 0x4
 """A half message: stored, but delivered only once its producer commits it."""
+FLAG_SEQUENCED: Final = 0x8
+"""The message id is an idempotent producer's sequence number (:data:`SEQUENCED_ID`):
+producer id, epoch, queue id and the record's sequence in that queue. The broker keeps
+the last few batches of each producer and queue, from the records themselves (so slaves
+and recovery rebuild them from the log), and answers a re-sent sequence from the log."""
+SEQUENCED_ID: Final = struct.Struct(">QQ")
+"""A sequenced message id as two big-endian words: producer id (48 bits) and epoch (16),
+then queue id (16) and sequence (48). Unique like any id: the producer id is random."""
+UNPLACED: Final = (1 << 64) - 1
+"""The queue and commitlog offset a SEND answers for a re-sent sequence stored too long
+ago for the broker to remember where: stored, place unknown (clients show -1)."""
+MAX_PRODUCER_ID: Final = (1 << 48) - 1
+MAX_SEQUENCE: Final = (1 << 48) - 1
+
+
+def sequenced_id(producer_id: int, epoch: int, queue_id: int, sequence: int) -> bytes:
+    """The message id of record ``sequence`` of producer ``producer_id`` (at ``epoch``)
+    in queue ``queue_id``; see :data:`FLAG_SEQUENCED`."""
+    if not (0 <= producer_id <= MAX_PRODUCER_ID and 0 <= epoch < 1 << 16):
+        raise InvalidMessage(
+            f"producer id {producer_id} / epoch {epoch} out of range "
+            f"(0-{MAX_PRODUCER_ID} / 0-65535)"
+        )
+    if not 0 <= sequence <= MAX_SEQUENCE:
+        raise InvalidMessage(f"sequence {sequence} out of range (0-{MAX_SEQUENCE})")
+    return SEQUENCED_ID.pack(producer_id << 16 | epoch, (queue_id & 0xFFFF) << 48 | sequence)
+
+
+def id_sequence(msg_id: bytes) -> tuple[int, int, int]:
+    """(producer id, epoch, sequence) of a sequenced message id."""
+    producer, place = SEQUENCED_ID.unpack(msg_id)
+    return producer >> 16, producer & 0xFFFF, place & MAX_SEQUENCE
+
+
 PROP_TRANSACTION: Final = "TRAN_MSG"
 """Set by a transactional producer; the encoder turns it into FLAG_TRANSACTION."""
 PROP_REAL_TOPIC: Final = "REAL_TOPIC"

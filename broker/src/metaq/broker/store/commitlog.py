@@ -88,6 +88,8 @@ class RecordBatch:
     """The records' flags ORed: does any ask for special handling?"""
     topic: bytes
     queue_id: int
+    flags_all: int = 0
+    """The records' flags ANDed: do all carry a flag (sequenced ids, say)?"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,6 +206,7 @@ class CommitLog:
         ends: list[int] = []
         msg_ids: list[bytes] = []
         flags_seen = 0
+        flags_all = -1
         pos = 0
         n = len(data)
         try:
@@ -222,6 +225,7 @@ class CommitLog:
                 ):
                     return None
                 flags_seen |= flags
+                flags_all &= flags
                 pos += size
                 sizes.append(size)
                 ends.append(pos)
@@ -230,7 +234,7 @@ class CommitLog:
             return None
         if pos != n or not sizes:
             return None
-        return RecordBatch(data, sizes, ends, msg_ids, flags_seen, topic, queue_id)
+        return RecordBatch(data, sizes, ends, msg_ids, flags_seen, topic, queue_id, flags_all)
 
     def append(self, records: Sequence[bytes | bytearray | memoryview] | RecordBatch) -> Appended:
         """Append a batch as one unit: all records are checked before any is written.

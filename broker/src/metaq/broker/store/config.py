@@ -82,6 +82,10 @@ class StoreConfig:
     # is kept aside (not served) for repair from the master rather than stopping the
     # start; the broker sets it when a failover controller runs its group.
     keep_damaged_records: bool = False
+    # Idempotent producers (store/producers.py): runs of sequences kept per producer and
+    # queue, and how long after its last record a producer is forgotten.
+    producer_batches: int = 5
+    producer_idle_ms: int = 86_400_000
 
     def __post_init__(self) -> None:
         largest_record = HEADER_SIZE + 2048 + self.max_properties_bytes + self.max_message_bytes
@@ -130,6 +134,8 @@ class StoreConfig:
             "clean_interval_s",
             "disk_check_interval_ms",
             "io_error_limit",
+            "producer_batches",
+            "producer_idle_ms",
         ):
             if not getattr(self, name) > 0:
                 problems.append(f"{name} must be positive, not {getattr(self, name)}")

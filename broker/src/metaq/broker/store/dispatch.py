@@ -31,7 +31,15 @@ from metaq.broker.store.retention import DESCRIPTOR_ERRNOS
 from metaq.broker.store.segment import Segment
 from metaq.broker.store.service import Service
 from metaq.common.log_limit import Repeated
-from metaq.common.record import BLANK_MAGIC, HEADER_SIZE, header_view
+from metaq.broker.store.producers import ProducerTable
+from metaq.common.record import (
+    BLANK_MAGIC,
+    FLAG_SEQUENCED,
+    HEADER_SIZE,
+    MAX_SEQUENCE,
+    SEQUENCED_ID,
+    header_view,
+)
 from metaq.common.record_dtype import header_dtype
 
 log = logging.getLogger(__name__)
@@ -47,7 +55,7 @@ thousands of queues a run has one or two entries each, and the arrays cost more.
 
 
 _HEADER_FIELDS: Final = (
-    "size", "queue_offset", "store_timestamp_ms", "queue_id", "msg_id",
+    "size", "flags", "queue_offset", "store_timestamp_ms", "queue_id", "msg_id",
     "topic_len", "tags_len", "keys_len",
 )  # fmt: skip
 """What dispatch reads of a header: as array columns for a run, as a struct per record."""
@@ -78,11 +86,13 @@ DispatchListener = Callable[[set[tuple[bytes, int]]], None]
 class Dispatcher:
     def __init__(
         self, commitlog: CommitLog, queues: QueueTable, index: MessageIndex,
-        few_records: int = FEW_RECORDS,
+        few_records: int = FEW_RECORDS, producers: ProducerTable | None = None,
     ) -> None:  # fmt: skip
         self.commitlog = commitlog
         self.queues = queues
         self.index = index
+        self.producers = producers if producers is not None else ProducerTable()
+        """Fed the sequences of idempotent producers' records as they are dispatched."""
         self.dispatched = 0
         self.listeners: list[DispatchListener] = []
         self.few_records = few_records
@@ -151,7 +161,7 @@ class Dispatcher:
         offsets: list[int] = []
         times: list[int] = []
         for pos in starts:
-            (size, queue_offset, store_ms, queue_id, msg_id, topic_len, tags_len,
+            (size, flags, queue_offset, store_ms, queue_id, msg_id, topic_len, tags_len,
              keys_len) = unpack(view, pos)  # fmt: skip
             at = pos + HEADER_SIZE
             topic = view[at : at + topic_len].tobytes()
@@ -164,6 +174,13 @@ class Dispatcher:
             tag_code = zlib.crc32(view[at : at + tags_len]) if tags_len else 0
             offset = segment.start + pos
             queue.put(queue_offset, offset, size, tag_code)
+            if flags & FLAG_SEQUENCED:
+                producer, place = SEQUENCED_ID.unpack(msg_id)
+                seq = place & MAX_SEQUENCE
+                self.producers.record(
+                    (producer >> 16, topic, queue_id), producer & 0xFFFF, seq, seq,
+                    queue_offset, store_ms,
+                )  # fmt: skip
             hashes.append(hash_id(msg_id))
             offsets.append(offset)
             times.append(store_ms)
@@ -201,6 +218,8 @@ class Dispatcher:
         bounds = [0, *(np.flatnonzero(np.diff(keys[order])) + 1).tolist(), count]
         queue_offsets = heads["queue_offset"]
         sizes = heads["size"]
+        sequenced = (heads["flags"] & FLAG_SEQUENCED) != 0
+        any_sequenced = bool(sequenced.any())
         queues = self.queues
         rows = queues.rows
         for first, last in itertools.pairwise(bounds):
@@ -214,6 +233,11 @@ class Dispatcher:
                 queue = queues.get_or_create(topic, queue_id)
             touched.add(queue)
             run = queue_offsets[members]
+            if any_sequenced:
+                self._record_sequences(
+                    topic, queue_id, members[sequenced[members]], heads, queue_offsets,
+                    store_ms,
+                )  # fmt: skip
             if len(members) < _SMALL_RUN or not (np.diff(run) == 1).all():
                 for n in members.tolist():
                     queue.put(int(queue_offsets[n]), int(offsets[n]), int(sizes[n]),
@@ -243,6 +267,33 @@ class Dispatcher:
         for n, found in zip(keyed, key_hashes, strict=True):
             hashes[id_at[n] + 1 : id_at[n] + 1 + len(found)] = found
         return hashes, np.repeat(offsets, per_record), np.repeat(store_ms, per_record)
+
+    def _record_sequences(
+        self, topic: bytes, queue_id: int, members: npt.NDArray[np.intp],
+        heads: npt.NDArray[np.void], queue_offsets: npt.NDArray[np.int64],
+        store_ms: npt.NDArray[np.int64],
+    ) -> None:  # fmt: skip
+        """Feed the producer table the sequenced records ``members`` of one queue, a call
+        per stretch of one producer's consecutive sequences at consecutive offsets."""
+        if not len(members):
+            return
+        words = np.frombuffer(heads["msg_id"][members].tobytes(), ">u8").reshape(-1, 2)
+        producers = words[:, 0]
+        seqs = (words[:, 1] & np.uint64(MAX_SEQUENCE)).astype(np.int64)
+        offsets = queue_offsets[members].astype(np.int64)
+        breaks = (
+            (producers[1:] != producers[:-1])
+            | (np.diff(seqs) != 1)
+            | (np.diff(offsets) != 1)
+        )  # fmt: skip
+        bounds = [0, *(np.flatnonzero(breaks) + 1).tolist(), len(members)]
+        record = self.producers.record
+        for first, end in itertools.pairwise(bounds):
+            producer = int(producers[first])
+            record(
+                (producer >> 16, topic, queue_id), producer & 0xFFFF, int(seqs[first]),
+                int(seqs[end - 1]), int(offsets[first]), int(store_ms[members[end - 1]]),
+            )  # fmt: skip
 
     def _tell(self, touched: set[ConsumeQueue]) -> None:
         if touched and self.listeners:

@@ -27,6 +27,7 @@ from metaq.broker.store.flush import CommitLogFlusher
 from metaq.broker.store.index import MessageIndex, key_for_id, key_for_topic_key
 from metaq.broker.store.mapping import MappingPool
 from metaq.broker.store.page_cache import PageCacheWindow
+from metaq.broker.store.producers import ProducerTable, write_snapshot
 from metaq.broker.store.reads import GetResult, GetStatus, read_batch
 from metaq.broker.store.recovery import RecoveryReport, recover
 from metaq.broker.store.retention import (
@@ -115,7 +116,11 @@ class MessageStore:
         self.index = MessageIndex(
             config.index_dir, config.index_slots, config.index_entries, self.disk
         )
-        self.dispatcher = Dispatcher(self.commitlog, self.queues, self.index)
+        self.producers = ProducerTable(config.producer_batches)
+        """Idempotent producers' last sequences per queue, fed by the dispatcher."""
+        self.dispatcher = Dispatcher(
+            self.commitlog, self.queues, self.index, producers=self.producers
+        )
         self.retention = Retention(config)
         # Next queue offset each (topic, queue id) has been consumed up to by every
         # consumer group known for it; the broker sets it. Without it, or for a queue it
@@ -130,6 +135,7 @@ class MessageStore:
         self._services: list[Service] = []
         self._abort = AbortMarker(config.data_dir / "abort")
         self._checkpoint_path = config.data_dir / "checkpoint"
+        self._producers_path = config.data_dir / "producers.json"
         self._lock_fd: int | None = None
         self.recovery: RecoveryReport | None = None
         # (dispatched offset, queue entries) as of the last sync of queues and index.
@@ -177,6 +183,9 @@ class MessageStore:
         crashed = self._abort.found()
         if crashed:
             log.warning("abort marker found: the last run did not shut down cleanly")
+        # The producer table as of the last checkpoint; recovery's re-dispatch, which
+        # starts at or before the offset it was saved at, feeds it the rest.
+        saved_at = self.producers.load(self._producers_path)
         report = recover(
             self.commitlog,
             self.queues,
@@ -186,6 +195,12 @@ class MessageStore:
             crashed,
             keep_damaged=self.config.keep_damaged_records,
         )
+        if saved_at is not None and saved_at > self.commitlog.write_offset:
+            log.warning(
+                "the log was cut at %d, below the producer table saved at %d: trimming it",
+                self.commitlog.write_offset, saved_at,
+            )  # fmt: skip
+        self.producers.truncate(self._queue_ends())
         self._abort.create()
         # Map (and pre-fault) the segment the next append goes to now, not on the hot path.
         try:
@@ -463,6 +478,7 @@ class MessageStore:
             for queue in self.queues.queues.values():
                 queue.truncate_to_commitlog(offset)
             self.dispatcher.dispatched = min(self.dispatcher.dispatched, offset)
+            self.producers.truncate(self._queue_ends())
             self.commitlog.queue_offsets = self.queues.next_offsets()
         # The cut queues are what recovery must trust from now on.
         self.checkpoint()
@@ -474,6 +490,9 @@ class MessageStore:
             self.dispatcher.dispatched = offset
             self.flusher.durable = offset
             self.page_cache.start_at(offset)
+
+    def _queue_ends(self) -> dict[tuple[bytes, int], int]:
+        return {queue.key: queue.max_offset for queue in self.queues.queues.values()}
 
     def become_writer(self) -> None:
         """Before a slave's first own append: its queue offsets continue the dispatched
@@ -631,10 +650,14 @@ class MessageStore:
                 dispatched = self.dispatcher.dispatched
                 entries = sum(q.max_offset for q in self.queues.queues.values())
                 dirty = self.queues.dirty_segments() + self.index.segments()
+                # Saved before the checkpoint that trusts ``dispatched``: recovery then
+                # re-dispatches from at or below the offset the table was saved at.
+                producers = self.producers.dump(dispatched)
         durable = self.flusher.durable
         try:
             if queues:
                 self.disk.sync_all(dirty)
+                write_snapshot(self._producers_path, producers)
                 self._queues_durable = (dispatched, entries)
             dispatched, entries = self._queues_durable
             checkpoint = Checkpoint(
@@ -652,6 +675,9 @@ class MessageStore:
     def clean(self, now_s: float | None = None) -> int:
         """Check the disk and delete what retention allows; return segments deleted."""
         ratio = self.guard.refresh_disk()
+        now = time.time() if now_s is None else now_s
+        with self.dispatcher.lock:
+            self.producers.expire(int(now * 1000) - self.config.producer_idle_ms)
         segments = self.commitlog.segments.segments
         safe_end = min(self.dispatcher.dispatched, self.flusher.durable)
         floors: Mapping[tuple[str, int], int] | None = None
