@@ -3,6 +3,8 @@ fails mid-write and is retried storing each row once, and rows that cannot be me
 
 from __future__ import annotations
 
+import re
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +13,7 @@ from pyspark.errors import AnalysisException
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType
 
+from metaq.common.record import id_sequence
 from metaq.testing import Cluster
 from metaq.testing.waiting import run_async
 
@@ -20,6 +23,15 @@ ROWS = 25_000
 def read_back(spark: Any, cluster: Cluster, topic: str) -> list[Any]:
     reader = spark.read.format("metaq").option("nameservers", cluster.nameserver_list)
     return reader.option("topic", topic).load().collect()
+
+
+def deduplicated(metrics: list[str]) -> float:
+    total = 0.0
+    for url in metrics:
+        text = urllib.request.urlopen(url, timeout=5).read().decode()
+        for found in re.finditer(r"^metaq_sends_deduplicated_total (\S+)$", text, re.M):
+            total += float(found.group(1))
+    return total
 
 
 def writer(df: Any, cluster: Cluster) -> Any:
@@ -83,9 +95,18 @@ def test_a_task_failed_mid_write_stores_each_row_once(
     df = spark.range(0, ROWS, 1, 1).select(body(F.col("id")).alias("body"))
     writer(df, cluster).option("topic", "write-retry").save()
     assert Path(marker).exists(), "the injected failure did not happen"
-    bodies = [bytes(r.body).decode() for r in read_back(spark, cluster, "write-retry")]
+    rows = read_back(spark, cluster, "write-retry")
+    bodies = [bytes(r.body).decode() for r in rows]
     assert len(bodies) == ROWS, f"{len(bodies) - len(set(bodies))} rows stored twice"
     assert set(bodies) == {f"row-{i}" for i in range(ROWS)}
+    # The re-sent rows were told apart by their producer sequences: every queue holds one
+    # task's sequences 0, 1, 2, ... once each, and the brokers dropped the re-sent ones.
+    by_queue: dict[tuple[str, int], list[int]] = {}
+    for row in rows:
+        _, _, seq = id_sequence(bytes.fromhex(row.msg_id))
+        by_queue.setdefault((row.broker, row.queue), []).append(seq)
+    assert all(seqs == list(range(len(seqs))) for seqs in by_queue.values()), by_queue.keys()
+    assert deduplicated(metrics) > 0
 
 
 def test_rows_go_to_the_queue_their_queue_and_broker_columns_name(

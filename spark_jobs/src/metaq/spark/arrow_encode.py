@@ -50,8 +50,21 @@ def id_hashes(ids: np.ndarray) -> np.ndarray:
     return crc ^ np.uint32(0xFFFFFFFF)
 
 
+def sequenced_ids(producer_ids: np.ndarray, queue_ids: np.ndarray, seqs: np.ndarray) -> np.ndarray:
+    """``record.sequenced_id`` (epoch 0) of every row, shaped (n, 16) uint8."""
+    words = np.empty((len(seqs), 2), ">u8")
+    words[:, 0] = producer_ids.astype(np.uint64) << np.uint64(16)
+    words[:, 1] = (queue_ids.astype(np.uint64) << np.uint64(48)) | seqs.astype(np.uint64)
+    return words.view(np.uint8).reshape(-1, 16)
+
+
 def encode_bodies(
-    topic: str, bodies: pa.Array, ids: np.ndarray, queue_ids: np.ndarray, born_timestamp_ms: int
+    topic: str,
+    bodies: pa.Array,
+    ids: np.ndarray,
+    queue_ids: np.ndarray,
+    born_timestamp_ms: int,
+    flags: int = 0,
 ) -> pa.Array:
     """One record per body, as a producer sends it (broker fields zero, CRC unset): a
     binary array whose values are the records, so a take of it gathers a queue's batch.
@@ -59,7 +72,9 @@ def encode_bodies(
     n = len(bodies)
     # Each row's header and topic are the encoder's record of an empty body, with the
     # fields that differ by row set after.
-    empty = record.encode(topic, b"", msg_id=bytes(16), born_timestamp_ms=born_timestamp_ms)
+    empty = record.encode(
+        topic, b"", msg_id=bytes(16), born_timestamp_ms=born_timestamp_ms, flags=flags
+    )
     width = len(empty)
     lengths = pc.binary_length(bodies).to_numpy(zero_copy_only=False).astype(np.int64)
     fixed = np.tile(np.frombuffer(empty, np.uint8), n)

@@ -1,12 +1,15 @@
-"""Rows to messages, sent with ids that make a retried Spark task store nothing twice.
+"""Rows to messages, sent as an idempotent producer's so a retried Spark task stores nothing twice.
 
-Each row's message id is derived from (write id, partition id, batch id, row number): the
-same row of a retried task gets the same id, and every SEND goes with the retry flag, so
-the broker answers ids it stored within its ``dedup_window_ms`` from its index instead of
-storing them again. The queue is chosen from the id (or the ``sharding_key``, or named by
-the ``queue`` and ``broker`` columns), so the retry reaches the same broker group, whose
-index holds the first try. A ``msg_id`` column
-(32 hex digits) is used as it is: a replay of stored messages keeps their ids.
+Each task is a producer whose id is derived from (write id, partition id, batch id) and
+the broker group; its rows get sequence numbers per queue, in row order
+(``metaq.common.record.FLAG_SEQUENCED``). The retried task numbers the same rows the same
+way, and the broker answers sequences it stored from its producer table instead of storing
+them again, at a cost that does not grow with a de-dup window. Each row's queue is chosen
+from a hash of (write, partition, batch, row number) (or the ``sharding_key``, or named by
+the ``queue`` and ``broker`` columns), so the retry sends every row where its first try
+went. A ``msg_id`` column (32 hex digits) is used as it is, a replay of stored messages
+keeping their ids; those rows go with the retry flag, de-duplicated by id within the
+broker's ``dedup_window_ms``.
 """
 
 from __future__ import annotations
@@ -38,7 +41,13 @@ from metaq.client.selection import shard_queue
 from metaq.common import record
 from metaq.common.errors import InvalidMessage
 from metaq.common.model import QueueRoute, TopicRoute
-from metaq.spark.arrow_encode import derived_ids, encode_bodies, id_hashes, payload
+from metaq.spark.arrow_encode import (
+    derived_ids,
+    encode_bodies,
+    id_hashes,
+    payload,
+    sequenced_ids,
+)
 from metaq.spark.options import OptionError, SinkOptions
 
 COLUMNS: Final[dict[str, tuple[DataType, ...]]] = {
@@ -85,8 +94,14 @@ def check_schema(schema: StructType, options: SinkOptions) -> None:
 
 
 def id_prefix(write_id: str, partition: int, batch: int) -> bytes:
-    """The first 8 bytes of every id a task writes; the row number is the last 8."""
+    """What a task's row numbers are hashed with to choose their queues (8 bytes)."""
     return hashlib.blake2b(f"{write_id}/{partition}/{batch}".encode(), digest_size=8).digest()
+
+
+def producer_id(prefix: bytes, broker: str) -> int:
+    """The idempotent producer id of a task (``prefix``) towards one broker group."""
+    digest = hashlib.blake2b(prefix + broker.encode(), digest_size=6).digest()
+    return int.from_bytes(digest, "big")
 
 
 @dataclass
@@ -104,7 +119,11 @@ class RowSender:
         self.producer = producer
         self.prefix = prefix
         self.row = 0
-        self.pending: dict[tuple[str, QueueRoute], list[bytearray]] = {}
+        self.pending: dict[tuple[str, QueueRoute, bool], list[bytearray]] = {}
+        """Records to send per topic, queue and whether they carry given ids."""
+        self.sequences: dict[tuple[str, str, int], int] = {}
+        """The next sequence per (topic, broker group, queue id)."""
+        self._producer_ids: dict[str, int] = {}
         self.in_flight: list[asyncio.Future[Any]] = []
         self.stats = WriteStats()
 
@@ -136,11 +155,21 @@ class RowSender:
         queues = route.write_queues
         if not queues:
             raise NoWritableQueue(topic)
-        ids = derived_ids(self.prefix, self.row, n)
-        # shard_queue's choice, by the id, for every row: a retry goes where the first try went.
-        picks = id_hashes(ids).astype(np.int64) % len(queues)
+        # shard_queue's choice, by the row's derived id, for every row: a retry goes where
+        # the first try went.
+        picks = id_hashes(derived_ids(self.prefix, self.row, n)).astype(np.int64) % len(queues)
         queue_ids = np.array([q.queue_id for q in queues], np.int32)[picks]
-        records = encode_bodies(topic, bodies, ids, queue_ids, time.time_ns() // 1_000_000)
+        producers = np.empty(n, np.uint64)
+        seqs = np.empty(n, np.int64)
+        for k, queue in enumerate(queues):
+            rows = np.flatnonzero(picks == k)
+            producers[rows] = self._producer_id(queue.broker_name)
+            first = self._next_sequence(topic, queue, len(rows))
+            seqs[rows] = np.arange(first, first + len(rows))
+        ids = sequenced_ids(producers, queue_ids, seqs)
+        records = encode_bodies(
+            topic, bodies, ids, queue_ids, time.time_ns() // 1_000_000, record.FLAG_SEQUENCED
+        )
         self.row += n
         size = self.options.batch_messages
         for k, queue in enumerate(queues):
@@ -149,6 +178,19 @@ class RowSender:
                 chosen = records.take(pa.array(rows[at : at + size]))
                 self._send_payload(topic, queue, payload(chosen), len(chosen))
         await self._throttle()
+
+    def _producer_id(self, broker: str) -> int:
+        found = self._producer_ids.get(broker)
+        if found is None:
+            found = self._producer_ids[broker] = producer_id(self.prefix, broker)
+        return found
+
+    def _next_sequence(self, topic: str, queue: QueueRoute, count: int) -> int:
+        """Take ``count`` sequences of ``queue``; return the first."""
+        key = (topic, queue.broker_name, queue.queue_id)
+        first = self.sequences.get(key, 0)
+        self.sequences[key] = first + count
+        return first
 
     def _one_topic(self, column: pa.Array | None, n: int) -> str | None:
         """The topic of every row, when it is one; None when rows differ (or name none)."""
@@ -188,7 +230,8 @@ class RowSender:
                 body = body.encode()
             route = routes.get(topic) or await self._route(topic)
             routes[topic] = route
-            msg_id = self._id(ids[i] if ids is not None else None, number)
+            given = ids[i] if ids is not None else None
+            msg_id = self._id(given, number)
             shard = shards[i] if shards is not None else None
             queue_id = queue_ids[i] if queue_ids is not None else None
             if queue_id is not None:
@@ -197,6 +240,13 @@ class RowSender:
             else:
                 # By the id: a retry of the task sends each row where its first try went.
                 queue = shard_queue(route, shard) if shard else shard_queue(route, msg_id)
+            flags = 0
+            if not given:
+                seq = self._next_sequence(str(topic), queue, 1)
+                flags = record.FLAG_SEQUENCED
+                msg_id = record.sequenced_id(
+                    self._producer_id(queue.broker_name), 0, queue.queue_id, seq
+                )
             try:
                 rec = record.encode(
                     topic,
@@ -207,17 +257,18 @@ class RowSender:
                     properties=_props(props[i]) if props is not None else None,
                     msg_id=msg_id,
                     born_timestamp_ms=now,
+                    flags=flags,
                 )
             except InvalidMessage as exc:
                 raise RowError(f"row {number} of this task: {exc}") from None
-            batch = self.pending.setdefault((topic, queue), [])
+            batch = self.pending.setdefault((topic, queue, bool(given)), [])
             batch.append(rec)
             if len(batch) >= self.options.batch_messages:
-                self._send(topic, queue, self.pending.pop((topic, queue)))
+                self._send(topic, queue, self.pending.pop((topic, queue, bool(given))))
         await self._throttle()
 
     async def finish(self) -> WriteStats:
-        for (topic, queue), records in list(self.pending.items()):
+        for (topic, queue, _), records in list(self.pending.items()):
             self._send(topic, queue, records)
         self.pending.clear()
         await self._settle()
@@ -256,7 +307,7 @@ class RowSender:
             if len(raw) != 16:
                 raise RowError(f"column 'msg_id' in row {number}: {given!r} is not 32 hex digits")
             return raw
-        return self.prefix + number.to_bytes(8, "big")
+        return self.prefix + number.to_bytes(8, "big")  # chooses the row's queue
 
     async def _route(self, topic: str | None) -> TopicRoute:
         if not topic:

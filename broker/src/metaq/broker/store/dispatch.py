@@ -27,11 +27,11 @@ from metaq.broker.store.index import (
     hash_key,
     key_for_topic_key,
 )
+from metaq.broker.store.producers import ProducerTable
 from metaq.broker.store.retention import DESCRIPTOR_ERRNOS
 from metaq.broker.store.segment import Segment
 from metaq.broker.store.service import Service
 from metaq.common.log_limit import Repeated
-from metaq.broker.store.producers import ProducerTable
 from metaq.common.record import (
     BLANK_MAGIC,
     FLAG_SEQUENCED,
