@@ -5,16 +5,20 @@ after its master's kill -9 (the table built from the replicated log)."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from metaq.client.admin import Admin, TopicSettings
-from metaq.common.record import FLAG_SEQUENCED, encode, sequenced_id
+from metaq.client.producer import Producer
+from metaq.common.record import FLAG_SEQUENCED, encode, id_sequence, sequenced_id
 from metaq.testing import BrokerProcess, DataClient
+from metaq.testing.cluster import Cluster, ClusterBuilder
 from metaq.testing.data_client import BrokerError
 from metaq.testing.replica_group import read_records, start_group
-from metaq.testing.waiting import run_async, wait_until
+from metaq.testing.waiting import run_async, wait_until, wait_until_async
 
 TOPIC = "payments"
 PRODUCER = 0x1234_5678_9ABC
@@ -114,3 +118,36 @@ def test_a_batch_resent_to_the_new_master_after_a_failover_is_stored_once(
         assert len(bodies(new, 60)) == 60
     finally:
         group.stop()
+
+
+def test_an_idempotent_producer_whose_reply_was_lost_stores_once(
+    cluster_factory: Callable[[ClusterBuilder], Cluster],
+) -> None:
+    cluster = cluster_factory(ClusterBuilder())
+    broker = cluster.broker("broker-a")
+    run_async(cluster.create_topic(TOPIC, queues=1))
+
+    async def scenario() -> None:
+        async with Producer(
+            cluster.nameserver_addresses, send_timeout_s=0.5, retries=4, idempotent=True
+        ) as producer:
+            await producer.send(TOPIC, b"warm-up")
+            # The broker hangs: the send and its retries wait unanswered in its socket.
+            broker.pause()
+            sending = asyncio.ensure_future(producer.send(TOPIC, b"pay 10 EUR"))
+
+            async def retried() -> bool:
+                return producer.sender.batches_sent >= 3
+
+            await wait_until_async(retried, 10, "the send was retried")
+            broker.resume()
+            result = await sending
+            assert result.queue_offset == 1
+            batch = await producer.send_batch(TOPIC, [b"a", b"b", b"c"])
+            assert [r.queue_offset for r in batch] == [2, 3, 4]
+
+    run_async(scenario(), timeout_s=60)
+    assert bodies(broker, 5) == [b"warm-up", b"pay 10 EUR", b"a", b"b", b"c"]
+    stored = run_async(read_records(broker, TOPIC))
+    assert [id_sequence(r.msg_id)[2] for r in stored] == [0, 1, 2, 3, 4]
+    assert all(r.flags & FLAG_SEQUENCED for r in stored)

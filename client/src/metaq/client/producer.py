@@ -6,7 +6,10 @@ stored by the master of the broker group it names, at the queue offset it names;
 FLUSH_SLAVE_TIMEOUT / SLAVE_NOT_AVAILABLE). A send that raises may or may not have been
 stored: a connection that drops or a request that times out after the broker took the
 batch leaves that unknown, and the retry that follows can store the message twice.
-Delivery is therefore at least once; the message id lets consumers deduplicate.
+Delivery is therefore at least once; the message id lets consumers deduplicate. An
+``idempotent`` producer (Kafka's idempotent producer) numbers the records of each queue
+and retries with the same numbers on the same queue: the broker stores a re-sent record
+once, even on the slave promoted after its master died, and answers where it was stored.
 
 Three parts, as in aiokafka:
 
@@ -41,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -75,6 +79,7 @@ log = logging.getLogger(__name__)
 MIB: Final = 1024 * 1024
 _T = TypeVar("_T")
 
+_FLAGS: Final = record.FIELDS["flags"]
 _ROUTE_REFRESH_SHARE_S: Final = 0.05
 """Failures within this long of a route fetch share it rather than fetch again."""
 
@@ -108,6 +113,10 @@ class ProducerConfig:
     generated (host@pid@random) when empty."""
     computer_room: str = ""
     """Where the producer runs, shown in admin views."""
+    idempotent: bool = False
+    """Send with a producer id and a sequence per queue (``record.FLAG_SEQUENCED``): a
+    retry is stored once. Retries then stay on their queue, as a sharded send's do;
+    delayed and half messages go without sequences."""
     answer_poll_us: int = 1000
     """How long the event loop polls for an answer instead of sleeping, while answers
     come back that quickly (:mod:`metaq.client.answer_poll`); 0 turns it off."""
@@ -189,6 +198,7 @@ class Producer:
         secret_key: str = "",
         credentials: Credentials | None = None,
         tls: TlsConfig | None = None,
+        idempotent: bool = False,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
@@ -204,6 +214,7 @@ class Producer:
                 client_id=client_id,
                 computer_room=computer_room,
                 trace=trace,
+                idempotent=idempotent,
             )
         config.validate()
         self.config = config
@@ -230,6 +241,7 @@ class Producer:
             compress_level=config.compress_level,
             max_message_bytes=config.max_message_bytes,
         )
+        self.sequences = Sequences() if config.idempotent else None
         self._sender: Sender | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
@@ -488,6 +500,13 @@ class Producer:
         queue = self._choose(route, sharding_key)
         c = self.config
         now = asyncio.get_running_loop().time()
+        sequenced = None
+        if self.sequences is not None and not any(
+            not isinstance(m, (bytes, bytearray, memoryview))
+            and record.property_flags(m.properties)
+            for m in messages
+        ):
+            sequenced = (self.sequences.producer_id, self.sequences.take(queue, len(messages)))
         batches = [
             Batch.whole(topic, queue, [buf], count, now, first_id=first_id)
             for buf, count, first_id in self._encoder.encode_batch(
@@ -496,13 +515,15 @@ class Producer:
                 queue.queue_id,
                 max_records=c.max_batch_records,
                 max_bytes=c.max_batch_bytes,
+                sequenced=sequenced,
             )
         ]
         futures = [sender.submit(batch) for batch in batches]
         results: list[SendResult] = []
+        sharded = sharding_key is not None or sequenced is not None
         try:
             for batch, future in zip(batches, futures, strict=True):
-                results += await self._answer(batch, future, sharding_key is not None)
+                results += await self._answer(batch, future, sharded)
         except BaseException:
             for future in futures:  # the caller hears of the first failure only
                 future.add_done_callback(_retrieve)
@@ -608,7 +629,17 @@ class Producer:
         sender = self.sender
         queue = self._choose(route, sharding_key)
         topic = route.topic
-        rec = self._encoder.encode(topic, body, queue.queue_id, tags, keys, properties)
+        sequences = self.sequences
+        if sequences is None or one_way or record.property_flags(properties):
+            rec = self._encoder.encode(topic, body, queue.queue_id, tags, keys, properties)
+        else:
+            msg_id = record.sequenced_id(
+                sequences.producer_id, 0, queue.queue_id, sequences.take(queue, 1)
+            )
+            rec = self._encoder.encode(
+                topic, body, queue.queue_id, tags, keys, properties,
+                msg_id=msg_id, flags=record.FLAG_SEQUENCED,
+            )  # fmt: skip
         return queue, rec, sender.append(topic, queue, rec, one_way=one_way)
 
     async def _answer(
@@ -634,9 +665,17 @@ class Producer:
     def _after_failure(self, topic: str, queue: QueueRoute, exc: BaseException) -> None:
         """A retriable failure not retried here (``retries=0``) still means the route may
         be stale (a master died): the next send fetches it again."""
+        self._sequence_lost()
         if _retriable(exc):
             self.routes.expect_change(topic, queue.broker_name, queue.address)
             self.routes.invalidate(topic)
+
+    def _sequence_lost(self) -> None:
+        """A sequenced send failed for good: its sequences may never be stored, and the
+        broker would refuse every later one of the queue as a gap; a new producer id
+        starts every queue's sequences afresh."""
+        if self.sequences is not None:
+            self.sequences.restart()
 
     def _choose(self, route: TopicRoute, sharding_key: str | bytes | None) -> QueueRoute:
         if sharding_key is not None:
@@ -676,11 +715,37 @@ class Producer:
         moves on when the group is a lone broker (then a duplicate is possible).
         ``flagged`` records went flagged as a retry the first time and go so again.
         """
-        c = self.config
         unknown = isinstance(first_error, RequestTimeout) or (
             isinstance(first_error, ConnectionLost) and not first_error.never_sent
         )
         log.info("send to %s %s failed, retrying: %s", topic, failed, first_error)
+        # A sequenced record's sequence belongs to its queue: it is retried there, and in
+        # a batch of its own (the accumulator could put it behind later sequences).
+        sequenced = bool(_flags_of(records[0]) & record.FLAG_SEQUENCED)
+        sharded = sharded or sequenced
+        flagged = flagged or sequenced
+        try:
+            return await self._retry_attempts(
+                topic, records, failed, sharded, unknown, first_error, count=count,
+                flagged=flagged,
+            )  # fmt: skip
+        except BaseException:
+            self._sequence_lost()
+            raise
+
+    async def _retry_attempts(
+        self,
+        topic: str,
+        records: Sequence[Buffer],
+        failed: QueueRoute,
+        sharded: bool,
+        unknown: bool,
+        first_error: BaseException,
+        *,
+        count: int,
+        flagged: bool,
+    ) -> list[SendResult]:
+        c = self.config
         self.routes.expect_change(topic, failed.broker_name, failed.address)
         previous = failed
         observers = self._observers
@@ -747,6 +812,29 @@ class Producer:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+
+class Sequences:
+    """An idempotent producer's id (random, 48 bits) and next sequence per queue."""
+
+    def __init__(self) -> None:
+        self.restart()
+
+    def restart(self) -> None:
+        self.producer_id = secrets.randbits(48)
+        self._next: dict[tuple[str, int], int] = {}
+
+    def take(self, queue: QueueRoute, count: int) -> int:
+        """Take ``count`` sequences of ``queue``; return the first."""
+        key = (queue.broker_name, queue.queue_id)
+        first = self._next.get(key, 0)
+        self._next[key] = first + count
+        return first
+
+
+def _flags_of(rec: Buffer) -> int:
+    flags: int = _FLAGS.packer.unpack_from(rec, _FLAGS.offset)[0]
+    return flags
 
 
 def _retrieve(future: asyncio.Future[Any]) -> None:

@@ -434,18 +434,21 @@ class RecordEncoder:
         tags: str = "",
         keys: Sequence[str] = (),
         properties: Mapping[str, str] | None = None,
+        *,
+        msg_id: bytes | None = None,
+        flags: int = 0,
     ) -> bytes:
-        """A producer's record: a new id of this process, born now, flagged as its
-        ``properties`` ask (delayed, half message) and compressed as configured."""
+        """A producer's record: a new id of this process (or ``msg_id``, with ``flags``
+        for it: a sequenced id), born now, flagged as its ``properties`` ask (delayed,
+        half message) and compressed as configured."""
         topic_b = self._topics.get(topic) or self.topic_bytes(topic)
-        flags = 0
         size = len(body)
         if size > self._compress_over:
             packed = zlib.compress(body, self.compress_level)
             if len(packed) < size:
-                body, flags, size = packed, FLAG_COMPRESSED, len(packed)
+                body, flags, size = packed, flags | FLAG_COMPRESSED, len(packed)
         if size > self._max_bytes:
-            after = " after compression" if flags else ""
+            after = " after compression" if flags & FLAG_COMPRESSED else ""
             raise InvalidMessage(
                 f"message body is {size} bytes{after}; the producer's limit is "
                 f"{self.max_message_bytes} bytes (max_message_bytes)"
@@ -453,7 +456,8 @@ class RecordEncoder:
         return b"".join(
             _parts(
                 topic_b, body, flags | property_flags(properties), queue_id, 0,
-                time.time_ns() // 1_000_000, _IDS.next(), NO_HOST, tags, keys, properties,
+                time.time_ns() // 1_000_000, msg_id or _IDS.next(), NO_HOST, tags, keys,
+                properties,
             )
         )  # fmt: skip
 
@@ -465,11 +469,14 @@ class RecordEncoder:
         *,
         max_records: int,
         max_bytes: int,
+        sequenced: tuple[int, int] | None = None,
     ) -> list[tuple[bytes, int, int]]:
         """Encode messages back to back into as few buffers as the batch limits allow;
         returns (buffer, record count, first message-id number) per batch. One buffer per
         batch means one write and no per-record bookkeeping downstream; the ids of a batch
-        are consecutive (see :func:`msg_id_hex`)."""
+        are consecutive (see :func:`msg_id_hex`). With ``sequenced`` (producer id, first
+        sequence) the ids are that producer's sequences (epoch 0) and the first id
+        number returned is -1."""
         if not messages:
             return []
         topic_b = self._topics.get(topic) or self.topic_bytes(topic)
@@ -477,6 +484,13 @@ class RecordEncoder:
         pack, fixed = HEADER.pack, HEADER_SIZE + topic_len
         prefix = _IDS.prefix
         number = _IDS.take(len(messages))
+        seq_flag = word = place = 0
+        pack_id = SEQUENCED_ID.pack
+        if sequenced is not None:
+            seq_flag = FLAG_SEQUENCED
+            word = sequenced[0] << 16
+            place = (queue_id & 0xFFFF) << 48 | sequenced[1]
+            number = 0
         threshold, limit = self._compress_over, self._max_bytes
         born = time.time_ns() // 1_000_000
         batches: list[tuple[bytes, int, int]] = []
@@ -494,6 +508,7 @@ class RecordEncoder:
                 extras = tags_b + keys_b + props_b
                 tags_len, keys_len, props_len = len(tags_b), len(keys_b), len(props_b)
                 flags = property_flags(message.properties)
+            flags |= seq_flag
             size = len(body)
             if size > threshold:
                 packed = zlib.compress(body, self.compress_level)
@@ -506,13 +521,15 @@ class RecordEncoder:
                 )
             total = fixed + len(extras) + size
             if count and (count >= max_records or nbytes + total > max_bytes):
-                batches.append((b"".join(parts), count, number - count))
+                batches.append((b"".join(parts), count, number - count if not seq_flag else -1))
                 parts = []
                 nbytes = count = 0
+            msg_id = (
+                pack_id(word, place + number) if seq_flag else prefix + number.to_bytes(8, "big")
+            )
             parts.append(
                 pack(
-                    total, MAGIC, 0, flags, -1, -1, 0, NO_HOST, queue_id, 0, born,
-                    prefix + number.to_bytes(8, "big"),
+                    total, MAGIC, 0, flags, -1, -1, 0, NO_HOST, queue_id, 0, born, msg_id,
                     NO_HOST, topic_len, tags_len, keys_len, props_len, size,
                 )
             )  # fmt: skip
@@ -524,7 +541,7 @@ class RecordEncoder:
             count += 1
             number += 1
         if count:
-            batches.append((b"".join(parts), count, number - count))
+            batches.append((b"".join(parts), count, number - count if not seq_flag else -1))
         return batches
 
 
