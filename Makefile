@@ -18,7 +18,7 @@ STAMP := .venv/.setup-stamp
 
 PYTEST_ARGS ?=
 
-.PHONY: setup ci-deps test lint dist deploy-lint deploy-test generate check-generated run store-demo spark-demo bench-spark bench-store bench-dispatch bench-framing bench-idle-poll bench-queues bench-sync-one bench-e2e bench-failover bench-failover-compare bench-features bench-compare bench-accumulation bench-metaq2 bench-scale bench-spark-kafka chaos clean peers peers-kafka peers-rocketmq peers-spark-kafka
+.PHONY: setup ci-deps test lint dist deploy-lint deploy-test generate check-generated run store-demo spark-demo bench-spark bench-store bench-dispatch bench-dedup bench-framing bench-idle-poll bench-queues bench-sync-one bench-e2e bench-failover bench-failover-compare bench-features bench-compare bench-accumulation bench-metaq2 bench-scale bench-spark-kafka chaos clean peers peers-kafka peers-rocketmq peers-spark-kafka
 
 setup: $(STAMP)
 
@@ -118,6 +118,12 @@ bench-framing: setup
 bench-dispatch: setup
 	$(UV) run --frozen python bench/bench_dispatch_rounds.py --workload sends
 	$(UV) run --frozen python bench/bench_dispatch_rounds.py --workload batch
+
+# The id window's index probe per retried batch as the window grows, beside the idempotent
+# producers' sequence table (docs/benchmarks.md); last line JSON. DEDUP_BENCH_ARGS="--files 128"
+DEDUP_BENCH_ARGS ?=
+bench-dedup: setup
+	$(UV) run --frozen python bench/bench_dedup.py $(DEDUP_BENCH_ARGS)
 
 # One-at-a-time round trips to a loopback echo server that sleeps, then one that polls
 # (the broker's IdlePoll): what a sleeping CPU's wake-up costs.

@@ -25,7 +25,9 @@ that a long-running job pays once. The producer's batched send it is compared wi
 right after it, into a topic of its own, with Spark's JVM alive beside it as during the
 write; the producer's rate on the fresh broker before Spark started is kept as
 ``producer_fill_rows_s``. Each phase's CPU seconds by process (broker, JVM, Python
-workers, this process) say what bounds it on a shared machine.
+workers, this process) say what bounds it on a shared machine; the broker's CPU per
+written row (``spark_write_broker_cpu_us_per_row``, beside the producer's) is what the
+broker pays to tell a write's rows new or re-sent.
 """
 
 from __future__ import annotations
@@ -333,10 +335,16 @@ def main(argv: list[str]) -> None:
             write(bodies, ns, "bench-write")
             figures["spark_write_rows_s"] = round(args.messages / (time.perf_counter() - start))
             figures["spark_write_cpu_s"] = spent(cpu, cpu_by_role())
+            figures["spark_write_broker_cpu_us_per_row"] = round(
+                figures["spark_write_cpu_s"].get("broker", 0.0) / args.messages * 1e6, 2
+            )
             cpu = cpu_by_role()
             producer_rate = asyncio.run(fill(ns, "bench-produce", args.messages))
             figures["producer_batched_rows_s"] = round(producer_rate)
             figures["producer_batched_cpu_s"] = spent(cpu, cpu_by_role())
+            figures["producer_batched_broker_cpu_us_per_row"] = round(
+                figures["producer_batched_cpu_s"].get("broker", 0.0) / args.messages * 1e6, 2
+            )
             latencies = stream_latency(spark, ns, "bench-stream", args.stream_seconds)
             figures["spark_stream_rows"] = len(latencies)
             figures["spark_stream_p50_ms"] = round(statistics.median(latencies), 1)
