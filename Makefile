@@ -74,8 +74,10 @@ check-generated: setup
 	$(UV) run --frozen python common/scripts/generate.py --check
 
 # The main job: a local cluster (one nameserver, two brokers) in the foreground.
+# make run RUN_ARGS="--replicas 2": each group a sync pair, to try failover (docs/spark.md)
+RUN_ARGS ?=
 run: setup
-	$(UV) run --frozen python scripts/local_cluster.py
+	$(UV) run --frozen python scripts/local_cluster.py $(RUN_ARGS)
 
 # The storage engine on its own: append, read back, restart cleanly and after a crash.
 store-demo: setup

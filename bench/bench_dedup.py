@@ -73,7 +73,7 @@ def window_probe(root: Path, files: int) -> dict[int, float]:
         for _ in range(len(index.files)):  # each call summarises one file: warm them all
             index.maybe_stored(ids, now_ms - 3_600_000)
         figures[len(index.files)] = round(
-            _best_ms(lambda: index.maybe_stored(ids, now_ms - 3_600_000)), 3
+            _best_ms(lambda ids=ids: index.maybe_stored(ids, now_ms - 3_600_000)), 3
         )
         print(f"  {len(index.files):>4} index files: {figures[len(index.files)]:8.3f} ms")
     index.close()
@@ -87,9 +87,7 @@ def sequence_check(producers: int) -> dict[str, float]:
         for queue in range(8):
             for run in range(5):
                 first = run * BATCH
-                table.record(
-                    (pid, b"orders", queue), 0, first, first + BATCH - 1, run * 10_000, 1
-                )
+                table.record((pid, b"orders", queue), 0, first, first + BATCH - 1, run * 10_000, 1)
     key = (producers // 2, b"orders", 3)
     return {
         "resent_batch_ms": round(_best_ms(lambda: table.check(key, 0, 3 * BATCH, BATCH)), 4),

@@ -345,6 +345,8 @@ def main(argv: list[str]) -> None:
             figures["producer_batched_broker_cpu_us_per_row"] = round(
                 figures["producer_batched_cpu_s"].get("broker", 0.0) / args.messages * 1e6, 2
             )
+            written = {k: v for k, v in figures.items() if "write" in k or "batched" in k}
+            print("write:", json.dumps(written), flush=True)  # kept should the stream fail
             latencies = stream_latency(spark, ns, "bench-stream", args.stream_seconds)
             figures["spark_stream_rows"] = len(latencies)
             figures["spark_stream_p50_ms"] = round(statistics.median(latencies), 1)

@@ -8,6 +8,12 @@ interleaved here with a name in front. It is started by the one launcher the tes
 group with its master. Ctrl-C (or SIGTERM) stops the brokers first, then the nameserver,
 each with SIGTERM so they flush and leave cleanly; a process that does not stop within
 the grace period is killed.
+
+With ``--replicas N`` (``make run RUN_ARGS="--replicas 2"``) each of the two broker groups
+is N brokers with sync replication (``min_in_sync_replicas`` 1): the nameserver's
+controller elects a master per group, and a master killed (``kill -9``) is replaced by a
+slave, for trying failover. Broker id ``i`` of a group listens on the group's ports plus
+``20 * i``.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import threading
 from pathlib import Path
 from typing import Final, NoReturn
 
-from metaq.testing.cluster import Cluster, ClusterBuilder
+from metaq.testing.cluster import Cluster, ClusterBuilder, broker_node
 
 NAMESERVER_PORT: Final = 9876
 NAMESERVER_HTTP_PORT: Final = 9880
@@ -35,6 +41,8 @@ PORTS: Final = {
     **{port: name for name, _, port in BROKERS},
     **{port + 1: f"{name} HTTP" for name, _, port in BROKERS},
 }
+REPLICA_PORT_STEP: Final = 20
+"""Broker id i of a group listens on the group's data and HTTP ports plus 20 * i."""
 GRACE_S: Final = 30.0
 READY_TIMEOUT_S: Final = 60.0
 BANNER: Final = """
@@ -67,11 +75,28 @@ def _secret_file(data_root: Path) -> Path:
     return path
 
 
-def builder(flush: str, secret: Path) -> ClusterBuilder:
-    """The cluster: one nameserver and a broker a group, each on its fixed ports."""
+def ports(replicas: int) -> dict[int, str]:
+    """Every port the cluster binds (port: what listens on it)."""
+    if replicas <= 1:
+        return PORTS
+    found = {NAMESERVER_PORT: "nameserver", NAMESERVER_HTTP_PORT: "nameserver HTTP"}
+    for name, _, port in BROKERS:
+        for broker_id in range(replicas):
+            at = port + REPLICA_PORT_STEP * broker_id
+            found[at] = f"{name}-{broker_id}"
+            found[at + 1] = f"{name}-{broker_id} HTTP"
+    return found
+
+
+def builder(flush: str, secret: Path, replicas: int = 1) -> ClusterBuilder:
+    """The cluster: one nameserver and ``replicas`` brokers a group, each on its fixed
+    ports (a replicated group's brokers with sync replication)."""
     proof = ("--cluster-secret-file", str(secret))
     return ClusterBuilder(
         groups=tuple(name for name, _, _ in BROKERS),
+        replicas=replicas,
+        replication_mode="sync" if replicas > 1 else None,
+        min_in_sync=1 if replicas > 1 else None,
         small_store=False,
         ready_timeout_s=READY_TIMEOUT_S,
         nameserver_args=(
@@ -83,9 +108,14 @@ def builder(flush: str, secret: Path) -> ClusterBuilder:
             *("--flush-mode", flush, "--set", "store.commitlog_segment_bytes=268435456"),
             *proof,
         ),
-        group_args={
-            name: ("--computer-room", room, "--data-port", str(port), "--http-port", str(port + 1))
-            for name, room, port in BROKERS
+        group_args={name: ("--computer-room", room) for name, room, _ in BROKERS},
+        node_args={
+            broker_node(name, broker_id): (
+                *("--data-port", str(port + REPLICA_PORT_STEP * broker_id)),
+                *("--http-port", str(port + REPLICA_PORT_STEP * broker_id + 1)),
+            )
+            for name, _, port in BROKERS
+            for broker_id in range(replicas)
         },
         echo=echo,
     )
@@ -114,9 +144,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--data-dir", type=Path, default=Path("run-data/cluster"))
     parser.add_argument("--flush", choices=("async", "sync"), default="async")
+    parser.add_argument(
+        "--replicas", type=int, default=1, help="brokers per group, sync replication (2-3)"
+    )
     args = parser.parse_args()
+    if not 1 <= args.replicas <= 5:
+        parser.error(f"--replicas {args.replicas}: give 1 (no replication) to 5")
 
-    taken = taken_ports(PORTS)
+    taken = taken_ports(ports(args.replicas))
     if taken:
         print(
             f"local cluster: port {', '.join(taken)} is in use; another `make run` may be up "
@@ -129,7 +164,7 @@ def main() -> int:
     # While it starts, a stop ends the start: the builder stops what it started.
     signal.signal(signal.SIGTERM, _interrupted)
     try:
-        cluster: Cluster = builder(args.flush, secret).start(args.data_dir)
+        cluster: Cluster = builder(args.flush, secret, args.replicas).start(args.data_dir)
     except KeyboardInterrupt:
         print("local cluster: stopped while starting", file=sys.stderr)
         return 1
@@ -142,6 +177,13 @@ def main() -> int:
     code = 0
     try:
         print(BANNER.format(data_dir=args.data_dir, secret=secret), flush=True)
+        if args.replicas > 1:
+            listed = ", ".join(f"{w} {p}" for p, w in ports(args.replicas).items() if "-" in w)
+            print(
+                f"replicated: {listed}. `uv run metaq cluster list` names each group's "
+                "master; kill -9 its pid (ps -ef | grep <data-port>) to see a slave promoted",
+                flush=True,
+            )
         while not stop.is_set():
             dead = cluster.exited()
             if dead:

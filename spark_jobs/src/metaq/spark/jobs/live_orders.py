@@ -3,9 +3,9 @@
 Reads the ``orders`` stream (JSON bodies from ``order_generator``), windows it by event
 time (one minute, with a watermark for late orders), and writes each closed window once:
 to Parquet (``<output>/stats``, exactly once through Spark's file sink) and back to the
-``order-stats`` topic (JSON; exactly once within the brokers' de-dup window, the writer's
-ids being the query id and batch id). Checkpoints live under ``<output>/checkpoints``: a
-restart continues where it stopped.
+``order-stats`` topic (JSON; exactly once through the brokers' idempotent-producer
+sequences, the writer's producer ids being derived from the query id and batch id).
+Checkpoints live under ``<output>/checkpoints``: a restart continues where it stopped.
 """
 
 from __future__ import annotations
