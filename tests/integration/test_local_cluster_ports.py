@@ -74,4 +74,4 @@ def test_replicas_start_a_sync_pair_per_group_that_elects_a_master(tmp_path: Pat
         wait_until(elected, 60.0, "a master of each group")
     finally:
         node.terminate()
-        node.wait(120)
+        node.communicate(timeout=120)  # drains and closes its output while it stops
