@@ -579,7 +579,13 @@ def test_an_unknown_topic_is_not_found_and_an_unknown_strategy_names_the_known_o
     assert strategy.code() is grpc.StatusCode.INVALID_ARGUMENT
     details = strategy.details() or ""
     assert "'fastest'" in details
-    for known in ("average", "computer_room_first", "consistent_hash", "round_robin"):
+    for known in (
+        "average",
+        "balanced_hash",
+        "computer_room_first",
+        "consistent_hash",
+        "round_robin",
+    ):
         assert known in details
 
 

@@ -8,7 +8,13 @@ from typing import Final
 
 from metaq.common.model import ConsumeMode
 
-STRATEGIES: Final = ("average", "round_robin", "consistent_hash", "computer_room_first")
+STRATEGIES: Final = (
+    "balanced_hash",
+    "average",
+    "round_robin",
+    "consistent_hash",
+    "computer_room_first",
+)
 """The nameserver's assignment strategies (``docs/nameserver.md``)."""
 
 
@@ -59,7 +65,7 @@ class PushConsumerConfig:
 
     group: str
     mode: ConsumeMode = ConsumeMode.CLUSTERING
-    strategy: str = "average"
+    strategy: str = "balanced_hash"
     computer_room: str = "default"
     consume_from: ConsumeFrom = FIRST
     max_inflight_messages: int = 1000

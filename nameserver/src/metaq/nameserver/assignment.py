@@ -7,7 +7,8 @@ first and treated as sets, so the order in which a nameserver happened to learn 
 or queues never changes the answer, and hashing uses blake2b, never ``hash()``, which Python
 salts per process.
 
-The four strategies follow RocketMQ's rebalance strategies:
+Four strategies follow RocketMQ's rebalance strategies, and ``balanced_hash`` (the
+client's default) is a stateless one that moves few queues:
 
 ``average`` (AllocateMessageQueueAveragely)
     Queues and members sorted; member *i* takes a contiguous block. Block sizes differ by at
@@ -55,6 +56,20 @@ The four strategies follow RocketMQ's rebalance strategies:
     moves. When a member joins a room whose queues were orphaned, those queues all move to
     that room (they must), and the orphan pool rebalances with the least movement possible.
 
+``balanced_hash`` (Maglev's table fill, per room pool)
+    The pools of ``computer_room_first`` (a staffed room's queues to its own members, the
+    orphaned rooms' queues to every member). Within a pool, the queues are ordered by
+    their blake2b hash and each member has its own permutation of them (an offset and a
+    step over a prime at least the pool's size, from the hash of its consumer id); the
+    members, in consumer-id order, take turns claiming the next queue of their
+    permutation not yet claimed. Every member of a pool gets ``len(pool) // k`` or one
+    more, as in ``average``; but as a member's choices do not depend on who else is in
+    the group, one joining or leaving moves few queues besides its own share: a few
+    times that share (docs/benchmarks.md), where ``average`` moves most of the topic once
+    the newcomer's id does not sort last. It needs no previous assignment, so members
+    asking on their own agree; only ``computer_room_first`` fed the group's running
+    assignment moves exactly the joining or leaving member's share.
+
 Previous ownership is keyed by (broker, queue id), so a broker group relabelled with a new
 room keeps its consumers where the pool rules allow. A queue claimed by several previous
 members counts for the lowest consumer id among them that is eligible now; claims by
@@ -67,6 +82,7 @@ import bisect
 import functools
 import hashlib
 import itertools
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final, Protocol, TypeAlias
@@ -282,11 +298,73 @@ def computer_room_first(
     return result
 
 
+def _prime_at_least(n: int) -> int:
+    candidate = max(n, 2)
+    while any(candidate % d == 0 for d in range(2, math.isqrt(candidate) + 1)):
+        candidate += 1
+    return candidate
+
+
+def _maglev_pool(eligible: Sequence[str], pool: Sequence[QueueRef]) -> Assignment:
+    """``pool`` over ``eligible`` (sorted ids): turns of claiming each one's next free queue."""
+    held: Assignment = {consumer_id: [] for consumer_id in eligible}
+    size = len(pool)
+    if size == 0:
+        return held
+    slots = sorted(pool, key=lambda queue: (_ring_hash(_queue_ring_key(queue)), queue))
+    prime = _prime_at_least(size)
+    walks: list[tuple[list[QueueRef], int, int]] = []
+    for consumer_id in eligible:
+        digest = hashlib.blake2b(consumer_id.encode(), digest_size=16).digest()
+        offset = int.from_bytes(digest[:8], "big") % prime
+        step = int.from_bytes(digest[8:], "big") % (prime - 1) + 1
+        walks.append((held[consumer_id], offset, step))
+    taken = [False] * size
+    position = [walk[1] for walk in walks]
+    left = size
+    while left:
+        for index, (share, _, step) in enumerate(walks):
+            # The step is below the prime, so the walk visits every slot before repeating.
+            slot = position[index]
+            while slot >= size or taken[slot]:
+                slot = (slot + step) % prime
+            taken[slot] = True
+            share.append(slots[slot])
+            position[index] = (slot + step) % prime
+            left -= 1
+            if not left:
+                break
+    return held
+
+
+@_strategy
+def balanced_hash(
+    member_list: list[Member], queue_list: list[QueueRef], previous: Previous | None
+) -> Assignment:
+    """Room pools as computer_room_first; within each, Maglev's balanced, stable fill."""
+    result = _empty(member_list)
+    staffed = {member.room for member in member_list}
+    pools: list[tuple[list[str], list[QueueRef]]] = []
+    for room in sorted({queue.room for queue in queue_list} & staffed):
+        eligible = [member.consumer_id for member in member_list if member.room == room]
+        pools.append((eligible, [queue for queue in queue_list if queue.room == room]))
+    orphans = [queue for queue in queue_list if queue.room not in staffed]
+    if orphans:
+        pools.append(([member.consumer_id for member in member_list], orphans))
+    for eligible, pool in pools:
+        for consumer_id, share in _maglev_pool(eligible, pool).items():
+            result[consumer_id].extend(share)
+    for share in result.values():
+        share.sort()
+    return result
+
+
 STRATEGIES: Final[Mapping[str, Strategy]] = {
     "average": average,
     "round_robin": round_robin,
     "consistent_hash": consistent_hash,
     "computer_room_first": computer_room_first,
+    "balanced_hash": balanced_hash,
 }
 
 
