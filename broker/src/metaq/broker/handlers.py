@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Coroutine
-from typing import Any
+from typing import Any, NamedTuple
 
 from metaq.broker.connection import Handler, Responder
 from metaq.broker.consumers import ConsumerGroups
@@ -50,6 +50,16 @@ log = logging.getLogger(__name__)
 _EMPTY_COMMIT_RESPONSE = CommitOffsetResponse().SerializeToString()
 
 
+class _Unanswered(NamedTuple):
+    """A commit stored and waiting for its journal write to be answered."""
+
+    responder: Responder
+    type: FrameType
+    request_id: int
+    one_way: bool
+    response: bytes
+
+
 class Handlers:
     """Routes frames to handlers; the connection turns their errors into ERROR frames."""
 
@@ -81,6 +91,7 @@ class Handlers:
         self._notices = notices
         self._producers = producers
         self._tasks: set[asyncio.Task[None]] = set()
+        self._unjournaled: list[_Unanswered] = []
 
     def table(self) -> dict[FrameType, Handler]:
         """A handler for every frame type a client may send (CONNECTION is never a request)."""
@@ -195,19 +206,53 @@ class Handlers:
         self._answer_journaled(responder, frame, response.SerializeToString())
 
     def _answer_journaled(self, responder: Responder, frame: Frame, response: bytes) -> None:
-        journaled = self._journal.write_offsets()
-        if frame.is_one_way:
+        # The commits that arrive in one turn of the loop share one journal write, made
+        # at the next turn: a record per commit cost the master more than the commit
+        # itself, and capped it near 10,000 commits a second (docs/benchmarks.md).
+        self._unjournaled.append(
+            _Unanswered(responder, frame.type, frame.request_id, frame.is_one_way, response)
+        )
+        if len(self._unjournaled) == 1:
+            asyncio.get_running_loop().call_soon(self._journal_and_answer)
+
+    def _journal_and_answer(self) -> None:
+        waiting, self._unjournaled = self._unjournaled, []
+        try:
+            journaled = self._journal.write_offsets()
+        except MetaqError as exc:
+            # Stored in memory but not journaled (disk full, say): the next tick journals
+            # them; the consumers are told, as an error of the commit itself would.
+            for commit in waiting:
+                if not commit.one_way:
+                    commit.responder.respond(
+                        encode_error(
+                            exc.code,
+                            str(exc),
+                            request_id=commit.request_id,
+                            frame_type=commit.type,
+                            retriable=exc.retriable,
+                        )
+                    )
             return
+        answers = [commit for commit in waiting if not commit.one_way]
         if journaled is None or not self.role.sync:
-            responder.respond(
-                encode_frame(frame.type, frame.request_id, response, flags=FLAG_RESPONSE)
-            )
+            for commit in answers:
+                commit.responder.respond(
+                    encode_frame(
+                        commit.type, commit.request_id, commit.response, flags=FLAG_RESPONSE
+                    )
+                )
             return
         # Under sync replication a commit is answered once a promoted slave would have it.
-        spawn(
-            self._tasks,
-            self._answer_when(responder, frame, response, self.role.wait_replicated(journaled.end)),
-        )
+        if answers:
+            spawn(self._tasks, self._answer_replicated(answers, journaled.end))
+
+    async def _answer_replicated(self, answers: list[_Unanswered], end: int) -> None:
+        await self.role.wait_replicated(end)
+        for commit in answers:
+            commit.responder.respond(
+                encode_frame(commit.type, commit.request_id, commit.response, flags=FLAG_RESPONSE)
+            )
 
     async def _answer_when(
         self,
