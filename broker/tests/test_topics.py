@@ -180,3 +180,30 @@ def test_a_topic_nobody_may_use_is_refused(tmp_path: Path) -> None:
     with pytest.raises(InvalidMessage, match="permission must be one of read-write, read, write"):
         table.create("t", permission=Permission.NONE)
     assert table.get("t") is None
+
+
+def test_a_change_journaled_by_a_listener_rewrites_the_table_file_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The table is written whole: at 10,000 topics each write is most of a create's cost.
+    import metaq.broker.topics as topics_module
+
+    writes: list[int] = []
+    real = topics_module.write_json_atomically
+
+    def counted(path: Path, data: object) -> None:
+        writes.append(1)
+        real(path, data)
+
+    monkeypatch.setattr(topics_module, "write_json_atomically", counted)
+    table = TopicTable(tmp_path)
+    table.listeners.append(lambda: table.journaled(41))
+    table.create("orders")
+
+    assert len(writes) == 1
+    saved = json.loads((tmp_path / "topics.json").read_text())
+    assert saved["journal_offset"] == 41 and "orders" in saved["topics"]
+    # Journaled outside a change (a new master writing its whole state): written then.
+    table.journaled(42)
+    assert len(writes) == 2
+    assert TopicTable(tmp_path).journal_offset == 42

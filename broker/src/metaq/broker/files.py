@@ -21,8 +21,10 @@ def write_json_atomically(path: Path, data: Any) -> None:
     """Replace ``path`` with ``data`` as JSON: a crash leaves the old file or the new one.
 
     Write a temporary file, fsync it, rename it over the old one, fsync the directory.
+    Compact: an indent makes ``json`` encode in Python rather than C, ten times slower,
+    which a table of 10,000 topics rewritten at every change could not afford.
     """
-    body = json.dumps(data, indent=1, sort_keys=True).encode() + b"\n"
+    body = json.dumps(data, separators=(",", ":"), sort_keys=True).encode() + b"\n"
     # A name of its own: a second writer never truncates or renames this one's file.
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=_TMP_SUFFIX, dir=path.parent)
     try:
