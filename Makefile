@@ -226,8 +226,9 @@ bench-metaq2: setup
 
 # Queues per broker, 16 to 100,000 (docs/benchmarks.md): append rate, RSS, descriptors,
 # mappings, start-up and recovery; then three nameservers under 10 to 1,000 simulated
-# broker groups and 1,000 to 20,000 clients (bench/bench_scale_nameserver.py); the charts
-# into docs/images, the last line JSON.
+# broker groups and 1,000 to 20,000 clients (bench/bench_scale_nameserver.py); consumer
+# groups committing every second (1 to 100,000), assignment (10 to 10,000 consumers) and
+# creating 10,000 topics (bench/scale_*.py); the charts into docs/images, the last line JSON.
 # make bench-scale SCALE_ARGS="--points 16,1000 --seconds 3 --ns-points 10:1000,100:5000"
 SCALE_ARGS ?=
 bench-scale: setup

@@ -1,4 +1,11 @@
-"""Queues per broker: what a broker's store costs at 16, 1,000, 10,000 and 100,000 queues.
+"""How cost grows with the work, one dimension after another (``--dimension``, all by
+default): ``queues`` (below), ``nameserver`` (``bench_scale_nameserver.py``), ``groups``
+(consumer groups committing every second, ``scale_groups.py``), ``assignment`` (one
+group's consumers and queues, ``scale_assignment.py``) and ``topics`` (creating 10,000
+topics and one topic's route, ``scale_topics.py``). Each draws its curves beside
+``--chart`` as ``bench-scale-<dimension>.png``.
+
+Queues per broker: what a broker's store costs at 16, 1,000, 10,000 and 100,000 queues.
 
 Queues are spread over topics as users make them, many topics of 8 to 16 queues each. For
 each count a fresh store (the broker's ``MessageStore``, ASYNC flush, 256 MiB commitlog
@@ -377,6 +384,59 @@ def chart(rows: list[dict[str, Any]], before: list[dict[str, Any]], path: Path) 
     figure.savefig(path, dpi=90)
 
 
+DIMENSIONS: Final = ("queues", "nameserver", "groups", "assignment", "topics")
+
+
+def _chart_path(args: argparse.Namespace, dimension: str) -> Path | None:
+    chart: Path | None = args.chart
+    return None if chart is None else chart.with_name(f"bench-scale-{dimension}.png")
+
+
+def run_groups(args: argparse.Namespace, before: dict[str, Any]) -> dict[str, Any]:
+    import scale_groups
+
+    rows = []
+    for groups in scale_groups.QUICK_POINTS if args.quick else scale_groups.POINTS:
+        print(f"{groups:,} consumer groups: measuring", file=sys.stderr, flush=True)
+        row = scale_groups.measure(groups, args.group_seconds, args.step_timeout_s)
+        rows.append(row)
+        print(f"  {row}", file=sys.stderr, flush=True)
+        if "failed" in row:
+            break
+    scale_groups.print_table(rows)
+    path = _chart_path(args, "groups")
+    if path is not None:
+        scale_groups.chart(rows, before.get("groups_rows", []), path)
+    return scale_groups.figures(rows)
+
+
+def run_assignment(args: argparse.Namespace, before: dict[str, Any]) -> dict[str, Any]:
+    import scale_assignment
+
+    rows = []
+    for members, queues in scale_assignment.QUICK_POINTS if args.quick else scale_assignment.POINTS:
+        print(f"{members:,} members over {queues:,} queues", file=sys.stderr, flush=True)
+        rows.append(scale_assignment.measure(members, queues))
+    scale_assignment.print_table(rows)
+    path = _chart_path(args, "assignment")
+    if path is not None:
+        scale_assignment.chart(rows, path)
+    return scale_assignment.figures(rows)
+
+
+def run_topics(args: argparse.Namespace, before: dict[str, Any]) -> dict[str, Any]:
+    import scale_topics
+
+    total = scale_topics.QUICK_TOPICS if args.quick else scale_topics.TOPICS
+    print(f"creating {total:,} topics", file=sys.stderr, flush=True)
+    result = scale_topics.figures(scale_topics.measure(total, args.topics_budget_s))
+    scale_topics.print_table(result)
+    path = _chart_path(args, "topics")
+    if path is not None:
+        scale_topics.chart(result, before, path)
+    return result
+
+
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -394,9 +454,15 @@ def main(argv: list[str]) -> None:
         "--mapped-queue-files", type=int, help="store.mapped_queue_files (default: the store's)"
     )
     parser.add_argument(
-        "--dimension", action="append", choices=("queues", "nameserver"),
+        "--dimension", action="append", choices=DIMENSIONS,
         help="measure only this dimension (repeatable; default: all)",
     )  # fmt: skip
+    parser.add_argument(
+        "--group-seconds", type=float, help="seconds of commits per group count (at most 120)"
+    )
+    parser.add_argument(
+        "--topics-budget-s", type=float, help="stop creating topics after this long"
+    )
     bench_scale_nameserver.add_arguments(parser)
     parser.add_argument("--child", choices=("fill", "start", "crash", "recover"),
                         help=argparse.SUPPRESS)  # fmt: skip
@@ -419,7 +485,13 @@ def main(argv: list[str]) -> None:
         args.seconds = 1.0 if args.quick else 5.0
     args.segment_bytes = QUICK_SEGMENT_BYTES if args.quick else SEGMENT_BYTES
     bench_scale_nameserver.configure(args, parser)
-    dimensions = set(args.dimension or ("queues", "nameserver"))
+    if args.group_seconds is None:
+        args.group_seconds = 2.0 if args.quick else 5.0
+    if not 0 < args.group_seconds <= 120:
+        parser.error(f"--group-seconds must be above 0 and at most 120: not {args.group_seconds}")
+    if args.topics_budget_s is None:
+        args.topics_budget_s = 60.0 if args.quick else 420.0
+    dimensions = set(args.dimension or DIMENSIONS)
     if "queues" not in dimensions:
         args.points = ()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
@@ -450,6 +522,13 @@ def main(argv: list[str]) -> None:
         chart_path = args.chart and args.chart.with_name("bench-scale-nameserver.png")
         bench_scale_nameserver.finish(nameserver, chart_path, args.ns_before)
         out.update(nameserver)
+    earlier: dict[str, Any] = {}
+    if args.before is not None:
+        earlier = json.loads(args.before.read_text().strip().splitlines()[-1])
+    for dimension, run in (("groups", run_groups), ("assignment", run_assignment),
+                           ("topics", run_topics)):  # fmt: skip
+        if dimension in dimensions:
+            out.update(run(args, earlier))
     print(json.dumps(out, sort_keys=True))
 
 

@@ -1,7 +1,9 @@
 """``make bench-scale --quick``: the queues-per-broker benchmark runs, and what it shows
 holds: a broker's descriptors do not grow with its queues; the nameserver dimension runs
 three real nameservers under simulated brokers and clients, and a failover reaches every
-client."""
+client; consumer groups' commits share journal records and reach the slave, the default
+assignment moves few queues when a member joins, and a client's route is one topic's
+whatever the cluster holds."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -78,3 +81,67 @@ def test_quick_nameserver_run_answers_every_broker_and_client_and_fails_over() -
     assert last["failover_clients_watching"] > 0, last
     for key in ("nameserver_cpu_cores_at_1000_groups_20000_clients", "route_query_p99_ms_at_scale"):
         assert key in figures
+
+
+@pytest.fixture(scope="module")
+def figures() -> dict[str, Any]:
+    """One quick run of the groups, assignment and topics dimensions."""
+    run = subprocess.run(
+        [sys.executable, str(BENCH), "--quick", "--dimension", "groups",
+         "--dimension", "assignment", "--dimension", "topics"],
+        capture_output=True,
+        text=True,
+        timeout=1140,
+        check=True,
+    )  # fmt: skip
+    result: dict[str, Any] = json.loads(run.stdout.strip().splitlines()[-1])
+    result["stderr"] = run.stderr[-3000:]
+    return result
+
+
+@pytest.mark.timeout(1200)
+def test_groups_commits_are_journaled_together_and_reach_the_slave(
+    figures: dict[str, Any],
+) -> None:
+    rows = figures["groups_rows"]
+    assert [row["groups"] for row in rows] == [1, 50, 200, 500], figures["stderr"]
+    for row in rows:
+        assert "failed" not in row, row
+        assert row["rounds"] >= 1 and row["commits_s"] > 0, row
+        # The slave answers the last group's last commit: replicated and applied.
+        assert row["slave_caught_up_s"] is not None, row
+        # Every group's four queues are in the master's snapshot.
+        assert row["offsets_held"] == 4 * row["groups"], row
+    # 500 groups' commits over 16 connections share records: a record per commit is
+    # about 300 bytes, a shared one about 40 bytes a queue.
+    assert rows[-1]["journal_bytes_per_commit"] < 250, rows[-1]
+    assert "offsets_commit_cpu_us_at_100k_groups" in figures
+
+
+@pytest.mark.timeout(1200)
+def test_default_assignment_moves_a_few_shares_where_average_moves_most(
+    figures: dict[str, Any],
+) -> None:
+    rows = figures["assignment_rows"]
+    assert [row["members"] for row in rows] == [10, 50, 100, 200]
+    for row in rows:
+        assert row["balanced_hash_spread"] <= 1 and row["average_spread"] <= 1, row
+        # Fed the running assignment, the sticky strategy moves the newcomer's share only.
+        assert row["computer_room_first_moved_on_join"] <= row["share"] + 1 / row["queues"]
+        assert row["balanced_hash_moved_on_join"] <= 12 * row["share"], row
+    top = rows[-1]
+    assert top["average_moved_on_join"] > 3 * top["balanced_hash_moved_on_join"], top
+    assert figures["assignment_moved_fraction_on_join"] == top["balanced_hash_moved_on_join"]
+
+
+@pytest.mark.timeout(1200)
+def test_topics_are_created_and_a_route_is_one_topics_whatever_the_cluster_holds(
+    figures: dict[str, Any],
+) -> None:
+    assert "topics_failed" not in figures, figures["topics_failed"]
+    assert figures["topics_created"] == 400, figures["stderr"]
+    rows = figures["topics_rows"]
+    assert [row["topics"] for row in rows] == [1, 100, 200, 300, 400]
+    assert len({row["route_bytes"] for row in rows}) == 1, rows
+    assert figures["topic_create_ms_median_first"] > 0
+    assert "topic_create_slowdown_last_vs_first" in figures
