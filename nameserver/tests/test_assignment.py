@@ -508,3 +508,10 @@ def test_membership_churn_moves_no_more_queues_than_balance_forces(
     before = computer_room_first(earlier, queues)
     after = computer_room_first(later, queues, before)
     assert len(moved(before, after)) == fewest_possible_moves(later, queues, before)
+
+
+def test_the_strategies_clients_may_name_are_the_ones_the_nameserver_runs() -> None:
+    from metaq.common.model import ASSIGNMENT_STRATEGIES
+    from metaq.nameserver.assignment import STRATEGIES
+
+    assert set(ASSIGNMENT_STRATEGIES) == set(STRATEGIES)

@@ -6,16 +6,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from metaq.common.model import ConsumeMode
+from metaq.common.model import ASSIGNMENT_STRATEGIES, ConsumeMode
 
-STRATEGIES: Final = (
-    "balanced_hash",
-    "average",
-    "round_robin",
-    "consistent_hash",
-    "computer_room_first",
-)
-"""The nameserver's assignment strategies (``docs/nameserver.md``)."""
+STRATEGIES: Final = ASSIGNMENT_STRATEGIES
 
 
 CLUSTERING: Final = ConsumeMode.CLUSTERING

@@ -222,6 +222,16 @@ _CONSUME_MODES_OUT: Final[Mapping[ConsumeMode, ConsumerHeartbeatRequest.Mode.Val
     ConsumeMode.BROADCASTING: ConsumerHeartbeatRequest.BROADCASTING,
 }
 
+ASSIGNMENT_STRATEGIES: Final = (
+    "balanced_hash",
+    "average",
+    "round_robin",
+    "consistent_hash",
+    "computer_room_first",
+)
+"""The names of the nameserver's queue assignment strategies, the default first
+(``docs/nameserver.md``); clients check a name against these before asking."""
+
 
 # --- topics -----------------------------------------------------------------------------
 

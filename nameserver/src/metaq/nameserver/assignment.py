@@ -359,6 +359,7 @@ def balanced_hash(
     return result
 
 
+# Named once more in metaq.common.model.ASSIGNMENT_STRATEGIES, which clients check against.
 STRATEGIES: Final[Mapping[str, Strategy]] = {
     "average": average,
     "round_robin": round_robin,
