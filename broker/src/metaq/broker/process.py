@@ -53,6 +53,7 @@ from metaq.common.acl_source import AclReloader, AclSource, open_source
 from metaq.common.auth import ClusterSecret, load_secret, require_secret
 from metaq.common.framing import FrameType
 from metaq.common.http_auth import HttpAuth, SignedRequests
+from metaq.common.metrics import certificate_expiry
 from metaq.common.scrape_auth import load_scrape_credentials
 from metaq.common.server_names import ServerNames, is_loopback
 from metaq.common.service import PeriodicService
@@ -147,6 +148,7 @@ class Broker:
         tls = config.tls
         serve_tls = tls.server_context() if tls is not None else None
         dial_tls = tls.client_context() if tls is not None else None
+        certificate_expiry(self.metrics.registry, tls)
         config.data_dir.mkdir(parents=True, exist_ok=True)
         self.topics = TopicTable(
             config.data_dir,

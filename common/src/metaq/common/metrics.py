@@ -1,5 +1,6 @@
 """What every server's Prometheus registry has: the process, platform and GC collectors,
-``metaq_build_info{component, version}``, and no ``*_created`` series.
+``metaq_build_info{component, version}``, and no ``*_created`` series; for a server with
+TLS listeners, ``metaq_tls_cert_expiry_timestamp_seconds``.
 
 prometheus_client exports a ``<counter>_created`` sample beside every counter, histogram
 and summary by default; Prometheus ignores it (it reads no created timestamps in the
@@ -19,6 +20,7 @@ from prometheus_client import (
     disable_created_metrics,
 )
 
+from metaq.common.tls import TlsConfig
 from metaq.common.version import installed_version
 
 
@@ -37,3 +39,18 @@ def standard_collectors(registry: CollectorRegistry, component: str) -> None:
         registry=registry,
     )
     info.labels(component, installed_version(f"metaq-{component}")).set(1)
+
+
+def certificate_expiry(registry: CollectorRegistry, tls: TlsConfig | None) -> None:
+    """``metaq_tls_cert_expiry_timestamp_seconds``: when the certificate the listeners
+    loaded at start stops being valid (the alert MetaqTlsCertificateExpiring watches it).
+    The certificate read at start, not the file now: a renewed file the process has not
+    restarted onto is not what its clients are shown. Nothing without TLS listeners."""
+    if tls is None or not tls.serves:
+        return
+    Gauge(
+        "metaq_tls_cert_expiry_timestamp_seconds",
+        "When the certificate this server's listeners present stops being valid "
+        "(seconds since the epoch)",
+        registry=registry,
+    ).set(tls.certificate_expiry())

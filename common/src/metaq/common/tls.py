@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Final
 
 import grpc
+from cryptography import x509
 
 MIN_VERSION: Final = ssl.TLSVersion.TLSv1_2
 
@@ -111,6 +112,17 @@ class TlsConfig:
         return context
 
     # --- gRPC: it takes PEM bytes rather than an SSLContext ----------------------------
+
+    def certificate_expiry(self) -> float:
+        """When ``cert_file``'s certificate (the first in the file: the server's own)
+        stops being valid, in seconds since the epoch; call after :meth:`check`."""
+        try:
+            cert = x509.load_pem_x509_certificate(_read(self.cert_file))
+        except ValueError as exc:
+            raise TlsError(
+                f"tls_cert_file {self.cert_file}: not a PEM certificate ({exc})"
+            ) from None
+        return cert.not_valid_after_utc.timestamp()
 
     def grpc_server_credentials(self) -> grpc.ServerCredentials:
         self.server_context()  # the same checks and messages as every other listener

@@ -12,6 +12,7 @@ from aiohttp import web
 from metaq.common.acl_source import open_source
 from metaq.common.auth import ClusterSecret, load_secret, require_secret
 from metaq.common.http_auth import SignedRequests
+from metaq.common.metrics import certificate_expiry
 from metaq.common.scrape_auth import load_scrape_credentials
 from metaq.common.server_names import ServerNames, is_loopback
 from metaq.common.v1 import control_pb2_grpc
@@ -117,6 +118,7 @@ class NameServer:
         try:
             if config.http_port is not None:
                 metrics = NameServerMetrics(self.registry, self.controller)
+                certificate_expiry(metrics.registry, tls)
                 users.export_to(metrics.registry)
                 console = ConsoleContext.of(
                     self.registry,
