@@ -108,6 +108,10 @@ class Lab:
     timings: list[tuple[str, float]] = field(default_factory=list)
     broker_settings: dict[str, object] = field(default_factory=lambda: dict(BROKER_SETTINGS))
     scaled_out: bool = False
+    settings: dict[str, object] = field(default_factory=dict)
+    """Inventory variables laid over the lab's own (``configure``)."""
+    monitoring: tuple[str, ...] = ()
+    """The hosts of the inventory's group ``monitoring``."""
 
     # --- making and unmaking ------------------------------------------------------------
 
@@ -249,6 +253,7 @@ class Lab:
                     "metaq_wait_timeout_s": 90,
                     "metaq_broker_settings": self.broker_settings,
                     "metaq_broker_store_settings": STORE_SETTINGS,
+                    **self.settings,
                 },
                 "children": {
                     "nameservers": {"hosts": {
@@ -262,6 +267,8 @@ class Lab:
                             "metaq_room": f"room{broker_id}"}
                         for h, (group, broker_id) in brokers.items()
                     }},
+                    **({"monitoring": {"hosts": {h: {} for h in self.monitoring}}}
+                       if self.monitoring else {}),
                 },
             }
         }  # fmt: skip
@@ -270,6 +277,20 @@ class Lab:
     def scale_out(self) -> None:
         self.scaled_out = True
         self._write_inventory(scale_out=True)
+
+    def configure(self, monitoring: Sequence[str] = (), **settings: object) -> None:
+        """Inventory variables for every host (``metaq_tls=True``, ...) and the hosts of
+        the group ``monitoring``, before the first run."""
+        self.settings.update(settings)
+        self.monitoring = tuple(monitoring)
+        self._write_inventory(scale_out=self.scaled_out)
+
+    @property
+    def tls_ca(self) -> Path | None:
+        """The cluster's CA on the control machine, when the lab runs with TLS."""
+        if not self.settings.get("metaq_tls"):
+            return None
+        return Path(str(self.settings["metaq_tls_local_dir"])) / "ca.crt"
 
     def change_broker_settings(self, **changes: object) -> None:
         """What an operator does to change a broker key: edit the inventory (then site.yml)."""
@@ -326,6 +347,8 @@ class Lab:
 
     def metaq(self, *args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
         flags = [f"--nameserver={a}" for a in self.nameserver_addresses()]
+        if self.tls_ca is not None:
+            flags.append(f"--tls-ca={self.tls_ca}")
         return self.client([str(VENV_BIN / "metaq"), *args, *flags], timeout_s=timeout_s)
 
     def cluster(self) -> list[dict[str, Any]]:

@@ -1,6 +1,6 @@
 """The playbooks' tags (docs/deploy.md, "Tags"), as ``ansible-playbook --list-tags`` and
 ``--list-tasks --tags`` read them (no host is touched): ``binaries``, ``config``, ``tls``,
-``monitoring`` and ``restart`` each where their tasks are, and the checks and variable
+``monitoring``, ``firewall`` and ``restart`` each where their tasks are, and the checks and variable
 loads every partial run needs tagged ``always``."""
 
 from __future__ import annotations
@@ -44,6 +44,14 @@ def test_site_tags_each_kind_of_change_and_restarts_what_it_changed() -> None:
     for play in ("Check the inventory", "Check every host answers before touching any",
                  "Sort brokers by their deployed role"):  # fmt: skip
         assert "always" in plays[play], (play, plays[play])
+    assert plays["Firewall the cluster's ports"] == {"always", "firewall"}
+    assert plays["Prometheus for the cluster"] == {"always", "monitoring"}
+
+
+def test_renew_certs_renews_under_tls_and_restarts_under_restart() -> None:
+    plays = task_tags("renew_certs.yml")
+    assert plays["Renew the certificates that end soon"] == {"always", "tls"}
+    assert {"restart", "tls"} <= plays["Brokers, one at a time"]
 
 
 @pytest.mark.parametrize("playbook", ["rolling_restart.yml", "upgrade.yml"])
