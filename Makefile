@@ -209,11 +209,14 @@ bench-compare: setup peers-kafka peers-rocketmq
 
 # Consumers catching up on a backlog (docs/benchmarks.md): warm, beside RabbitMQ stream,
 # NATS JetStream and Redis streams, and cold (1.5x memory on disk, page cache dropped)
-# while a producer sends at 20,000 msgs/s. Needs root for the peers' packages and the
-# cache drop, and about 40 GB free for the cold phase; the last line is a JSON object.
+# while a producer sends at 20,000 msgs/s; then one consumer draining a 10 GB backlog warm
+# and cold (page cache dropped), beside Kafka 4's consumers and RocketMQ 5's, one system's
+# data at a time. Needs root for the peers' packages and the cache drop, and about 40 GB
+# free for the cold phase; the last line is a JSON object.
 # make bench-accumulation ACCUMULATION_ARGS="--warm-messages 200000 --cold-gib 2"
+# make bench-accumulation ACCUMULATION_ARGS="--only backlog --backlog-gb 4"
 ACCUMULATION_ARGS ?=
-bench-accumulation: setup
+bench-accumulation: setup peers-kafka peers-rocketmq
 	sh bench/install_peers.sh
 	$(UV) sync --frozen --all-packages --group bench
 	$(UV) run --frozen --group bench python bench/bench_accumulation.py $(ACCUMULATION_ARGS)

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import shutil
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -22,7 +23,7 @@ from metaq_load import Budget, batched
 
 from metaq.client.producer import Producer
 from metaq.client.pull_consumer import PullConsumer
-from metaq.testing.waiting import wait_until_async
+from metaq.testing.waiting import wait_until, wait_until_async
 
 HERE: Final = Path(__file__).parent
 FILL_CALLERS: Final = 4
@@ -30,6 +31,10 @@ FILL_BATCH: Final = 250
 UNBOUNDED_S: Final = 1e9
 """A fill is bounded by its message count; the time is not what stops it."""
 STORED_TIMEOUT_S: Final = 60.0
+WARM_STORE: Final = ("--set", "store.commitlog_segment_bytes=268435456")
+"""metaq's defaults for a backlog the page cache keeps: 256 MiB segments, the default
+window (40 % of memory)."""
+DRAIN_TIMEOUT_S: Final = 600.0
 
 
 async def fill_metaq(nameserver: str, topic: str, body: bytes, messages: int) -> int:
@@ -218,6 +223,73 @@ def roles() -> Iterator[list[Role]]:
     finally:
         for role in started:
             role.kill()
+
+
+def timed_drain(
+    processes: list[Role],
+    messages: int,
+    server_pids: Sequence[int] = (),
+    timeout_s: float = DRAIN_TIMEOUT_S,
+) -> dict[str, Any]:
+    """Start the drain processes together; wait until they hold ``messages`` between them.
+
+    Besides the rate, the CPU the consumer processes (and the servers, given their pids)
+    spent per message: on a machine shared with other work, the figure that moves
+    least with the load."""
+    for process in processes:
+        process.wait_ready(60)
+    server_cpu = servers_cpu_seconds(server_pids)
+    began = time.monotonic()
+    for process in processes:
+        process.go()
+    wait_until(
+        lambda: _drained(processes) >= messages or any(
+            p.proc.poll() is not None for p in processes),
+        timeout_s,
+        f"{messages:,} messages drained",
+        poll_s=0.05,
+    )  # fmt: skip
+    if server_cpu is not None:
+        server_cpu = (servers_cpu_seconds(server_pids) or math.nan) - server_cpu
+    results = [p.stop() for p in processes]
+    drained = _drained(processes)
+    if drained < messages:
+        raise RuntimeError(f"{processes[0].name}: {drained:,} of {messages:,} drained")
+    seconds = max(r["last"] for r in results) - began
+    received = sum(r["count"] for r in results)
+    # Messages delivered twice (a rebalance hands a queue on before its last commit)
+    # count once in the rate.
+    size = sum(r["bytes"] for r in results) * messages // received
+    return {
+        "messages": messages,
+        "seconds": round(seconds, 3),
+        "msgs_s": round(messages / seconds, 1),
+        "mb_s": round(size / seconds / 1e6, 1),
+        "received_per_process": [r["count"] for r in results],
+        "delivered_twice": received - messages,
+        "consumer_cpu_us_per_msg": round(sum(r["cpu_s"] for r in results) / messages * 1e6, 2),
+        "server_cpu_us_per_msg": (
+            None if server_cpu is None else round(server_cpu / messages * 1e6, 2)
+        ),
+    }
+
+
+def _drained(processes: list[Role]) -> int:
+    """Distinct messages the processes hold: by queue offsets where they report them."""
+    if not any(p.ends for p in processes):
+        return sum(p.count for p in processes)
+    ends: dict[int, int] = {}
+    for process in processes:
+        for queue, end in process.ends.items():
+            ends[queue] = max(ends.get(queue, 0), end)
+    return sum(ends.values())
+
+
+def servers_cpu_seconds(pids: Sequence[int]) -> float | None:
+    """The CPU the processes used so far together, None without any; NaN if one is gone."""
+    if not pids:
+        return None
+    return sum(cpu_seconds(pid) or math.nan for pid in pids)
 
 
 def mem_total_bytes() -> int:

@@ -1,6 +1,6 @@
 """The processes ``bench_accumulation.py`` starts: one consumer draining a backlog (metaq's
-push consumer, RabbitMQ stream, NATS JetStream, Redis streams), and the cold phase's
-open-loop producer and real-time consumer.
+push consumer, RabbitMQ stream, NATS JetStream, Redis streams, Kafka with confluent-kafka),
+and the cold phase's open-loop producer and real-time consumer.
 
 Run as ``python accumulation_roles.py ROLE 'JSON'``. Every role speaks the same line
 protocol with its parent, so the parent times each system alike:
@@ -37,6 +37,8 @@ STAMP: Final = struct.Struct("<BQ")
 """The cold phase's bodies begin with (phase, scheduled send time in ns)."""
 PHASES: Final = {1: "baseline", 2: "cold"}
 TICK_S: Final = 0.001
+KAFKA_BATCH: Final = 1000
+KAFKA_POLL_S: Final = 0.05
 ANSWER_WAIT_S: Final = 30.0
 """How long the producer waits for its last sends' answers after the schedule ends."""
 
@@ -235,6 +237,33 @@ async def redis_drain(args: dict[str, Any]) -> dict[str, Any]:
         await client.aclose()
 
 
+async def kafka_drain(args: dict[str, Any]) -> dict[str, Any]:
+    """confluent-kafka's consumer of a new group from the earliest offset, with its
+    defaults (offsets committed automatically every 5 s), taking what librdkafka has
+    fetched a batch at a time (``consume``, its batch call). A call that waits blocks
+    the loop for at most :data:`KAFKA_POLL_S`, so the progress reports go on."""
+    from confluent_kafka import Consumer
+
+    parent, counter = Parent(), Counter()
+    consumer = Consumer({"bootstrap.servers": args["bootstrap"], "group.id": args["group"],
+                         "auto.offset.reset": "earliest"})  # fmt: skip
+    consumer.subscribe([args["topic"]])
+
+    async def consume() -> None:
+        while True:
+            batch = consumer.consume(KAFKA_BATCH, KAFKA_POLL_S)
+            for message in batch:
+                if message.error() is not None:
+                    raise RuntimeError(f"Kafka consumer: {message.error()}")
+                counter.add(len(message.value() or b""))
+            await asyncio.sleep(0)  # the reporter and the parent's stop
+
+    try:
+        return await _drain(parent, counter, consume)
+    finally:
+        consumer.close()  # commits what was consumed
+
+
 class CollectorPauses:
     """This process's garbage-collector pauses, reported beside its latencies: a pause
     delays every send or delivery scheduled in it, and is the harness's, not the
@@ -415,6 +444,7 @@ ROLES: Final[dict[str, Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]]] =
     "rabbitmq_stream": rabbitmq_stream_drain,
     "nats": nats_drain,
     "redis": redis_drain,
+    "kafka": kafka_drain,
     "cold_producer": cold_producer,
     "cold_realtime": cold_realtime,
 }

@@ -51,8 +51,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Final
 
+import accumulation_backlog
 import uvloop
 from accumulation_fill import (
+    WARM_STORE,
     Role,
     claim_backlog,
     cpu_seconds,
@@ -66,6 +68,7 @@ from accumulation_fill import (
     metaq_stored,
     read_bytes,
     roles,
+    timed_drain,
 )
 from accumulation_roles import ANSWER_WAIT_S
 from compare_report import strict_json
@@ -75,12 +78,9 @@ from metaq_system import QUEUES, STORE, single_broker
 from peer_servers import ServerProcess, running, start_nats, start_rabbitmq, start_redis
 
 from metaq.client.admin import Admin, TopicSettings
-from metaq.testing.waiting import wait_until
 
-# The warm backlog stays in the page cache: 256 MiB segments, the default window (40 %
-# of memory). The cold phase keeps bench-compare's 256 MiB window, so the broker hands
-# the backlog's pages back as it writes them.
-WARM_STORE: Final = ("--set", "store.commitlog_segment_bytes=268435456")
+# The cold phase keeps bench-compare's 256 MiB window (STORE), so the broker hands the
+# backlog's pages back as it writes them; the warm one has WARM_STORE.
 WARM_SIZE: Final = 1024
 COLD_SIZE: Final = 4096
 LIVE_SIZE: Final = 1024
@@ -88,13 +88,13 @@ TOPIC: Final = "Accumulation"
 COLD_TOPIC: Final = "ColdBacklog"
 GROUP: Final = "drain"
 COLD_GROUP: Final = "cold-drain"
-DRAIN_TIMEOUT_S: Final = 600.0
 COLD_HEADROOM_BYTES: Final = 4 << 30
 """Beyond the backlog: the producer's own messages, indexes, the peers' logs."""
 COLD_FACTOR: Final = 1.5
 RAMP_S: Final = 3.0
 """After the drain starts, before its window: the consumer joins and fills its pipeline."""
 WARM_SYSTEMS: Final = ("metaq", "rabbitmq_stream", "nats", "redis", "metaq_two")
+PHASES: Final = (*WARM_SYSTEMS, "cold", "backlog")
 TARGETS: Final = {
     "drain_warm_vs_rabbitmq_stream_ratio": (">=", 1.0),
     "drain_warm_vs_nats_ratio": (">=", 3.0),
@@ -114,63 +114,6 @@ def run(coro: Any) -> Any:
         return runner.run(coro)
 
 
-def timed_drain(
-    processes: list[Role], messages: int, server_pid: int | None = None
-) -> dict[str, Any]:
-    """Start the drain processes together; wait until they hold ``messages`` between them.
-
-    Besides the rate, the CPU the consumer processes (and the server, given its pid)
-    spent per message: on a machine shared with other work, the figure that moves
-    least with the load."""
-    for process in processes:
-        process.wait_ready(60)
-    server_cpu = cpu_seconds(server_pid) if server_pid is not None else None
-    began = time.monotonic()
-    for process in processes:
-        process.go()
-    wait_until(
-        lambda: _drained(processes) >= messages or any(
-            p.proc.poll() is not None for p in processes),
-        DRAIN_TIMEOUT_S,
-        f"{messages:,} messages drained",
-        poll_s=0.05,
-    )  # fmt: skip
-    if server_cpu is not None and server_pid is not None:
-        server_cpu = (cpu_seconds(server_pid) or math.nan) - server_cpu
-    results = [p.stop() for p in processes]
-    drained = _drained(processes)
-    if drained < messages:
-        raise RuntimeError(f"{processes[0].name}: {drained:,} of {messages:,} drained")
-    seconds = max(r["last"] for r in results) - began
-    received = sum(r["count"] for r in results)
-    # Messages delivered twice (a rebalance hands a queue on before its last commit)
-    # count once in the rate.
-    size = sum(r["bytes"] for r in results) * messages // received
-    return {
-        "messages": messages,
-        "seconds": round(seconds, 3),
-        "msgs_s": round(messages / seconds, 1),
-        "mb_s": round(size / seconds / 1e6, 1),
-        "received_per_process": [r["count"] for r in results],
-        "delivered_twice": received - messages,
-        "consumer_cpu_us_per_msg": round(sum(r["cpu_s"] for r in results) / messages * 1e6, 2),
-        "server_cpu_us_per_msg": (
-            None if server_cpu is None else round(server_cpu / messages * 1e6, 2)
-        ),
-    }
-
-
-def _drained(processes: list[Role]) -> int:
-    """Distinct messages the processes hold: by queue offsets where they report them."""
-    if not any(p.ends for p in processes):
-        return sum(p.count for p in processes)
-    ends: dict[int, int] = {}
-    for process in processes:
-        for queue, end in process.ends.items():
-            ends[queue] = max(ends.get(queue, 0), end)
-    return sum(ends.values())
-
-
 def warm_metaq(work: Path, messages: int, processes: int) -> dict[str, Any]:
     with single_broker(work, WARM_STORE) as metaq, roles() as started:
         run(
@@ -185,7 +128,8 @@ def warm_metaq(work: Path, messages: int, processes: int) -> dict[str, Any]:
         for _ in range(processes):
             started.append(Role.start("metaq", nameserver=metaq.nameserver, topic=TOPIC,
                                       group=GROUP))  # fmt: skip
-        figures = timed_drain(started, stored, metaq.broker_pid)
+        assert metaq.broker_pid is not None
+        figures = timed_drain(started, stored, [metaq.broker_pid])
         _, committed = run(metaq_stored(metaq.nameserver, TOPIC, GROUP))
         figures["committed"] = committed
         return figures
@@ -472,16 +416,27 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--baseline-s", type=float, default=20.0)
     parser.add_argument("--cold-seconds", type=float, default=60.0, help="measured drain window")
     parser.add_argument("--skip-cold", action="store_true")
-    parser.add_argument("--only", default=",".join((*WARM_SYSTEMS, "cold")),
-                        help="comma-separated: " + ", ".join((*WARM_SYSTEMS, "cold")))  # fmt: skip
+    parser.add_argument("--backlog-gb", type=float, default=10.0,
+                        help="the backlog phase's backlog, in GB of 1 KiB messages")  # fmt: skip
+    backlog_systems = accumulation_backlog.SYSTEMS
+    parser.add_argument("--backlog-systems", default=",".join(backlog_systems),
+                        help="comma-separated, of: " + ", ".join(backlog_systems))  # fmt: skip
+    parser.add_argument("--only", default=",".join(PHASES),
+                        help="comma-separated: " + ", ".join(PHASES))  # fmt: skip
     parser.add_argument("--profile", type=Path, default=None,
                         help="write py-spy flame graphs of the cold window here")  # fmt: skip
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args(argv)
     only = args.only.split(",")
-    unknown = set(only) - {*WARM_SYSTEMS, "cold"}
+    unknown = set(only) - set(PHASES)
     if unknown:
         parser.error(f"--only: unknown {', '.join(sorted(unknown))}")
+    backlog_systems = args.backlog_systems.split(",")
+    unknown = set(backlog_systems) - set(accumulation_backlog.SYSTEMS)
+    if unknown:
+        parser.error(f"--backlog-systems: unknown {', '.join(sorted(unknown))}")
+    if args.backlog_gb <= 0:
+        parser.error("--backlog-gb must be positive")
     if args.warm_messages <= 0 or args.cold_rate <= 0 or args.cold_seconds <= 0:
         parser.error("--warm-messages, --cold-rate and --cold-seconds must be positive")
     if args.cold_drain_rate < 0 or args.cold_read_mb_s < 0:
@@ -491,12 +446,15 @@ def main(argv: list[str]) -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     run_cold = "cold" in only and not args.skip_cold
+    # Before anything else runs: a full run should not find out after ten minutes.
     if run_cold:
-        # Before anything else runs: a full run should not find out after ten minutes.
         check_cold_space(Path(tempfile.gettempdir()), cold_backlog_bytes(args))
+    if "backlog" in only:
+        accumulation_backlog.check_space(Path(tempfile.gettempdir()), args.backlog_gb)
     work = Path(tempfile.mkdtemp(prefix="metaq-bench-accumulation-"))
     warm: dict[str, Any] = {}
     cold_figures: dict[str, Any] | None = None
+    backlog: dict[str, Any] | None = None
     try:
         for name in WARM_SYSTEMS:
             if name not in only:
@@ -513,17 +471,24 @@ def main(argv: list[str]) -> None:
         if run_cold:
             log("cold")
             cold_figures = cold(work / "cold", args)
+        if "backlog" in only:
+            log("backlog")
+            backlog = accumulation_backlog.backlog(
+                work / "backlog", args.backlog_gb, backlog_systems
+            )
     finally:
         shutil.rmtree(work, ignore_errors=True)  # tens of gigabytes in the cold phase
 
     figures = strict_json(
         {
             **headline(warm, cold_figures),
+            **(accumulation_backlog.headline(backlog) if backlog is not None else {}),
             "measured_at": when,
             "command": " ".join(["bench_accumulation.py", *argv]),
             "warm_message_bytes": WARM_SIZE,
             "warm": warm,
             "cold": cold_figures,
+            "backlog": backlog,
         }
     )
     args.out.mkdir(parents=True, exist_ok=True)

@@ -100,7 +100,8 @@ def require_jars() -> None:
         )
 
 
-def _java(*args: str) -> list[str]:
+def java_argv(*args: str) -> list[str]:
+    """A java command line with Kafka's jars on the class path."""
     return ["java", "-cp", f"{LIB}/*", *args]
 
 
@@ -160,7 +161,7 @@ def _node_config(node: int, ports: list[tuple[int, int]], data: Path) -> str:
 
 
 def _format(node_dir: Path, config: Path, cluster_id: str) -> None:
-    argv = _java(*FORMAT_OPTS, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c",
+    argv = java_argv(*FORMAT_OPTS, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c",
                  str(config))  # fmt: skip
     done = subprocess.run(argv, cwd=node_dir, capture_output=True, timeout=BOOT_S, check=False)
     if done.returncode != 0:
@@ -208,6 +209,12 @@ def create_topic(cluster: KafkaCluster, topic: str = TOPIC, partitions: int = PA
     config = {"min.insync.replicas": str(min(2, cluster.replicas))}
     futures = admin.create_topics([NewTopic(topic, partitions, cluster.replicas, config=config)])
     futures[topic].result(timeout=BOOT_S)
+    wait_topic(cluster, topic, partitions)
+
+
+def wait_topic(cluster: KafkaCluster, topic: str = TOPIC, partitions: int = PARTITIONS) -> None:
+    """Until every partition of ``topic`` has a leader and all its replicas in sync."""
+    admin = _admin(cluster.bootstrap)
     _wait("the topic's replicas in sync",
           lambda: _topic_in_sync(admin, topic, partitions, cluster.replicas),
           cluster.servers)  # fmt: skip
@@ -231,7 +238,7 @@ def start_kafka(work: Path, size: int = 1) -> KafkaCluster:
             config = node_dir / "server.properties"
             config.write_text(_node_config(node, ports, node_dir / "data"))
             _format(node_dir, config, cluster_id)
-            argv = _java(*HEAP, *JVM_OPTS, f"-Dlog4j2.configurationFile={log4j}",
+            argv = java_argv(*HEAP, *JVM_OPTS, f"-Dlog4j2.configurationFile={log4j}",
                          "kafka.Kafka", str(config))  # fmt: skip
             server = ServerProcess.spawn(f"kafka-{node}", argv, node_dir)
             server.ports["client"] = ports[node - 1][0]
@@ -623,7 +630,7 @@ class KafkaProducerPerf(_KafkaRow):
         """msgs/s acknowledged over ``seconds`` of its reports, after ``warmup_s`` more
         (JVM start and warm-up) not counted; the process is stopped then."""
         acks = ("acks=all", "enable.idempotence=true") if self.replicated else ("acks=1",)
-        argv = _java(
+        argv = java_argv(
             *TOOL_HEAP, "org.apache.kafka.tools.ProducerPerformance",
             "--bootstrap-server", self.cluster.bootstrap, "--topic", TOPIC,
             "--num-records", str(1 << 40), "--record-size", str(size), "--throughput", "-1",

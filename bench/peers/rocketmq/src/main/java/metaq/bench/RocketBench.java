@@ -59,6 +59,9 @@ import org.apache.rocketmq.tools.admin.DefaultMQAdminExt;
  *                                            invoke and each answer (ok, or info with the error)
  * read_all TOPIC                             every message of TOPIC from its start to its end now,
  *                                            an EVENT line each (the chaos suite's checker reads them)
+ * drain TOPIC GROUP SECONDS                  a lite pull consumer of GROUP, every queue from its start
+ *                                            to its end now: messages, body bytes, seconds and this
+ *                                            JVM's CPU seconds from the first poll to the last message
  * </pre>
  *
  * Latencies are in milliseconds: of each send to its answer, or (rate, e2e) from the
@@ -132,8 +135,9 @@ public final class RocketBench {
                 case "master" -> result = master(w[1], w[2]);
                 case "paced_ids" -> result = pacedIds(w[1], w[2], Double.parseDouble(w[3]), Long.parseLong(w[4]));
                 case "read_all" -> result = readAll(w[1]);
+                case "drain" -> result = drainBacklog(w[1], w[2], seconds(w[3]));
                 default -> throw new IllegalArgumentException("unknown command " + w[0]
-                    + "; one of wait, topic, group, one, many, rate, e2e, smoke, master, paced_ids, read_all, quit");
+                    + "; one of wait, topic, group, one, many, rate, e2e, smoke, master, paced_ids, read_all, drain, quit");
             }
         } catch (Throwable e) {
             e.printStackTrace();
@@ -648,6 +652,69 @@ public final class RocketBench {
         } finally {
             consumer.shutdown();
             admin.shutdown();
+        }
+    }
+
+    /**
+     * A backlog drained as its users drain one with this client: the lite pull consumer
+     * (prefetching on its own threads), assigned every queue from its first offset, 32
+     * messages a pull (the push consumer's default; the lite one asks for 10, and the
+     * broker hands out at most 32 from memory and 8 from disk a pull whatever is asked). The CPU is this JVM's while it drains: its start-up
+     * and the topic's route look-up come before the clock starts.
+     */
+    private Map<String, Object> drainBacklog(String topic, String group, long ns) throws Exception {
+        DefaultMQAdminExt admin = admin();
+        Map<MessageQueue, Long> ends = new HashMap<>();
+        try {
+            admin.examineTopicStats(topic).getOffsetTable().forEach((q, o) -> ends.put(q, o.getMaxOffset()));
+        } finally {
+            admin.shutdown();
+        }
+        DefaultLitePullConsumer consumer = new DefaultLitePullConsumer(group);
+        consumer.setNamesrvAddr(namesrv);
+        consumer.setPullBatchSize(32);
+        consumer.start();
+        try {
+            consumer.assign(ends.keySet());
+            Map<MessageQueue, Long> positions = new HashMap<>();
+            long total = 0;
+            for (Map.Entry<MessageQueue, Long> e : ends.entrySet()) {
+                consumer.seekToBegin(e.getKey());
+                positions.put(e.getKey(), 0L);
+                total += e.getValue();
+            }
+            com.sun.management.OperatingSystemMXBean os = (com.sun.management.OperatingSystemMXBean)
+                java.lang.management.ManagementFactory.getOperatingSystemMXBean();
+            long cpu0 = os.getProcessCpuTime();
+            long start = System.nanoTime();
+            long deadline = start + ns;
+            long count = 0;
+            long bytes = 0;
+            long last = start;
+            long remaining = total;
+            while (remaining > 0 && System.nanoTime() < deadline) {
+                for (MessageExt m : consumer.poll(1000)) {
+                    count++;
+                    bytes += m.getBody().length;
+                    MessageQueue q = new MessageQueue(m.getTopic(), m.getBrokerName(), m.getQueueId());
+                    long before = positions.get(q);
+                    long after = Math.min(Math.max(before, m.getQueueOffset() + 1), ends.get(q));
+                    positions.put(q, after);
+                    remaining -= after - before;
+                    last = System.nanoTime();
+                }
+            }
+            long cpu = os.getProcessCpuTime() - cpu0;
+            Map<String, Object> r = new HashMap<>();
+            r.put("stored", total);
+            r.put("count", count);
+            r.put("bytes", bytes);
+            r.put("behind", remaining);
+            r.put("seconds", (last - start) / 1e9);
+            r.put("cpu_s", cpu / 1e9);
+            return r;
+        } finally {
+            consumer.shutdown();
         }
     }
 
