@@ -89,6 +89,8 @@ from compare_report import (
     raw,
     rocketmq_ratios,
     strict_json,
+    sweep_chart,
+    sweep_markdown,
     sync_ratios,
     targets_met,
 )
@@ -143,8 +145,11 @@ PEERS: Final = (
     "rocketmq", "rocketmq_python",
 )  # fmt: skip
 COST_SIZE: Final = 1024
-CELL_MODES: Final = ("end_to_end", "one_at_a_time", "in_flight", "cost")
-"""What ``--modes`` picks from: the (c), (a), (b) and cost cells."""
+CELL_MODES: Final = ("end_to_end", "one_at_a_time", "in_flight", "cost", "sweep")
+"""What ``--modes`` picks from: the (c), (a), (b), cost and sweep cells."""
+DEFAULT_MODES: Final = CELL_MODES[:4]
+"""The sweep runs when asked (``--modes sweep``)."""
+SWEEP_RATES: Final = (1000.0, 3000.0, 10000.0, 30000.0)
 
 Launcher = Callable[[Path], AbstractContextManager[Sequence[System | LoadTool]]]
 
@@ -269,6 +274,24 @@ LAUNCHERS: Final[dict[str, tuple[Launcher, tuple[str, ...]]]] = {
 }
 
 
+async def sweep(system: Any, rates: Sequence[float], seconds: float) -> list[Cell]:
+    """1 KiB sends offered open loop at each of ``rates`` for ``seconds``: the
+    acknowledged msgs/s and the send latency from each send's tick to its answer."""
+    cells: list[Cell] = []
+    body = os.urandom(COST_SIZE)
+    for rate in rates:
+        settle_disk()
+        began = time.perf_counter()
+        acked, latency = await system.paced_latency(body, rate, seconds)
+        took = time.perf_counter() - began
+        cells.append(Cell(system.key, "sweep", COST_SIZE, acked / took, latency,
+                          sent=int(rate * seconds), delivered=acked, note=f"{rate:g}"))  # fmt: skip
+        print(f"  {system.label}, sweep {rate:g} msgs/s: {acked / took:,.0f} acked, "
+              f"p50 {latency.p50_ms:.1f} ms, p99 {latency.p99_ms:.1f} ms",
+              file=sys.stderr, flush=True)  # fmt: skip
+    return cells
+
+
 async def cost(system: Any, rate: float, seconds: float) -> Cell:
     """The servers' CPU seconds per million acknowledged 1 KiB messages, ``rate`` msgs/s
     offered for ``seconds`` (``Cell.msgs_s``: the acknowledged rate)."""
@@ -299,7 +322,8 @@ def _throughput_only(system: LoadTool, seconds: float, modes: Sequence[str]) -> 
 
 async def drive(
     system: System, seconds: float, e2e_seconds: float, rate: float, stalls: StallWatch,
-    cost_rate: float = 0.0, cost_seconds: float = 0.0, modes: Sequence[str] = CELL_MODES,
+    cost_rate: float = 0.0, cost_seconds: float = 0.0, modes: Sequence[str] = DEFAULT_MODES,
+    sweep_rates: Sequence[float] = SWEEP_RATES,
 ) -> list[Cell]:  # fmt: skip
     """Every mode in ``modes`` and size of one system. The end-to-end cells go first,
     while the server is quiet, each after what earlier cells (of this system or the last
@@ -346,6 +370,8 @@ async def drive(
         ):
             cells.append(await cost(system, cost_rate, cost_seconds))
             print(f"  {system.label}, cost: done", file=sys.stderr, flush=True)
+        if "sweep" in modes and hasattr(system, "paced_latency"):
+            cells += await sweep(system, sweep_rates, cost_seconds)
     finally:
         await system.close()
     return cells
@@ -365,7 +391,7 @@ def _drive_or_fail(
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
             return runner.run(
                 drive(system, args.seconds, args.e2e_seconds, args.rate, stalls,
-                      args.cost_rate, args.cost_seconds, args.modes)
+                      args.cost_rate, args.cost_seconds, args.modes, args.sweep_rates)
             )  # fmt: skip
     except Exception as exc:  # the cells say so; the other systems still run
         traceback.print_exc()
@@ -393,8 +419,20 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--only", default=",".join(LAUNCHERS), help="comma-separated launchers")
     parser.add_argument(
         "--modes",
-        default=",".join(CELL_MODES),
-        help="comma-separated cells to run: end_to_end, one_at_a_time, in_flight, cost",
+        default=",".join(DEFAULT_MODES),
+        help="comma-separated cells to run: end_to_end, one_at_a_time, in_flight, cost "
+        "(the default), sweep",
+    )
+    parser.add_argument(
+        "--sweep-rates",
+        default=",".join(f"{r:g}" for r in SWEEP_RATES),
+        help="msgs/s of 1 KiB the sweep offers each system, --cost-seconds each",
+    )
+    parser.add_argument(
+        "--chart",
+        type=Path,
+        default=None,
+        help="write the sweep's send latency against acknowledged msgs/s here (PNG)",
     )
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args(argv)
@@ -408,6 +446,14 @@ def main(argv: list[str]) -> None:
             f"--modes: unknown {', '.join(wrong) or '(nothing named)'}; "
             f"name one or more of {', '.join(CELL_MODES)}, comma-separated"
         )
+    try:
+        args.sweep_rates = [float(r) for r in args.sweep_rates.split(",") if r.strip()]
+    except ValueError:
+        parser.error(f"--sweep-rates {args.sweep_rates!r}: msgs/s, comma-separated")
+    if not args.sweep_rates or min(args.sweep_rates) <= 0:
+        parser.error("--sweep-rates: one or more positive msgs/s, comma-separated")
+    if args.chart is not None and "sweep" not in args.modes:
+        parser.error("--chart draws the sweep: add sweep to --modes")
     names = [name.strip() for name in args.only.split(",") if name.strip()]
     unknown = [name for name in names if name not in LAUNCHERS]
     if unknown or not names:
@@ -484,8 +530,13 @@ def main(argv: list[str]) -> None:
                for s in systems if s.key == key]  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     table = markdown(cells, ordered, SIZES, args.rate, headline, when)
+    if "sweep" in args.modes:
+        table += sweep_markdown(cells, ordered)
     (args.out / "compare.md").write_text(table)
     chart(cells, ordered, SIZES, args.out / "compare.png")
+    if args.chart is not None:
+        sweep_chart(cells, ordered, args.chart)
+        print(f"written: {args.chart}")
     figures = strict_json(
         {
             **headline,

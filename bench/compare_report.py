@@ -489,6 +489,59 @@ def chart(cells: Sequence[Cell], systems: Sequence[SystemInfo], sizes: Sequence[
     plt.close(figure)
 
 
+def _sweep(cells: Sequence[Cell], system: str) -> list[Cell]:
+    found = [c for c in cells if c.system == system and c.mode == "sweep" and c.msgs_s]
+    return sorted(found, key=lambda c: float(c.note))
+
+
+def sweep_markdown(cells: Sequence[Cell], systems: Sequence[SystemInfo]) -> str:
+    """The sweep's cells: offered and acknowledged msgs/s, send p50/p99/p99.9 (ms)."""
+    lines = [
+        "",
+        "## Sweep: 1 KiB sends offered open loop at fixed rates",
+        "",
+        "| system | offered msgs/s | acknowledged msgs/s | p50 ms | p99 ms | p99.9 ms |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for info in systems:
+        for c in _sweep(cells, info.key):
+            lat = c.latency
+            lines.append(
+                f"| {info.label} | {float(c.note):,.0f} | {c.msgs_s or 0:,.0f} | "
+                f"{lat.p50_ms:.2f} | {lat.p99_ms:.2f} | {lat.p999_ms:.2f} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def sweep_chart(cells: Sequence[Cell], systems: Sequence[SystemInfo], path: Path) -> None:
+    """Send p50 and p99 against acknowledged msgs/s, one line per system (log axes)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, 2, figsize=(13, 5), sharex=True)
+    for ax, (what, title) in zip(axes, (("p50_ms", "send p50"), ("p99_ms", "send p99")),
+                                 strict=True):  # fmt: skip
+        for info in systems:
+            points = _sweep(cells, info.key)
+            if points:
+                xs = [c.msgs_s or 0.0 for c in points]
+                ys = [getattr(c.latency, what) for c in points]
+                ax.plot(xs, ys, marker="o", label=info.label)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("acknowledged msgs/s (1 KiB, offered open loop)")
+        ax.set_ylabel(f"{title}, ms (from the send's tick)")
+        ax.set_title(f"{title} against throughput")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=8)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
 def raw(cells: Sequence[Cell], systems: Sequence[SystemInfo]) -> dict[str, Any]:
     return {
         "cells": [asdict(cell) for cell in cells],

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -102,19 +103,34 @@ class Metaq:
         accumulator coalesces them), at most :data:`IN_FLIGHT` unacknowledged (a
         schedule the broker falls behind waits, as the peers' clients do); how many were
         acknowledged."""
-        sends: list[asyncio.Task[object]] = []
+        return (await self.paced_latency(body, rate, seconds))[0]
+
+    async def paced_latency(
+        self, body: bytes, rate: float, seconds: float
+    ) -> tuple[int, Latencies]:
+        """:meth:`paced`, and the acknowledged sends' latency, each from the tick that
+        made it due (a wait for room in the window counts)."""
+        sends: list[asyncio.Task[None]] = []
         window = asyncio.Semaphore(IN_FLIGHT)
+        latencies: list[float] = []
+        clock = time.perf_counter
+
+        async def one(due: float) -> None:
+            try:
+                await self.producer.send(TOPIC, body)
+            finally:
+                window.release()
+            latencies.append(clock() - due)
 
         async def send(count: int) -> None:
+            due = clock()
             for _ in range(count):
                 await window.acquire()
-                task = asyncio.create_task(self.producer.send(TOPIC, body))
-                task.add_done_callback(lambda _: window.release())
-                sends.append(task)
+                sends.append(asyncio.create_task(one(due)))
 
         await offer(rate, seconds, send)
-        answers = await asyncio.gather(*sends, return_exceptions=True)
-        return sum(1 for answer in answers if not isinstance(answer, BaseException))
+        await asyncio.gather(*sends, return_exceptions=True)
+        return len(latencies), Latencies.of(latencies)
 
     async def end_to_end(self, size: int, rate: float, seconds: float) -> EndToEnd:
         figures = await measure_e2e(

@@ -43,7 +43,7 @@ from typing import Any, Final
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka import TopicPartition as AioTopicPartition
-from compare_harness import IN_FLIGHT, EndToEnd, OpenLoop, offer
+from compare_harness import IN_FLIGHT, EndToEnd, Latencies, OpenLoop, offer
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
@@ -417,11 +417,13 @@ class KafkaConfluent(_KafkaRow):
             producer.flush(ACK_WAIT_S)
         self._producers.clear()
 
-    def _produce(self, producer: Producer, body: bytes) -> None:
+    def _produce(
+        self, producer: Producer, body: bytes, on_delivery: Callable[..., None] | None = None
+    ) -> None:
         """One send, waiting for room while :data:`IN_FLIGHT` are unacknowledged."""
         while True:
             try:
-                producer.produce(TOPIC, body, on_delivery=self._delivered)
+                producer.produce(TOPIC, body, on_delivery=on_delivery or self._delivered)
                 return
             except BufferError:
                 producer.poll(0.1)  # returns at the first acknowledgement
@@ -463,6 +465,33 @@ class KafkaConfluent(_KafkaRow):
         await offer(rate, seconds, send)
         self._flush(producer)
         return self.acked - acked
+
+    async def paced_latency(
+        self, body: bytes, rate: float, seconds: float
+    ) -> tuple[int, Latencies]:
+        """:meth:`paced`, and the acknowledged sends' latency, each from the tick that
+        made it due to its delivery callback (a wait for room counts)."""
+        producer = self.producer
+        latencies: list[float] = []
+        clock = time.perf_counter
+
+        def delivered(due: float) -> Callable[[KafkaError | None, Message], None]:
+            def on_delivery(error: KafkaError | None, message: Message) -> None:
+                self._delivered(error, message)
+                if error is None:
+                    latencies.append(clock() - due)
+
+            return on_delivery
+
+        async def send(count: int) -> None:
+            callback = delivered(clock())
+            for _ in range(count):
+                self._produce(producer, body, callback)
+            producer.poll(0)
+
+        await offer(rate, seconds, send)
+        self._flush(producer)
+        return len(latencies), Latencies.of(latencies)
 
     async def end_to_end(self, size: int, rate: float, seconds: float) -> EndToEnd:
         run = OpenLoop(rate, seconds, size)

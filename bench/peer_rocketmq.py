@@ -505,8 +505,15 @@ class RocketmqJava:
         one message each, at most :data:`~compare_harness.IN_FLIGHT` unanswered (the
         schedule waits while the broker is behind, as metaq's does); how many were
         acknowledged."""
+        return (await self.paced_latency(body, rate, seconds))[0]
+
+    async def paced_latency(
+        self, body: bytes, rate: float, seconds: float
+    ) -> tuple[int, Latencies]:
+        """:meth:`paced`, and the acknowledged sends' latency from each send's tick to its
+        answer (the client's own timing, in its JVM)."""
         figures = await self._client.call("rate", self._topic, len(body), seconds, rate, IN_FLIGHT)
-        return int(figures["acked"])
+        return int(figures["acked"]), _latencies(figures)
 
     async def end_to_end(self, size: int, rate: float, seconds: float) -> EndToEnd:
         topic = await self._new_topic()  # a fresh topic and group: nothing to skip first
