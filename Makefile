@@ -201,6 +201,8 @@ $(ROCKETMQ_PEER)/target/.stamp: $(ROCKETMQ_PEER)/pom.xml $(shell find $(ROCKETMQ
 # clients (the `bench` group), starts and stops every server itself.
 # The last line is the JSON object of bench/results/compare.json.
 # make bench-compare COMPARE_ARGS="--seconds 2 --only metaq,nats"
+# make bench-compare COMPARE_ARGS="--only metaq,kafka,kafka_r3,rocketmq --modes sweep \
+#   --chart docs/images/bench-compare-sweep.png" (send latency against throughput)
 COMPARE_ARGS ?=
 bench-compare: setup peers-kafka peers-rocketmq
 	sh bench/install_peers.sh

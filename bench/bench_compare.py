@@ -18,6 +18,11 @@ gets the same workload, 128 B and 1 KiB bodies of random bytes, and three modes:
   ``--cost-rate`` msgs/s of 1 KiB offered open-loop for ``--cost-seconds`` with no
   consumer: the servers' CPU seconds (``/proc/<pid>/stat``) per million acknowledged
   messages.
+- **sweep** (only when named in ``--modes``) — for the systems that time their paced
+  sends (metaq, confluent-kafka, RocketMQ's Java client), 1 KiB offered open loop at
+  each of ``--sweep-rates`` msgs/s for ``--cost-seconds``: the acknowledged msgs/s and
+  the send p50/p99/p99.9 from each send's tick to its answer; ``--chart PATH`` draws
+  them (latency against throughput, one line per system).
 
 Kafka runs with two Python clients (confluent-kafka, aiokafka) and, for its servers'
 capacity, its own Java ``ProducerPerformance`` ((b) only); its rows need ``make
