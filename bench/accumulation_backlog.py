@@ -16,8 +16,8 @@ before the next one starts, so that one backlog's worth of disk suffices:
    servers started again on their data, and what the cache holds of the log checked
    (``fincore``; ``Cached`` of ``/proc/meminfo``); then it drains the backlog from the
    start. The restart is what makes it cold: the kernel drops no page a process has
-   mapped, and RocketMQ maps its whole commitlog (metaq its indexes), so a drop under a
-   running broker leaves its log cached. A backlog larger than this machine's page cache
+   mapped, and RocketMQ and metaq map their store files, so a drop under a running
+   broker leaves much of its log cached. A backlog larger than this machine's page cache
    is not what makes it cold: the disk has no room for one.
 
 The consumers: metaq's push consumer (Python, its defaults), Kafka's confluent-kafka

@@ -666,7 +666,20 @@ public final class RocketBench {
         DefaultMQAdminExt admin = admin();
         Map<MessageQueue, Long> ends = new HashMap<>();
         try {
-            admin.examineTopicStats(topic).getOffsetTable().forEach((q, o) -> ends.put(q, o.getMaxOffset()));
+            // A broker just restarted registers its topics with the nameserver a moment
+            // after it says it booted: until then the topic has no route.
+            long routed = System.nanoTime() + TimeUnit.SECONDS.toNanos(60);
+            while (true) {
+                try {
+                    admin.examineTopicStats(topic).getOffsetTable().forEach((q, o) -> ends.put(q, o.getMaxOffset()));
+                    break;
+                } catch (org.apache.rocketmq.client.exception.MQClientException e) {
+                    if (System.nanoTime() > routed) {
+                        throw e;
+                    }
+                    Thread.sleep(200);
+                }
+            }
         } finally {
             admin.shutdown();
         }
