@@ -28,7 +28,7 @@ from metaq.broker.config import load_config as load_broker_config
 from metaq.nameserver.config import load_config as load_nameserver_config
 from metaq.testing.waiting import wait_until
 
-pytestmark = [pytest.mark.timeout(420), pytest.mark.lab]
+pytestmark = [pytest.mark.timeout(1800), pytest.mark.lab]
 
 NEXT_VERSION = "0.1.0.post1"
 
