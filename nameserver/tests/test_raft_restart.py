@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from pysyncobj.journal import FileJournal  # type: ignore[import-untyped]
 
+from metaq.common.model import GroupControl
 from metaq.nameserver.decisions import Proposal
-from metaq.nameserver.model import GroupControl
 from metaq.nameserver.raft import ControllerUnavailable, ControlRaft, Snapshot
 from metaq.testing.nameserver_process import free_ports
 from metaq.testing.waiting import run_async, wait_until_async
