@@ -774,10 +774,22 @@ def test_commits_and_pulls_from_before_a_reset_are_refused_and_told_the_new_offs
             assert await consumer.committed(topic, queue) == 4
 
             # A member waiting at the queue's end hears of the next reset at once.
+            master_url = cluster.broker("broker-c").http_url
+
+            async def parked_pulls() -> int:
+                metrics = await admin.metrics(master_url)
+                return int(metrics.get(("metaq_long_polls_parked", ()), 0))
+
+            parked_before = await parked_pulls()
             parked = asyncio.ensure_future(
                 consumer.pull(topic, queue, 5, timeout_s=30, reset_generation=now)
             )
-            await asyncio.sleep(0.5)  # parked by now; were it not, it would be told anyway
+
+            async def is_parked() -> bool:
+                return await parked_pulls() > parked_before
+
+            await wait_until_async(is_parked, 20, "the broker parks the pull at the end")
+            assert not parked.done()
             await admin.reset_offsets(group, topic, 0)
             answer = await asyncio.wait_for(parked, 10)  # not its 30 s long poll
             assert answer.status is PullStatus.OFFSET_RESET and answer.next_offset == 0
