@@ -64,6 +64,10 @@ def nameservers(tmp_path: Path) -> Iterator[Callable[..., NameServerProcess]]:
 
     yield start
     for server in started:
+        if server.process.poll() is not None:
+            # Died during the test: its output is the only account of why.
+            print(f"nameserver {server.grpc_address} exited with "
+                  f"{server.process.returncode}:\n{server.output()}")  # fmt: skip
         server.stop()
 
 
