@@ -892,21 +892,7 @@ def _observed(
     """``handler``, each call reported to ``observers``."""
 
     async def call(message: Message) -> ConsumeResult | None:
-        started_ms = int(time.time() * 1000)
-        began = time.perf_counter()
-        error: BaseException | None = None
-        try:
-            result = await handler(message)
-            if result is LATER:
-                error = ReconsumeLater("the handler asked to see the message later")
-            return result
-        except BaseException as exc:
-            error = exc
-            raise
-        finally:
-            seconds = time.perf_counter() - began
-            for observer in observers if not isinstance(error, asyncio.CancelledError) else ():
-                observer.consumed(group, broker, message, error, started_ms, seconds)
+        return await _reported(lambda: handler(message), [message], observers, group, broker)
 
     return call
 
@@ -917,24 +903,36 @@ def _observed_batch(
     """``handler``, each call reported to ``observers`` for each message of its batch."""
 
     async def call(messages: list[Message]) -> ConsumeResult | None:
-        started_ms = int(time.time() * 1000)
-        began = time.perf_counter()
-        error: BaseException | None = None
-        try:
-            result = await handler(messages)
-            if result is LATER:
-                error = ReconsumeLater("the handler asked to see the messages later")
-            return result
-        except BaseException as exc:
-            error = exc
-            raise
-        finally:
-            seconds = time.perf_counter() - began
-            for observer in observers if not isinstance(error, asyncio.CancelledError) else ():
-                for message in messages:
-                    observer.consumed(group, broker, message, error, started_ms, seconds)
+        return await _reported(lambda: handler(messages), messages, observers, group, broker)
 
     return call
+
+
+async def _reported(
+    handle: Callable[[], Awaitable[ConsumeResult | None]],
+    messages: Sequence[Message],
+    observers: Sequence[Observer],
+    group: str,
+    broker: str,
+) -> ConsumeResult | None:
+    """Await a handler's call on ``messages`` and tell ``observers`` how each went (a
+    cancelled call is not reported: the message was not handled)."""
+    started_ms = int(time.time() * 1000)
+    began = time.perf_counter()
+    error: BaseException | None = None
+    try:
+        result = await handle()
+        if result is LATER:
+            error = ReconsumeLater("the handler asked to see the message later")
+        return result
+    except BaseException as exc:
+        error = exc
+        raise
+    finally:
+        seconds = time.perf_counter() - began
+        for observer in observers if not isinstance(error, asyncio.CancelledError) else ():
+            for message in messages:
+                observer.consumed(group, broker, message, error, started_ms, seconds)
 
 
 def _bind(
