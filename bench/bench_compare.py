@@ -155,6 +155,7 @@ CELL_MODES: Final = ("end_to_end", "one_at_a_time", "in_flight", "cost", "sweep"
 DEFAULT_MODES: Final = CELL_MODES[:4]
 """The sweep runs when asked (``--modes sweep``)."""
 SWEEP_RATES: Final = (1000.0, 3000.0, 10000.0, 30000.0)
+WARM_UP_S: Final = 3.0
 
 Launcher = Callable[[Path], AbstractContextManager[Sequence[System | LoadTool]]]
 
@@ -284,6 +285,9 @@ async def sweep(system: Any, rates: Sequence[float], seconds: float) -> list[Cel
     acknowledged msgs/s and the send latency from each send's tick to its answer."""
     cells: list[Cell] = []
     body = os.urandom(COST_SIZE)
+    # An unmeasured pass at the lowest rate first: without it the first point measures
+    # each peer's start-up (JIT, connections, first segment files) rather than its load.
+    await system.paced_latency(body, min(rates), min(seconds, WARM_UP_S))
     for rate in rates:
         settle_disk()
         began = time.perf_counter()
