@@ -396,7 +396,10 @@ def run_groups(args: argparse.Namespace, before: dict[str, Any]) -> dict[str, An
     import scale_groups
 
     rows = []
-    for groups in scale_groups.QUICK_POINTS if args.quick else scale_groups.POINTS:
+    points = scale_groups.QUICK_POINTS if args.quick else scale_groups.POINTS
+    if args.group_points:
+        points = tuple(int(point) for point in args.group_points.split(","))
+    for groups in points:
         print(f"{groups:,} consumer groups: measuring", file=sys.stderr, flush=True)
         row = scale_groups.measure(groups, args.group_seconds, args.step_timeout_s)
         rows.append(row)
@@ -459,6 +462,9 @@ def main(argv: list[str]) -> None:
     )  # fmt: skip
     parser.add_argument(
         "--group-seconds", type=float, help="seconds of commits per group count (at most 120)"
+    )
+    parser.add_argument(
+        "--group-points", help="consumer-group counts, comma-separated (default: 1 to 100,000)"
     )
     parser.add_argument(
         "--topics-budget-s", type=float, help="stop creating topics after this long"
