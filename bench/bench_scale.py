@@ -396,7 +396,7 @@ def run_groups(args: argparse.Namespace, before: dict[str, Any]) -> dict[str, An
     import scale_groups
 
     rows = []
-    points = scale_groups.QUICK_POINTS if args.quick else scale_groups.POINTS
+    points: tuple[int, ...] = scale_groups.QUICK_POINTS if args.quick else scale_groups.POINTS
     if args.group_points:
         points = tuple(int(point) for point in args.group_points.split(","))
     for groups in points:
