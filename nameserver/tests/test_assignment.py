@@ -16,12 +16,14 @@ from metaq.nameserver.assignment import (
     VIRTUAL_NODES,
     Member,
     QueueRef,
+    Strategy,
     assign,
     average,
     balanced_hash,
     computer_room_first,
     consistent_hash,
     round_robin,
+    sticky,
 )
 
 ROOMS = ("east", "west", "north", "")
@@ -201,19 +203,20 @@ def test_average_and_round_robin_counts_differ_by_at_most_one(
 
 
 def test_unknown_strategy_name_is_rejected_with_the_known_names() -> None:
-    with pytest.raises(ValueError, match="unknown assignment strategy 'sticky'") as raised:
-        assign("sticky", [Member("a")], [QueueRef("b", 0)])
+    with pytest.raises(ValueError, match="unknown assignment strategy 'stickier'") as raised:
+        assign("stickier", [Member("a")], [QueueRef("b", 0)])
     for name in NAMES:
         assert name in str(raised.value)
 
 
-def test_registry_holds_the_five_strategies_under_their_names() -> None:
+def test_registry_holds_the_six_strategies_under_their_names() -> None:
     expected = {
         "average": average,
         "round_robin": round_robin,
         "consistent_hash": consistent_hash,
         "computer_room_first": computer_room_first,
         "balanced_hash": balanced_hash,
+        "sticky": sticky,
     }
     assert expected == STRATEGIES
 
@@ -387,27 +390,33 @@ def test_balanced_hash_answer_is_pinned_so_every_process_and_version_agrees() ->
     assert {c: [q.queue_id for q in share] for c, share in result.items()} == PINNED_BALANCED
 
 
-# --- computer_room_first -----------------------------------------------------------------------
+# --- computer_room_first and sticky ------------------------------------------------------------
+
+STICKY = pytest.mark.parametrize(
+    "strategy", [computer_room_first, sticky], ids=lambda s: s.__name__
+)
 
 
+@STICKY
 @given(members=member_lists(), queues=queue_lists(), data=st.data())
 def test_staffed_rooms_keep_their_queues_and_only_orphaned_rooms_cross_rooms(
-    members: list[Member], queues: list[QueueRef], data: st.DataObject
+    strategy: Strategy, members: list[Member], queues: list[QueueRef], data: st.DataObject
 ) -> None:
     previous = data.draw(arbitrary_previous(members, queues))
     staffed = {member.room for member in members}
     room_of = {member.consumer_id: member.room for member in members}
-    for consumer_id, share in computer_room_first(members, queues, previous).items():
+    for consumer_id, share in strategy(members, queues, previous).items():
         for queue in share:
             assert queue.room == room_of[consumer_id] or queue.room not in staffed
 
 
+@STICKY
 @given(members=member_lists(min_size=1), queues=queue_lists(), data=st.data())
 def test_each_room_pool_and_the_orphan_pool_are_balanced_to_within_one(
-    members: list[Member], queues: list[QueueRef], data: st.DataObject
+    strategy: Strategy, members: list[Member], queues: list[QueueRef], data: st.DataObject
 ) -> None:
     previous = data.draw(arbitrary_previous(members, queues))
-    result = computer_room_first(members, queues, previous)
+    result = strategy(members, queues, previous)
     for counts in counts_per_pool(result, members, queues):
         assert spread(counts) <= 1
 
@@ -440,22 +449,24 @@ def test_a_broker_moved_to_an_unstaffed_room_stays_with_its_consumer() -> None:
     assert after == {"a": [QueueRef("e", 0, "north")], "b": [QueueRef("w", 0, "west")]}
 
 
+@STICKY
 @given(members=member_lists(), queues=queue_lists(), data=st.data())
 def test_feeding_back_its_own_answer_moves_nothing(
-    members: list[Member], queues: list[QueueRef], data: st.DataObject
+    strategy: Strategy, members: list[Member], queues: list[QueueRef], data: st.DataObject
 ) -> None:
-    first = computer_room_first(members, queues, data.draw(arbitrary_previous(members, queues)))
-    assert computer_room_first(members, queues, first) == first
+    first = strategy(members, queues, data.draw(arbitrary_previous(members, queues)))
+    assert strategy(members, queues, first) == first
 
 
+@STICKY
 @given(members=member_lists(min_size=2), queues=queue_lists(), data=st.data())
 def test_a_leaving_member_moves_exactly_its_own_queues(
-    members: list[Member], queues: list[QueueRef], data: st.DataObject
+    strategy: Strategy, members: list[Member], queues: list[QueueRef], data: st.DataObject
 ) -> None:
     leaver = data.draw(st.sampled_from(members))
-    before = computer_room_first(members, queues)
+    before = strategy(members, queues, data.draw(arbitrary_previous(members, queues)))
     stayers = [m for m in members if m != leaver]
-    after = computer_room_first(stayers, queues, before)
+    after = strategy(stayers, queues, before)
     # The leaver's queues are the lower bound; nobody else gives anything up.
     assert moved(before, after) == set(before[leaver.consumer_id])
     for member in stayers:
@@ -515,3 +526,89 @@ def test_the_strategies_clients_may_name_are_the_ones_the_nameserver_runs() -> N
     from metaq.nameserver.assignment import STRATEGIES
 
     assert set(ASSIGNMENT_STRATEGIES) == set(STRATEGIES)
+
+
+# --- sticky ------------------------------------------------------------------------------------
+
+
+@given(members=member_lists(min_size=2), queues=queue_lists(), data=st.data())
+def test_sticky_moves_exactly_the_joining_members_share_and_only_to_it(
+    members: list[Member], queues: list[QueueRef], data: st.DataObject
+) -> None:
+    joiner = data.draw(st.sampled_from(members))
+    incumbents = [m for m in members if m != joiner]
+    before = sticky(incumbents, queues, data.draw(arbitrary_previous(incumbents, queues)))
+    after = sticky(members, queues, before)
+    orphaned_before = {q.room for q in queues} - {m.room for m in incumbents}
+    if joiner.room in orphaned_before and any(q.room == joiner.room for q in queues):
+        # Its room's queues were spread over the other rooms and come home, and the orphan
+        # pool is a different pool now: more than its share may move.
+        return
+    # Every incumbent's quota in every pool stays or shrinks: it only gives queues up, and
+    # all of them to the joiner.
+    assert moved(before, after) == set(after[joiner.consumer_id])
+    for member in incumbents:
+        assert set(after[member.consumer_id]) <= set(before[member.consumer_id])
+
+
+@given(members=member_lists(min_size=2), queues=queue_lists(), data=st.data())
+def test_sticky_leaver_moves_exactly_its_queues_from_any_earlier_partition(
+    members: list[Member], queues: list[QueueRef], data: st.DataObject
+) -> None:
+    leaver = data.draw(st.sampled_from(members))
+    stayers = [m for m in members if m != leaver]
+    before = sticky(members, queues, data.draw(arbitrary_previous(members, queues)))
+    after = sticky(stayers, queues, before)
+    assert moved(before, after) == set(before[leaver.consumer_id])
+
+
+@given(
+    members=member_lists(min_size=1, max_size=10),
+    queues=queue_lists(max_per_broker=8),
+    data=st.data(),
+)
+def test_sticky_members_reading_half_updated_holdings_compute_the_same_answer(
+    members: list[Member], queues: list[QueueRef], data: st.DataObject
+) -> None:
+    # Members rebalance and report their queues one heartbeat apart: a member may compute
+    # from holdings where some members already run their new share and others their old.
+    earlier = data.draw(st.lists(st.sampled_from(members), unique=True))
+    before = sticky(earlier, queues, data.draw(arbitrary_previous(earlier, queues)))
+    target = sticky(members, queues, before)
+    done = data.draw(st.sets(st.sampled_from([m.consumer_id for m in members])))
+    snapshot = {c: target[c] for c in done}
+    snapshot.update({c: share for c, share in before.items() if c not in done})
+    assert sticky(members, queues, snapshot) == target
+
+
+@pytest.mark.parametrize(("members", "queues"), [(10, 100), (100, 1000), (1000, 10_000)])
+def test_sticky_join_and_leave_in_a_large_group_move_one_members_share(
+    members: int, queues: int
+) -> None:
+    topic = [QueueRef(f"b{i % 8}", i // 8) for i in range(queues)]
+    group = [Member(c) for c in ids("m", members)]
+    running = sticky(group, topic)
+    for newcomer in ids("new", 3):
+        joined = sticky([*group, Member(newcomer)], topic, running)
+        assert moved(running, joined) == set(joined[newcomer])
+        assert len(joined[newcomer]) in (queues // (members + 1), queues // (members + 1) + 1)
+        assert spread([len(share) for share in joined.values()]) <= 1
+    leaver = group[len(group) // 2].consumer_id
+    left = sticky([m for m in group if m.consumer_id != leaver], topic, running)
+    assert moved(running, left) == set(running[leaver])
+
+
+def test_sticky_quotas_of_one_more_go_by_consumer_id_not_by_holdings() -> None:
+    # "b" holds all three queues, "a" none: computer_room_first lets b keep two (it holds
+    # the most); sticky gives a the larger quota whatever is held, so the answer does not
+    # depend on how far the members got in moving queues.
+    topic = queues_in(("q", "", 3))
+    previous = {"b": topic}
+    assert computer_room_first([Member("a"), Member("b")], topic, previous) == {
+        "a": topic[2:],
+        "b": topic[:2],
+    }
+    assert sticky([Member("a"), Member("b")], topic, previous) == {
+        "a": topic[1:],
+        "b": topic[:1],
+    }

@@ -589,6 +589,7 @@ def test_an_unknown_topic_is_not_found_and_an_unknown_strategy_names_the_known_o
         "computer_room_first",
         "consistent_hash",
         "round_robin",
+        "sticky",
     ):
         assert known in details
 

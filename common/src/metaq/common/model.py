@@ -223,6 +223,7 @@ _CONSUME_MODES_OUT: Final[Mapping[ConsumeMode, ConsumerHeartbeatRequest.Mode.Val
 }
 
 ASSIGNMENT_STRATEGIES: Final = (
+    "sticky",
     "balanced_hash",
     "average",
     "round_robin",
@@ -231,6 +232,10 @@ ASSIGNMENT_STRATEGIES: Final = (
 )
 """The names of the nameserver's queue assignment strategies, the default first
 (``docs/nameserver.md``); clients check a name against these before asking."""
+
+HOLDINGS_STRATEGIES: Final = frozenset({"sticky"})
+"""The strategies a push consumer feeds the group's holdings (the queues each member
+reports running in its heartbeats) as the previous assignment."""
 
 
 # --- topics -----------------------------------------------------------------------------

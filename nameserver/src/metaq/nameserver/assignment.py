@@ -2,13 +2,14 @@
 
 Every nameserver works the assignment out on its own, with no coordination (no ZooKeeper
 lock, no leader), so each strategy is a deterministic pure function of its inputs: the member
-list, the queue list and, for the sticky strategy, the previous assignment. Inputs are sorted
+list, the queue list and, for the sticky strategies, the previous assignment. Inputs are sorted
 first and treated as sets, so the order in which a nameserver happened to learn about members
 or queues never changes the answer, and hashing uses blake2b, never ``hash()``, which Python
 salts per process.
 
-Four strategies follow RocketMQ's rebalance strategies, and ``balanced_hash`` (the
-client's default) is a stateless one that moves few queues:
+Four strategies follow RocketMQ's rebalance strategies; ``balanced_hash`` is a stateless
+one that moves few queues, and ``sticky`` (the client's default) moves only a joining or
+leaving member's share, given the queues each member holds:
 
 ``average`` (AllocateMessageQueueAveragely)
     Queues and members sorted; member *i* takes a contiguous block. Block sizes differ by at
@@ -67,8 +68,34 @@ client's default) is a stateless one that moves few queues:
     the group, one joining or leaving moves few queues besides its own share: a few
     times that share (docs/benchmarks.md), where ``average`` moves most of the topic once
     the newcomer's id does not sort last. It needs no previous assignment, so members
-    asking on their own agree; only ``computer_room_first`` fed the group's running
-    assignment moves exactly the joining or leaving member's share.
+    asking on their own agree; only the sticky strategies fed the group's running
+    assignment move exactly the joining or leaving member's share.
+
+``sticky`` (Kafka's CooperativeSticky, without its second round)
+    ``computer_room_first``'s pools, and its stickiness within the balance, meant to be fed
+    the group's running assignment as every member can read it: the push consumer reports
+    the queues it runs in its heartbeats, the brokers answer every member's report, and
+    those holdings are the previous assignment. Each member keeps the queues it holds up to
+    its quota, giving up its highest-sorting surplus; the surplus and the queues nobody
+    holds go, in sorted order, to the members below quota, in consumer-id order. The one
+    difference from ``computer_room_first``: in every pool the quotas of one more go to the
+    first ``len(pool) % k`` eligible members by consumer id, whatever anyone holds. The
+    quotas then depend on the members and queues alone, which buys two things:
+
+    * Members that read different snapshots of the holdings still agree. If the previous
+      assignment was a partition and some members already run their new share while
+      others still run their old one, the answer is the same as from the old holdings.
+      Members learn each other's reports one heartbeat apart, so this is the common case
+      during a rebalance, and it is where a holdings-ranked quota would disagree.
+    * One member joining or leaving moves only its own share: joining, every incumbent's
+      quota in every pool stays or shrinks (it gives up only surplus, all of which goes to
+      the newcomer); leaving, every quota stays or grows (only the leaver's queues move).
+      A member joining a room whose queues were orphaned is the exception, as above.
+
+    The price: fed an arbitrary previous assignment (another strategy's), it may move a
+    few more queues than the least possible, where ``computer_room_first`` ranks quotas by
+    what members hold. With no holdings at all (a new group) it hands out sorted blocks
+    by consumer id, room by room.
 
 Previous ownership is keyed by (broker, queue id), so a broker group relabelled with a new
 room keeps its consumers where the pool rules allow. A queue claimed by several previous
@@ -243,8 +270,14 @@ def _sticky_pool(
     pool: Sequence[QueueRef],
     owners: Mapping[_QueueKey, Sequence[str]],
     tiebreak: Mapping[str, int],
+    *,
+    quotas_by_id: bool = False,
 ) -> Assignment:
-    """Balance ``pool`` over ``eligible`` (sorted ids), keeping as many queues in place as can."""
+    """Balance ``pool`` over ``eligible`` (sorted ids), keeping as many queues in place as can.
+
+    The quotas of one more go to the members that hold the most, or with ``quotas_by_id``
+    to the first members by consumer id, whatever they hold.
+    """
     allowed = set(eligible)
     held: Assignment = {consumer_id: [] for consumer_id in eligible}
     loose: list[QueueRef] = []
@@ -258,7 +291,10 @@ def _sticky_pool(
     base, extra = divmod(len(pool), len(eligible))
     # A quota of base+1 keeps one more queue in place only for a member already holding more
     # than base, so handing those quotas to the biggest holders maximises what stays put.
-    ranked = sorted(eligible, key=lambda c: (-len(held[c]), tiebreak.get(c, 0), c))
+    if quotas_by_id:
+        ranked = list(eligible)
+    else:
+        ranked = sorted(eligible, key=lambda c: (-len(held[c]), tiebreak.get(c, 0), c))
     quota = {c: base + (1 if rank < extra else 0) for rank, c in enumerate(ranked)}
     for consumer_id in eligible:
         kept = held[consumer_id]
@@ -278,6 +314,24 @@ def computer_room_first(
     member_list: list[Member], queue_list: list[QueueRef], previous: Previous | None
 ) -> Assignment:
     """Same-room queues to same-room members, orphaned rooms to everyone; sticky and balanced."""
+    return _room_pools_sticky(member_list, queue_list, previous, quotas_by_id=False)
+
+
+@_strategy
+def sticky(
+    member_list: list[Member], queue_list: list[QueueRef], previous: Previous | None
+) -> Assignment:
+    """computer_room_first's pools and stickiness, fed the holdings members report."""
+    return _room_pools_sticky(member_list, queue_list, previous, quotas_by_id=True)
+
+
+def _room_pools_sticky(
+    member_list: list[Member],
+    queue_list: list[QueueRef],
+    previous: Previous | None,
+    *,
+    quotas_by_id: bool,
+) -> Assignment:
     result = _empty(member_list)
     owners = _previous_owners(previous)
     staffed = {member.room for member in member_list}
@@ -286,12 +340,14 @@ def computer_room_first(
     for room in sorted({queue.room for queue in queue_list} & staffed):
         eligible = [member.consumer_id for member in member_list if member.room == room]
         pool = [queue for queue in queue_list if queue.room == room]
-        for consumer_id, share in _sticky_pool(eligible, pool, owners, {}).items():
+        shares = _sticky_pool(eligible, pool, owners, {}, quotas_by_id=quotas_by_id)
+        for consumer_id, share in shares.items():
             result[consumer_id].extend(share)
             own_room_load[consumer_id] = len(share)
     if orphans:
         everyone = [member.consumer_id for member in member_list]
-        for consumer_id, share in _sticky_pool(everyone, orphans, owners, own_room_load).items():
+        shares = _sticky_pool(everyone, orphans, owners, own_room_load, quotas_by_id=quotas_by_id)
+        for consumer_id, share in shares.items():
             result[consumer_id].extend(share)
     for share in result.values():
         share.sort()
@@ -366,6 +422,7 @@ STRATEGIES: Final[Mapping[str, Strategy]] = {
     "consistent_hash": consistent_hash,
     "computer_room_first": computer_room_first,
     "balanced_hash": balanced_hash,
+    "sticky": sticky,
 }
 
 

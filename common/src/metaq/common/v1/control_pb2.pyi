@@ -905,14 +905,16 @@ class GetAssignmentRequest(_message.Message):
     """For logs and errors; the assignment depends only on the fields below."""
     topic: _builtins.str
     strategy: _builtins.str
-    """"average", "round_robin", "consistent_hash" or "computer_room_first"."""
+    """"sticky", "balanced_hash", "average", "round_robin", "consistent_hash" or
+    "computer_room_first".
+    """
     @_builtins.property
     def members(self) -> _containers.RepeatedCompositeFieldContainer[Global___AssignmentMember]: ...
     @_builtins.property
     def previous(self) -> _containers.RepeatedCompositeFieldContainer[Global___MemberQueues]:
-        """The assignment the group runs now, if any: the sticky strategy
-        (computer_room_first) moves as few queues as it can from it. Queues of other topics
-        are ignored.
+        """The assignment the group runs now, if any: the sticky strategies (sticky,
+        computer_room_first) keep its queues in place where balance allows. Queues of other
+        topics are ignored.
         """
 
     def __init__(
