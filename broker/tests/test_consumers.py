@@ -119,3 +119,21 @@ def test_every_change_of_a_groups_member_set_is_heard_and_nothing_else() -> None
     groups.expire()
     assert heard[2:] == [("g", 2), ("g", 5), ("g", 0), ("g", 0)]
     assert groups.groups() == {}
+
+
+def test_a_members_report_of_its_queues_replaces_the_last_and_is_refused_without_a_version() -> (
+    None
+):
+    groups = ConsumerGroups(timeout_s=30)
+    groups.heartbeat("g", "a", held=[("t", "b1", 0), ("t", "b1", 1)], holdings_version=1)
+    groups.heartbeat("g", "b")
+    members = groups.heartbeat("g", "a", held=[("t", "b1", 1)], holdings_version=2)
+
+    assert [(m.client_id, m.held, m.holdings_version) for m in members] == [
+        ("a", (("t", "b1", 1),), 2),
+        ("b", (), 0),
+    ]
+    with pytest.raises(InvalidMessage, match="holdings_version of 1 or more"):
+        groups.heartbeat("g", "a", held=[("t", "b1", 1)])
+    with pytest.raises(InvalidMessage, match="topic"):
+        groups.heartbeat("g", "a", held=[("bad topic!", "b1", 1)], holdings_version=3)

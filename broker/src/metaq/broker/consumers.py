@@ -14,12 +14,16 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeAlias
 
 from metaq.common.errors import InvalidMessage
 from metaq.common.model import ConsumeMode
 from metaq.common.names import check_group
 from metaq.common.record import check_topic
 from metaq.common.service import PeriodicService
+
+HeldQueue: TypeAlias = tuple[str, str, int]
+"""(topic, broker group, queue id) of a queue a consumer runs."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +40,10 @@ class Member:
     client_version: str = ""
     language: str = ""
     """What the client library says it is (empty: a client too old to say)."""
+    held: tuple[HeldQueue, ...] = ()
+    """The queues it last reported running, for the sticky assignment strategy."""
+    holdings_version: int = 0
+    """That report's version (0: it reports none)."""
 
 
 class ConsumerGroups:
@@ -69,14 +77,26 @@ class ConsumerGroups:
         host: str = "",
         client_version: str = "",
         language: str = "",
+        held: Sequence[HeldQueue] = (),
+        holdings_version: int = 0,
     ) -> list[Member]:
-        """Record (or, when ``leaving``, drop) a member; return the group's live members."""
+        """Record (or, when ``leaving``, drop) a member; return the group's live members.
+
+        ``held`` and ``holdings_version`` replace what the member reported before (a
+        member that stops reporting sends none, version 0)."""
         if group not in self._groups:
             check_group(group)
         if not client_id or len(client_id) > 255:
             raise InvalidMessage("a consumer heartbeat needs a client id of 1-255 characters")
         for topic, _ in subscriptions:
             check_topic(topic)
+        for topic in {topic for topic, _, _ in held}:
+            check_topic(topic)
+        if held and holdings_version == 0:
+            raise InvalidMessage(
+                "a consumer heartbeat that reports held queues needs a holdings_version of 1 "
+                "or more (raise it whenever the held queues change)"
+            )
         members = self._groups.setdefault(group, {})
         if leaving:
             if members.pop(client_id, None) is not None:
@@ -94,6 +114,8 @@ class ConsumerGroups:
                 host,
                 client_version[:64],
                 language[:32],
+                tuple(held),
+                holdings_version,
             )
         return self.members(group)
 

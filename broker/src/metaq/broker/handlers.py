@@ -37,6 +37,7 @@ from metaq.common.v1.data_pb2 import (
     ConsumerMember,
     EndTransactionRequest,
     EndTransactionResponse,
+    HeldQueue,
     LockQueuesRequest,
     LockQueuesResponse,
     QueryOffsetRequest,
@@ -365,6 +366,10 @@ class Handlers:
             host=_host(responder),
             client_version=request.client_version,
             language=request.language,
+            held=[(q.topic, q.broker_name, q.queue_id) for q in request.held]
+            if request.report_holdings
+            else (),
+            holdings_version=request.holdings_version if request.report_holdings else 0,
         )
         if frame.is_one_way:
             return
@@ -373,6 +378,14 @@ class Handlers:
                      for m in members],
             member_timeout_ms=int(self._groups.timeout_s * 1000),
         )  # fmt: skip
+        if request.report_holdings:
+            # Each member's own report: a large group's answer grows by every queue it
+            # runs, so only the consumers that assign by holdings ask for them.
+            for answer, member in zip(response.members, members, strict=True):
+                answer.holdings_version = member.holdings_version
+                answer.held.extend(
+                    HeldQueue(topic=t, broker_name=b, queue_id=q) for t, b, q in member.held
+                )
         responder.respond(
             encode_frame(
                 frame.type, frame.request_id, response.SerializeToString(), flags=FLAG_RESPONSE

@@ -623,6 +623,9 @@ class ConsumerHeartbeatRequest(_message.Message):
     NOTIFY_MEMBER_CHANGES_FIELD_NUMBER: _builtins.int
     CLIENT_VERSION_FIELD_NUMBER: _builtins.int
     LANGUAGE_FIELD_NUMBER: _builtins.int
+    REPORT_HOLDINGS_FIELD_NUMBER: _builtins.int
+    HELD_FIELD_NUMBER: _builtins.int
+    HOLDINGS_VERSION_FIELD_NUMBER: _builtins.int
     consumer_group: _builtins.str
     client_id: _builtins.str
     """Unique per consumer instance (e.g. host@pid); the order members are listed in."""
@@ -641,8 +644,21 @@ class ConsumerHeartbeatRequest(_message.Message):
     them as unknown fields, and an older consumer leaves them empty ("unknown").
     """
     language: _builtins.str
+    report_holdings: _builtins.bool
+    """For the sticky assignment strategy (docs/consumer.md): the consumer reports the
+    queues it runs now, over every topic, and wants each member's report back. The
+    broker keeps the latest report per member and answers every member's in
+    ConsumerMember.held; without it the broker forgets this member's report and answers
+    none (the answer of a large group stays small for the stateless strategies).
+    """
+    holdings_version: _builtins.int
+    """Raised by the consumer whenever `held` changes, from 1: a consumer merging the
+    answers of several brokers keeps each member's report with the highest version.
+    """
     @_builtins.property
     def subscriptions(self) -> _containers.RepeatedCompositeFieldContainer[Global___Subscription]: ...
+    @_builtins.property
+    def held(self) -> _containers.RepeatedCompositeFieldContainer[Global___HeldQueue]: ...
     def __init__(
         self,
         *,
@@ -655,14 +671,44 @@ class ConsumerHeartbeatRequest(_message.Message):
         notify_member_changes: _builtins.bool = ...,
         client_version: _builtins.str = ...,
         language: _builtins.str = ...,
+        report_holdings: _builtins.bool = ...,
+        held: _abc.Iterable[Global___HeldQueue] | None = ...,
+        holdings_version: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "client_version", b"client_version", "computer_room", b"computer_room", "consumer_group", b"consumer_group", "language", b"language", "leaving", b"leaving", "mode", b"mode", "notify_member_changes", b"notify_member_changes", "subscriptions", b"subscriptions"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "client_version", b"client_version", "computer_room", b"computer_room", "consumer_group", b"consumer_group", "held", b"held", "holdings_version", b"holdings_version", "language", b"language", "leaving", b"leaving", "mode", b"mode", "notify_member_changes", b"notify_member_changes", "report_holdings", b"report_holdings", "subscriptions", b"subscriptions"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ConsumerHeartbeatRequest: _TypeAlias = ConsumerHeartbeatRequest  # noqa: Y015
+
+@_typing.final
+class HeldQueue(_message.Message):
+    """A queue a consumer runs for its group."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    BROKER_NAME_FIELD_NUMBER: _builtins.int
+    QUEUE_ID_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    broker_name: _builtins.str
+    queue_id: _builtins.int
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        broker_name: _builtins.str = ...,
+        queue_id: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_name", b"broker_name", "queue_id", b"queue_id", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HeldQueue: _TypeAlias = HeldQueue  # noqa: Y015
 
 @_typing.final
 class ClientHello(_message.Message):
@@ -708,17 +754,28 @@ class ConsumerMember(_message.Message):
 
     CLIENT_ID_FIELD_NUMBER: _builtins.int
     COMPUTER_ROOM_FIELD_NUMBER: _builtins.int
+    HELD_FIELD_NUMBER: _builtins.int
+    HOLDINGS_VERSION_FIELD_NUMBER: _builtins.int
     client_id: _builtins.str
     computer_room: _builtins.str
+    holdings_version: _builtins.int
+    @_builtins.property
+    def held(self) -> _containers.RepeatedCompositeFieldContainer[Global___HeldQueue]:
+        """Only when the request set report_holdings: the queues this member last reported
+        running, and that report's holdings_version (0: it has reported none here).
+        """
+
     def __init__(
         self,
         *,
         client_id: _builtins.str = ...,
         computer_room: _builtins.str = ...,
+        held: _abc.Iterable[Global___HeldQueue] | None = ...,
+        holdings_version: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "computer_room", b"computer_room"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "computer_room", b"computer_room", "held", b"held", "holdings_version", b"holdings_version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
