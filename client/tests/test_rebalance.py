@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from metaq.client.rebalance import Member, merge_members, plan_rebalance
+from metaq.client.rebalance import Holdings, Member, merge_holdings, merge_members, plan_rebalance
 
 
 def test_the_plan_starts_new_queues_stops_lost_ones_and_keeps_the_rest() -> None:
@@ -53,3 +53,22 @@ def test_a_member_reported_in_two_rooms_gets_the_same_room_whatever_the_order() 
     other = [Member("c1", "r2")]
 
     assert merge_members([one, other]) == merge_members([other, one]) == (Member("c1", "r2"),)
+
+
+def test_each_members_latest_report_of_its_queues_wins_whatever_broker_answered_it() -> None:
+    old = Holdings(1, (("t", "b", 0),))
+    new = Holdings(2, (("t", "b", 1),))
+    only_b = Holdings(1, (("t", "b", 2),))
+
+    merged = merge_holdings([{"c1": old}, {"c1": new, "c2": only_b}])
+
+    assert merged == merge_holdings([{"c1": new, "c2": only_b}, {"c1": old}])
+    assert merged == {"c1": new, "c2": only_b}
+
+
+def test_a_restarted_member_counting_from_one_again_merges_alike_everywhere() -> None:
+    before = Holdings(1, (("t", "b", 0),))
+    after = Holdings(1, (("t", "b", 3),))
+
+    assert merge_holdings([{"c": before}, {"c": after}]) == {"c": after}
+    assert merge_holdings([{"c": after}, {"c": before}]) == {"c": after}

@@ -167,6 +167,61 @@ def test_members_rebalance_at_once_on_the_brokers_notice_when_one_joins_or_leave
     print(f"rebalanced {joined:.3f} s after a join, {left:.3f} s after a leave")
 
 
+@pytest.mark.parametrize(
+    ("strategy", "only_the_share_moves"), [("sticky", True), ("balanced_hash", False)]
+)
+def test_a_joining_member_takes_only_its_share_under_sticky_from_the_reported_holdings(
+    cluster: Cluster, strategy: str, only_the_share_moves: bool
+) -> None:
+    # Fixed client ids make balanced_hash's answer fixed too: for these ids it moves six
+    # queues where the newcomer's share is four, so the test tells the two apart.
+    topic, group = f"Sticky-{strategy}", f"sticky-{strategy}"
+    brokers = ["broker-a", "broker-b"]
+
+    async def scenario() -> tuple[dict[str, set[QueueKey]], dict[str, set[QueueKey]]]:
+        await cluster.create_topic(topic, groups=brokers, queues=8)
+        consumers: list[PushConsumer] = []
+
+        async def join(client_id: str) -> None:
+            consumer = PushConsumer(
+                cluster.nameserver_addresses, group, strategy=strategy, client_id=client_id, **FAST
+            )
+            consumer.subscribe(topic, _ignore)
+            await consumer.start()
+            consumers.append(consumer)
+            await cc.wait_for(
+                lambda: _partitioned(consumers, 16), 15, f"{len(consumers)} members split 16"
+            )
+
+        try:
+            for n in range(1, 5):
+                await join(f"member-{n}")
+            before = {c.client_id: set(c.assigned_queues) for c in consumers}
+            await join("member-0")
+            # Settled: a further round of heartbeats and rebalances changes nothing.
+            settled = {c.client_id: set(c.assigned_queues) for c in consumers}
+            for consumer in consumers:
+                await consumer._rebalance()
+            assert {c.client_id: set(c.assigned_queues) for c in consumers} == settled
+            return before, settled
+        finally:
+            for consumer in consumers:
+                await consumer.close()
+
+    before, after = run_async(scenario(), timeout_s=90)
+    sizes = sorted(len(queues) for queues in after.values())
+    assert sizes[-1] - sizes[0] <= 1, after
+    owner = {key: client for client, queues in before.items() for key in queues}
+    moved = {key for client, queues in after.items() for key in queues if owner[key] != client}
+    newcomers_share = after["member-0"]
+    print(
+        f"{strategy}: {len(moved)} of 16 queues moved, the newcomer's share {len(newcomers_share)}"
+    )
+    assert (moved == newcomers_share) is only_the_share_moves, (before, after)
+    if only_the_share_moves:
+        assert all(after[client] <= queues for client, queues in before.items())
+
+
 def test_a_consumer_that_did_not_ask_for_notices_is_sent_none(cluster: Cluster) -> None:
     """A client from before CONSUMER_IDS_CHANGED would refuse the unknown frame type and
     lose its connection: the broker sends notices only to heartbeats that ask."""

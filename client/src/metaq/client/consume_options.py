@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from metaq.common.model import ASSIGNMENT_STRATEGIES, ConsumeMode
+from metaq.common.model import ASSIGNMENT_STRATEGIES, HOLDINGS_STRATEGIES, ConsumeMode
 
 STRATEGIES: Final = ASSIGNMENT_STRATEGIES
 
@@ -58,7 +58,7 @@ class PushConsumerConfig:
 
     group: str
     mode: ConsumeMode = ConsumeMode.CLUSTERING
-    strategy: str = "balanced_hash"
+    strategy: str = "sticky"
     computer_room: str = "default"
     consume_from: ConsumeFrom = FIRST
     max_inflight_messages: int = 1000
@@ -115,6 +115,12 @@ class PushConsumerConfig:
     instance_name: str = "default"
     client_id: str = ""
     """Unique per consumer instance; generated (host@pid@random) when empty."""
+
+    @property
+    def reports_holdings(self) -> bool:
+        """Clustering under ``sticky``: heartbeats report the queues this member runs and
+        the assignment starts from every member's report."""
+        return self.mode is ConsumeMode.CLUSTERING and self.strategy in HOLDINGS_STRATEGIES
 
     def __post_init__(self) -> None:
         if not self.group:

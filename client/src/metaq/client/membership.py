@@ -7,6 +7,13 @@ answer lists the group's live members sorted by client id. The union of the answ
 rebalances over; when it differs from the last one, ``on_change`` is called so the
 consumer rebalances at once instead of at its next periodic round.
 
+Given ``held`` (a consumer assigning by the ``sticky`` strategy), each heartbeat also
+reports the queues this consumer runs, with a version raised at every change, and asks
+for every member's report back; :func:`~metaq.client.rebalance.merge_holdings` keeps each
+member's latest as ``holdings``, the group's running assignment that the strategy keeps
+in place. A change of holdings alone does not wake the rebalance: a member's report
+follows its own rebalance, which the others already made from the same inputs.
+
 The heartbeats ask brokers for CONSUMER_IDS_CHANGED notices: a broker sends one when a
 member joins, leaves, expires or loses its connection, and the consumer heartbeats at
 once on it, so it learns of the change within a round trip rather than an interval.
@@ -16,12 +23,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from metaq.client.connection import BrokerConnection, ConnectionPool
 from metaq.client.errors import UnknownTopic
 from metaq.client.identity import CLIENT_VERSION, LANGUAGE
-from metaq.client.rebalance import Member, merge_members
+from metaq.client.rebalance import HeldQueue, Holdings, Member, merge_holdings, merge_members
 from metaq.client.routes import RouteCache
 from metaq.client.tags import TagFilter
 from metaq.common.framing import Frame, FrameType
@@ -31,6 +38,9 @@ from metaq.common.v1.data_pb2 import (
     ConsumerHeartbeatRequest,
     ConsumerHeartbeatResponse,
     ConsumerIdsChangedNotice,
+)
+from metaq.common.v1.data_pb2 import (
+    HeldQueue as HeldQueueProto,
 )
 
 log = logging.getLogger(__name__)
@@ -53,6 +63,7 @@ class GroupMembership(PeriodicService):
         interval_s: float,
         request_timeout_s: float,
         on_change: Callable[[], None],
+        held: Callable[[], Iterable[HeldQueue]] | None = None,
     ) -> None:
         super().__init__(interval_s)
         self.group = group
@@ -66,6 +77,12 @@ class GroupMembership(PeriodicService):
         self.subscriptions: dict[str, TagFilter] = {}
         self.members: tuple[Member, ...] = ()
         """The group's members as last learnt; empty until a broker answered."""
+        self.holdings: dict[str, Holdings] = {}
+        """With ``held``: each member's latest report of its queues, by client id, as
+        last learnt (members that reported none are absent)."""
+        self._held = held
+        self._reported: tuple[HeldQueue, ...] = ()
+        self._holdings_version = 0
         self.notices = 0
         """CONSUMER_IDS_CHANGED notices taken."""
         self._other_requests = connections.on_request
@@ -111,21 +128,41 @@ class GroupMembership(PeriodicService):
         )
         for topic, tags in sorted(self.subscriptions.items()):
             request.subscriptions.add(topic=topic, tag_expression=tags.expression)
+        if self._held is not None:
+            held = tuple(sorted(self._held()))
+            if held != self._reported or not self._holdings_version:
+                self._reported = held
+                self._holdings_version += 1
+            request.report_holdings = True
+            request.holdings_version = self._holdings_version
+            request.held.extend(
+                HeldQueueProto(topic=t, broker_name=b, queue_id=q) for t, b, q in held
+            )
         return request.SerializeToString()
 
-    async def _send(self, addresses: Sequence[str], leaving: bool) -> list[Sequence[Member]]:
+    async def _send(
+        self, addresses: Sequence[str], leaving: bool
+    ) -> list[tuple[Sequence[Member], dict[str, Holdings]]]:
         header = self._request(leaving)
 
-        async def one(address: str) -> Sequence[Member]:
+        async def one(address: str) -> tuple[Sequence[Member], dict[str, Holdings]]:
             connection = await self._connections.get(address)
             frame = await connection.request(
                 FrameType.CONSUMER_HEARTBEAT, header, timeout_s=self._request_timeout_s
             )
             answer = ConsumerHeartbeatResponse.FromString(frame.header)
-            return [Member(m.client_id, m.computer_room) for m in answer.members]
+            holdings = {
+                m.client_id: Holdings(
+                    m.holdings_version,
+                    tuple((q.topic, q.broker_name, q.queue_id) for q in m.held),
+                )
+                for m in answer.members
+                if m.holdings_version
+            }
+            return [Member(m.client_id, m.computer_room) for m in answer.members], holdings
 
         results = await asyncio.gather(*(one(a) for a in addresses), return_exceptions=True)
-        answers: list[Sequence[Member]] = []
+        answers: list[tuple[Sequence[Member], dict[str, Holdings]]] = []
         for address, result in zip(addresses, results, strict=True):
             if isinstance(result, BaseException):
                 if not isinstance(result, Exception):
@@ -141,7 +178,11 @@ class GroupMembership(PeriodicService):
         answers = await self._send(addresses, leaving=False)
         if not answers:
             return self.members
-        members = merge_members(answers)
+        members = merge_members(listed for listed, _ in answers)
+        if self._held is not None:
+            live = {m.client_id for m in members}
+            merged = merge_holdings(holdings for _, holdings in answers)
+            self.holdings = {c: h for c, h in merged.items() if c in live}
         if members != self.members:
             log.info(
                 "consumer group %s members now: %s",

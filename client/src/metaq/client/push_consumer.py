@@ -22,10 +22,14 @@ Guarantees first:
 Clustering: the consumer heartbeats every broker of its topics; the brokers' answers are
 the group's members, and the nameserver's ``GetAssignment`` over those members says which
 queues are this member's (every member asks with the same inputs, so their shares are
-disjoint and cover the topic; see ``_target`` for why no previous assignment is sent). It
-rebalances every ``rebalance_interval_s``, and at once when the member list or a route
-changes. A queue given away stops its loop, waits up to ``drop_grace_s`` for its
-handlers and commits; a queue taken starts from the group's committed offset, or from
+disjoint and cover the topic). Under the default ``sticky`` strategy each heartbeat also
+reports the queues this member runs, the brokers' answers carry every member's report,
+and those holdings go with the request as the previous assignment, so a member joining
+or leaving moves only its own share of the queues (see ``_target``, and
+docs/consumer.md for what happens while members read different reports). It rebalances
+every ``rebalance_interval_s``, and at once when the member list or a route changes. A
+queue given away stops its loop, waits up to ``drop_grace_s`` for its handlers and
+commits; a queue taken starts from the group's committed offset, or from
 ``consume_from`` when the group has none (and commits that start at once, so a later
 owner continues from the same place).
 
@@ -277,6 +281,7 @@ class PushConsumer:
             interval_s=config.heartbeat_interval_s,
             request_timeout_s=config.request_timeout_s,
             on_change=self._rebalancer.wakeup,
+            held=self._held if config.reports_holdings else None,
         )
         self._membership.subscriptions = {t: s.tags for t, s in self._subscriptions.items()}
         self._committer = _Periodic("metaq-consumer-commit", config.commit_interval_s, self.commit)
@@ -359,6 +364,9 @@ class PushConsumer:
         """Client ids of the group's members as this consumer last learnt them."""
         return [m.client_id for m in self._membership.members] if self._membership else []
 
+    def _held(self) -> list[QueueKey]:
+        return list(self._running)
+
     def queue_state(self, key: QueueKey) -> ProcessQueue[QueueRoute] | None:
         run = self._running.get(key)
         return run.queue if run is not None else None
@@ -390,6 +398,10 @@ class PushConsumer:
 
     # --- rebalancing ------------------------------------------------------------------
 
+    def _rebalancer_wakeup(self) -> None:
+        if self._rebalancer is not None and not self._closed:
+            self._rebalancer.wakeup()
+
     def _route_changed(self, topic: str, _route: TopicRoute) -> None:
         if topic in self._subscriptions and self._rebalancer is not None:
             self._rebalancer.wakeup()
@@ -420,18 +432,24 @@ class PushConsumer:
         members = self._membership.members
         if not any(m.client_id == self.client_id for m in members):
             return None  # no broker has confirmed this member yet
-        # No ``previous``: each member asks on its own, and members only agree (disjoint
-        # queues covering the topic) when they pass identical inputs. A member's own
-        # last answer is not the group's (a newcomer has none, and one that missed a
-        # membership change holds another), and the sticky strategy fed two different
-        # ones hands one queue to two members and another to none. Without a record of
-        # the running assignment that every member can read, the assignment is computed
-        # from the members and queues alone.
+        # Each member asks on its own, and members only agree (disjoint queues covering
+        # the topic) when they pass identical inputs. A member's own last answer is not
+        # the group's (a newcomer has none, and one that missed a membership change
+        # holds another), so the only ``previous`` sent is the group's holdings as every
+        # member reads them back from the brokers (``sticky``); the other strategies
+        # compute from the members and queues alone.
+        previous = None
+        if self.config.reports_holdings:
+            previous = {
+                client_id: [(b, q) for t, b, q in holdings.queues if t == topic]
+                for client_id, holdings in self._membership.holdings.items()
+            }
         assignment = await self._admin.assignment(
             self.config.group,
             topic,
             self.config.strategy,
             [(m.client_id, m.computer_room) for m in members],
+            previous,
         )
         self._assignments[topic] = assignment
         return {
@@ -461,6 +479,14 @@ class PushConsumer:
         await asyncio.gather(*(self._drop(key) for key in plan.removed))
         for key, route in plan.added.items():
             self._begin(key, route)
+        if self._membership is not None and self.config.reports_holdings:
+            self._membership.wakeup()  # the others' next assignment starts from these
+            # Once more when every member has reported what it runs now: members that
+            # computed from reports of different ages and disagree settle then, not at
+            # the next periodic rebalance (with nothing to change, nothing follows).
+            asyncio.get_running_loop().call_later(
+                2 * self.config.heartbeat_interval_s, self._rebalancer_wakeup
+            )
 
     def _begin(self, key: QueueKey, route: QueueRoute) -> None:
         if not self._delivering:

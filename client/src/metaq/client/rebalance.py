@@ -3,16 +3,17 @@
 Pure functions, no I/O. A consumer heartbeats every broker serving its topics and each
 broker answers with the group's members it knows; :func:`merge_members` turns those
 answers into the one sorted member list the consumer asks the nameserver to assign
-over. :func:`plan_rebalance` compares the queues a consumer runs with the queues it was
-just assigned and says which loops to stop, which to start, and which keep running with
-a new route (the queue's broker moved, say after a failover).
+over, and :func:`merge_holdings` their reports of the queues each member runs (for the
+sticky strategy). :func:`plan_rebalance` compares the queues a consumer runs with the
+queues it was just assigned and says which loops to stop, which to start, and which keep
+running with a new route (the queue's broker moved, say after a failover).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Generic, NamedTuple, TypeVar
+from typing import Generic, NamedTuple, TypeAlias, TypeVar
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -40,6 +41,35 @@ def merge_members(answers: Iterable[Iterable[Member]]) -> tuple[Member, ...]:
             if known is None or member.computer_room > known:
                 rooms[member.client_id] = member.computer_room
     return tuple(Member(client_id, rooms[client_id]) for client_id in sorted(rooms))
+
+
+HeldQueue: TypeAlias = tuple[str, str, int]
+"""(topic, broker group, queue id) of a queue a member runs."""
+
+
+class Holdings(NamedTuple):
+    """The queues one member reported running, as a broker answers it."""
+
+    version: int
+    """Raised by the member at each change; 0 when it reported none to that broker."""
+    queues: tuple[HeldQueue, ...]
+
+
+def merge_holdings(answers: Iterable[Mapping[str, Holdings]]) -> dict[str, Holdings]:
+    """Each member's latest report of what it holds, out of several brokers' answers.
+
+    A member reports to every broker in turn, so brokers can hold reports of different
+    ages; the highest version is the latest. Equal versions with different queues (a
+    restarted member counting again from 1 under the same id) resolve to the greatest
+    queue tuple, so every consumer merging the same answers agrees.
+    """
+    merged: dict[str, Holdings] = {}
+    for answer in answers:
+        for client_id, holdings in answer.items():
+            known = merged.get(client_id)
+            if known is None or (holdings.version, holdings.queues) > known:
+                merged[client_id] = holdings
+    return merged
 
 
 @dataclass(frozen=True, slots=True)

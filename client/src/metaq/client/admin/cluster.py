@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from metaq.client.admin.brokers import BrokerCalls
@@ -156,10 +156,11 @@ class ClusterAdmin(BrokerCalls):
         topic: str,
         strategy: str,
         members: Sequence[tuple[str, str]],
-        previous: Mapping[str, Sequence[QueueRoute]] | None = None,
+        previous: Mapping[str, Iterable[tuple[str, int]]] | None = None,
     ) -> dict[str, list[QueueRoute]]:
         """The topic's readable queues shared out among ``members`` ((consumer id,
-        computer room) pairs) by ``strategy``; sticky to ``previous`` when given.
+        computer room) pairs) by ``strategy``; the sticky strategies keep ``previous``
+        ((broker group, queue id) pairs each member runs now) in place where they can.
 
         Every member is a key of the answer, possibly with no queues. NameServerError for
         an unknown strategy, UnknownTopic, NoNameServer.
@@ -175,13 +176,8 @@ class ClusterAdmin(BrokerCalls):
             request.previous.add(
                 consumer_id=consumer_id,
                 queues=[
-                    pb.MessageQueue(
-                        topic=topic,
-                        broker_name=q.broker_name,
-                        queue_id=q.queue_id,
-                        computer_room=q.computer_room,
-                    )
-                    for q in queues
+                    pb.MessageQueue(topic=topic, broker_name=broker, queue_id=queue_id)
+                    for broker, queue_id in queues
                 ],
             )
         reply = await routes.call(
