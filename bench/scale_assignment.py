@@ -7,10 +7,11 @@ so it sorts anywhere among the others as real ids do) and when one leaves (a mem
 at random). A member's fair share is ``1 / (members + 1)`` of the queues: a strategy
 that moves only the joining member's queues moves about that fraction.
 
-``balanced_hash`` is the consumers' default, ``average`` the default before it;
-``computer_room_first`` is measured fed the running assignment as ``previous`` (the
-nameserver takes one; the push consumer has no group-wide record of it to send).
-Queues are spread over brokers of 100 queues, all in one room; members in another.
+``sticky`` is the consumers' default, measured fed the running assignment as
+``previous``, as the push consumer feeds it the holdings its members report in their
+heartbeats; ``balanced_hash`` (stateless) is the default before it and ``average`` the
+one before that. Queues are spread over brokers of 100 queues, all in one room; members
+in another.
 """
 
 from __future__ import annotations
@@ -23,9 +24,11 @@ from typing import Any, Final
 
 POINTS: Final = ((10, 100), (100, 1_000), (1_000, 10_000), (10_000, 100_000))
 QUICK_POINTS: Final = ((10, 100), (50, 500), (100, 1_000), (200, 2_000))
-DEFAULT: Final = "balanced_hash"
-BEFORE: Final = "average"
-STICKY: Final = "computer_room_first"
+DEFAULT: Final = "sticky"
+BEFORE: Final = "balanced_hash"
+OLDEST: Final = "average"
+STRATEGIES: Final = (DEFAULT, BEFORE, OLDEST)
+FED_PREVIOUS: Final = frozenset({DEFAULT})
 
 
 def _moved(before: Mapping[str, Sequence[Any]], after: Mapping[str, Sequence[Any]]) -> int:
@@ -44,8 +47,8 @@ def measure(members: int, queues: int, seed: int = 7) -> dict[str, Any]:
     newcomer = Member(f"consumer-{rnd.getrandbits(48):012x}", "default")
     leaver = rnd.choice(group)
     row: dict[str, Any] = {"members": members, "queues": queues, "share": 1 / (members + 1)}
-    for name in (DEFAULT, BEFORE, STICKY):
-        sticky = name == STICKY
+    for name in STRATEGIES:
+        sticky = name in FED_PREVIOUS
         began = time.perf_counter()
         running = assign(name, group, topic)
         row[f"{name}_compute_s"] = round(time.perf_counter() - began, 4)
@@ -68,7 +71,7 @@ def figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "assignment_at": f"{top['members']} members, {top['queues']} queues",
         "assignment_moved_fraction_on_join": top[f"{DEFAULT}_moved_on_join"],
         "assignment_moved_fraction_on_join_before": top[f"{BEFORE}_moved_on_join"],
-        "assignment_moved_fraction_on_join_sticky_with_previous": top[f"{STICKY}_moved_on_join"],
+        "assignment_moved_fraction_on_join_average": top[f"{OLDEST}_moved_on_join"],
         "assignment_member_share": round(top["share"], 5),
         "assignment_compute_s": top[f"{DEFAULT}_compute_s"],
     }
@@ -76,14 +79,14 @@ def figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def print_table(rows: list[dict[str, Any]]) -> None:
     print(
-        f"| members | queues | share | {DEFAULT} s | moved on join | moved on leave "
-        f"| {BEFORE} s | moved on join | moved on leave | {STICKY} + previous s "
+        f"| members | queues | share | {DEFAULT} + previous s | moved on join | moved on leave "
+        f"| {BEFORE} s | moved on join | moved on leave | {OLDEST} s "
         "| moved on join | moved on leave |"
     )
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for row in rows:
         cells = [f"{row['members']:,}", f"{row['queues']:,}", f"{row['share']:.5f}"]
-        for name in (DEFAULT, BEFORE, STICKY):
+        for name in STRATEGIES:
             cells += [
                 str(row[f"{name}_compute_s"]),
                 f"{row[f'{name}_moved_on_join']:.5f}",
@@ -105,8 +108,8 @@ def chart(rows: list[dict[str, Any]], path: Path) -> None:
         (axes[1], "moved_on_leave", "fraction of queues moved when one leaves"),
         (axes[2], "compute_s", "time to compute, s"),
     ):
-        for name, style in ((BEFORE, "o--"), (DEFAULT, "o-"), (STICKY, "s:")):
-            label = f"{name} + previous" if name == STICKY else name
+        for name, style in ((OLDEST, "o--"), (BEFORE, "o-"), (DEFAULT, "s:")):
+            label = f"{name} + previous" if name in FED_PREVIOUS else name
             ax.plot(x, [row[f"{name}_{key}"] for row in rows], style, label=label)
         if key != "compute_s":
             ax.plot(x, [row["share"] for row in rows], "k:", label="the member's share")
