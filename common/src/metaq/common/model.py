@@ -298,6 +298,21 @@ class TopicConfig:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class TopicChanges:
+    """What changed in a broker's topic table since some version of it: the topics
+    created or updated, with their settings now, and the names deleted."""
+
+    put: tuple[TopicConfig, ...] = ()
+    deleted: tuple[str, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.put or self.deleted)
+
+    def to_proto(self) -> pb.TopicChanges:
+        return pb.TopicChanges(put=[t.to_proto() for t in self.put], deleted=self.deleted)
+
+
 # --- brokers ----------------------------------------------------------------------------
 
 

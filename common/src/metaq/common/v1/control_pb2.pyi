@@ -167,6 +167,34 @@ class TopicTable(_message.Message):
 Global___TopicTable: _TypeAlias = TopicTable  # noqa: Y015
 
 @_typing.final
+class TopicChanges(_message.Message):
+    """What changed in a broker's topic table since the table (or changes) the session last
+    acknowledged: creates and updates by their new settings, deletes by name.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PUT_FIELD_NUMBER: _builtins.int
+    DELETED_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def put(self) -> _containers.RepeatedCompositeFieldContainer[Global___TopicConfig]: ...
+    @_builtins.property
+    def deleted(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        put: _abc.Iterable[Global___TopicConfig] | None = ...,
+        deleted: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deleted", b"deleted", "put", b"put"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TopicChanges: _TypeAlias = TopicChanges  # noqa: Y015
+
+@_typing.final
 class BrokerState(_message.Message):
     """Who a broker is and where to reach it. (broker_name, broker_id) identifies a broker."""
 
@@ -307,6 +335,7 @@ class BrokerHeartbeat(_message.Message):
     TOPIC_TABLE_FIELD_NUMBER: _builtins.int
     SEQUENCE_FIELD_NUMBER: _builtins.int
     ACL_VERSION_FIELD_NUMBER: _builtins.int
+    TOPIC_CHANGES_FIELD_NUMBER: _builtins.int
     sequence: _builtins.int
     """Grows with each heartbeat of a session; the answer echoes it (SessionEvent.answers)."""
     acl_version: _builtins.int
@@ -319,6 +348,13 @@ class BrokerHeartbeat(_message.Message):
     def topic_table(self) -> Global___TopicTable:
         """Required in the first heartbeat of a session; afterwards only when it changed."""
 
+    @_builtins.property
+    def topic_changes(self) -> Global___TopicChanges:
+        """Instead of topic_table, once the nameserver said it takes them
+        (RegisterBrokerResponse.takes_topic_changes): the changes since the session's last
+        acknowledged heartbeat, so a create costs the same at 10 topics as at 10,000.
+        """
+
     def __init__(
         self,
         *,
@@ -326,10 +362,11 @@ class BrokerHeartbeat(_message.Message):
         topic_table: Global___TopicTable | None = ...,
         sequence: _builtins.int = ...,
         acl_version: _builtins.int | None = ...,
+        topic_changes: Global___TopicChanges | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_acl_version", b"_acl_version", "acl_version", b"acl_version", "broker", b"broker", "topic_table", b"topic_table"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_acl_version", b"_acl_version", "acl_version", b"acl_version", "broker", b"broker", "topic_changes", b"topic_changes", "topic_table", b"topic_table"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_acl_version", b"_acl_version", "acl_version", b"acl_version", "broker", b"broker", "sequence", b"sequence", "topic_table", b"topic_table"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_acl_version", b"_acl_version", "acl_version", b"acl_version", "broker", b"broker", "sequence", b"sequence", "topic_changes", b"topic_changes", "topic_table", b"topic_table"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__acl_version: _TypeAlias = _typing.Literal["acl_version"]  # noqa: Y015
     _WhichOneofArgType__acl_version: _TypeAlias = _typing.Literal["_acl_version", b"_acl_version"]  # noqa: Y015
@@ -405,6 +442,7 @@ class RegisterBrokerResponse(_message.Message):
     CONTROL_FIELD_NUMBER: _builtins.int
     LEASE_GRANTED_FIELD_NUMBER: _builtins.int
     ACL_FIELD_NUMBER: _builtins.int
+    TAKES_TOPIC_CHANGES_FIELD_NUMBER: _builtins.int
     master_data_address: _builtins.str
     """The group's master in the routes (empty if none), so a slave knows whom to follow."""
     epoch: _builtins.int
@@ -424,6 +462,10 @@ class RegisterBrokerResponse(_message.Message):
     broker enforces it and keeps it in its own ACL file, to start with when no
     nameserver answers.
     """
+    takes_topic_changes: _builtins.bool
+    """This nameserver applies BrokerHeartbeat.topic_changes; a broker sends its whole
+    table on every change to one that does not say so (an older version).
+    """
     @_builtins.property
     def control(self) -> Global___GroupControl:
         """The controller's committed state of the broker's group; absent while the controller
@@ -439,10 +481,11 @@ class RegisterBrokerResponse(_message.Message):
         control: Global___GroupControl | None = ...,
         lease_granted: _builtins.bool = ...,
         acl: _builtins.bytes = ...,
+        takes_topic_changes: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["control", b"control"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acl", b"acl", "broker_expiry_ms", b"broker_expiry_ms", "control", b"control", "epoch", b"epoch", "lease_granted", b"lease_granted", "master_data_address", b"master_data_address"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acl", b"acl", "broker_expiry_ms", b"broker_expiry_ms", "control", b"control", "epoch", b"epoch", "lease_granted", b"lease_granted", "master_data_address", b"master_data_address", "takes_topic_changes", b"takes_topic_changes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
