@@ -1,4 +1,5 @@
-"""The topics and offsets journal on a real store: records under the limit, replay."""
+"""The topics and offsets journal on a real store: records under the limit, replay, one
+record per topic change."""
 
 from __future__ import annotations
 
@@ -8,12 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from metaq.broker.journal import OFFSETS_JOURNAL, Journal
+from metaq.broker.journal import OFFSETS_JOURNAL, TOPICS_JOURNAL, Journal
 from metaq.broker.offsets import ConsumerOffsets
 from metaq.broker.store import MessageStore
 from metaq.broker.store.commitlog import Appended
 from metaq.broker.topics import TopicTable
 from metaq.common.errors import StoreUnavailable
+from metaq.common.model import TopicConfig
 
 Waiter = Callable[[Callable[[], bool], float, str], None]
 
@@ -170,3 +172,57 @@ def test_a_deleted_group_is_forgotten_by_a_slave_replaying_the_journal(
     replica.apply()
     assert copied.items() == [(("kept", "orders", 0), 7)]
     assert copied.groups() == ["kept"]
+
+
+def _topics_journal(
+    store: MessageStore, data_dir: Path, *, master: bool
+) -> tuple[Journal, TopicTable]:
+    data_dir.mkdir(parents=True, exist_ok=True)
+    topics = TopicTable(data_dir)
+    journal = Journal(store, topics, ConsumerOffsets(data_dir), lambda: master)
+    topics.listeners.append(journal.topic_changed)
+    return journal, topics
+
+
+def test_each_topic_change_is_one_record_of_that_topic_and_a_slave_applies_each(
+    open_store: Callable[..., MessageStore], tmp_path: Path
+) -> None:
+    store = open_store()
+    _, topics = _topics_journal(store, tmp_path / "master", master=True)
+    sizes = []
+    for n in range(300):
+        topics.create(f"topic-{n:03d}")
+        sizes.append(store.commitlog.write_offset)
+    topics.update("topic-007", write_queues=2)
+    topics.delete("topic-008")
+    # The 300th create appends what the 2nd did (the whole table was 300 times more).
+    first, last = sizes[1] - sizes[0], sizes[-1] - sizes[-2]
+    assert abs(last - first) <= 8, (first, last)
+    assert store.max_offset(TOPICS_JOURNAL, 0) == 302
+
+    replica, copied = _topics_journal(store, tmp_path / "replica", master=False)
+    assert replica.apply() == 302
+    assert copied.all() == topics.all() and copied.journal_offset == 301
+    assert copied.get("topic-007") == TopicConfig("topic-007", 8, 2)
+    assert copied.get("topic-008") is None
+    # Restarted, the slave has it all from its own files and applies nothing twice.
+    again = TopicTable(tmp_path / "replica")
+    assert again.all() == topics.all() and again.journal_offset == 301
+    assert Journal(store, again, ConsumerOffsets(tmp_path / "replica"), lambda: False).apply() == 0
+
+
+def test_the_whole_table_a_master_writes_replaces_what_a_slave_held(
+    open_store: Callable[..., MessageStore], tmp_path: Path
+) -> None:
+    store = open_store()
+    journal, topics = _topics_journal(store, tmp_path / "master", master=True)
+    topics.create("orders")
+    replica, copied = _topics_journal(store, tmp_path / "replica", master=False)
+    replica.apply()
+    copied.create("stray")  # say, left from when this broker was a master the group left
+
+    journal.write_all()  # a new term: the whole state
+    topics.create("audit")
+    assert replica.apply() == 2
+    assert [t.name for t in copied.all()] == ["audit", "orders"]
+    assert [t.name for t in TopicTable(tmp_path / "replica").all()] == ["audit", "orders"]

@@ -78,6 +78,6 @@ def nameserver_registrar(broker: Broker) -> NameServerRegistrar:
         secret=broker.secret,
         tls=config.tls,
     )
-    broker.topics.listeners.append(registrar.refresh)
+    broker.topics.listeners.append(lambda _name: registrar.refresh())
     group.on_change = registrar.refresh
     return registrar

@@ -1,19 +1,27 @@
 """Topic configuration and consumer offsets, carried to slaves by the replicated log.
 
-A master writes every change of its topic table (the whole table, it is small) and the
-consumer offsets committed since its last tick into two system topics of its own
-commitlog. Slaves receive those records like any others and apply them, so a promoted
-slave has every topic and every offset that reached it: there is no separate, periodic
-copy to fall behind (RocketMQ's slaves pull offsets every 10 s, and a failover rolls the
-offsets back by that much, which consumers see as a burst of re-deliveries).
+A master writes every change of its topic table (one record per change: the topic's
+settings, or its deletion) and the consumer offsets committed since its last tick into
+two system topics of its own commitlog. Slaves receive those records like any others and
+apply them, so a promoted slave has every topic and every offset that reached it: there
+is no separate, periodic copy to fall behind (RocketMQ's slaves pull offsets every 10 s,
+and a failover rolls the offsets back by that much, which consumers see as a burst of
+re-deliveries).
 
 Offsets committed with COMMIT_OFFSET are journaled before they are answered, and under
 sync replication answered once replicated; commits piggybacked on pulls are journaled on
 the next tick (``journal_interval_ms``). At restart every broker replays the offsets
 journal past its last snapshot, so a crash no longer loses the commits of the last
 snapshot interval either. Each tick that finds nothing new may write nothing; every
-``journal_full_interval_s`` the master writes the whole table again, so that a slave
+``journal_full_interval_s`` the master writes the whole state again (the topic table as
+one record, ``{"topics": ...}``, which replaces a slave's table), so that a slave
 starting from the oldest retained data still finds a complete state.
+
+Topic records are applied one after another, in order: a change record is ``{"put":
+{name: settings}, "deleted": [names]}`` (a record of the whole table per change made a
+create at 10,000 topics append a megabyte for slaves to copy and apply). A slave of a
+version from before change records (it took every topics record for the whole table)
+cannot apply one: upgrade slaves before their master, as the rolling upgrade does.
 
 The offsets state is written as many records as it takes, each well under the store's
 record limit (``store.max_message_bytes``): every record is a list of rows that applies on
@@ -36,7 +44,7 @@ from metaq.broker.store.commitlog import Appended
 from metaq.broker.topics import TopicTable
 from metaq.common.errors import MetaqError
 from metaq.common.log_limit import Repeated
-from metaq.common.model import TopicConfig
+from metaq.common.model import TopicChanges, TopicConfig
 from metaq.common.record import decode, encode
 from metaq.common.service import PeriodicService
 
@@ -71,10 +79,24 @@ class Journal:
     # --- master ---------------------------------------------------------------------------
 
     def write_topics(self) -> Appended | None:
-        """Journal the whole topic table (after a change, and on becoming master)."""
+        """Journal the whole topic table (on becoming master, and every full interval)."""
         if not self._is_master():
             return None
         body = {"topics": {t.name: t.to_json() for t in self._topics.all()}}
+        appended = self._append(TOPICS_JOURNAL, body)
+        self._topics.journaled(appended.queue_offsets[0])
+        return appended
+
+    def topic_changed(self, name: str | None) -> Appended | None:
+        """The table's listener: journal the change of topic ``name`` alone (its settings
+        now, or its deletion), or the whole table when ``name`` is None."""
+        if name is None:
+            return self.write_topics()
+        if not self._is_master():
+            return None
+        config = self._topics.get(name)
+        body: dict[str, Any] = {"put": {name: config.to_json()} if config else {}}
+        body["deleted"] = [] if config else [name]
         appended = self._append(TOPICS_JOURNAL, body)
         self._topics.journaled(appended.queue_offsets[0])
         return appended
@@ -179,9 +201,9 @@ class Journal:
     def consumed_floors(self) -> dict[tuple[str, int], int]:
         """How far the broker itself is done with its journal topics, for retention:
         every topics record up to the one the table is as of, since the table on disk
-        holds that one's content (a master writes it as it journals it, a slave as it
-        applies a change), and an offsets record once the offsets snapshot on disk
-        covers it.
+        (snapshot and change log) holds that one's content (a master writes it as it
+        journals it, a slave as it applies it), and an offsets record once the offsets
+        snapshot on disk covers it.
 
         Under disk pressure the segment holding the newest topics record may then go; a
         slave that starts from the oldest retained offset meets the table at the master's
@@ -196,20 +218,39 @@ class Journal:
         return self._apply_topics() + self._apply_offsets()
 
     def _apply_topics(self) -> int:
-        # Each record is the whole table: only the newest matters.
-        newest = self._store.max_offset(TOPICS_JOURNAL, 0) - 1
-        if newest <= self._topics.journal_offset:
-            return 0
-        result = self._store.get(TOPICS_JOURNAL, 0, newest, max_messages=1)
-        if result.status is not GetStatus.FOUND:
-            return 0
-        body = json.loads(decode(result.records[0]).body)
-        result.release()
-        self._topics.replace_all(
-            [TopicConfig.from_json(name, entry) for name, entry in body["topics"].items()],
-            newest,
+        applied = 0
+        while True:
+            start = self._topics.journal_offset + 1
+            result = self._store.get(TOPICS_JOURNAL, 0, start, max_messages=_BATCH)
+            if result.status in (GetStatus.OFFSET_TOO_SMALL, GetStatus.OFFSET_OVERFLOW_BADLY):
+                # Retention passed it (the master's next whole table brings what was
+                # missed), or a cut log (a demoted master's own tail) ends before it: go
+                # on from where the journal is now.
+                self._topics.journal_offset = result.next_offset - 1
+                if result.status is GetStatus.OFFSET_OVERFLOW_BADLY:
+                    return applied
+                continue
+            if result.status is not GetStatus.FOUND:
+                return applied
+            try:
+                for record in result.records:
+                    message = decode(record)
+                    self._apply_topic_record(json.loads(message.body), message.queue_offset)
+                    applied += 1
+            finally:
+                result.release()
+            self._topics.journal_offset = max(self._topics.journal_offset, result.next_offset - 1)
+
+    def _apply_topic_record(self, body: dict[str, Any], journal_offset: int) -> None:
+        if "topics" in body:
+            configs = [TopicConfig.from_json(name, e) for name, e in body["topics"].items()]
+            self._topics.replace_all(configs, journal_offset)
+            return
+        changes = TopicChanges(
+            tuple(TopicConfig.from_json(name, e) for name, e in body["put"].items()),
+            tuple(body["deleted"]),
         )
-        return 1
+        self._topics.apply_changes(changes, journal_offset)
 
     def _apply_offsets(self) -> int:
         applied = 0

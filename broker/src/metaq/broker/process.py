@@ -235,7 +235,7 @@ class Broker:
             check_interval_ms=config.txn_check_interval_ms,
             max_checks=config.txn_max_checks,
         )
-        self.topics.listeners.append(journal.write_topics)
+        self.topics.listeners.append(journal.topic_changed)
         self._send = SendHandler(
             config, self.store, self.topics, self.metrics, self._durability, self.group_role,
             self.transactions,

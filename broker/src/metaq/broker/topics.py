@@ -1,29 +1,52 @@
 """The topic table: which topics this broker serves, with queue counts and permissions.
 
-Persisted as ``topics.json`` in the data directory, rewritten atomically on every change
-(changes are rare: admin calls and the first send to an auto-created topic). ``version``
-grows with every change, so the nameserver registration can tell when to re-register.
+Persisted as a snapshot, ``topics.json``, and a change log beside it, ``topics.log``:
+every change appends one record (the topic's new settings, or its deletion) and is
+fsynced before the call returns, so a create costs the same at 10 topics as at 10,000
+(the table was rewritten whole on every change: at 10,000 topics a create took 150 ms).
+Once the log holds more records than the table has topics (and at least
+``COMPACT_AFTER``), the table is written whole as a new snapshot and the log starts
+again: the cost of the rewrite is shared by as many changes as the table is long.
+
+The log's first record names the snapshot it follows (``snapshot_id``): a crash between
+a new snapshot and the log's restart leaves a log that names the old one, and it is
+ignored, as the new snapshot holds all of it. A start reads the snapshot, then the log,
+cutting a torn last record (a crash in the middle of an append). A ``topics.json``
+written by an older version, without a log, is the whole table.
+
+``version`` grows with every change; :meth:`TopicTable.changes_since` tells what changed
+since a version, so the nameserver registration sends only those.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from metaq.broker.files import load_json_state, write_json_atomically
+from metaq.broker.files import ChangeLog, load_json_state, write_json_atomically
 from metaq.common.errors import ErrorCode, InvalidMessage, MetaqError
-from metaq.common.model import TOPIC_PERMISSIONS, Permission, TopicConfig
+from metaq.common.model import TOPIC_PERMISSIONS, Permission, TopicChanges, TopicConfig
 from metaq.common.names import GROUP_TOPIC_PREFIXES, SYSTEM_PREFIX, TRACE_TOPIC
 from metaq.common.record import MAX_QUEUES_PER_TOPIC, check_topic
 
 log = logging.getLogger(__name__)
 
 FILE_NAME: Final = "topics.json"
+LOG_NAME: Final = "topics.log"
 _FORMAT: Final = 1
-"""Topics the broker keeps for itself (the replicated journals); clients cannot use them."""
+COMPACT_AFTER: Final = 1024
+"""The fewest log records that make a new snapshot (a small table is not rewritten at
+every other change)."""
+RECENT_CHANGES: Final = 4096
+"""Changes remembered for :meth:`TopicTable.changes_since`; a reader further behind gets
+the whole table."""
+
+TopicListener = Callable[[str | None], object]
+"""Called after a change with the topic's name, or None when the whole table changed."""
 
 
 class UnknownTopic(MetaqError):
@@ -76,44 +99,97 @@ class TopicTable:
         self.version = 0
         self.journal_offset = -1
         """The journal record this table is as of (see metaq.broker.journal)."""
-        self.listeners: list[Callable[[], object]] = []
-        """Called after every change (the registrar re-registers)."""
+        self.listeners: list[TopicListener] = []
+        """Called after every change (the journal writes it, the registrar re-registers)."""
         self._topics: dict[str, TopicConfig] = {}
         self._saving = False
+        self._snapshot_id = 0
+        self._log = ChangeLog(data_dir / LOG_NAME)
+        self._log_follows = False
+        """Whether the log file names the snapshot on disk (else it is restarted first)."""
+        self._recent: deque[tuple[int, str]] = deque(maxlen=RECENT_CHANGES)
+        self._recent_floor = 0
+        """:meth:`changes_since` knows every change after this version."""
         self._load()
+
+    # --- on disk ----------------------------------------------------------------------
 
     def _load(self) -> None:
         load_json_state(self.path, _FORMAT, self._apply, "restore it from a backup")
+        records = self._log.read()
+        if records and records[0].get("snapshot_id") == self._snapshot_id:
+            try:
+                for record in records[1:]:
+                    self._replay(record)
+            except (KeyError, TypeError, ValueError, AttributeError, MetaqError) as exc:
+                raise ValueError(
+                    f"{self._log.path} is damaged: {exc!r}; restore the data directory from "
+                    "a backup (or a slave's copy)"
+                ) from None
+            self._log_follows = True
+        self._recent_floor = self.version
 
     def _apply(self, data: Any) -> None:
         self.version = int(data["version"])
         self.journal_offset = int(data.get("journal_offset", -1))
+        self._snapshot_id = int(data.get("snapshot_id", 0))
         for name, entry in data["topics"].items():
             self._topics[name] = check_config(TopicConfig.from_json(name, entry))
 
-    def _save(self) -> None:
+    def _replay(self, record: dict[str, Any]) -> None:
+        for name, entry in record.get("put", {}).items():
+            self._topics[name] = check_config(TopicConfig.from_json(name, entry))
+        for name in record.get("deleted", ()):
+            self._topics.pop(name, None)
+        self.version = int(record["version"])
+        self.journal_offset = int(record["journal_offset"])
+
+    def _save(self, name: str | None) -> None:
+        """Persist a change of topic ``name`` (None: of the whole table) made in memory."""
         self.version += 1
-        # The journal's listener tells the table which record it is as of: one write
-        # after the listeners holds that too (the table is rewritten whole, so twice per
-        # change cost twice as much at 10,000 topics).
+        # The journal's listener tells the table which record it is as of: the log record
+        # written after the listeners holds that too.
         self._saving = True
         try:
             for listener in self.listeners:
-                listener()
+                listener(name)
         finally:
             self._saving = False
-        self._write()
+        if name is None:
+            self._write_snapshot()
+            self._recent.clear()
+            self._recent_floor = self.version
+            return
+        config = self._topics.get(name)
+        change = {"put": {name: config.to_json()}} if config else {"deleted": [name]}
+        self._append(change)
+        self._recent.append((self.version, name))
+        if len(self._recent) == self._recent.maxlen:
+            self._recent_floor = max(self._recent_floor, self._recent[0][0] - 1)
 
-    def _write(self) -> None:
+    def _append(self, change: dict[str, Any]) -> None:
+        if not self._log_follows or self._log.records > max(COMPACT_AFTER, len(self._topics)):
+            # The table, this change included, as a new snapshot: the rewrite is shared by
+            # at least as many changes as there are topics.
+            self._write_snapshot()
+            return
+        self._log.append({**change, "version": self.version, "journal_offset": self.journal_offset})
+
+    def _write_snapshot(self) -> None:
+        self._snapshot_id += 1
         write_json_atomically(
             self.path,
             {
                 "format": _FORMAT,
                 "version": self.version,
                 "journal_offset": self.journal_offset,
+                "snapshot_id": self._snapshot_id,
                 "topics": {name: t.to_json() for name, t in sorted(self._topics.items())},
             },
         )
+        self._log_follows = False
+        self._log.reset([{"snapshot_id": self._snapshot_id}])
+        self._log_follows = True
 
     # --- admin ------------------------------------------------------------------------
 
@@ -169,7 +245,7 @@ class TopicTable:
             previous = self._topics.get(config.name)
             self._topics[config.name] = config
             try:
-                self._save()
+                self._save(config.name)
             except BaseException:
                 self._restore(config.name, previous)
                 raise
@@ -182,7 +258,7 @@ class TopicTable:
         if previous is None:
             return False
         try:
-            self._save()
+            self._save(name)
         except BaseException:
             self._restore(name, previous)
             raise
@@ -193,18 +269,48 @@ class TopicTable:
         """Adopt a whole table from the master's journal."""
         table = {c.name: check_config(c) for c in configs}
         if table == self._topics:
-            self.journal_offset = journal_offset
+            self.journaled(journal_offset)
             return
         self._topics = table
         self.journal_offset = journal_offset
-        self._save()
-        log.info("topic table from the master's journal: %s", sorted(table))
+        self._save(None)
+        log.info("topic table from the master's journal: %d topics", len(table))
+
+    def apply_changes(self, changes: TopicChanges, journal_offset: int) -> None:
+        """Apply one change record of the master's journal."""
+        for config in changes.put:
+            check_config(config)
+        self.journal_offset = journal_offset
+        for config in changes.put:
+            if self._topics.get(config.name) != config:
+                self._topics[config.name] = config
+                self._save(config.name)
+                log.info("topic %s from the master's journal: %s", config.name, config.to_json())
+        for name in changes.deleted:
+            if self._topics.pop(name, None) is not None:
+                self._save(name)
+                log.info("topic %s deleted by the master's journal", name)
 
     def journaled(self, journal_offset: int) -> None:
-        """The master journaled this table as record ``journal_offset``."""
+        """The master journaled this table, or the change being saved, as record
+        ``journal_offset``."""
         self.journal_offset = journal_offset
         if not self._saving:
-            self._write()
+            self._append({"version": self.version})
+
+    def changes_since(self, version: int) -> TopicChanges | None:
+        """What changed after ``version`` (a value :attr:`version` had): the topics put,
+        as they are now, and those deleted; None when that is too long ago to know (the
+        caller takes the whole table)."""
+        if version < self._recent_floor or version > self.version:
+            return None
+        names: dict[str, None] = {}
+        for changed_at, name in reversed(self._recent):
+            if changed_at <= version:
+                break
+            names[name] = None
+        put = tuple(self._topics[n] for n in names if n in self._topics)
+        return TopicChanges(put, tuple(n for n in names if n not in self._topics))
 
     def _restore(self, name: str, previous: TopicConfig | None) -> None:
         self.version -= 1
