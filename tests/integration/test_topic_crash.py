@@ -1,5 +1,7 @@
 """A broker killed (-9) while topics are being created restarts with a whole table: every
-acknowledged create, nothing half-made, and a change log that goes on where it was cut.
+acknowledged create, nothing half-made, and a change log that goes on where it was cut;
+and a slave, which gets each change as a journal record of its own, holds what its
+master holds, before and after its own restart.
 
 kill -9 leaves the page cache, so the broker's own writes all reach the file; a power cut
 in the middle of an append leaves part of a record. The test adds that part itself after
@@ -19,7 +21,8 @@ import pytest
 
 from metaq.client.admin import Admin, TopicSettings
 from metaq.testing import BrokerProcess
-from metaq.testing.waiting import wait_until_async
+from metaq.testing.cluster import ClusterBuilder
+from metaq.testing.waiting import run_async, wait_until, wait_until_async
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="real processes on loopback")
 
@@ -108,3 +111,31 @@ def test_a_broker_killed_mid_create_restarts_with_every_acknowledged_topic(
         for broker in started:
             with contextlib.suppress(Exception):
                 broker.kill()
+
+
+def test_a_slave_holds_each_topic_change_its_master_journals_and_keeps_it_across_a_restart(
+    tmp_path: Path,
+) -> None:
+    group = "topics-ha"
+    with ClusterBuilder(groups=(group,), replicas=2).start(tmp_path) as cluster:
+        master_id = cluster.master_id(group)
+        master, slave_id = cluster.broker(group, master_id), 1 - master_id
+
+        async def change() -> None:
+            async with Admin() as admin:
+                for n in range(50):
+                    await admin.put_topic(master.http_url, f"ha-{n:02d}", SETTINGS)
+                await admin.put_topic(master.http_url, "ha-07", TopicSettings(2, 1))
+                assert await admin.remove_topic(master.http_url, "ha-08")
+
+        run_async(change(), timeout_s=120)
+        expected = run_async(_topics(master))
+        assert len(expected) == 49 and expected["ha-07"] == TopicSettings(2, 1)
+
+        def slave_holds_them() -> bool:
+            return run_async(_topics(cluster.broker(group, slave_id))) == expected
+
+        wait_until(slave_holds_them, 30, "the slave holds the master's topics")
+        cluster.broker(group, slave_id).kill()
+        cluster.start_broker(group, slave_id)
+        wait_until(slave_holds_them, 30, "the restarted slave holds them from its own files")
