@@ -99,6 +99,7 @@ class _Broker:
     """One simulated broker of a controlled group and its sessions with every nameserver."""
 
     def __init__(self, sim: _Simulator, group: int, broker_id: int, topics: list[str]) -> None:
+        from metaq.broker.registration import FixedTopics
         from metaq.common.model import BrokerKey, BrokerState, Permission, Role, TopicConfig
 
         self.sim = sim
@@ -114,7 +115,9 @@ class _Broker:
             configured_master=broker_id == 0,
             in_sync_ids=(),
         )
-        self.topics = tuple(TopicConfig(t, 8, 8, Permission.READ_WRITE) for t in sorted(topics))
+        self.topics = FixedTopics(
+            tuple(TopicConfig(t, 8, 8, Permission.READ_WRITE) for t in sorted(topics))
+        )
         self.silent = False
         self.committed_in_sync = 0
         self.elected_at: float | None = None
@@ -483,7 +486,7 @@ def handler_figures(groups: int, per_group: int) -> dict[str, Any]:
     """CPU of the nameserver's own handlers, in this process (no gRPC, no other load): one
     ``GetRoute`` over ``groups`` registered groups, and one heartbeat that changes nothing.
     The figures the shared machine cannot blur."""
-    from metaq.broker.registration import BrokerDescription, heartbeat
+    from metaq.broker.registration import BrokerDescription, FixedTopics, heartbeat
     from metaq.common.model import BrokerKey, BrokerState, Role, TopicConfig
     from metaq.common.server_names import ServerNames
     from metaq.common.v1 import control_pb2 as pb
@@ -523,7 +526,7 @@ def handler_figures(groups: int, per_group: int) -> dict[str, Any]:
 
     route_s = asyncio.run(routes())
     state = BrokerState(CLUSTER, BrokerKey("scale-hb", 0), Role.MASTER, "127.0.0.1:1")
-    description = BrokerDescription(state, (TopicConfig("ScaleHb", 8, 8),))
+    description = BrokerDescription(state, FixedTopics((TopicConfig("ScaleHb", 8, 8),)))
     stream = _Stream(1)
     service._heartbeat(heartbeat(description, with_topics=True), stream)
     message = heartbeat(description, with_topics=False)

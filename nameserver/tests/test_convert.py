@@ -72,6 +72,22 @@ def test_a_topic_table_refuses_duplicates_and_missing_permissions() -> None:
         convert.topic_table(unset, key)
 
 
+def test_topic_changes_are_checked_as_a_table_is() -> None:
+    key = BrokerKey("broker-a", 0)
+    put = pb.TopicConfig(
+        topic="t", read_queues=2, write_queues=2, permission=pb.PERMISSION_READ_WRITE
+    )
+
+    changes = convert.topic_changes(pb.TopicChanges(put=[put], deleted=["gone"]), key)
+    assert [t.name for t in changes.put] == ["t"] and changes.deleted == ("gone",)
+    with pytest.raises(InvalidRequest, match="names a topic twice"):
+        convert.topic_changes(pb.TopicChanges(put=[put], deleted=["t"]), key)
+    with pytest.raises(InvalidRequest, match="illegal topic name"):
+        convert.topic_changes(pb.TopicChanges(deleted=["a b"]), key)
+    with pytest.raises(InvalidRequest, match=r"topic 't': permission 0"):
+        convert.topic_changes(pb.TopicChanges(put=[pb.TopicConfig(topic="t", read_queues=1)]), key)
+
+
 def test_previous_assignment_keeps_only_the_requested_topic() -> None:
     request = pb.GetAssignmentRequest(
         topic="orders",

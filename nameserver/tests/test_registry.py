@@ -581,3 +581,35 @@ def test_a_fenced_masters_topics_leave_the_routes_with_it(registry: Registry) ->
     assert registry.route("payments") is None
     orders = registry.route("orders")
     assert orders is not None and [b.broker_id for b in orders.groups[0].brokers] == [1]
+
+
+def test_a_table_changed_in_place_reindexes_only_the_topics_named(
+    registry: Registry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A session applies a broker's topic changes to the table it registered: a create must
+    # not cost a pass over the broker's 10,000 topics.
+    served = table(*(topic(f"topic-{n:05d}") for n in range(10_000)))
+    registry.register(broker("broker-a", 0), served)
+    registry.register(broker("broker-a", 1), table(topic("topic-00001")))
+    unindexed: list[str] = []
+    unindex = registry._unindex
+
+    def counting(name: str, topics: Any, group: Any) -> None:
+        topics = list(topics)
+        unindexed.extend(topics)
+        unindex(name, topics, group)
+
+    monkeypatch.setattr(registry, "_unindex", counting)
+
+    served["fresh"] = topic("fresh")
+    del served["topic-00000"]
+    del served["topic-00001"]  # the slave still serves it
+    registry.register(
+        broker("broker-a", 0), served, changed=("fresh", "topic-00000", "topic-00001")
+    )
+
+    assert unindexed == ["topic-00000", "topic-00001"]
+    assert registry.route("fresh") is not None
+    assert registry.route("topic-00000") is None
+    route = registry.route("topic-00001")
+    assert route is not None and [b.broker_id for b in route.groups[0].brokers] == [1]

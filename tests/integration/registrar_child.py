@@ -14,7 +14,7 @@ import logging
 import signal
 import sys
 
-from metaq.broker.registration import BrokerDescription, NameServerRegistrar
+from metaq.broker.registration import BrokerDescription, FixedTopics, NameServerRegistrar
 from metaq.common.auth import load_secret
 from metaq.common.model import BrokerKey, BrokerState, ReplicationMode, Role, TopicConfig
 
@@ -28,7 +28,8 @@ async def run(args: argparse.Namespace) -> None:
         computer_room=args.room,
         replication_mode=ReplicationMode.ASYNC,
     )
-    description = BrokerDescription(state, (TopicConfig(args.topic, args.queues, args.queues),))
+    topics = FixedTopics((TopicConfig(args.topic, args.queues, args.queues),))
+    description = BrokerDescription(state, topics)
     registrar = NameServerRegistrar(
         args.nameserver,
         lambda: description,

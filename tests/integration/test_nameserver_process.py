@@ -21,13 +21,15 @@ from typing import TYPE_CHECKING
 import grpc
 import pytest
 
-from metaq.broker.registration import BrokerDescription, NameServerRegistrar
+from metaq.broker.registration import BrokerDescription, FixedTopics, NameServerRegistrar
+from metaq.broker.topics import TopicTable
 from metaq.common.model import (
     BrokerKey,
     BrokerState,
     Permission,
     ReplicationMode,
     Role,
+    TopicChanges,
     TopicConfig,
 )
 from metaq.common.v1 import control_pb2 as pb
@@ -151,7 +153,7 @@ def describe(
         epoch=3,
         replication_mode=ReplicationMode.ASYNC,
     )
-    return BrokerDescription(state, topics)
+    return BrokerDescription(state, FixedTopics(tuple(topics)))
 
 
 def register_request(
@@ -373,6 +375,62 @@ def test_the_registrar_carries_on_with_the_other_nameserver_when_one_is_killed(
             await registrar.stop()
 
     asyncio.run(scenario())
+
+
+def test_after_the_first_heartbeat_a_session_carries_only_the_topics_that_changed(
+    nameservers: Callable[..., NameServerProcess], tmp_path: Path
+) -> None:
+    # The whole table at every create made a broker of 10,000 topics send (and the
+    # nameserver index) all of them per create.
+    server = nameservers()
+    table = TopicTable(tmp_path)
+    for n in range(500):
+        table.create(f"kept-{n:03d}")
+    whole_tables: list[int] = []
+
+    class Counted:
+        @property
+        def version(self) -> int:
+            return table.version
+
+        def all(self) -> list[TopicConfig]:
+            whole_tables.append(table.version)
+            return table.all()
+
+        def changes_since(self, version: int) -> TopicChanges | None:
+            return table.changes_since(version)
+
+    source = Counted()
+    state = describe().state
+
+    async def scenario() -> None:
+        registrar = NameServerRegistrar(
+            [server.grpc_address], lambda: BrokerDescription(state, source), 0.2, secret=SECRET
+        )
+        table.listeners.append(lambda _name: registrar.refresh())
+        await registrar.start()
+        try:
+            await wait_for_route(server.grpc_address, "kept-499", True, STARTUP_S)
+            table.create("fresh")
+            await wait_for_route(server.grpc_address, "fresh", True, 5.0)
+            table.delete("kept-000")
+            await wait_for_route(server.grpc_address, "kept-000", False, 5.0)
+            table.update("kept-001", write_queues=2)
+
+            async def updated() -> bool:
+                async with client(server.grpc_address) as stub:
+                    route = await route_of(stub, "kept-001")
+                return route is not None and route.groups[0].write_queues == 2
+
+            await wait_until_async(updated, 5.0, "the update reaches the route")
+            async with client(server.grpc_address) as stub:
+                info = await stub.GetClusterInfo(pb.GetClusterInfoRequest())
+            assert info.clusters[0].groups[0].brokers[0].topic_count == 500
+        finally:
+            await registrar.stop()
+
+    asyncio.run(scenario())
+    assert len(whole_tables) == 1, "the table went whole once, at the session's start"
 
 
 def test_a_hung_nameserver_does_not_hold_up_registration_with_the_others(

@@ -6,32 +6,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from metaq.broker.registration import BrokerDescription, NameServerRegistrar
-from metaq.common.model import BrokerKey, BrokerState, ReplicationMode, Role, TopicConfig
+from metaq.common.model import BrokerKey, BrokerState, ReplicationMode, Role
 from metaq.common.v1 import control_pb2 as pb
 
 if TYPE_CHECKING:
     from metaq.broker.process import Broker
-    from metaq.broker.topics import TopicTable
-
-
-class _TopicSnapshot:
-    """The topic table as nameservers see it, rebuilt only when the table's version moves.
-
-    The registrar describes the broker on every heartbeat and sends the topics again only
-    when they differ from the last ones acknowledged, so the same table must give the
-    same tuple.
-    """
-
-    def __init__(self, topics: TopicTable) -> None:
-        self._topics = topics
-        self._version = -1
-        self._snapshot: tuple[TopicConfig, ...] = ()
-
-    def get(self) -> tuple[TopicConfig, ...]:
-        if self._version != self._topics.version:
-            self._version = self._topics.version
-            self._snapshot = tuple(self._topics.all())  # sorted by name
-        return self._snapshot
 
 
 def nameserver_registrar(broker: Broker) -> NameServerRegistrar:
@@ -39,7 +18,7 @@ def nameserver_registrar(broker: Broker) -> NameServerRegistrar:
     config = broker.config
     assert broker.topics is not None and broker.store is not None
     assert broker.group_role is not None
-    topics = _TopicSnapshot(broker.topics)
+    topics = broker.topics
     store = broker.store
     group = broker.group_role
     mode = ReplicationMode.SYNC if group.sync else ReplicationMode.ASYNC
@@ -62,7 +41,7 @@ def nameserver_registrar(broker: Broker) -> NameServerRegistrar:
             unverified=not group.verified,
         )
         acl_version = broker.acl.acl.version if broker.acl is not None else None
-        return BrokerDescription(state, topics.get(), acl_version)
+        return BrokerDescription(state, topics, acl_version)
 
     def on_answer(registered: pb.RegisterBrokerResponse, sent_at: float | None) -> None:
         # The cluster's ACL comes with the answer when it is newer than the broker's.

@@ -2,8 +2,10 @@
 
 A broker registers with every nameserver (they never talk to each other). For each one,
 :class:`NameServerRegistrar` holds a ``NameServer.Session`` stream open and sends a
-heartbeat every ``interval_s``: the broker's state, plus its topic table whenever the
-table changed since the last heartbeat the session acknowledged (and always first). The
+heartbeat every ``interval_s``: the broker's state, plus its topic table first, then
+whenever the table changed since the last heartbeat the session acknowledged, only what
+changed (to a nameserver that says it takes changes; the whole table to one that does
+not), so a create costs the same however many topics the broker serves. The
 nameserver answers each heartbeat; its answer advertises the broker expiry, and the
 registrar heartbeats at least three times within it whatever ``interval_s`` says.
 
@@ -25,14 +27,14 @@ import logging
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 from tenacity.wait import wait_random_exponential
 
 from metaq.common.auth import ClusterSecret, call_metadata, session_identity, session_metadata
-from metaq.common.model import BrokerState, TopicConfig
+from metaq.common.model import BrokerState, TopicChanges, TopicConfig
 from metaq.common.server_names import target_of
 from metaq.common.service import cancel_and_wait
 from metaq.common.tls import TlsConfig, grpc_channel
@@ -42,28 +44,66 @@ from metaq.common.v1 import control_pb2_grpc
 log = logging.getLogger(__name__)
 
 
+class TopicSource(Protocol):
+    """A topic table as the registrar reads it: whole, or what changed since a version."""
+
+    @property
+    def version(self) -> int:
+        """Grows with every change."""
+        ...
+
+    def all(self) -> list[TopicConfig]: ...
+
+    def changes_since(self, version: int) -> TopicChanges | None:
+        """What changed after ``version``; None when unknown (the whole table is sent)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class FixedTopics:
+    """A topic table that never changes (tools and tests that register a broker)."""
+
+    topics: tuple[TopicConfig, ...] = ()
+    version: int = 0
+
+    def all(self) -> list[TopicConfig]:
+        return list(self.topics)
+
+    def changes_since(self, version: int) -> TopicChanges | None:
+        return TopicChanges() if version == self.version else None
+
+
 @dataclass(frozen=True, slots=True)
 class BrokerDescription:
     """What the broker tells the nameservers, asked for at every heartbeat: its state and
     its topic table.
 
-    Return the same ``topics`` tuple while the table is unchanged: a changed tuple is what
-    makes the registrar send the table again.
+    Return the same ``topics`` source while it describes the same table: another source
+    is sent whole.
     """
 
     state: BrokerState
-    topics: tuple[TopicConfig, ...] = ()
+    topics: TopicSource = FixedTopics()
     acl_version: int | None = None
     """The version of the ACL the broker enforces; None when it enforces none."""
 
 
-def heartbeat(description: BrokerDescription, *, with_topics: bool) -> pb.BrokerHeartbeat:
+def heartbeat(
+    description: BrokerDescription,
+    *,
+    with_topics: bool,
+    changes: TopicChanges | None = None,
+) -> pb.BrokerHeartbeat:
+    """The heartbeat for ``description``: with the whole topic table (``with_topics``),
+    or with ``changes`` to the table the nameserver holds, or with neither."""
     message = pb.BrokerHeartbeat(broker=description.state.to_proto())
     if description.acl_version is not None:
         message.acl_version = description.acl_version
     if with_topics:
         message.topic_table.SetInParent()  # present even when empty: "no topics"
-        message.topic_table.topics.extend(topic.to_proto() for topic in description.topics)
+        message.topic_table.topics.extend(t.to_proto() for t in description.topics.all())
+    elif changes:
+        message.topic_changes.CopyFrom(changes.to_proto())
     return message
 
 
@@ -85,6 +125,8 @@ class _Link:
     def __init__(self, address: str, registrar: NameServerRegistrar) -> None:
         self.address = address
         self.connected = False
+        self.takes_changes = False
+        """The nameserver said it applies topic changes (else it gets whole tables)."""
         self._registrar = registrar
         self._wake = asyncio.Event()
         self._interval_s = registrar.interval_s
@@ -188,24 +230,32 @@ class _Link:
                             raise SessionEnded(f"nameserver {self.address} ended the session")
                         answered.set()
                         self._follow(event.registered)
+                        if event.answers:
+                            self.takes_changes = event.registered.takes_topic_changes
                         asked = sent_at.pop(event.answers, None) if event.answers else None
                         registrar.on_answer(event.registered, asked)
 
                 reader = asyncio.get_running_loop().create_task(read_events())
-                sent: tuple[TopicConfig, ...] | None = None
+                # The table the nameserver holds for this session: its source and version.
+                sent: TopicSource | None = None
+                sent_version = -1
                 try:
                     while True:
                         description = registrar.describe()
-                        topics = description.topics
-                        changed = sent is None or (topics is not sent and topics != sent)
+                        topics, version = description.topics, description.topics.version
+                        whole, changes = topics is not sent, None
+                        if not whole and version != sent_version:
+                            if self.takes_changes:
+                                changes = topics.changes_since(sent_version)
+                            whole = changes is None
                         answered.clear()
-                        message = heartbeat(description, with_topics=changed)
+                        message = heartbeat(description, with_topics=whole, changes=changes)
                         message.sequence = sequence = self._sequence()
                         sent_at[sequence] = time.monotonic()
                         async with asyncio.timeout(registrar.ack_timeout_s):
                             await call.write(message)
                             await _first(answered.wait(), reader)
-                        sent = topics
+                        sent, sent_version = topics, version
                         if not established:
                             established = self.connected = True
                             log.info("registered with nameserver %s", self.address)

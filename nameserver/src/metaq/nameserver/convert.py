@@ -14,6 +14,7 @@ from metaq.common.model import (
     Permission,
     ReplicationMode,
     Role,
+    TopicChanges,
     TopicConfig,
 )
 from metaq.common.names import check_group, shown
@@ -105,19 +106,34 @@ def broker_state(state: pb.BrokerState) -> BrokerState:
 def topic_table(table: pb.TopicTable, key: BrokerKey) -> dict[str, TopicConfig]:
     topics: dict[str, TopicConfig] = {}
     for topic in table.topics:
-        check_topic_name(topic.topic, f"broker {key}: topic_table")
-        where = f"broker {key} topic {topic.topic!r}"
-        if topic.topic in topics:
-            raise InvalidRequest(f"{where} is listed twice")
-        for field in ("read_queues", "write_queues"):
-            if getattr(topic, field) > MAX_QUEUES_PER_TOPIC:
-                raise InvalidRequest(
-                    f"{where}: {field} is {getattr(topic, field)}; "
-                    f"at most {MAX_QUEUES_PER_TOPIC} are accepted"
-                )
-        _permission(topic.permission, where)
-        topics[topic.topic] = TopicConfig.from_proto(topic)
+        config = _topic(topic, key, "topic_table")
+        if config.name in topics:
+            raise InvalidRequest(f"broker {key} topic {config.name!r} is listed twice")
+        topics[config.name] = config
     return topics
+
+
+def topic_changes(changes: pb.TopicChanges, key: BrokerKey) -> TopicChanges:
+    put = tuple(_topic(topic, key, "topic_changes") for topic in changes.put)
+    for name in changes.deleted:
+        check_topic_name(name, f"broker {key}: topic_changes")
+    names = [t.name for t in put] + list(changes.deleted)
+    if len(set(names)) != len(names):
+        raise InvalidRequest(f"broker {key}: topic_changes names a topic twice")
+    return TopicChanges(put, tuple(changes.deleted))
+
+
+def _topic(topic: pb.TopicConfig, key: BrokerKey, field: str) -> TopicConfig:
+    check_topic_name(topic.topic, f"broker {key}: {field}")
+    where = f"broker {key} topic {topic.topic!r}"
+    for queues in ("read_queues", "write_queues"):
+        if getattr(topic, queues) > MAX_QUEUES_PER_TOPIC:
+            raise InvalidRequest(
+                f"{where}: {queues} is {getattr(topic, queues)}; "
+                f"at most {MAX_QUEUES_PER_TOPIC} are accepted"
+            )
+    _permission(topic.permission, where)
+    return TopicConfig.from_proto(topic)
 
 
 def clusters_out(

@@ -122,10 +122,14 @@ class Registry:
         topics: Mapping[str, TopicConfig],
         *,
         session: int | None = None,
+        changed: Iterable[str] = (),
     ) -> Registered:
         """Record (or refresh) a broker and its whole topic table; counts as a heartbeat.
 
-        ``topics`` is kept as given (not copied): pass a mapping nobody mutates later.
+        ``topics`` is kept as given (not copied): pass a mapping nobody mutates later,
+        except the caller of the next registration, which names the topics it put or
+        removed since in ``changed``; only those are indexed again (a session's table
+        changed by one topic costs one topic's work, not the table's).
         Raises :class:`RegistrationRefused` when the group's live brokers contradict it.
         """
         now = self._clock()
@@ -180,6 +184,12 @@ class Registry:
                 self._unindex(key.broker_name, existing.topics, group)
             for topic in topics:
                 self._serving.setdefault(topic, set()).add(key.broker_name)
+        else:
+            for topic in changed:
+                if topic in topics:
+                    self._serving.setdefault(topic, set()).add(key.broker_name)
+                else:
+                    self._unindex(key.broker_name, (topic,), group)
         self._departed.pop(key, None)
         master = self._master(key.broker_name, self._live(group, now))
         return Registered(

@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TypeAlias
 
@@ -84,7 +84,8 @@ class _Stream:
     """When the broker signed the stream's proof, by its own clock."""
     key: BrokerKey | None = None
     controlled: bool = False
-    topics: Mapping[str, TopicConfig] | None = None
+    topics: dict[str, TopicConfig] | None = None
+    """The broker's table as this session holds it (changes are applied to it)."""
 
 
 class NameServerService(control_pb2_grpc.NameServerServicer):
@@ -179,6 +180,7 @@ class NameServerService(control_pb2_grpc.NameServerServicer):
                     f"this session speaks for broker {stream.key}, not {state.key}; "
                     "open one session per broker"
                 )
+            changed: tuple[str, ...] = ()
             if heartbeat.HasField("topic_table"):
                 stream.topics = convert.topic_table(heartbeat.topic_table, state.key)
             elif stream.topics is None:
@@ -186,8 +188,19 @@ class NameServerService(control_pb2_grpc.NameServerServicer):
                     f"broker {state.key}: the first heartbeat of a session must "
                     "carry the topic table"
                 )
+            elif heartbeat.HasField("topic_changes"):
+                # Applied to the session's table in place: a create costs one topic's
+                # work, not the broker's whole table (the registry reindexes these only).
+                changes = convert.topic_changes(heartbeat.topic_changes, state.key)
+                for config in changes.put:
+                    stream.topics[config.name] = config
+                for name in changes.deleted:
+                    stream.topics.pop(name, None)
+                changed = (*(t.name for t in changes.put), *changes.deleted)
             fresh = stream.key is None or not self._registry.is_live(state.key)
-            registered = self._registry.register(state, stream.topics, session=stream.session)
+            registered = self._registry.register(
+                state, stream.topics, session=stream.session, changed=changed
+            )
         except InvalidRequest as exc:
             return _Abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except RegistrationRefused as exc:
@@ -487,6 +500,7 @@ class NameServerService(control_pb2_grpc.NameServerServicer):
             master_data_address=registered.master_data_address,
             epoch=registered.epoch,
             broker_expiry_ms=self._expiry_ms,
+            takes_topic_changes=True,
         )
         control = self._controller.control(state.key.broker_name)
         if state.controlled and control is not None:
