@@ -115,6 +115,21 @@ def _leader(admin: AdminClient) -> tuple[int, int]:
         return -1, 0
 
 
+def _leader_to_kill(admin: AdminClient) -> int:
+    """The partition's leader, asked until it is known: a look that fails (a metadata
+    request that times out on a loaded machine) says -1, which is no node to kill."""
+    known: list[int] = []
+
+    def look() -> bool:
+        leader, _ = _leader(admin)
+        if leader != -1:
+            known.append(leader)
+        return leader != -1
+
+    _wait("the partition's leader to kill is known", look)
+    return known[-1]
+
+
 def _read_everything(cluster: KafkaCluster, history: HistoryWriter) -> None:
     """Every record of the partition from its start to its end now, as ``read`` events."""
     consumer = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": "chaos-main",
@@ -148,7 +163,7 @@ def kill_leader(cluster: KafkaCluster, history: HistoryWriter,
         for _ in range(kills):
             _wait("all replicas in sync", lambda: _leader(admin)[1] == CLUSTER_SIZE)
             hold(rng.uniform(1.0, 3.0))  # traffic with all in sync: the fault's timing
-            old, _ = _leader(admin)
+            old = _leader_to_kill(admin)
             kill_node(cluster, old)
             killed = history.write("fault", phase="start", fault="kill", node=f"kafka-{old}",
                                    group=GROUP, failover=True)["t"]  # fmt: skip
