@@ -75,3 +75,4 @@ def test_a_run_that_broke_off_reports_no_loss_count() -> None:
     figures = failover_figures({"kafka": check(events)})
     assert figures["completed_kafka"] is False
     assert figures["lost_acked_kafka"] is None
+    assert "| kafka | 1 | 0.50 | 0.50 | 2 | - | 2 |" in table({"kafka": check(events)})

@@ -25,10 +25,7 @@ def failover_figures(results: Mapping[str, Result]) -> dict[str, Any]:
         figures[f"kills_{system}"] = sum(1 for w in result.windows if w.failover)
         figures[f"failover_p50_s_{system}"] = round(percentile(resumes, 50), 3) if resumes else None
         figures[f"failover_max_s_{system}"] = round(max(resumes), 3) if resumes else None
-        # A run that broke off (a peer that would not start) has lost nothing it can show.
-        completed = result.acknowledged > 0 and not any(
-            c["name"] == "scenario-completed" and not c["ok"] for c in result.checks
-        )
+        completed = _completed(result)
         figures[f"completed_{system}"] = completed
         figures[f"lost_acked_{system}"] = len(result.lost) if completed else None
         figures[f"violations_{system}"] = len(result.violations)
@@ -40,8 +37,17 @@ def failover_figures(results: Mapping[str, Result]) -> dict[str, Any]:
     return figures
 
 
+def _completed(result: Result) -> bool:
+    """Whether the run got to its read: one that broke off (a peer that would not start,
+    a round that gave up) read nothing, so its unread messages are not losses."""
+    return result.acknowledged > 0 and not any(
+        c["name"] == "scenario-completed" and not c["ok"] for c in result.checks
+    )
+
+
 def table(results: Mapping[str, Result]) -> str:
-    """One markdown row per system: kills, kill to next ack p50/max, acknowledged, lost."""
+    """One markdown row per system: kills, kill to next ack p50/max, acknowledged, lost
+    (``-`` for a run that broke off)."""
     rows = [
         "| system | kills | kill → next ack p50 s | max s | acknowledged | lost | violations |",
         "|---|--:|--:|--:|--:|--:|--:|",
@@ -51,6 +57,7 @@ def table(results: Mapping[str, Result]) -> str:
         p50 = f"{percentile(resumes, 50):.2f}" if resumes else "-"
         top = f"{max(resumes):.2f}" if resumes else "-"
         kills = sum(1 for w in result.windows if w.failover)
+        lost = len(result.lost) if _completed(result) else "-"
         rows.append(f"| {system} | {kills} | {p50} | {top} | {result.acknowledged:,} "
-                    f"| {len(result.lost)} | {len(result.violations)} |")  # fmt: skip
+                    f"| {lost} | {len(result.violations)} |")  # fmt: skip
     return "\n".join(rows)
