@@ -338,17 +338,20 @@ class BrokerConnection(asyncio.Protocol):
         callback: Callable[[Frame | None, BaseException | None], None],
         *,
         timeout_s: float,
+        flush: bool = True,
     ) -> None:
         """Queue a request; ``callback(frame, None)`` or ``callback(None, error)`` runs once
         with the outcome, straight from the socket's read (no future, no extra loop turn).
 
         The callback must not raise. Raises at once only for a request that cannot be
         built (ProtocolError FRAME_TOO_LARGE); the callback is then never called.
+        ``flush=False``: the caller calls :meth:`flush` itself before it returns to the
+        loop (the producer's sender, once per drain), so no flush is scheduled.
         """
         if self._closed:
             callback(None, ConnectionLost(self.address, "the connection is closed"))
             return
-        self._queue(frame_type, header, payload, callback, timeout_s)
+        self._queue(frame_type, header, payload, callback, timeout_s, flush)
 
     def _queue(
         self,
@@ -357,16 +360,17 @@ class BrokerConnection(asyncio.Protocol):
         payload: Sequence[Buffer],
         waiter: _Waiter,
         timeout_s: float,
+        flush: bool = True,
     ) -> None:
         """Encode a request into the write buffer, its ``waiter`` answered by the response
-        or at its deadline; the buffer is flushed on the next loop turn."""
+        or at its deadline; the buffer is flushed on the next loop turn (with ``flush``)."""
         request_id = self._take_id()
         self._out += self._encode(frame_type, request_id, header, payload)
         deadline = self._loop.time() + timeout_s
         self._pending[request_id] = (waiter, deadline)
         if self._timer is None or deadline < self._timer_at:
             self._arm(deadline)
-        if not self._flush_scheduled:
+        if flush and not self._flush_scheduled:
             self._flush_scheduled = True
             self._loop.call_soon(self.flush)
 

@@ -379,7 +379,8 @@ class Producer:
     ) -> SendResult:
         if delay_level is not None or deliver_at_ms is not None:
             properties = with_delay(properties, delay_level, deliver_at_ms)
-        route = await self.writable_route(topic)
+        # The cached route without a coroutine of its own: this runs once per message.
+        route = self._cached_writable(topic) or await self.writable_route(topic)
         queue, rec, waiter = self._append(route, body, tags, keys, properties, sharding_key)
         assert waiter is not None
         try:

@@ -235,6 +235,7 @@ class Sender:
                 batch.records,
                 functools.partial(self._answered, batch),
                 timeout_s=self.timeout_s,
+                flush=False,  # every caller of _write flushes the connection after it
             )
         except MetaqError as exc:  # a frame over the limit: nothing was written
             self.accumulator.done(batch)
@@ -305,6 +306,29 @@ class Sender:
         status = STATUS_OF.get(response.status, SendStatus.OK)
         topic, queue_id = batch.topic, batch.queue.queue_id
         stamp = response.store_timestamp_ms
+        # tuple.__new__ builds the named tuples without their Python-level __new__: this
+        # runs once per message sent.
+        new = tuple.__new__
+        if batch.count == 1 and len(response.queue_offsets) == 1:
+            # A lone send, the one-at-a-time case: its result without a batch's lists.
+            q_off = response.queue_offsets[0]
+            cl_off = response.commitlog_offsets[0]
+            if q_off == UNPLACED:  # a re-sent sequence stored before, place forgotten
+                q_off = -1
+                cl_off = -1 if cl_off == UNPLACED else cl_off
+            if batch.first_id >= 0:
+                msg_id = f"{msg_id_prefix_hex()}{batch.first_id:016x}"
+            else:
+                msg_id = response.msg_ids[0].hex()
+            fields = (status, msg_id, topic, broker, queue_id, q_off, cl_off, stamp)
+            result = new(SendResult, fields)
+            for waiter in batch.waiters:
+                if waiter is not None and not waiter.done():
+                    waiter.set_result(result)
+            future = batch.future
+            if future is not None and not future.done():
+                future.set_result([result])
+            return
         queue_offsets = list(response.queue_offsets)
         if len(queue_offsets) != batch.count:
             error = BrokerError(
@@ -327,9 +351,6 @@ class Sender:
         if UNPLACED in queue_offsets:  # re-sent sequences stored before, place forgotten
             queue_offsets = [-1 if q == UNPLACED else q for q in queue_offsets]
             commitlog_offsets = [-1 if c == UNPLACED else c for c in commitlog_offsets]
-        # tuple.__new__ builds the named tuples without their Python-level __new__: this
-        # runs once per message sent.
-        new = tuple.__new__
         results = [
             new(SendResult, (status, msg_id, topic, broker, queue_id, q_off, cl_off, stamp))
             for msg_id, q_off, cl_off in zip(
