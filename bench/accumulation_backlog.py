@@ -72,6 +72,9 @@ COLD_CACHED_MAX: Final = 0.05
 FILL_CHUNK: Final = 5_000_000
 """Messages a RocketMQ client call sends (it keeps each one's latency in memory)."""
 FINCORE_BATCH: Final = 256
+METAQ_DISK_FULL_RATIO: Final = 0.98
+"""metaq's ``store.disk_full_ratio`` here (default 0.90): the ratio is of a disk other
+tenants fill, and ``check_space`` has made sure the backlog and its headroom fit."""
 
 
 def backlog_messages(gigabytes: float) -> int:
@@ -151,13 +154,21 @@ Drain = Callable[[str], dict[str, Any]]
 """One consumer draining the whole backlog with a new group of the given name."""
 
 
+DRAIN_PHASES: Final = ("warm", "cold")
+
+
+def group_name(client: str, phase: str) -> str:
+    """The group of ``client``'s drain in ``phase``: new for every drain."""
+    return f"{client}-{phase}"
+
+
 def drain_both(system: System, drains: dict[str, Drain]) -> dict[str, Any]:
     """Each consumer warm, then each cold (restarted, the page cache dropped, before each)."""
     rows: dict[str, Any] = {}
-    for phase in ("warm", "cold"):
+    for phase in DRAIN_PHASES:
         for client, drain in drains.items():
             cache = system.cache() if phase == "warm" else system.go_cold()
-            row = _attempt(partial(drain, f"{client}-{phase}")) | {"page_cache": cache}
+            row = _attempt(partial(drain, group_name(client, phase))) | {"page_cache": cache}
             rows[f"{client}_{phase}"] = row
             print(f"    {client} {phase}: {rows[f'{client}_{phase}']}", flush=True)
     return rows
@@ -189,7 +200,8 @@ def _fill_figures(messages: int, seconds: float) -> dict[str, Any]:
 def backlog_metaq(work: Path, messages: int) -> dict[str, Any]:
     """metaq's defaults for its page cache (256 MiB segments, the window at 40 % of
     memory: ``WARM_STORE``), one nameserver and one broker."""
-    with system(store=WARM_STORE).start(work) as cluster, roles() as started:
+    store = (*WARM_STORE, "--set", f"store.disk_full_ratio={METAQ_DISK_FULL_RATIO}")
+    with system(store=store).start(work) as cluster, roles() as started:
         nameserver = cluster.nameserver_addresses[0]
         group = "broker-a"
 
@@ -219,12 +231,17 @@ def backlog_metaq(work: Path, messages: int) -> dict[str, Any]:
         sent = _run(fill_metaq(nameserver, TOPIC, os.urandom(BODY_BYTES), messages))
         stored, _ = _run(metaq_stored(nameserver, TOPIC, "count", at_least=sent))
         fill = _fill_figures(stored, time.monotonic() - began)
+        # Every drain's group claims the backlog now, not as its drain begins: once the
+        # warm drain has committed past it, a broker whose disk is past
+        # store.disk_force_clean_ratio (a 10 GB backlog on a shared disk) deletes the
+        # segments no known group still needs, before the cold drain has claimed them.
+        for phase in DRAIN_PHASES:
+            _run(claim_backlog(nameserver, TOPIC, group_name("python", phase)))
         os.sync()
         print(f"    fill: {fill}", flush=True)
 
-        def push(group_name: str) -> dict[str, Any]:
-            _run(claim_backlog(nameserver, TOPIC, group_name))
-            role = Role.start("metaq", nameserver=nameserver, topic=TOPIC, group=group_name)
+        def push(group: str) -> dict[str, Any]:
+            role = Role.start("metaq", nameserver=nameserver, topic=TOPIC, group=group)
             started.append(role)
             return timed_drain([role], stored, pids(), DRAIN_TIMEOUT_S)
 
@@ -462,7 +479,7 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 def headline(rows: dict[str, Any]) -> dict[str, Any]:
     """metaq's drain against each peer's, warm and cold."""
     figures: dict[str, Any] = {}
-    for phase in ("warm", "cold"):
+    for phase in DRAIN_PHASES:
         metaq = _rate(rows, "metaq", f"python_{phase}")
         figures[f"drain_{phase}_msgs_s_metaq"] = metaq
         figures[f"drain_{phase}_vs_kafka_ratio"] = _ratio(
