@@ -47,7 +47,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -295,15 +295,21 @@ ASYNC_FLUSH: Final = {"brokerRole": "ASYNC_MASTER", "flushDiskType": "ASYNC_FLUS
 
 @contextlib.contextmanager
 def single(
-    work: Path, *, proxy: bool = True, jvm: Sequence[str] = JVM
+    work: Path,
+    *,
+    proxy: bool = True,
+    jvm: Sequence[str] = JVM,
+    broker: Mapping[str, object] | None = None,
 ) -> Iterator[RocketmqCluster]:
     """A nameserver and one ``ASYNC_MASTER``/``ASYNC_FLUSH`` broker (with the gRPC proxy
     in its JVM unless ``proxy`` is False), registered with the nameserver; stopped and
     removed however the block ends. ``jvm``: the JVM options of every server and of
-    :func:`run_client` (:data:`QUICK_JVM` for a smoke test)."""
+    :func:`run_client` (:data:`QUICK_JVM` for a smoke test); ``broker``: settings of the
+    broker's properties file on top of these."""
     with _cluster(work, jvm) as (layout, cluster):
         cluster.namesrv = f"127.0.0.1:{_start_namesrv(layout, cluster)}"
-        _start_broker(layout, cluster, "broker", {"brokerId": 0, **ASYNC_FLUSH}, proxy=proxy)
+        values = {"brokerId": 0, **ASYNC_FLUSH, **(broker or {})}
+        _start_broker(layout, cluster, "broker", values, proxy=proxy)
         yield cluster
 
 
