@@ -20,7 +20,7 @@ import pytest
 
 from metaq.common.v1 import control_pb2 as pb
 from metaq.common.v1 import control_pb2_grpc
-from metaq.testing.nameserver_fakes import FakeBroker
+from metaq.testing.nameserver_fakes import FakeBroker, Received
 from metaq.testing.nameserver_process import (
     NameServerProcess,
     signed_channel,
@@ -310,6 +310,76 @@ def test_only_the_raft_leaders_answers_grant_the_master_its_lease(
     leader, granted = run_async(scenario(), SCENARIO_S)
 
     assert granted == {a: {a == addresses[leader]} for a in addresses}
+
+
+def test_only_the_leader_asks_for_the_masters_full_beat_and_a_new_leader_asks_at_once(
+    tmp_path: Path, nameservers: list[NameServerProcess]
+) -> None:
+    servers = start_controller_group(tmp_path, 3, "--standby-heartbeat-interval-ms", "1200")
+    nameservers.extend(servers)
+    addresses = [s.grpc_address for s in servers]
+    master = FakeBroker(addresses, "broker-a", 0, configured_master=True, in_sync_ids=(0, 1))
+    slave = FakeBroker(addresses, "broker-a", 1)
+
+    def asked(broker: FakeBroker, since: int) -> dict[str, set[int]]:
+        """The beat each nameserver asked for in its answers to ``broker``'s heartbeats."""
+        wanted: dict[str, set[int]] = {}
+        for r in broker.received[since:]:
+            if r.event.answers and r.event.registered.HasField("control"):
+                wanted.setdefault(r.nameserver, set()).add(r.event.registered.heartbeat_interval_ms)
+        return wanted
+
+    async def scenario() -> tuple[int, dict[str, set[int]], dict[str, set[int]], int]:
+        async with brokers(master, slave):
+            await wait_for_isr(slave, 1, (0, 1), SETTLE_S)
+            leader = await leader_among(servers, SETTLE_S)
+            seen = (len(master.received), len(slave.received))
+            target = master.heartbeats_sent + 5
+
+            # A follower answers without the group's control until it has applied the
+            # bootstrap from the Raft log: wait until every one answered with it.
+            async def answered() -> bool:
+                pairs = zip((master, slave), seen, strict=True)
+                return master.heartbeats_sent >= target and all(
+                    len(asked(b, since)) == 3 for b, since in pairs
+                )
+
+            await wait_until_async(answered, SETTLE_S, "every nameserver answered both")
+            of_master, of_slave = asked(master, seen[0]), asked(slave, seen[1])
+
+            master.pause()  # from here on what the master gets is unasked
+            pushed = len(master.received)
+            servers[leader].kill()
+            survivors = [s for i, s in enumerate(servers) if i != leader]
+            new_leader = survivors[await leader_among(survivors, SETTLE_S)].grpc_address
+
+            def told() -> Received | None:
+                return next(
+                    (
+                        r
+                        for r in master.received[pushed:]
+                        if r.nameserver == new_leader
+                        and not r.event.answers
+                        and r.event.registered.heartbeat_interval_ms == 0
+                    ),
+                    None,
+                )
+
+            async def was_told() -> bool:
+                return told() is not None
+
+            await wait_until_async(was_told, SETTLE_S, "the new leader asked for the full beat")
+            master.resume()
+            return leader, of_master, of_slave, addresses.index(new_leader)
+
+    leader, of_master, of_slave, new_leader = run_async(scenario(), SCENARIO_S)
+
+    # The leader wants the master's beat at the broker's own rate; the followers, and the
+    # leader for the slave, the standby beat.
+    assert of_master == {a: {0 if i == leader else 1200} for i, a in enumerate(addresses)}
+    assert of_slave == {a: {1200} for a in addresses}
+    # The new leader asked the (paused) master for its full beat unasked, as it led.
+    assert new_leader != leader
 
 
 def test_switchover_through_a_follower_and_its_refusals(

@@ -197,9 +197,11 @@ def test_when_the_elected_slave_dies_before_taking_over_the_other_in_sync_one_is
 
 
 def test_a_silent_master_is_replaced_once_its_heartbeat_is_older_than_the_detection(
-    decider: Decider,
+    decider: Decider, clock: FakeClock
 ) -> None:
     slave = view(1, epoch=5)
+    decider.decide({"broker-a": CONTROL}, {"broker-a": [view(0), slave]})
+    clock.now += DETECTION_S + 1  # led for longer than the detection: silence counts
 
     quiet = decider.decide({"broker-a": CONTROL}, {"broker-a": [view(0, age_s=DETECTION_S), slave]})
     (proposal,) = decider.decide(
@@ -289,6 +291,27 @@ def test_a_new_leader_waits_the_grace_for_a_master_it_never_saw(
 
     assert proposal.master_id == 1
     assert "has not registered in 5.0 s of leadership" in proposal.reason
+
+
+def test_a_new_leader_counts_a_masters_silence_from_its_own_election_at_the_earliest(
+    decider: Decider, clock: FakeClock
+) -> None:
+    # Before the election the master beat this nameserver at the standby rate only: an
+    # old last heartbeat is no silence yet.
+    slave = view(1, epoch=5)
+    master_heard_long_ago = view(0, role=Role.MASTER, epoch=5, age_s=DETECTION_S + 1)
+
+    assert decider.decide({"broker-a": CONTROL}, {"broker-a": [master_heard_long_ago, slave]}) == []
+    clock.now += DETECTION_S
+    assert decider.decide({"broker-a": CONTROL}, {"broker-a": [master_heard_long_ago, slave]}) == []
+    clock.now += 0.1
+    (proposal,) = decider.decide(
+        {"broker-a": CONTROL},
+        {"broker-a": [view(0, role=Role.MASTER, epoch=5, age_s=DETECTION_S + 1.1), slave]},
+    )
+
+    assert (proposal.kind, proposal.master_id) == ("elect", 1)
+    assert "silent for 4.1 s" in proposal.reason
 
 
 def test_losing_leadership_forgets_what_was_seen(decider: Decider, clock: FakeClock) -> None:

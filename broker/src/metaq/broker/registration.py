@@ -2,12 +2,15 @@
 
 A broker registers with every nameserver (they never talk to each other). For each one,
 :class:`NameServerRegistrar` holds a ``NameServer.Session`` stream open and sends a
-heartbeat every ``interval_s``: the broker's state, plus its topic table first, then
-whenever the table changed since the last heartbeat the session acknowledged, only what
-changed (to a nameserver that says it takes changes; the whole table to one that does
-not), so a create costs the same however many topics the broker serves. The
-nameserver answers each heartbeat; its answer advertises the broker expiry, and the
-registrar heartbeats at least three times within it whatever ``interval_s`` says.
+heartbeat every ``interval_s``, or as seldom as that nameserver's answers ask
+(``heartbeat_interval_ms``: the controller's leader wants a master's beat at full rate,
+the others a slower standby beat), and at once whenever the broker's state changes: the
+broker's state, plus its topic table first, then whenever the table changed since the
+last heartbeat the session acknowledged, only what changed (to a nameserver that says it
+takes changes; the whole table to one that does not), so a create costs the same however
+many topics the broker serves. The nameserver answers each heartbeat; its answer
+advertises the broker expiry, and the registrar heartbeats at least three times within
+it whatever ``interval_s`` and the nameserver say.
 
 Because the broker is registered through an open stream, a broker process that dies
 leaves the routes at once: its connections drop and each nameserver ends its session.
@@ -105,6 +108,15 @@ def heartbeat(
     elif changes:
         message.topic_changes.CopyFrom(changes.to_proto())
     return message
+
+
+def beat_interval_s(own_s: float, registered: pb.RegisterBrokerResponse) -> float:
+    """How long to wait between heartbeats to the nameserver that sent ``registered``:
+    as long as it asks (never less than ``own_s``, the broker's interval), and at most a
+    third of the broker expiry it advertises, whatever either says."""
+    expiry_s = registered.broker_expiry_ms / 1000
+    ceiling = expiry_s / 3 if expiry_s > 0 else own_s
+    return min(max(own_s, registered.heartbeat_interval_ms / 1000), ceiling)
 
 
 def _reason(exc: BaseException) -> str:
@@ -272,10 +284,10 @@ class _Link:
             log.warning("session with nameserver %s lost (%s)", self.address, _reason(exc))
 
     def _follow(self, registered: pb.RegisterBrokerResponse) -> None:
-        # Heartbeat at least three times per expiry period, whatever interval_s says.
-        expiry_s = registered.broker_expiry_ms / 1000
-        ceiling = expiry_s / 3 if expiry_s > 0 else self._registrar.interval_s
-        self._interval_s = min(self._registrar.interval_s, ceiling)
+        interval_s = beat_interval_s(self._registrar.interval_s, registered)
+        if interval_s < self._interval_s:
+            self._wake.set()  # asked for more (a new controller leader): beat now
+        self._interval_s = interval_s
 
     async def _pause(self, reader: asyncio.Task[None]) -> None:
         with contextlib.suppress(TimeoutError):

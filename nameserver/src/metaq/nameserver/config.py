@@ -57,6 +57,14 @@ class NameServerConfig:
     controller_dir: str = ""
     # A master whose last heartbeat is older than this is replaced by an in-sync slave.
     master_detection_ms: int = 3000
+    # How often brokers are asked to heartbeat this nameserver when their beat decides
+    # nothing here: every broker at a follower, and every one at the leader but a
+    # controlled group's master (docs/nameserver.md, "How often brokers beat"). Capped
+    # at half of master_detection_ms, so a broker that missed a change of leader still
+    # beats the new one well inside the detection time (and brokers beat three times per
+    # broker_expiry_s whatever they are asked); 0 asks every broker for its own rate
+    # everywhere.
+    standby_heartbeat_interval_ms: int = 1500
     # How long a new group waits for its configured master before the controller picks
     # the most advanced broker; also how long a new leader waits for masters it never saw.
     bootstrap_grace_ms: int = 5000
@@ -131,6 +139,8 @@ class NameServerConfig:
             problems.append("controller_peers lists an address twice")
         if self.master_detection_ms <= 0:
             problems.append("master_detection_ms must be positive")
+        if self.standby_heartbeat_interval_ms < 0:
+            problems.append("standby_heartbeat_interval_ms must be 0 (off) or positive")
         if self.bootstrap_grace_ms < 0:
             problems.append("bootstrap_grace_ms must not be negative")
         if self.takeover_timeout_ms <= 0:

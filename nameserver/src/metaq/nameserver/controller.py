@@ -45,6 +45,7 @@ DECISION_INTERVAL_S: Final = 0.1
 COMMIT_TIMEOUT_S: Final = 3.0
 
 Listener = Callable[[GroupControl], None]
+LeadershipListener = Callable[[bool], None]
 AclListener = Callable[[ClusterAclText], None]
 
 
@@ -76,6 +77,9 @@ class ControllerSettings:
     # Encrypts and authenticates Raft traffic; required with peers (see raft.py).
     raft_password: str | None = None
     takeover_timeout_s: float = 10.0
+    standby_heartbeat_interval_s: float = 1.5
+    """How often brokers whose beat decides nothing here are asked to heartbeat (0: at
+    their own rate); see :meth:`NameServerService` and docs/nameserver.md."""
 
     @classmethod
     def of(cls, config: NameServerConfig, raft_password: str | None = None) -> ControllerSettings:
@@ -87,6 +91,10 @@ class ControllerSettings:
             master_detection_s=config.master_detection_ms / 1000,
             bootstrap_grace_s=config.bootstrap_grace_ms / 1000,
             takeover_timeout_s=config.takeover_timeout_ms / 1000,
+            standby_heartbeat_interval_s=min(
+                config.standby_heartbeat_interval_ms, config.master_detection_ms / 2
+            )
+            / 1000,
         )
 
 
@@ -119,6 +127,8 @@ class Controller(PeriodicService):
         self._acl: ClusterAclText = (0, "")
         self._acl_listeners: list[AclListener] = []
         self._event_loop: asyncio.AbstractEventLoop | None = None
+        self._leading = False
+        self._leadership_listeners: list[LeadershipListener] = []
         self.master_changes: dict[str, int] = {}
         """Committed master changes applied here, by group (the failovers metric)."""
 
@@ -168,6 +178,11 @@ class Controller(PeriodicService):
         """Call ``listener(control)`` on the event loop whenever a group's state changes."""
         self._listeners.append(listener)
 
+    def add_leadership_listener(self, listener: LeadershipListener) -> None:
+        """Call ``listener(leading)`` on the event loop when this member becomes the Raft
+        leader or stops being it (seen at the next decision round, within 100 ms)."""
+        self._leadership_listeners.append(listener)
+
     @property
     def acl(self) -> ClusterAclText:
         """The cluster's ACL as committed: (version, JSON); (0, "") while it has none."""
@@ -188,7 +203,13 @@ class Controller(PeriodicService):
     # --- decisions ----------------------------------------------------------------------
 
     async def run_once(self) -> None:
-        if not self._raft.is_leader:
+        leading = self._raft.is_leader
+        if leading != self._leading:
+            self._leading = leading
+            log.info("controller %s leader", "became" if leading else "is no longer")
+            for listener in self._leadership_listeners:
+                listener(leading)
+        if not leading:
             self._decider.reset()
             return
         proposals = self._decider.decide(self._committed, self._members())

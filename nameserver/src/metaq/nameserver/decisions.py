@@ -15,7 +15,8 @@ Rules, per group (see docs/nameserver.md, "The failover controller"):
   ``takeover_timeout_s`` after this leader first saw it elected is down too (its
   promotion is stuck), and replaced like a dead one.
 - **Failover**: the master is down when its last heartbeat is older than
-  ``master_detection_s``, or when it is gone from the registry (its session ended, it
+  ``master_detection_s`` and this leader has led for as long (before, brokers beat it
+  only at the standby rate), or when it is gone from the registry (its session ended, it
   unregistered or expired) after this leader saw it live or elected it. A master this
   leader never saw counts as down only after ``bootstrap_grace_s`` of leadership, so a
   freshly started nameserver does not depose a master whose heartbeat has simply not
@@ -171,7 +172,13 @@ class Decider:
         master = by_id.get(control.master_id)
         key = BrokerKey(name, control.master_id)
         stuck = None
-        if master is not None and master.last_heartbeat_age_s <= self.master_detection_s:
+        # Silence counts from this leader's election at the earliest: until then brokers
+        # beat this nameserver at the standby rate, so an older heartbeat proves nothing.
+        led_s = now - (self._since if self._since is not None else now)
+        if (
+            master is not None
+            and min(master.last_heartbeat_age_s, led_s) <= self.master_detection_s
+        ):
             self._master_seen[name] = (control.master_id, control.epoch)
             stuck = self._not_taken_over(control, master, now)
             if stuck is None:

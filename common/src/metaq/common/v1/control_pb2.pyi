@@ -443,6 +443,7 @@ class RegisterBrokerResponse(_message.Message):
     LEASE_GRANTED_FIELD_NUMBER: _builtins.int
     ACL_FIELD_NUMBER: _builtins.int
     TAKES_TOPIC_CHANGES_FIELD_NUMBER: _builtins.int
+    HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _builtins.int
     master_data_address: _builtins.str
     """The group's master in the routes (empty if none), so a slave knows whom to follow."""
     epoch: _builtins.int
@@ -466,6 +467,16 @@ class RegisterBrokerResponse(_message.Message):
     """This nameserver applies BrokerHeartbeat.topic_changes; a broker sends its whole
     table on every change to one that does not say so (an older version).
     """
+    heartbeat_interval_ms: _builtins.int
+    """How often this nameserver wants this broker's heartbeats from now on; 0: as often
+    as the broker is configured to. The controller's leader wants a controlled group's
+    master (and any controlled broker of a group it has not bootstrapped yet) at the
+    broker's own rate: its silence is what a failover is decided on, and its answers
+    are what extends the master's lease. Every other broker, and every broker at a
+    follower, is asked for a slower beat (standby_heartbeat_interval_ms), never slower
+    than half of master_detection_ms. The broker still beats at least three times per
+    broker_expiry_ms, and at once whenever its state changes.
+    """
     @_builtins.property
     def control(self) -> Global___GroupControl:
         """The controller's committed state of the broker's group; absent while the controller
@@ -482,10 +493,11 @@ class RegisterBrokerResponse(_message.Message):
         lease_granted: _builtins.bool = ...,
         acl: _builtins.bytes = ...,
         takes_topic_changes: _builtins.bool = ...,
+        heartbeat_interval_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["control", b"control"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acl", b"acl", "broker_expiry_ms", b"broker_expiry_ms", "control", b"control", "epoch", b"epoch", "lease_granted", b"lease_granted", "master_data_address", b"master_data_address", "takes_topic_changes", b"takes_topic_changes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acl", b"acl", "broker_expiry_ms", b"broker_expiry_ms", "control", b"control", "epoch", b"epoch", "heartbeat_interval_ms", b"heartbeat_interval_ms", "lease_granted", b"lease_granted", "master_data_address", b"master_data_address", "takes_topic_changes", b"takes_topic_changes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
