@@ -5,15 +5,18 @@ Three ``metaq-nameserver`` processes (one Raft controller group, started by the 
 that speak the real control plane with the product's own stubs and builders:
 
 - a **broker** holds one ``Session`` stream to each nameserver and sends the registrar's
-  own ``heartbeat()`` message every ``heartbeat_interval_ms`` (the broker's default), the
-  topic table only in its first one, as a controlled broker does: it reports SLAVE until a
-  ``GroupControl`` names it master, then MASTER at that epoch with its group in sync, and
-  it heartbeats at once when its role changes. A group is a master and a slave, each
-  with ``TOPICS_PER_GROUP`` topics; a topic is served by ``GROUPS_PER_TOPIC`` groups.
+  own ``heartbeat()`` message every ``heartbeat_interval_ms`` (the broker's default), or
+  as seldom as that nameserver's answers ask (the registrar's own ``beat_interval_s``:
+  the controller's leader wants a master's beat at that rate, the rest come at the
+  standby interval), the topic table only in its first one, as a controlled broker does:
+  it reports SLAVE until a ``GroupControl`` names it master, then MASTER at that epoch
+  with its group in sync, and it heartbeats at once when its role changes. A group is a
+  master and a slave, each with ``TOPICS_PER_GROUP`` topics; a topic is served by
+  ``GROUPS_PER_TOPIC`` groups.
 - a **client** asks ``GetRoute`` for its topic every ``route_refresh_interval_s`` (the
-  producer's default), of the nameserver a ``RouteCache`` asks first (the first listed;
-  it moves only when that one fails). Client heartbeats go to brokers, not nameservers,
-  so they are not simulated here.
+  producer's default), of the nameserver a ``RouteCache`` asks first (a random one of
+  the three; it moves only when that one fails). Client heartbeats go to brokers, not
+  nameservers, so they are not simulated here.
 
 Each simulator process is one asyncio loop multiplexing its brokers' streams and its
 clients' calls over ``CHANNELS`` gRPC channels per nameserver. Per point, after every
@@ -122,12 +125,19 @@ class _Broker:
         self.committed_in_sync = 0
         self.elected_at: float | None = None
         self.wake = [asyncio.Event() for _ in sim.addresses]
+        self.interval_s = [sim.heartbeat_s for _ in sim.addresses]
 
-    def on_answer(self, registered: Any) -> None:
-        """Follow the controller: master at its epoch when it names this broker (with its
-        group in sync, as a master whose slave keeps up reports), else slave."""
+    def on_answer(self, registered: Any, index: int) -> None:
+        """Beat nameserver ``index`` as often as it asks, as the registrar does; follow the
+        controller: master at its epoch when it names this broker (with its group in
+        sync, as a master whose slave keeps up reports), else slave."""
+        from metaq.broker.registration import beat_interval_s
         from metaq.common.model import Role
 
+        interval_s = beat_interval_s(self.sim.heartbeat_s, registered)
+        if interval_s < self.interval_s[index]:
+            self.wake[index].set()
+        self.interval_s[index] = interval_s
         if not registered.HasField("control"):
             return
         control = registered.control
@@ -178,7 +188,7 @@ class _Broker:
                 event = await call.read()
                 if not isinstance(event, pb.SessionEvent):
                     raise RuntimeError(f"nameserver {address} ended the session")
-                self.on_answer(event.registered)
+                self.on_answer(event.registered, index)
                 waiter = answers.pop(event.answers, None)
                 if waiter is not None and not waiter.done():
                     waiter.set_result(None)
@@ -202,7 +212,7 @@ class _Broker:
                         reader.result()
                     sim.heartbeats[index] += 1
                 with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(sim.heartbeat_s):
+                    async with asyncio.timeout(self.interval_s[index]):
                         await wake.wait()
                 wake.clear()
         finally:
@@ -213,6 +223,8 @@ class _Broker:
 @dataclasses.dataclass
 class _Client:
     topic: str
+    nameserver: int
+    """The nameserver it asks: a ``RouteCache`` starts at a random one."""
     watch: str = ""
     """Set during a failover: the group whose new master this client waits to see."""
     learned_at: float | None = None
@@ -250,7 +262,11 @@ class _Simulator:
         }
         topics = sorted(cluster_topics(groups, per_group))
         rng = random.Random(args.seed)
-        self.clients = [_Client(rng.choice(topics)) for _ in range(args.clients)]
+        self.clients = [
+            _Client(rng.choice(topics), rng.randrange(len(self.addresses)))
+            for _ in range(args.clients)
+        ]
+        self.queries = [0] * len(self.addresses)
         self.watched_master = ""
 
     def stub(self, index: int, spread: int) -> Any:
@@ -263,7 +279,8 @@ class _Simulator:
         from metaq.common.v1 import control_pb2 as pb
 
         began = time.perf_counter()
-        stub = self.stub(0, id(client) // 16)
+        stub = self.stub(client.nameserver, id(client) // 16)
+        self.queries[client.nameserver] += 1
         try:
             reply = await stub.GetRoute(pb.GetRouteRequest(topic=client.topic), timeout=5.0)
         except grpc.aio.AioRpcError as exc:
@@ -326,9 +343,10 @@ class _Simulator:
         heartbeats, self.heartbeats = self.heartbeats, [0] * len(self.addresses)
         errors, self.errors = self.errors, {}
         lost, self.sessions_lost = self.sessions_lost, 0
+        queries, self.queries = self.queries, [0] * len(self.addresses)
         return {
             "latencies": latencies, "heartbeats": heartbeats, "errors": errors,
-            "sessions_lost": lost,
+            "sessions_lost": lost, "queries": queries,
         }  # fmt: skip
 
     def roles(self) -> dict[str, Any]:
@@ -623,15 +641,17 @@ def measure_point(
             (i for i, ns in enumerate(cluster.nameservers) if cluster.controller(i).is_leader),
             None,
         )
-        offered_hb = groups * 2 / heartbeat_s
+        queries = [sum(w["queries"][i] for w in windows) for i in range(3)]
+        offered_hb = _offered_heartbeats(groups, heartbeat_s, leader)
         row.update(
             ns_cpu_cores=[round(c, 3) for c in cpu],
             ns_cpu_cores_max=round(max(cpu), 3),
             ns_rss_mib=[_rss_mib(p) for p in pids],
             leader=leader,
-            heartbeats_per_s_offered_each=round(offered_hb, 1),
+            heartbeats_per_s_offered=[round(h, 1) for h in offered_hb],
             heartbeats_per_s_answered=[round(h / elapsed, 1) for h in heartbeats],
             route_queries_per_s=round(len(latencies) / elapsed, 1),
+            route_queries_per_s_asked=[round(q / elapsed, 1) for q in queries],
             route_query_errors=errors,
             route_query_p50_ms=_ms(_percentile(latencies, 0.5)),
             route_query_p99_ms=_ms(_percentile(latencies, 0.99)),
@@ -642,28 +662,26 @@ def measure_point(
             # The machine is shared: a load far above its 2 cores stretches latencies.
             load_average_1m=round(os.getloadavg()[0], 1),
         )
-        # CPU per heartbeat: the nameservers that answer no route queries (the clients all
-        # ask the first one) spend theirs on heartbeats (and Raft, the sweeper).
-        # Above the idle nameserver's (Raft ticks, the controller's rounds, the sweeper).
-        quiet = [i for i in (1, 2) if heartbeats[i]]
-        if quiet:
-            row["ns_cpu_us_per_heartbeat"] = round(
-                sum((cpu[i] - idle[i]) * elapsed / heartbeats[i] for i in quiet)
-                / len(quiet) * 1e6, 1
-            )  # fmt: skip
-        if heartbeats[0] and latencies and quiet:
-            spare = (cpu[0] - idle[0]) - sum(cpu[i] - idle[i] for i in quiet) / len(quiet)
-            # Every query asked costs, the ones that timed out on the client too.
-            asked = len(latencies) + sum(errors.values())
-            per_query = max(0.0, spare) / (asked / elapsed)
-            row["ns_cpu_us_per_route_query"] = round(per_query * 1e6, 1)
-            # What the busiest (the one every client asks) would use were the offered
-            # load all answered: the machine is shared, and a starved nameserver answers
-            # less than it is offered.
-            hb_us = row["ns_cpu_us_per_heartbeat"]
-            default_hb = groups * 2 / args.heartbeat_s
+        # CPU per heartbeat and per route query: every nameserver's CPU above its idle
+        # (Raft ticks, the controller's rounds, the sweeper) is heartbeats and queries;
+        # the leader answers more heartbeats than the followers, the clients ask all
+        # three alike, so the three nameservers give both costs (least squares).
+        fitted = _fit(
+            [(c - i) * elapsed for c, i in zip(cpu, idle, strict=True)], heartbeats, queries
+        )
+        if fitted is not None:
+            hb_cost, query_cost = fitted
+            row["ns_cpu_us_per_heartbeat"] = round(hb_cost * 1e6, 1)
+            row["ns_cpu_us_per_route_query"] = round(query_cost * 1e6, 1)
+            # What the busiest would use were the default load all answered: the machine
+            # is shared, and a starved nameserver answers less than it is offered.
+            default_hb = _offered_heartbeats(groups, args.heartbeat_s, leader)
             row["ns_cpu_cores_projected_busiest"] = round(
-                idle[0] + default_hb * hb_us / 1e6 + clients / route_s * per_query, 3
+                max(
+                    idle[i] + default_hb[i] * hb_cost + clients / route_s / 3 * query_cost
+                    for i in range(3)
+                ),
+                3,
             )
         if args.failover:
             row.update(failover(args, cluster, sims, groups, pb))
@@ -713,6 +731,39 @@ def failover(
         out["failover_failed"] = str(exc)
     out["failover_clients_watching"] = sum(a["clients"] for a in answers)
     return out
+
+
+def _offered_heartbeats(groups: int, heartbeat_s: float, leader: int | None) -> list[float]:
+    """Heartbeats per second each nameserver is offered, as its answers ask: the leader
+    hears each group's master at ``heartbeat_s``, everything else comes at the standby
+    interval (when it is longer)."""
+    from metaq.nameserver.config import NameServerConfig
+
+    standby_s = max(heartbeat_s, NameServerConfig().standby_heartbeat_interval_ms / 1000)
+    return [
+        groups / heartbeat_s + groups / standby_s if i == leader else 2 * groups / standby_s
+        for i in range(3)
+    ]
+
+
+def _fit(costs: list[float], xs: list[int], ys: list[int]) -> tuple[float, float] | None:
+    """(a, b) minimising the squares of ``cost - a x - b y``, both kept at least 0; None
+    when the counts cannot tell the two apart."""
+    sxx = sum(x * x for x in xs)
+    syy = sum(y * y for y in ys)
+    sxy = sum(x * y for x, y in zip(xs, ys, strict=True))
+    sxc = sum(x * c for x, c in zip(xs, costs, strict=True))
+    syc = sum(y * c for y, c in zip(ys, costs, strict=True))
+    det = sxx * syy - sxy * sxy
+    if not sxx or not syy or det <= 1e-6 * sxx * syy:
+        return None
+    a = (sxc * syy - syc * sxy) / det
+    b = (syc * sxx - sxc * sxy) / det
+    if a < 0:
+        return 0.0, max(0.0, syc / syy)
+    if b < 0:
+        return max(0.0, sxc / sxx), 0.0
+    return a, b
 
 
 def _ms(seconds: float | None) -> float | None:
