@@ -13,7 +13,7 @@ from metaq.common.framing import Buffer
 from metaq.common.v1.data_pb2 import EpochEntry, ReplicaFetchRequest, ReplicaFetchResponse
 from metaq.replication.epochs import Epoch, EpochHistory
 from metaq.replication.follower import FetchChannel, Follower
-from metaq.replication.master import ReplicaSet
+from metaq.replication.master import CONFIRMED_NOTICE_S, ReplicaSet
 from metaq.testing.memory_log import MemoryLog
 from metaq.testing.waiting import run_async, wait_until_async
 
@@ -249,7 +249,8 @@ def test_consumers_may_read_only_what_every_electable_slave_holds() -> None:
 def test_a_slave_learns_what_the_master_confirmed_and_no_more() -> None:
     async def scenario() -> None:
         master_log, slave_log = MemoryLog(), MemoryLog()
-        master, follower = pair(master_log, slave_log)
+        clock = Clock()
+        master, follower = pair(master_log, slave_log, clock=clock)
         follower.wait_ms = 60_000  # only the confirmed notice, not a fetch's wait, tells it
         master.commit({0, 1, 2})  # slave 2 could be elected and holds nothing yet
         master_log.append(b"held by slave 1 only")
@@ -259,6 +260,7 @@ def test_a_slave_learns_what_the_master_confirmed_and_no_more() -> None:
             assert master.confirmed_offset() == 0
             assert follower.confirmed == 0
             master.commit({0, 1})  # the controller agrees slave 2 is out of sync
+            clock.now += CONFIRMED_NOTICE_S  # the slave's last answer is that old
             await until(lambda: follower.confirmed == master_log.end_offset,
                         "the parked slave hears of the confirmed offset")  # fmt: skip
         finally:
@@ -593,6 +595,105 @@ def test_a_parked_fetch_is_answered_with_the_new_bytes_inside_the_append() -> No
         ), answer)  # fmt: skip
         await until(lambda: len(answers) == 2, "the parked fetch timed out")
         assert answers[1][1] == b""  # its wait_ms ran out with nothing new
+        master.close()
+
+    run_async(scenario())
+
+
+def test_a_slave_answered_just_now_hears_the_confirmed_offset_later_not_in_an_empty_answer() -> (
+    None
+):
+    """Sends one at a time: each answer carries the offset the send before confirmed. An
+    empty answer in between, to tell the slave sooner, would leave the link busy with its
+    round trip when the next send's bytes are due; it is told once it has had no answer
+    for CONFIRMED_NOTICE_S (the clock here moves only when the test moves it)."""
+
+    async def scenario() -> None:
+        clock = Clock()
+        master_log = MemoryLog()
+        master = ReplicaSet(
+            master_log, EpochHistory(), self_id=0, epoch=1, min_in_sync=2, clock=clock
+        )
+        answers: list[ReplicaFetchResponse] = []
+
+        def answer(response: ReplicaFetchResponse, payload: Buffer) -> None:
+            answers.append(response)
+
+        def fetch(acked: int) -> None:
+            master.serve_fetch(ReplicaFetchRequest(
+                broker_id=1, epoch=1, offset=master_log.end_offset, acked_offset=acked,
+                wait_ms=60_000, segment_bytes=master_log.segment_bytes,
+            ), answer)  # fmt: skip
+
+        fetch(0)  # parked: nothing to copy yet
+        for n in range(3):
+            master_log.append(b"send %d" % n)
+            master.appended()  # the bytes go out at once, with the confirmed offset so far
+            assert len(answers) == n + 1
+            assert answers[-1].confirmed_offset == master.confirmed_offset()
+            fetch(master_log.end_offset)  # the slave's copy: confirmed moves; parked again
+            assert master.confirmed_offset() == master_log.end_offset
+            notice = master._notice
+            assert notice is not None
+            # The notice's time passes (the loop's clock) while the slave's last answer
+            # is as recent as ever (the master's): it is put off, nothing is answered.
+            await until(lambda n=notice: master._notice is not n, "the notice came due")
+            assert len(answers) == n + 1
+            assert master.slaves[1].parked is not None
+
+        clock.now += CONFIRMED_NOTICE_S  # no answer for that long: now it is told
+        await until(lambda: len(answers) == 4, "the parked slave hears of the confirmed offset")
+        assert answers[-1].confirmed_offset == master_log.end_offset
+        master.close()
+
+    run_async(scenario())
+
+
+def test_a_confirmed_offset_reaches_a_slave_whose_fetch_was_on_its_way_at_the_notice() -> None:
+    """The notice finds slave 1's fetch on the wire, not parked: once it parks, holding
+    nothing new that would move the confirmed offset, it is told all the same."""
+
+    async def scenario() -> None:
+        clock = Clock()
+        master_log = MemoryLog()
+        master = ReplicaSet(
+            master_log, EpochHistory(), self_id=0, epoch=1, min_in_sync=2, clock=clock
+        )
+        answers: dict[int, list[ReplicaFetchResponse]] = {1: [], 2: []}
+
+        def fetch(broker_id: int, offset: int, acked: int) -> None:
+            def answer(response: ReplicaFetchResponse, payload: Buffer) -> None:
+                answers[broker_id].append(response)
+
+            master.serve_fetch(ReplicaFetchRequest(
+                broker_id=broker_id, epoch=1, offset=offset, acked_offset=acked,
+                wait_ms=60_000, segment_bytes=master_log.segment_bytes,
+            ), answer)  # fmt: skip
+
+        fetch(1, 0, 0)
+        fetch(2, 0, 0)
+        master_log.append(b"first")
+        master.appended()
+        first = master_log.end_offset
+        fetch(1, first, first)  # parked: slave 2 does not hold it yet
+        master_log.append(b"second")
+        master.appended()  # slave 1's fetch is answered: it is on its way again
+        second = master_log.end_offset
+        fetch(2, first, first)  # both hold the first: confirmed moves
+        assert master.confirmed_offset() == first
+        assert answers[2][-1].confirmed_offset == first  # answered at once, with it
+        fetch(2, second, second)  # parked: slave 1 does not hold the second yet
+        assert [a.confirmed_offset for a in answers[1]] == [0, 0]
+        clock.now += CONFIRMED_NOTICE_S
+        notice = master._notice
+        await until(lambda: master._notice is not notice, "the notice came due")
+        assert len(answers[1]) == 2  # nothing of slave 1's was parked
+        # Slave 1 wrote the second but does not hold it yet (a SYNC flush under way):
+        # its fetch moves nothing, and parks.
+        fetch(1, second, first)
+        assert master.confirmed_offset() == first
+        await until(lambda: len(answers[1]) == 3, "slave 1 hears of the confirmed offset")
+        assert answers[1][-1].confirmed_offset == first
         master.close()
 
     run_async(scenario())

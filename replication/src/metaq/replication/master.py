@@ -62,7 +62,12 @@ NO_CONNECTION: Final = -1
 CONFIRMED_NOTICE_S: Final = 0.01
 """How long a confirmed offset that moved waits to reach slaves whose fetch is parked.
 An append within that time carries it with its bytes; after the last one of a burst, the
-slaves' reads trail the master's by about this much, not by a parked fetch's wait."""
+slaves' reads trail the master's by about this much, not by a parked fetch's wait.
+
+A slave answered within this time is not told yet: in a run of sends one at a time each
+answer carries the offset the send before confirmed, and an empty answer in between
+would leave the link busy with its round trip when the next send's bytes are due (they
+then wait for it). The notice goes to it this long after its last answer instead."""
 
 
 class _Wait:
@@ -338,6 +343,9 @@ class ReplicaSet:
         parked.timer = asyncio.get_running_loop().call_later(
             timeout_s, self._release, slave, parked
         )
+        if slave.answered_confirmed < self._confirmed:
+            # A notice that found this fetch still on its way told it nothing.
+            self._notice_in(CONFIRMED_NOTICE_S)
 
     def _release(self, slave: SlaveState, parked: _Parked) -> None:
         if slave.parked is not parked:
@@ -421,19 +429,30 @@ class ReplicaSet:
             self._confirmed = confirmed
             if self._on_confirmed is not None:
                 self._on_confirmed()
-            if self._notice is None and not self.closed:
-                self._notice = asyncio.get_running_loop().call_later(
-                    CONFIRMED_NOTICE_S, self._tell_confirmed
-                )
+            self._notice_in(CONFIRMED_NOTICE_S)
+
+    def _notice_in(self, delay_s: float) -> None:
+        if self._notice is None and not self.closed:
+            self._notice = asyncio.get_running_loop().call_later(delay_s, self._tell_confirmed)
 
     def _tell_confirmed(self) -> None:
-        """Answer the parked fetches whose last answer carried an older confirmed offset:
-        slaves serve consumers only what the master confirmed (see Follower.confirmed)."""
+        """Answer the parked fetches whose last answer carried an older confirmed offset
+        (slaves serve consumers only what the master confirmed, see Follower.confirmed),
+        unless that answer went out within CONFIRMED_NOTICE_S: then later."""
         self._notice = None
+        now = self._clock()
+        due = None
         for slave in self.slaves.values():
             parked = slave.parked
-            if parked is not None and slave.answered_confirmed < self._confirmed:
+            if parked is None or slave.answered_confirmed >= self._confirmed:
+                continue
+            at = slave.answered_at + CONFIRMED_NOTICE_S
+            if at > now:
+                due = at if due is None else min(due, at)
+            else:
                 self._release(slave, parked)
+        if due is not None:
+            self._notice_in(due - now)
 
     # --- sync replication ---------------------------------------------------------------
 
