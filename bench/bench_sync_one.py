@@ -2,11 +2,12 @@
 
 ``bench-compare``'s (a) cell of ``metaq_sync_replicated`` alone, repeated: the pair of
 ``metaq_system.replicated_pair`` (sync replication, ASYNC flush, the controller on a
-nameserver), the producer of ``metaq_load``, 1 KiB bodies. Each round prints msgs/s, the
-send's p50/p99, and the user and system CPU per send of the master, the slave and this
-client (from ``/proc``), so that a change to the hops is judged by what it costs per send
-even when the machine is shared and msgs/s moves with the load. ``--one-broker`` runs the
-one-broker row instead (``metaq_system.single_broker``), the ratio's denominator.
+nameserver), the producer of ``metaq_load``, 1 KiB bodies (``--body-bytes 128`` for the
+other size). Each round prints msgs/s, the send's p50/p99, and the user and system CPU
+per send of the master, the slave and this client (from ``/proc``), so that a change to
+the hops is judged by what it costs per send even when the machine is shared and msgs/s
+moves with the load. ``--one-broker`` runs the one-broker row instead
+(``metaq_system.single_broker``), the ratio's denominator.
 
 The last line is one JSON object with every round.
 """
@@ -35,10 +36,10 @@ def _cpu_s(pid: int) -> tuple[float, float]:
 
 
 async def _rounds(
-    nameserver: str, pids: dict[str, int], seconds: float, rounds: int
+    nameserver: str, pids: dict[str, int], seconds: float, rounds: int, body_bytes: int
 ) -> list[dict[str, Any]]:
     producer = await ready_producer(nameserver, TOPIC)
-    body = os.urandom(1024)
+    body = os.urandom(body_bytes)
     results: list[dict[str, Any]] = []
     try:
         await one_at_a_time(producer, TOPIC, body, Budget(1.0))  # warm-up, unmeasured
@@ -70,6 +71,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=3.0, help="seconds per round")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--body-bytes", type=int, default=1024, help="message body size")
     parser.add_argument("--one-broker", action="store_true", help="one broker, no slave")
     args = parser.parse_args()
     builder = system(groups=("bench-one",)) if args.one_broker else PAIR
@@ -87,8 +89,9 @@ def main() -> None:
             slave = cluster.broker(group, 1 - master_id)
             pids = {"master": cluster.broker(group, master_id).proc.pid, "slave": slave.proc.pid}
         nameserver = cluster.nameserver_addresses[0]
-        results = asyncio.run(_rounds(nameserver, pids, args.seconds, args.rounds))
-    print(json.dumps({"one_broker": args.one_broker, "rounds": results}))
+        results = asyncio.run(_rounds(nameserver, pids, args.seconds, args.rounds, args.body_bytes))
+    summary = {"one_broker": args.one_broker, "body_bytes": args.body_bytes, "rounds": results}
+    print(json.dumps(summary))
 
 
 if __name__ == "__main__":
