@@ -137,7 +137,8 @@ QUEUES_ARGS ?=
 bench-queues: setup
 	$(UV) run --frozen python bench/bench_queue_footprint.py $(QUEUES_ARGS)
 
-# make bench-sync-one SYNC_ONE_ARGS="--rounds 5" (--one-broker for the one-broker row)
+# make bench-sync-one SYNC_ONE_ARGS="--rounds 5" (--one-broker for the one-broker row,
+#   --body-bytes 128 for the other size of bench-compare)
 SYNC_ONE_ARGS ?=
 bench-sync-one: setup
 	$(UV) run --frozen python bench/bench_sync_one.py $(SYNC_ONE_ARGS)
