@@ -55,6 +55,7 @@ BODY: Final = 128
 SEGMENT_BYTES: Final = 256 * 1024 * 1024
 QUICK_SEGMENT_BYTES: Final = 16 * 1024 * 1024
 KILL_AFTER_S: Final = 2.0
+QUICK_KILL_AFTER_S: Final = 0.5
 
 
 def topic_sizes(queues: int) -> list[int]:
@@ -249,7 +250,7 @@ def run_step(args: argparse.Namespace, data: Path, queues: int, step: str) -> di
             line = proc.stdout.readline()
             if not line:
                 raise StepFailed(f"crash step ended early: {proc.stderr.read()[-2000:]}")  # type: ignore[union-attr]
-            time.sleep(KILL_AFTER_S)
+            time.sleep(QUICK_KILL_AFTER_S if args.quick else KILL_AFTER_S)
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait()
             return {}
@@ -401,7 +402,7 @@ def run_groups(args: argparse.Namespace, before: dict[str, Any]) -> dict[str, An
         points = tuple(int(point) for point in args.group_points.split(","))
     for groups in points:
         print(f"{groups:,} consumer groups: measuring", file=sys.stderr, flush=True)
-        row = scale_groups.measure(groups, args.group_seconds, args.step_timeout_s)
+        row = scale_groups.measure(groups, args.group_seconds, args.step_timeout_s, args.quick)
         rows.append(row)
         print(f"  {row}", file=sys.stderr, flush=True)
         if "failed" in row:
@@ -488,11 +489,11 @@ def main(argv: list[str]) -> None:
     else:
         args.points = QUICK_POINTS if args.quick else POINTS
     if args.seconds is None:
-        args.seconds = 1.0 if args.quick else 5.0
+        args.seconds = 0.5 if args.quick else 5.0
     args.segment_bytes = QUICK_SEGMENT_BYTES if args.quick else SEGMENT_BYTES
     bench_scale_nameserver.configure(args, parser)
     if args.group_seconds is None:
-        args.group_seconds = 2.0 if args.quick else 5.0
+        args.group_seconds = 1.0 if args.quick else 5.0
     if not 0 < args.group_seconds <= 120:
         parser.error(f"--group-seconds must be above 0 and at most 120: not {args.group_seconds}")
     if args.topics_budget_s is None:

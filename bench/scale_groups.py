@@ -39,6 +39,9 @@ QUEUES_PER_GROUP: Final = 4
 CONNECTIONS: Final = 16
 IN_FLIGHT: Final = 256
 IDLE_S: Final = 2.0
+QUICK_IDLE_S: Final = 1.0
+QUICK_SNAPSHOT_INTERVAL_MS: Final = 1_000
+"""A quick run's snapshot is taken within a second of the window, not the default five."""
 TICKS_PER_S: Final = os.sysconf("SC_CLK_TCK")
 
 
@@ -105,7 +108,7 @@ async def _commit_round(
 
 
 async def _drive(
-    cluster: Any, master_id: int, groups: int, seconds: float, timeout_s: float
+    cluster: Any, master_id: int, groups: int, seconds: float, timeout_s: float, idle_s: float
 ) -> dict[str, Any]:
     from metaq.common.record import encode
     from metaq.testing import DataClient
@@ -124,7 +127,7 @@ async def _drive(
             records = [encode(TOPIC, body, queue_id=queue_id) for _ in range(int(seconds) + 8)]
             await clients[0].send(TOPIC, queue_id, records)
         idle_began, idle_cpu = time.perf_counter(), cpu_s(master.proc.pid)
-        await asyncio.sleep(IDLE_S)
+        await asyncio.sleep(idle_s)
         idle_cores = (cpu_s(master.proc.pid) - idle_cpu) / (time.perf_counter() - idle_began)
         await asyncio.wait_for(_commit_round(clients, requests, 1), timeout_s)
         write_began = master.health()["commitlog_write_offset"]
@@ -227,16 +230,21 @@ def _snapshot_figures(copy: Path) -> dict[str, Any]:
     }
 
 
-def measure(groups: int, seconds: float, timeout_s: float) -> dict[str, Any]:
+def measure(groups: int, seconds: float, timeout_s: float, quick: bool = False) -> dict[str, Any]:
+    """One row; ``quick`` idles less before the window and snapshots the offsets every
+    second, so a smoke run spends its time on the commits."""
     from metaq.testing.cluster import ClusterBuilder
 
     row: dict[str, Any] = {"groups": groups}
+    broker_args = ["--set", f"max_consumer_groups={max(groups, 100_000)}"]
+    if quick:
+        broker_args += ["--set", f"offset_snapshot_interval_ms={QUICK_SNAPSHOT_INTERVAL_MS}"]
     builder = ClusterBuilder(
         groups=("scale",),
         replicas=2,
         replication_mode="async",
         ready_timeout_s=120,
-        broker_args=("--set", f"max_consumer_groups={max(groups, 100_000)}"),
+        broker_args=broker_args,
     )
     work = Path(tempfile.mkdtemp(prefix="metaq-bench-groups-"))
     try:
@@ -244,7 +252,8 @@ def measure(groups: int, seconds: float, timeout_s: float) -> dict[str, Any]:
             asyncio.run(cluster.create_topic(TOPIC, queues=QUEUES, timeout_s=120))
             cluster.wait_in_sync("scale", [0, 1], timeout_s=120)
             master_id = cluster.master_id("scale", timeout_s=60)
-            row.update(asyncio.run(_drive(cluster, master_id, groups, seconds, timeout_s)))
+            idle_s = QUICK_IDLE_S if quick else IDLE_S
+            row.update(asyncio.run(_drive(cluster, master_id, groups, seconds, timeout_s, idle_s)))
             data_dir = cluster.data_dir("scale", master_id)
             copy = _take_snapshot(data_dir, groups, row["final_offset"], work, 120)
         row.update(_snapshot_figures(copy))
