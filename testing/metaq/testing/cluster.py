@@ -358,7 +358,8 @@ class Cluster:
             state = self.master(group).health()
             return state is not None and sorted(state["in_sync_ids"]) == sorted(ids)
 
-        wait_until(in_sync, timeout_s, f"the master of {group} has {sorted(ids)} in sync")
+        wait_until(in_sync, timeout_s, f"the master of {group} has {sorted(ids)} in sync",
+                   poll_s=0.05)  # fmt: skip
 
     def controller(self, index: int = 0) -> pb.GetControllerStateResponse:
         """Nameserver ``index``'s controller state, asked as a cluster member (signed with
@@ -375,7 +376,8 @@ class Cluster:
             return any(g.broker_name == group and sorted(g.in_sync_ids) == sorted(ids)
                        for g in self.controller().groups)  # fmt: skip
 
-        wait_until(committed, timeout_s, f"the controller has {sorted(ids)} of {group} in sync")
+        wait_until(committed, timeout_s, f"the controller has {sorted(ids)} of {group} in sync",
+                   poll_s=0.05)  # fmt: skip
 
     def wait_caught_up(self, group: str, broker_id: int, timeout_s: float = 20.0) -> None:
         """Until broker ``broker_id`` of ``group`` holds as much log as its master."""
@@ -389,7 +391,7 @@ class Cluster:
                 and slave["commitlog_write_offset"] == master["commitlog_write_offset"]
             )
 
-        wait_until(caught_up, timeout_s, f"broker {broker_id} of {group} caught up")
+        wait_until(caught_up, timeout_s, f"broker {broker_id} of {group} caught up", poll_s=0.05)
 
     async def create_topic(
         self,
