@@ -125,9 +125,36 @@ class BrokerProcess:
 
         ``echo`` is given every line the broker prints as it prints it; the broker then
         runs in a session of its own, out of reach of the terminal's Ctrl-C.
+
+        :meth:`spawn` and :meth:`wait_started` are the same in two halves, for starting
+        several brokers at once.
         """
-        if wait_for_master is None:
-            wait_for_master = "--nameserver" in args and "--broker-id" not in args
+        broker = cls.spawn(
+            data_dir,
+            *args,
+            small_store=small_store,
+            command=command,
+            env=env,
+            tls=tls,
+            health_headers=health_headers,
+            echo=echo,
+        )
+        broker.wait_started(ready_timeout_s, wait_for_master)
+        return broker
+
+    @classmethod
+    def spawn(
+        cls,
+        data_dir: Path,
+        *args: str,
+        small_store: bool = True,
+        command: Sequence[str] | None = None,
+        env: Mapping[str, str] | None = None,
+        tls: TlsConfig | None = None,
+        health_headers: Mapping[str, str] | None = None,
+        echo: Callable[[str], None] | None = None,
+    ) -> BrokerProcess:
+        """Start the broker's process (as :meth:`start` does) without waiting for it."""
         argv = ["--listen-host", "127.0.0.1", "--data-port", "0", "--http-port", "0"]
         if "--nameserver" not in args:
             # No nameserver to host a controller: the broker keeps its deployed role.
@@ -135,15 +162,21 @@ class BrokerProcess:
         if small_store:
             for setting in SMALL_STORE:
                 argv += ["--set", setting]
-        broker = cls(data_dir, [*argv, *args], command, env, tls, health_headers, echo)
+        return cls(data_dir, [*argv, *args], command, env, tls, health_headers, echo)
+
+    def wait_started(self, ready_timeout_s: float, wait_for_master: bool | None = None) -> None:
+        """Wait for the readiness line of a broker :meth:`spawn` started, and with
+        ``wait_for_master`` (default as :meth:`start` says) until it is master; the
+        broker is killed if either does not come."""
+        if wait_for_master is None:
+            wait_for_master = "--nameserver" in self.args and "--broker-id" not in self.args
         try:
-            broker.wait_ready(ready_timeout_s)
+            self.wait_ready(ready_timeout_s)
             if wait_for_master:
-                broker.wait_master(ready_timeout_s)
+                self.wait_master(ready_timeout_s)
         except BaseException:
-            broker.kill()
+            self.kill()
             raise
-        return broker
 
     def _read(self) -> None:
         assert self.proc.stdout is not None

@@ -40,7 +40,8 @@ from metaq.testing.nameserver_process import (
     free_ports,
     nameserver_command,
     signed_channel,
-    start_nameserver,
+    spawn_nameserver,
+    wait_nameserver_ready,
 )
 from metaq.testing.waiting import deadline, wait_until
 
@@ -220,11 +221,15 @@ class Cluster:
             self.acl_file = builder.acl(self.work_dir)
             self.admin = builder.admin or (ADMIN if builder.auth else None)
             self._nameserver_flags = builder.nameserver_flags(self)
-            for index in range(builder.nameservers):
-                self.start_nameserver(index)
-            for group in builder.groups:
-                for broker_id in range(builder.replicas_of(group)):
-                    self.start_broker(group, broker_id)
+            # Every nameserver's process at once, then the waits, and so for the brokers:
+            # their start-ups (mostly imports, a core each) overlap instead of queueing.
+            for server in [self.spawn_nameserver(i) for i in range(builder.nameservers)]:
+                wait_nameserver_ready(server, builder.ready_timeout_s)
+            spawned = [self.spawn_broker(group, broker_id)
+                       for group in builder.groups
+                       for broker_id in range(builder.replicas_of(group))]  # fmt: skip
+            for broker in spawned:
+                broker.wait_started(builder.ready_timeout_s)
             for group in builder.groups:
                 if builder.replicas_of(group) > 1:
                     self.master_id(group, builder.ready_timeout_s)
@@ -249,16 +254,21 @@ class Cluster:
 
     def start_nameserver(self, index: int) -> NameServerProcess:
         """Start (or start again, on its directory and ports) nameserver ``index``."""
+        server = self.spawn_nameserver(index)
+        wait_nameserver_ready(server, self.builder.ready_timeout_s)
+        return server
+
+    def spawn_nameserver(self, index: int) -> NameServerProcess:
+        """:meth:`start_nameserver` without the wait for it to be ready."""
         node = nameserver_node(index)
         hosts = self.builder.hosts
         flags = self._nameserver_flags[index]
         if index < len(self.nameservers) and hosts is None:
             # Back on its port, where the brokers and its peers look for it.
             flags = ["--grpc-port", str(self.nameservers[index].grpc_port), *flags]
-        server = start_nameserver(
+        server = spawn_nameserver(
             self.work_dir / node,
             *flags,
-            timeout_s=self.builder.ready_timeout_s,
             command=None if hosts is None else hosts.command(node, nameserver_command()),
             echo=self.builder.echo_of(node),
         )
@@ -289,17 +299,22 @@ class Cluster:
     def start_broker(self, group: str, broker_id: int = 0, *extra: str) -> BrokerProcess:
         """Start (or restart, on its data) a broker of ``group`` with the builder's flags
         and ``extra`` after them."""
+        broker = self.spawn_broker(group, broker_id, *extra)
+        broker.wait_started(self.builder.ready_timeout_s)
+        return broker
+
+    def spawn_broker(self, group: str, broker_id: int = 0, *extra: str) -> BrokerProcess:
+        """:meth:`start_broker` without the wait for it to be ready (and master)."""
         builder = self.builder
         command = builder.broker_command
         if builder.hosts is not None:
             node = broker_node(group, broker_id)
             command = builder.hosts.command(node, command or broker_command())
-        broker = BrokerProcess.start(
+        broker = BrokerProcess.spawn(
             self.data_dir(group, broker_id),
             *builder.broker_flags(self, group, broker_id),
             *extra,
             small_store=builder.small_store,
-            ready_timeout_s=builder.ready_timeout_s,
             command=command,
             tls=self.tls,
             health_headers=builder.health_headers,

@@ -134,7 +134,22 @@ def start_nameserver(
 
     Raises RuntimeError with the process output if it exits or is not ready in time (the
     deadline scaled by ``METAQ_TEST_DEADLINE_SCALE``); the process is stopped in that case.
+    :func:`spawn_nameserver` and :func:`wait_nameserver_ready` are the same in two halves,
+    for starting several at once.
     """
+    server = spawn_nameserver(work_dir, *args, env=env, command=command, echo=echo)
+    wait_nameserver_ready(server, timeout_s)
+    return server
+
+
+def spawn_nameserver(
+    work_dir: Path,
+    *args: str,
+    env: dict[str, str] | None = None,
+    command: list[str] | None = None,
+    echo: Callable[[str], None] | None = None,
+) -> NameServerProcess:
+    """Start the nameserver's process (as :func:`start_nameserver` does) without waiting."""
     work_dir.mkdir(parents=True, exist_ok=True)
     argv = list(args)
     if "--grpc-port" not in argv:
@@ -156,6 +171,14 @@ def start_nameserver(
         threading.Thread(
             target=_follow, args=(server, echo), name="nameserver-output", daemon=True
         ).start()
+    return server
+
+
+def wait_nameserver_ready(server: NameServerProcess, timeout_s: float = 20.0) -> None:
+    """Until a nameserver :func:`spawn_nameserver` started prints its readiness line (its
+    addresses are then set); RuntimeError and the process stopped as in
+    :func:`start_nameserver`."""
+    process = server.process
     timeout_s = deadline(timeout_s)
     give_up = time.monotonic() + timeout_s
     while True:
@@ -164,7 +187,7 @@ def start_nameserver(
             server.grpc_address = found.group(1)
             server.http_address = found.group(2) or ""
             server.raft_address = found.group(3) or ""
-            return server
+            return
         failure = ""
         if process.poll() is not None:
             failure = f"metaq-nameserver exited with {process.returncode} before it was ready"
@@ -292,10 +315,11 @@ def start_controller_group(
     addresses = [f"127.0.0.1:{port}" for port in free_ports(count)]
     started: list[NameServerProcess] = []
     try:
+        # All at once, then the waits: their start-ups overlap.
         for index, flags in enumerate(controller_flags(addresses)):
-            started.append(
-                start_nameserver(work_dir / f"ns{index}", *flags, *args, timeout_s=timeout_s)
-            )
+            started.append(spawn_nameserver(work_dir / f"ns{index}", *flags, *args))
+        for server in started:
+            wait_nameserver_ready(server, timeout_s)
     except BaseException:
         for server in started:
             server.stop()
