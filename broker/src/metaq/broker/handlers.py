@@ -9,7 +9,7 @@ from collections.abc import Coroutine
 from typing import Any, NamedTuple
 
 from metaq.broker.connection import Handler, Responder
-from metaq.broker.consumers import ConsumerGroups
+from metaq.broker.consumers import Changes, ConsumerGroups
 from metaq.broker.held_offsets import takes_forwarded
 from metaq.broker.journal import Journal
 from metaq.broker.member_notices import MemberChangeNotices
@@ -355,7 +355,7 @@ class Handlers:
             raise InvalidMessage(f"unknown consume mode {request.mode}") from None
         if request.notify_member_changes and self._notices is not None and not request.leaving:
             self._notices.listen(responder)
-        members = self._groups.heartbeat(
+        self._groups.heartbeat(
             request.consumer_group,
             request.client_id,
             computer_room=request.computer_room,
@@ -373,19 +373,14 @@ class Handlers:
         )
         if frame.is_one_way:
             return
-        response = ConsumerHeartbeatResponse(
-            members=[ConsumerMember(client_id=m.client_id, computer_room=m.computer_room)
-                     for m in members],
-            member_timeout_ms=int(self._groups.timeout_s * 1000),
-        )  # fmt: skip
-        if request.report_holdings:
-            # Each member's own report: a large group's answer grows by every queue it
-            # runs, so only the consumers that assign by holdings ask for them.
-            for answer, member in zip(response.members, members, strict=True):
-                answer.holdings_version = member.holdings_version
-                answer.held.extend(
-                    HeldQueue(topic=t, broker_name=b, queue_id=q) for t, b, q in member.held
-                )
+        # Only what the member's copy of the list lacks: a large group's whole list, with
+        # every member's report, is megabytes, and each member asks every few seconds.
+        changes = self._groups.changes(
+            request.consumer_group, request.known_epoch, request.known_seq
+        )
+        response = heartbeat_answer(
+            changes, self._groups.timeout_s, with_holdings=request.report_holdings
+        )
         responder.respond(
             encode_frame(
                 frame.type, frame.request_id, response.SerializeToString(), flags=FLAG_RESPONSE
@@ -415,6 +410,31 @@ class Handlers:
         if self._topics.get(topic) is None:
             check_topic(topic)
             raise UnknownTopic(f"topic {topic!r} does not exist on this broker")
+
+
+def heartbeat_answer(
+    changes: Changes, member_timeout_s: float, *, with_holdings: bool
+) -> ConsumerHeartbeatResponse:
+    """The CONSUMER_HEARTBEAT answer listing ``changes``; each member's report of its
+    queues only ``with_holdings`` (the consumers that assign by holdings ask for them)."""
+    return ConsumerHeartbeatResponse(
+        members=[
+            ConsumerMember(
+                client_id=m.client_id,
+                computer_room=m.computer_room,
+                holdings_version=m.holdings_version if with_holdings else 0,
+                held=[HeldQueue(topic=t, broker_name=b, queue_id=q) for t, b, q in m.held]
+                if with_holdings
+                else (),
+            )
+            for m in changes.members
+        ],
+        member_timeout_ms=int(member_timeout_s * 1000),
+        epoch=changes.epoch,
+        seq=changes.seq,
+        changes_only=not changes.whole,
+        departed=changes.departed,
+    )
 
 
 def _host(responder: Responder) -> str:

@@ -14,6 +14,12 @@ member's latest as ``holdings``, the group's running assignment that the strateg
 in place. A change of holdings alone does not wake the rebalance: a member's report
 follows its own rebalance, which the others already made from the same inputs.
 
+The consumer keeps a copy of each broker's list (:class:`BrokerCopy`) and each heartbeat
+names it (the broker's epoch and the sequence number it is up to date to), so a broker
+answers only the members whose entries changed since and those gone: nothing, most
+heartbeats. The whole list comes on a first heartbeat, and when the broker restarted
+(another epoch) or the copy is older than the departures it keeps.
+
 The heartbeats ask brokers for CONSUMER_IDS_CHANGED notices: a broker sends one when a
 member joins, leaves, expires or loses its connection, and the consumer heartbeats at
 once on it, so it learns of the change within a round trip rather than an interval.
@@ -24,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 
 from metaq.client.connection import BrokerConnection, ConnectionPool
 from metaq.client.errors import UnknownTopic
@@ -44,6 +51,48 @@ from metaq.common.v1.data_pb2 import (
 )
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class BrokerCopy:
+    """This consumer's copy of one broker's list of the group's members."""
+
+    epoch: int = 0
+    seq: int = 0
+    """The broker's epoch and the sequence number the copy is up to date to (0: none)."""
+    members: dict[str, tuple[Member, Holdings]] = field(default_factory=dict)
+    """Client id -> the member and its report (version 0: none)."""
+
+    def apply(self, answer: ConsumerHeartbeatResponse, asked_seq: int) -> None:
+        """Bring the copy up to date with the answer to a heartbeat that named sequence
+        number ``asked_seq``, whole or changes only.
+
+        An answer older than the copy (two heartbeats overlapped and the later answer came
+        first) is passed over: the next heartbeat asks from where the copy is."""
+        same_epoch = answer.epoch == self.epoch
+        if same_epoch and answer.seq < self.seq:
+            return
+        if answer.changes_only and not (same_epoch and asked_seq <= self.seq):
+            return
+        if not answer.changes_only:
+            self.members = {}
+        for client_id in answer.departed:
+            self.members.pop(client_id, None)
+        for m in answer.members:
+            self.members[m.client_id] = (
+                Member(m.client_id, m.computer_room),
+                Holdings(
+                    m.holdings_version,
+                    tuple((q.topic, q.broker_name, q.queue_id) for q in m.held),
+                ),
+            )
+        self.epoch, self.seq = answer.epoch, answer.seq
+
+    def listed(self) -> tuple[list[Member], dict[str, Holdings]]:
+        """The members, sorted by client id, and the reports of those that made one."""
+        members = [self.members[c][0] for c in sorted(self.members)]
+        holdings = {c: h for c, (_, h) in self.members.items() if h.version}
+        return members, holdings
 
 
 class GroupMembership(PeriodicService):
@@ -81,6 +130,8 @@ class GroupMembership(PeriodicService):
         """With ``held``: each member's latest report of its queues, by client id, as
         last learnt (members that reported none are absent)."""
         self._held = held
+        self._copies: dict[str, BrokerCopy] = {}
+        """Each broker's list as last answered, by address."""
         self._reported: tuple[HeldQueue, ...] = ()
         self._holdings_version = 0
         self.notices = 0
@@ -115,7 +166,7 @@ class GroupMembership(PeriodicService):
                 addresses.update(dict.fromkeys(group.addresses))
         return sorted(addresses)
 
-    def _request(self, leaving: bool) -> bytes:
+    def _request(self, leaving: bool) -> ConsumerHeartbeatRequest:
         request = ConsumerHeartbeatRequest(
             consumer_group=self.group,
             client_id=self.client_id,
@@ -138,28 +189,26 @@ class GroupMembership(PeriodicService):
             request.held.extend(
                 HeldQueueProto(topic=t, broker_name=b, queue_id=q) for t, b, q in held
             )
-        return request.SerializeToString()
+        return request
 
     async def _send(
         self, addresses: Sequence[str], leaving: bool
     ) -> list[tuple[Sequence[Member], dict[str, Holdings]]]:
-        header = self._request(leaving)
+        request = self._request(leaving)
+        # Brokers no longer serving the topics: their copies would never be updated.
+        self._copies = {a: self._copies.get(a) or BrokerCopy() for a in addresses}
 
         async def one(address: str) -> tuple[Sequence[Member], dict[str, Holdings]]:
+            copy = self._copies[address]
+            asked_seq = copy.seq
+            request.known_epoch, request.known_seq = copy.epoch, asked_seq
+            header = request.SerializeToString()
             connection = await self._connections.get(address)
             frame = await connection.request(
                 FrameType.CONSUMER_HEARTBEAT, header, timeout_s=self._request_timeout_s
             )
-            answer = ConsumerHeartbeatResponse.FromString(frame.header)
-            holdings = {
-                m.client_id: Holdings(
-                    m.holdings_version,
-                    tuple((q.topic, q.broker_name, q.queue_id) for q in m.held),
-                )
-                for m in answer.members
-                if m.holdings_version
-            }
-            return [Member(m.client_id, m.computer_room) for m in answer.members], holdings
+            copy.apply(ConsumerHeartbeatResponse.FromString(frame.header), asked_seq)
+            return copy.listed()
 
         results = await asyncio.gather(*(one(a) for a in addresses), return_exceptions=True)
         answers: list[tuple[Sequence[Member], dict[str, Holdings]]] = []

@@ -626,6 +626,8 @@ class ConsumerHeartbeatRequest(_message.Message):
     REPORT_HOLDINGS_FIELD_NUMBER: _builtins.int
     HELD_FIELD_NUMBER: _builtins.int
     HOLDINGS_VERSION_FIELD_NUMBER: _builtins.int
+    KNOWN_EPOCH_FIELD_NUMBER: _builtins.int
+    KNOWN_SEQ_FIELD_NUMBER: _builtins.int
     consumer_group: _builtins.str
     client_id: _builtins.str
     """Unique per consumer instance (e.g. host@pid); the order members are listed in."""
@@ -655,6 +657,13 @@ class ConsumerHeartbeatRequest(_message.Message):
     """Raised by the consumer whenever `held` changes, from 1: a consumer merging the
     answers of several brokers keeps each member's report with the highest version.
     """
+    known_epoch: _builtins.int
+    """The copy of the group's member list this consumer already has from this broker: the
+    `epoch` and `seq` of the answers it was built from (0, 0: none). The broker answers
+    only what changed since (ConsumerHeartbeatResponse.changes_only); an older broker
+    skips them and answers the whole list.
+    """
+    known_seq: _builtins.int
     @_builtins.property
     def subscriptions(self) -> _containers.RepeatedCompositeFieldContainer[Global___Subscription]: ...
     @_builtins.property
@@ -674,10 +683,12 @@ class ConsumerHeartbeatRequest(_message.Message):
         report_holdings: _builtins.bool = ...,
         held: _abc.Iterable[Global___HeldQueue] | None = ...,
         holdings_version: _builtins.int = ...,
+        known_epoch: _builtins.int = ...,
+        known_seq: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "client_version", b"client_version", "computer_room", b"computer_room", "consumer_group", b"consumer_group", "held", b"held", "holdings_version", b"holdings_version", "language", b"language", "leaving", b"leaving", "mode", b"mode", "notify_member_changes", b"notify_member_changes", "report_holdings", b"report_holdings", "subscriptions", b"subscriptions"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "client_version", b"client_version", "computer_room", b"computer_room", "consumer_group", b"consumer_group", "held", b"held", "holdings_version", b"holdings_version", "known_epoch", b"known_epoch", "known_seq", b"known_seq", "language", b"language", "leaving", b"leaving", "mode", b"mode", "notify_member_changes", b"notify_member_changes", "report_holdings", b"report_holdings", "subscriptions", b"subscriptions"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -784,28 +795,51 @@ Global___ConsumerMember: _TypeAlias = ConsumerMember  # noqa: Y015
 @_typing.final
 class ConsumerHeartbeatResponse(_message.Message):
     """CONSUMER_HEARTBEAT response: the group's live members (the sender included unless it
-    is leaving), sorted by client_id, so every member computes the same assignment.
+    is leaving), sorted by client_id, so every member computes the same assignment; or,
+    with changes_only, what changed since the copy the request named.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
 
     MEMBERS_FIELD_NUMBER: _builtins.int
     MEMBER_TIMEOUT_MS_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    SEQ_FIELD_NUMBER: _builtins.int
+    CHANGES_ONLY_FIELD_NUMBER: _builtins.int
+    DEPARTED_FIELD_NUMBER: _builtins.int
     member_timeout_ms: _builtins.int
     """A member is dropped after this long without a heartbeat, or at once when the
     connection it heartbeats on closes; heartbeat well within it.
     """
+    epoch: _builtins.int
+    """The broker's epoch (drawn at each start) and the sequence number the list is up to
+    date to once this answer is applied: the next request's known_epoch and known_seq.
+    0 from an older broker, which always answers the whole list.
+    """
+    seq: _builtins.int
+    changes_only: _builtins.bool
+    """Set: `members` are only the members whose entries (room, held queues) changed since
+    the copy named and `departed` the client ids gone since; unset: `members` is the
+    whole list (a first heartbeat, a broker restarted, or a copy older than the
+    departures the broker keeps) and replaces the copy.
+    """
     @_builtins.property
     def members(self) -> _containers.RepeatedCompositeFieldContainer[Global___ConsumerMember]: ...
+    @_builtins.property
+    def departed(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
         self,
         *,
         members: _abc.Iterable[Global___ConsumerMember] | None = ...,
         member_timeout_ms: _builtins.int = ...,
+        epoch: _builtins.int = ...,
+        seq: _builtins.int = ...,
+        changes_only: _builtins.bool = ...,
+        departed: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["member_timeout_ms", b"member_timeout_ms", "members", b"members"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["changes_only", b"changes_only", "departed", b"departed", "epoch", b"epoch", "member_timeout_ms", b"member_timeout_ms", "members", b"members", "seq", b"seq"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
