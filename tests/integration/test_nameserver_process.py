@@ -617,6 +617,32 @@ def test_assignment_for_one_member_and_a_sticky_previous_assignment(
     asyncio.run(scenario())
 
 
+def test_an_assignment_request_and_answer_over_grpcs_4_mb_default_pass(
+    nameservers: Callable[..., NameServerProcess],
+) -> None:
+    # A large group's request carries every member's held queues and its answer every
+    # member: 120,000 members make both about 5 MB, past gRPC's 4 MB default limit.
+    server = nameservers()
+    members = [(f"consumer-{n:06d}-{'x' * 24}", "hz") for n in range(120_000)]
+    request = assignment_request("sticky", members)
+    request.previous.add(
+        consumer_id=members[0][0],
+        queues=[pb.MessageQueue(topic="orders", broker_name="b-hz", queue_id=q) for q in range(9)],
+    )
+    assert request.ByteSize() > 4 * 1024 * 1024
+
+    async def scenario() -> pb.GetAssignmentResponse:
+        async with client(server.grpc_address) as stub:
+            await stub.RegisterBroker(register_request("b-hz", "hz", 9))
+            return await stub.GetAssignment(request, timeout=deadline(60))
+
+    answer = asyncio.run(scenario())
+
+    assert answer.ByteSize() > 4 * 1024 * 1024
+    assert len(answer.assignment) == len(members)
+    assert len(held(answer)[members[0][0]]) == 1  # 9 queues over 120,000: its quota is one
+
+
 def test_an_unknown_topic_is_not_found_and_an_unknown_strategy_names_the_known_ones(
     nameservers: Callable[..., NameServerProcess],
 ) -> None:

@@ -30,6 +30,16 @@ from cryptography import x509
 
 MIN_VERSION: Final = ssl.TLSVersion.TLSv1_2
 
+GRPC_MESSAGE_LIMIT: Final = 32 * 1024 * 1024
+"""The largest gRPC message a nameserver takes or a client sends and takes, over gRPC's
+4 MB default: a ``GetAssignment`` request carries the queues every member of the group
+holds and its answer every queue of the topic (3.6 MB at 10,000 members over 100,000
+queues; docs/benchmarks.md). The other calls stay far below it."""
+GRPC_MESSAGE_OPTIONS: Final = (
+    ("grpc.max_send_message_length", GRPC_MESSAGE_LIMIT),
+    ("grpc.max_receive_message_length", GRPC_MESSAGE_LIMIT),
+)
+
 
 class TlsError(ValueError):
     """A TLS setting cannot be used; the message names the file and what to do."""
@@ -142,7 +152,9 @@ class TlsConfig:
 
 
 def grpc_channel(address: str, tls: TlsConfig | None, **kwargs: Any) -> grpc.aio.Channel:
-    """A ``grpc.aio`` channel to ``address``: plain without ``tls``, else verified TLS."""
+    """A ``grpc.aio`` channel to ``address``: plain without ``tls``, else verified TLS;
+    messages up to :data:`GRPC_MESSAGE_LIMIT` unless ``options`` say otherwise."""
+    kwargs.setdefault("options", GRPC_MESSAGE_OPTIONS)
     if tls is None:
         return grpc.aio.insecure_channel(address, **kwargs)
     return grpc.aio.secure_channel(address, tls.grpc_channel_credentials(), **kwargs)

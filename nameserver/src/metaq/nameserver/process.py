@@ -15,6 +15,7 @@ from metaq.common.http_auth import SignedRequests
 from metaq.common.metrics import certificate_expiry
 from metaq.common.scrape_auth import load_scrape_credentials
 from metaq.common.server_names import ServerNames, is_loopback
+from metaq.common.tls import GRPC_MESSAGE_OPTIONS
 from metaq.common.v1 import control_pb2_grpc
 from metaq.nameserver.cluster_acl import ClusterAcl
 from metaq.nameserver.config import NameServerConfig
@@ -87,7 +88,8 @@ class NameServer:
         config = self.config
         # No SO_REUSEPORT: a second nameserver on the same port must fail, not share it.
         server = grpc.aio.server(
-            interceptors=[RejectUndecodable()], options=[("grpc.so_reuseport", 0)]
+            interceptors=[RejectUndecodable()],
+            options=[("grpc.so_reuseport", 0), *GRPC_MESSAGE_OPTIONS],
         )
         # The names a call signed for this nameserver's gRPC listener may name: its own.
         names = ServerNames(config.http_names)

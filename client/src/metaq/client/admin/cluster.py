@@ -20,6 +20,7 @@ from metaq.client.errors import AdminError, BrokerAdminError, UnknownTopic
 from metaq.client.routes import ClusterView
 from metaq.common.auth import call_metadata
 from metaq.common.model import BrokerView, GroupControl, QueueRoute, TopicRoute
+from metaq.common.tls import GRPC_MESSAGE_LIMIT
 from metaq.common.v1 import control_pb2 as pb
 
 if TYPE_CHECKING:
@@ -163,7 +164,8 @@ class ClusterAdmin(BrokerCalls):
         ((broker group, queue id) pairs each member runs now) in place where they can.
 
         Every member is a key of the answer, possibly with no queues. NameServerError for
-        an unknown strategy, UnknownTopic, NoNameServer.
+        an unknown strategy, UnknownTopic, NoNameServer; AdminError when the request
+        would pass the gRPC message limit (``metaq.common.tls.GRPC_MESSAGE_LIMIT``).
         """
         routes = self.routes
         request = pb.GetAssignmentRequest(
@@ -179,6 +181,15 @@ class ClusterAdmin(BrokerCalls):
                     pb.MessageQueue(topic=topic, broker_name=broker, queue_id=queue_id)
                     for broker, queue_id in queues
                 ],
+            )
+        size = request.ByteSize()
+        if size > GRPC_MESSAGE_LIMIT:
+            held = sum(len(p.queues) for p in request.previous)
+            raise AdminError(
+                f"the GetAssignment request for group {group!r}, topic {topic!r} is {size:,} "
+                f"bytes ({len(members):,} members, {held:,} held queues), over the "
+                f"{GRPC_MESSAGE_LIMIT:,}-byte gRPC message limit: split the topic's queues "
+                "over more topics or the group's consumers over more groups"
             )
         reply = await routes.call(
             lambda stub: stub.GetAssignment(request, timeout=routes.rpc_timeout_s),
