@@ -30,7 +30,7 @@ from metaq.client.process_queue import ProcessQueue
 from metaq.client.push_consumer import QueueKey
 from metaq.common.framing import FrameType
 from metaq.common.model import QueueRoute
-from metaq.common.v1.data_pb2 import ConsumerHeartbeatRequest
+from metaq.common.v1.data_pb2 import ConsumerHeartbeatRequest, ConsumerHeartbeatResponse
 from metaq.testing import Cluster, run_async
 from metaq.testing.waiting import deadline, wait_until_async
 
@@ -203,6 +203,28 @@ def test_a_joining_member_takes_only_its_share_under_sticky_from_the_reported_ho
             for consumer in consumers:
                 await consumer._rebalance()
             assert {c.client_id: set(c.assigned_queues) for c in consumers} == settled
+            if strategy == "sticky":
+                # Every member's copy of the holdings, built from answers that carried
+                # only what changed since the copy, is what each member runs now.
+                memberships = [c._membership for c in consumers]
+                assert all(m is not None for m in memberships)
+                for membership in memberships:
+                    await membership.heartbeat()  # type: ignore[union-attr]
+                for membership in memberships:
+                    assert membership is not None
+                    copied = {c: set(h.queues) for c, h in membership.holdings.items()}
+                    assert copied == settled, membership.client_id
+                    # And a heartbeat from that copy is answered with nothing to change.
+                    for address, copy in membership._copies.items():
+                        request = membership._request(leaving=False)
+                        request.known_epoch, request.known_seq = copy.epoch, copy.seq
+                        connection = await membership._connections.get(address)
+                        frame = await connection.request(
+                            FrameType.CONSUMER_HEARTBEAT, request.SerializeToString(), timeout_s=10
+                        )
+                        answer = ConsumerHeartbeatResponse.FromString(frame.header)
+                        assert answer.changes_only and copy.epoch == answer.epoch
+                        assert not answer.members and not answer.departed
             return before, settled
         finally:
             for consumer in consumers:
