@@ -12,6 +12,13 @@ that moves only the joining member's queues moves about that fraction.
 heartbeats; ``balanced_hash`` (stateless) is the default before it and ``average`` the
 one before that. Queues are spread over brokers of 100 queues, all in one room; members
 in another.
+
+What ``sticky``'s holdings cost on the wire, with the broker's own membership table and
+answer (``metaq.broker``) and the generated messages: the CONSUMER_HEARTBEAT answer to a
+member whose copy of the list is up to date (every heartbeat but the first, when nothing
+changed), to one whose copy predates the join and the reports that followed it, and the
+whole list (a first heartbeat, or a broker restarted: what every answer was before the
+answers carried only changes); and the ``GetAssignment`` request and answer.
 """
 
 from __future__ import annotations
@@ -61,7 +68,80 @@ def measure(members: int, queues: int, seed: int = 7) -> dict[str, Any]:
         row[f"{name}_moved_on_leave"] = round(moved_left / queues, 5)
         sizes = [len(share) for share in joined.values()]
         row[f"{name}_spread"] = max(sizes) - min(sizes)
+        if name == DEFAULT:
+            row.update(wire_bytes(running, joined, newcomer.consumer_id))
     return row
+
+
+TOPIC: Final = "scale-assignment"
+
+
+def wire_bytes(
+    running: Mapping[str, Sequence[Any]], joined: Mapping[str, Sequence[Any]], newcomer: str
+) -> dict[str, int]:
+    """Bytes of the heartbeat answers and the GetAssignment messages of one group."""
+    from metaq.broker.consumers import ConsumerGroups
+    from metaq.broker.handlers import heartbeat_answer
+    from metaq.common.v1 import control_pb2 as pb
+
+    groups = ConsumerGroups(timeout_s=30, epoch=1)
+
+    def report(client_id: str, share: Sequence[Any], version: int) -> None:
+        held = [(TOPIC, q.broker, q.queue_id) for q in share]
+        groups.heartbeat(
+            "g", client_id, computer_room="default", held=held, holdings_version=version
+        )
+
+    def answer_bytes(seq: int) -> int:
+        changes = groups.changes("g", groups.epoch if seq else 0, seq)
+        return heartbeat_answer(changes, 30, with_holdings=True).ByteSize()
+
+    for client_id, share in running.items():
+        report(client_id, share, 1)
+    whole = answer_bytes(0)
+    copy = groups.changes("g").seq
+    for client_id, share in running.items():
+        report(client_id, share, 1)  # a round of heartbeats that change nothing
+    unchanged = answer_bytes(copy)
+    for client_id, share in joined.items():
+        if list(share) != list(running.get(client_id, ())):
+            report(client_id, share, 2)
+    after_join = answer_bytes(copy)
+
+    request = pb.GetAssignmentRequest(
+        consumer_group="g",
+        topic=TOPIC,
+        strategy=DEFAULT,
+        members=[pb.AssignmentMember(consumer_id=c, computer_room="default") for c in joined],
+    )
+    for client_id, share in running.items():
+        request.previous.add(
+            consumer_id=client_id,
+            queues=[
+                pb.MessageQueue(topic=TOPIC, broker_name=q.broker, queue_id=q.queue_id)
+                for q in share
+            ],
+        )
+    reply = pb.GetAssignmentResponse(
+        assignment=[
+            pb.MemberQueues(
+                consumer_id=client_id,
+                queues=[
+                    pb.MessageQueue(topic=TOPIC, broker_name=q.broker, queue_id=q.queue_id)
+                    for q in joined[client_id]
+                ],
+            )
+            for client_id in sorted(joined)
+        ]
+    )
+    assert newcomer in joined
+    return {
+        "heartbeat_answer_bytes_whole": whole,
+        "heartbeat_answer_bytes_unchanged": unchanged,
+        "heartbeat_answer_bytes_after_join": after_join,
+        "get_assignment_request_bytes": request.ByteSize(),
+        "get_assignment_response_bytes": reply.ByteSize(),
+    }
 
 
 def figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -74,6 +154,11 @@ def figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "assignment_moved_fraction_on_join_average": top[f"{OLDEST}_moved_on_join"],
         "assignment_member_share": round(top["share"], 5),
         "assignment_compute_s": top[f"{DEFAULT}_compute_s"],
+        "assignment_heartbeat_answer_bytes_before": top["heartbeat_answer_bytes_whole"],
+        "assignment_heartbeat_answer_bytes": top["heartbeat_answer_bytes_unchanged"],
+        "assignment_heartbeat_answer_bytes_after_join": top["heartbeat_answer_bytes_after_join"],
+        "assignment_get_assignment_request_bytes": top["get_assignment_request_bytes"],
+        "assignment_get_assignment_response_bytes": top["get_assignment_response_bytes"],
     }
 
 
