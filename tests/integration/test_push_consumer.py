@@ -474,7 +474,8 @@ def _store_offset(cluster: Cluster, name: str, group: str, topic: str, offset: i
     old = cluster.broker(name)
     old.terminate()
     path = old.data_dir / "consumer_offsets.json"
-    data = json.loads(path.read_text())
+    # A broker that never held an offset writes no snapshot: start one as it would.
+    data = json.loads(path.read_text()) if path.exists() else {"format": 1, "offsets": {}}
     data["offsets"].setdefault(group, {}).setdefault(topic, {})["0"] = offset
     path.write_text(json.dumps(data))
     cluster.start_broker(name)
