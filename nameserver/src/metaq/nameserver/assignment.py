@@ -325,6 +325,22 @@ def sticky(
     return _room_pools_sticky(member_list, queue_list, previous, quotas_by_id=True)
 
 
+def _room_pools(
+    member_list: list[Member], queue_list: list[QueueRef]
+) -> tuple[list[tuple[list[str], list[QueueRef]]], list[QueueRef]]:
+    """Each staffed room's members and queues, in room order, and the queues of the rooms
+    no member is in (everyone's to share)."""
+    staffed = {member.room for member in member_list}
+    pools = [
+        (
+            [member.consumer_id for member in member_list if member.room == room],
+            [queue for queue in queue_list if queue.room == room],
+        )
+        for room in sorted({queue.room for queue in queue_list} & staffed)
+    ]
+    return pools, [queue for queue in queue_list if queue.room not in staffed]
+
+
 def _room_pools_sticky(
     member_list: list[Member],
     queue_list: list[QueueRef],
@@ -334,12 +350,9 @@ def _room_pools_sticky(
 ) -> Assignment:
     result = _empty(member_list)
     owners = _previous_owners(previous)
-    staffed = {member.room for member in member_list}
-    orphans = [queue for queue in queue_list if queue.room not in staffed]
+    pools, orphans = _room_pools(member_list, queue_list)
     own_room_load: dict[str, int] = {}
-    for room in sorted({queue.room for queue in queue_list} & staffed):
-        eligible = [member.consumer_id for member in member_list if member.room == room]
-        pool = [queue for queue in queue_list if queue.room == room]
+    for eligible, pool in pools:
         shares = _sticky_pool(eligible, pool, owners, {}, quotas_by_id=quotas_by_id)
         for consumer_id, share in shares.items():
             result[consumer_id].extend(share)
@@ -399,12 +412,7 @@ def balanced_hash(
 ) -> Assignment:
     """Room pools as computer_room_first; within each, Maglev's balanced, stable fill."""
     result = _empty(member_list)
-    staffed = {member.room for member in member_list}
-    pools: list[tuple[list[str], list[QueueRef]]] = []
-    for room in sorted({queue.room for queue in queue_list} & staffed):
-        eligible = [member.consumer_id for member in member_list if member.room == room]
-        pools.append((eligible, [queue for queue in queue_list if queue.room == room]))
-    orphans = [queue for queue in queue_list if queue.room not in staffed]
+    pools, orphans = _room_pools(member_list, queue_list)
     if orphans:
         pools.append(([member.consumer_id for member in member_list], orphans))
     for eligible, pool in pools:
