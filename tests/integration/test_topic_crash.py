@@ -22,7 +22,7 @@ import pytest
 from metaq.client.admin import Admin, TopicSettings
 from metaq.testing import BrokerProcess
 from metaq.testing.cluster import ClusterBuilder
-from metaq.testing.waiting import run_async, wait_until, wait_until_async
+from metaq.testing.waiting import hold, run_async, wait_until, wait_until_async
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="real processes on loopback")
 
@@ -56,9 +56,14 @@ async def _create_until_killed(broker: BrokerProcess, seed: int) -> tuple[set[st
             return len(acknowledged) >= KILL_AFTER or all(t.done() for t in tasks)
 
         await wait_until_async(enough, 120, f"{KILL_AFTER} topics created")
-        # Somewhere inside the next creates: a moment, not a wait for anything.
-        await asyncio.sleep(rng.uniform(0, 0.02))
-        await asyncio.to_thread(broker.kill)
+        moment = rng.uniform(0, 0.02)
+
+        def kill_a_moment_later() -> None:
+            # Somewhere inside the next creates: a moment, not a wait for anything.
+            hold(moment)
+            broker.kill()
+
+        await asyncio.to_thread(kill_a_moment_later)
         killed.set()
 
     async with Admin() as admin:
