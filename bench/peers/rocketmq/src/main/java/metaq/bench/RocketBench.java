@@ -221,12 +221,35 @@ public final class RocketBench {
             .map(b -> b.getBrokerAddrs().get(0L)).filter(a -> a != null).toList();
     }
 
+    /** The masters the nameserver lists, asked again until one is listed or 60 s pass: a
+     * loaded nameserver times out a call now and then, and that is not "no master". */
+    private List<String> mastersWithin60s(DefaultMQAdminExt admin) throws Exception {
+        long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(60);
+        String seen = "nothing";
+        while (true) {
+            try {
+                List<String> masters = masters(admin);
+                if (!masters.isEmpty()) {
+                    return masters;
+                }
+                seen = "no master";
+            } catch (Exception busy) {
+                seen = busy.toString();
+            }
+            if (System.nanoTime() > deadline) {
+                throw new IllegalStateException("no master registered with " + namesrv
+                    + " in 60 s; last answer: " + seen);
+            }
+            Thread.sleep(100);
+        }
+    }
+
     private Map<String, Object> group(String name) throws Exception {
         DefaultMQAdminExt admin = admin();
         try {
             SubscriptionGroupConfig config = new SubscriptionGroupConfig();
             config.setGroupName(name);
-            List<String> masters = masters(admin);
+            List<String> masters = mastersWithin60s(admin);
             for (String master : masters) {
                 admin.createAndUpdateSubscriptionGroupConfig(master, config);
             }
@@ -242,18 +265,8 @@ public final class RocketBench {
     private Map<String, Object> topic(String topic, int queues) throws Exception {
         DefaultMQAdminExt admin = admin();
         try {
+            List<String> masters = mastersWithin60s(admin);
             long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(60);
-            List<String> masters;
-            while (true) {
-                masters = masters(admin);
-                if (!masters.isEmpty()) {
-                    break;
-                }
-                if (System.nanoTime() > deadline) {
-                    throw new IllegalStateException("no master registered with " + namesrv + " in 60 s");
-                }
-                Thread.sleep(100);
-            }
             TopicConfig config = new TopicConfig(topic, queues, queues);
             // The gRPC proxy hands out a topic's queues to the message types it accepts.
             config.setAttributes(Map.of("+message.type", "NORMAL"));
