@@ -221,6 +221,31 @@ def test_a_send_to_the_master_is_stored_and_answered_with_where_each_record_went
     run(tmp_path, scenario)
 
 
+def test_each_answer_carries_its_own_send_only_though_the_handler_refills_one_message(
+    tmp_path: Path,
+) -> None:
+    async def scenario(broker: Layer) -> None:
+        client = Client()
+        broker.send.handle(client, send_frame(b"a", b"b", b"c"))
+        await client.answer()
+        broker.send.handle(client, send_frame(b"d"))
+        lone = await client.answer()
+        answer = sent(lone)
+        assert len(answer.queue_offsets) == len(answer.commitlog_offsets) == 1
+        assert len(answer.msg_ids) == 1
+        # Byte for byte what a message built for this answer alone encodes to.
+        fresh = SendResponse(
+            status=answer.status,
+            queue_offsets=[3],
+            commitlog_offsets=list(answer.commitlog_offsets),
+            msg_ids=list(answer.msg_ids),
+            store_timestamp_ms=answer.store_timestamp_ms,
+        )
+        assert lone.header == fresh.SerializeToString()
+
+    run(tmp_path, scenario)
+
+
 def test_under_sync_flush_a_send_is_answered_once_its_bytes_are_on_disk(tmp_path: Path) -> None:
     async def scenario(broker: Layer) -> None:
         answer = await broker.send_ok(b"durable")

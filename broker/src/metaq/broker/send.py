@@ -127,6 +127,10 @@ class SendHandler:
         (bounded)."""
         self.draining = False
         self._dispatch_scheduled = False
+        # Refilled for every answer rather than built anew: filling a new message's
+        # repeated fields costs more than encoding it (docs/benchmarks.md).
+        # One per handler, used only on its loop's thread, serialized before it returns.
+        self._answer = SendResponse()
 
     def handle(self, responder: Responder, frame: Frame) -> None:
         try:
@@ -183,7 +187,7 @@ class SendHandler:
         if frame.is_one_way:
             return
         if request.flags & SendRequest.FLAG_NO_WAIT_STORE or not (self._sync or self._role.sync):
-            responder.respond(_response(frame.request_id, SendResponse.OK, appended, msg_ids))
+            responder.respond(self._response(frame.request_id, SendResponse.OK, appended, msg_ids))
         elif not self._sync:
             self._answer_when_replicated(responder, frame.request_id, appended, msg_ids)
         else:
@@ -209,7 +213,7 @@ class SendHandler:
             if not replicated:
                 self._metrics.replication_timeouts.inc()
                 status = SendResponse.FLUSH_SLAVE_TIMEOUT
-            responder.respond(_response(request_id, status, appended, msg_ids))
+            responder.respond(self._response(request_id, status, appended, msg_ids))
 
         self.inflight.add(pending)
         self._role.when_replicated(appended.end, done)
@@ -386,20 +390,21 @@ class SendHandler:
         if self._role.sync and not await self._role.wait_replicated(appended.end):
             self._metrics.replication_timeouts.inc()
             status = SendResponse.FLUSH_SLAVE_TIMEOUT
-        responder.respond(_response(request_id, status, appended, msg_ids))
+        responder.respond(self._response(request_id, status, appended, msg_ids))
 
-
-def _response(
-    request_id: int,
-    status: SendResponse.Status.ValueType,
-    appended: Appended,
-    msg_ids: list[bytes],
-) -> list[Buffer]:
-    header = SendResponse(
-        status=status,
-        queue_offsets=appended.queue_offsets,
-        commitlog_offsets=appended.commitlog_offsets,
-        msg_ids=msg_ids,
-        store_timestamp_ms=appended.store_timestamp_ms,
-    ).SerializeToString()
-    return encode_frame(FrameType.SEND, request_id, header, b"", FLAG_RESPONSE)
+    def _response(
+        self,
+        request_id: int,
+        status: SendResponse.Status.ValueType,
+        appended: Appended,
+        msg_ids: list[bytes],
+    ) -> list[Buffer]:
+        answer = self._answer
+        # Every field is assigned: nothing of the previous answer is left over.
+        answer.status = status
+        answer.queue_offsets[:] = appended.queue_offsets
+        answer.commitlog_offsets[:] = appended.commitlog_offsets
+        answer.msg_ids[:] = msg_ids
+        answer.store_timestamp_ms = appended.store_timestamp_ms
+        header = answer.SerializeToString()
+        return encode_frame(FrameType.SEND, request_id, header, b"", FLAG_RESPONSE)
