@@ -146,6 +146,16 @@ def test_payload_given_as_several_buffers_arrives_as_their_concatenation(
     ]
 
 
+def test_a_payload_view_of_wide_items_counts_its_bytes_not_its_items() -> None:
+    raw = bytes(range(12))
+    wide = memoryview(raw).cast("I")  # 3 items of 4 bytes
+
+    for payload in (wide, [wide], [b"ab", wide]):
+        buffers = encode_frame(FrameType.PULL, 7, b"h", payload, FLAG_RESPONSE)
+        expected = raw if payload is wide or len(payload) == 1 else b"ab" + raw
+        assert decode([b"".join(buffers)]) == [(FrameType.PULL, FLAG_RESPONSE, 7, b"h", expected)]
+
+
 def test_encoding_passes_payload_buffers_through_without_copying() -> None:
     payload = memoryview(bytearray(b"x" * 4096))[100:2000]
     other = bytearray(b"y" * 10)

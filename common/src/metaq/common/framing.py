@@ -49,6 +49,8 @@ FLAG_SIGNED: Final = 0x8
 sent once the client proved a user's key on the connection (AUTH)."""
 
 Buffer: TypeAlias = bytes | bytearray | memoryview
+_BUFFER_TYPES: Final = (bytes, bytearray, memoryview)
+"""Buffer's types as a tuple: ``isinstance`` takes a tuple faster than a union."""
 
 
 class FrameType(enum.IntEnum):
@@ -136,10 +138,6 @@ class Frame(NamedTuple):
         return bool(self.flags & FLAG_ONE_WAY)
 
 
-def _nbytes(part: Buffer) -> int:
-    return part.nbytes if isinstance(part, memoryview) else len(part)
-
-
 def encode_frame(
     frame_type: FrameType,
     request_id: int,
@@ -157,12 +155,19 @@ def encode_frame(
     default decoder would refuse, and ValueError for a type/flags pair or request id the
     protocol does not allow.
     """
-    if isinstance(payload, bytes | bytearray | memoryview):
-        size = _nbytes(payload)
+    # One pass with the sizes inline: this runs for every request and answer, and a
+    # helper call per part, twice over, cost more than the rest of the frame.
+    if isinstance(payload, _BUFFER_TYPES):
+        size = payload.nbytes if type(payload) is memoryview else len(payload)
         parts: list[Buffer] = [payload] if size else []
     else:
-        parts = [p for p in payload if _nbytes(p)]
-        size = sum(map(_nbytes, parts))
+        parts = []
+        size = 0
+        for part in payload:
+            n = part.nbytes if type(part) is memoryview else len(part)
+            if n:
+                parts.append(part)
+                size += n
     length = MIN_LENGTH + len(header) + size
     if length + 4 > max_frame_bytes:
         raise ProtocolError(
