@@ -40,3 +40,14 @@ def test_a_read_unacknowledged_record_the_final_log_holds_is_no_phantom() -> Non
     assert result.phantom == []
     assert result.recovered == 1
     assert result.violations == []
+
+
+def test_a_drain_that_failed_says_why_beside_what_it_left_behind() -> None:
+    events = _history(read=["m1"], final_log=["m1", "m2"])
+    drain = next(e for e in events if e["type"] == "drain")
+    drain.update(ok=False, behind={"unknown": 1}, error="MQClientException: No route info")
+    result = check(events)
+    assert any(
+        "did not catch up: {'unknown': 1} (MQClientException: No route info)" in v
+        for v in result.violations
+    ), result.violations

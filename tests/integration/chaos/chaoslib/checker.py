@@ -243,7 +243,8 @@ def check(events: Iterable[dict[str, Any]]) -> Result:
     if drain is None:
         v.append("the consumers never finished draining (no drain event)")
     elif not drain["ok"]:
-        v.append(f"the consumers did not catch up: {drain['behind']}")
+        failed = f" ({drain['error']})" if drain.get("error") else ""
+        v.append(f"the consumers did not catch up: {drain['behind']}{failed}")
     if result.acknowledged == 0:
         v.append("nothing was acknowledged: the workload did not run")
     fw = result.failover_windows

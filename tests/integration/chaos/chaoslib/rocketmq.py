@@ -142,14 +142,20 @@ def _read_everything(cluster: RocketmqCluster, history: HistoryWriter) -> None:
     done = subprocess.run(client_argv(cluster, "read_all", TOPIC), capture_output=True,
                           timeout=WAIT_S + 60, check=False, stdin=subprocess.DEVNULL)  # fmt: skip
     behind: dict[str, int] = {"unknown": 1}
+    result: dict[str, Any] = {}
     for raw in done.stdout.decode(errors="replace").splitlines():
         if raw.startswith("EVENT "):
             event = json.loads(raw.removeprefix("EVENT "))
             history.write("read", id=event["id"], topic=TOPIC, queue=event["queue"],
                           offset=event["offset"], consumer="chaos-main")  # fmt: skip
         elif raw.startswith("RESULT "):
-            behind = json.loads(raw.removeprefix("RESULT ")).get("behind", behind)
-    history.write("drain", ok=not behind, behind=behind)
+            result = json.loads(raw.removeprefix("RESULT "))
+            behind = result.get("behind", behind)
+    # Why the read stopped short goes into the history: the checker's "did not catch up"
+    # alone does not tell a slow consumer from a client that failed.
+    why = result.get("error") or ("" if result else f"exit {done.returncode}, no result")
+    history.write("drain", ok=not behind, behind=behind,
+                  **({"error": str(why)[:2000]} if why else {}))  # fmt: skip
 
 
 def kill_master(cluster: RocketmqCluster, history: HistoryWriter,

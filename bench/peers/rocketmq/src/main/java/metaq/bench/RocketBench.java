@@ -624,6 +624,28 @@ public final class RocketBench {
         return r;
     }
 
+    /**
+     * Each queue of TOPIC and the master's end offset of it now. A broker just restarted
+     * registers its topics with the nameserver a moment after it says it booted, and a
+     * loaded one times out a call now and then: both are asked again for up to 60 s.
+     */
+    private Map<MessageQueue, Long> endOffsets(DefaultMQAdminExt admin, String topic) throws Exception {
+        long routed = System.nanoTime() + TimeUnit.SECONDS.toNanos(60);
+        while (true) {
+            try {
+                Map<MessageQueue, Long> ends = new HashMap<>();
+                admin.examineTopicStats(topic).getOffsetTable().forEach((q, o) -> ends.put(q, o.getMaxOffset()));
+                return ends;
+            } catch (org.apache.rocketmq.client.exception.MQClientException
+                     | org.apache.rocketmq.remoting.exception.RemotingException e) {
+                if (System.nanoTime() > routed) {
+                    throw e;
+                }
+                Thread.sleep(200);
+            }
+        }
+    }
+
     /** Every queue of TOPIC from its first offset to the master's end offset now. */
     private Map<String, Object> readAll(String topic) throws Exception {
         DefaultMQAdminExt admin = admin();
@@ -632,8 +654,7 @@ public final class RocketBench {
         consumer.setAutoCommit(false);
         consumer.start();
         try {
-            Map<MessageQueue, Long> ends = new HashMap<>();
-            admin.examineTopicStats(topic).getOffsetTable().forEach((q, o) -> ends.put(q, o.getMaxOffset()));
+            Map<MessageQueue, Long> ends = endOffsets(admin, topic);
             Map<MessageQueue, Long> positions = new HashMap<>();
             consumer.assign(ends.keySet());
             for (MessageQueue q : ends.keySet()) {
@@ -677,22 +698,9 @@ public final class RocketBench {
      */
     private Map<String, Object> drainBacklog(String topic, String group, long ns) throws Exception {
         DefaultMQAdminExt admin = admin();
-        Map<MessageQueue, Long> ends = new HashMap<>();
+        Map<MessageQueue, Long> ends;
         try {
-            // A broker just restarted registers its topics with the nameserver a moment
-            // after it says it booted: until then the topic has no route.
-            long routed = System.nanoTime() + TimeUnit.SECONDS.toNanos(60);
-            while (true) {
-                try {
-                    admin.examineTopicStats(topic).getOffsetTable().forEach((q, o) -> ends.put(q, o.getMaxOffset()));
-                    break;
-                } catch (org.apache.rocketmq.client.exception.MQClientException e) {
-                    if (System.nanoTime() > routed) {
-                        throw e;
-                    }
-                    Thread.sleep(200);
-                }
-            }
+            ends = endOffsets(admin, topic);
         } finally {
             admin.shutdown();
         }
