@@ -545,7 +545,7 @@ def handler_figures(groups: int, per_group: int) -> dict[str, Any]:
     route_s = asyncio.run(routes())
     state = BrokerState(CLUSTER, BrokerKey("scale-hb", 0), Role.MASTER, "127.0.0.1:1")
     description = BrokerDescription(state, FixedTopics((TopicConfig("ScaleHb", 8, 8),)))
-    stream = _Stream(1)
+    stream = _Stream(1, context)
     service._heartbeat(heartbeat(description, with_topics=True), stream)
     message = heartbeat(description, with_topics=False)
     began = time.process_time()

@@ -18,10 +18,9 @@ the others. An UnregisterBroker signed before
 the broker's current registration (by the broker's own clock) is refused, so a captured
 one cannot depose the broker once it is back.
 
-Sessions: each ``Session`` stream has a queue of events, fed by the answers to its
-heartbeats (read by a task of the session's own) and by unasked pushes whenever the
-controller's state of the broker's group changes, so the broker reads news independently
-of its writes.
+Sessions: each ``Session`` stream answers every heartbeat as it reads it, and sends news
+unasked whenever the controller's state of the broker's group changes, so the broker
+reads news independently of its writes; both go through one outbox, in order.
 """
 
 from __future__ import annotations
@@ -29,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TypeAlias
@@ -46,7 +46,6 @@ from metaq.common.auth import (
 )
 from metaq.common.model import BrokerKey, BrokerState, GroupControl, TopicConfig, TopicRoute
 from metaq.common.names import shown
-from metaq.common.service import cancel_and_wait
 from metaq.common.v1 import control_pb2 as pb
 from metaq.common.v1 import control_pb2_grpc
 from metaq.nameserver import convert
@@ -67,17 +66,16 @@ class _Abort:
     details: str
 
 
-# What a session's queue carries: an event to send, an error to end with, or None for
-# "the broker closed its side".
-_Item: TypeAlias = pb.SessionEvent | _Abort | None
-
-
 @dataclass(eq=False, slots=True)
 class _Stream:
     """One open Session stream: whom it speaks for, and what to send it next."""
 
     session: int
-    queue: asyncio.Queue[_Item] = field(default_factory=asyncio.Queue)
+    context: Context
+    outbox: deque[pb.SessionEvent] = field(default_factory=deque)
+    """What to send next, in order: answers to heartbeats and news sent unasked."""
+    writing: bool = False
+    """A write is under way: whoever started it sends the rest of the outbox too."""
     bound: pb.BrokerState | None = None
     """The identity the stream opened with: its heartbeats may speak for no other."""
     signed_at_s: float | None = None
@@ -114,16 +112,18 @@ class NameServerService(control_pb2_grpc.NameServerServicer):
         # an UnregisterBroker signed earlier is a replay from before it.
         self._registered_at_s: dict[BrokerKey, float] = {}
         self._standby_ms = round(controller.settings.standby_heartbeat_interval_s * 1000)
+        self._news: set[asyncio.Task[None]] = set()
         controller.add_listener(self._push)
         controller.add_leadership_listener(self._leadership_changed)
 
     # --- brokers ------------------------------------------------------------------------
 
-    async def Session(
+    # The generated servicer declares the generator form; grpc.aio takes a coroutine too.
+    async def Session(  # type: ignore[override]
         self,
         request_iterator: AsyncIterator[pb.BrokerHeartbeat],
         context: Context,
-    ) -> AsyncIterator[pb.SessionEvent]:
+    ) -> None:
         # A stream is proven once, when it opens, for the broker it names then: its
         # heartbeats all come over it and must all be that broker's.
         identity = self._metadata(context, SESSION_IDENTITY_KEY)
@@ -136,48 +136,50 @@ class NameServerService(control_pb2_grpc.NameServerServicer):
             )
         body = identity if isinstance(identity, bytes) else None
         signed_at_s = await self._authorize(context, "Session", body or b"")
-        stream = _Stream(next(self._sessions), signed_at_s=signed_at_s)
+        stream = _Stream(next(self._sessions), context, signed_at_s=signed_at_s)
         if body is not None:
             stream.bound = await self._session_identity(body, context)
-        reader = asyncio.get_running_loop().create_task(
-            self._read(request_iterator, stream), name=f"session-{stream.session}"
-        )
+        # The handler reads and answers in place (grpc.aio's reader/writer API): no task,
+        # queue or generator between a heartbeat and its answer, whose hops cost more than
+        # the answer itself at thousands of heartbeats a second.
         try:
             while True:
-                item = await stream.queue.get()
-                if item is None:
-                    return
-                if isinstance(item, _Abort):
-                    await context.abort(item.code, item.details)
-                yield item
-        finally:
-            await cancel_and_wait(reader)
-            self._end(stream)
-
-    async def _read(
-        self, request_iterator: AsyncIterator[pb.BrokerHeartbeat], stream: _Stream
-    ) -> None:
-        """The session's reader: answer each heartbeat into the queue, in order.
-
-        Whatever ends it, it leaves an end marker behind, so the session never waits on a
-        reader that is gone.
-        """
-        try:
-            async for heartbeat in request_iterator:
+                heartbeat = await context.read()
+                if not isinstance(heartbeat, pb.BrokerHeartbeat):
+                    return  # grpc.aio.EOF: the broker closed its side
                 try:
-                    item = self._heartbeat(heartbeat, stream)
+                    answer = self._heartbeat(heartbeat, stream)
                 except Exception:
                     log.exception("session %d: a heartbeat could not be handled", stream.session)
-                    item = _Abort(grpc.StatusCode.INTERNAL, "the nameserver failed a heartbeat")
-                stream.queue.put_nowait(item)
-                if isinstance(item, _Abort):
-                    return
-        except Exception as exc:  # the stream broke under us: the session ends either way
-            log.debug("session %d: reading stopped: %s", stream.session, exc)
+                    answer = _Abort(grpc.StatusCode.INTERNAL, "the nameserver failed a heartbeat")
+                if isinstance(answer, _Abort):
+                    await context.abort(answer.code, answer.details)
+                stream.outbox.append(answer)
+                if not stream.writing:
+                    await self._flush(stream)
         finally:
-            stream.queue.put_nowait(None)
+            self._end(stream)
 
-    def _heartbeat(self, heartbeat: pb.BrokerHeartbeat, stream: _Stream) -> _Item:
+    @staticmethod
+    async def _flush(stream: _Stream) -> None:
+        """Write the stream's outbox in order, one write at a time (gRPC allows no more);
+        whoever finds it idle writes, so an answer and the news before it keep their order."""
+        stream.writing = True
+        try:
+            while stream.outbox:
+                await stream.context.write(stream.outbox.popleft())
+        finally:
+            stream.writing = False
+
+    async def _flush_news(self, stream: _Stream) -> None:
+        try:
+            await self._flush(stream)
+        except Exception as exc:  # the stream broke: its reader ends the session
+            log.debug("session %d: news not sent: %s", stream.session, exc)
+
+    def _heartbeat(
+        self, heartbeat: pb.BrokerHeartbeat, stream: _Stream
+    ) -> pb.SessionEvent | _Abort:
         try:
             if stream.state is not None and heartbeat.broker == stream.sent:
                 state = stream.state
@@ -289,7 +291,13 @@ class NameServerService(control_pb2_grpc.NameServerServicer):
         event = pb.SessionEvent()
         event.registered.CopyFrom(response)
         event.registered.heartbeat_interval_ms = self._beat_ms(stream.key, True, control)
-        stream.queue.put_nowait(event)
+        stream.outbox.append(event)
+        if not stream.writing:
+            task = asyncio.get_running_loop().create_task(
+                self._flush_news(stream), name=f"session-{stream.session}-news"
+            )
+            self._news.add(task)  # held until done: the loop keeps only weak references
+            task.add_done_callback(self._news.discard)
 
     async def RegisterBroker(
         self, request: pb.RegisterBrokerRequest, context: Context

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, cast
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -102,22 +102,28 @@ def _unary(behavior: Callable[[Any, Context], Awaitable[Any]]) -> Callable[..., 
 
 
 def _streaming(
-    behavior: Callable[[AsyncIterator[Any], Context], AsyncIterator[Any]],
-) -> Callable[[AsyncIterator[Any], Context], AsyncIterator[Any]]:
-    async def wrapped(requests: AsyncIterator[Any], context: Context) -> AsyncIterator[Any]:
-        refused: list[_Undecodable] = []
+    behavior: Callable[[AsyncIterator[Any], Context], Awaitable[None]],
+) -> Callable[[AsyncIterator[Any], Context], Awaitable[None]]:
+    """A stream handler in grpc.aio's reader/writer form (it reads ``context.read()``)."""
 
-        async def decoded() -> AsyncIterator[Any]:
-            # The servicer sees the stream end at the bad message; the status says why.
-            async for request in requests:
-                if isinstance(request, _Undecodable):
-                    refused.append(request)
-                    return
-                yield request
-
-        async for response in behavior(decoded(), context):
-            yield response
-        if refused:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, refused[0].details)
+    async def wrapped(requests: AsyncIterator[Any], context: Context) -> None:
+        await behavior(requests, cast("Context", _CheckedReads(context)))
 
     return wrapped
+
+
+class _CheckedReads:
+    """A servicer context whose ``read`` ends the call with INVALID_ARGUMENT at a
+    message that did not decode; everything else is the context's own."""
+
+    def __init__(self, context: Context) -> None:
+        self._context = context
+
+    async def read(self) -> Any:
+        request = await self._context.read()
+        if isinstance(request, _Undecodable):
+            await self._context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.details)
+        return request
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._context, name)
