@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from metaq.common.model import BrokerKey, BrokerView, GroupControl
+from metaq.common.model import BrokerKey, BrokerState, BrokerView, GroupControl
 from metaq.common.service import PeriodicService
 from metaq.nameserver import decisions
 from metaq.nameserver.config import NameServerConfig
@@ -128,6 +128,9 @@ class Controller(PeriodicService):
         self._acl_listeners: list[AclListener] = []
         self._event_loop: asyncio.AbstractEventLoop | None = None
         self._leading = False
+        self._settled: dict[str, tuple[GroupControl, BrokerState]] = {}
+        """Groups the last full decision found settled: their committed state, and their
+        master's state then (see :meth:`_undecided`)."""
         self._leadership_listeners: list[LeadershipListener] = []
         self.master_changes: dict[str, int] = {}
         """Committed master changes applied here, by group (the failovers metric)."""
@@ -211,8 +214,11 @@ class Controller(PeriodicService):
                 listener(leading)
         if not leading:
             self._decider.reset()
+            self._settled.clear()
             return
-        proposals = self._decider.decide(self._committed, self._members())
+        controls, members = self._undecided()
+        proposals = self._decider.decide(controls, members)
+        self._note_settled(controls, members)
         if proposals:
             await asyncio.gather(*(self._commit(p) for p in proposals))
 
@@ -240,12 +246,47 @@ class Controller(PeriodicService):
         log.info("switchover of %s/%d committed at epoch %d", broker_name, broker_id, outcome.epoch)
         return outcome
 
-    def _members(self) -> dict[str, list[BrokerView]]:
+    def _undecided(self) -> tuple[dict[str, GroupControl], dict[str, list[BrokerView]]]:
+        """The committed state and live controlled brokers of the groups this round must
+        decide: all but those settled (:meth:`Decider.settled`) with the same committed
+        state and their master heard in the same state within ``master_detection_s``.
+        Those the decider would pass over anyway; leaving them out keeps a round at a
+        lookup per group instead of a view of every broker (rounds run 10 times a second
+        on the leader, whatever the number of groups)."""
         registry = self._registry
-        return {
-            name: [b for b in registry.members(name) if b.state.controlled]
-            for name in sorted(set(registry.group_names()) | set(self._committed))
-        }
+        detection_s = self.settings.master_detection_s
+        controls: dict[str, GroupControl] = {}
+        members: dict[str, list[BrokerView]] = {}
+        for name in set(registry.group_names()) | set(self._committed):
+            control = self._committed.get(name)
+            if control is not None:
+                settled = self._settled.get(name)
+                if settled is not None and settled[0] is control:
+                    heard = registry.heard(name, control.master_id)
+                    if heard is not None and heard[0] is settled[1] and heard[1] <= detection_s:
+                        continue
+                controls[name] = control
+            members[name] = [b for b in registry.members(name) if b.state.controlled]
+        return controls, members
+
+    def _note_settled(
+        self, controls: dict[str, GroupControl], members: dict[str, list[BrokerView]]
+    ) -> None:
+        """Remember the groups this round found settled, with their state and master's."""
+        detection_s = self.settings.master_detection_s
+        for name, control in controls.items():
+            master = next(
+                (b for b in members.get(name, ()) if b.state.key.broker_id == control.master_id),
+                None,
+            )
+            if (
+                master is not None
+                and master.last_heartbeat_age_s <= detection_s
+                and self._decider.settled(control, master.state)
+            ):
+                self._settled[name] = (control, master.state)
+            else:
+                self._settled.pop(name, None)
 
     async def _commit(self, proposal: Proposal) -> None:
         try:

@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from metaq.common.model import BrokerKey, BrokerView, GroupControl, Role
+from metaq.common.model import BrokerKey, BrokerState, BrokerView, GroupControl, Role
 from metaq.nameserver.control import Refused, in_sync_set
 
 log = logging.getLogger(__name__)
@@ -183,7 +183,7 @@ class Decider:
             stuck = self._not_taken_over(control, master, now)
             if stuck is None:
                 self._waiting.discard(name)
-                return self._isr(control, master)
+                return self._isr(control, master.state)
         if stuck is not None:
             down = stuck
         elif master is not None:
@@ -255,8 +255,20 @@ class Decider:
         )
 
     @staticmethod
-    def _isr(control: GroupControl, master: BrokerView) -> Proposal | None:
-        state = master.state
+    def settled(control: GroupControl, master: BrokerState) -> bool:
+        """Whether a group whose master, in state ``master``, was heard within
+        ``master_detection_s`` needs nothing (:meth:`decide` proposes nothing for it and
+        remembers nothing new): it reports MASTER at the committed epoch with no in-sync
+        set to commit. It stays so while that master is heard in that state, whatever
+        the other brokers do, so a round may leave such a group out."""
+        return (
+            master.role is Role.MASTER
+            and master.epoch == control.epoch
+            and Decider._isr(control, master) is None
+        )
+
+    @staticmethod
+    def _isr(control: GroupControl, state: BrokerState) -> Proposal | None:
         if state.role is not Role.MASTER or state.epoch != control.epoch:
             return None  # not taken over yet: its report is not about this epoch
         reported = in_sync_set(state.in_sync_ids)
