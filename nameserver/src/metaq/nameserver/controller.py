@@ -216,11 +216,16 @@ class Controller(PeriodicService):
             self._decider.reset()
             self._settled.clear()
             return
+        proposals = self.proposals()
+        if proposals:
+            await asyncio.gather(*(self._commit(p) for p in proposals))
+
+    def proposals(self) -> list[Proposal]:
+        """What a round of the leader decides (:meth:`run_once` commits it)."""
         controls, members = self._undecided()
         proposals = self._decider.decide(controls, members)
         self._note_settled(controls, members)
-        if proposals:
-            await asyncio.gather(*(self._commit(p) for p in proposals))
+        return proposals
 
     async def switchover(
         self, broker_name: str, broker_id: int, expected_epoch: int
