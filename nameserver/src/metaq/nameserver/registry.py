@@ -191,10 +191,11 @@ class Registry:
                 else:
                     self._unindex(key.broker_name, (topic,), group)
         self._departed.pop(key, None)
-        master = self._master(key.broker_name, self._live(group, now))
+        live = self._live(group, now)
+        master = self._master(key.broker_name, live)
         return Registered(
             master_data_address=master.state.data_address if master else "",
-            epoch=max(e.state.epoch for e in self._live(group, now)),
+            epoch=max(e.state.epoch for e in live),
             fenced=tuple(fenced),
         )
 
