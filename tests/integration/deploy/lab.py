@@ -34,6 +34,9 @@ a machine running the test suite beside it."""
 REPO: Final = Path(__file__).resolve().parents[3]
 PLAYBOOKS: Final = REPO / "deploy" / "ansible"
 VENV_BIN: Final = Path(os.environ.get("VIRTUAL_ENV", REPO / ".venv")) / "bin"
+RESULTS: Final = REPO / "tests" / "results" / "deploy"
+"""Where each playbook run's full output stays (git-ignored): the lab's own folder goes
+with its teardown, and a failure's summary shows only its last tasks."""
 SSHD: Final = "/usr/sbin/sshd"
 
 NAMESERVERS: Final = ("ns1", "ns2", "ns3")
@@ -69,6 +72,8 @@ class Playbook:
     returncode: int
     output: str
     seconds: float
+    log: Path | None = None
+    """The run's whole output, kept after the lab is gone (:data:`RESULTS`)."""
 
     def recap(self) -> dict[str, dict[str, int]]:
         """PLAY RECAP per host: ``{"ns1": {"ok": 12, "changed": 0, ...}}``."""
@@ -99,7 +104,8 @@ class Playbook:
         """What to show when the run should have passed: its failures and recap."""
         keep = [line for line in self.output.splitlines()
                 if line.startswith(("fatal:", "failed:", "TASK [")) or "=" in line]  # fmt: skip
-        return "\n".join(keep[-40:]) + "\n" + self.output[-3000:]
+        where = f"\n(the whole run: {self.log})" if self.log else ""
+        return "\n".join(keep[-40:]) + "\n" + self.output[-3000:] + where
 
 
 @dataclass
@@ -319,7 +325,8 @@ class Lab:
                 str(PLAYBOOKS / name), *args]  # fmt: skip
         started = time.monotonic()
         lines: list[str] = []
-        log = self.work / f"{name.removesuffix('.yml')}.{int(time.time())}.log"
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        log = RESULTS / f"{name.removesuffix('.yml')}.{int(time.time() * 1000)}.log"
         # Streamed, each line with the seconds since the start: the log shows where a run
         # spends its time, and can be followed while it runs.
         with log.open("w") as out, subprocess.Popen(
@@ -337,7 +344,7 @@ class Lab:
                     break
         output = "".join(lines)
         self.timings.append((f"{name} {' '.join(args)}".strip(), time.monotonic() - started))
-        return Playbook(argv, process.returncode, output, time.monotonic() - started)
+        return Playbook(argv, process.returncode, output, time.monotonic() - started, log)
 
     def nameserver_addresses(self) -> list[str]:
         return [f"{self.net.address(h)}:9876" for h in NAMESERVERS]
