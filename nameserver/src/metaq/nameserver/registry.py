@@ -241,10 +241,10 @@ class Registry:
         """A live broker's state as it last registered, and how long ago that was (s);
         None when it is not registered or not live. A lookup, for every group at once."""
         entry = self._groups.get(broker_name, {}).get(broker_id)
-        if entry is None:
+        now = self._clock()
+        if entry is None or not self._alive(entry, now):
             return None
-        age_s = self._clock() - entry.last_heartbeat
-        return (entry.state, max(0.0, age_s)) if age_s <= self.broker_expiry_s else None
+        return entry.state, max(0.0, now - entry.last_heartbeat)
 
     def is_live(self, key: BrokerKey) -> bool:
         entry = self._groups.get(key.broker_name, {}).get(key.broker_id)
