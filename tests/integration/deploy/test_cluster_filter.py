@@ -80,3 +80,46 @@ def test_registered_is_enough_when_sync_is_not_asked(filters: ModuleType) -> Non
     assert filters.metaq_cluster_problems([], MEMBERS[:1], False) == [
         "broker 0 of broker-a (a0) is missing: the nameservers do not list it"
     ]
+
+
+def test_a_dead_master_listed_as_down_is_neither_a_master_nor_a_member_in_sync(
+    filters: ModuleType,
+) -> None:
+    """a1 was broker-a's master and died; a0 was promoted. The list still names a1 with
+    the role it last registered, so a role lookup that did not leave it out would order
+    a1 among the masters of a rolling restart and a0 first, with no slave to hand over to."""
+    brokers = listed(("broker-a", 0, Role.MASTER, True, 0), *WHOLE[2:])
+    dead = BrokerView(
+        BrokerState(cluster="c", key=BrokerKey("broker-a", 1), role=Role.MASTER,
+                    data_address="h:1", http_address="h:2", computer_room="r", epoch=1,
+                    permission=Permission.READ_WRITE, replication_mode=ReplicationMode.SYNC),
+        last_heartbeat_age_s=42.0, in_sync=False, down=True,
+    )  # fmt: skip
+    brokers.append(json.loads(json.dumps(dead.to_json())))
+
+    up = filters.metaq_up(brokers)
+    assert [(b["broker_name"], b["broker_id"], b["role"]) for b in up if b["role"] == "master"] == [
+        ("broker-a", 0, "master"),
+        ("broker-b", 1, "master"),
+    ]
+    assert ("broker-a", 1) not in {(b["broker_name"], b["broker_id"]) for b in up}
+    assert filters.metaq_cluster_problems(brokers, MEMBERS) == [
+        "broker 1 of broker-a (a1) is down: it left the nameservers 42 s ago"
+    ]
+    assert filters.metaq_cluster_problems(brokers, MEMBERS[1:2], False) == [
+        "broker 1 of broker-a (a1) is down: it left the nameservers 42 s ago"
+    ]
+
+
+def test_a_group_whose_only_master_is_down_has_no_master(filters: ModuleType) -> None:
+    dead = BrokerView(
+        BrokerState(cluster="c", key=BrokerKey("broker-b", 1), role=Role.MASTER,
+                    data_address="h:1", http_address="h:2", computer_room="r", epoch=1,
+                    permission=Permission.READ_WRITE, replication_mode=ReplicationMode.SYNC),
+        last_heartbeat_age_s=3.0, in_sync=True, down=True,
+    )  # fmt: skip
+    brokers = [*listed(*WHOLE[:3]), json.loads(json.dumps(dead.to_json()))]
+    assert filters.metaq_cluster_problems(brokers, MEMBERS) == [
+        "broker 1 of broker-b (b1) is down: it left the nameservers 3 s ago",
+        "broker-b has no master",
+    ]
