@@ -502,7 +502,8 @@ def snapshot_figures(groups: int) -> dict[str, Any]:
 
 def handler_figures(groups: int, per_group: int) -> dict[str, Any]:
     """CPU of the nameserver's own handlers, in this process (no gRPC, no other load): one
-    ``GetRoute`` over ``groups`` registered groups, and one heartbeat that changes nothing.
+    ``GetRoute`` over ``groups`` registered groups (built, then kept: asked again), and one
+    heartbeat that changes nothing.
     The figures the shared machine cannot blur."""
     from metaq.broker.registration import BrokerDescription, FixedTopics, heartbeat
     from metaq.common.model import BrokerKey, BrokerState, Role, TopicConfig
@@ -543,6 +544,7 @@ def handler_figures(groups: int, per_group: int) -> dict[str, Any]:
         return time.process_time() - began
 
     route_s = asyncio.run(routes())
+    kept_route_s = asyncio.run(routes())  # the same topics again: the routes kept
     state = BrokerState(CLUSTER, BrokerKey("scale-hb", 0), Role.MASTER, "127.0.0.1:1")
     description = BrokerDescription(state, FixedTopics((TopicConfig("ScaleHb", 8, 8),)))
     stream = _Stream(1, context)
@@ -555,6 +557,7 @@ def handler_figures(groups: int, per_group: int) -> dict[str, Any]:
     heartbeat_s = time.process_time() - began
     return {
         "route_handler_cpu_us": round(route_s / count * 1e6, 1),
+        "route_handler_kept_cpu_us": round(kept_route_s / count * 1e6, 1),
         "heartbeat_handler_cpu_us": round(heartbeat_s / count * 1e6, 1),
         "controller_round_ms": controller_round_ms(groups),
     }

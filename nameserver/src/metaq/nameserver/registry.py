@@ -39,7 +39,13 @@ nameserver told the same things answers the same.
 Cost: a route looks only at the groups that serve its topic (an index kept as brokers
 register and leave), not at every group: clients ask for routes in proportion to their
 number, so a route that cost one step per group would make the nameserver's work grow
-with clients times groups.
+with clients times groups. And a topic's route is built once and kept until something it
+shows changes: every change to what a group's routes show (a broker arriving, leaving or
+coming back, its role, epoch, addresses, room, permission or topics, a controller commit)
+moves that group's generation; a kept route holds while the groups serving its topic are
+the same, at the generations it was built at, and every broker it looked at is live. A
+heartbeat that changes nothing a route shows (the steady state: only a broker's
+commit-log offset and in-sync ids move) keeps every route.
 """
 
 from __future__ import annotations
@@ -113,6 +119,10 @@ class Registry:
         self._serving: dict[str, set[str]] = {}
         """Topic -> the groups with a registered broker (live or not yet swept) that
         serves it: where :meth:`route` looks."""
+        self._generations: dict[str, int] = {}
+        """Group -> a number that moves with every change its routes could show (see the
+        module docstring); kept after the group leaves, so one that comes back moves on."""
+        self._routes: dict[str, _KeptRoute] = {}
 
     # --- changes ----------------------------------------------------------------------
 
@@ -174,6 +184,15 @@ class Registry:
                         "must rejoin as a slave"
                     )
                 fenced.append(peer.state.key)
+        if (
+            fenced
+            or existing is None
+            or not self._alive(existing, now)
+            or existing.topics is not topics
+            or changed
+            or _route_facts(existing.state) != _route_facts(state)
+        ):
+            self._moved(key.broker_name)
         for fenced_key in fenced:
             self._unindex(key.broker_name, group.pop(fenced_key.broker_id).topics, group)
         owner = session if session is not None else (existing.session if existing else None)
@@ -205,6 +224,7 @@ class Registry:
         if group is None or key.broker_id not in group:
             return False
         entry = group.pop(key.broker_id)
+        self._moved(key.broker_name)
         self._departed[key] = (entry.state, self._clock())
         self._unindex(key.broker_name, entry.topics, group)
         if not group:
@@ -214,6 +234,7 @@ class Registry:
     def set_control(self, control: GroupControl) -> None:
         """The controller committed ``control`` for its group: routes follow it from now on."""
         self._controls[control.broker_name] = control
+        self._moved(control.broker_name)
 
     def end_session(self, key: BrokerKey, session: int) -> bool:
         """A session stream ended: remove its broker if that session still owns it."""
@@ -278,8 +299,33 @@ class Registry:
         return [self._view(e, now) for e in self._live(self._groups.get(broker_name, {}), now)]
 
     def route(self, topic: str) -> TopicRoute | None:
-        """The live groups serving ``topic``, by name; None when there are none."""
+        """The live groups serving ``topic``, by name; None when there are none. The same
+        object as the last answer while nothing it shows has changed (callers may keep
+        what they derive from it by identity)."""
         now = self._clock()
+        kept = self._routes.get(topic)
+        if kept is not None and self._holds(kept, topic, now):
+            return kept.route
+        route = self.built_route(topic, now)
+        if len(self._routes) >= MAX_KEPT_ROUTES:
+            self._routes.clear()
+        serving = self._serving.get(topic, set())
+        self._routes[topic] = _KeptRoute(
+            route,
+            frozenset(serving),
+            tuple(self._generations.get(name, 0) for name in sorted(serving)),
+            tuple(
+                (group, broker_id)
+                for name in sorted(serving)
+                for group in (self._groups[name],)
+                for broker_id, entry in group.items()
+                if self._alive(entry, now)
+            ),
+        )
+        return route
+
+    def built_route(self, topic: str, now: float) -> TopicRoute | None:
+        """``topic``'s route built afresh (what :meth:`route` keeps)."""
         groups: list[GroupRoute] = []
         for name in sorted(self._serving.get(topic, ())):
             live = self._live(self._groups[name], now)
@@ -348,6 +394,28 @@ class Registry:
                 serving.discard(name)
                 if not serving:
                     del self._serving[topic]
+
+    def _moved(self, name: str) -> None:
+        self._generations[name] = self._generations.get(name, 0) + 1
+
+    def _holds(self, kept: _KeptRoute, topic: str, now: float) -> bool:
+        """Whether a kept route is still what :meth:`built_route` would build."""
+        serving = self._serving.get(topic, set())
+        if serving != kept.serving:
+            return False
+        generations = self._generations
+        if any(
+            generations.get(name, 0) != generation
+            for name, generation in zip(sorted(serving), kept.generations, strict=True)
+        ):
+            return False
+        # Unchanged groups have the same entries; one kept live may have gone silent
+        # (one that was not live can only come back by registering, which moves).
+        for group, broker_id in kept.watched:
+            entry = group.get(broker_id)
+            if entry is None or not self._alive(entry, now):
+                return False
+        return True
 
     def _alive(self, entry: _Entry, now: float) -> bool:
         return now - entry.last_heartbeat <= self.broker_expiry_s
@@ -422,6 +490,36 @@ class Registry:
             permission=permission,
             ordered=config.ordered,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class _KeptRoute:
+    route: TopicRoute | None
+    serving: frozenset[str]
+    generations: tuple[int, ...]
+    """The serving groups' generations, in name order."""
+    watched: tuple[tuple[Mapping[int, _Entry], int], ...]
+    """The brokers live when it was built: (their group's entries, id)."""
+
+
+MAX_KEPT_ROUTES: Final = 100_000
+"""Routes kept at most (one per topic asked for): a bound on memory against clients
+asking for ever new topic names; past it the kept routes start again from none."""
+
+
+def _route_facts(state: BrokerState) -> tuple[object, ...]:
+    """What of a broker's state its group's routes show (see ``_group_route``, ``_master``
+    and ``_head``): a heartbeat that changes none of it keeps every route."""
+    return (
+        state.cluster,
+        state.role,
+        state.epoch,
+        state.controlled,
+        state.permission,
+        state.data_address,
+        state.http_address,
+        state.computer_room,
+    )
 
 
 def readable_queues(route: TopicRoute) -> list[QueueRef]:

@@ -52,7 +52,13 @@ from metaq.nameserver import convert
 from metaq.nameserver.assignment import STRATEGIES, Assignment, assign
 from metaq.nameserver.controller import Controller, ControllerUnavailable, SwitchoverRefused
 from metaq.nameserver.convert import InvalidRequest
-from metaq.nameserver.registry import Registered, RegistrationRefused, Registry, readable_queues
+from metaq.nameserver.registry import (
+    MAX_KEPT_ROUTES,
+    Registered,
+    RegistrationRefused,
+    Registry,
+    readable_queues,
+)
 from metaq.nameserver.user_auth import Check, UserCalls
 
 log = logging.getLogger(__name__)
@@ -113,6 +119,9 @@ class NameServerService(control_pb2_grpc.NameServerServicer):
         self._registered_at_s: dict[BrokerKey, float] = {}
         self._standby_ms = round(controller.settings.standby_heartbeat_interval_s * 1000)
         self._news: set[asyncio.Task[None]] = set()
+        # Each topic's last route answer, with the route it was made from: the registry
+        # hands out the same route object while nothing it shows changes.
+        self._route_answers: dict[str, tuple[TopicRoute, pb.GetRouteResponse]] = {}
         controller.add_listener(self._push)
         controller.add_leadership_listener(self._leadership_changed)
 
@@ -356,7 +365,14 @@ class NameServerService(control_pb2_grpc.NameServerServicer):
     async def GetRoute(self, request: pb.GetRouteRequest, context: Context) -> pb.GetRouteResponse:
         await self._user(context, "GetRoute", request, _topic_user(request.topic))
         route = await self._route(request.topic, context)
-        return pb.GetRouteResponse(route=route.to_proto())
+        kept = self._route_answers.get(request.topic)
+        if kept is not None and kept[0] is route:
+            return kept[1]
+        answer = pb.GetRouteResponse(route=route.to_proto())
+        if len(self._route_answers) >= MAX_KEPT_ROUTES:
+            self._route_answers.clear()
+        self._route_answers[request.topic] = (route, answer)
+        return answer
 
     async def GetClusterInfo(
         self, request: pb.GetClusterInfoRequest, context: Context
