@@ -1,9 +1,11 @@
 """The topics and offsets journal on a real store: records under the limit, replay, one
-record per topic change."""
+record per topic change, a whole topic table in parts that a slave adopts together."""
 
 from __future__ import annotations
 
+import json
 import logging
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -11,11 +13,12 @@ import pytest
 
 from metaq.broker.journal import OFFSETS_JOURNAL, TOPICS_JOURNAL, Journal
 from metaq.broker.offsets import ConsumerOffsets
-from metaq.broker.store import MessageStore
+from metaq.broker.store import MessageStore, StoreConfig
 from metaq.broker.store.commitlog import Appended
 from metaq.broker.topics import TopicTable
 from metaq.common.errors import StoreUnavailable
 from metaq.common.model import TopicConfig
+from metaq.common.record import decode
 
 Waiter = Callable[[Callable[[], bool], float, str], None]
 
@@ -226,3 +229,191 @@ def test_the_whole_table_a_master_writes_replaces_what_a_slave_held(
     assert replica.apply() == 2
     assert [t.name for t in copied.all()] == ["audit", "orders"]
     assert [t.name for t in TopicTable(tmp_path / "replica").all()] == ["audit", "orders"]
+
+
+# --- a whole table over the record limit ----------------------------------------------
+
+_LIMIT = 8 * 1024
+"""Records of 8 KiB: a few hundred topics take several parts."""
+
+
+def _many_topics(data_dir: Path, count: int) -> TopicTable:
+    data_dir.mkdir(parents=True, exist_ok=True)
+    topics = TopicTable(data_dir)
+    for n in range(count):
+        topics.create(f"topic-{n:04d}-{'x' * 40}")
+    return topics
+
+
+def _written(store: MessageStore, wait_until: Waiter, appended: Appended | None) -> list[bytes]:
+    """The topics journal records ``appended`` wrote, once dispatched."""
+    assert appended is not None
+    first, end = appended.queue_offsets[0], appended.queue_offsets[-1] + 1
+    wait_until(lambda: store.max_offset(TOPICS_JOURNAL, 0) >= end, 30, "journal not dispatched")
+    records: list[bytes] = []
+    while first + len(records) < end:
+        result = store.get(TOPICS_JOURNAL, 0, first + len(records), max_messages=end - first)
+        try:
+            records.extend(bytes(record) for record in result.records)
+        finally:
+            result.release()
+    return records
+
+
+def _deliver(store: MessageStore, wait_until: Waiter, records: list[bytes]) -> None:
+    """Put ``records`` in the slave's log (replication brings them in this order) and wait
+    until they are dispatched."""
+    end = store.max_offset(TOPICS_JOURNAL, 0) + len(records)
+    store.append(records)
+    wait_until(lambda: store.max_offset(TOPICS_JOURNAL, 0) == end, 30, "journal not dispatched")
+
+
+def _slave(store: MessageStore, data_dir: Path) -> tuple[Journal, TopicTable]:
+    """A slave holding an older table of its own: two topics, one the master no longer has."""
+    journal, topics = _topics_journal(store, data_dir, master=False)
+    topics.create("topic-0000-" + "x" * 40)
+    topics.create("stray")
+    return journal, topics
+
+
+def _names(topics: TopicTable) -> list[str]:
+    return [t.name for t in topics.all()]
+
+
+def test_a_table_over_the_record_limit_is_written_in_parts_a_slave_adopts_with_the_last(
+    open_store: Callable[..., MessageStore],
+    store_config: Callable[..., StoreConfig],
+    tmp_path: Path,
+    wait_until: Waiter,
+) -> None:
+    store = open_store(max_message_bytes=_LIMIT)
+    master = _many_topics(tmp_path / "master", 300)
+    journal = Journal(store, master, ConsumerOffsets(tmp_path / "master"), lambda: True)
+
+    parts = _written(store, wait_until, journal.write_topics())
+    assert len(parts) >= 3, "300 topics of about 90 B cannot fit one 8 KiB record"
+    assert all(len(decode(record).body) <= _LIMIT for record in parts)
+    assert master.journal_offset == len(parts) - 1, "the table is as of the last part"
+
+    slave_store = open_store(store_config(data_dir=tmp_path / "slave", max_message_bytes=_LIMIT))
+    replica, copied = _slave(slave_store, tmp_path / "replica")
+    before = copied.all()
+    _deliver(slave_store, wait_until, parts[:-1])
+    assert replica.apply() == len(parts) - 1
+    assert copied.all() == before, "a slave must not take the first parts for the whole table"
+    assert replica.consumed_floors()[(TOPICS_JOURNAL, 0)] == 0, "the parts are kept on disk"
+    shutil.copytree(tmp_path / "replica", tmp_path / "restarted")  # a crash here
+    assert TopicTable(tmp_path / "restarted").all() == before
+
+    _deliver(slave_store, wait_until, parts[-1:])
+    assert replica.apply() == 1
+    assert copied.all() == master.all(), "the last part brings the whole table, stray gone"
+    assert copied.journal_offset == len(parts) - 1
+    assert TopicTable(tmp_path / "replica").all() == master.all()
+    # Restarted after the first parts, a slave reads the write again from its first part.
+    restarted, again = _topics_journal(slave_store, tmp_path / "restarted", master=False)
+    assert restarted.apply() == len(parts)
+    assert again.all() == master.all()
+
+
+def test_a_hundred_thousand_topics_are_a_whole_table_a_slave_applies(
+    open_store: Callable[..., MessageStore], tmp_path: Path, wait_until: Waiter
+) -> None:
+    limit = 4 << 20  # the default record limit
+    store = open_store(max_message_bytes=limit, commitlog_segment_bytes=32 << 20)
+    (tmp_path / "master").mkdir()
+    master = TopicTable(tmp_path / "master")
+    master.replace_all([TopicConfig(f"bench-topic-{n:06d}", 8, 8) for n in range(100_000)], -1)
+    journal = Journal(store, master, ConsumerOffsets(tmp_path / "master"), lambda: True)
+
+    records = _written(store, wait_until, journal.write_topics())
+    assert sum(len(decode(r).body) for r in records) > limit, "more than one record holds"
+    assert all(len(decode(r).body) <= limit // 4 for r in records), "each well under it"
+
+    replica, copied = _topics_journal(store, tmp_path / "replica", master=False)
+    assert replica.apply() == len(records)
+    assert copied.all() == master.all()
+
+
+def test_a_split_write_cut_short_leaves_the_slave_on_the_next_whole_table(
+    open_store: Callable[..., MessageStore],
+    store_config: Callable[..., StoreConfig],
+    tmp_path: Path,
+    wait_until: Waiter,
+) -> None:
+    store = open_store(max_message_bytes=_LIMIT)
+    master = _many_topics(tmp_path / "master", 300)
+    journal = Journal(store, master, ConsumerOffsets(tmp_path / "master"), lambda: True)
+    cut = _written(store, wait_until, journal.write_topics())
+    for n in range(0, 300, 2):
+        master.delete(f"topic-{n:04d}-{'x' * 40}")
+    master.create("later")
+    later = _written(store, wait_until, journal.write_topics())
+    assert len(cut) >= 3 and len(later) >= 2
+
+    slave_store = open_store(store_config(data_dir=tmp_path / "slave", max_message_bytes=_LIMIT))
+    replica, copied = _slave(slave_store, tmp_path / "replica")
+    before = copied.all()
+    # The first write's last part never came (its master died); a new write followed.
+    _deliver(slave_store, wait_until, cut[:-1] + later[:-1])
+    replica.apply()
+    assert copied.all() == before
+    _deliver(slave_store, wait_until, later[-1:])
+    replica.apply()
+    assert copied.all() == master.all()
+    assert "later" in _names(copied) and "topic-0000-" + "x" * 40 not in _names(copied)
+
+
+def test_parts_without_their_first_are_skipped_until_a_whole_table_comes(
+    open_store: Callable[..., MessageStore],
+    store_config: Callable[..., StoreConfig],
+    tmp_path: Path,
+    wait_until: Waiter,
+) -> None:
+    store = open_store(max_message_bytes=_LIMIT)
+    master = _many_topics(tmp_path / "master", 300)
+    journal = Journal(store, master, ConsumerOffsets(tmp_path / "master"), lambda: True)
+    parts = _written(store, wait_until, journal.write_topics())
+    for n in range(1, 300):
+        master.delete(f"topic-{n:04d}-{'x' * 40}")
+    master.create("small")
+    whole = _written(store, wait_until, journal.write_topics())
+    assert len(whole) == 1 and "topics" in json.loads(decode(whole[0]).body), (
+        "a table that fits one record keeps the one-record form"
+    )
+
+    slave_store = open_store(store_config(data_dir=tmp_path / "slave", max_message_bytes=_LIMIT))
+    replica, copied = _slave(slave_store, tmp_path / "replica")
+    before = copied.all()
+    # Retention took the first part before this slave started reading.
+    _deliver(slave_store, wait_until, parts[1:])
+    assert replica.apply() == len(parts) - 1
+    assert copied.all() == before
+    assert replica.consumed_floors()[(TOPICS_JOURNAL, 0)] == len(parts) - 1
+    _deliver(slave_store, wait_until, whole)
+    replica.apply()
+    assert _names(copied) == ["small", "topic-0000-" + "x" * 40]
+
+
+def test_a_change_between_parts_is_applied_at_once_and_kept_by_the_whole_table(
+    open_store: Callable[..., MessageStore],
+    store_config: Callable[..., StoreConfig],
+    tmp_path: Path,
+    wait_until: Waiter,
+) -> None:
+    store = open_store(max_message_bytes=_LIMIT)
+    master = _many_topics(tmp_path / "master", 300)
+    journal = Journal(store, master, ConsumerOffsets(tmp_path / "master"), lambda: True)
+    parts = _written(store, wait_until, journal.write_topics())
+    master.create("between")
+    created = _written(store, wait_until, journal.topic_changed("between"))
+    gone = "topic-0299-" + "x" * 40  # in the last part
+    master.delete(gone)
+    deleted = _written(store, wait_until, journal.topic_changed(gone))
+
+    slave_store = open_store(store_config(data_dir=tmp_path / "slave", max_message_bytes=_LIMIT))
+    replica, copied = _slave(slave_store, tmp_path / "replica")
+    _deliver(slave_store, wait_until, parts[:1] + created + deleted + parts[1:])
+    replica.apply()
+    assert copied.all() == master.all()
+    assert "between" in _names(copied) and gone not in _names(copied)
