@@ -165,6 +165,7 @@ class NameServerService(control_pb2_grpc.NameServerServicer):
                     await context.abort(answer.code, answer.details)
                 stream.outbox.append(answer)
                 if not stream.writing:
+                    stream.writing = True
                     await self._flush(stream)
         finally:
             self._end(stream)
@@ -172,8 +173,8 @@ class NameServerService(control_pb2_grpc.NameServerServicer):
     @staticmethod
     async def _flush(stream: _Stream) -> None:
         """Write the stream's outbox in order, one write at a time (gRPC allows no more);
-        whoever finds it idle writes, so an answer and the news before it keep their order."""
-        stream.writing = True
+        whoever finds it idle claims it (``writing``, set by the caller before anything
+        else can run) and writes, so an answer and the news before it keep their order."""
         try:
             while stream.outbox:
                 await stream.context.write(stream.outbox.popleft())
@@ -302,6 +303,9 @@ class NameServerService(control_pb2_grpc.NameServerServicer):
         event.registered.heartbeat_interval_ms = self._beat_ms(stream.key, True, control)
         stream.outbox.append(event)
         if not stream.writing:
+            # Claimed now, not when the task starts: a heartbeat answered before then
+            # must leave its answer to this flush rather than write beside it.
+            stream.writing = True
             task = asyncio.get_running_loop().create_task(
                 self._flush_news(stream), name=f"session-{stream.session}-news"
             )
