@@ -229,6 +229,8 @@ class _Client:
     watch: str = ""
     """Set during a failover: the group whose new master this client waits to see."""
     learned_at: float | None = None
+    seen: str = ""
+    """While it waits: the master its last answer named, and when (for a report)."""
 
 
 class _Simulator:
@@ -292,6 +294,9 @@ class _Simulator:
             group = TopicRoute.from_proto(reply.route).group(client.watch)
             if group is not None and group.master_address == self.watched_master:
                 client.learned_at = time.time()
+            else:
+                master = "no group" if group is None else group.master_address or "no master"
+                client.seen = f"{master} at {time.time():.1f}"
 
     async def clients_loop(self) -> None:
         """Every client asks once per period, at its own phase: due ones each tick."""
@@ -337,7 +342,15 @@ class _Simulator:
     def learned(self, topics: set[str]) -> dict[str, Any]:
         mine = [c for c in self.clients if c.topic in topics]
         times = [c.learned_at for c in mine if c.learned_at is not None]
-        return {"clients": len(mine), "learned": len(times), "last_at": max(times, default=None)}
+        waiting = [
+            f"{c.topic} from nameserver {c.nameserver}: {c.seen or 'not asked yet'}"
+            for c in mine
+            if c.learned_at is None
+        ]
+        return {
+            "clients": len(mine), "learned": len(times), "last_at": max(times, default=None),
+            "waiting": waiting[:5],
+        }  # fmt: skip
 
     def window(self) -> dict[str, Any]:
         latencies, self.latencies = self.latencies, []
@@ -367,7 +380,6 @@ async def simulate(args: argparse.Namespace) -> None:
         for broker in sim.brokers.values()
         for i in range(len(sim.addresses))
     ]
-    tasks.append(loop.create_task(sim.clients_loop()))
     reader = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
 
@@ -389,6 +401,9 @@ async def simulate(args: argparse.Namespace) -> None:
             say(sim.roles())
         elif command == "window":
             say(sim.window())
+        elif command == "clients":
+            tasks.append(loop.create_task(sim.clients_loop()))
+            say({})
         elif command == "fail":
             say(sim.fail(line[1]))
         elif command == "watch":
@@ -649,7 +664,20 @@ def measure_point(
         row["raft_journal_bytes_after_bootstrap"] = (
             sum(_dir_bytes(here / nameserver_node(i) / "raft") for i in range(3)) // 3
         )
-        # Warm up (the clients' phases spread from the simulators' start), then the window.
+        # Heartbeats alone first: each nameserver's CPU per heartbeat, apart from routes.
+        for sim in sims:
+            sim.ask("window")
+        cpu0 = [_cpu_s(p) for p in pids]
+        t0 = time.monotonic()
+        time.sleep(args.beats_window_s)
+        beats_elapsed = time.monotonic() - t0
+        beats_cpu = [(_cpu_s(p) - c) / beats_elapsed for p, c in zip(pids, cpu0, strict=True)]
+        beats_windows = [s.ask("window") for s in sims]
+        beats_rate = [sum(w["heartbeats"][i] for w in beats_windows) / beats_elapsed
+                      for i in range(3)]  # fmt: skip
+        for sim in sims:
+            sim.ask("clients")
+        # Warm up (the clients' phases spread from when they start), then the window.
         time.sleep(args.warm_up_s)
         for sim in sims:
             sim.ask("window")
@@ -707,6 +735,35 @@ def measure_point(
         fitted = _fit(
             [(c - i) * elapsed for c, i in zip(cpu, idle, strict=True)], heartbeats, queries
         )
+        # The same from the window of heartbeats alone: each nameserver's CPU above idle
+        # per heartbeat there, and what the clients' window adds beyond its heartbeats
+        # per route query. Not a fit over the three: nothing to tell apart.
+        hb_alone = [
+            (c - i) / r if r > 0 else None
+            for c, i, r in zip(beats_cpu, idle, beats_rate, strict=True)
+        ]
+        row["ns_cpu_cores_heartbeats_alone"] = [round(c, 3) for c in beats_cpu]
+        row["heartbeats_per_s_answered_alone"] = [round(r, 1) for r in beats_rate]
+        row["ns_cpu_us_per_heartbeat_alone"] = [
+            None if h is None else round(h * 1e6, 1) for h in hb_alone
+        ]
+        per_query = [
+            (c - i - h * hb / elapsed) / (q / elapsed)
+            for c, i, h, hb, q in zip(cpu, idle, hb_alone, heartbeats, queries, strict=True)
+            if h is not None and q > 0
+        ]
+        if per_query:
+            row["ns_cpu_us_per_route_query_apart"] = round(sum(per_query) / len(per_query) * 1e6, 1)
+        if all(h is not None for h in hb_alone) and per_query:
+            default_hb = _offered_heartbeats(groups, args.heartbeat_s, leader)
+            query = sum(per_query) / len(per_query)
+            row["ns_cpu_cores_projected_busiest_apart"] = round(
+                max(
+                    idle[i] + default_hb[i] * (hb_alone[i] or 0.0) + clients / route_s / 3 * query
+                    for i in range(3)
+                ),
+                3,
+            )
         if fitted is not None:
             hb_cost, query_cost = fitted
             row["ns_cpu_us_per_heartbeat"] = round(hb_cost * 1e6, 1)
@@ -766,7 +823,8 @@ def failover(
         last = max((a["last_at"] for a in answers if a["last_at"]), default=stopped_at)
         out["failover_all_clients_learned_s"] = round(last - stopped_at, 2)
     except TimeoutError as exc:
-        out["failover_failed"] = str(exc)
+        waiting = [w for a in answers for w in a["waiting"]][:5]
+        out["failover_failed"] = f"{exc}; still waiting at {time.time():.1f}: {waiting}"
     out["failover_clients_watching"] = sum(a["clients"] for a in answers)
     return out
 
@@ -954,6 +1012,7 @@ def configure(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None
     # (whose groups settle in a second or two) needs only a short one.
     args.idle_s = 1.0 if args.quick else 2.0
     args.warm_up_s = 1.0 if args.quick else min(args.window_s, 5.0)
+    args.beats_window_s = 2.0 if args.quick else args.window_s / 2
 
 
 def _point(text: str) -> tuple[int, int, float | None]:
