@@ -51,8 +51,7 @@ from typing import Any, Final
 # (groups, clients, broker heartbeat interval in s; None: the broker's default). Every
 # point runs at the products' defaults: at 1,000 groups the nameservers and simulators
 # fill this machine's two cores, so the busiest nameserver's cost with every heartbeat
-# answered is also projected from its CPU per heartbeat (every figure says which). A
-# slower beat is no way round it: at 2 s, 1,000 groups did not settle in 600 s.
+# answered is also projected from its CPU per heartbeat (every figure says which).
 POINTS: Final = ((10, 1_000, None), (100, 5_000, None), (300, 10_000, None), (1_000, 20_000, None))
 QUICK_POINTS: Final = ((3, 60, None), (6, 120, None), (12, 240, None), (24, 480, None))
 TOPICS_PER_GROUP: Final = 100
