@@ -276,6 +276,15 @@ def _slave(store: MessageStore, data_dir: Path) -> tuple[Journal, TopicTable]:
     return journal, topics
 
 
+def _small_record_master(
+    open_store: Callable[..., MessageStore], tmp_path: Path
+) -> tuple[MessageStore, TopicTable, Journal]:
+    """A master of 300 topics whose store takes records of at most ``_LIMIT`` bytes."""
+    store = open_store(max_message_bytes=_LIMIT)
+    master = _many_topics(tmp_path / "master", 300)
+    return store, master, Journal(store, master, ConsumerOffsets(tmp_path / "master"), lambda: True)
+
+
 def _names(topics: TopicTable) -> list[str]:
     return [t.name for t in topics.all()]
 
@@ -286,9 +295,7 @@ def test_a_table_over_the_record_limit_is_written_in_parts_a_slave_adopts_with_t
     tmp_path: Path,
     wait_until: Waiter,
 ) -> None:
-    store = open_store(max_message_bytes=_LIMIT)
-    master = _many_topics(tmp_path / "master", 300)
-    journal = Journal(store, master, ConsumerOffsets(tmp_path / "master"), lambda: True)
+    store, master, journal = _small_record_master(open_store, tmp_path)
 
     parts = _written(store, wait_until, journal.write_topics())
     assert len(parts) >= 3, "300 topics of about 90 B cannot fit one 8 KiB record"
@@ -341,9 +348,7 @@ def test_a_split_write_cut_short_leaves_the_slave_on_the_next_whole_table(
     tmp_path: Path,
     wait_until: Waiter,
 ) -> None:
-    store = open_store(max_message_bytes=_LIMIT)
-    master = _many_topics(tmp_path / "master", 300)
-    journal = Journal(store, master, ConsumerOffsets(tmp_path / "master"), lambda: True)
+    store, master, journal = _small_record_master(open_store, tmp_path)
     cut = _written(store, wait_until, journal.write_topics())
     for n in range(0, 300, 2):
         master.delete(f"topic-{n:04d}-{'x' * 40}")
@@ -370,9 +375,7 @@ def test_parts_without_their_first_are_skipped_until_a_whole_table_comes(
     tmp_path: Path,
     wait_until: Waiter,
 ) -> None:
-    store = open_store(max_message_bytes=_LIMIT)
-    master = _many_topics(tmp_path / "master", 300)
-    journal = Journal(store, master, ConsumerOffsets(tmp_path / "master"), lambda: True)
+    store, master, journal = _small_record_master(open_store, tmp_path)
     parts = _written(store, wait_until, journal.write_topics())
     for n in range(1, 300):
         master.delete(f"topic-{n:04d}-{'x' * 40}")
@@ -401,9 +404,7 @@ def test_a_change_between_parts_is_applied_at_once_and_kept_by_the_whole_table(
     tmp_path: Path,
     wait_until: Waiter,
 ) -> None:
-    store = open_store(max_message_bytes=_LIMIT)
-    master = _many_topics(tmp_path / "master", 300)
-    journal = Journal(store, master, ConsumerOffsets(tmp_path / "master"), lambda: True)
+    store, master, journal = _small_record_master(open_store, tmp_path)
     parts = _written(store, wait_until, journal.write_topics())
     master.create("between")
     created = _written(store, wait_until, journal.topic_changed("between"))

@@ -46,6 +46,18 @@ def listed(*brokers: tuple[str, int, Role, bool | None, int]) -> list[dict[str, 
     return answer
 
 
+def down_master(group: str, broker_id: int, *, left_s: float, in_sync: bool) -> dict[str, Any]:
+    """A master that went down, as ``metaq cluster list --json`` still lists it."""
+    view = BrokerView(
+        BrokerState(cluster="c", key=BrokerKey(group, broker_id), role=Role.MASTER,
+                    data_address="h:1", http_address="h:2", computer_room="r", epoch=1,
+                    permission=Permission.READ_WRITE, replication_mode=ReplicationMode.SYNC),
+        last_heartbeat_age_s=left_s, in_sync=in_sync, down=True,
+    )  # fmt: skip
+    answer: dict[str, Any] = json.loads(json.dumps(view.to_json()))
+    return answer
+
+
 WHOLE = [("broker-a", 0, Role.MASTER, True, 0), ("broker-a", 1, Role.SLAVE, True, 0),
          ("broker-b", 0, Role.SLAVE, True, 0), ("broker-b", 1, Role.MASTER, True, 0)]  # fmt: skip
 
@@ -89,13 +101,7 @@ def test_a_dead_master_listed_as_down_is_neither_a_master_nor_a_member_in_sync(
     the role it last registered, so a role lookup that did not leave it out would order
     a1 among the masters of a rolling restart and a0 first, with no slave to hand over to."""
     brokers = listed(("broker-a", 0, Role.MASTER, True, 0), *WHOLE[2:])
-    dead = BrokerView(
-        BrokerState(cluster="c", key=BrokerKey("broker-a", 1), role=Role.MASTER,
-                    data_address="h:1", http_address="h:2", computer_room="r", epoch=1,
-                    permission=Permission.READ_WRITE, replication_mode=ReplicationMode.SYNC),
-        last_heartbeat_age_s=42.0, in_sync=False, down=True,
-    )  # fmt: skip
-    brokers.append(json.loads(json.dumps(dead.to_json())))
+    brokers.append(down_master("broker-a", 1, left_s=42.0, in_sync=False))
 
     up = filters.metaq_up(brokers)
     assert [(b["broker_name"], b["broker_id"], b["role"]) for b in up if b["role"] == "master"] == [
@@ -112,13 +118,7 @@ def test_a_dead_master_listed_as_down_is_neither_a_master_nor_a_member_in_sync(
 
 
 def test_a_group_whose_only_master_is_down_has_no_master(filters: ModuleType) -> None:
-    dead = BrokerView(
-        BrokerState(cluster="c", key=BrokerKey("broker-b", 1), role=Role.MASTER,
-                    data_address="h:1", http_address="h:2", computer_room="r", epoch=1,
-                    permission=Permission.READ_WRITE, replication_mode=ReplicationMode.SYNC),
-        last_heartbeat_age_s=3.0, in_sync=True, down=True,
-    )  # fmt: skip
-    brokers = [*listed(*WHOLE[:3]), json.loads(json.dumps(dead.to_json()))]
+    brokers = [*listed(*WHOLE[:3]), down_master("broker-b", 1, left_s=3.0, in_sync=True)]
     assert filters.metaq_cluster_problems(brokers, MEMBERS) == [
         "broker 1 of broker-b (b1) is down: it left the nameservers 3 s ago",
         "broker-b has no master",
