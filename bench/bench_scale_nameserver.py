@@ -1011,7 +1011,7 @@ def configure(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None
     # (whose groups settle in a second or two) needs only a short one.
     args.idle_s = 1.0 if args.quick else 2.0
     args.warm_up_s = 1.0 if args.quick else min(args.window_s, 5.0)
-    args.beats_window_s = 2.0 if args.quick else args.window_s / 2
+    args.beats_window_s = 1.0 if args.quick else args.window_s / 2
 
 
 def _point(text: str) -> tuple[int, int, float | None]:
