@@ -285,6 +285,16 @@ def _small_record_master(
     return store, master, Journal(store, master, ConsumerOffsets(tmp_path / "master"), lambda: True)
 
 
+def _small_record_slave(
+    open_store: Callable[..., MessageStore],
+    store_config: Callable[..., StoreConfig],
+    tmp_path: Path,
+) -> tuple[MessageStore, Journal, TopicTable]:
+    """That master's slave (see ``_slave``), on a store with the same record limit."""
+    store = open_store(store_config(data_dir=tmp_path / "slave", max_message_bytes=_LIMIT))
+    return (store, *_slave(store, tmp_path / "replica"))
+
+
 def _names(topics: TopicTable) -> list[str]:
     return [t.name for t in topics.all()]
 
@@ -302,8 +312,7 @@ def test_a_table_over_the_record_limit_is_written_in_parts_a_slave_adopts_with_t
     assert all(len(decode(record).body) <= _LIMIT for record in parts)
     assert master.journal_offset == len(parts) - 1, "the table is as of the last part"
 
-    slave_store = open_store(store_config(data_dir=tmp_path / "slave", max_message_bytes=_LIMIT))
-    replica, copied = _slave(slave_store, tmp_path / "replica")
+    slave_store, replica, copied = _small_record_slave(open_store, store_config, tmp_path)
     before = copied.all()
     _deliver(slave_store, wait_until, parts[:-1])
     assert replica.apply() == len(parts) - 1
@@ -356,8 +365,7 @@ def test_a_split_write_cut_short_leaves_the_slave_on_the_next_whole_table(
     later = _written(store, wait_until, journal.write_topics())
     assert len(cut) >= 3 and len(later) >= 2
 
-    slave_store = open_store(store_config(data_dir=tmp_path / "slave", max_message_bytes=_LIMIT))
-    replica, copied = _slave(slave_store, tmp_path / "replica")
+    slave_store, replica, copied = _small_record_slave(open_store, store_config, tmp_path)
     before = copied.all()
     # The first write's last part never came (its master died); a new write followed.
     _deliver(slave_store, wait_until, cut[:-1] + later[:-1])
@@ -385,8 +393,7 @@ def test_parts_without_their_first_are_skipped_until_a_whole_table_comes(
         "a table that fits one record keeps the one-record form"
     )
 
-    slave_store = open_store(store_config(data_dir=tmp_path / "slave", max_message_bytes=_LIMIT))
-    replica, copied = _slave(slave_store, tmp_path / "replica")
+    slave_store, replica, copied = _small_record_slave(open_store, store_config, tmp_path)
     before = copied.all()
     # Retention took the first part before this slave started reading.
     _deliver(slave_store, wait_until, parts[1:])
@@ -412,8 +419,7 @@ def test_a_change_between_parts_is_applied_at_once_and_kept_by_the_whole_table(
     master.delete(gone)
     deleted = _written(store, wait_until, journal.topic_changed(gone))
 
-    slave_store = open_store(store_config(data_dir=tmp_path / "slave", max_message_bytes=_LIMIT))
-    replica, copied = _slave(slave_store, tmp_path / "replica")
+    slave_store, replica, copied = _small_record_slave(open_store, store_config, tmp_path)
     _deliver(slave_store, wait_until, parts[:1] + created + deleted + parts[1:])
     replica.apply()
     assert copied.all() == master.all()

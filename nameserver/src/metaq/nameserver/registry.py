@@ -313,11 +313,10 @@ class Registry:
         self._routes[topic] = _KeptRoute(
             route,
             frozenset(serving),
-            tuple(self._generations.get(name, 0) for name in sorted(serving)),
+            tuple((name, self._generations.get(name, 0)) for name in serving),
             tuple(
                 (group, broker_id)
-                for name in sorted(serving)
-                for group in (self._groups[name],)
+                for group in (self._groups[name] for name in serving)
                 for broker_id, entry in group.items()
                 if self._alive(entry, now)
             ),
@@ -404,10 +403,7 @@ class Registry:
         if serving != kept.serving:
             return False
         generations = self._generations
-        if any(
-            generations.get(name, 0) != generation
-            for name, generation in zip(sorted(serving), kept.generations, strict=True)
-        ):
+        if any(generations.get(name, 0) != generation for name, generation in kept.generations):
             return False
         # Unchanged groups have the same entries; one kept live may have gone silent
         # (one that was not live can only come back by registering, which moves).
@@ -496,8 +492,8 @@ class Registry:
 class _KeptRoute:
     route: TopicRoute | None
     serving: frozenset[str]
-    generations: tuple[int, ...]
-    """The serving groups' generations, in name order."""
+    generations: tuple[tuple[str, int], ...]
+    """Each serving group's generation when it was built."""
     watched: tuple[tuple[Mapping[int, _Entry], int], ...]
     """The brokers live when it was built: (their group's entries, id)."""
 
